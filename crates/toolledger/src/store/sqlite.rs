@@ -1,0 +1,720 @@
+//! The embedded SQLite backend.
+//!
+//! One dedicated writer thread owns the only write connection and is fed through a channel; a
+//! small pool of read connections serves replays and status queries. Writes from concurrent
+//! callers are gathered into one `BEGIN IMMEDIATE` transaction (group commit), each caller's
+//! work in its own `SAVEPOINT` so a failing caller rolls back alone; every caller is answered
+//! only after the batch's `COMMIT` has returned.
+//!
+//! Every connection runs with `journal_mode=WAL`, `synchronous=FULL`, `foreign_keys=ON` and
+//! `busy_timeout=5000`. The file is bound to a backend id in `store_metadata`; opening it with
+//! another id, or with a schema newer than this program knows, is refused.
+
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
+use tokio::sync::oneshot;
+
+use super::{Migration, StoreError};
+
+/// The migrations of the library's own tables (namespace `toolledger`).
+pub const CORE_MIGRATIONS: &[Migration] = &[Migration {
+    namespace: "toolledger",
+    version: 1,
+    sql: include_str!("sql/sqlite_0001_core.sql"),
+}];
+
+/// Most jobs committed in one group-commit transaction.
+pub const MAX_BATCH: usize = 128;
+
+/// How to open a [`SqliteStore`].
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    /// The backend id the file is bound to (created on first open, checked afterwards).
+    pub backend_id: String,
+    /// Extra migrations (application/reference tables) applied after the core ones.
+    pub migrations: Vec<Migration>,
+    /// Apply pending migrations to an existing database. A new database is always built to
+    /// the current schema; an existing older one is refused unless this is set.
+    pub migrate: bool,
+    /// Number of read connections kept in the pool.
+    pub readers: usize,
+}
+
+impl OpenOptions {
+    /// Options for `backend_id` with the core migrations only.
+    pub fn new(backend_id: impl Into<String>) -> Self {
+        OpenOptions {
+            backend_id: backend_id.into(),
+            migrations: Vec::new(),
+            migrate: false,
+            readers: 4,
+        }
+    }
+
+    /// Adds application migrations.
+    pub fn with_migrations(mut self, migrations: &[Migration]) -> Self {
+        self.migrations.extend_from_slice(migrations);
+        self
+    }
+
+    /// Allows forward migration of an existing database.
+    pub fn allow_migrate(mut self, migrate: bool) -> Self {
+        self.migrate = migrate;
+        self
+    }
+}
+
+/// What a write job hands back to the writer: whether its savepoint is kept, and how to answer
+/// its caller once the batch's fate is known.
+struct Pending {
+    keep: bool,
+    deliver: Box<dyn FnOnce(Option<StoreError>) + Send>,
+}
+
+type Job = Box<dyn FnOnce(Option<&Connection>) -> Pending + Send>;
+
+struct Inner {
+    path: PathBuf,
+    backend_id: String,
+    sender: Mutex<Option<crossbeam_channel::Sender<Job>>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    readers: Mutex<Vec<Connection>>,
+    max_readers: usize,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.sender.lock() {
+            s.take();
+        }
+        if let Ok(mut w) = self.writer.lock() {
+            if let Some(handle) = w.take() {
+                let _ = handle.join();
+            }
+        }
+    }
+}
+
+/// A handle to one SQLite ledger file. Cheap to clone; the writer thread stops when the last
+/// handle is dropped.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("backend_id", &self.inner.backend_id)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) fn map_err(e: rusqlite::Error) -> StoreError {
+    use rusqlite::ErrorCode as C;
+    match &e {
+        rusqlite::Error::SqliteFailure(f, msg) => match f.code {
+            C::DatabaseBusy | C::DatabaseLocked => {
+                StoreError::Unavailable("database is busy".into())
+            }
+            C::CannotOpen
+            | C::PermissionDenied
+            | C::ReadOnly
+            | C::DiskFull
+            | C::SystemIoFailure => StoreError::Io,
+            C::NotADatabase | C::DatabaseCorrupt => {
+                StoreError::Corrupt("file is not a database".into())
+            }
+            C::ConstraintViolation => StoreError::Refused(
+                msg.clone()
+                    .filter(|m| !m.contains('/'))
+                    .unwrap_or_else(|| "constraint violation".into()),
+            ),
+            _ => StoreError::Database(e.to_string()),
+        },
+        _ => StoreError::Database(e.to_string()),
+    }
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        map_err(e)
+    }
+}
+
+/// Opens a connection with the ledger's pragmas.
+pub fn connect(path: &Path) -> Result<Connection, StoreError> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_URI,
+    )
+    .map_err(|e| match map_err(e) {
+        StoreError::Database(_) => StoreError::Io,
+        other => other,
+    })?;
+    conn.busy_timeout(Duration::from_millis(5000))?;
+    // Switching to WAL can itself meet a busy file when several processes create it at once.
+    let mut tries = 0;
+    loop {
+        match conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get::<_, String>(0)) {
+            Ok(mode) if mode.eq_ignore_ascii_case("wal") => break,
+            Ok(_) => return Err(StoreError::Corrupt("journal mode cannot be WAL".into())),
+            Err(e) => {
+                let err = map_err(e);
+                if matches!(err, StoreError::Unavailable(_)) && tries < 50 {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+                return Err(err);
+            }
+        }
+    }
+    conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;")?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(conn)
+}
+
+fn bootstrap(conn: &mut Connection, opts: &OpenOptions) -> Result<(), StoreError> {
+    let mut all: Vec<Migration> = CORE_MIGRATIONS.to_vec();
+    all.extend(opts.migrations.iter().copied());
+    let mut known: BTreeMap<&str, u32> = BTreeMap::new();
+    for m in &all {
+        let e = known.entry(m.namespace).or_insert(0);
+        *e = (*e).max(m.version);
+    }
+
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let has_meta: bool =
+        tx.query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE type='table' AND name='store_metadata'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .map_err(|e| match map_err(e) {
+            StoreError::Database(_) => StoreError::Corrupt("unreadable schema".into()),
+            other => other,
+        })? > 0;
+    let is_new = if has_meta {
+        let bound: Option<String> = tx
+            .query_row(
+                "SELECT value FROM store_metadata WHERE key='backend_id'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()?;
+        match bound {
+            Some(b) if b == opts.backend_id => {}
+            Some(_) => return Err(StoreError::BackendMismatch),
+            None => return Err(StoreError::Corrupt("missing backend id".into())),
+        }
+        false
+    } else {
+        let other_tables: i64 = tx.query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE type='table'",
+            [],
+            |r| r.get(0),
+        )?;
+        if other_tables > 0 {
+            return Err(StoreError::Corrupt("not a toolledger database".into()));
+        }
+        tx.execute_batch(
+            "CREATE TABLE store_metadata(
+                 key TEXT PRIMARY KEY NOT NULL,
+                 value TEXT NOT NULL
+             ) STRICT;
+             CREATE TABLE schema_migrations(
+                 namespace TEXT NOT NULL CHECK (length(namespace) BETWEEN 1 AND 64),
+                 version INTEGER NOT NULL CHECK (version > 0),
+                 PRIMARY KEY (namespace, version)
+             ) STRICT;",
+        )?;
+        tx.execute(
+            "INSERT INTO store_metadata(key, value) VALUES ('backend_id', ?1), ('backend', 'sqlite')",
+            [&opts.backend_id],
+        )?;
+        true
+    };
+
+    // Current versions per namespace.
+    let mut applied: BTreeMap<String, u32> = BTreeMap::new();
+    {
+        let mut stmt =
+            tx.prepare("SELECT namespace, max(version) FROM schema_migrations GROUP BY namespace")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+        for row in rows {
+            let (ns, v) = row?;
+            applied.insert(ns, v as u32);
+        }
+    }
+    for (ns, &have) in &applied {
+        if let Some(&max) = known.get(ns.as_str()) {
+            if have > max {
+                return Err(StoreError::SchemaTooNew {
+                    namespace: ns.clone(),
+                    found: have,
+                    supported: max,
+                });
+            }
+        }
+    }
+    // A namespace never seen before (new application tables) is created without ceremony; a
+    // namespace that exists at an older version needs an explicit migrate.
+    for (ns, &max) in &known {
+        let have = applied.get(*ns).copied().unwrap_or(0);
+        if have > 0 && have < max && !is_new && !opts.migrate {
+            return Err(StoreError::SchemaOutdated {
+                namespace: (*ns).to_string(),
+                found: have,
+                current: max,
+            });
+        }
+    }
+    all.sort_by_key(|m| (m.namespace != "toolledger", m.namespace, m.version));
+    for m in &all {
+        let have = applied.get(m.namespace).copied().unwrap_or(0);
+        if m.version > have {
+            tx.execute_batch(m.sql)?;
+            tx.execute(
+                "INSERT INTO schema_migrations(namespace, version) VALUES (?1, ?2)",
+                rusqlite::params![m.namespace, m.version],
+            )?;
+        }
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the ledger at `path`. Bootstrap and migrations run in one
+    /// `BEGIN IMMEDIATE` transaction, so two processes opening a new file at once do not race.
+    pub fn open(path: impl AsRef<Path>, opts: OpenOptions) -> Result<Self, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let mut conn = connect(&path)?;
+        bootstrap(&mut conn, &opts)?;
+
+        let (sender, receiver) = crossbeam_channel::unbounded::<Job>();
+        let writer = std::thread::Builder::new()
+            .name("toolledger-sqlite-writer".into())
+            .spawn(move || writer_loop(conn, receiver))
+            .map_err(|_| StoreError::Unavailable("cannot start writer thread".into()))?;
+
+        Ok(SqliteStore {
+            inner: Arc::new(Inner {
+                path,
+                backend_id: opts.backend_id,
+                sender: Mutex::new(Some(sender)),
+                writer: Mutex::new(Some(writer)),
+                readers: Mutex::new(Vec::new()),
+                max_readers: opts.readers.max(1),
+            }),
+        })
+    }
+
+    /// The backend id the file is bound to.
+    pub fn backend_id(&self) -> &str {
+        &self.inner.backend_id
+    }
+
+    /// The database file path (for opening side connections in tests and tools; never shown to
+    /// callers).
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    fn submit(&self, job: Job) -> Result<(), StoreError> {
+        let guard = self
+            .inner
+            .sender
+            .lock()
+            .map_err(|_| StoreError::Unavailable("writer poisoned".into()))?;
+        match guard.as_ref() {
+            Some(s) => s
+                .send(job)
+                .map_err(|_| StoreError::Unavailable("writer stopped".into())),
+            None => Err(StoreError::Unavailable("store closed".into())),
+        }
+    }
+
+    fn make_job<T, E, F>(f: F, reply: oneshot::Sender<Result<T, E>>) -> Job
+    where
+        F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        Box::new(move |conn: Option<&Connection>| {
+            let Some(conn) = conn else {
+                return Pending {
+                    keep: false,
+                    deliver: Box::new(move |err| {
+                        let err =
+                            err.unwrap_or_else(|| StoreError::Unavailable("batch failed".into()));
+                        let _ = reply.send(Err(E::from(err)));
+                    }),
+                };
+            };
+            let outcome = catch_unwind(AssertUnwindSafe(|| f(conn))).unwrap_or_else(|_| {
+                Err(E::from(StoreError::Database("write job panicked".into())))
+            });
+            let keep = outcome.is_ok();
+            Pending {
+                keep,
+                deliver: Box::new(move |batch_err| {
+                    let result = match (outcome, batch_err) {
+                        (Ok(_), Some(err)) => Err(E::from(err)),
+                        (outcome, _) => outcome,
+                    };
+                    let _ = reply.send(result);
+                }),
+            }
+        })
+    }
+
+    /// Runs `f` inside the writer's `BEGIN IMMEDIATE` transaction (in its own savepoint) and
+    /// returns its result once the transaction has committed. If `f` returns `Err`, everything it
+    /// wrote is rolled back and nothing else in the batch is affected.
+    pub async fn write<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        self.submit(Self::make_job(f, tx)).map_err(E::from)?;
+        rx.await
+            .unwrap_or_else(|_| Err(E::from(StoreError::Unavailable("writer stopped".into()))))
+    }
+
+    /// Blocking form of [`SqliteStore::write`] for synchronous callers (never call it from an
+    /// async task).
+    pub fn write_blocking<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        self.submit(Self::make_job(f, tx)).map_err(E::from)?;
+        rx.blocking_recv()
+            .unwrap_or_else(|_| Err(E::from(StoreError::Unavailable("writer stopped".into()))))
+    }
+
+    fn take_reader(&self) -> Result<Connection, StoreError> {
+        if let Some(c) = self
+            .inner
+            .readers
+            .lock()
+            .map_err(|_| StoreError::Unavailable("reader pool poisoned".into()))?
+            .pop()
+        {
+            return Ok(c);
+        }
+        let conn = connect(&self.inner.path)?;
+        conn.execute_batch("PRAGMA query_only=ON;")?;
+        Ok(conn)
+    }
+
+    fn return_reader(&self, conn: Connection) {
+        if let Ok(mut pool) = self.inner.readers.lock() {
+            if pool.len() < self.inner.max_readers {
+                pool.push(conn);
+            }
+        }
+    }
+
+    /// Runs `f` on a pooled read-only connection (on the blocking pool, never on the async
+    /// runtime). Wrap several reads in `BEGIN`…`COMMIT` for one snapshot.
+    pub async fn read<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.read_blocking(f))
+            .await
+            .unwrap_or_else(|_| Err(E::from(StoreError::Database("read job panicked".into()))))
+    }
+
+    /// Blocking form of [`SqliteStore::read`].
+    pub fn read_blocking<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&Connection) -> Result<T, E>,
+        E: From<StoreError>,
+    {
+        let conn = self.take_reader().map_err(E::from)?;
+        let out = f(&conn);
+        if conn.is_autocommit() {
+            self.return_reader(conn);
+        }
+        out
+    }
+}
+
+fn writer_loop(conn: Connection, receiver: crossbeam_channel::Receiver<Job>) {
+    while let Ok(first) = receiver.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match receiver.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        run_batch(&conn, batch);
+    }
+}
+
+fn run_batch(conn: &Connection, batch: Vec<Job>) {
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        let err = map_err(e);
+        for job in batch {
+            let pending = job(None);
+            (pending.deliver)(Some(clone_err(&err)));
+        }
+        return;
+    }
+    let mut pendings = Vec::with_capacity(batch.len());
+    for job in batch {
+        if let Err(e) = conn.execute_batch("SAVEPOINT job") {
+            let err = map_err(e);
+            let pending = job(None);
+            (pending.deliver)(Some(err));
+            continue;
+        }
+        let pending = job(Some(conn));
+        let closed = if pending.keep {
+            conn.execute_batch("RELEASE job")
+        } else {
+            conn.execute_batch("ROLLBACK TO job; RELEASE job")
+        };
+        if let Err(e) = closed {
+            // The savepoint could not be closed: the whole transaction is suspect.
+            let err = map_err(e);
+            let _ = conn.execute_batch("ROLLBACK");
+            (pending.deliver)(Some(clone_err(&err)));
+            for p in pendings {
+                let p: Pending = p;
+                (p.deliver)(Some(clone_err(&err)));
+            }
+            return;
+        }
+        pendings.push(pending);
+    }
+    match conn.execute_batch("COMMIT") {
+        Ok(()) => {
+            for p in pendings {
+                (p.deliver)(None);
+            }
+        }
+        Err(e) => {
+            let err = map_err(e);
+            if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+            for p in pendings {
+                (p.deliver)(Some(clone_err(&err)));
+            }
+        }
+    }
+}
+
+fn clone_err(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
+        StoreError::Io => StoreError::Io,
+        StoreError::Corrupt(m) => StoreError::Corrupt(m.clone()),
+        StoreError::Refused(m) => StoreError::Refused(m.clone()),
+        other => StoreError::Database(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp() -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.sqlite");
+        (dir, path)
+    }
+
+    #[test]
+    fn bootstrap_binds_backend_id_and_refuses_another() {
+        let (_d, path) = temp();
+        let store = SqliteStore::open(&path, OpenOptions::new("alpha")).unwrap();
+        drop(store);
+        assert!(SqliteStore::open(&path, OpenOptions::new("alpha")).is_ok());
+        let err = SqliteStore::open(&path, OpenOptions::new("beta")).unwrap_err();
+        assert!(matches!(err, StoreError::BackendMismatch), "{err:?}");
+    }
+
+    #[test]
+    fn pragmas_are_wal_full_and_foreign_keys() {
+        let (_d, path) = temp();
+        let store = SqliteStore::open(&path, OpenOptions::new("p")).unwrap();
+        let (mode, sync, fk): (String, i64, i64) = store
+            .read_blocking(|c| {
+                Ok::<_, StoreError>((
+                    c.query_row("PRAGMA journal_mode", [], |r| r.get(0))?,
+                    c.query_row("PRAGMA synchronous", [], |r| r.get(0))?,
+                    c.query_row("PRAGMA foreign_keys", [], |r| r.get(0))?,
+                ))
+            })
+            .unwrap();
+        assert_eq!(mode, "wal");
+        assert_eq!(sync, 2, "synchronous=FULL");
+        assert_eq!(fk, 1);
+    }
+
+    #[test]
+    fn newer_schema_is_refused_and_older_needs_migrate() {
+        let (_d, path) = temp();
+        drop(SqliteStore::open(&path, OpenOptions::new("s")).unwrap());
+        {
+            let c = connect(&path).unwrap();
+            c.execute(
+                "INSERT INTO schema_migrations(namespace, version) VALUES ('toolledger', 999)",
+                [],
+            )
+            .unwrap();
+        }
+        let err = SqliteStore::open(&path, OpenOptions::new("s")).unwrap_err();
+        assert!(
+            matches!(err, StoreError::SchemaTooNew { found: 999, .. }),
+            "{err:?}"
+        );
+
+        const APP_V1: &[Migration] = &[Migration {
+            namespace: "app",
+            version: 1,
+            sql: "CREATE TABLE app_a(x INTEGER NOT NULL) STRICT;",
+        }];
+        const APP_V2: &[Migration] = &[
+            APP_V1[0],
+            Migration {
+                namespace: "app",
+                version: 2,
+                sql: "CREATE TABLE app_b(x INTEGER NOT NULL) STRICT;",
+            },
+        ];
+        let (_d2, path2) = temp();
+        drop(SqliteStore::open(&path2, OpenOptions::new("s").with_migrations(APP_V1)).unwrap());
+        let err =
+            SqliteStore::open(&path2, OpenOptions::new("s").with_migrations(APP_V2)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::SchemaOutdated {
+                    found: 1,
+                    current: 2,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let store = SqliteStore::open(
+            &path2,
+            OpenOptions::new("s")
+                .with_migrations(APP_V2)
+                .allow_migrate(true),
+        )
+        .unwrap();
+        let n: i64 = store
+            .read_blocking(|c| {
+                c.query_row("SELECT count(*) FROM app_b", [], |r| r.get(0))
+                    .map_err(StoreError::from)
+            })
+            .unwrap();
+        assert_eq!(n, 0);
+    }
+
+    #[test]
+    fn a_foreign_file_is_not_adopted() {
+        let (_d, path) = temp();
+        {
+            let c = Connection::open(&path).unwrap();
+            c.execute_batch("CREATE TABLE other(x)").unwrap();
+        }
+        let err = SqliteStore::open(&path, OpenOptions::new("x")).unwrap_err();
+        assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
+        let (_d2, garbage) = temp();
+        std::fs::write(&garbage, vec![0x42u8; 8192]).unwrap();
+        let err = SqliteStore::open(&garbage, OpenOptions::new("x")).unwrap_err();
+        assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_failing_job_in_a_batch_leaves_its_neighbours_committed() {
+        let (_d, path) = temp();
+        const APP: &[Migration] = &[Migration {
+            namespace: "t",
+            version: 1,
+            sql: "CREATE TABLE t(x INTEGER NOT NULL UNIQUE) STRICT;",
+        }];
+        let store = SqliteStore::open(&path, OpenOptions::new("b").with_migrations(APP)).unwrap();
+        let mut handles = Vec::new();
+        for i in 0..200i64 {
+            let s = store.clone();
+            handles.push(tokio::spawn(async move {
+                s.write(move |c| {
+                    c.execute("INSERT INTO t(x) VALUES (?1)", [i])?;
+                    if i % 7 == 0 {
+                        // Fails after writing: its own insert must vanish.
+                        return Err(StoreError::Refused("deliberate".into()));
+                    }
+                    Ok(i)
+                })
+                .await
+            }));
+        }
+        let mut ok = 0;
+        for h in handles {
+            if h.await.unwrap().is_ok() {
+                ok += 1;
+            }
+        }
+        let rows: Vec<i64> = store
+            .read(|c| {
+                let mut st = c.prepare("SELECT x FROM t ORDER BY x")?;
+                let v = st
+                    .query_map([], |r| r.get(0))?
+                    .collect::<Result<Vec<i64>, _>>()?;
+                Ok::<_, StoreError>(v)
+            })
+            .await
+            .unwrap();
+        assert_eq!(ok, rows.len());
+        assert!(rows.iter().all(|x| x % 7 != 0));
+        assert_eq!(rows.len(), 200 - 29);
+    }
+
+    #[test]
+    fn concurrent_first_opens_do_not_race() {
+        let (_d, path) = temp();
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let p = path.clone();
+                std::thread::spawn(move || {
+                    SqliteStore::open(&p, OpenOptions::new("race")).map(|_| ())
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap().unwrap();
+        }
+        let c = connect(&path).unwrap();
+        let n: i64 = c
+            .query_row("SELECT count(*) FROM schema_migrations", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n as usize, CORE_MIGRATIONS.len());
+    }
+}
