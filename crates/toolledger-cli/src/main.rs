@@ -1,6 +1,13 @@
-//! The `toolledger` binary.
+//! The `toolledger` binary: reference MCP server, outbox worker, operator commands, demos and
+//! benchmarks.
+
+mod common;
+mod reference;
+
+use std::process::ExitCode;
 
 use clap::Parser;
+use common::StoreArgs;
 
 /// A durable ledger for side-effecting tool calls.
 #[derive(Parser, Debug)]
@@ -12,29 +19,26 @@ struct Cli {
 
 #[derive(clap::Subcommand, Debug)]
 enum Command {
-    /// Create (or check) a ledger database and apply migrations.
+    /// Create a ledger database or migrate an existing one forward.
     Migrate {
-        /// SQLite database file.
-        #[arg(long, default_value = "toolledger.sqlite")]
-        db: std::path::PathBuf,
+        #[command(flatten)]
+        store: StoreArgs,
     },
 }
 
-fn main() -> std::process::ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Migrate { db } => {
-            let opts =
-                toolledger::store::sqlite::OpenOptions::new("sqlite:default").allow_migrate(true);
-            match toolledger::store::sqlite::SqliteStore::open(&db, opts) {
-                Ok(_) => {
-                    println!("{{\"migrated\":true}}");
-                    std::process::ExitCode::SUCCESS
+        Command::Migrate { store } => {
+            match common::open_store(&store.db, store.backend_id.clone(), true) {
+                Ok(s) => {
+                    common::print_json(&serde_json::json!({
+                        "migrated": true,
+                        "backend_id": s.backend_id(),
+                    }));
+                    ExitCode::SUCCESS
                 }
-                Err(e) => {
-                    eprintln!("{{\"error\":{{\"code\":\"{}\"}}}}", e.cli_code());
-                    std::process::ExitCode::from(2)
-                }
+                Err(e) => common::fail_store(&e),
             }
         }
     }

@@ -29,14 +29,18 @@ pub const CORE_MIGRATIONS: &[Migration] = &[Migration {
     sql: include_str!("sql/sqlite_0001_core.sql"),
 }];
 
+/// The backend id a new file gets when none is requested.
+pub const DEFAULT_BACKEND_ID: &str = "sqlite:default";
+
 /// Most jobs committed in one group-commit transaction.
 pub const MAX_BATCH: usize = 128;
 
 /// How to open a [`SqliteStore`].
 #[derive(Clone, Debug)]
 pub struct OpenOptions {
-    /// The backend id the file is bound to (created on first open, checked afterwards).
-    pub backend_id: String,
+    /// The backend id the file must be bound to. `None` adopts the id of an existing file and
+    /// binds a new file to [`DEFAULT_BACKEND_ID`].
+    pub backend_id: Option<String>,
     /// Extra migrations (application/reference tables) applied after the core ones.
     pub migrations: Vec<Migration>,
     /// Apply pending migrations to an existing database. A new database is always built to
@@ -50,7 +54,17 @@ impl OpenOptions {
     /// Options for `backend_id` with the core migrations only.
     pub fn new(backend_id: impl Into<String>) -> Self {
         OpenOptions {
-            backend_id: backend_id.into(),
+            backend_id: Some(backend_id.into()),
+            migrations: Vec::new(),
+            migrate: false,
+            readers: 4,
+        }
+    }
+
+    /// Options that adopt whatever backend id an existing file is bound to.
+    pub fn any_backend() -> Self {
+        OpenOptions {
+            backend_id: None,
             migrations: Vec::new(),
             migrate: false,
             readers: 4,
@@ -184,7 +198,7 @@ pub fn connect(path: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
-fn bootstrap(conn: &mut Connection, opts: &OpenOptions) -> Result<(), StoreError> {
+fn bootstrap(conn: &mut Connection, opts: &OpenOptions) -> Result<String, StoreError> {
     let mut all: Vec<Migration> = CORE_MIGRATIONS.to_vec();
     all.extend(opts.migrations.iter().copied());
     let mut known: BTreeMap<&str, u32> = BTreeMap::new();
@@ -194,6 +208,10 @@ fn bootstrap(conn: &mut Connection, opts: &OpenOptions) -> Result<(), StoreError
     }
 
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let mut backend_id = opts
+        .backend_id
+        .clone()
+        .unwrap_or_else(|| DEFAULT_BACKEND_ID.to_string());
     let has_meta: bool =
         tx.query_row(
             "SELECT count(*) FROM sqlite_schema WHERE type='table' AND name='store_metadata'",
@@ -212,11 +230,12 @@ fn bootstrap(conn: &mut Connection, opts: &OpenOptions) -> Result<(), StoreError
                 |r| r.get(0),
             )
             .optional()?;
-        match bound {
-            Some(b) if b == opts.backend_id => {}
-            Some(_) => return Err(StoreError::BackendMismatch),
-            None => return Err(StoreError::Corrupt("missing backend id".into())),
-        }
+        backend_id = match (bound, &opts.backend_id) {
+            (Some(b), Some(want)) if &b == want => b,
+            (Some(b), None) => b,
+            (Some(_), Some(_)) => return Err(StoreError::BackendMismatch),
+            (None, _) => return Err(StoreError::Corrupt("missing backend id".into())),
+        };
         false
     } else {
         let other_tables: i64 = tx.query_row(
@@ -240,7 +259,7 @@ fn bootstrap(conn: &mut Connection, opts: &OpenOptions) -> Result<(), StoreError
         )?;
         tx.execute(
             "INSERT INTO store_metadata(key, value) VALUES ('backend_id', ?1), ('backend', 'sqlite')",
-            [&opts.backend_id],
+            [&backend_id],
         )?;
         true
     };
@@ -291,7 +310,7 @@ fn bootstrap(conn: &mut Connection, opts: &OpenOptions) -> Result<(), StoreError
         }
     }
     tx.commit()?;
-    Ok(())
+    Ok(backend_id)
 }
 
 impl SqliteStore {
@@ -300,7 +319,7 @@ impl SqliteStore {
     pub fn open(path: impl AsRef<Path>, opts: OpenOptions) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
         let mut conn = connect(&path)?;
-        bootstrap(&mut conn, &opts)?;
+        let backend_id = bootstrap(&mut conn, &opts)?;
 
         let (sender, receiver) = crossbeam_channel::unbounded::<Job>();
         let writer = std::thread::Builder::new()
@@ -311,7 +330,7 @@ impl SqliteStore {
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 path,
-                backend_id: opts.backend_id,
+                backend_id,
                 sender: Mutex::new(Some(sender)),
                 writer: Mutex::new(Some(writer)),
                 readers: Mutex::new(Vec::new()),
@@ -553,6 +572,9 @@ mod tests {
         let store = SqliteStore::open(&path, OpenOptions::new("alpha")).unwrap();
         drop(store);
         assert!(SqliteStore::open(&path, OpenOptions::new("alpha")).is_ok());
+        let adopted = SqliteStore::open(&path, OpenOptions::any_backend()).unwrap();
+        assert_eq!(adopted.backend_id(), "alpha");
+        drop(adopted);
         let err = SqliteStore::open(&path, OpenOptions::new("beta")).unwrap_err();
         assert!(matches!(err, StoreError::BackendMismatch), "{err:?}");
     }
