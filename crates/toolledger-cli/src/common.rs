@@ -21,9 +21,10 @@ pub struct StoreArgs {
 }
 
 impl StoreArgs {
-    /// Opens the store with the reference tables, without migrating an older schema.
-    pub fn open(&self) -> Result<SqliteStore, StoreError> {
-        open_store(&self.db, self.backend_id.clone(), false)
+    /// Opens the store with the reference tables; an older existing schema is migrated only
+    /// when `migrate` is set (the `migrate` command), otherwise refused.
+    pub fn open_with(&self, migrate: bool) -> Result<SqliteStore, StoreError> {
+        open_store(&self.db, self.backend_id.clone(), migrate)
     }
 }
 

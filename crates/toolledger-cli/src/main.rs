@@ -29,17 +29,15 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Migrate { store } => {
-            match common::open_store(&store.db, store.backend_id.clone(), true) {
-                Ok(s) => {
-                    common::print_json(&serde_json::json!({
-                        "migrated": true,
-                        "backend_id": s.backend_id(),
-                    }));
-                    ExitCode::SUCCESS
-                }
-                Err(e) => common::fail_store(&e),
+        Command::Migrate { store } => match store.open_with(true) {
+            Ok(s) => {
+                common::print_json(&serde_json::json!({
+                    "migrated": true,
+                    "backend_id": s.backend_id(),
+                }));
+                ExitCode::SUCCESS
             }
-        }
+            Err(e) => common::fail_store(&e),
+        },
     }
 }
