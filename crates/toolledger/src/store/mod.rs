@@ -58,6 +58,10 @@ pub enum StoreError {
     /// A constraint or trigger refused the write; the transaction was rolled back.
     #[error("write refused by the database: {0}")]
     Refused(String),
+    /// The file lives on a network filesystem, where SQLite's WAL locking does not coordinate
+    /// processes on different hosts. Use PostgreSQL for multi-host deployments.
+    #[error("database file is on a network filesystem ({0}); use a local disk or PostgreSQL")]
+    NetworkFilesystem(&'static str),
     /// The file could not be opened or created.
     #[error("database file could not be opened")]
     Io,
@@ -78,6 +82,7 @@ impl StoreError {
             StoreError::Contract(_) => "PERSISTENCE_CONTRACT_ERROR",
             StoreError::Refused(_) => "SQLITE_ERROR",
             StoreError::Io => "DATABASE_IO_ERROR",
+            StoreError::NetworkFilesystem(_) => "NETWORK_FILESYSTEM",
             StoreError::Database(_) => "SQLITE_ERROR",
         }
     }

@@ -162,6 +162,51 @@ impl From<rusqlite::Error> for StoreError {
     }
 }
 
+/// Names the network filesystem a filesystem magic number (from `statfs`) belongs to, if any.
+pub fn network_filesystem_name(magic: i64) -> Option<&'static str> {
+    match magic {
+        0x6969 => Some("nfs"),
+        0x517b => Some("smb"),
+        0xff53_4d42 => Some("cifs"),
+        0xfe53_4d42 => Some("smb2"),
+        0x0102_1997 => Some("9p"),
+        0x00c3_6400 => Some("ceph"),
+        0x5346_414f => Some("afs"),
+        0x6b41_4653 => Some("afs"),
+        0x0bd0_0bd0 => Some("lustre"),
+        0x4750_4653 => Some("gpfs"),
+        0x7461_636f => Some("ocfs2"),
+        0x0116_1970 => Some("gfs2"),
+        _ => None,
+    }
+}
+
+/// Detects whether the directory holding `path` is on a network filesystem.
+#[cfg(target_os = "linux")]
+pub fn detect_network_filesystem(path: &Path) -> Option<&'static str> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let c = CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut buf: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `buf` a properly sized out-parameter.
+    let rc = unsafe { libc::statfs(c.as_ptr(), &mut buf) };
+    if rc != 0 {
+        return None;
+    }
+    #[allow(clippy::unnecessary_cast)]
+    network_filesystem_name(buf.f_type as i64 & 0xffff_ffff)
+}
+
+/// Detects whether the directory holding `path` is on a network filesystem.
+#[cfg(not(target_os = "linux"))]
+pub fn detect_network_filesystem(_path: &Path) -> Option<&'static str> {
+    None
+}
+
 /// Opens a connection with the ledger's pragmas.
 pub fn connect(path: &Path) -> Result<Connection, StoreError> {
     let conn = Connection::open_with_flags(
@@ -318,6 +363,9 @@ impl SqliteStore {
     /// `BEGIN IMMEDIATE` transaction, so two processes opening a new file at once do not race.
     pub fn open(path: impl AsRef<Path>, opts: OpenOptions) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
+        if let Some(fs) = detect_network_filesystem(&path) {
+            return Err(StoreError::NetworkFilesystem(fs));
+        }
         let mut conn = connect(&path)?;
         let backend_id = bootstrap(&mut conn, &opts)?;
 
@@ -717,6 +765,15 @@ mod tests {
         assert_eq!(ok, rows.len());
         assert!(rows.iter().all(|x| x % 7 != 0));
         assert_eq!(rows.len(), 200 - 29);
+    }
+
+    #[test]
+    fn network_filesystems_are_recognised_and_local_disks_are_not() {
+        assert_eq!(network_filesystem_name(0x6969), Some("nfs"));
+        assert_eq!(network_filesystem_name(0xff53_4d42), Some("cifs"));
+        assert_eq!(network_filesystem_name(0xef53), None, "ext4 is local");
+        let (_d, path) = temp();
+        assert_eq!(detect_network_filesystem(&path), None);
     }
 
     #[test]
