@@ -145,6 +145,544 @@ fn write_string(s: &str, out: &mut String) {
     out.push('"');
 }
 
+/// Appends the canonical form of the string `s` (quotes and escapes included) to `out`.
+pub fn write_canonical_str(s: &str, out: &mut String) {
+    write_string(s, out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Strict parsing
+// ---------------------------------------------------------------------------------------------
+
+/// Size and nesting limits for [`parse`].
+///
+/// Depth counts open arrays and objects: a scalar has depth 0, `[]` and `{}` depth 1,
+/// `[[1]]` depth 2. A document is refused when its depth exceeds `max_depth`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest accepted document, in bytes.
+    pub max_bytes: usize,
+    /// Deepest accepted nesting of arrays and objects. Values above [`MAX_DEPTH_CEILING`] are
+    /// treated as [`MAX_DEPTH_CEILING`], so the recursive parser never runs out of stack.
+    pub max_depth: usize,
+}
+
+/// The hard ceiling on nesting depth, whatever [`Limits::max_depth`] says.
+pub const MAX_DEPTH_CEILING: usize = 512;
+
+impl Limits {
+    /// Fixture files (DESIGN §7): at most 65,536 bytes and nesting depth 32.
+    pub const FIXTURE: Limits = Limits {
+        max_bytes: 65_536,
+        max_depth: 32,
+    };
+
+    /// Tool arguments, results and stored ledger JSON: at most 1 MiB and nesting depth 64.
+    pub const DEFAULT: Limits = Limits {
+        max_bytes: 1 << 20,
+        max_depth: 64,
+    };
+
+    fn effective_depth(&self) -> usize {
+        self.max_depth.min(MAX_DEPTH_CEILING)
+    }
+}
+
+fn too_deep(max_depth: usize) -> JsonError {
+    JsonError::new(
+        "too_deep",
+        format!("nesting is deeper than {max_depth} levels"),
+    )
+}
+
+/// Checks, by one linear scan and without recursion, that no array or object in `bytes` is
+/// nested deeper than `max_depth` (see [`Limits`] for how depth is counted).
+///
+/// The scan knows about strings: brackets inside string literals do not count, and a
+/// backslash escapes the byte after it. It does not validate anything else; malformed input
+/// that passes here is refused by the parser. Error code: `too_deep`.
+pub fn check_depth(bytes: &[u8], max_depth: usize) -> Result<(), JsonError> {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut i = 0;
+    let len = bytes.len();
+    while i < len {
+        let b = bytes[i];
+        if in_string {
+            match b {
+                b'\\' => i += 1,
+                b'"' => in_string = false,
+                _ => {}
+            }
+        } else {
+            match b {
+                b'"' => in_string = true,
+                b'[' | b'{' => {
+                    depth += 1;
+                    if depth > max_depth {
+                        return Err(too_deep(max_depth));
+                    }
+                }
+                b']' | b'}' => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+        i += 1;
+    }
+    Ok(())
+}
+
+/// Parses one strict JSON document.
+///
+/// Checks run in this order, each with a stable error code:
+/// 1. `too_large`: more than `limits.max_bytes` bytes;
+/// 2. `invalid_utf8`: the bytes are not UTF-8;
+/// 3. `too_deep`: nesting deeper than `limits.max_depth`, found by [`check_depth`] before any
+///    recursive parsing (so thousands of levels are a clean error, never a stack overflow);
+/// 4. the recursive-descent parse of RFC 8259 JSON, refusing
+///    - `syntax`: anything outside the grammar, including a leading byte order mark (U+FEFF),
+///      trailing data after the value, trailing commas, leading zeros, and raw control
+///      characters (U+0000–U+001F) inside strings;
+///    - `duplicate_key`: an object with the same key twice (after unescaping), at any depth;
+///    - `non_finite_number`: the literals `NaN`, `Infinity` and `-Infinity`;
+///    - `invalid_escape`: an escape other than `\" \\ \/ \b \f \n \r \t \uXXXX`;
+///    - `lone_surrogate`: a `\u` escape of a surrogate that is not part of a high–low pair;
+///    - `non_integral_number`: a number whose exact decimal value is not an integer, decided
+///      from the digits and the exponent without floating point (`1.0`, `10e-1` and `1e2`
+///      are the integers 1, 1 and 100; `1.5` and `1e-1` are refused);
+///    - `integer_out_of_range`: an integral number with |n| > 2^53 − 1 (a number that is both
+///      non-integral and large is `non_integral_number`).
+///
+/// Every number in the result is an integer (`-0` becomes `0`). Messages give a byte offset,
+/// never the input itself.
+pub fn parse(bytes: &[u8], limits: &Limits) -> Result<Value, JsonError> {
+    if bytes.len() > limits.max_bytes {
+        return Err(JsonError::new(
+            "too_large",
+            format!(
+                "document has {} bytes, the limit is {}",
+                bytes.len(),
+                limits.max_bytes
+            ),
+        ));
+    }
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        JsonError::new(
+            "invalid_utf8",
+            format!("invalid UTF-8 at byte {}", e.valid_up_to()),
+        )
+    })?;
+    let max_depth = limits.effective_depth();
+    check_depth(bytes, max_depth)?;
+    if bytes.starts_with("\u{FEFF}".as_bytes()) {
+        return Err(JsonError::new("syntax", "a byte order mark is not allowed"));
+    }
+    let mut p = Parser {
+        text,
+        bytes,
+        pos: 0,
+        max_depth,
+    };
+    let value = p.value(0)?;
+    p.skip_ws();
+    if p.pos != bytes.len() {
+        return Err(p.syntax("trailing data after the value"));
+    }
+    Ok(value)
+}
+
+/// Parses `bytes` with [`Limits::DEFAULT`] and requires them to be exactly the canonical
+/// encoding of the result (error code `non_canonical` otherwise). Use it for JSON the ledger
+/// stored itself: anything else means the stored bytes were altered.
+pub fn parse_canonical(bytes: &[u8]) -> Result<Value, JsonError> {
+    parse_canonical_with(bytes, &Limits::DEFAULT)
+}
+
+/// [`parse_canonical`] with explicit limits.
+pub fn parse_canonical_with(bytes: &[u8], limits: &Limits) -> Result<Value, JsonError> {
+    let value = parse(bytes, limits)?;
+    let mut out = String::with_capacity(bytes.len());
+    write_canonical(&value, &mut out)?;
+    if out.as_bytes() != bytes {
+        return Err(JsonError::new(
+            "non_canonical",
+            "the document is not in canonical form",
+        ));
+    }
+    Ok(value)
+}
+
+/// Parses `bytes` strictly and returns their canonical encoding.
+pub fn canonicalize(bytes: &[u8], limits: &Limits) -> Result<String, JsonError> {
+    let value = parse(bytes, limits)?;
+    let mut out = String::with_capacity(bytes.len());
+    write_canonical(&value, &mut out)?;
+    Ok(out)
+}
+
+struct Parser<'a> {
+    text: &'a str,
+    bytes: &'a [u8],
+    pos: usize,
+    max_depth: usize,
+}
+
+impl<'a> Parser<'a> {
+    fn syntax(&self, what: &str) -> JsonError {
+        JsonError::new("syntax", format!("{what} at byte {}", self.pos))
+    }
+
+    fn err_at(&self, code: &'static str, what: &str, at: usize) -> JsonError {
+        JsonError::new(code, format!("{what} at byte {at}"))
+    }
+
+    #[inline]
+    fn peek(&self) -> Option<u8> {
+        self.bytes.get(self.pos).copied()
+    }
+
+    #[inline]
+    fn skip_ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.pos += 1;
+        }
+    }
+
+    fn value(&mut self, depth: usize) -> Result<Value, JsonError> {
+        self.skip_ws();
+        match self.peek() {
+            None => Err(self.syntax("unexpected end of input")),
+            Some(b'{') => self.object(depth + 1),
+            Some(b'[') => self.array(depth + 1),
+            Some(b'"') => Ok(Value::String(self.string()?)),
+            Some(b'-' | b'0'..=b'9') => self.number(),
+            Some(b't') => self.literal("true", Value::Bool(true)),
+            Some(b'f') => self.literal("false", Value::Bool(false)),
+            Some(b'n') => self.literal("null", Value::Null),
+            Some(b'N' | b'I') => {
+                if self.rest().starts_with(b"NaN") || self.rest().starts_with(b"Infinity") {
+                    Err(self.err_at(
+                        "non_finite_number",
+                        "NaN and Infinity are not JSON",
+                        self.pos,
+                    ))
+                } else {
+                    Err(self.syntax("unexpected character"))
+                }
+            }
+            Some(_) => Err(self.syntax("unexpected character")),
+        }
+    }
+
+    #[inline]
+    fn rest(&self) -> &'a [u8] {
+        &self.bytes[self.pos..]
+    }
+
+    fn literal(&mut self, word: &str, value: Value) -> Result<Value, JsonError> {
+        if self.rest().starts_with(word.as_bytes()) {
+            self.pos += word.len();
+            Ok(value)
+        } else {
+            Err(self.syntax("invalid literal"))
+        }
+    }
+
+    fn object(&mut self, depth: usize) -> Result<Value, JsonError> {
+        if depth > self.max_depth {
+            return Err(too_deep(self.max_depth));
+        }
+        self.pos += 1; // '{'
+        let mut map = serde_json::Map::new();
+        self.skip_ws();
+        if self.peek() == Some(b'}') {
+            self.pos += 1;
+            return Ok(Value::Object(map));
+        }
+        loop {
+            self.skip_ws();
+            if self.peek() != Some(b'"') {
+                return Err(self.syntax("expected an object key"));
+            }
+            let key_at = self.pos;
+            let key = self.string()?;
+            self.skip_ws();
+            if self.peek() != Some(b':') {
+                return Err(self.syntax("expected ':'"));
+            }
+            self.pos += 1;
+            let value = self.value(depth)?;
+            if map.insert(key, value).is_some() {
+                return Err(self.err_at("duplicate_key", "duplicate object key", key_at));
+            }
+            self.skip_ws();
+            match self.peek() {
+                Some(b',') => self.pos += 1,
+                Some(b'}') => {
+                    self.pos += 1;
+                    return Ok(Value::Object(map));
+                }
+                None => return Err(self.syntax("unexpected end of input")),
+                Some(_) => return Err(self.syntax("expected ',' or '}'")),
+            }
+        }
+    }
+
+    fn array(&mut self, depth: usize) -> Result<Value, JsonError> {
+        if depth > self.max_depth {
+            return Err(too_deep(self.max_depth));
+        }
+        self.pos += 1; // '['
+        let mut items = Vec::new();
+        self.skip_ws();
+        if self.peek() == Some(b']') {
+            self.pos += 1;
+            return Ok(Value::Array(items));
+        }
+        loop {
+            items.push(self.value(depth)?);
+            self.skip_ws();
+            match self.peek() {
+                Some(b',') => self.pos += 1,
+                Some(b']') => {
+                    self.pos += 1;
+                    return Ok(Value::Array(items));
+                }
+                None => return Err(self.syntax("unexpected end of input")),
+                Some(_) => return Err(self.syntax("expected ',' or ']'")),
+            }
+        }
+    }
+
+    /// Parses a string literal starting at the opening quote.
+    fn string(&mut self) -> Result<String, JsonError> {
+        self.pos += 1; // '"'
+        let start = self.pos;
+        // Fast path: no escapes. `text` is valid UTF-8 and the stops are ASCII, so every slice
+        // below falls on a character boundary.
+        loop {
+            match self.peek() {
+                None => return Err(self.syntax("unterminated string")),
+                Some(b'"') => {
+                    let s = self.text[start..self.pos].to_owned();
+                    self.pos += 1;
+                    return Ok(s);
+                }
+                Some(b'\\') => break,
+                Some(0x00..=0x1f) => return Err(self.syntax("raw control character in string")),
+                Some(_) => self.pos += 1,
+            }
+        }
+        let mut out = String::with_capacity(self.pos - start + 16);
+        out.push_str(&self.text[start..self.pos]);
+        loop {
+            let chunk = self.pos;
+            loop {
+                match self.peek() {
+                    None => return Err(self.syntax("unterminated string")),
+                    Some(b'"' | b'\\') => break,
+                    Some(0x00..=0x1f) => return Err(self.syntax("raw control character in string")),
+                    Some(_) => self.pos += 1,
+                }
+            }
+            out.push_str(&self.text[chunk..self.pos]);
+            if self.peek() == Some(b'"') {
+                self.pos += 1;
+                return Ok(out);
+            }
+            self.escape(&mut out)?;
+        }
+    }
+
+    /// Decodes one escape sequence starting at the backslash.
+    fn escape(&mut self, out: &mut String) -> Result<(), JsonError> {
+        let at = self.pos;
+        self.pos += 1; // '\\'
+        let c = match self.peek() {
+            None => return Err(self.syntax("unterminated string")),
+            Some(b'"') => '"',
+            Some(b'\\') => '\\',
+            Some(b'/') => '/',
+            Some(b'b') => '\u{8}',
+            Some(b'f') => '\u{c}',
+            Some(b'n') => '\n',
+            Some(b'r') => '\r',
+            Some(b't') => '\t',
+            Some(b'u') => {
+                self.pos += 1;
+                let unit = self.hex4(at)?;
+                let c = match unit {
+                    0xD800..=0xDBFF => {
+                        if !self.rest().starts_with(b"\\u") {
+                            return Err(self.err_at("lone_surrogate", "unpaired surrogate", at));
+                        }
+                        let low_at = self.pos;
+                        self.pos += 2;
+                        let low = self.hex4(low_at)?;
+                        if !(0xDC00..=0xDFFF).contains(&low) {
+                            return Err(self.err_at("lone_surrogate", "unpaired surrogate", at));
+                        }
+                        let scalar = 0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00);
+                        char::from_u32(scalar).expect("a surrogate pair is a scalar value")
+                    }
+                    0xDC00..=0xDFFF => {
+                        return Err(self.err_at("lone_surrogate", "unpaired surrogate", at))
+                    }
+                    _ => char::from_u32(unit).expect("a non-surrogate BMP unit is a scalar"),
+                };
+                out.push(c);
+                return Ok(());
+            }
+            Some(_) => return Err(self.err_at("invalid_escape", "invalid escape", at)),
+        };
+        self.pos += 1;
+        out.push(c);
+        Ok(())
+    }
+
+    /// Reads four hex digits of a `\u` escape that began at `at`.
+    fn hex4(&mut self, at: usize) -> Result<u32, JsonError> {
+        let mut unit = 0u32;
+        for _ in 0..4 {
+            let d = match self.peek() {
+                Some(b @ b'0'..=b'9') => b - b'0',
+                Some(b @ b'a'..=b'f') => b - b'a' + 10,
+                Some(b @ b'A'..=b'F') => b - b'A' + 10,
+                _ => return Err(self.err_at("invalid_escape", "invalid \\u escape", at)),
+            };
+            unit = (unit << 4) | u32::from(d);
+            self.pos += 1;
+        }
+        Ok(unit)
+    }
+
+    fn digits(&mut self) -> &'a [u8] {
+        let start = self.pos;
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.pos += 1;
+        }
+        &self.bytes[start..self.pos]
+    }
+
+    /// Parses a number and decides, exactly from its decimal text, whether it is an integer
+    /// within ±(2^53−1).
+    fn number(&mut self) -> Result<Value, JsonError> {
+        let start = self.pos;
+        let negative = self.peek() == Some(b'-');
+        if negative {
+            self.pos += 1;
+            if self.rest().starts_with(b"Infinity") {
+                return Err(self.err_at(
+                    "non_finite_number",
+                    "NaN and Infinity are not JSON",
+                    start,
+                ));
+            }
+        }
+        let int = match self.peek() {
+            Some(b'0') => {
+                self.pos += 1;
+                if let Some(b'0'..=b'9') = self.peek() {
+                    return Err(self.syntax("leading zero in number"));
+                }
+                &self.bytes[self.pos - 1..self.pos]
+            }
+            Some(b'1'..=b'9') => self.digits(),
+            _ => return Err(self.syntax("invalid number")),
+        };
+        let mut frac: &[u8] = &[];
+        if self.peek() == Some(b'.') {
+            self.pos += 1;
+            frac = self.digits();
+            if frac.is_empty() {
+                return Err(self.syntax("digits expected after '.'"));
+            }
+        }
+        let mut exponent: i64 = 0;
+        if let Some(b'e' | b'E') = self.peek() {
+            self.pos += 1;
+            let exp_negative = match self.peek() {
+                Some(b'-') => {
+                    self.pos += 1;
+                    true
+                }
+                Some(b'+') => {
+                    self.pos += 1;
+                    false
+                }
+                _ => false,
+            };
+            let exp = self.digits();
+            if exp.is_empty() {
+                return Err(self.syntax("digits expected in exponent"));
+            }
+            for &d in exp {
+                exponent = exponent
+                    .saturating_mul(10)
+                    .saturating_add(i64::from(d - b'0'));
+            }
+            if exp_negative {
+                exponent = -exponent;
+            }
+        }
+        integer_from_parts(negative, int, frac, exponent).map_err(|code| {
+            let what = if code == "non_integral_number" {
+                "only integral numbers are in the canonical domain"
+            } else {
+                "integers must lie within ±(2^53−1)"
+            };
+            self.err_at(code, what, start)
+        })
+    }
+}
+
+/// The integer `±(int.frac) × 10^exponent`, decided exactly on the digits.
+fn integer_from_parts(
+    negative: bool,
+    int: &[u8],
+    frac: &[u8],
+    exponent: i64,
+) -> Result<Value, &'static str> {
+    let len = int.len() + frac.len();
+    let digit = |k: usize| -> u8 {
+        if k < int.len() {
+            int[k] - b'0'
+        } else {
+            frac[k - int.len()] - b'0'
+        }
+    };
+    let Some(first) = (0..len).find(|&k| digit(k) != 0) else {
+        return Ok(Value::Number(0.into()));
+    };
+    let last = (first..len)
+        .rev()
+        .find(|&k| digit(k) != 0)
+        .expect("a nonzero digit exists");
+    let trailing_zeros = (len - 1 - last) as i64;
+    let significant = (last - first + 1) as i64;
+    // value = digits[first..=last] × 10^scale
+    let scale = exponent
+        .saturating_sub(frac.len() as i64)
+        .saturating_add(trailing_zeros);
+    if scale < 0 {
+        return Err("non_integral_number");
+    }
+    // 2^53 − 1 has 16 decimal digits.
+    if significant.saturating_add(scale) > 16 {
+        return Err("integer_out_of_range");
+    }
+    let mut magnitude: u64 = 0;
+    for k in first..=last {
+        magnitude = magnitude * 10 + u64::from(digit(k));
+    }
+    magnitude *= 10u64.pow(scale as u32);
+    if magnitude > MAX_SAFE_INTEGER as u64 {
+        return Err("integer_out_of_range");
+    }
+    let n = magnitude as i64;
+    Ok(Value::Number(if negative { -n } else { n }.into()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
