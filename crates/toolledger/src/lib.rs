@@ -6,7 +6,10 @@
 
 #![warn(missing_docs)]
 
+pub mod authz;
 pub mod clock;
+pub mod effect;
+pub mod engine;
 pub mod json;
 pub mod model;
 pub mod store;

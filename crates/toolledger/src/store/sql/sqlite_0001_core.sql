@@ -50,6 +50,8 @@ CREATE TABLE operations (
     CHECK ((result IS NULL) = (result_digest IS NULL)),
     CHECK (state NOT IN ('applied', 'partial', 'succeeded', 'failed') OR result IS NOT NULL)
 ) STRICT;
+-- Keys shared across principals (one operation-id namespace per tool) are looked up by key.
+CREATE INDEX operations_by_tool_key ON operations(tool, idempotency_key);
 
 -- Append-only history of what happened to an operation (attempts, steps, compensations).
 CREATE TABLE operation_events (

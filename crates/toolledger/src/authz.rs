@@ -1,0 +1,474 @@
+//! The principal store: who a caller is *now*.
+//!
+//! Principals (tenant, roles, scopes) live in the `principals` table and bearer tokens, stored
+//! only as SHA-256 hex, in `principal_tokens`. Nothing is cached: every [`PrincipalStore::resolve`]
+//! re-reads the row, so a revocation takes effect at the next check. Inside an effect's
+//! transaction, [`resolve_in`] reads the same row through the transaction itself.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::pin::Pin;
+
+use rusqlite::{Connection, OptionalExtension};
+use serde::Serialize;
+
+use crate::clock::{SharedClock, SystemClock};
+use crate::effect::{db_error, EffectTx, SqlValue};
+use crate::model::{Error, Principal};
+use crate::store::sqlite::SqliteStore;
+use crate::store::StoreError;
+
+/// One principal as listed by operators (never includes tokens).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PrincipalEntry {
+    /// Principal name (the subject).
+    pub name: String,
+    /// Tenant (workspace).
+    pub tenant: String,
+    /// Current roles.
+    pub roles: BTreeSet<String>,
+    /// Current scopes.
+    pub scopes: BTreeSet<String>,
+    /// Whether the principal may act at all.
+    pub active: bool,
+    /// Number of live bearer tokens.
+    pub tokens: i64,
+}
+
+/// Resolves the current principal for a name, re-read at every call.
+pub trait CurrentPrincipal: Send + Sync {
+    /// The active principal called `name`, or `None` when absent or inactive.
+    fn current<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> Pin<Box<dyn Future<Output = Result<Option<Principal>, Error>> + Send + 'a>>;
+}
+
+/// The principal store over a ledger database.
+#[derive(Clone, Debug)]
+pub struct PrincipalStore {
+    store: SqliteStore,
+    clock: SharedClock,
+}
+
+const TOKEN_PREFIX: &str = "tl_";
+
+fn check_name(what: &str, s: &str) -> Result<(), Error> {
+    let n = s.chars().count();
+    if n == 0 || n > 128 {
+        return Err(Error::invalid(format!(
+            "{what} must be 1 to 128 characters"
+        )));
+    }
+    if s.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(Error::invalid(format!(
+            "{what} may not contain whitespace or control characters"
+        )));
+    }
+    Ok(())
+}
+
+fn check_names(what: &str, items: &[String]) -> Result<BTreeSet<String>, Error> {
+    let mut out = BTreeSet::new();
+    for item in items {
+        check_name(what, item)?;
+        out.insert(item.clone());
+    }
+    Ok(out)
+}
+
+fn encode_set(set: &BTreeSet<String>) -> String {
+    let v = serde_json::Value::Array(
+        set.iter()
+            .map(|s| serde_json::Value::String(s.clone()))
+            .collect(),
+    );
+    crate::json::canonical_string(&v).unwrap_or_else(|_| "[]".to_string())
+}
+
+fn decode_set(text: &str) -> Result<BTreeSet<String>, Error> {
+    let contract = || {
+        Error::from(StoreError::Contract(
+            "principal store row is malformed".into(),
+        ))
+    };
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|_| contract())?;
+    if crate::json::canonical_string(&value).ok().as_deref() != Some(text) {
+        return Err(contract());
+    }
+    let items = value.as_array().ok_or_else(contract)?;
+    let mut out = BTreeSet::new();
+    for item in items {
+        out.insert(item.as_str().ok_or_else(contract)?.to_string());
+    }
+    Ok(out)
+}
+
+/// SHA-256 hex of a bearer token, as stored.
+pub fn token_hash(token: &str) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+fn new_token() -> Result<String, Error> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)
+        .map_err(|_| Error::unavailable("no randomness available for a token"))?;
+    Ok(format!("{TOKEN_PREFIX}{}", hex::encode(bytes)))
+}
+
+fn principal_from(
+    name: String,
+    tenant: String,
+    roles: &str,
+    scopes: &str,
+) -> Result<Principal, Error> {
+    Ok(Principal {
+        tenant,
+        subject: name,
+        roles: decode_set(roles)?,
+        scopes: decode_set(scopes)?,
+    })
+}
+
+/// Reads the active principal `name` through an effect's transaction (the same snapshot the
+/// effect writes in). `None` when absent or inactive.
+pub fn resolve_in(tx: &mut dyn EffectTx, name: &str) -> Result<Option<Principal>, Error> {
+    let rows = tx.query(
+        "SELECT tenant, roles, scopes FROM principals WHERE name = ?1 AND active = 1",
+        &[SqlValue::from(name)],
+    )?;
+    let Some(row) = rows.into_iter().next() else {
+        return Ok(None);
+    };
+    let text = |i: usize| -> Result<String, Error> {
+        row.get(i)
+            .and_then(|v| v.as_str())
+            .map(str::to_string)
+            .ok_or_else(|| Error::from(StoreError::Contract("principal row is malformed".into())))
+    };
+    principal_from(name.to_string(), text(0)?, &text(1)?, &text(2)?).map(Some)
+}
+
+fn resolve_conn(conn: &Connection, name: &str) -> Result<Option<Principal>, Error> {
+    let row: Option<(String, String, String)> = conn
+        .prepare_cached(
+            "SELECT tenant, roles, scopes FROM principals WHERE name = ?1 AND active = 1",
+        )
+        .and_then(|mut s| {
+            s.query_row([name], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .optional()
+        })
+        .map_err(db_error)?;
+    match row {
+        Some((tenant, roles, scopes)) => {
+            principal_from(name.to_string(), tenant, &roles, &scopes).map(Some)
+        }
+        None => Ok(None),
+    }
+}
+
+fn entry_conn(conn: &Connection, name: &str) -> Result<Option<PrincipalEntry>, Error> {
+    let row: Option<(String, String, String, i64, i64)> = conn
+        .prepare_cached(
+            "SELECT tenant, roles, scopes, active,
+                    (SELECT count(*) FROM principal_tokens t WHERE t.principal = p.name)
+             FROM principals p WHERE name = ?1",
+        )
+        .and_then(|mut s| {
+            s.query_row([name], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
+            .optional()
+        })
+        .map_err(db_error)?;
+    row.map(|(tenant, roles, scopes, active, tokens)| {
+        Ok(PrincipalEntry {
+            name: name.to_string(),
+            tenant,
+            roles: decode_set(&roles)?,
+            scopes: decode_set(&scopes)?,
+            active: active == 1,
+            tokens,
+        })
+    })
+    .transpose()
+}
+
+impl PrincipalStore {
+    /// A principal store over `store`, stamping rows with wall-clock time.
+    pub fn new(store: SqliteStore) -> Self {
+        PrincipalStore {
+            store,
+            clock: std::sync::Arc::new(SystemClock),
+        }
+    }
+
+    /// Uses `clock` for `created_at`/`updated_at`.
+    pub fn with_clock(mut self, clock: SharedClock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Adds principal `name` in `tenant` with exactly these roles and scopes, or, if it
+    /// exists, replaces its tenant, roles and scopes and re-activates it. With `issue_token`
+    /// a new bearer token is created and returned; only its hash is stored, so this is the
+    /// only time it is visible.
+    pub async fn add(
+        &self,
+        name: &str,
+        tenant: &str,
+        roles: &[String],
+        scopes: &[String],
+        issue_token: bool,
+    ) -> Result<Option<String>, Error> {
+        check_name("principal name", name)?;
+        check_name("tenant", tenant)?;
+        let roles = encode_set(&check_names("role", roles)?);
+        let scopes = encode_set(&check_names("scope", scopes)?);
+        let token = if issue_token {
+            Some(new_token()?)
+        } else {
+            None
+        };
+        let hash = token.as_deref().map(token_hash);
+        let (name, tenant) = (name.to_string(), tenant.to_string());
+        let clock = self.clock.clone();
+        self.store
+            .write(move |conn| -> Result<(), Error> {
+                let now = clock.now();
+                conn.prepare_cached(
+                    "INSERT INTO principals(name, tenant, roles, scopes, active, created_at,
+                         updated_at)
+                     VALUES (?1, ?2, ?3, ?4, 1, ?5, ?5)
+                     ON CONFLICT(name) DO UPDATE SET tenant = excluded.tenant,
+                         roles = excluded.roles, scopes = excluded.scopes, active = 1,
+                         updated_at = excluded.updated_at",
+                )
+                .and_then(|mut s| s.execute(rusqlite::params![name, tenant, roles, scopes, now]))
+                .map_err(db_error)?;
+                if let Some(hash) = &hash {
+                    conn.prepare_cached(
+                        "INSERT INTO principal_tokens(token_sha256, principal, created_at)
+                         VALUES (?1, ?2, ?3)",
+                    )
+                    .and_then(|mut s| s.execute(rusqlite::params![hash, name, now]))
+                    .map_err(db_error)?;
+                }
+                Ok(())
+            })
+            .await?;
+        Ok(token)
+    }
+
+    /// Removes `roles` and `scopes` from principal `name`; with `all`, deactivates it and
+    /// deletes its tokens. `not_found` if there is no such principal; `invalid_arguments` if
+    /// nothing is to be revoked.
+    pub async fn revoke(
+        &self,
+        name: &str,
+        roles: &[String],
+        scopes: &[String],
+        all: bool,
+    ) -> Result<PrincipalEntry, Error> {
+        check_name("principal name", name)?;
+        let roles = check_names("role", roles)?;
+        let scopes = check_names("scope", scopes)?;
+        if !all && roles.is_empty() && scopes.is_empty() {
+            return Err(Error::invalid("name a role, a scope, or --all to revoke"));
+        }
+        let name = name.to_string();
+        let clock = self.clock.clone();
+        self.store
+            .write(move |conn| -> Result<PrincipalEntry, Error> {
+                let now = clock.now();
+                let Some(entry) = entry_conn(conn, &name)? else {
+                    return Err(Error::not_found());
+                };
+                let kept_roles: BTreeSet<String> =
+                    entry.roles.difference(&roles).cloned().collect();
+                let kept_scopes: BTreeSet<String> =
+                    entry.scopes.difference(&scopes).cloned().collect();
+                let active = if all { 0 } else { i64::from(entry.active) };
+                conn.prepare_cached(
+                    "UPDATE principals SET roles = ?1, scopes = ?2, active = ?3, updated_at = ?4
+                     WHERE name = ?5",
+                )
+                .and_then(|mut s| {
+                    s.execute(rusqlite::params![
+                        encode_set(&kept_roles),
+                        encode_set(&kept_scopes),
+                        active,
+                        now,
+                        name
+                    ])
+                })
+                .map_err(db_error)?;
+                if all {
+                    conn.prepare_cached("DELETE FROM principal_tokens WHERE principal = ?1")
+                        .and_then(|mut s| s.execute([&name]))
+                        .map_err(db_error)?;
+                }
+                entry_conn(conn, &name)?.ok_or_else(Error::not_found)
+            })
+            .await
+    }
+
+    /// Every principal, by name.
+    pub async fn list(&self) -> Result<Vec<PrincipalEntry>, Error> {
+        self.store
+            .read(|conn| -> Result<Vec<PrincipalEntry>, Error> {
+                let names: Vec<String> = conn
+                    .prepare_cached("SELECT name FROM principals ORDER BY name")
+                    .and_then(|mut s| {
+                        s.query_map([], |r| r.get(0))?
+                            .collect::<Result<Vec<String>, _>>()
+                    })
+                    .map_err(db_error)?;
+                let mut out = Vec::with_capacity(names.len());
+                for name in names {
+                    if let Some(e) = entry_conn(conn, &name)? {
+                        out.push(e);
+                    }
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    /// The active principal called `name`, re-read now; `None` when absent or inactive.
+    pub async fn resolve(&self, name: &str) -> Result<Option<Principal>, Error> {
+        let name = name.to_string();
+        self.store.read(move |conn| resolve_conn(conn, &name)).await
+    }
+
+    /// The principal a bearer token belongs to, as `(name, principal)`; `None` for an unknown
+    /// token or an inactive principal. Looked up by the token's SHA-256.
+    pub async fn resolve_token(&self, token: &str) -> Result<Option<(String, Principal)>, Error> {
+        if !token.starts_with(TOKEN_PREFIX) || token.len() > 256 {
+            return Ok(None);
+        }
+        let hash = token_hash(token);
+        self.store
+            .read(move |conn| -> Result<Option<(String, Principal)>, Error> {
+                let name: Option<String> = conn
+                    .prepare_cached(
+                        "SELECT principal FROM principal_tokens WHERE token_sha256 = ?1",
+                    )
+                    .and_then(|mut s| s.query_row([&hash], |r| r.get(0)).optional())
+                    .map_err(db_error)?;
+                match name {
+                    Some(name) => Ok(resolve_conn(conn, &name)?.map(|p| (name, p))),
+                    None => Ok(None),
+                }
+            })
+            .await
+    }
+}
+
+impl CurrentPrincipal for PrincipalStore {
+    fn current<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> Pin<Box<dyn Future<Output = Result<Option<Principal>, Error>> + Send + 'a>> {
+        Box::pin(self.resolve(name))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ErrorCode;
+    use crate::store::sqlite::OpenOptions;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    fn open() -> (tempfile::TempDir, PrincipalStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("p.sqlite"), OpenOptions::new("p")).unwrap();
+        (dir, PrincipalStore::new(store))
+    }
+
+    #[tokio::test]
+    async fn add_resolve_revoke_and_tokens() {
+        let (_d, ps) = open();
+        let token = ps
+            .add(
+                "alice",
+                "team-a",
+                &s(&["editor"]),
+                &s(&["automation:write", "x"]),
+                true,
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(token.starts_with("tl_") && token.len() == 67);
+        let p = ps.resolve("alice").await.unwrap().unwrap();
+        assert_eq!(p.tenant, "team-a");
+        assert_eq!(p.subject, "alice");
+        assert!(p.has_scope("automation:write") && p.has_role("editor"));
+        let (name, via_token) = ps.resolve_token(&token).await.unwrap().unwrap();
+        assert_eq!(name, "alice");
+        assert_eq!(via_token, p);
+        assert!(ps.resolve_token("tl_00").await.unwrap().is_none());
+        assert!(ps.resolve("bob").await.unwrap().is_none());
+
+        let e = ps
+            .revoke("alice", &[], &s(&["automation:write"]), false)
+            .await
+            .unwrap();
+        assert_eq!(e.scopes, BTreeSet::from(["x".to_string()]));
+        assert!(e.active);
+        assert!(!ps
+            .resolve("alice")
+            .await
+            .unwrap()
+            .unwrap()
+            .has_scope("automation:write"));
+
+        let e = ps.revoke("alice", &[], &[], true).await.unwrap();
+        assert!(!e.active);
+        assert_eq!(e.tokens, 0);
+        assert!(ps.resolve("alice").await.unwrap().is_none());
+        assert!(ps.resolve_token(&token).await.unwrap().is_none());
+
+        // Re-adding replaces the sets and re-activates.
+        assert!(ps
+            .add("alice", "team-b", &[], &s(&["y"]), false)
+            .await
+            .unwrap()
+            .is_none());
+        let p = ps.resolve("alice").await.unwrap().unwrap();
+        assert_eq!(p.tenant, "team-b");
+        assert_eq!(p.scopes, BTreeSet::from(["y".to_string()]));
+        assert!(p.roles.is_empty());
+        assert_eq!(ps.list().await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn bad_input_is_refused_and_writes_nothing() {
+        let (_d, ps) = open();
+        for (name, tenant, scope) in [
+            ("", "t", "s"),
+            ("a b", "t", "s"),
+            ("a", "", "s"),
+            ("a", "t", ""),
+            ("a", "t", "bad\nscope"),
+        ] {
+            let err = ps
+                .add(name, tenant, &[], &s(&[scope]), true)
+                .await
+                .unwrap_err();
+            assert_eq!(err.code, ErrorCode::InvalidArguments, "{name:?} {tenant:?}");
+        }
+        assert!(ps.list().await.unwrap().is_empty());
+        let err = ps.revoke("ghost", &[], &[], true).await.unwrap_err();
+        assert_eq!(err.code, ErrorCode::NotFound);
+        ps.add("a", "t", &[], &[], false).await.unwrap();
+        let err = ps.revoke("a", &[], &[], false).await.unwrap_err();
+        assert_eq!(err.code, ErrorCode::InvalidArguments);
+    }
+}

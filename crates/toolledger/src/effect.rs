@@ -1,0 +1,249 @@
+//! The transaction handle an inline effect writes through.
+//!
+//! An inline effect runs inside the ledger's own write transaction, so the effect row and the
+//! ledger row commit (or roll back) together. Effects get an [`EffectTx`] instead of a raw
+//! database handle: SQL uses numbered `?1`-style placeholders and plain [`SqlValue`]s, which
+//! every backend can translate, so the engine's public API is not tied to SQLite.
+//!
+//! A constraint or trigger failure inside the effect surfaces as an [`Error`] with code
+//! `unavailable` (messages never carry SQL text or paths) and rolls back the whole call.
+
+use rusqlite::types::{Value as RValue, ValueRef};
+use rusqlite::Connection;
+
+use crate::model::{Error, ErrorCode};
+
+/// A value bound to a placeholder or read from a column.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SqlValue {
+    /// SQL `NULL`.
+    Null,
+    /// A 64-bit signed integer.
+    Integer(i64),
+    /// UTF-8 text.
+    Text(String),
+    /// Raw bytes.
+    Blob(Vec<u8>),
+}
+
+impl SqlValue {
+    /// The integer, if this is one.
+    pub fn as_i64(&self) -> Option<i64> {
+        match self {
+            SqlValue::Integer(i) => Some(*i),
+            _ => None,
+        }
+    }
+
+    /// The text, if this is text.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            SqlValue::Text(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The bytes, if this is a blob.
+    pub fn as_blob(&self) -> Option<&[u8]> {
+        match self {
+            SqlValue::Blob(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// Whether this is `NULL`.
+    pub fn is_null(&self) -> bool {
+        matches!(self, SqlValue::Null)
+    }
+}
+
+impl From<i64> for SqlValue {
+    fn from(v: i64) -> Self {
+        SqlValue::Integer(v)
+    }
+}
+
+impl From<&str> for SqlValue {
+    fn from(v: &str) -> Self {
+        SqlValue::Text(v.to_string())
+    }
+}
+
+impl From<String> for SqlValue {
+    fn from(v: String) -> Self {
+        SqlValue::Text(v)
+    }
+}
+
+impl From<Vec<u8>> for SqlValue {
+    fn from(v: Vec<u8>) -> Self {
+        SqlValue::Blob(v)
+    }
+}
+
+impl<T: Into<SqlValue>> From<Option<T>> for SqlValue {
+    fn from(v: Option<T>) -> Self {
+        v.map(Into::into).unwrap_or(SqlValue::Null)
+    }
+}
+
+/// The statements an inline effect may run inside the ledger's transaction.
+///
+/// Placeholders are numbered (`?1`, `?2`, …). Never run `BEGIN`, `COMMIT`, `ROLLBACK` or
+/// `SAVEPOINT` through it: the engine owns the transaction.
+pub trait EffectTx {
+    /// Runs one statement and returns the number of rows it changed.
+    fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<usize, Error>;
+
+    /// Runs one query (including `… RETURNING`) and returns every row.
+    fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<Vec<Vec<SqlValue>>, Error>;
+}
+
+/// Maps a database error raised by ledger or effect SQL to a caller-safe [`Error`]: no SQL
+/// text, no paths, no constraint expressions.
+pub(crate) fn db_error(e: rusqlite::Error) -> Error {
+    use rusqlite::ErrorCode as C;
+    match &e {
+        rusqlite::Error::SqliteFailure(f, _) => match f.code {
+            C::DatabaseBusy | C::DatabaseLocked => {
+                Error::new(ErrorCode::Unavailable, "store unavailable")
+            }
+            C::ConstraintViolation => {
+                Error::new(ErrorCode::Unavailable, "write refused by the database")
+            }
+            C::DiskFull | C::SystemIoFailure | C::ReadOnly | C::CannotOpen => {
+                Error::new(ErrorCode::Unavailable, "store unavailable")
+            }
+            _ => Error::new(ErrorCode::Unavailable, "database error"),
+        },
+        _ => Error::new(ErrorCode::Unavailable, "database error"),
+    }
+}
+
+fn to_rusqlite(v: &SqlValue) -> RValue {
+    match v {
+        SqlValue::Null => RValue::Null,
+        SqlValue::Integer(i) => RValue::Integer(*i),
+        SqlValue::Text(s) => RValue::Text(s.clone()),
+        SqlValue::Blob(b) => RValue::Blob(b.clone()),
+    }
+}
+
+fn from_ref(v: ValueRef<'_>) -> Result<SqlValue, Error> {
+    Ok(match v {
+        ValueRef::Null => SqlValue::Null,
+        ValueRef::Integer(i) => SqlValue::Integer(i),
+        ValueRef::Text(t) => SqlValue::Text(
+            std::str::from_utf8(t)
+                .map_err(|_| Error::unavailable("stored text is not UTF-8"))?
+                .to_string(),
+        ),
+        ValueRef::Blob(b) => SqlValue::Blob(b.to_vec()),
+        ValueRef::Real(_) => {
+            return Err(Error::unavailable(
+                "floating-point columns are outside the effect contract",
+            ))
+        }
+    })
+}
+
+/// [`EffectTx`] over a SQLite connection that is already inside a transaction.
+pub(crate) struct SqliteEffectTx<'c> {
+    conn: &'c Connection,
+}
+
+impl<'c> SqliteEffectTx<'c> {
+    pub(crate) fn new(conn: &'c Connection) -> Self {
+        SqliteEffectTx { conn }
+    }
+}
+
+fn refuse_transaction_control(sql: &str) -> Result<(), Error> {
+    let head = sql
+        .trim_start()
+        .split(|c: char| !c.is_ascii_alphabetic())
+        .next()
+        .unwrap_or("")
+        .to_ascii_uppercase();
+    if matches!(
+        head.as_str(),
+        "BEGIN" | "COMMIT" | "END" | "ROLLBACK" | "SAVEPOINT" | "RELEASE"
+    ) {
+        return Err(Error::unavailable(
+            "effects may not control the ledger's transaction",
+        ));
+    }
+    Ok(())
+}
+
+impl EffectTx for SqliteEffectTx<'_> {
+    fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<usize, Error> {
+        refuse_transaction_control(sql)?;
+        let mut stmt = self.conn.prepare_cached(sql).map_err(db_error)?;
+        let values: Vec<RValue> = params.iter().map(to_rusqlite).collect();
+        stmt.execute(rusqlite::params_from_iter(values.iter()))
+            .map_err(db_error)
+    }
+
+    fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<Vec<Vec<SqlValue>>, Error> {
+        refuse_transaction_control(sql)?;
+        let mut stmt = self.conn.prepare_cached(sql).map_err(db_error)?;
+        let width = stmt.column_count();
+        let values: Vec<RValue> = params.iter().map(to_rusqlite).collect();
+        let mut rows = stmt
+            .query(rusqlite::params_from_iter(values.iter()))
+            .map_err(db_error)?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next().map_err(db_error)? {
+            let mut cols = Vec::with_capacity(width);
+            for i in 0..width {
+                cols.push(from_ref(row.get_ref(i).map_err(db_error)?)?);
+            }
+            out.push(cols);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_round_trip_and_errors_carry_no_sql() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(
+            "CREATE TABLE t(a INTEGER NOT NULL CHECK (a > 0), b TEXT, c BLOB) STRICT;",
+        )
+        .unwrap();
+        let mut tx = SqliteEffectTx::new(&conn);
+        let n = tx
+            .execute(
+                "INSERT INTO t(a, b, c) VALUES (?1, ?2, ?3)",
+                &[7.into(), "x".into(), vec![1u8, 2].into()],
+            )
+            .unwrap();
+        assert_eq!(n, 1);
+        let rows = tx
+            .query("SELECT a, b, c, NULL FROM t WHERE a = ?1", &[7.into()])
+            .unwrap();
+        assert_eq!(
+            rows,
+            vec![vec![
+                SqlValue::Integer(7),
+                SqlValue::Text("x".into()),
+                SqlValue::Blob(vec![1, 2]),
+                SqlValue::Null
+            ]]
+        );
+        let err = tx
+            .execute("INSERT INTO t(a) VALUES (?1)", &[0.into()])
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::Unavailable);
+        assert!(!err.message.contains("a > 0"), "{}", err.message);
+        let err = tx.execute("SELEC nonsense", &[]).unwrap_err();
+        assert!(!err.message.contains("SELEC"), "{}", err.message);
+        assert!(tx.execute("  commit", &[]).is_err());
+        assert!(tx.query("SELECT 1.5", &[]).is_err());
+    }
+}

@@ -1,0 +1,1026 @@
+//! The operation engine for inline effects: reserve a scope, run the effect in the same
+//! transaction, store the canonical result, and replay it for an exact retry.
+//!
+//! # One call, one transaction
+//!
+//! [`Engine::execute_inline`] runs, in one write transaction:
+//!
+//! 1. [`InlineEffect::authorize`]: the current access check (is the resource still in the
+//!    caller's workspace?). It runs *before* the ledger lookup, so a saved result never
+//!    outlives the caller's access to the resource.
+//! 2. With [`InlineCall::shared_key_namespace`]: the same `(tool, key)` held by another
+//!    principal is `operation_conflict`.
+//! 3. Scope lookup `(tenant, subject, tool, key)`. Same request digest and fingerprint →
+//!    deadlines (authority before retention), then state → replay of the stored result.
+//!    Different digest or fingerprint → `operation_conflict` (before any deadline).
+//! 4. Fresh scope: the call's deadlines, insert the ledger row (`in_progress`),
+//!    [`FaultPoint::AfterLedgerInsert`], [`InlineEffect::apply`], [`FaultPoint::AfterEffect`],
+//!    store state, canonical result and result digest.
+//! 5. After `COMMIT`: [`FaultPoint::AfterCommit`] (fresh calls only, never on a replay).
+//!
+//! Any error rolls the whole call back: no ledger row, no effect row.
+//!
+//! # Replay fast path
+//!
+//! Every call first runs steps 1–3 on a pooled read connection inside one read snapshot. A
+//! replay, a conflict, an expired deadline or a refused authorization is answered from that
+//! snapshot without touching the writer: none of them writes anything, and all checks see one
+//! consistent state. Only when the scope is absent does the call go to the writer, which runs
+//! the whole sequence again inside `BEGIN IMMEDIATE`, so two racing first attempts serialize
+//! there (and across processes, on SQLite's write lock plus `UNIQUE(scope)`). Consequently
+//! [`InlineEffect::authorize`] and [`InlineEffect::check_replay`] must only read.
+//!
+//! # Stored JSON
+//!
+//! Arguments and results are stored as canonical JSON (DESIGN §6). On every read they are
+//! parsed strictly and re-encoded; stored text that is not byte-identical to its canonical
+//! form, or a result whose digest does not match, is a storage-contract error and never
+//! reaches a caller.
+
+use std::sync::Arc;
+
+use rusqlite::{Connection, OptionalExtension};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::clock::SharedClock;
+use crate::effect::{db_error, EffectTx, SqliteEffectTx};
+use crate::model::{Error, ErrorCode, OperationState, Principal, ToolContract};
+use crate::store::sqlite::SqliteStore;
+use crate::store::StoreError;
+
+/// A named point on the fresh path where a test or `--fault` may crash the process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FaultPoint {
+    /// The ledger row is inserted (`in_progress`), the effect has not run; not committed.
+    AfterLedgerInsert,
+    /// The effect ran, the ledger row is not yet updated; not committed.
+    AfterEffect,
+    /// The transaction committed; the caller has not been answered.
+    AfterCommit,
+}
+
+/// A callback invoked at each [`FaultPoint`] of a fresh call. It runs on the thread that
+/// reaches the point (the store's writer thread for the first two).
+pub type FaultHook = Arc<dyn Fn(FaultPoint) + Send + Sync>;
+
+/// One request to run an inline effect under an idempotency scope.
+#[derive(Clone, Debug)]
+pub struct InlineCall {
+    /// The trusted caller, as the principal store says it is now.
+    pub principal: Principal,
+    /// The tool and its revisions.
+    pub contract: ToolContract,
+    /// The idempotency key (MCP operation id, request id). 1–256 characters.
+    pub key: String,
+    /// The validated business arguments (without the key). Must be canonical-encodable.
+    pub arguments: Value,
+    /// Optional fingerprint of the logical request (64 lowercase hex characters).
+    pub fingerprint: Option<String>,
+    /// Unix second from which no write (not even an exact replay) is allowed.
+    pub authority_deadline: Option<i64>,
+    /// Unix second from which the stored result is no longer replayed.
+    pub retention_deadline: Option<i64>,
+    /// When set, keys share one namespace per tool: the same `(tool, key)` under another
+    /// tenant or subject is `operation_conflict`.
+    pub shared_key_namespace: bool,
+}
+
+/// A side effect that commits in the same transaction as its ledger row.
+pub trait InlineEffect: Send + Sync + 'static {
+    /// The current access check, run inside the call's transaction *before* the ledger lookup
+    /// (fresh calls and replays alike). Must only read. Default: allow.
+    fn authorize(&self, tx: &mut dyn EffectTx, principal: &Principal) -> Result<(), Error> {
+        let _ = (tx, principal);
+        Ok(())
+    }
+
+    /// Performs the effect and returns its result (canonical-encodable JSON).
+    fn apply(&self, tx: &mut dyn EffectTx, principal: &Principal) -> Result<Value, Error>;
+
+    /// An extra check run before a stored result is replayed, after `authorize` and the
+    /// scope lookup (e.g. the stored result still refers to a visible resource). Must only
+    /// read. Default: allow, since `authorize` already ran for this call.
+    fn check_replay(
+        &self,
+        tx: &mut dyn EffectTx,
+        principal: &Principal,
+        record: &OperationRecord,
+    ) -> Result<(), Error> {
+        let _ = (tx, principal, record);
+        Ok(())
+    }
+}
+
+/// What a call returned.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Outcome {
+    /// The result: fresh, or the stored historical result on a replay.
+    pub result: Value,
+    /// Whether the result was replayed from the ledger rather than produced now.
+    pub replayed: bool,
+    /// The operation's state.
+    pub state: OperationState,
+    /// Opaque reference for status queries.
+    pub status_ref: String,
+    /// Ledger row id.
+    pub operation_id: i64,
+}
+
+/// The result of [`Engine::begin_steps`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Begun {
+    /// The scope already held a finished operation with the same intent.
+    Replayed(Outcome),
+    /// The first step committed together with an `in_progress` ledger row.
+    Started {
+        /// Ledger row id, to pass to [`Engine::finish_steps`].
+        operation_id: i64,
+        /// What the first step returned.
+        first_result: Value,
+        /// Opaque reference for status queries.
+        status_ref: String,
+    },
+}
+
+/// One ledger row, read back and checked against the storage contract.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct OperationRecord {
+    /// Ledger row id.
+    pub id: i64,
+    /// Tenant of the scope.
+    pub tenant: String,
+    /// Subject of the scope.
+    pub subject: String,
+    /// Tool of the scope.
+    pub tool: String,
+    /// Idempotency key of the scope.
+    pub key: String,
+    /// Request digest of the accepted intent.
+    pub request_digest: String,
+    /// Fingerprint of the accepted request, if any.
+    pub fingerprint: Option<String>,
+    /// `inline` or `deferred`.
+    pub effect_kind: String,
+    /// Current state.
+    pub state: OperationState,
+    /// Stored result, once there is one.
+    pub result: Option<Value>,
+    /// SHA-256 of the canonical result.
+    pub result_digest: Option<String>,
+    /// Opaque reference for status queries.
+    pub status_ref: String,
+    /// Authority deadline (Unix seconds).
+    pub authority_deadline: Option<i64>,
+    /// Retention deadline (Unix seconds).
+    pub retention_deadline: Option<i64>,
+    /// When the row was created (Unix seconds).
+    pub created_at: i64,
+    /// When the row last changed (Unix seconds).
+    pub updated_at: i64,
+    /// The contract the intent was accepted under.
+    pub contract: ToolContract,
+    /// The accepted, canonical arguments.
+    pub arguments: Value,
+}
+
+/// One entry of an operation's append-only history.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct OperationEvent {
+    /// Event row id (increasing).
+    pub id: i64,
+    /// When it was recorded (Unix seconds).
+    pub at: i64,
+    /// What happened, e.g. `first_step`, `watcher_failed`.
+    pub kind: String,
+    /// Canonical detail.
+    pub detail: Value,
+}
+
+/// The inline-effect engine over one store and one clock. Cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    store: SqliteStore,
+    clock: SharedClock,
+    fault: Option<FaultHook>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("store", &self.store)
+            .field("clock", &self.clock)
+            .field("fault_hook", &self.fault.is_some())
+            .finish()
+    }
+}
+
+/// How the writer finished a call.
+enum Written {
+    Replayed(Outcome),
+    Fresh(Outcome),
+}
+
+/// How the writer finished a multi-step begin.
+enum WrittenBegin {
+    Replayed(Outcome),
+    Started(i64, Value, String),
+}
+
+impl Engine {
+    /// An engine over `store` using `clock` for deadlines and timestamps.
+    pub fn new(store: SqliteStore, clock: SharedClock) -> Self {
+        Engine {
+            store,
+            clock,
+            fault: None,
+        }
+    }
+
+    /// Installs a hook called at each [`FaultPoint`] of a fresh call.
+    pub fn with_fault_hook(mut self, hook: FaultHook) -> Self {
+        self.fault = Some(hook);
+        self
+    }
+
+    /// The underlying store.
+    pub fn store(&self) -> &SqliteStore {
+        &self.store
+    }
+
+    /// The engine's clock.
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
+    }
+
+    fn fire(&self, point: FaultPoint) {
+        if let Some(h) = &self.fault {
+            h(point);
+        }
+    }
+
+    /// Runs `effect` under `call`'s scope: a fresh effect committed together with its ledger
+    /// row, or the stored result of an earlier identical call. See the module docs for the
+    /// exact order of checks.
+    pub async fn execute_inline(
+        &self,
+        call: InlineCall,
+        effect: Arc<dyn InlineEffect>,
+    ) -> Result<Outcome, Error> {
+        let prepared = Arc::new(Prepared::new(call)?);
+        if let Some(found) = self.examine_on_reader(&prepared, &effect).await? {
+            return Ok(found);
+        }
+        let fault = self.fault.clone();
+        let clock = self.clock.clone();
+        let written = self
+            .store
+            .write(move |conn| -> Result<Written, Error> {
+                let now = clock.now();
+                if let Some(found) = examine(conn, &prepared, effect.as_ref(), now)? {
+                    return Ok(Written::Replayed(found));
+                }
+                let (id, status_ref) = reserve(conn, &prepared, now)?;
+                if let Some(h) = &fault {
+                    h(FaultPoint::AfterLedgerInsert);
+                }
+                let result = effect.apply(&mut SqliteEffectTx::new(conn), &prepared.principal)?;
+                let (text, digest) = encode_result(&result)?;
+                if let Some(h) = &fault {
+                    h(FaultPoint::AfterEffect);
+                }
+                conn.prepare_cached(
+                    "UPDATE operations SET state = 'applied', result = ?1, result_digest = ?2,
+                         updated_at = ?3
+                     WHERE id = ?4 AND state = 'in_progress'",
+                )
+                .and_then(|mut s| s.execute(rusqlite::params![text, digest, now, id]))
+                .map_err(db_error)?;
+                Ok(Written::Fresh(Outcome {
+                    result,
+                    replayed: false,
+                    state: OperationState::Applied,
+                    status_ref,
+                    operation_id: id,
+                }))
+            })
+            .await?;
+        match written {
+            Written::Replayed(o) => Ok(o),
+            Written::Fresh(o) => {
+                self.fire(FaultPoint::AfterCommit);
+                Ok(o)
+            }
+        }
+    }
+
+    /// Starts a multi-step inline effect: commits the ledger row (`in_progress`) together
+    /// with the first step, and records the first step's result as a `first_step` event.
+    /// Later steps run outside this transaction; [`Engine::finish_steps`] closes the
+    /// operation. A retry while the operation is unfinished is `operation_in_progress`; a
+    /// retry after it finished replays the stored result.
+    ///
+    /// Fault points `AfterLedgerInsert` and `AfterEffect` fire here; `AfterCommit` fires
+    /// after [`Engine::finish_steps`] commits.
+    pub async fn begin_steps(
+        &self,
+        call: InlineCall,
+        first: Arc<dyn InlineEffect>,
+    ) -> Result<Begun, Error> {
+        let prepared = Arc::new(Prepared::new(call)?);
+        if let Some(found) = self.examine_on_reader(&prepared, &first).await? {
+            return Ok(Begun::Replayed(found));
+        }
+        let fault = self.fault.clone();
+        let clock = self.clock.clone();
+        let written = self
+            .store
+            .write(move |conn| -> Result<WrittenBegin, Error> {
+                let now = clock.now();
+                if let Some(found) = examine(conn, &prepared, first.as_ref(), now)? {
+                    return Ok(WrittenBegin::Replayed(found));
+                }
+                let (id, status_ref) = reserve(conn, &prepared, now)?;
+                if let Some(h) = &fault {
+                    h(FaultPoint::AfterLedgerInsert);
+                }
+                let result = first.apply(&mut SqliteEffectTx::new(conn), &prepared.principal)?;
+                let (text, _) = encode_result(&result)?;
+                if let Some(h) = &fault {
+                    h(FaultPoint::AfterEffect);
+                }
+                insert_event(conn, id, now, "first_step", &text)?;
+                Ok(WrittenBegin::Started(id, result, status_ref))
+            })
+            .await?;
+        Ok(match written {
+            WrittenBegin::Replayed(o) => Begun::Replayed(o),
+            WrittenBegin::Started(operation_id, first_result, status_ref) => Begun::Started {
+                operation_id,
+                first_result,
+                status_ref,
+            },
+        })
+    }
+
+    /// Finishes an operation started by [`Engine::begin_steps`]: sets `state` (`applied` or
+    /// `partial`), stores `result`, and appends `events` (kind, detail) in the same
+    /// transaction. Fails with `operation_conflict` if the operation is not `in_progress`.
+    pub async fn finish_steps(
+        &self,
+        operation_id: i64,
+        state: OperationState,
+        result: Value,
+        events: Vec<(String, Value)>,
+    ) -> Result<Outcome, Error> {
+        if !matches!(state, OperationState::Applied | OperationState::Partial) {
+            return Err(Error::invalid(
+                "a multi-step operation finishes as applied or partial",
+            ));
+        }
+        let (text, digest) = encode_result(&result)?;
+        let mut encoded = Vec::with_capacity(events.len());
+        for (kind, detail) in &events {
+            check_event_kind(kind)?;
+            let d = crate::json::canonical_string(detail)
+                .map_err(|_| Error::invalid("event detail is outside the canonical JSON domain"))?;
+            encoded.push((kind.clone(), d));
+        }
+        let clock = self.clock.clone();
+        let outcome = self
+            .store
+            .write(move |conn| {
+                let now = clock.now();
+                let row: Option<(String, String)> = conn
+                    .prepare_cached("SELECT state, status_ref FROM operations WHERE id = ?1")
+                    .and_then(|mut s| {
+                        s.query_row([operation_id], |r| Ok((r.get(0)?, r.get(1)?)))
+                            .optional()
+                    })
+                    .map_err(db_error)?;
+                let Some((current, status_ref)) = row else {
+                    return Err(Error::not_found());
+                };
+                if current != OperationState::InProgress.as_str() {
+                    return Err(Error::conflict("operation is not in progress"));
+                }
+                for (kind, detail) in &encoded {
+                    insert_event(conn, operation_id, now, kind, detail)?;
+                }
+                conn.prepare_cached(
+                    "UPDATE operations SET state = ?1, result = ?2, result_digest = ?3,
+                         updated_at = ?4
+                     WHERE id = ?5 AND state = 'in_progress'",
+                )
+                .and_then(|mut s| {
+                    s.execute(rusqlite::params![
+                        state.as_str(),
+                        text,
+                        digest,
+                        now,
+                        operation_id
+                    ])
+                })
+                .map_err(db_error)?;
+                Ok(Outcome {
+                    result,
+                    replayed: false,
+                    state,
+                    status_ref,
+                    operation_id,
+                })
+            })
+            .await?;
+        self.fire(FaultPoint::AfterCommit);
+        Ok(outcome)
+    }
+
+    /// Appends one event to an operation's history in its own transaction.
+    pub async fn record_event(
+        &self,
+        operation_id: i64,
+        kind: &str,
+        detail: Value,
+    ) -> Result<(), Error> {
+        check_event_kind(kind)?;
+        let detail = crate::json::canonical_string(&detail)
+            .map_err(|_| Error::invalid("event detail is outside the canonical JSON domain"))?;
+        let kind = kind.to_string();
+        let clock = self.clock.clone();
+        self.store
+            .write(move |conn| {
+                let exists = conn
+                    .prepare_cached("SELECT 1 FROM operations WHERE id = ?1")
+                    .and_then(|mut s| s.exists([operation_id]))
+                    .map_err(db_error)?;
+                if !exists {
+                    return Err(Error::not_found());
+                }
+                insert_event(conn, operation_id, clock.now(), &kind, &detail)
+            })
+            .await
+    }
+
+    /// Reads one scope's ledger row. Read-only: never checks deadlines, never writes.
+    pub async fn lookup(
+        &self,
+        tenant: &str,
+        subject: &str,
+        tool: &str,
+        key: &str,
+    ) -> Result<Option<OperationRecord>, Error> {
+        let args = [
+            tenant.to_string(),
+            subject.to_string(),
+            tool.to_string(),
+            key.to_string(),
+        ];
+        self.store
+            .read(move |conn| {
+                let sql = format!(
+                    "{SELECT_RECORD} WHERE tenant = ?1 AND subject = ?2 AND tool = ?3
+                       AND idempotency_key = ?4"
+                );
+                load_records(conn, &sql, &args).map(|mut v| v.pop())
+            })
+            .await
+    }
+
+    /// Every ledger row for `(tool, key)` under any principal (for tools whose keys share one
+    /// namespace). Read-only.
+    pub async fn lookup_by_key_any_principal(
+        &self,
+        tool: &str,
+        key: &str,
+    ) -> Result<Vec<OperationRecord>, Error> {
+        let args = [tool.to_string(), key.to_string()];
+        self.store
+            .read(move |conn| {
+                let sql =
+                    format!("{SELECT_RECORD} WHERE tool = ?1 AND idempotency_key = ?2 ORDER BY id");
+                load_records(conn, &sql, &args)
+            })
+            .await
+    }
+
+    /// The ledger row with this status reference. Read-only.
+    pub async fn lookup_status_ref(
+        &self,
+        status_ref: &str,
+    ) -> Result<Option<OperationRecord>, Error> {
+        let args = [status_ref.to_string()];
+        self.store
+            .read(move |conn| {
+                let sql = format!("{SELECT_RECORD} WHERE status_ref = ?1");
+                load_records(conn, &sql, &args).map(|mut v| v.pop())
+            })
+            .await
+    }
+
+    /// An operation's history, oldest first. Read-only.
+    pub async fn events(&self, operation_id: i64) -> Result<Vec<OperationEvent>, Error> {
+        self.store
+            .read(move |conn| {
+                let mut stmt = conn
+                    .prepare_cached(
+                        "SELECT id, at, kind, detail FROM operation_events
+                         WHERE operation_id = ?1 ORDER BY id",
+                    )
+                    .map_err(db_error)?;
+                let rows = stmt
+                    .query_map([operation_id], |r| {
+                        Ok((
+                            r.get::<_, i64>(0)?,
+                            r.get::<_, i64>(1)?,
+                            r.get::<_, String>(2)?,
+                            r.get::<_, String>(3)?,
+                        ))
+                    })
+                    .map_err(db_error)?;
+                let mut out = Vec::new();
+                for row in rows {
+                    let (id, at, kind, detail) = row.map_err(db_error)?;
+                    out.push(OperationEvent {
+                        id,
+                        at,
+                        kind,
+                        detail: parse_stored(&detail)?,
+                    });
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    /// Steps 1–3 of a call on one read snapshot. `Ok(None)`: the scope is absent.
+    async fn examine_on_reader(
+        &self,
+        prepared: &Arc<Prepared>,
+        effect: &Arc<dyn InlineEffect>,
+    ) -> Result<Option<Outcome>, Error> {
+        let prepared = prepared.clone();
+        let effect = effect.clone();
+        let now = self.clock.now();
+        self.store
+            .read(move |conn| {
+                conn.execute_batch("BEGIN").map_err(db_error)?;
+                let out = examine(conn, &prepared, effect.as_ref(), now);
+                let _ = conn.execute_batch("COMMIT");
+                if !conn.is_autocommit() {
+                    let _ = conn.execute_batch("ROLLBACK");
+                }
+                out
+            })
+            .await
+    }
+}
+
+/// A validated call with its digest.
+struct Prepared {
+    principal: Principal,
+    contract: ToolContract,
+    key: String,
+    arguments_text: String,
+    request_digest: String,
+    fingerprint: Option<String>,
+    authority_deadline: Option<i64>,
+    retention_deadline: Option<i64>,
+    shared_key_namespace: bool,
+}
+
+fn check_len(what: &str, s: &str, max: usize) -> Result<(), Error> {
+    let n = s.chars().count();
+    if n == 0 || n > max {
+        return Err(Error::invalid(format!(
+            "{what} must be 1 to {max} characters"
+        )));
+    }
+    Ok(())
+}
+
+fn check_event_kind(kind: &str) -> Result<(), Error> {
+    check_len("event kind", kind, 64)
+}
+
+fn is_hex64(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+impl Prepared {
+    fn new(call: InlineCall) -> Result<Self, Error> {
+        check_len("tenant", &call.principal.tenant, 128)?;
+        check_len("subject", &call.principal.subject, 128)?;
+        check_len("tool name", &call.contract.name, 128)?;
+        check_len("idempotency key", &call.key, 256)?;
+        if let Some(f) = &call.fingerprint {
+            if !is_hex64(f) {
+                return Err(Error::invalid(
+                    "fingerprint must be 64 lowercase hex digits",
+                ));
+            }
+        }
+        let arguments_text = crate::json::canonical_string(&call.arguments)
+            .map_err(|e| Error::invalid(format!("arguments: {}", e.message)))?;
+        let request_digest = request_digest(&call.principal, &call.contract, &call.arguments)?;
+        Ok(Prepared {
+            principal: call.principal,
+            contract: call.contract,
+            key: call.key,
+            arguments_text,
+            request_digest,
+            fingerprint: call.fingerprint,
+            authority_deadline: call.authority_deadline,
+            retention_deadline: call.retention_deadline,
+            shared_key_namespace: call.shared_key_namespace,
+        })
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// The request digest: SHA-256 of the canonical business intent (tenant, subject, tool,
+/// arguments, input/output/effect revisions). The key is not part of it.
+fn request_digest(
+    principal: &Principal,
+    contract: &ToolContract,
+    arguments: &Value,
+) -> Result<String, Error> {
+    let intent = serde_json::json!({
+        "tenant": principal.tenant,
+        "subject": principal.subject,
+        "tool": contract.name,
+        "arguments": arguments,
+        "input_rev": contract.input_rev,
+        "output_rev": contract.output_rev,
+        "effect_rev": contract.effect_rev,
+    });
+    let text = crate::json::canonical_string(&intent)
+        .map_err(|e| Error::invalid(format!("arguments: {}", e.message)))?;
+    Ok(sha256_hex(text.as_bytes()))
+}
+
+fn encode_result(result: &Value) -> Result<(String, String), Error> {
+    let text = crate::json::canonical_string(result).map_err(|_| {
+        Error::new(
+            ErrorCode::Unavailable,
+            "effect result is outside the canonical JSON domain",
+        )
+    })?;
+    let digest = sha256_hex(text.as_bytes());
+    Ok((text, digest))
+}
+
+fn contract_error(what: &str) -> Error {
+    Error::from(StoreError::Contract(what.to_string()))
+}
+
+/// Parses stored JSON strictly; anything but byte-identical canonical text is refused.
+fn parse_stored(text: &str) -> Result<Value, Error> {
+    let value: Value =
+        serde_json::from_str(text).map_err(|_| contract_error("stored JSON is not valid"))?;
+    match crate::json::canonical_string(&value) {
+        Ok(canonical) if canonical == text => Ok(value),
+        _ => Err(contract_error("stored JSON is not canonical")),
+    }
+}
+
+fn new_status_ref() -> Result<String, Error> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes)
+        .map_err(|_| Error::unavailable("no randomness available for a status reference"))?;
+    Ok(format!("op_{}", hex::encode(bytes)))
+}
+
+const SELECT_RECORD: &str = "SELECT id, tenant, subject, tool, idempotency_key, request_digest,
+    input_rev, output_rev, effect_rev, handler_rev, producer_rev, policy_rev, arguments,
+    fingerprint, effect_kind, state, result, result_digest, status_ref, authority_deadline,
+    retention_deadline, created_at, updated_at FROM operations";
+
+struct RawRecord {
+    id: i64,
+    tenant: String,
+    subject: String,
+    tool: String,
+    key: String,
+    request_digest: String,
+    revs: [String; 6],
+    arguments: String,
+    fingerprint: Option<String>,
+    effect_kind: String,
+    state: String,
+    result: Option<String>,
+    result_digest: Option<String>,
+    status_ref: String,
+    authority_deadline: Option<i64>,
+    retention_deadline: Option<i64>,
+    created_at: i64,
+    updated_at: i64,
+}
+
+fn raw_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRecord> {
+    Ok(RawRecord {
+        id: r.get(0)?,
+        tenant: r.get(1)?,
+        subject: r.get(2)?,
+        tool: r.get(3)?,
+        key: r.get(4)?,
+        request_digest: r.get(5)?,
+        revs: [
+            r.get(6)?,
+            r.get(7)?,
+            r.get(8)?,
+            r.get(9)?,
+            r.get(10)?,
+            r.get(11)?,
+        ],
+        arguments: r.get(12)?,
+        fingerprint: r.get(13)?,
+        effect_kind: r.get(14)?,
+        state: r.get(15)?,
+        result: r.get(16)?,
+        result_digest: r.get(17)?,
+        status_ref: r.get(18)?,
+        authority_deadline: r.get(19)?,
+        retention_deadline: r.get(20)?,
+        created_at: r.get(21)?,
+        updated_at: r.get(22)?,
+    })
+}
+
+fn check_raw(raw: RawRecord) -> Result<OperationRecord, Error> {
+    let state = OperationState::parse(&raw.state).ok_or_else(|| contract_error("unknown state"))?;
+    let arguments = parse_stored(&raw.arguments)?;
+    let result = match (&raw.result, &raw.result_digest) {
+        (Some(text), Some(digest)) => {
+            let value = parse_stored(text)?;
+            if sha256_hex(text.as_bytes()) != *digest {
+                return Err(contract_error("stored result does not match its digest"));
+            }
+            Some(value)
+        }
+        (None, None) => None,
+        _ => return Err(contract_error("result and result digest disagree")),
+    };
+    if !is_hex64(&raw.request_digest) {
+        return Err(contract_error("malformed request digest"));
+    }
+    let [input_rev, output_rev, effect_rev, handler_rev, producer_rev, policy_rev] = raw.revs;
+    Ok(OperationRecord {
+        id: raw.id,
+        contract: ToolContract {
+            name: raw.tool.clone(),
+            input_rev,
+            output_rev,
+            effect_rev,
+            handler_rev,
+            producer_rev,
+            policy_rev,
+        },
+        tenant: raw.tenant,
+        subject: raw.subject,
+        tool: raw.tool,
+        key: raw.key,
+        request_digest: raw.request_digest,
+        fingerprint: raw.fingerprint,
+        effect_kind: raw.effect_kind,
+        state,
+        result,
+        result_digest: raw.result_digest,
+        status_ref: raw.status_ref,
+        authority_deadline: raw.authority_deadline,
+        retention_deadline: raw.retention_deadline,
+        created_at: raw.created_at,
+        updated_at: raw.updated_at,
+        arguments,
+    })
+}
+
+fn load_records(
+    conn: &Connection,
+    sql: &str,
+    args: &[String],
+) -> Result<Vec<OperationRecord>, Error> {
+    let mut stmt = conn.prepare_cached(sql).map_err(db_error)?;
+    let raws = stmt
+        .query_map(rusqlite::params_from_iter(args.iter()), raw_from_row)
+        .map_err(db_error)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(db_error)?;
+    raws.into_iter().map(check_raw).collect()
+}
+
+fn deadline_passed(deadline: Option<i64>, now: i64) -> bool {
+    deadline.is_some_and(|d| now >= d)
+}
+
+fn check_deadlines(authority: Option<i64>, retention: Option<i64>, now: i64) -> Result<(), Error> {
+    if deadline_passed(authority, now) {
+        return Err(Error::new(
+            ErrorCode::OperationAuthorityExpired,
+            "the operation's authority deadline has passed",
+        ));
+    }
+    if deadline_passed(retention, now) {
+        return Err(Error::new(
+            ErrorCode::OperationRetentionExpired,
+            "the operation's retention deadline has passed; it can no longer be replayed",
+        ));
+    }
+    Ok(())
+}
+
+/// Authorize, shared-namespace check, scope lookup, and for an existing row: conflict,
+/// deadlines, state. `Ok(None)` means the scope is absent.
+fn examine(
+    conn: &Connection,
+    p: &Prepared,
+    effect: &dyn InlineEffect,
+    now: i64,
+) -> Result<Option<Outcome>, Error> {
+    effect.authorize(&mut SqliteEffectTx::new(conn), &p.principal)?;
+    if p.shared_key_namespace {
+        let taken = conn
+            .prepare_cached(
+                "SELECT 1 FROM operations WHERE tool = ?1 AND idempotency_key = ?2
+                   AND (tenant <> ?3 OR subject <> ?4) LIMIT 1",
+            )
+            .and_then(|mut s| {
+                s.exists(rusqlite::params![
+                    p.contract.name,
+                    p.key,
+                    p.principal.tenant,
+                    p.principal.subject
+                ])
+            })
+            .map_err(db_error)?;
+        if taken {
+            return Err(Error::conflict(
+                "this operation id is already used for another request",
+            ));
+        }
+    }
+    let sql = format!(
+        "{SELECT_RECORD} WHERE tenant = ?1 AND subject = ?2 AND tool = ?3 AND idempotency_key = ?4"
+    );
+    let args = [
+        p.principal.tenant.clone(),
+        p.principal.subject.clone(),
+        p.contract.name.clone(),
+        p.key.clone(),
+    ];
+    let Some(record) = load_records(conn, &sql, &args)?.pop() else {
+        return Ok(None);
+    };
+    if record.request_digest != p.request_digest || record.fingerprint != p.fingerprint {
+        return Err(Error::conflict(
+            "this key was already used for a different request",
+        ));
+    }
+    check_deadlines(record.authority_deadline, record.retention_deadline, now)?;
+    match record.state {
+        s if s.is_terminal() => {
+            effect.check_replay(&mut SqliteEffectTx::new(conn), &p.principal, &record)?;
+            let result = record
+                .result
+                .clone()
+                .ok_or_else(|| contract_error("finished operation without a result"))?;
+            Ok(Some(Outcome {
+                result,
+                replayed: true,
+                state: record.state,
+                status_ref: record.status_ref,
+                operation_id: record.id,
+            }))
+        }
+        OperationState::OutcomeUnknown | OperationState::Dead => Err(Error::new(
+            ErrorCode::OutcomeUnknown,
+            format!(
+                "the outcome is not known; query status {}",
+                record.status_ref
+            ),
+        )),
+        _ => Err(Error::new(
+            ErrorCode::OperationInProgress,
+            format!(
+                "the operation has not finished; query status {}",
+                record.status_ref
+            ),
+        )),
+    }
+}
+
+/// Inserts the `in_progress` ledger row for a fresh scope after the call's own deadlines.
+fn reserve(conn: &Connection, p: &Prepared, now: i64) -> Result<(i64, String), Error> {
+    check_deadlines(p.authority_deadline, p.retention_deadline, now)?;
+    let status_ref = new_status_ref()?;
+    let c = &p.contract;
+    let id: i64 = conn
+        .prepare_cached(
+            "INSERT INTO operations(tenant, subject, tool, idempotency_key, request_digest,
+                 input_rev, output_rev, effect_rev, handler_rev, producer_rev, policy_rev,
+                 arguments, fingerprint, effect_kind, state, status_ref, authority_deadline,
+                 retention_deadline, created_at, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 'inline',
+                 'in_progress', ?14, ?15, ?16, ?17, ?17)
+             RETURNING id",
+        )
+        .and_then(|mut s| {
+            s.query_row(
+                rusqlite::params![
+                    p.principal.tenant,
+                    p.principal.subject,
+                    c.name,
+                    p.key,
+                    p.request_digest,
+                    c.input_rev,
+                    c.output_rev,
+                    c.effect_rev,
+                    c.handler_rev,
+                    c.producer_rev,
+                    c.policy_rev,
+                    p.arguments_text,
+                    p.fingerprint,
+                    status_ref,
+                    p.authority_deadline,
+                    p.retention_deadline,
+                    now,
+                ],
+                |r| r.get(0),
+            )
+        })
+        .map_err(db_error)?;
+    Ok((id, status_ref))
+}
+
+fn insert_event(
+    conn: &Connection,
+    operation_id: i64,
+    at: i64,
+    kind: &str,
+    detail: &str,
+) -> Result<(), Error> {
+    conn.prepare_cached(
+        "INSERT INTO operation_events(operation_id, at, kind, detail) VALUES (?1, ?2, ?3, ?4)",
+    )
+    .and_then(|mut s| s.execute(rusqlite::params![operation_id, at, kind, detail]))
+    .map_err(db_error)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_json_must_be_canonical() {
+        assert_eq!(parse_stored(r#"{"a":1,"b":[true]}"#).unwrap()["a"], 1);
+        for bad in [
+            r#"{"b":1,"a":2}"#,
+            r#"{"a":1.0}"#,
+            r#"{"a":1,"a":2}"#,
+            r#"{ "a":1}"#,
+            r#"{"a":"\u0041"}"#,
+            "not json",
+        ] {
+            let err = parse_stored(bad).unwrap_err();
+            assert_eq!(err.code, ErrorCode::Unavailable, "{bad}");
+        }
+    }
+
+    #[test]
+    fn request_digest_excludes_the_key_and_binds_the_intent() {
+        let p = Principal {
+            tenant: "t".into(),
+            subject: "s".into(),
+            roles: Default::default(),
+            scopes: Default::default(),
+        };
+        let c = ToolContract::uniform("tool", "1");
+        let a = request_digest(&p, &c, &serde_json::json!({"x": 1})).unwrap();
+        assert_eq!(a.len(), 64);
+        assert_eq!(
+            a,
+            request_digest(&p, &c, &serde_json::json!({"x": 1})).unwrap()
+        );
+        assert_ne!(
+            a,
+            request_digest(&p, &c, &serde_json::json!({"x": 2})).unwrap()
+        );
+        let c2 = ToolContract::uniform("tool", "2");
+        assert_ne!(
+            a,
+            request_digest(&p, &c2, &serde_json::json!({"x": 1})).unwrap()
+        );
+    }
+
+    #[test]
+    fn status_refs_are_opaque_and_distinct() {
+        let a = new_status_ref().unwrap();
+        let b = new_status_ref().unwrap();
+        assert_ne!(a, b);
+        assert!(a.starts_with("op_") && a.len() == 35);
+    }
+}
