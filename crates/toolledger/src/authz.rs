@@ -92,10 +92,7 @@ fn decode_set(text: &str) -> Result<BTreeSet<String>, Error> {
             "principal store row is malformed".into(),
         ))
     };
-    let value: serde_json::Value = serde_json::from_str(text).map_err(|_| contract())?;
-    if crate::json::canonical_string(&value).ok().as_deref() != Some(text) {
-        return Err(contract());
-    }
+    let value = crate::json::parse_canonical(text.as_bytes()).map_err(|_| contract())?;
     let items = value.as_array().ok_or_else(contract)?;
     let mut out = BTreeSet::new();
     for item in items {

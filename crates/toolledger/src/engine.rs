@@ -679,12 +679,8 @@ fn contract_error(what: &str) -> Error {
 
 /// Parses stored JSON strictly; anything but byte-identical canonical text is refused.
 fn parse_stored(text: &str) -> Result<Value, Error> {
-    let value: Value =
-        serde_json::from_str(text).map_err(|_| contract_error("stored JSON is not valid"))?;
-    match crate::json::canonical_string(&value) {
-        Ok(canonical) if canonical == text => Ok(value),
-        _ => Err(contract_error("stored JSON is not canonical")),
-    }
+    crate::json::parse_canonical(text.as_bytes())
+        .map_err(|_| contract_error("stored JSON is not canonical"))
 }
 
 fn new_status_ref() -> Result<String, Error> {

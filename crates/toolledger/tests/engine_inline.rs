@@ -1,0 +1,761 @@
+//! The inline engine against a real SQLite file with a tiny test effect: replay, conflict,
+//! deadlines, shared key namespaces, multi-step operations, fault points, rollback and the
+//! storage contract.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{json, Value};
+use toolledger::clock::{ManualClock, SharedClock};
+use toolledger::effect::{EffectTx, SqlValue};
+use toolledger::engine::{
+    Begun, Engine, FaultPoint, InlineCall, InlineEffect, OperationRecord, Outcome,
+};
+use toolledger::store::sqlite::{OpenOptions, SqliteStore};
+use toolledger::store::Migration;
+use toolledger::{Error, ErrorCode, OperationState, Principal, ToolContract};
+
+const WIDGETS: &[Migration] = &[Migration {
+    namespace: "test.widgets",
+    version: 1,
+    sql: "CREATE TABLE widgets(
+              id INTEGER PRIMARY KEY,
+              tenant TEXT NOT NULL,
+              name TEXT NOT NULL CHECK (length(name) BETWEEN 1 AND 32)
+          ) STRICT;
+          CREATE TABLE hidden(tenant TEXT NOT NULL) STRICT;",
+}];
+
+const T0: i64 = 1_700_000_000;
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    clock: ManualClock,
+    engine: Engine,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("engine.sqlite");
+    let store = open(&path);
+    let clock = ManualClock::new(T0);
+    let shared: SharedClock = Arc::new(clock.clone());
+    Fixture {
+        _dir: dir,
+        path,
+        clock,
+        engine: Engine::new(store, shared),
+    }
+}
+
+fn open(path: &Path) -> SqliteStore {
+    SqliteStore::open(
+        path,
+        OpenOptions::new("engine-test").with_migrations(WIDGETS),
+    )
+    .unwrap()
+}
+
+fn side(path: &Path) -> rusqlite::Connection {
+    let c = rusqlite::Connection::open(path).unwrap();
+    c.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    c
+}
+
+fn count(path: &Path, table: &str) -> i64 {
+    side(path)
+        .query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
+        .unwrap()
+}
+
+fn principal(tenant: &str, subject: &str) -> Principal {
+    Principal {
+        tenant: tenant.into(),
+        subject: subject.into(),
+        roles: BTreeSet::new(),
+        scopes: BTreeSet::new(),
+    }
+}
+
+fn call(who: &Principal, key: &str, name: &str) -> InlineCall {
+    InlineCall {
+        principal: who.clone(),
+        contract: ToolContract::uniform("make_widget", "1"),
+        key: key.into(),
+        arguments: json!({ "name": name }),
+        fingerprint: None,
+        authority_deadline: None,
+        retention_deadline: None,
+        shared_key_namespace: false,
+    }
+}
+
+/// Inserts one widget; refuses tenants listed in `hidden`; counts replay checks.
+struct MakeWidget {
+    name: String,
+    fail_after_insert: bool,
+    replay_checks: Arc<Mutex<u32>>,
+}
+
+impl MakeWidget {
+    fn new(name: &str) -> Arc<Self> {
+        Arc::new(MakeWidget {
+            name: name.into(),
+            fail_after_insert: false,
+            replay_checks: Arc::default(),
+        })
+    }
+}
+
+impl InlineEffect for MakeWidget {
+    fn authorize(&self, tx: &mut dyn EffectTx, principal: &Principal) -> Result<(), Error> {
+        let hidden = tx.query(
+            "SELECT 1 FROM hidden WHERE tenant = ?1",
+            &[principal.tenant.as_str().into()],
+        )?;
+        if hidden.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::not_found())
+        }
+    }
+
+    fn apply(&self, tx: &mut dyn EffectTx, principal: &Principal) -> Result<Value, Error> {
+        let rows = tx.query(
+            "INSERT INTO widgets(tenant, name) VALUES (?1, ?2) RETURNING id",
+            &[
+                principal.tenant.as_str().into(),
+                SqlValue::Text(self.name.clone()),
+            ],
+        )?;
+        if self.fail_after_insert {
+            return Err(Error::new(ErrorCode::VersionConflict, "deliberate failure"));
+        }
+        let id = rows[0][0].as_i64().unwrap();
+        Ok(json!({ "id": id, "name": self.name }))
+    }
+
+    fn check_replay(
+        &self,
+        _tx: &mut dyn EffectTx,
+        _principal: &Principal,
+        record: &OperationRecord,
+    ) -> Result<(), Error> {
+        assert!(record.state.is_terminal());
+        *self.replay_checks.lock().unwrap() += 1;
+        Ok(())
+    }
+}
+
+fn code(r: Result<Outcome, Error>) -> ErrorCode {
+    r.unwrap_err().code
+}
+
+#[tokio::test]
+async fn exact_retry_replays_the_stored_result_without_a_second_effect() {
+    let f = fixture();
+    let alice = principal("team-a", "alice");
+    let effect = MakeWidget::new("gear");
+    let first = f
+        .engine
+        .execute_inline(call(&alice, "k1", "gear"), effect.clone())
+        .await
+        .unwrap();
+    assert!(!first.replayed);
+    assert_eq!(first.state, OperationState::Applied);
+    assert_eq!(first.result, json!({"id": 1, "name": "gear"}));
+    assert!(first.status_ref.starts_with("op_"));
+    assert_eq!(*effect.replay_checks.lock().unwrap(), 0);
+
+    // Through a new store handle, as after a lost reply.
+    let again = Engine::new(open(&f.path), Arc::new(f.clock.clone()));
+    let second = again
+        .execute_inline(call(&alice, "k1", "gear"), effect.clone())
+        .await
+        .unwrap();
+    assert!(second.replayed);
+    assert_eq!(second.result, first.result);
+    assert_eq!(second.status_ref, first.status_ref);
+    assert_eq!(second.operation_id, first.operation_id);
+    assert_eq!(*effect.replay_checks.lock().unwrap(), 1);
+    assert_eq!(count(&f.path, "widgets"), 1);
+    assert_eq!(count(&f.path, "operations"), 1);
+
+    let rec = f
+        .engine
+        .lookup("team-a", "alice", "make_widget", "k1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.result, Some(first.result.clone()));
+    assert_eq!(rec.arguments, json!({"name": "gear"}));
+    assert_eq!(rec.effect_kind, "inline");
+    assert_eq!(rec.created_at, T0);
+    assert!(f
+        .engine
+        .lookup("team-a", "alice", "make_widget", "other")
+        .await
+        .unwrap()
+        .is_none());
+    let by_ref = f
+        .engine
+        .lookup_status_ref(&first.status_ref)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(by_ref, rec);
+}
+
+#[tokio::test]
+async fn same_key_with_another_intent_is_a_conflict_and_writes_nothing() {
+    let f = fixture();
+    let alice = principal("team-a", "alice");
+    f.engine
+        .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
+        .await
+        .unwrap();
+    let err = code(
+        f.engine
+            .execute_inline(call(&alice, "k1", "cog"), MakeWidget::new("cog"))
+            .await,
+    );
+    assert_eq!(err, ErrorCode::OperationConflict);
+    // Another contract revision is another intent too.
+    let mut c = call(&alice, "k1", "gear");
+    c.contract = ToolContract::uniform("make_widget", "2");
+    assert_eq!(
+        code(f.engine.execute_inline(c, MakeWidget::new("gear")).await),
+        ErrorCode::OperationConflict
+    );
+    // So is another fingerprint.
+    let mut c = call(&alice, "k1", "gear");
+    c.fingerprint = Some("a".repeat(64));
+    assert_eq!(
+        code(f.engine.execute_inline(c, MakeWidget::new("gear")).await),
+        ErrorCode::OperationConflict
+    );
+    assert_eq!(count(&f.path, "widgets"), 1);
+    assert_eq!(count(&f.path, "operations"), 1);
+
+    // The same key under another subject or tenant is a separate scope.
+    for who in [principal("team-a", "bob"), principal("team-b", "alice")] {
+        let o = f
+            .engine
+            .execute_inline(call(&who, "k1", "cog"), MakeWidget::new("cog"))
+            .await
+            .unwrap();
+        assert!(!o.replayed);
+    }
+    assert_eq!(count(&f.path, "operations"), 3);
+}
+
+#[tokio::test]
+async fn authorization_runs_before_the_ledger_lookup() {
+    let f = fixture();
+    let alice = principal("team-a", "alice");
+    f.engine
+        .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
+        .await
+        .unwrap();
+    side(&f.path)
+        .execute("INSERT INTO hidden(tenant) VALUES ('team-a')", [])
+        .unwrap();
+    // The saved result is not returned, and a conflicting intent cannot probe the key.
+    for name in ["gear", "cog"] {
+        assert_eq!(
+            code(
+                f.engine
+                    .execute_inline(call(&alice, "k1", name), MakeWidget::new(name))
+                    .await
+            ),
+            ErrorCode::NotFound
+        );
+    }
+    assert_eq!(
+        code(
+            f.engine
+                .execute_inline(call(&alice, "k2", "new"), MakeWidget::new("new"))
+                .await
+        ),
+        ErrorCode::NotFound
+    );
+    assert_eq!(count(&f.path, "widgets"), 1);
+    assert_eq!(count(&f.path, "operations"), 1);
+}
+
+#[tokio::test]
+async fn authority_deadline_blocks_even_an_exact_replay_but_not_a_status_read() {
+    let f = fixture();
+    let alice = principal("team-a", "alice");
+    let mut c = call(&alice, "k1", "gear");
+    c.authority_deadline = Some(T0 + 10);
+    c.retention_deadline = Some(T0 + 5);
+    f.engine
+        .execute_inline(c.clone(), MakeWidget::new("gear"))
+        .await
+        .unwrap();
+    f.clock.set(T0 + 9);
+    assert!(
+        f.engine
+            .execute_inline(c.clone(), MakeWidget::new("gear"))
+            .await
+            .unwrap_err()
+            .code
+            == ErrorCode::OperationRetentionExpired,
+        "retention passed at T0+5"
+    );
+    f.clock.set(T0 + 10);
+    // Both passed: authority is reported first.
+    assert_eq!(
+        code(
+            f.engine
+                .execute_inline(c.clone(), MakeWidget::new("gear"))
+                .await
+        ),
+        ErrorCode::OperationAuthorityExpired
+    );
+    // A different intent under the key is still a conflict: conflict comes before deadlines.
+    assert_eq!(
+        code(
+            f.engine
+                .execute_inline(call(&alice, "k1", "cog"), MakeWidget::new("cog"))
+                .await
+        ),
+        ErrorCode::OperationConflict
+    );
+    let rec = f
+        .engine
+        .lookup("team-a", "alice", "make_widget", "k1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.authority_deadline, Some(T0 + 10));
+    assert_eq!(rec.state, OperationState::Applied);
+    assert_eq!(count(&f.path, "widgets"), 1);
+}
+
+#[tokio::test]
+async fn deadline_boundary_is_half_open() {
+    let f = fixture();
+    let alice = principal("team-a", "alice");
+    let mut c = call(&alice, "k1", "gear");
+    c.authority_deadline = Some(T0 + 10);
+    f.engine
+        .execute_inline(c.clone(), MakeWidget::new("gear"))
+        .await
+        .unwrap();
+    f.clock.set(T0 + 9);
+    assert!(
+        f.engine
+            .execute_inline(c.clone(), MakeWidget::new("gear"))
+            .await
+            .unwrap()
+            .replayed
+    );
+    f.clock.set(T0 + 10);
+    assert_eq!(
+        code(f.engine.execute_inline(c, MakeWidget::new("gear")).await),
+        ErrorCode::OperationAuthorityExpired
+    );
+}
+
+#[tokio::test]
+async fn retention_expiry_leaves_a_tombstone_that_keeps_the_key_used() {
+    let f = fixture();
+    let alice = principal("team-a", "alice");
+    let mut c = call(&alice, "k1", "gear");
+    c.retention_deadline = Some(T0 + 60);
+    f.engine
+        .execute_inline(c.clone(), MakeWidget::new("gear"))
+        .await
+        .unwrap();
+    f.clock.set(T0 + 60);
+    assert_eq!(
+        code(
+            f.engine
+                .execute_inline(c.clone(), MakeWidget::new("gear"))
+                .await
+        ),
+        ErrorCode::OperationRetentionExpired
+    );
+    // A new intent cannot take the key over.
+    let mut fresh = call(&alice, "k1", "cog");
+    fresh.retention_deadline = Some(T0 + 600);
+    assert_eq!(
+        code(f.engine.execute_inline(fresh, MakeWidget::new("cog")).await),
+        ErrorCode::OperationConflict
+    );
+    assert_eq!(count(&f.path, "operations"), 1);
+    assert_eq!(count(&f.path, "widgets"), 1);
+}
+
+#[tokio::test]
+async fn a_fresh_call_past_its_own_deadline_writes_nothing() {
+    let f = fixture();
+    let alice = principal("team-a", "alice");
+    let mut c = call(&alice, "k1", "gear");
+    c.authority_deadline = Some(T0);
+    assert_eq!(
+        code(f.engine.execute_inline(c, MakeWidget::new("gear")).await),
+        ErrorCode::OperationAuthorityExpired
+    );
+    let mut c = call(&alice, "k1", "gear");
+    c.retention_deadline = Some(T0 - 1);
+    assert_eq!(
+        code(f.engine.execute_inline(c, MakeWidget::new("gear")).await),
+        ErrorCode::OperationRetentionExpired
+    );
+    assert_eq!(count(&f.path, "operations"), 0);
+    assert_eq!(count(&f.path, "widgets"), 0);
+}
+
+#[tokio::test]
+async fn shared_key_namespace_refuses_a_key_held_by_another_principal() {
+    let f = fixture();
+    let alice = principal("team-a", "alice");
+    let bob = principal("team-a", "bob");
+    let mut c = call(&alice, "case-03", "gear");
+    c.shared_key_namespace = true;
+    f.engine
+        .execute_inline(c, MakeWidget::new("gear"))
+        .await
+        .unwrap();
+    let mut c = call(&bob, "case-03", "gear");
+    c.shared_key_namespace = true;
+    assert_eq!(
+        code(f.engine.execute_inline(c, MakeWidget::new("gear")).await),
+        ErrorCode::OperationConflict
+    );
+    assert_eq!(count(&f.path, "operations"), 1);
+    // Without the shared namespace the key is bob's own.
+    f.engine
+        .execute_inline(call(&bob, "case-03", "gear"), MakeWidget::new("gear"))
+        .await
+        .unwrap();
+    let all = f
+        .engine
+        .lookup_by_key_any_principal("make_widget", "case-03")
+        .await
+        .unwrap();
+    let subjects: Vec<&str> = all.iter().map(|r| r.subject.as_str()).collect();
+    assert_eq!(subjects, ["alice", "bob"]);
+}
+
+#[tokio::test]
+async fn multi_step_operation_is_in_progress_until_finished_then_replays_partial() {
+    let f = fixture();
+    let alice = principal("team-a", "alice");
+    let begun = f
+        .engine
+        .begin_steps(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
+        .await
+        .unwrap();
+    let Begun::Started {
+        operation_id,
+        first_result,
+        status_ref,
+    } = begun
+    else {
+        panic!("expected a fresh start, got {begun:?}");
+    };
+    assert_eq!(first_result, json!({"id": 1, "name": "gear"}));
+    // Committed: visible from another handle.
+    assert_eq!(count(&f.path, "widgets"), 1);
+    let err = f
+        .engine
+        .begin_steps(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::OperationInProgress);
+    assert_eq!(
+        code(
+            f.engine
+                .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
+                .await
+        ),
+        ErrorCode::OperationInProgress
+    );
+    f.engine
+        .record_event(operation_id, "watcher_attempt", json!({"attempt": 1}))
+        .await
+        .unwrap();
+    let done = f
+        .engine
+        .finish_steps(
+            operation_id,
+            OperationState::Partial,
+            json!({"issue": 1, "watcher": "failed"}),
+            vec![("compensation_failed".into(), json!({"reason": "x"}))],
+        )
+        .await
+        .unwrap();
+    assert_eq!(done.state, OperationState::Partial);
+    assert_eq!(done.status_ref, status_ref);
+    assert!(!done.replayed);
+
+    let replay = f
+        .engine
+        .begin_steps(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
+        .await
+        .unwrap();
+    match replay {
+        Begun::Replayed(o) => {
+            assert!(o.replayed);
+            assert_eq!(o.state, OperationState::Partial);
+            assert_eq!(o.result, json!({"issue": 1, "watcher": "failed"}));
+        }
+        other => panic!("expected a replay, got {other:?}"),
+    }
+    let kinds: Vec<String> = f
+        .engine
+        .events(operation_id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(
+        kinds,
+        ["first_step", "watcher_attempt", "compensation_failed"]
+    );
+    // Finishing twice is refused and changes nothing.
+    let err = f
+        .engine
+        .finish_steps(operation_id, OperationState::Applied, json!({}), vec![])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::OperationConflict);
+    let err = f
+        .engine
+        .finish_steps(operation_id, OperationState::Failed, json!({}), vec![])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::InvalidArguments);
+    assert_eq!(
+        f.engine
+            .record_event(999, "x", json!(null))
+            .await
+            .unwrap_err()
+            .code,
+        ErrorCode::NotFound
+    );
+    assert_eq!(count(&f.path, "widgets"), 1);
+}
+
+fn recording_hook() -> (Arc<Mutex<Vec<FaultPoint>>>, toolledger::engine::FaultHook) {
+    let seen: Arc<Mutex<Vec<FaultPoint>>> = Arc::default();
+    let s = seen.clone();
+    (seen, Arc::new(move |p| s.lock().unwrap().push(p)))
+}
+
+#[tokio::test]
+async fn fault_points_fire_in_order_on_fresh_calls_only() {
+    let f = fixture();
+    let (seen, hook) = recording_hook();
+    let engine = f.engine.clone().with_fault_hook(hook);
+    let alice = principal("team-a", "alice");
+    engine
+        .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
+        .await
+        .unwrap();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            FaultPoint::AfterLedgerInsert,
+            FaultPoint::AfterEffect,
+            FaultPoint::AfterCommit
+        ]
+    );
+    seen.lock().unwrap().clear();
+    assert!(
+        engine
+            .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
+            .await
+            .unwrap()
+            .replayed
+    );
+    assert!(seen.lock().unwrap().is_empty(), "no fault on a replay");
+    // A refused call reaches no fault point either.
+    let _ = engine
+        .execute_inline(call(&alice, "k1", "cog"), MakeWidget::new("cog"))
+        .await;
+    assert!(seen.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_crash_before_commit_leaves_neither_ledger_row_nor_effect() {
+    for point in [FaultPoint::AfterLedgerInsert, FaultPoint::AfterEffect] {
+        let f = fixture();
+        let engine = f.engine.clone().with_fault_hook(Arc::new(move |p| {
+            if p == point {
+                panic!("simulated crash");
+            }
+        }));
+        let alice = principal("team-a", "alice");
+        let err = engine
+            .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::Unavailable, "{point:?}");
+        assert_eq!(count(&f.path, "operations"), 0, "{point:?}");
+        assert_eq!(count(&f.path, "widgets"), 0, "{point:?}");
+        // The retry is a fresh call.
+        let o = f
+            .engine
+            .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
+            .await
+            .unwrap();
+        assert!(!o.replayed);
+    }
+}
+
+#[tokio::test]
+async fn effect_failure_and_ledger_write_failure_roll_back_everything() {
+    let f = fixture();
+    let alice = principal("team-a", "alice");
+    let failing = Arc::new(MakeWidget {
+        name: "gear".into(),
+        fail_after_insert: true,
+        replay_checks: Arc::default(),
+    });
+    let err = f
+        .engine
+        .execute_inline(call(&alice, "k1", "gear"), failing)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::VersionConflict);
+    assert_eq!(count(&f.path, "widgets"), 0);
+    assert_eq!(count(&f.path, "operations"), 0);
+
+    // A constraint inside the effect.
+    let long = "x".repeat(40);
+    let err = f
+        .engine
+        .execute_inline(call(&alice, "k1", &long), MakeWidget::new(&long))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::Unavailable);
+    assert!(!err.message.contains("length"), "{}", err.message);
+
+    // The ledger's own update refused after the effect ran.
+    side(&f.path)
+        .execute_batch(
+            "CREATE TRIGGER fail_ledger BEFORE UPDATE ON operations
+             BEGIN SELECT RAISE(ABORT, 'ledger unavailable'); END;",
+        )
+        .unwrap();
+    let err = f
+        .engine
+        .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::Unavailable);
+    assert_eq!(count(&f.path, "widgets"), 0);
+    assert_eq!(count(&f.path, "operations"), 0);
+    side(&f.path)
+        .execute_batch("DROP TRIGGER fail_ledger")
+        .unwrap();
+    assert!(
+        !f.engine
+            .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
+            .await
+            .unwrap()
+            .replayed
+    );
+    assert_eq!(count(&f.path, "widgets"), 1);
+}
+
+#[tokio::test]
+async fn malformed_calls_are_invalid_arguments_and_write_nothing() {
+    let f = fixture();
+    let alice = principal("team-a", "alice");
+    let mut bad = Vec::new();
+    bad.push(call(&alice, "", "gear"));
+    bad.push(call(&alice, &"k".repeat(257), "gear"));
+    let mut c = call(&alice, "k1", "gear");
+    c.arguments = json!({"name": 1.5});
+    bad.push(c);
+    let mut c = call(&alice, "k1", "gear");
+    c.arguments = json!({"n": 9_007_199_254_740_992u64});
+    bad.push(c);
+    let mut c = call(&alice, "k1", "gear");
+    c.fingerprint = Some("ABC".into());
+    bad.push(c);
+    bad.push(call(&principal("", "alice"), "k1", "gear"));
+    for c in bad {
+        let err = f
+            .engine
+            .execute_inline(c, MakeWidget::new("gear"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::InvalidArguments, "{err}");
+    }
+    assert_eq!(count(&f.path, "operations"), 0);
+    assert_eq!(count(&f.path, "widgets"), 0);
+}
+
+#[tokio::test]
+async fn non_canonical_stored_json_never_reaches_a_caller() {
+    let f = fixture();
+    let alice = principal("team-a", "alice");
+    f.engine
+        .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
+        .await
+        .unwrap();
+    let tamper = |sql: &str| side(&f.path).execute_batch(sql).unwrap();
+    // A non-canonical result whose digest matches its (altered) bytes.
+    let text = r#"{"name":"gear", "id":1}"#;
+    use sha2::Digest;
+    let digest = hex::encode(sha2::Sha256::digest(text.as_bytes()));
+    tamper(&format!(
+        "UPDATE operations SET result = '{text}', result_digest = '{digest}'"
+    ));
+    let err = f
+        .engine
+        .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::Unavailable);
+    assert!(err.message.contains("storage contract"), "{}", err.message);
+    assert!(f
+        .engine
+        .lookup("team-a", "alice", "make_widget", "k1")
+        .await
+        .is_err());
+
+    // Canonical text but a digest that does not match.
+    tamper(
+        r#"UPDATE operations SET result = '{"id":2,"name":"gear"}', result_digest = (
+             SELECT result_digest FROM operations)"#,
+    );
+    let err = f
+        .engine
+        .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
+        .await
+        .unwrap_err();
+    assert!(err.message.contains("storage contract"), "{}", err.message);
+
+    // Duplicate keys in stored arguments.
+    let good = r#"{"id":1,"name":"gear"}"#;
+    let digest = hex::encode(sha2::Sha256::digest(good.as_bytes()));
+    tamper(&format!(
+        r#"UPDATE operations SET result = '{good}', result_digest = '{digest}',
+             arguments = '{{"name":"gear","name":"gear"}}'"#
+    ));
+    assert!(f
+        .engine
+        .lookup("team-a", "alice", "make_widget", "k1")
+        .await
+        .is_err());
+    tamper(r#"UPDATE operations SET arguments = '{"name":"gear"}'"#);
+    let o = f
+        .engine
+        .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
+        .await
+        .unwrap();
+    assert!(o.replayed);
+    assert_eq!(o.result, json!({"id": 1, "name": "gear"}));
+    assert_eq!(count(&f.path, "widgets"), 1);
+}
