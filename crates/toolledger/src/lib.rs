@@ -8,6 +8,7 @@
 
 pub mod authz;
 pub mod clock;
+pub mod digest;
 pub mod effect;
 pub mod engine;
 pub mod json;
