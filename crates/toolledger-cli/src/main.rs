@@ -1,6 +1,7 @@
 //! The `toolledger` binary: reference MCP server, outbox worker, operator commands, demos and
 //! benchmarks.
 
+mod cmd_fingerprint;
 mod common;
 mod reference;
 
@@ -19,6 +20,9 @@ struct Cli {
 
 #[derive(clap::Subcommand, Debug)]
 enum Command {
+    /// Print the DESIGN §6 fingerprint of each JSON request line on stdin, one lowercase hex
+    /// digest per line; the key is read from TOOLLEDGER_FINGERPRINT_KEY_HEX.
+    Fingerprint,
     /// Create a ledger database or migrate an existing one forward.
     Migrate {
         #[command(flatten)]
@@ -29,6 +33,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Fingerprint => cmd_fingerprint::run(),
         Command::Migrate { store } => match store.open_with(true) {
             Ok(s) => {
                 common::print_json(&serde_json::json!({
