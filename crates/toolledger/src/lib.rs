@@ -6,13 +6,17 @@
 
 #![warn(missing_docs)]
 
+pub mod approval;
 pub mod authz;
 pub mod clock;
 pub mod digest;
+pub mod downstream;
 pub mod effect;
 pub mod engine;
 pub mod json;
 pub mod model;
+pub mod outbox;
+pub mod runtime;
 pub mod store;
 
 pub use model::{Error, ErrorCode, OperationState, Principal, Scope, ToolContract};

@@ -23,11 +23,18 @@ use tokio::sync::oneshot;
 use super::{Migration, StoreError};
 
 /// The migrations of the library's own tables (namespace `toolledger`).
-pub const CORE_MIGRATIONS: &[Migration] = &[Migration {
-    namespace: "toolledger",
-    version: 1,
-    sql: include_str!("sql/sqlite_0001_core.sql"),
-}];
+pub const CORE_MIGRATIONS: &[Migration] = &[
+    Migration {
+        namespace: "toolledger",
+        version: 1,
+        sql: include_str!("sql/sqlite_0001_core.sql"),
+    },
+    Migration {
+        namespace: "toolledger",
+        version: 2,
+        sql: include_str!("sql/sqlite_0002_runtime.sql"),
+    },
+];
 
 /// The backend id a new file gets when none is requested.
 pub const DEFAULT_BACKEND_ID: &str = "sqlite:default";

@@ -1,0 +1,358 @@
+//! The downstream system a deferred effect is delivered to, and an offline stand-in for it.
+//!
+//! A downstream must be idempotent under our key: submitting the same scope with the same
+//! request again returns the receipt of the first submission and changes nothing; the same
+//! scope with a different request is refused. It must also answer a status query by our
+//! opaque `status_ref`, so a lost reply becomes a query, never a second effect.
+//!
+//! [`SqliteDownstream`] keeps its receipts in its **own** SQLite file, committed separately
+//! from the ledger: exactly the gap the ledger's `outcome_unknown` state exists for.
+
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rusqlite::{Connection, OptionalExtension};
+use serde_json::{json, Value};
+
+use crate::clock::SharedClock;
+use crate::json;
+use crate::model::Scope;
+
+/// A boxed, sendable future (the downstream trait is object safe).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Why a downstream call failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DownstreamError {
+    /// The same idempotency scope was submitted earlier with a different request.
+    #[error("downstream refused: the key was used for another request")]
+    Conflict,
+    /// The call did not complete (timeout, connection lost, busy). Whether the effect
+    /// happened is unknown; ask [`Downstream::status`].
+    #[error("downstream unavailable: {0}")]
+    Unavailable(String),
+    /// The request is malformed for this downstream.
+    #[error("downstream rejected the request: {0}")]
+    Rejected(String),
+}
+
+/// A downstream system that applies an effect and gives a receipt.
+pub trait Downstream: Send + Sync + std::fmt::Debug {
+    /// Applies `request` under `scope` (idempotently) and returns the receipt, a JSON object
+    /// with at least `receipt_id`, `status_ref`, `scope_digest`, `request_sha256` and
+    /// `request`. `request` must carry our opaque `status_ref` (a string).
+    fn submit<'a>(
+        &'a self,
+        scope: &'a Scope,
+        request: &'a Value,
+    ) -> BoxFuture<'a, Result<Value, DownstreamError>>;
+
+    /// The receipt recorded for `status_ref`, if the effect happened.
+    fn status<'a>(
+        &'a self,
+        status_ref: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Value>, DownstreamError>>;
+}
+
+/// SHA-256 of the canonical scope object: the key the downstream deduplicates on.
+pub fn scope_digest(scope: &Scope) -> String {
+    let v = json!({
+        "idempotency_key": scope.key,
+        "subject": scope.subject,
+        "tenant": scope.tenant,
+        "tool": scope.tool,
+    });
+    // The scope holds only strings, so it is always in the canonical domain.
+    let text = json::canonical_string(&v).unwrap_or_default();
+    sha256_hex(text.as_bytes())
+}
+
+/// SHA-256 (lowercase hex) of `bytes`.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(bytes))
+}
+
+const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS downstream_receipts (
+    scope_digest   TEXT    PRIMARY KEY NOT NULL CHECK (length(scope_digest) = 64),
+    status_ref     TEXT    NOT NULL UNIQUE CHECK (length(status_ref) BETWEEN 8 AND 128),
+    request        TEXT    NOT NULL CHECK (json_valid(request) AND json_type(request) = 'object'),
+    request_sha256 TEXT    NOT NULL CHECK (length(request_sha256) = 64),
+    receipt_id     TEXT    NOT NULL UNIQUE CHECK (length(receipt_id) BETWEEN 8 AND 128),
+    receipt        TEXT    NOT NULL CHECK (json_valid(receipt) AND json_type(receipt) = 'object'),
+    committed_at   INTEGER NOT NULL
+) STRICT;";
+
+/// The offline stand-in: a payments service whose receipts live in their own SQLite file.
+#[derive(Clone)]
+pub struct SqliteDownstream {
+    conn: Arc<Mutex<Connection>>,
+    clock: SharedClock,
+}
+
+impl std::fmt::Debug for SqliteDownstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteDownstream").finish_non_exhaustive()
+    }
+}
+
+fn unavailable(e: rusqlite::Error) -> DownstreamError {
+    let _ = e;
+    DownstreamError::Unavailable("downstream store error".into())
+}
+
+impl SqliteDownstream {
+    /// Opens (creating if needed) the stand-in's file at `path` (WAL, `synchronous=FULL`).
+    pub fn open(path: impl AsRef<Path>, clock: SharedClock) -> Result<Self, DownstreamError> {
+        let conn = Connection::open(path.as_ref()).map_err(unavailable)?;
+        conn.busy_timeout(Duration::from_millis(5000))
+            .map_err(unavailable)?;
+        let mut tries = 0;
+        loop {
+            match conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get::<_, String>(0)) {
+                Ok(_) => break,
+                Err(_) if tries < 50 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(unavailable(e)),
+            }
+        }
+        conn.execute_batch("PRAGMA synchronous=FULL;")
+            .map_err(unavailable)?;
+        conn.execute_batch(SCHEMA).map_err(unavailable)?;
+        Ok(SqliteDownstream {
+            conn: Arc::new(Mutex::new(conn)),
+            clock,
+        })
+    }
+
+    fn with_conn<T>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, DownstreamError>,
+    ) -> Result<T, DownstreamError> {
+        let mut guard = self
+            .conn
+            .lock()
+            .map_err(|_| DownstreamError::Unavailable("downstream poisoned".into()))?;
+        f(&mut guard)
+    }
+
+    /// Blocking form of [`Downstream::submit`].
+    pub fn submit_blocking(
+        &self,
+        scope: &Scope,
+        request: &Value,
+    ) -> Result<Value, DownstreamError> {
+        let status_ref = request
+            .get("status_ref")
+            .and_then(Value::as_str)
+            .ok_or_else(|| DownstreamError::Rejected("request needs a status_ref".into()))?
+            .to_string();
+        let request_text = json::canonical_string(request)
+            .map_err(|_| DownstreamError::Rejected("request is not canonical JSON".into()))?;
+        if !request.is_object() {
+            return Err(DownstreamError::Rejected(
+                "request must be an object".into(),
+            ));
+        }
+        let key = scope_digest(scope);
+        let request_sha = sha256_hex(request_text.as_bytes());
+        let now = self.clock.now();
+        self.with_conn(|conn| {
+            let tx = conn
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(unavailable)?;
+            let existing: Option<(String, String)> = tx
+                .query_row(
+                    "SELECT request_sha256, receipt FROM downstream_receipts
+                     WHERE scope_digest = ?1",
+                    [&key],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()
+                .map_err(unavailable)?;
+            if let Some((sha, receipt)) = existing {
+                if sha != request_sha {
+                    return Err(DownstreamError::Conflict);
+                }
+                return serde_json::from_str(&receipt)
+                    .map_err(|_| DownstreamError::Unavailable("stored receipt unreadable".into()));
+            }
+            let receipt_id = format!(
+                "rcpt_{}",
+                &sha256_hex(format!("{key}:{request_sha}").as_bytes())[..32]
+            );
+            let receipt = json!({
+                "receipt_id": receipt_id,
+                "scope_digest": key,
+                "status_ref": status_ref,
+                "request_sha256": request_sha,
+                "request": request,
+                "committed_at": now,
+            });
+            let receipt_text = json::canonical_string(&receipt)
+                .map_err(|_| DownstreamError::Rejected("receipt is not canonical".into()))?;
+            tx.execute(
+                "INSERT INTO downstream_receipts (scope_digest, status_ref, request,
+                     request_sha256, receipt_id, receipt, committed_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                rusqlite::params![
+                    key,
+                    status_ref,
+                    request_text,
+                    request_sha,
+                    receipt_id,
+                    receipt_text,
+                    now
+                ],
+            )
+            .map_err(|e| match e {
+                rusqlite::Error::SqliteFailure(f, _)
+                    if f.code == rusqlite::ErrorCode::ConstraintViolation =>
+                {
+                    DownstreamError::Conflict
+                }
+                other => unavailable(other),
+            })?;
+            tx.commit().map_err(unavailable)?;
+            Ok(receipt)
+        })
+    }
+
+    /// Blocking form of [`Downstream::status`].
+    pub fn status_blocking(&self, status_ref: &str) -> Result<Option<Value>, DownstreamError> {
+        self.with_conn(|conn| {
+            let text: Option<String> = conn
+                .query_row(
+                    "SELECT receipt FROM downstream_receipts WHERE status_ref = ?1",
+                    [status_ref],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(unavailable)?;
+            match text {
+                None => Ok(None),
+                Some(t) => serde_json::from_str(&t)
+                    .map(Some)
+                    .map_err(|_| DownstreamError::Unavailable("stored receipt unreadable".into())),
+            }
+        })
+    }
+
+    /// Number of receipts the stand-in holds (for audits and tests).
+    pub fn receipt_count(&self) -> Result<i64, DownstreamError> {
+        self.with_conn(|conn| {
+            conn.query_row("SELECT count(*) FROM downstream_receipts", [], |r| r.get(0))
+                .map_err(unavailable)
+        })
+    }
+
+    /// Every `status_ref` the stand-in holds a receipt for.
+    pub fn status_refs(&self) -> Result<Vec<String>, DownstreamError> {
+        self.with_conn(|conn| {
+            let mut stmt = conn
+                .prepare("SELECT status_ref FROM downstream_receipts ORDER BY status_ref")
+                .map_err(unavailable)?;
+            let rows = stmt
+                .query_map([], |r| r.get(0))
+                .map_err(unavailable)?
+                .collect::<Result<Vec<String>, _>>()
+                .map_err(unavailable)?;
+            Ok(rows)
+        })
+    }
+}
+
+impl Downstream for SqliteDownstream {
+    fn submit<'a>(
+        &'a self,
+        scope: &'a Scope,
+        request: &'a Value,
+    ) -> BoxFuture<'a, Result<Value, DownstreamError>> {
+        let this = self.clone();
+        let scope = scope.clone();
+        let request = request.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || this.submit_blocking(&scope, &request))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(DownstreamError::Unavailable(
+                        "downstream task failed".into(),
+                    ))
+                })
+        })
+    }
+
+    fn status<'a>(
+        &'a self,
+        status_ref: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Value>, DownstreamError>> {
+        let this = self.clone();
+        let status_ref = status_ref.to_string();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || this.status_blocking(&status_ref))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(DownstreamError::Unavailable(
+                        "downstream task failed".into(),
+                    ))
+                })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn scope(key: &str) -> Scope {
+        Scope {
+            tenant: "t".into(),
+            subject: "alice".into(),
+            tool: "refund_order".into(),
+            key: key.into(),
+        }
+    }
+
+    #[test]
+    fn submit_is_idempotent_under_the_scope_and_refuses_another_request() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = SqliteDownstream::open(dir.path().join("d.sqlite"), Arc::new(ManualClock::new(5)))
+            .unwrap();
+        let req = json!({"status_ref": "op_00000001", "amount_cents": 5});
+        let first = d.submit_blocking(&scope("k1"), &req).unwrap();
+        let again = d.submit_blocking(&scope("k1"), &req).unwrap();
+        assert_eq!(first, again);
+        assert_eq!(d.receipt_count().unwrap(), 1);
+        let other = json!({"status_ref": "op_00000001", "amount_cents": 6});
+        assert_eq!(
+            d.submit_blocking(&scope("k1"), &other).unwrap_err(),
+            DownstreamError::Conflict
+        );
+        assert_eq!(d.receipt_count().unwrap(), 1);
+        assert_eq!(d.status_blocking("op_00000001").unwrap(), Some(first));
+        assert_eq!(d.status_blocking("op_00000002").unwrap(), None);
+    }
+
+    #[test]
+    fn receipts_survive_reopening_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.sqlite");
+        let clock: SharedClock = Arc::new(ManualClock::new(5));
+        let req = json!({"status_ref": "op_00000009"});
+        let first = SqliteDownstream::open(&path, clock.clone())
+            .unwrap()
+            .submit_blocking(&scope("k"), &req)
+            .unwrap();
+        let reopened = SqliteDownstream::open(&path, clock).unwrap();
+        assert_eq!(
+            reopened.status_blocking("op_00000009").unwrap(),
+            Some(first)
+        );
+    }
+}

@@ -1,0 +1,406 @@
+//! The outbox: pending deliveries of accepted deferred operations, claimed under a lease with a
+//! fencing token.
+//!
+//! - [`enqueue`] writes the event in the same transaction as its operation (transaction A).
+//! - [`claim`] moves a `pending` event, or a `processing` one whose lease has expired
+//!   (`lease_until <= now`), to `processing` under a new lease and increments the fencing
+//!   token. An unexpired lease is never taken over. A claim of an event whose attempts are
+//!   exhausted moves it to `dead` instead.
+//! - [`renew`], [`record_attempt_error`] and [`complete`] are conditional on the fencing token:
+//!   a worker whose lease was reclaimed by someone else gets [`Fenced`] and changes nothing.
+//!
+//! A lease alone does not make a worker safe: after expiry the old holder may still be running.
+//! The fencing token is what stops its late writes. The downstream must still be idempotent
+//! under our key, because a reclaim can deliver again.
+//!
+//! These functions run inside a caller's write transaction (`SqliteStore::write`).
+
+use rusqlite::{Connection, OptionalExtension};
+use serde::Serialize;
+
+use crate::store::StoreError;
+
+/// Default lease length in seconds.
+pub const DEFAULT_LEASE_SECONDS: i64 = 30;
+
+/// Default number of claims before an event is declared dead.
+pub const DEFAULT_MAX_ATTEMPTS: i64 = 5;
+
+/// The state of an outbox event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventState {
+    /// Waiting for a worker.
+    Pending,
+    /// Claimed under a lease.
+    Processing,
+    /// Delivered; its receipt is reconciled.
+    Delivered,
+    /// Attempts exhausted; an operator decides.
+    Dead,
+}
+
+impl EventState {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventState::Pending => "pending",
+            EventState::Processing => "processing",
+            EventState::Delivered => "delivered",
+            EventState::Dead => "dead",
+        }
+    }
+
+    /// Parses the stored name.
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            EventState::Pending,
+            EventState::Processing,
+            EventState::Delivered,
+            EventState::Dead,
+        ]
+        .into_iter()
+        .find(|st| st.as_str() == s)
+    }
+}
+
+/// One outbox row.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct OutboxEvent {
+    /// Event id.
+    pub id: i64,
+    /// The operation it delivers.
+    pub operation_id: i64,
+    /// Current state.
+    pub state: EventState,
+    /// Fencing token of the latest claim (0 before the first).
+    pub fencing_token: i64,
+    /// Holder of the current lease.
+    pub lease_owner: Option<String>,
+    /// First second at which the current lease has expired.
+    pub lease_until: Option<i64>,
+    /// Claims so far.
+    pub attempt_count: i64,
+    /// Claims allowed before the event is dead.
+    pub max_attempts: i64,
+    /// Code of the last attempt's failure, if any.
+    pub last_error: Option<String>,
+    /// When it was delivered.
+    pub delivered_at: Option<i64>,
+}
+
+/// A held lease: the right to work on one event until `until`, proven by `token`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Lease {
+    /// Event id.
+    pub event_id: i64,
+    /// The operation it delivers.
+    pub operation_id: i64,
+    /// Lease holder.
+    pub owner: String,
+    /// Fencing token; strictly greater than every earlier claim's token for this event.
+    pub token: i64,
+    /// First second at which the lease has expired.
+    pub until: i64,
+    /// Which claim this is (1 for the first).
+    pub attempt: i64,
+}
+
+/// What [`claim`] found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "claim", rename_all = "snake_case")]
+pub enum ClaimOutcome {
+    /// The caller now holds the lease.
+    Claimed(Lease),
+    /// Someone holds an unexpired lease.
+    Leased {
+        /// When that lease expires.
+        until: i64,
+    },
+    /// The event is delivered or dead.
+    Finished {
+        /// Its state.
+        state: EventState,
+    },
+    /// Attempts were exhausted; the event (and its operation) are now dead.
+    Exhausted,
+    /// No such event.
+    Missing,
+}
+
+/// A write conditional on a fencing token found that the lease was taken over (or the event
+/// finished) in the meantime. Nothing was changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the lease was taken over by a newer claim; nothing was changed")]
+pub struct Fenced;
+
+const SELECT_EVENT: &str = "SELECT id, operation_id, state, fencing_token, lease_owner,
+    lease_until, attempt_count, max_attempts, last_error, delivered_at FROM outbox";
+
+fn event_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(OutboxEvent, String)> {
+    let state: String = r.get(2)?;
+    Ok((
+        OutboxEvent {
+            id: r.get(0)?,
+            operation_id: r.get(1)?,
+            state: EventState::Pending,
+            fencing_token: r.get(3)?,
+            lease_owner: r.get(4)?,
+            lease_until: r.get(5)?,
+            attempt_count: r.get(6)?,
+            max_attempts: r.get(7)?,
+            last_error: r.get(8)?,
+            delivered_at: r.get(9)?,
+        },
+        state,
+    ))
+}
+
+fn finish_event((mut ev, state): (OutboxEvent, String)) -> Result<OutboxEvent, StoreError> {
+    ev.state = EventState::parse(&state)
+        .ok_or_else(|| StoreError::Contract("unknown outbox state".into()))?;
+    Ok(ev)
+}
+
+/// Writes the pending event of a newly accepted operation. Runs in transaction A.
+pub fn enqueue(
+    conn: &Connection,
+    operation_id: i64,
+    now: i64,
+    max_attempts: i64,
+) -> Result<i64, StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO outbox (operation_id, state, fencing_token, attempt_count, max_attempts,
+             created_at, updated_at)
+         VALUES (?1, 'pending', 0, 0, ?2, ?3, ?3)",
+    )?
+    .execute(rusqlite::params![operation_id, max_attempts, now])?;
+    Ok(conn.last_insert_rowid())
+}
+
+/// Loads one event.
+pub fn load(conn: &Connection, event_id: i64) -> Result<Option<OutboxEvent>, StoreError> {
+    let raw = conn
+        .prepare_cached(&format!("{SELECT_EVENT} WHERE id = ?1"))?
+        .query_row([event_id], event_from_row)
+        .optional()?;
+    raw.map(finish_event).transpose()
+}
+
+/// Loads the event of an operation.
+pub fn for_operation(
+    conn: &Connection,
+    operation_id: i64,
+) -> Result<Option<OutboxEvent>, StoreError> {
+    let raw = conn
+        .prepare_cached(&format!("{SELECT_EVENT} WHERE operation_id = ?1"))?
+        .query_row([operation_id], event_from_row)
+        .optional()?;
+    raw.map(finish_event).transpose()
+}
+
+/// Events a worker may claim at `now`: pending ones and those whose lease has expired, oldest
+/// first, at most `limit`.
+pub fn ready(conn: &Connection, now: i64, limit: i64) -> Result<Vec<i64>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id FROM outbox
+         WHERE state = 'pending' OR (state = 'processing' AND lease_until <= ?1)
+         ORDER BY id LIMIT ?2",
+    )?;
+    let ids = stmt
+        .query_map(rusqlite::params![now, limit], |r| r.get(0))?
+        .collect::<Result<Vec<i64>, _>>()?;
+    Ok(ids)
+}
+
+/// Checks a lease window: positive length, no overflow past the portable range.
+pub fn lease_until(now: i64, lease_seconds: i64) -> Result<i64, StoreError> {
+    if !(1..=86_400).contains(&lease_seconds) {
+        return Err(StoreError::Contract(
+            "lease length must be 1 to 86400 seconds".into(),
+        ));
+    }
+    match now.checked_add(lease_seconds) {
+        Some(t) if now >= 0 && t <= crate::approval::MAX_PORTABLE_TIMESTAMP => Ok(t),
+        _ => Err(StoreError::Contract(
+            "lease would end outside the portable time range".into(),
+        )),
+    }
+}
+
+/// Claims `event_id` for `owner` at `now` for `lease_seconds`. Also moves the operation to
+/// `processing` (or `dead`) in the same transaction.
+pub fn claim(
+    conn: &Connection,
+    event_id: i64,
+    owner: &str,
+    now: i64,
+    lease_seconds: i64,
+) -> Result<ClaimOutcome, StoreError> {
+    if owner.is_empty() || owner.len() > 128 {
+        return Err(StoreError::Contract(
+            "lease owner must be 1 to 128 bytes".into(),
+        ));
+    }
+    let until = lease_until(now, lease_seconds)?;
+    let Some(ev) = load(conn, event_id)? else {
+        return Ok(ClaimOutcome::Missing);
+    };
+    match ev.state {
+        EventState::Delivered | EventState::Dead => {
+            return Ok(ClaimOutcome::Finished { state: ev.state })
+        }
+        EventState::Processing => {
+            let held_until = ev.lease_until.unwrap_or(i64::MAX);
+            if now < held_until {
+                return Ok(ClaimOutcome::Leased { until: held_until });
+            }
+        }
+        EventState::Pending => {}
+    }
+    if ev.attempt_count >= ev.max_attempts {
+        let n = conn
+            .prepare_cached(
+                "UPDATE outbox SET state = 'dead', lease_owner = NULL, lease_until = NULL,
+                     last_error = 'attempts_exhausted', updated_at = ?1
+                 WHERE id = ?2 AND fencing_token = ?3 AND state IN ('pending', 'processing')",
+            )?
+            .execute(rusqlite::params![now, event_id, ev.fencing_token])?;
+        if n != 1 {
+            return Err(StoreError::Contract(
+                "outbox event changed under a claim".into(),
+            ));
+        }
+        conn.prepare_cached(
+            "UPDATE operations SET state = 'dead', updated_at = ?1
+             WHERE id = ?2 AND state IN ('accepted', 'processing', 'outcome_unknown')",
+        )?
+        .execute(rusqlite::params![now, ev.operation_id])?;
+        return Ok(ClaimOutcome::Exhausted);
+    }
+    // Conditional on the token we read: a concurrent claim (another connection, another
+    // process) that got there first makes this one change nothing.
+    let claimed: Option<(i64, i64)> = conn
+        .prepare_cached(
+            "UPDATE outbox SET state = 'processing', lease_owner = ?1, lease_until = ?2,
+                 fencing_token = fencing_token + 1, attempt_count = attempt_count + 1,
+                 updated_at = ?3
+             WHERE id = ?4 AND fencing_token = ?5
+               AND (state = 'pending' OR (state = 'processing' AND lease_until <= ?3))
+             RETURNING fencing_token, attempt_count",
+        )?
+        .query_row(
+            rusqlite::params![owner, until, now, event_id, ev.fencing_token],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    let Some((token, attempt)) = claimed else {
+        return Ok(ClaimOutcome::Leased { until });
+    };
+    conn.prepare_cached(
+        "UPDATE operations SET state = 'processing', updated_at = ?1
+         WHERE id = ?2 AND state IN ('accepted', 'processing', 'outcome_unknown')",
+    )?
+    .execute(rusqlite::params![now, ev.operation_id])?;
+    Ok(ClaimOutcome::Claimed(Lease {
+        event_id,
+        operation_id: ev.operation_id,
+        owner: owner.to_string(),
+        token,
+        until,
+        attempt,
+    }))
+}
+
+/// Extends a held lease to `now + lease_seconds` (heartbeat). Conditional on the token: it
+/// works as long as nobody reclaimed the event, even if the lease has just run out.
+pub fn renew(
+    conn: &Connection,
+    lease: &Lease,
+    now: i64,
+    lease_seconds: i64,
+) -> Result<Result<Lease, Fenced>, StoreError> {
+    let until = lease_until(now, lease_seconds)?;
+    let n = conn
+        .prepare_cached(
+            "UPDATE outbox SET lease_until = ?1, updated_at = ?2
+             WHERE id = ?3 AND fencing_token = ?4 AND state = 'processing' AND lease_owner = ?5",
+        )?
+        .execute(rusqlite::params![
+            until,
+            now,
+            lease.event_id,
+            lease.token,
+            lease.owner
+        ])?;
+    if n != 1 {
+        return Ok(Err(Fenced));
+    }
+    Ok(Ok(Lease {
+        until,
+        ..lease.clone()
+    }))
+}
+
+/// Records why the current attempt did not finish (`code` is a stable error code). The lease
+/// stays held until it expires, so the event is retried only after that.
+pub fn record_attempt_error(
+    conn: &Connection,
+    lease: &Lease,
+    code: &str,
+    now: i64,
+) -> Result<Result<(), Fenced>, StoreError> {
+    let n = conn
+        .prepare_cached(
+            "UPDATE outbox SET last_error = ?1, updated_at = ?2
+             WHERE id = ?3 AND fencing_token = ?4 AND state = 'processing'",
+        )?
+        .execute(rusqlite::params![code, now, lease.event_id, lease.token])?;
+    Ok(if n == 1 { Ok(()) } else { Err(Fenced) })
+}
+
+/// Marks the event delivered under `lease` (part of transaction C).
+pub fn complete(
+    conn: &Connection,
+    lease: &Lease,
+    now: i64,
+) -> Result<Result<(), Fenced>, StoreError> {
+    let n = conn
+        .prepare_cached(
+            "UPDATE outbox SET state = 'delivered', lease_owner = NULL, lease_until = NULL,
+                 last_error = NULL, delivered_at = ?1, updated_at = ?1
+             WHERE id = ?2 AND fencing_token = ?3 AND state = 'processing'",
+        )?
+        .execute(rusqlite::params![now, lease.event_id, lease.token])?;
+    Ok(if n == 1 { Ok(()) } else { Err(Fenced) })
+}
+
+/// Marks the event delivered because an explicit status query reconciled its receipt (part of
+/// transaction C on the status path). Any lease is void afterwards: a worker still holding one
+/// gets [`Fenced`] on its next conditional write.
+pub fn complete_by_reconciliation(
+    conn: &Connection,
+    event_id: i64,
+    expected_token: i64,
+    now: i64,
+) -> Result<Result<(), Fenced>, StoreError> {
+    let n = conn
+        .prepare_cached(
+            "UPDATE outbox SET state = 'delivered', lease_owner = NULL, lease_until = NULL,
+                 last_error = NULL, fencing_token = fencing_token + 1, delivered_at = ?1,
+                 updated_at = ?1
+             WHERE id = ?2 AND fencing_token = ?3 AND state IN ('pending', 'processing', 'dead')",
+        )?
+        .execute(rusqlite::params![now, event_id, expected_token])?;
+    Ok(if n == 1 { Ok(()) } else { Err(Fenced) })
+}
+
+/// Counts of events per state (for audits and metrics).
+pub fn counts(conn: &Connection) -> Result<Vec<(String, i64)>, StoreError> {
+    let mut stmt =
+        conn.prepare_cached("SELECT state, count(*) FROM outbox GROUP BY state ORDER BY state")?;
+    let rows = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<Vec<(String, i64)>, _>>()?;
+    Ok(rows)
+}

@@ -1,0 +1,415 @@
+//! Shared set-up for the runtime tests: a ledger file, a downstream stand-in in its own file,
+//! a small refund tool over a test `orders` table, and principals.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use toolledger::approval::{self, Approval};
+use toolledger::authz::PrincipalStore;
+use toolledger::clock::{ManualClock, SharedClock};
+use toolledger::downstream::{BoxFuture, Downstream, DownstreamError, SqliteDownstream};
+use toolledger::effect::{EffectTx, SqlValue};
+use toolledger::runtime::{
+    approval_target, DeferredCall, DeferredTool, ProviderContext, ProviderProfile, Registry,
+    Runtime, RuntimeConfig, RuntimeError, StatusQuery,
+};
+use toolledger::store::sqlite::{OpenOptions, SqliteStore};
+use toolledger::store::{Migration, StoreError};
+use toolledger::{Error, ErrorCode, Principal, Scope, ToolContract};
+
+pub const T0: i64 = 1_767_225_600; // 2026-01-01T00:00:00Z
+
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    namespace: "test.orders",
+    version: 1,
+    sql: "CREATE TABLE test_orders (
+        tenant TEXT NOT NULL,
+        id TEXT NOT NULL,
+        owner_subject TEXT NOT NULL,
+        amount_cents INTEGER NOT NULL CHECK (amount_cents > 0),
+        refundable INTEGER NOT NULL CHECK (refundable IN (0, 1)),
+        PRIMARY KEY (tenant, id)
+    ) STRICT;",
+}];
+
+/// A refund tool over `test_orders`: owner-only, `support_admin` may refund others' orders in
+/// the same tenant; approval required.
+pub struct TestRefund {
+    pub contract: ToolContract,
+}
+
+impl TestRefund {
+    pub fn v(rev: &str) -> Self {
+        TestRefund {
+            contract: ToolContract::uniform("refund_order", rev),
+        }
+    }
+}
+
+fn order(tx: &mut dyn EffectTx, principal: &Principal, args: &Value) -> Result<(i64, bool), Error> {
+    let id = args["order_id"].as_str().unwrap_or_default();
+    let rows = tx.query(
+        "SELECT owner_subject, amount_cents, refundable FROM test_orders
+         WHERE tenant = ?1 AND id = ?2",
+        &[
+            SqlValue::from(principal.tenant.as_str()),
+            SqlValue::from(id),
+        ],
+    )?;
+    let Some(row) = rows.into_iter().next() else {
+        return Err(Error::not_found());
+    };
+    let owner = row[0].as_str().unwrap_or_default();
+    if owner != principal.subject && !principal.has_role("support_admin") {
+        return Err(Error::not_found());
+    }
+    Ok((row[1].as_i64().unwrap_or(0), row[2].as_i64() == Some(1)))
+}
+
+impl DeferredTool for TestRefund {
+    fn contract(&self) -> ToolContract {
+        self.contract.clone()
+    }
+
+    fn validate(&self, arguments: &Value) -> Result<Value, Error> {
+        let obj = arguments
+            .as_object()
+            .ok_or_else(|| Error::invalid("object expected"))?;
+        if obj.len() != 2 {
+            return Err(Error::invalid("exactly order_id and amount_cents"));
+        }
+        let id = obj
+            .get("order_id")
+            .and_then(Value::as_str)
+            .ok_or_else(|| Error::invalid("order_id"))?;
+        let amount = obj
+            .get("amount_cents")
+            .and_then(Value::as_i64)
+            .filter(|a| *a > 0)
+            .ok_or_else(|| Error::invalid("amount_cents"))?;
+        Ok(json!({"order_id": id, "amount_cents": amount}))
+    }
+
+    fn check_access(
+        &self,
+        tx: &mut dyn EffectTx,
+        principal: &Principal,
+        arguments: &Value,
+    ) -> Result<(), Error> {
+        order(tx, principal, arguments).map(|_| ())
+    }
+
+    fn check(
+        &self,
+        tx: &mut dyn EffectTx,
+        principal: &Principal,
+        arguments: &Value,
+    ) -> Result<(), Error> {
+        let (amount, refundable) = order(tx, principal, arguments)?;
+        if !refundable || arguments["amount_cents"].as_i64().unwrap_or(i64::MAX) > amount {
+            return Err(Error::new(
+                ErrorCode::BusinessStateChanged,
+                "order is not refundable",
+            ));
+        }
+        Ok(())
+    }
+
+    fn requires_approval(&self) -> bool {
+        true
+    }
+
+    fn accept_receipt(&self, arguments: &Value, receipt: &Value) -> Result<Value, Error> {
+        Ok(json!({
+            "amount_cents": arguments["amount_cents"],
+            "order_id": arguments["order_id"],
+            "receipt_id": receipt["receipt_id"],
+        }))
+    }
+}
+
+/// Counts calls into the downstream so tests can prove "never queried".
+#[derive(Debug, Clone)]
+pub struct Counting {
+    pub inner: SqliteDownstream,
+    pub submits: Arc<AtomicUsize>,
+    pub statuses: Arc<AtomicUsize>,
+}
+
+impl Counting {
+    pub fn submits(&self) -> usize {
+        self.submits.load(Ordering::SeqCst)
+    }
+    pub fn statuses(&self) -> usize {
+        self.statuses.load(Ordering::SeqCst)
+    }
+}
+
+impl Downstream for Counting {
+    fn submit<'a>(
+        &'a self,
+        scope: &'a Scope,
+        request: &'a Value,
+    ) -> BoxFuture<'a, Result<Value, DownstreamError>> {
+        self.submits.fetch_add(1, Ordering::SeqCst);
+        self.inner.submit(scope, request)
+    }
+
+    fn status<'a>(
+        &'a self,
+        status_ref: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Value>, DownstreamError>> {
+        self.statuses.fetch_add(1, Ordering::SeqCst);
+        self.inner.status(status_ref)
+    }
+}
+
+pub fn openai(call: &str) -> ProviderContext {
+    ProviderContext {
+        provider: "openai".into(),
+        api_family: "responses".into(),
+        adapter_revision: "2026-07-01".into(),
+        turn_id: format!("turn-{call}"),
+        call_id: format!("call-{call}"),
+        response_id: format!("resp-{call}"),
+    }
+}
+
+pub struct Harness {
+    pub dir: tempfile::TempDir,
+    pub db: PathBuf,
+    pub downstream_db: PathBuf,
+    pub store: SqliteStore,
+    pub clock: ManualClock,
+    pub downstream: Counting,
+    pub runtime: Runtime,
+    pub principals: PrincipalStore,
+}
+
+pub fn open_store(db: &PathBuf) -> SqliteStore {
+    SqliteStore::open(db, OpenOptions::new("test").with_migrations(MIGRATIONS)).unwrap()
+}
+
+impl Harness {
+    pub async fn new() -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("ledger.sqlite");
+        let downstream_db = dir.path().join("ledger.sqlite.downstream.sqlite");
+        let store = open_store(&db);
+        let clock = ManualClock::new(T0);
+        let shared: SharedClock = Arc::new(clock.clone());
+        let downstream = Counting {
+            inner: SqliteDownstream::open(&downstream_db, shared.clone()).unwrap(),
+            submits: Arc::default(),
+            statuses: Arc::default(),
+        };
+        let principals = PrincipalStore::new(store.clone()).with_clock(shared.clone());
+        for (name, tenant, roles) in [
+            ("alice", "acme", vec![]),
+            ("bob", "acme", vec!["approver".to_string()]),
+            ("carol", "acme", vec!["support_admin".to_string()]),
+            ("erin", "acme", vec![]),
+            ("dave", "globex", vec!["support_admin".to_string()]),
+            ("gina", "globex", vec!["approver".to_string()]),
+        ] {
+            principals
+                .add(name, tenant, &roles, &[], false)
+                .await
+                .unwrap();
+        }
+        store
+            .write(|c| {
+                c.execute_batch(
+                    "INSERT INTO test_orders VALUES ('acme', 'ord-1', 'alice', 5000, 1);
+                     INSERT INTO test_orders VALUES ('acme', 'ord-2', 'erin', 7000, 1);
+                     INSERT INTO test_orders VALUES ('globex', 'ord-9', 'dave', 100, 1);",
+                )?;
+                Ok::<_, StoreError>(())
+            })
+            .await
+            .unwrap();
+        let runtime = Self::runtime_for(&store, &clock, &downstream, "v1");
+        Harness {
+            dir,
+            db,
+            downstream_db,
+            store,
+            clock,
+            downstream,
+            runtime,
+            principals,
+        }
+    }
+
+    pub fn runtime_for(
+        store: &SqliteStore,
+        clock: &ManualClock,
+        downstream: &Counting,
+        rev: &str,
+    ) -> Runtime {
+        let registry = Registry::new()
+            .register(Arc::new(TestRefund::v(rev)), Arc::new(downstream.clone()))
+            .allow_profile(ProviderProfile::new("openai", "responses", "2026-07-01"))
+            .allow_profile(ProviderProfile::new("anthropic", "messages", "2026-07-01"))
+            .allow_profile(ProviderProfile::mcp());
+        Runtime::new(store.clone(), Arc::new(clock.clone()), registry).with_config(RuntimeConfig {
+            lease_seconds: 30,
+            max_attempts: 3,
+        })
+    }
+
+    /// A runtime over a second, independent store handle on the same file.
+    pub fn second_runtime(&self, rev: &str) -> Runtime {
+        Self::runtime_for(&open_store(&self.db), &self.clock, &self.downstream, rev)
+    }
+
+    pub fn call(&self, principal: &str, key: &str, order: &str, amount: i64) -> DeferredCall {
+        DeferredCall {
+            principal: principal.into(),
+            tool: "refund_order".into(),
+            key: key.into(),
+            arguments: json!({"order_id": order, "amount_cents": amount}),
+            approval_id: Some(format!("approval-{key}")),
+            provider: openai(key),
+        }
+    }
+
+    pub fn query(&self, call: &DeferredCall, status_ref: &str) -> StatusQuery {
+        StatusQuery {
+            principal: call.principal.clone(),
+            tool: call.tool.clone(),
+            key: call.key.clone(),
+            arguments: call.arguments.clone(),
+            provider: call.provider.clone(),
+            status_ref: status_ref.into(),
+        }
+    }
+
+    /// Issues the approval `call.approval_id` for `call` by `approver`, valid for an hour.
+    pub async fn approve(&self, call: &DeferredCall, approver: &str) -> Result<Approval, Error> {
+        self.approve_window(call, approver, self.clock_now(), self.clock_now() + 3600)
+            .await
+    }
+
+    pub async fn approve_window(
+        &self,
+        call: &DeferredCall,
+        approver: &str,
+        approved_at: i64,
+        expires_at: i64,
+    ) -> Result<Approval, Error> {
+        let requester = self
+            .principals
+            .resolve(&call.principal)
+            .await
+            .unwrap()
+            .expect("requester exists");
+        let contract = TestRefund::v("v1").contract;
+        let args = TestRefund::v("v1").validate(&call.arguments).unwrap();
+        let digest = toolledger::digest::request_digest(
+            &requester.tenant,
+            &requester.subject,
+            &contract,
+            &args,
+        )
+        .unwrap();
+        let scope = Scope {
+            tenant: requester.tenant.clone(),
+            subject: requester.subject.clone(),
+            tool: "refund_order".into(),
+            key: call.key.clone(),
+        };
+        let target = approval_target(&scope, &contract, &digest, &call.provider);
+        approval::grant(
+            &self.store,
+            call.approval_id.as_deref().unwrap(),
+            &target,
+            approver,
+            approved_at,
+            expires_at,
+        )
+        .await
+    }
+
+    pub fn clock_now(&self) -> i64 {
+        use toolledger::clock::Clock;
+        self.clock.now()
+    }
+
+    pub async fn count(&self, table: &str) -> i64 {
+        let sql = format!("SELECT count(*) FROM {table}");
+        self.store
+            .read(move |c| {
+                c.query_row(&sql, [], |r| r.get(0))
+                    .map_err(StoreError::from)
+            })
+            .await
+            .unwrap()
+    }
+
+    pub async fn scalar_text(&self, sql: &str) -> Option<String> {
+        let sql = sql.to_string();
+        self.store
+            .read(move |c| {
+                use rusqlite::OptionalExtension;
+                c.query_row(&sql, [], |r| r.get(0))
+                    .optional()
+                    .map_err(StoreError::from)
+            })
+            .await
+            .unwrap()
+    }
+
+    pub async fn scalar_int(&self, sql: &str) -> Option<i64> {
+        let sql = sql.to_string();
+        self.store
+            .read(move |c| {
+                use rusqlite::OptionalExtension;
+                c.query_row(&sql, [], |r| r.get(0))
+                    .optional()
+                    .map_err(StoreError::from)
+            })
+            .await
+            .unwrap()
+    }
+
+    /// Runs raw SQL on a side connection (tampering, triggers, business-state changes).
+    pub fn side_sql(&self, sql: &str) {
+        let c = rusqlite::Connection::open(&self.db).unwrap();
+        c.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+        c.execute_batch(sql).unwrap();
+    }
+
+    /// Row counts of the ledger's runtime tables: (operations, outbox, deferred_intents,
+    /// local_receipts, consumed approvals).
+    pub async fn counts(&self) -> (i64, i64, i64, i64, i64) {
+        (
+            self.count("operations").await,
+            self.count("outbox").await,
+            self.count("deferred_intents").await,
+            self.count("local_receipts").await,
+            self.scalar_int("SELECT count(*) FROM approvals WHERE consumed_at IS NOT NULL")
+                .await
+                .unwrap(),
+        )
+    }
+
+    pub fn downstream_receipts(&self) -> i64 {
+        self.downstream.inner.receipt_count().unwrap()
+    }
+}
+
+pub fn refused(r: Result<impl std::fmt::Debug, RuntimeError>) -> Error {
+    match r {
+        Err(RuntimeError::Refused(e)) => e,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+pub fn code(r: Result<impl std::fmt::Debug, RuntimeError>) -> ErrorCode {
+    refused(r).code
+}
