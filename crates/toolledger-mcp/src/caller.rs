@@ -1,0 +1,102 @@
+//! Who is calling: a principal from trusted configuration (stdio) or from a bearer token
+//! (streamable HTTP), re-resolved from the principal store on every call.
+//!
+//! Over HTTP, [`bearer_auth`] runs before rmcp sees the request: a missing or unknown token is
+//! answered `401 Unauthorized` and never dispatched. Known tokens are looked up by hash only
+//! (the store keeps SHA-256 hex, never the token).
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use rmcp::service::RequestContext;
+use rmcp::RoleServer;
+use toolledger::authz::PrincipalStore;
+use toolledger::model::{Error, Principal};
+
+/// The name a bearer token resolved to; inserted into the HTTP request by [`bearer_auth`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuthenticatedName(pub String);
+
+/// Where a server takes its caller from.
+#[derive(Clone, Debug)]
+pub enum CallerSource {
+    /// A fixed principal name from trusted configuration (`--principal NAME` on stdio).
+    Configured(String),
+    /// The principal a bearer token resolved to (HTTP); see [`bearer_auth`].
+    BearerToken,
+}
+
+/// The resolved caller of one request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    /// The principal's name (its subject).
+    pub name: String,
+    /// The principal as the store says it is now.
+    pub principal: Principal,
+}
+
+fn revoked() -> Error {
+    Error::denied("the caller is not an active principal")
+}
+
+impl CallerSource {
+    /// Resolves the caller of the request in `ctx`, re-reading the principal store.
+    pub async fn resolve(
+        &self,
+        principals: &PrincipalStore,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<Caller, Error> {
+        let name = match self {
+            CallerSource::Configured(name) => name.clone(),
+            CallerSource::BearerToken => ctx
+                .extensions
+                .get::<http::request::Parts>()
+                .and_then(|p| p.extensions.get::<AuthenticatedName>())
+                .map(|a| a.0.clone())
+                .ok_or_else(revoked)?,
+        };
+        let principal = principals.resolve(&name).await?.ok_or_else(revoked)?;
+        Ok(Caller { name, principal })
+    }
+}
+
+/// Axum middleware: `Authorization: Bearer <token>` → [`AuthenticatedName`] in the request's
+/// extensions, or `401` before anything else runs.
+pub async fn bearer_auth(
+    State(principals): State<Arc<PrincipalStore>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let token = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, rest) = v.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+        })
+        .filter(|t| !t.is_empty())
+        .map(str::to_string);
+    let unauthorized = || {
+        (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "{\"error\":{\"code\":\"unauthorized\",\"message\":\"a valid bearer token is required\"}}",
+        )
+            .into_response()
+    };
+    let Some(token) = token else {
+        return unauthorized();
+    };
+    match principals.resolve_token(&token).await {
+        Ok(Some((name, _))) => {
+            request.extensions_mut().insert(AuthenticatedName(name));
+            next.run(request).await
+        }
+        Ok(None) => unauthorized(),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "store unavailable").into_response(),
+    }
+}

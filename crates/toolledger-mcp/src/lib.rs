@@ -1,0 +1,33 @@
+//! toolledger-mcp: guard side-effecting rmcp tools with the toolledger ledger.
+//!
+//! A retry with the same operation id replays the stored result instead of repeating the
+//! effect; a lost reply becomes a `get_operation_status` query, never a second effect.
+//!
+//! The pieces:
+//! - [`guard::Guard`]: fingerprint, deadlines and the engine call for one guarded request;
+//!   [`guard::Guard::first_round`]/[`guard::Guard::resume`] for multi-round tools whose
+//!   `requestState` is sealed by [`state::StateSealer`] (rmcp's `RequestStateCodec` keyring).
+//! - [`tool::GuardedTool`]: a ready single-round guarded tool from a contract and an effect.
+//! - [`status::StatusTool`]: the read-only `get_operation_status` tool.
+//! - [`server::LedgerServer`]: an rmcp `ServerHandler` over [`server::McpTool`]s that resolves
+//!   the caller on every call ([`caller::CallerSource`]: trusted configuration on stdio, bearer
+//!   tokens over HTTP via [`caller::bearer_auth`]).
+//! - [`keys::KeyMaterial`]: the state and fingerprint keys from the environment or a 0600 key
+//!   file beside the database.
+//! - [`reply`]: in-band tool results and errors.
+
+#![warn(missing_docs)]
+
+pub mod caller;
+pub mod guard;
+pub mod keys;
+pub mod reply;
+pub mod server;
+pub mod state;
+pub mod status;
+
+pub use caller::{bearer_auth, AuthenticatedName, Caller, CallerSource};
+pub use guard::{Guard, GuardConfig, GuardedRequest, Resumed};
+pub use keys::KeyMaterial;
+pub use server::{LedgerServer, McpTool, ToolCall};
+pub use status::{EffectObserver, Observation, StatusTool};

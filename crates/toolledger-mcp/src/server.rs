@@ -1,0 +1,147 @@
+//! A small rmcp server over a set of tools, each told who the caller is.
+//!
+//! [`LedgerServer`] implements rmcp's `ServerHandler`: `tools/list` lists every [`McpTool`]'s
+//! definition, `tools/call` resolves the caller (see [`CallerSource`]) and hands the call to
+//! the named tool. It serves both lifecycles rmcp supports: MCP 2026-07-28 (no `initialize`,
+//! per-request metadata, multi-round `input_required`) and the `initialize` lifecycle of
+//! 2025-11-25 and older, where multi-round tools answer `continuation_unsupported`.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, ErrorData, Implementation, ListToolsResult,
+    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{RoleServer, ServerHandler};
+use serde_json::{Map, Value};
+use toolledger::authz::PrincipalStore;
+
+use crate::caller::{Caller, CallerSource};
+use crate::reply::tool_error;
+
+/// A boxed, sendable future.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// One `tools/call`, with the caller already resolved.
+#[derive(Clone, Debug)]
+pub struct ToolCall {
+    /// The current principal.
+    pub caller: Caller,
+    /// The tool's arguments (an empty object when absent).
+    pub arguments: Map<String, Value>,
+    /// `requestState` echoed by a continuation.
+    pub request_state: Option<String>,
+    /// `inputResponses` of a continuation.
+    pub input_responses: Option<BTreeMap<String, Value>>,
+    /// Whether the peer negotiated MCP 2026-07-28 or newer (may receive `input_required`).
+    pub multi_round: bool,
+}
+
+/// A tool a [`LedgerServer`] serves.
+pub trait McpTool: Send + Sync + 'static {
+    /// The tool's definition for `tools/list` (name, schemas, honest annotations).
+    fn definition(&self) -> Tool;
+
+    /// Handles one call. Tool failures are returned in-band (see [`crate::reply`]).
+    fn call(&self, call: ToolCall) -> BoxFuture<'_, CallToolResponse>;
+}
+
+/// The rmcp server handler.
+#[derive(Clone)]
+pub struct LedgerServer {
+    tools: Arc<Vec<Arc<dyn McpTool>>>,
+    principals: PrincipalStore,
+    caller: CallerSource,
+    name: String,
+}
+
+impl LedgerServer {
+    /// A server named `name` over `tools`, taking its caller from `caller`.
+    pub fn new(
+        name: impl Into<String>,
+        tools: Vec<Arc<dyn McpTool>>,
+        principals: PrincipalStore,
+        caller: CallerSource,
+    ) -> Self {
+        LedgerServer {
+            tools: Arc::new(tools),
+            principals,
+            caller,
+            name: name.into(),
+        }
+    }
+
+    /// The same tools with another caller source (e.g. one per transport).
+    pub fn with_caller(&self, caller: CallerSource) -> Self {
+        LedgerServer {
+            caller,
+            ..self.clone()
+        }
+    }
+
+    fn find(&self, name: &str) -> Option<&Arc<dyn McpTool>> {
+        self.tools.iter().find(|t| t.definition().name == name)
+    }
+}
+
+/// Whether the request in `ctx` was made under MCP 2026-07-28 or newer.
+pub fn is_multi_round(ctx: &RequestContext<RoleServer>) -> bool {
+    ctx.protocol_version()
+        .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str())
+}
+
+impl ServerHandler for LedgerServer {
+    fn get_info(&self) -> ServerConfig {
+        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build());
+        info.server_info = Implementation::new(self.name.clone(), env!("CARGO_PKG_VERSION"));
+        info.instructions = Some(
+            "Side-effecting tools are guarded by a durable ledger: retry with the same \
+             operation id to replay; after a lost reply call get_operation_status."
+                .into(),
+        );
+        info
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(
+            self.tools.iter().map(|t| t.definition()).collect(),
+        ))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.find(name).map(|t| t.definition())
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let Some(tool) = self.find(&request.name).cloned() else {
+            return Err(ErrorData::invalid_params(
+                format!("unknown tool {}", request.name),
+                None,
+            ));
+        };
+        let caller = match self.caller.resolve(&self.principals, &context).await {
+            Ok(c) => c,
+            Err(e) => return Ok(CallToolResponse::Complete(tool_error(&e))),
+        };
+        let call = ToolCall {
+            caller,
+            arguments: request.arguments.unwrap_or_default(),
+            request_state: request.request_state,
+            input_responses: request.input_responses,
+            multi_round: is_multi_round(&context),
+        };
+        Ok(tool.call(call).await)
+    }
+}
