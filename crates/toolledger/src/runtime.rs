@@ -1793,6 +1793,12 @@ impl Runtime {
                     {
                         return Err(Error::not_found().into());
                     }
+                    if record.scope.key != p.scope.key {
+                        return Err(Error::conflict(
+                            "the status reference belongs to another idempotency key",
+                        )
+                        .into());
+                    }
                     Self::compare(&record, &p)?;
                     Ok(record)
                 })

@@ -1,0 +1,212 @@
+//! Claims, leases, fencing tokens, heartbeats, attempts and the worker pass.
+
+mod runtime_support;
+
+use runtime_support::*;
+use toolledger::outbox::{ClaimOutcome, EventState};
+use toolledger::runtime::{Accepted, Answer, CrashPoint, Processed, RuntimeError};
+use toolledger::OperationState;
+
+async fn accepted(h: &Harness, key: &str) -> (i64, String) {
+    let call = h.call("alice", key, "ord-1", 100);
+    h.approve(&call, "bob").await.unwrap();
+    match h.runtime.accept(&call).await.unwrap() {
+        Accepted::New {
+            event_id,
+            status_ref,
+            ..
+        } => (event_id, status_ref),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn lease(out: ClaimOutcome) -> toolledger::outbox::Lease {
+    match out {
+        ClaimOutcome::Claimed(l) => l,
+        other => panic!("expected a claim, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn an_unexpired_lease_is_not_claimable_and_an_expired_one_is_with_a_higher_token() {
+    let h = Harness::new().await;
+    let (event, _) = accepted(&h, "refund-1").await;
+    let first = lease(h.runtime.claim(event, "w1").await.unwrap());
+    assert_eq!(first.token, 1);
+    assert_eq!(first.until, T0 + 30);
+    assert_eq!(
+        h.scalar_text("SELECT state FROM operations").await.unwrap(),
+        "processing"
+    );
+    // One second before expiry: held.
+    h.clock.set(T0 + 29);
+    assert_eq!(
+        h.runtime.claim(event, "w2").await.unwrap(),
+        ClaimOutcome::Leased { until: T0 + 30 }
+    );
+    assert!(h.runtime.ready(10).await.unwrap().is_empty());
+    // At expiry (`now >= lease_until`): claimable, with a new token.
+    h.clock.set(T0 + 30);
+    assert_eq!(h.runtime.ready(10).await.unwrap(), vec![event]);
+    let second = lease(h.runtime.claim(event, "w2").await.unwrap());
+    assert_eq!(second.token, 2);
+    assert_eq!(second.attempt, 2);
+    assert_eq!(second.owner, "w2");
+}
+
+#[tokio::test]
+async fn a_stale_worker_completion_is_fenced_and_changes_nothing() {
+    let h = Harness::new().await;
+    let (event, status_ref) = accepted(&h, "refund-1").await;
+    // Worker 1 claims, reaches the downstream, and stalls before transaction C.
+    let w1 = lease(h.runtime.claim(event, "w1").await.unwrap());
+    let stalled = h
+        .runtime
+        .execute(&w1, Some(CrashPoint::AfterDownstreamCommit))
+        .await
+        .unwrap();
+    assert!(matches!(stalled, Processed::Unknown(_)));
+    let receipt = h
+        .downstream
+        .inner
+        .status_blocking(&status_ref)
+        .unwrap()
+        .unwrap();
+    // Its lease expires; worker 2 (another connection) reclaims.
+    h.clock.set(T0 + 31);
+    let other = h.second_runtime("v1");
+    let w2 = lease(other.claim(event, "w2").await.unwrap());
+    assert!(w2.token > w1.token);
+    let before = (
+        h.counts().await,
+        h.scalar_text("SELECT state || ':' || fencing_token || ':' || lease_owner FROM outbox")
+            .await,
+    );
+    // Worker 1 wakes up and tries to complete with its old token.
+    let err = h.runtime.complete(&w1, receipt.clone()).await.unwrap_err();
+    assert!(matches!(err, RuntimeError::Fenced(_)), "{err:?}");
+    // Its heartbeat is fenced too.
+    assert!(matches!(
+        h.runtime.renew(&w1).await.unwrap_err(),
+        RuntimeError::Fenced(_)
+    ));
+    let after = (
+        h.counts().await,
+        h.scalar_text("SELECT state || ':' || fencing_token || ':' || lease_owner FROM outbox")
+            .await,
+    );
+    assert_eq!(before, after, "a stale completion changes nothing");
+    assert_eq!(
+        h.scalar_text("SELECT state FROM operations").await.unwrap(),
+        "processing"
+    );
+    // Worker 2 finishes; the idempotent downstream hands back the same receipt.
+    let done = other.execute(&w2, None).await.unwrap();
+    let Processed::Delivered(Answer::Done { result, .. }) = done else {
+        panic!("{done:?}");
+    };
+    assert_eq!(result["receipt_id"], receipt["receipt_id"]);
+    assert_eq!(h.downstream_receipts(), 1);
+    assert_eq!(h.downstream.submits(), 2, "the reclaim delivered again");
+    assert_eq!(
+        h.scalar_int("SELECT fencing_token FROM local_receipts")
+            .await,
+        Some(w2.token)
+    );
+}
+
+#[tokio::test]
+async fn a_heartbeat_extends_the_lease_until_someone_else_claims() {
+    let h = Harness::new().await;
+    let (event, _) = accepted(&h, "refund-1").await;
+    let w1 = lease(h.runtime.claim(event, "w1").await.unwrap());
+    h.clock.set(T0 + 20);
+    let renewed = h.runtime.renew(&w1).await.unwrap();
+    assert_eq!(renewed.until, T0 + 50);
+    h.clock.set(T0 + 40);
+    assert!(matches!(
+        h.runtime.claim(event, "w2").await.unwrap(),
+        ClaimOutcome::Leased { until } if until == T0 + 50
+    ));
+    h.clock.set(T0 + 50);
+    let w2 = lease(h.runtime.claim(event, "w2").await.unwrap());
+    assert!(matches!(
+        h.runtime.renew(&renewed).await.unwrap_err(),
+        RuntimeError::Fenced(_)
+    ));
+    assert!(h.runtime.renew(&w2).await.is_ok());
+}
+
+#[tokio::test]
+async fn exhausted_attempts_make_the_event_and_operation_dead() {
+    let h = Harness::new().await;
+    let (event, status_ref) = accepted(&h, "refund-1").await;
+    // max_attempts is 3 in the harness: three claims that never finish.
+    for i in 0..3 {
+        h.clock.set(T0 + i * 31);
+        lease(h.runtime.claim(event, "w").await.unwrap());
+    }
+    h.clock.set(T0 + 3 * 31);
+    assert_eq!(
+        h.runtime.claim(event, "w").await.unwrap(),
+        ClaimOutcome::Exhausted
+    );
+    assert_eq!(
+        h.scalar_text("SELECT state FROM outbox").await.unwrap(),
+        "dead"
+    );
+    assert_eq!(
+        h.scalar_text("SELECT state FROM operations").await.unwrap(),
+        "dead"
+    );
+    assert_eq!(
+        h.runtime.claim(event, "w").await.unwrap(),
+        ClaimOutcome::Finished {
+            state: EventState::Dead
+        }
+    );
+    assert!(h.runtime.ready(10).await.unwrap().is_empty());
+    // A dispatch of the dead operation still only reports outcome_unknown.
+    let call = h.call("alice", "refund-1", "ord-1", 100);
+    assert_eq!(
+        h.runtime.dispatch(&call, None).await.unwrap(),
+        Answer::Unknown {
+            status_ref,
+            state: OperationState::Dead
+        }
+    );
+    assert_eq!(h.downstream.submits(), 0);
+}
+
+#[tokio::test]
+async fn a_worker_pass_enumerates_pending_events_and_expired_leases() {
+    let h = Harness::new().await;
+    let (e1, _) = accepted(&h, "refund-1").await;
+    let (e2, _) = accepted(&h, "refund-2").await;
+    let (e3, _) = accepted(&h, "refund-3").await;
+    // e2 is held by a live lease, e3 by one that will have expired.
+    lease(h.runtime.claim(e3, "crashed").await.unwrap());
+    h.clock.set(T0 + 10);
+    lease(h.runtime.claim(e2, "busy").await.unwrap());
+    h.clock.set(T0 + 30);
+    assert_eq!(h.runtime.ready(10).await.unwrap(), vec![e1, e3]);
+    let summary = h.runtime.run_pass("worker-1", 10).await.unwrap();
+    assert_eq!(summary.ready, 2);
+    assert_eq!(summary.delivered, 2);
+    assert_eq!(
+        h.scalar_int("SELECT count(*) FROM outbox WHERE state = 'delivered'")
+            .await,
+        Some(2)
+    );
+    assert_eq!(
+        h.scalar_text(&format!("SELECT state FROM outbox WHERE id = {e2}"))
+            .await
+            .unwrap(),
+        "processing"
+    );
+    h.clock.set(T0 + 40);
+    let summary = h.runtime.run_pass("worker-1", 10).await.unwrap();
+    assert_eq!(summary.delivered, 1);
+    assert_eq!(h.count("local_receipts").await, 3);
+    assert_eq!(h.downstream_receipts(), 3);
+}
