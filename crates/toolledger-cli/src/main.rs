@@ -1,9 +1,12 @@
 //! The `toolledger` binary: reference MCP server, outbox worker, operator commands, demos and
 //! benchmarks.
 
+mod cmd_call;
+mod cmd_demo;
 mod cmd_fingerprint;
-mod common;
-mod reference;
+mod cmd_principal;
+
+use toolledger_cli::{common, reference};
 
 use std::process::ExitCode;
 
@@ -20,6 +23,15 @@ struct Cli {
 
 #[derive(clap::Subcommand, Debug)]
 enum Command {
+    /// Manage principals: who may call which tools.
+    Principal {
+        #[command(subcommand)]
+        cmd: cmd_principal::PrincipalCmd,
+    },
+    /// Invoke one reference tool through the ledger, without MCP.
+    Call(cmd_call::CallArgs),
+    /// Run self-checking demos on a fresh temporary database.
+    Demo(cmd_demo::DemoArgs),
     /// Print the DESIGN §6 fingerprint of each JSON request line on stdin, one lowercase hex
     /// digest per line; the key is read from TOOLLEDGER_FINGERPRINT_KEY_HEX.
     Fingerprint,
@@ -33,6 +45,9 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Principal { cmd } => cmd_principal::run(cmd),
+        Command::Call(args) => cmd_call::run(args),
+        Command::Demo(args) => cmd_demo::run(args),
         Command::Fingerprint => cmd_fingerprint::run(),
         Command::Migrate { store } => match store.open_with(true) {
             Ok(s) => {

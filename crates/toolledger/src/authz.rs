@@ -333,6 +333,12 @@ impl PrincipalStore {
             .await
     }
 
+    /// The operator view of principal `name` (active or not); `None` when absent.
+    pub async fn entry(&self, name: &str) -> Result<Option<PrincipalEntry>, Error> {
+        let name = name.to_string();
+        self.store.read(move |conn| entry_conn(conn, &name)).await
+    }
+
     /// The active principal called `name`, re-read now; `None` when absent or inactive.
     pub async fn resolve(&self, name: &str) -> Result<Option<Principal>, Error> {
         let name = name.to_string();

@@ -3,5 +3,7 @@
 
 use toolledger::store::Migration;
 
+pub mod automations;
+
 /// The reference domain's migrations, each module under its own namespace.
-pub const MIGRATIONS: &[Migration] = &[];
+pub const MIGRATIONS: &[Migration] = &[automations::MIGRATIONS[0]];

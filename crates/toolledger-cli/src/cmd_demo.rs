@@ -1,0 +1,274 @@
+//! `toolledger demo [NAME]`: short, self-checking stories on a fresh temporary database.
+//!
+//! Each demo prints what it did and what it read back from the database, and passes only if
+//! the read-back matches the story. Bare `toolledger demo` runs every demo in [`DEMOS`] and
+//! prints one combined object. Exit 0: every check passed; 1: a check failed; 2: the demo
+//! could not run (I/O, database).
+//!
+//! To add a demo: add a variant to [`DemoCmd`], a `fn() -> Result<DemoReport, &'static str>`,
+//! and one entry in [`DEMOS`].
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+use toolledger::authz::PrincipalStore;
+use toolledger::clock::{SharedClock, SystemClock};
+use toolledger::engine::Engine;
+use toolledger::Error;
+
+use crate::common;
+use crate::reference::automations;
+
+/// Arguments of `toolledger demo`.
+#[derive(clap::Args, Debug)]
+pub struct DemoArgs {
+    /// Which demo to run; every demo when omitted.
+    #[command(subcommand)]
+    pub which: Option<DemoCmd>,
+}
+
+/// The demos.
+#[derive(clap::Subcommand, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DemoCmd {
+    /// Seed 000: a committed edit whose reply is lost, the retry through a new store handle
+    /// (replayed), a later edit, and the old retry again (historical result, row unchanged).
+    Receipts,
+}
+
+impl DemoCmd {
+    /// The demo's name in [`DEMOS`].
+    pub fn name(self) -> &'static str {
+        match self {
+            DemoCmd::Receipts => "receipts",
+        }
+    }
+}
+
+/// What one demo reports.
+pub struct DemoReport {
+    /// Whether every check passed.
+    pub ok: bool,
+    /// The JSON summary (steps, read-back, checks).
+    pub summary: Value,
+}
+
+/// A demo: `Err` carries a stable exit-2 code when it could not run at all.
+pub type DemoFn = fn() -> Result<DemoReport, &'static str>;
+
+/// Every demo, in the order bare `toolledger demo` runs them.
+pub const DEMOS: &[(&str, DemoFn)] = &[("receipts", receipts)];
+
+/// Runs `toolledger demo`.
+pub fn run(args: DemoArgs) -> ExitCode {
+    let selected: Vec<&(&str, DemoFn)> = match args.which {
+        Some(cmd) => DEMOS.iter().filter(|(n, _)| *n == cmd.name()).collect(),
+        None => DEMOS.iter().collect(),
+    };
+    let mut all_ok = true;
+    let mut reports = Map::new();
+    for (name, demo) in &selected {
+        match demo() {
+            Ok(r) => {
+                all_ok &= r.ok;
+                reports.insert((*name).to_string(), r.summary);
+            }
+            Err(code) => return common::fail(code),
+        }
+    }
+    let out = if args.which.is_some() && reports.len() == 1 {
+        reports
+            .into_iter()
+            .next()
+            .map(|(_, v)| v)
+            .unwrap_or(Value::Null)
+    } else {
+        json!({"demos": reports, "ok": all_ok})
+    };
+    common::print_json(&out);
+    if all_ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, &'static str> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|_| "RUNTIME_ERROR")
+}
+
+fn error_json(e: &Error) -> Value {
+    json!({"error": {"code": e.code.as_str(), "message": e.message}})
+}
+
+struct Handles {
+    engine: Engine,
+    principals: PrincipalStore,
+}
+
+fn handles(path: &Path) -> Result<Handles, &'static str> {
+    let store = common::open_store(path, None, false).map_err(|e| e.cli_code())?;
+    let clock: SharedClock = Arc::new(SystemClock);
+    Ok(Handles {
+        engine: Engine::new(store.clone(), clock.clone()),
+        principals: PrincipalStore::new(store).with_clock(clock),
+    })
+}
+
+impl Handles {
+    async fn call(&self, tool: &str, args: Value) -> Result<Value, Error> {
+        automations::call_tool(&self.engine, &self.principals, "alice", tool, args).await
+    }
+}
+
+/// Seed 000's story on a fresh temporary SQLite file.
+pub fn receipts() -> Result<DemoReport, &'static str> {
+    let dir = tempfile::tempdir().map_err(|_| "DEMO_IO_ERROR")?;
+    let path = dir.path().join("receipts.sqlite");
+    let rt = runtime()?;
+    let story = rt.block_on(receipts_story(&path))?;
+    let read_back = read_back(&path).map_err(|_| "SQLITE_ERROR")?;
+    let (steps, replies) = match story {
+        Ok(v) => v,
+        Err((steps, e)) => {
+            return Ok(DemoReport {
+                ok: false,
+                summary: json!({"demo": "receipts", "steps": steps, "failed": error_json(&e),
+                                "read_back": read_back, "ok": false}),
+            })
+        }
+    };
+    let [created, retry, later, old_retry] = replies;
+    let id = created["id"].clone();
+    let checks = json!({
+        "lost_reply_retry_replayed": retry["replayed"] == json!(true)
+            && retry == json!({"id": id, "interval_minutes": 30, "version": 2, "replayed": true}),
+        "later_edit_fresh": later == json!({"id": id, "interval_minutes": 60, "version": 3,
+                                            "replayed": false}),
+        "old_retry_returns_historical_result": old_retry == retry,
+        "operations_rows": read_back["operations"] == json!(3),
+        "edit_42_receipts": read_back["edit_42_receipts"] == json!(1),
+        "automation_row_unchanged_by_old_retry": read_back["automation"]
+            == json!({"id": id, "interval_minutes": 60, "version": 3}),
+    });
+    let ok = checks
+        .as_object()
+        .is_some_and(|m| m.values().all(|v| v == &json!(true)));
+    Ok(DemoReport {
+        ok,
+        summary: json!({
+            "demo": "receipts",
+            "steps": steps,
+            "read_back": read_back,
+            "checks": checks,
+            "ok": ok,
+        }),
+    })
+}
+
+type Story = Result<(Vec<Value>, [Value; 4]), (Vec<Value>, Error)>;
+
+async fn receipts_story(path: &Path) -> Result<Story, &'static str> {
+    let mut steps = Vec::new();
+    macro_rules! attempt {
+        ($e:expr) => {
+            match $e {
+                Ok(v) => v,
+                Err(e) => return Ok(Err((steps, e))),
+            }
+        };
+    }
+    let first = handles(path)?;
+    attempt!(
+        first
+            .principals
+            .add(
+                "alice",
+                "team-a",
+                &[],
+                &[automations::SCOPE.to_string()],
+                false
+            )
+            .await
+    );
+    steps.push(json!({"step": "principal add alice --tenant team-a --scope automation:write"}));
+    let created = attempt!(
+        first
+            .call(
+                automations::CREATE_AUTOMATION,
+                json!({"request_id": "create-1", "interval_minutes": 15})
+            )
+            .await
+    );
+    steps.push(json!({"step": "create_automation create-1", "reply": created}));
+    let id = created["id"].clone();
+    let edit_42 = json!({"request_id": "edit-42", "automation_id": id, "expected_version": 1,
+                         "interval_minutes": 30});
+
+    // The handler commits; the reply never reaches the client.
+    let lost = attempt!(first.call(automations::SET_INTERVAL, edit_42.clone()).await);
+    drop(lost);
+    drop(first);
+    steps.push(json!({"step": "set_interval edit-42", "reply": null,
+                      "note": "committed, reply lost in transit"}));
+
+    // The client retries through a new store handle (new connections).
+    let second = handles(path)?;
+    let retry = attempt!(
+        second
+            .call(automations::SET_INTERVAL, edit_42.clone())
+            .await
+    );
+    steps.push(json!({"step": "retry set_interval edit-42 (new store handle)", "reply": retry}));
+
+    let later = attempt!(
+        second
+            .call(
+                automations::SET_INTERVAL,
+                json!({"request_id": "edit-43", "automation_id": id, "expected_version": 2,
+                       "interval_minutes": 60})
+            )
+            .await
+    );
+    steps.push(json!({"step": "set_interval edit-43", "reply": later}));
+
+    let old_retry = attempt!(second.call(automations::SET_INTERVAL, edit_42).await);
+    steps.push(
+        json!({"step": "retry set_interval edit-42 again", "reply": old_retry,
+                      "note": "historical result; the row keeps the newer edit"}),
+    );
+    Ok(Ok((steps, [created, retry, later, old_retry])))
+}
+
+fn read_back(path: &Path) -> rusqlite::Result<Value> {
+    let conn = rusqlite::Connection::open(path)?;
+    let operations: i64 = conn.query_row("SELECT count(*) FROM operations", [], |r| r.get(0))?;
+    let edit_42: i64 = conn.query_row(
+        "SELECT count(*) FROM operations WHERE tool = 'set_interval' AND idempotency_key = 'edit-42'",
+        [],
+        |r| r.get(0),
+    )?;
+    let automation = conn
+        .query_row(
+            "SELECT id, interval_minutes, version FROM automations ORDER BY id LIMIT 1",
+            [],
+            |r| {
+                Ok(
+                    json!({"id": r.get::<_, i64>(0)?, "interval_minutes": r.get::<_, i64>(1)?,
+                          "version": r.get::<_, i64>(2)?}),
+                )
+            },
+        )
+        .unwrap_or(Value::Null);
+    let automations: i64 = conn.query_row("SELECT count(*) FROM automations", [], |r| r.get(0))?;
+    Ok(json!({
+        "operations": operations,
+        "edit_42_receipts": edit_42,
+        "automations": automations,
+        "automation": automation,
+    }))
+}

@@ -1,0 +1,5 @@
+//! The library half of the `toolledger` binary: the shared command plumbing and the reference
+//! tools, so the server, the demos and integration tests use the same code.
+
+pub mod common;
+pub mod reference;
