@@ -44,6 +44,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::clock::SharedClock;
+use crate::digest::sha256_hex;
 use crate::effect::{db_error, EffectTx, SqliteEffectTx};
 use crate::model::{Error, ErrorCode, OperationState, Principal, ToolContract};
 use crate::store::sqlite::SqliteStore;
@@ -636,30 +637,14 @@ impl Prepared {
     }
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::{Digest, Sha256};
-    hex::encode(Sha256::digest(bytes))
-}
-
-/// The request digest: SHA-256 of the canonical business intent (tenant, subject, tool,
-/// arguments, input/output/effect revisions). The key is not part of it.
+/// The request digest of DESIGN §2 (see [`crate::digest::request_digest`]).
 fn request_digest(
     principal: &Principal,
     contract: &ToolContract,
     arguments: &Value,
 ) -> Result<String, Error> {
-    let intent = serde_json::json!({
-        "tenant": principal.tenant,
-        "subject": principal.subject,
-        "tool": contract.name,
-        "arguments": arguments,
-        "input_rev": contract.input_rev,
-        "output_rev": contract.output_rev,
-        "effect_rev": contract.effect_rev,
-    });
-    let text = crate::json::canonical_string(&intent)
-        .map_err(|e| Error::invalid(format!("arguments: {}", e.message)))?;
-    Ok(sha256_hex(text.as_bytes()))
+    crate::digest::request_digest(&principal.tenant, &principal.subject, contract, arguments)
+        .map_err(|e| Error::invalid(format!("arguments: {}", e.message)))
 }
 
 fn encode_result(result: &Value) -> Result<(String, String), Error> {
