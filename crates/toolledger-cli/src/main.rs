@@ -1,6 +1,7 @@
 //! The `toolledger` binary: reference MCP server, outbox worker, operator commands, demos and
 //! benchmarks.
 
+mod cmd_bench;
 mod cmd_call;
 mod cmd_demo;
 mod cmd_fingerprint;
@@ -28,6 +29,8 @@ enum Command {
         #[command(subcommand)]
         cmd: cmd_principal::PrincipalCmd,
     },
+    /// Measure throughput and latency of the ledger's hot paths (one JSON line per workload).
+    Bench(cmd_bench::BenchArgs),
     /// Invoke one reference tool through the ledger, without MCP.
     Call(cmd_call::CallArgs),
     /// Run self-checking demos on a fresh temporary database.
@@ -46,6 +49,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Principal { cmd } => cmd_principal::run(cmd),
+        Command::Bench(args) => cmd_bench::run(args),
         Command::Call(args) => cmd_call::run(args),
         Command::Demo(args) => cmd_demo::run(args),
         Command::Fingerprint => cmd_fingerprint::run(),

@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -100,6 +101,25 @@ struct Pending {
 
 type Job = Box<dyn FnOnce(Option<&Connection>) -> Pending + Send>;
 
+/// Counters kept by the writer thread since the store was opened (for benchmarks and tests
+/// that check batching).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    /// Write transactions the writer has started.
+    pub batches: u64,
+    /// Write jobs those transactions carried.
+    pub jobs: u64,
+    /// The most jobs one transaction carried.
+    pub largest_batch: u64,
+}
+
+#[derive(Default)]
+struct StatCounters {
+    batches: AtomicU64,
+    jobs: AtomicU64,
+    largest_batch: AtomicU64,
+}
+
 struct Inner {
     path: PathBuf,
     backend_id: String,
@@ -107,6 +127,7 @@ struct Inner {
     writer: Mutex<Option<JoinHandle<()>>>,
     readers: Mutex<Vec<Connection>>,
     max_readers: usize,
+    stats: Arc<StatCounters>,
 }
 
 impl Drop for Inner {
@@ -377,9 +398,11 @@ impl SqliteStore {
         let backend_id = bootstrap(&mut conn, &opts)?;
 
         let (sender, receiver) = crossbeam_channel::unbounded::<Job>();
+        let stats = Arc::new(StatCounters::default());
+        let writer_stats = stats.clone();
         let writer = std::thread::Builder::new()
             .name("toolledger-sqlite-writer".into())
-            .spawn(move || writer_loop(conn, receiver))
+            .spawn(move || writer_loop(conn, receiver, &writer_stats))
             .map_err(|_| StoreError::Unavailable("cannot start writer thread".into()))?;
 
         Ok(SqliteStore {
@@ -390,6 +413,7 @@ impl SqliteStore {
                 writer: Mutex::new(Some(writer)),
                 readers: Mutex::new(Vec::new()),
                 max_readers: opts.readers.max(1),
+                stats,
             }),
         })
     }
@@ -403,6 +427,24 @@ impl SqliteStore {
     /// callers).
     pub fn path(&self) -> &Path {
         &self.inner.path
+    }
+
+    /// What the writer thread has done since the store was opened.
+    pub fn writer_stats(&self) -> WriterStats {
+        let c = &self.inner.stats;
+        WriterStats {
+            batches: c.batches.load(Ordering::Relaxed),
+            jobs: c.jobs.load(Ordering::Relaxed),
+            largest_batch: c.largest_batch.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Write jobs submitted and not yet taken by the writer thread.
+    pub fn queued_writes(&self) -> usize {
+        match self.inner.sender.lock() {
+            Ok(guard) => guard.as_ref().map_or(0, |s| s.len()),
+            Err(_) => 0,
+        }
     }
 
     fn submit(&self, job: Job) -> Result<(), StoreError> {
@@ -534,7 +576,7 @@ impl SqliteStore {
     }
 }
 
-fn writer_loop(conn: Connection, receiver: crossbeam_channel::Receiver<Job>) {
+fn writer_loop(conn: Connection, receiver: crossbeam_channel::Receiver<Job>, stats: &StatCounters) {
     while let Ok(first) = receiver.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -543,6 +585,11 @@ fn writer_loop(conn: Connection, receiver: crossbeam_channel::Receiver<Job>) {
                 Err(_) => break,
             }
         }
+        // Counted before the batch runs, so a caller that has been answered sees its batch.
+        let n = batch.len() as u64;
+        stats.batches.fetch_add(1, Ordering::Relaxed);
+        stats.jobs.fetch_add(n, Ordering::Relaxed);
+        stats.largest_batch.fetch_max(n, Ordering::Relaxed);
         run_batch(&conn, batch);
     }
 }

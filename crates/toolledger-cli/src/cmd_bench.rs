@@ -1,0 +1,425 @@
+//! `toolledger bench`: throughput and latency of the ledger's hot paths (DESIGN §8).
+//!
+//! Every workload runs against its own fresh database file in `--db-dir` (default: the system
+//! temporary directory), with the store's production pragmas (`journal_mode=WAL`,
+//! `synchronous=FULL`). One JSON line per workload goes to stdout; a progress bar goes to
+//! stderr only when stderr is a terminal.
+//!
+//! Workloads:
+//! - `ceiling`: a raw one-row `INSERT` + `COMMIT` loop on one connection with the same pragmas
+//!   on the same disk, the durable single-commit ceiling every other line is compared with. It
+//!   is sequential by definition and always runs at concurrency 1.
+//! - `fresh`: distinct keys through [`Engine::execute_inline`] with an inline effect inserting
+//!   one row; each call is durable before it is answered (group commit shares the fsyncs).
+//! - `replay`: exact retries of already-applied operations (the read-pool fast path).
+//! - `conflict`: a known key with different arguments (`operation_conflict`, read path).
+//!
+//! Only the SQLite backend exists today; `--backend` is an explicit choice so a PostgreSQL
+//! backend can be added without changing the command line or the output.
+
+mod ack;
+mod report;
+mod run;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+use toolledger::clock::{SharedClock, SystemClock};
+use toolledger::effect::EffectTx;
+use toolledger::engine::{Engine, InlineCall, InlineEffect};
+use toolledger::store::sqlite::{OpenOptions, SqliteStore};
+use toolledger::store::Migration;
+use toolledger::{Error, ErrorCode, Principal, ToolContract};
+
+pub use report::Report;
+use run::{drive, Measured};
+
+/// The table the benchmark's inline effect writes to (namespace `bench`).
+pub const BENCH_MIGRATIONS: &[Migration] = &[Migration {
+    namespace: "bench",
+    version: 1,
+    sql: "CREATE TABLE bench_effects (
+    id            INTEGER PRIMARY KEY,
+    operation_key TEXT    NOT NULL UNIQUE CHECK (length(operation_key) BETWEEN 1 AND 256),
+    n             INTEGER NOT NULL,
+    created_at    INTEGER NOT NULL
+) STRICT;",
+}];
+
+/// The tool name the benchmark's operations are recorded under.
+pub const BENCH_TOOL: &str = "bench_write";
+
+/// A workload `toolledger bench` can run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum Workload {
+    /// Raw one-row INSERT + COMMIT loop (the durable single-commit ceiling).
+    Ceiling,
+    /// Distinct keys, inline effect, durable.
+    Fresh,
+    /// Exact retries of applied operations.
+    Replay,
+    /// A known key with a different intent.
+    Conflict,
+}
+
+impl Workload {
+    fn name(self) -> &'static str {
+        match self {
+            Workload::Ceiling => "ceiling",
+            Workload::Fresh => "fresh",
+            Workload::Replay => "replay",
+            Workload::Conflict => "conflict",
+        }
+    }
+}
+
+/// The storage backend a benchmark runs against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    /// The embedded SQLite store.
+    Sqlite,
+    /// PostgreSQL (not built yet: refused with a clear error).
+    Postgres,
+}
+
+/// Options of `toolledger bench`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Workload to run (repeatable). Default: every available workload.
+    #[arg(long = "workload", value_enum)]
+    pub workloads: Vec<Workload>,
+    /// Callers in flight (repeatable). Default: 1 and 64.
+    #[arg(long = "concurrency")]
+    pub concurrency: Vec<usize>,
+    /// Operations per workload and concurrency.
+    #[arg(long, default_value_t = 5000)]
+    pub ops: usize,
+    /// Storage backend.
+    #[arg(long, value_enum, default_value = "sqlite")]
+    pub backend: Backend,
+    /// Directory for the benchmark databases (default: the system temporary directory). Use
+    /// the disk you want to measure; the ceiling line runs on the same directory.
+    #[arg(long)]
+    pub db_dir: Option<PathBuf>,
+    /// Testing aid: run fresh operations against this database and print each key on stdout
+    /// as soon as its operation is acknowledged (durable), instead of measuring.
+    #[arg(long, hide = true)]
+    pub ack_db: Option<PathBuf>,
+}
+
+/// Runs `toolledger bench`.
+pub fn run(args: BenchArgs) -> ExitCode {
+    if args.backend == Backend::Postgres {
+        eprintln!(
+            "{}",
+            json!({"error": {"code": "BACKEND_UNAVAILABLE",
+                "message": "the postgres backend is not part of this build"}})
+        );
+        return ExitCode::from(2);
+    }
+    if args.ops == 0 || args.concurrency.contains(&0) {
+        eprintln!(
+            "{}",
+            json!({"error": {"code": "INVALID_ARGUMENTS",
+                "message": "--ops and --concurrency must be at least 1"}})
+        );
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(_) => return crate::common::fail("RUNTIME_ERROR"),
+    };
+    if let Some(path) = args.ack_db.clone() {
+        let concurrency = args.concurrency.first().copied().unwrap_or(64);
+        return runtime.block_on(ack::run(path, concurrency, args.ops));
+    }
+    match runtime.block_on(run_all(&args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(code) => crate::common::fail(code),
+    }
+}
+
+fn plan(args: &BenchArgs) -> (Vec<Workload>, Vec<usize>) {
+    let mut workloads = if args.workloads.is_empty() {
+        vec![
+            Workload::Ceiling,
+            Workload::Fresh,
+            Workload::Replay,
+            Workload::Conflict,
+        ]
+    } else {
+        args.workloads.clone()
+    };
+    // The ceiling runs first so every later line can carry its ratio to it.
+    workloads.sort();
+    workloads.dedup();
+    let mut concurrency = if args.concurrency.is_empty() {
+        vec![1, 64]
+    } else {
+        args.concurrency.clone()
+    };
+    concurrency.dedup();
+    (workloads, concurrency)
+}
+
+async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
+    let dir = match &args.db_dir {
+        Some(d) => tempfile::Builder::new()
+            .prefix("toolledger-bench-")
+            .tempdir_in(d),
+        None => tempfile::Builder::new()
+            .prefix("toolledger-bench-")
+            .tempdir(),
+    }
+    .map_err(|_| "DATABASE_IO_ERROR")?;
+    let (workloads, concurrency) = plan(args);
+    let mut ceiling: Option<f64> = None;
+    let mut seq = 0usize;
+    for workload in workloads {
+        let levels: &[usize] = if workload == Workload::Ceiling {
+            &[1]
+        } else {
+            &concurrency
+        };
+        for &c in levels {
+            seq += 1;
+            let db = dir
+                .path()
+                .join(format!("{seq:02}-{}-c{c}.sqlite", workload.name()));
+            report::reset_peak_rss();
+            let reports = match workload {
+                Workload::Ceiling => vec![ceiling_loop(db, args.ops).await?],
+                Workload::Fresh => vec![fresh(db, c, args.ops).await?],
+                Workload::Replay => vec![replay(db, c, args.ops).await?],
+                Workload::Conflict => vec![conflict(db, c, args.ops).await?],
+            };
+            for mut r in reports {
+                if workload == Workload::Ceiling {
+                    ceiling = Some(r.ops_per_sec);
+                }
+                r.ratio_to_ceiling = ceiling.map(|base| round2(r.ops_per_sec / base));
+                r.print();
+            }
+        }
+    }
+    Ok(())
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// The inline effect of the benchmark: one row in `bench_effects`.
+pub struct BenchEffect {
+    key: String,
+    n: i64,
+}
+
+impl BenchEffect {
+    /// An effect recording `key`.
+    pub fn new(key: String, n: i64) -> Self {
+        BenchEffect { key, n }
+    }
+}
+
+impl InlineEffect for BenchEffect {
+    fn apply(&self, tx: &mut dyn EffectTx, _principal: &Principal) -> Result<Value, Error> {
+        let rows = tx.query(
+            "INSERT INTO bench_effects(operation_key, n, created_at) VALUES (?1, ?2, unixepoch())
+             RETURNING id",
+            &[self.key.as_str().into(), self.n.into()],
+        )?;
+        let id = rows
+            .first()
+            .and_then(|r| r.first())
+            .and_then(|v| v.as_i64())
+            .ok_or_else(|| Error::unavailable("effect row id missing"))?;
+        Ok(json!({"effect_id": id, "n": self.n}))
+    }
+}
+
+/// Opens a benchmark database with the bench table.
+pub fn open_bench_store(path: &std::path::Path) -> Result<SqliteStore, &'static str> {
+    SqliteStore::open(
+        path,
+        OpenOptions::new("sqlite:bench").with_migrations(BENCH_MIGRATIONS),
+    )
+    .map_err(|e| e.cli_code())
+}
+
+/// An engine over a benchmark database.
+pub fn bench_engine(path: &std::path::Path) -> Result<Engine, &'static str> {
+    let clock: SharedClock = Arc::new(SystemClock);
+    Ok(Engine::new(open_bench_store(path)?, clock))
+}
+
+fn principal() -> Principal {
+    Principal {
+        tenant: "bench".into(),
+        subject: "bench-caller".into(),
+        roles: Default::default(),
+        scopes: Default::default(),
+    }
+}
+
+/// The call for operation `n` under `key`; `variant` changes the intent (for conflicts).
+pub fn bench_call(key: String, n: i64, variant: bool) -> InlineCall {
+    let arguments = if variant {
+        json!({"n": n, "variant": true})
+    } else {
+        json!({"n": n})
+    };
+    InlineCall {
+        principal: principal(),
+        contract: ToolContract::uniform(BENCH_TOOL, "1"),
+        key,
+        arguments,
+        fingerprint: None,
+        authority_deadline: None,
+        retention_deadline: None,
+        shared_key_namespace: false,
+    }
+}
+
+/// One fresh operation; `Ok(true)` when it was applied now (not replayed).
+pub async fn fresh_op(engine: &Engine, key: String, n: i64) -> Result<bool, Error> {
+    let effect: Arc<dyn InlineEffect> = Arc::new(BenchEffect::new(key.clone(), n));
+    let outcome = engine
+        .execute_inline(bench_call(key, n, false), effect)
+        .await?;
+    Ok(!outcome.replayed)
+}
+
+fn key_of(prefix: &str, i: usize) -> String {
+    format!("{prefix}-{i:08}")
+}
+
+async fn ceiling_loop(db: PathBuf, ops: usize) -> Result<Report, &'static str> {
+    let progress = run::progress("ceiling", 1, ops);
+    let bar = progress.clone();
+    let measured = tokio::task::spawn_blocking(move || -> Result<Measured, &'static str> {
+        let conn = toolledger::store::sqlite::connect(&db).map_err(|e| e.cli_code())?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS ceiling (
+                 id INTEGER PRIMARY KEY,
+                 k TEXT NOT NULL UNIQUE,
+                 created_at INTEGER NOT NULL
+             ) STRICT;",
+        )
+        .map_err(|_| "SQLITE_ERROR")?;
+        let mut lat = Vec::with_capacity(ops);
+        let started = Instant::now();
+        for i in 0..ops {
+            let t0 = Instant::now();
+            conn.execute_batch("BEGIN IMMEDIATE")
+                .map_err(|_| "SQLITE_ERROR")?;
+            conn.prepare_cached("INSERT INTO ceiling(k, created_at) VALUES (?1, unixepoch())")
+                .and_then(|mut s| s.execute([key_of("ceiling", i)]))
+                .map_err(|_| "SQLITE_ERROR")?;
+            conn.execute_batch("COMMIT").map_err(|_| "SQLITE_ERROR")?;
+            lat.push(t0.elapsed().as_micros() as u64);
+            bar.inc(1);
+        }
+        Ok(Measured {
+            elapsed: started.elapsed(),
+            latencies_us: lat,
+            failed: 0,
+        })
+    })
+    .await
+    .map_err(|_| "BENCH_FAILED")??;
+    progress.finish_and_clear();
+    Ok(Report::new("ceiling", 1, ops, measured))
+}
+
+async fn fresh(db: PathBuf, concurrency: usize, ops: usize) -> Result<Report, &'static str> {
+    let engine = bench_engine(&db)?;
+    let measured = drive("fresh", concurrency, ops, move |i| {
+        let engine = engine.clone();
+        async move {
+            matches!(
+                fresh_op(&engine, key_of("fresh", i), i as i64).await,
+                Ok(true)
+            )
+        }
+    })
+    .await;
+    Ok(Report::new("fresh", concurrency, ops, measured))
+}
+
+/// Applies `count` operations (untimed) so replays and conflicts have something to find.
+async fn seed(engine: &Engine, count: usize) -> Result<(), &'static str> {
+    let measured = drive("seed", 64, count, {
+        let engine = engine.clone();
+        move |i| {
+            let engine = engine.clone();
+            async move { fresh_op(&engine, key_of("seed", i), i as i64).await.is_ok() }
+        }
+    })
+    .await;
+    if measured.failed > 0 {
+        return Err("BENCH_SEED_FAILED");
+    }
+    Ok(())
+}
+
+/// How many distinct operations replays and conflicts cycle through.
+fn seeded(ops: usize) -> usize {
+    ops.clamp(1, 1000)
+}
+
+async fn replay(db: PathBuf, concurrency: usize, ops: usize) -> Result<Report, &'static str> {
+    let engine = bench_engine(&db)?;
+    let k = seeded(ops);
+    seed(&engine, k).await?;
+    let measured = drive("replay", concurrency, ops, move |i| {
+        let engine = engine.clone();
+        async move {
+            let n = i % k;
+            let effect: Arc<dyn InlineEffect> =
+                Arc::new(BenchEffect::new(key_of("seed", n), n as i64));
+            matches!(
+                engine
+                    .execute_inline(bench_call(key_of("seed", n), n as i64, false), effect)
+                    .await,
+                Ok(o) if o.replayed
+            )
+        }
+    })
+    .await;
+    Ok(Report::new("replay", concurrency, ops, measured))
+}
+
+async fn conflict(db: PathBuf, concurrency: usize, ops: usize) -> Result<Report, &'static str> {
+    let engine = bench_engine(&db)?;
+    let k = seeded(ops);
+    seed(&engine, k).await?;
+    let measured = drive("conflict", concurrency, ops, move |i| {
+        let engine = engine.clone();
+        async move {
+            let n = i % k;
+            let effect: Arc<dyn InlineEffect> =
+                Arc::new(BenchEffect::new(key_of("seed", n), n as i64));
+            matches!(
+                engine
+                    .execute_inline(bench_call(key_of("seed", n), n as i64, true), effect)
+                    .await,
+                Err(e) if e.code == ErrorCode::OperationConflict
+            )
+        }
+    })
+    .await;
+    Ok(Report::new("conflict", concurrency, ops, measured))
+}
+
+/// Whether stderr is a terminal (the progress bar is drawn only then).
+pub fn stderr_is_terminal() -> bool {
+    std::io::stderr().is_terminal()
+}

@@ -1,0 +1,111 @@
+//! One JSON line per workload, and peak RSS from `/proc`.
+
+use serde::Serialize;
+
+use super::run::Measured;
+
+/// One workload's result line.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Workload name.
+    pub workload: String,
+    /// Storage backend.
+    pub backend: &'static str,
+    /// Callers in flight.
+    pub concurrency: usize,
+    /// Calls made.
+    pub ops: usize,
+    /// Calls that ended as the workload expects.
+    pub succeeded: usize,
+    /// Calls that did not.
+    pub failed: usize,
+    /// Wall time of the measured part.
+    pub seconds: f64,
+    /// `ops / seconds`.
+    pub ops_per_sec: f64,
+    /// Median latency (µs).
+    pub p50_us: u64,
+    /// 99th-percentile latency (µs).
+    pub p99_us: u64,
+    /// Peak resident set of this process during the workload (MiB).
+    pub peak_rss_mb: f64,
+    /// Peak resident set of the server child, for workloads that run one (MiB).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_peak_rss_mb: Option<f64>,
+    /// `ops_per_sec` divided by the ceiling line's, when the ceiling ran in this invocation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratio_to_ceiling: Option<f64>,
+    /// The `synchronous` pragma every connection ran with.
+    pub synchronous: &'static str,
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+impl Report {
+    /// A report for `workload` from what was measured.
+    pub fn new(workload: &str, concurrency: usize, ops: usize, mut m: Measured) -> Report {
+        m.latencies_us.sort_unstable();
+        let seconds = m.elapsed.as_secs_f64().max(1e-9);
+        Report {
+            workload: workload.to_string(),
+            backend: "sqlite",
+            concurrency,
+            ops,
+            succeeded: ops.saturating_sub(m.failed),
+            failed: m.failed,
+            seconds: (seconds * 1000.0).round() / 1000.0,
+            ops_per_sec: (ops as f64 / seconds).round(),
+            p50_us: percentile(&m.latencies_us, 50.0),
+            p99_us: percentile(&m.latencies_us, 99.0),
+            peak_rss_mb: peak_rss_mb("self").unwrap_or(0.0),
+            server_peak_rss_mb: None,
+            ratio_to_ceiling: None,
+            synchronous: "full",
+        }
+    }
+
+    /// Prints the line on stdout.
+    pub fn print(&self) {
+        match serde_json::to_string(self) {
+            Ok(line) => println!("{line}"),
+            Err(_) => println!(
+                "{{\"workload\":\"{}\",\"error\":\"unprintable\"}}",
+                self.workload
+            ),
+        }
+    }
+}
+
+/// Peak resident set (`VmHWM`) of `/proc/<pid>/status`, in MiB with one decimal.
+pub fn peak_rss_mb(pid: &str) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some((kb / 1024.0 * 10.0).round() / 10.0)
+}
+
+/// Resets this process's peak-RSS mark to its current RSS, so each workload reports its own
+/// peak (Linux ≥ 4.0; ignored elsewhere).
+pub fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_use_the_nearest_rank() {
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&v, 50.0), 50);
+        assert_eq!(percentile(&v, 99.0), 99);
+        assert_eq!(percentile(&[7], 99.0), 7);
+        assert_eq!(percentile(&[], 50.0), 0);
+    }
+}

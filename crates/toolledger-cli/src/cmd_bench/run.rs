@@ -1,0 +1,111 @@
+//! Driving a workload: `concurrency` callers pull operation numbers from one counter until
+//! `ops` have run, each timing its own calls.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// What one workload run measured.
+#[derive(Debug)]
+pub struct Measured {
+    /// Wall time from the first call to the last answer.
+    pub elapsed: Duration,
+    /// Latency of every call, in microseconds.
+    pub latencies_us: Vec<u64>,
+    /// Calls that did not end as the workload expects.
+    pub failed: usize,
+}
+
+/// A progress bar on stderr, drawn only when stderr is a terminal.
+#[derive(Clone)]
+pub struct Progress(Option<ProgressBar>);
+
+impl Progress {
+    /// Advances the bar by `n`.
+    pub fn inc(&self, n: u64) {
+        if let Some(b) = &self.0 {
+            b.inc(n);
+        }
+    }
+
+    /// Removes the bar.
+    pub fn finish_and_clear(&self) {
+        if let Some(b) = &self.0 {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// A progress bar for `label` at `concurrency` over `ops` calls.
+pub fn progress(label: &str, concurrency: usize, ops: usize) -> Progress {
+    if !super::stderr_is_terminal() {
+        return Progress(None);
+    }
+    let bar = ProgressBar::new(ops as u64);
+    if let Ok(style) =
+        ProgressStyle::with_template("{prefix:>18} {bar:40} {pos}/{len} {per_sec} eta {eta}")
+    {
+        bar.set_style(style);
+    }
+    bar.set_prefix(format!("{label} c={concurrency}"));
+    Progress(Some(bar))
+}
+
+/// Runs `op(0)`, …, `op(ops - 1)` with `concurrency` callers in flight. `op` returns whether
+/// the call ended as the workload expects.
+pub async fn drive<F, Fut>(label: &str, concurrency: usize, ops: usize, op: F) -> Measured
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = bool> + Send + 'static,
+{
+    let bar = progress(label, concurrency, ops);
+    let op = Arc::new(op);
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut callers = Vec::with_capacity(concurrency);
+    for _ in 0..concurrency {
+        let op = op.clone();
+        let next = next.clone();
+        let bar = bar.clone();
+        callers.push(tokio::spawn(async move {
+            let mut latencies = Vec::with_capacity(ops / concurrency + 1);
+            let mut failed = 0usize;
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= ops {
+                    break;
+                }
+                let t0 = Instant::now();
+                if !op(i).await {
+                    failed += 1;
+                }
+                latencies.push(t0.elapsed().as_micros() as u64);
+                bar.inc(1);
+            }
+            (latencies, failed)
+        }));
+    }
+    let mut latencies_us = Vec::with_capacity(ops);
+    let mut failed = 0;
+    for caller in callers {
+        match caller.await {
+            Ok((lat, f)) => {
+                latencies_us.extend(lat);
+                failed += f;
+            }
+            Err(_) => failed += 1,
+        }
+    }
+    let elapsed = started.elapsed();
+    bar.finish_and_clear();
+    // A caller that panicked took its unanswered operations with it.
+    failed += ops.saturating_sub(latencies_us.len() + failed);
+    Measured {
+        elapsed,
+        latencies_us,
+        failed,
+    }
+}
