@@ -2,4 +2,5 @@
 //! tools, so the server, the demos and integration tests use the same code.
 
 pub mod common;
+pub mod fixture;
 pub mod reference;
