@@ -1,0 +1,119 @@
+//! `toolledger bench` prints one well-formed JSON line per workload and concurrency, every
+//! operation ends as the workload expects, and bad options are refused with a stable code.
+//! Correctness only: no figure is asserted.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn bench(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_toolledger"))
+        .arg("bench")
+        .args(args)
+        .output()
+        .expect("run toolledger bench")
+}
+
+#[test]
+fn every_workload_prints_a_complete_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = bench(&["--ops", "200", "--db-dir", dir.path().to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "no progress bar when stderr is not a terminal"
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let mut seen = BTreeSet::new();
+    let mut ceiling = None;
+    for line in stdout.lines() {
+        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        let workload = v["workload"].as_str().unwrap().to_string();
+        let concurrency = v["concurrency"].as_u64().unwrap();
+        assert_eq!(v["backend"], "sqlite", "{line}");
+        assert_eq!(v["ops"], 200, "{line}");
+        assert_eq!(v["succeeded"], 200, "{line}");
+        assert_eq!(v["failed"], 0, "{line}");
+        assert_eq!(v["synchronous"], "full", "{line}");
+        let seconds = v["seconds"].as_f64().unwrap();
+        let rate = v["ops_per_sec"].as_f64().unwrap();
+        assert!(seconds > 0.0 && rate > 0.0, "{line}");
+        let (p50, p99) = (v["p50_us"].as_u64().unwrap(), v["p99_us"].as_u64().unwrap());
+        assert!(p50 <= p99, "{line}");
+        assert!(v["peak_rss_mb"].as_f64().unwrap() > 0.0, "{line}");
+        let ratio = v["ratio_to_ceiling"].as_f64().unwrap();
+        if workload == "ceiling" {
+            assert_eq!(concurrency, 1);
+            assert_eq!(ratio, 1.0);
+            ceiling = Some(rate);
+        } else {
+            let base = ceiling.expect("the ceiling line comes first");
+            assert!((ratio - rate / base).abs() < 0.01 + ratio * 0.01, "{line}");
+        }
+        assert!(
+            seen.insert((workload, concurrency)),
+            "duplicate line {line}"
+        );
+    }
+    let expected: BTreeSet<(String, u64)> = [
+        ("ceiling", 1),
+        ("fresh", 1),
+        ("fresh", 64),
+        ("replay", 1),
+        ("replay", 64),
+        ("conflict", 1),
+        ("conflict", 64),
+    ]
+    .into_iter()
+    .map(|(w, c)| (w.to_string(), c))
+    .collect();
+    assert!(expected.is_subset(&seen), "{seen:?}");
+    // The benchmark's databases live in a temporary directory inside --db-dir and are removed.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn selected_workloads_and_concurrency_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = bench(&[
+        "--workload",
+        "replay",
+        "--concurrency",
+        "3",
+        "--ops",
+        "50",
+        "--db-dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0]["workload"], "replay");
+    assert_eq!(lines[0]["concurrency"], 3);
+    assert_eq!(lines[0]["succeeded"], 50);
+    assert!(lines[0].get("ratio_to_ceiling").is_none(), "no ceiling ran");
+}
+
+#[test]
+fn bad_options_are_refused_with_a_stable_code() {
+    for (args, code) in [
+        (&["--backend", "postgres"][..], "BACKEND_UNAVAILABLE"),
+        (&["--ops", "0"][..], "INVALID_ARGUMENTS"),
+        (&["--concurrency", "0"][..], "INVALID_ARGUMENTS"),
+    ] {
+        let out = bench(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(out.stdout.is_empty());
+        let err: Value = serde_json::from_slice(&out.stderr).unwrap();
+        assert_eq!(err["error"]["code"], code, "{args:?}");
+    }
+}
