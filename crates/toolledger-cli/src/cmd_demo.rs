@@ -35,6 +35,9 @@ pub enum DemoCmd {
     /// Seed 000: a committed edit whose reply is lost, the retry through a new store handle
     /// (replayed), a later edit, and the old retry again (historical result, row unchanged).
     Receipts,
+    /// Seed 003: a multi-round create_issue whose reply is lost after commit, recovered by
+    /// status and an exact replay through the server binary; then the unguarded control.
+    LostReply,
 }
 
 impl DemoCmd {
@@ -42,6 +45,7 @@ impl DemoCmd {
     pub fn name(self) -> &'static str {
         match self {
             DemoCmd::Receipts => "receipts",
+            DemoCmd::LostReply => "lost-reply",
         }
     }
 }
@@ -58,7 +62,10 @@ pub struct DemoReport {
 pub type DemoFn = fn() -> Result<DemoReport, &'static str>;
 
 /// Every demo, in the order bare `toolledger demo` runs them.
-pub const DEMOS: &[(&str, DemoFn)] = &[("receipts", receipts)];
+pub const DEMOS: &[(&str, DemoFn)] = &[
+    ("lost-reply", crate::demo_lost_reply::run),
+    ("receipts", receipts),
+];
 
 /// Runs `toolledger demo`.
 pub fn run(args: DemoArgs) -> ExitCode {

@@ -1,0 +1,170 @@
+//! `toolledger serve`: the reference MCP server (DESIGN §5), on stdio or streamable HTTP.
+//!
+//! stdio by default, with the caller named by `--principal` and re-resolved from the principal
+//! store on every call. `--http ADDR` serves streamable HTTP at `/mcp`, mapping
+//! `Authorization: Bearer` tokens to principals (unknown or missing token → 401 before any
+//! dispatch). Both MCP 2026-07-28 (no initialize, multi-round) and the older initialize
+//! lifecycle are served; in the latter, `create_issue` answers `continuation_unsupported`
+//! because its second round needs `input_required`.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::ServiceExt;
+use toolledger::authz::PrincipalStore;
+use toolledger::clock::{ManualClock, SharedClock, SystemClock};
+use toolledger::engine::Engine;
+use toolledger_mcp::{bearer_auth, CallerSource, Guard, GuardConfig, KeyMaterial, LedgerServer};
+
+use crate::common::{self, StoreArgs};
+use crate::reference::tools::{registry, Fault, Faults, ToolEnv};
+
+/// Options of `toolledger serve`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Principal the stdio caller acts as (resolved from the principal store on each call).
+    #[arg(long)]
+    pub principal: Option<String>,
+    /// Serve streamable HTTP at `http://ADDR/mcp` with bearer tokens instead of stdio.
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<SocketAddr>,
+    /// Pin the clock to this Unix second (testing aid; production uses wall time).
+    #[arg(long, value_name = "SECS")]
+    pub clock_epoch: Option<i64>,
+    /// Seconds an operation may write (including exact replays) after its first round.
+    #[arg(long, default_value_t = 86_400, value_parser = clap::value_parser!(i64).range(1..))]
+    pub authority_ttl: i64,
+    /// Seconds a stored result is replayed after the operation's first round.
+    #[arg(long, default_value_t = 604_800, value_parser = clap::value_parser!(i64).range(1..))]
+    pub replay_ttl: i64,
+    /// Seconds a sealed requestState stays valid.
+    #[arg(long, default_value_t = 3_600, value_parser = clap::value_parser!(i64).range(1..))]
+    pub request_state_ttl: i64,
+    /// Run the same tools with no ledger: the control that shows duplicate effects.
+    #[arg(long)]
+    pub unguarded: bool,
+    /// Testing aid: crash at a named point (repeatable). Never fires on a replay.
+    #[arg(long, value_enum, value_name = "POINT")]
+    pub fault: Vec<Fault>,
+}
+
+/// Runs the server until stdin closes (stdio) or the process is stopped (HTTP).
+pub fn run(args: ServeArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(_) => return common::fail("RUNTIME_ERROR"),
+    };
+    let code = runtime.block_on(serve(args));
+    // A pending stdin read cannot be cancelled; do not wait for it.
+    std::process::exit(match code {
+        Ok(()) => 0,
+        Err(code) => code,
+    });
+}
+
+fn fail_code(code: &str) -> i32 {
+    eprintln!("{}", serde_json::json!({"error": {"code": code}}));
+    2
+}
+
+async fn serve(args: ServeArgs) -> Result<(), i32> {
+    let store = args
+        .store
+        .open_with(false)
+        .map_err(|e| fail_code(e.cli_code()))?;
+    let keys = KeyMaterial::load(Some(&args.store.db)).map_err(|e| {
+        eprintln!(
+            "{}",
+            serde_json::json!({"error": {"code": "KEY_ERROR", "message": e.to_string()}})
+        );
+        2
+    })?;
+    let clock: SharedClock = match args.clock_epoch {
+        Some(epoch) => Arc::new(ManualClock::new(epoch)),
+        None => Arc::new(SystemClock),
+    };
+    let faults = Faults::from_list(&args.fault);
+    let mut engine = Engine::new(store.clone(), clock.clone());
+    if let Some(hook) = faults.engine_hook() {
+        engine = engine.with_fault_hook(hook);
+    }
+    let config = GuardConfig {
+        authority_ttl: args.authority_ttl,
+        retention_ttl: args.replay_ttl,
+        request_state_ttl: args.request_state_ttl,
+        shared_key_namespace: true,
+    };
+    let guard = Guard::new(engine, &keys, config).map_err(|_| fail_code("KEY_ERROR"))?;
+    let principals = PrincipalStore::new(store.clone()).with_clock(clock);
+    let env = ToolEnv {
+        guard,
+        faults,
+        unguarded: args.unguarded,
+        principals: principals.clone(),
+    };
+    let tools = registry(&env);
+    match args.http {
+        None => {
+            let Some(name) = args.principal.clone() else {
+                return Err(fail_code("PRINCIPAL_REQUIRED"));
+            };
+            let server = LedgerServer::new(
+                "toolledger",
+                tools,
+                principals,
+                CallerSource::Configured(name),
+            );
+            let running = server
+                .serve(rmcp::transport::stdio())
+                .await
+                .map_err(|_| 0)?;
+            let _ = running.waiting().await;
+            Ok(())
+        }
+        Some(addr) => serve_http(addr, tools, principals).await,
+    }
+}
+
+async fn serve_http(
+    addr: SocketAddr,
+    tools: Vec<Arc<dyn toolledger_mcp::McpTool>>,
+    principals: PrincipalStore,
+) -> Result<(), i32> {
+    let server = LedgerServer::new(
+        "toolledger",
+        tools,
+        principals.clone(),
+        CallerSource::BearerToken,
+    );
+    let config = StreamableHttpServerConfig::default()
+        .with_json_response(true)
+        .with_sse_keep_alive(None);
+    let service = StreamableHttpService::new(
+        move || Ok(server.clone()),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    let app = axum::Router::new().nest_service("/mcp", service).layer(
+        axum::middleware::from_fn_with_state(Arc::new(principals), bearer_auth),
+    );
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|_| fail_code("BIND_ERROR"))?;
+    let local = listener.local_addr().map_err(|_| fail_code("BIND_ERROR"))?;
+    eprintln!(
+        "{}",
+        serde_json::json!({"listening": format!("http://{local}/mcp")})
+    );
+    axum::serve(listener, app)
+        .await
+        .map_err(|_| fail_code("SERVE_ERROR"))
+}

@@ -1,0 +1,194 @@
+//! The tool registry of `toolledger serve`: which reference tools the server offers, and the
+//! fault points (a testing aid) they honour.
+
+use std::sync::Arc;
+
+use rmcp::model::{CallToolResponse, Tool, ToolAnnotations};
+use serde_json::Value;
+use toolledger::authz::PrincipalStore;
+use toolledger::engine::{FaultHook, FaultPoint};
+use toolledger_mcp::reply::tool_result;
+use toolledger_mcp::server::{BoxFuture, McpTool, ToolCall};
+use toolledger_mcp::status::{EffectObserver, StatusTool};
+use toolledger_mcp::Guard;
+
+use super::automations;
+use super::issues::{CreateIssue, IssueObserver};
+
+/// A named crash point accepted by `--fault`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Fault {
+    /// Exit 70 after COMMIT, before any reply byte.
+    DropAfterCommit,
+    /// Exit 71 after the ledger row is inserted, before the effect (nothing commits).
+    ExitAfterLedgerInsert,
+    /// Exit 72 after the effect row is inserted, before COMMIT (nothing commits).
+    ExitAfterEffectInsert,
+    /// Exit 73 after a multi-step operation's first step committed.
+    ExitAfterPartialFirstCommit,
+    /// The watcher step of `create_issue` fails.
+    WatcherFailure,
+    /// The compensation after a failed watcher step fails too.
+    CompensationFailure,
+}
+
+/// The set of faults a server runs with. Faults never fire on a replay.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// `drop-after-commit` (exit 70).
+    pub drop_after_commit: bool,
+    /// `exit-after-ledger-insert` (exit 71).
+    pub exit_after_ledger_insert: bool,
+    /// `exit-after-effect-insert` (exit 72).
+    pub exit_after_effect_insert: bool,
+    /// `exit-after-partial-first-commit` (exit 73).
+    pub exit_after_partial_first_commit: bool,
+    /// `watcher-failure`.
+    pub watcher_failure: bool,
+    /// `compensation-failure`.
+    pub compensation_failure: bool,
+}
+
+impl Faults {
+    /// The set named by `list`.
+    pub fn from_list(list: &[Fault]) -> Self {
+        let mut f = Faults::default();
+        for fault in list {
+            match fault {
+                Fault::DropAfterCommit => f.drop_after_commit = true,
+                Fault::ExitAfterLedgerInsert => f.exit_after_ledger_insert = true,
+                Fault::ExitAfterEffectInsert => f.exit_after_effect_insert = true,
+                Fault::ExitAfterPartialFirstCommit => f.exit_after_partial_first_commit = true,
+                Fault::WatcherFailure => f.watcher_failure = true,
+                Fault::CompensationFailure => f.compensation_failure = true,
+            }
+        }
+        f
+    }
+
+    /// The engine hook for the ledger's own fault points (fresh calls only).
+    pub fn engine_hook(self) -> Option<FaultHook> {
+        if !(self.drop_after_commit
+            || self.exit_after_ledger_insert
+            || self.exit_after_effect_insert)
+        {
+            return None;
+        }
+        Some(Arc::new(move |point| match point {
+            FaultPoint::AfterLedgerInsert if self.exit_after_ledger_insert => {
+                std::process::exit(71)
+            }
+            FaultPoint::AfterEffect if self.exit_after_effect_insert => std::process::exit(72),
+            FaultPoint::AfterCommit if self.drop_after_commit => std::process::exit(70),
+            _ => {}
+        }))
+    }
+}
+
+/// Everything the reference tools need.
+#[derive(Clone, Debug)]
+pub struct ToolEnv {
+    /// The guard (engine, keys, deadlines).
+    pub guard: Guard,
+    /// Active faults.
+    pub faults: Faults,
+    /// Run with no ledger (the control).
+    pub unguarded: bool,
+    /// The principal store (re-read on every call).
+    pub principals: PrincipalStore,
+}
+
+/// A seed 000 automation tool (`create_automation`, `set_interval`) served over MCP; the
+/// domain rules live in [`automations`].
+pub struct AutomationTool {
+    name: &'static str,
+    env: ToolEnv,
+}
+
+impl AutomationTool {
+    /// The tool `name` (one of [`automations::TOOLS`]).
+    pub fn new(name: &'static str, env: ToolEnv) -> Self {
+        AutomationTool { name, env }
+    }
+}
+
+fn as_object(v: Value) -> Arc<serde_json::Map<String, Value>> {
+    Arc::new(match v {
+        Value::Object(m) => m,
+        _ => serde_json::Map::new(),
+    })
+}
+
+impl McpTool for AutomationTool {
+    fn definition(&self) -> Tool {
+        let (description, destructive) = if self.name == automations::SET_INTERVAL {
+            (
+                "Set an automation's interval (5-1440 minutes) if its version is still \
+                 expected_version; needs automation:write. Retrying with the same request_id \
+                 replays the recorded result.",
+                true,
+            )
+        } else {
+            (
+                "Create an automation with an interval (5-1440 minutes); needs \
+                 automation:write. Retrying with the same request_id replays the recorded result.",
+                false,
+            )
+        };
+        Tool::new(
+            self.name,
+            description,
+            as_object(automations::input_schema(self.name).unwrap_or(Value::Null)),
+        )
+        .with_raw_output_schema(as_object(automations::output_schema()))
+        .with_annotations(
+            ToolAnnotations::new()
+                .read_only(false)
+                .destructive(destructive)
+                .idempotent(true)
+                .open_world(false),
+        )
+    }
+
+    fn call(&self, call: ToolCall) -> BoxFuture<'_, CallToolResponse> {
+        Box::pin(async move {
+            let c = self.env.guard.config();
+            let options = automations::ToolOptions {
+                authority_ttl: Some(c.authority_ttl),
+                retention_ttl: Some(c.retention_ttl),
+            };
+            let result = automations::call_tool_with(
+                self.env.guard.engine(),
+                &self.env.principals,
+                &call.caller.name,
+                self.name,
+                Value::Object(call.arguments),
+                &options,
+            )
+            .await;
+            CallToolResponse::Complete(tool_result(result))
+        })
+    }
+}
+
+/// The reference server's tools, in `tools/list` order.
+pub fn registry(env: &ToolEnv) -> Vec<Arc<dyn McpTool>> {
+    let store = env.guard.engine().store().clone();
+    let observers: Vec<(String, Arc<dyn EffectObserver>)> = vec![(
+        super::issues::TOOL.to_string(),
+        Arc::new(IssueObserver::new(store)),
+    )];
+    vec![
+        Arc::new(CreateIssue::new(
+            env.guard.clone(),
+            env.faults,
+            env.unguarded,
+        )),
+        Arc::new(StatusTool::new(env.guard.clone(), observers)),
+        Arc::new(AutomationTool::new(
+            automations::CREATE_AUTOMATION,
+            env.clone(),
+        )),
+        Arc::new(AutomationTool::new(automations::SET_INTERVAL, env.clone())),
+    ]
+}

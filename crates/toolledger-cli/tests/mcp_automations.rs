@@ -1,0 +1,122 @@
+//! Seed 000's automation tools over the MCP wire: `create_automation` and `set_interval`,
+//! replay by request id, version conflict, scope checks, and nothing written on refusal.
+
+mod mcp_support;
+
+use mcp_support::*;
+use serde_json::json;
+
+#[test]
+fn create_then_set_interval_replays_and_refuses_stale_versions() {
+    let (_d, db) = fresh_db();
+    let mut s = Server::start(&db, "alice", &["--clock-epoch", "1800000000"]);
+    let created = s.call(
+        "create_automation",
+        json!({"request_id": "req-c1", "interval_minutes": 30}),
+    );
+    assert_eq!(created["isError"], false, "{created}");
+    let c = created["structuredContent"].clone();
+    assert_eq!(c["interval_minutes"], 30);
+    assert_eq!(c["version"], 1);
+    assert_eq!(c["replayed"], false);
+    let id = c["id"].as_i64().unwrap();
+
+    let set = json!({"request_id": "req-s1", "automation_id": id, "expected_version": 1,
+                     "interval_minutes": 60});
+    let first = s.call("set_interval", set.clone());
+    assert_eq!(
+        first["structuredContent"],
+        json!({"id": id, "interval_minutes": 60, "version": 2, "replayed": false})
+    );
+    let again = s.call("set_interval", set);
+    assert_eq!(
+        again["structuredContent"],
+        json!({"id": id, "interval_minutes": 60, "version": 2, "replayed": true})
+    );
+    let stale = s.call(
+        "set_interval",
+        json!({"request_id": "req-s2", "automation_id": id, "expected_version": 1,
+               "interval_minutes": 90}),
+    );
+    assert_eq!(error_code(&stale), "version_conflict");
+    let reuse = s.call(
+        "set_interval",
+        json!({"request_id": "req-s1", "automation_id": id, "expected_version": 2,
+               "interval_minutes": 90}),
+    );
+    assert_eq!(error_code(&reuse), "operation_conflict");
+    for bad in [
+        json!({"request_id": "bad id!", "automation_id": id, "expected_version": 2,
+               "interval_minutes": 90}),
+        json!({"request_id": "r", "automation_id": id, "expected_version": 2,
+               "interval_minutes": 4}),
+        json!({"request_id": "r", "automation_id": true, "expected_version": 2,
+               "interval_minutes": 90}),
+    ] {
+        assert_eq!(
+            error_code(&s.call("set_interval", bad)),
+            "invalid_arguments"
+        );
+    }
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "automations"), 1);
+    assert_eq!(count(&db, "operations"), 2);
+    assert_eq!(
+        scalar(
+            &db,
+            &format!("SELECT interval_minutes FROM automations WHERE id = {id}")
+        ),
+        60
+    );
+}
+
+#[test]
+fn without_automation_write_scope_nothing_is_written() {
+    let (_d, db) = fresh_db();
+    add_principal(&db, "dave", "acme", &["editor"], &[], false);
+    let mut s = Server::start(&db, "dave", &[]);
+    let r = s.call(
+        "create_automation",
+        json!({"request_id": "req-d", "interval_minutes": 30}),
+    );
+    assert_eq!(error_code(&r), "permission_denied");
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "automations"), 0);
+    assert_eq!(count(&db, "operations"), 0);
+}
+
+#[test]
+fn a_lost_set_interval_reply_is_recovered_by_the_same_request_id() {
+    let (_d, db) = fresh_db();
+    let mut s = Server::start(&db, "alice", &[]);
+    let id = s.call(
+        "create_automation",
+        json!({"request_id": "req-c", "interval_minutes": 30}),
+    )["structuredContent"]["id"]
+        .as_i64()
+        .unwrap();
+    assert_eq!(s.finish(), 0);
+    let set = json!({"request_id": "req-lost", "automation_id": id, "expected_version": 1,
+                     "interval_minutes": 45});
+    let mut s = Server::start(&db, "alice", &["--fault", "drop-after-commit"]);
+    s.send(
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "set_interval", "arguments": set, "_meta": meta()}}),
+    );
+    assert_eq!(s.try_recv(), None);
+    assert_eq!(s.wait_exit(), 70);
+    let mut s = Server::start(&db, "alice", &[]);
+    let replay = s.call("set_interval", set);
+    assert_eq!(
+        replay["structuredContent"],
+        json!({"id": id, "interval_minutes": 45, "version": 2, "replayed": true})
+    );
+    assert_eq!(s.finish(), 0);
+    assert_eq!(
+        scalar(
+            &db,
+            &format!("SELECT version FROM automations WHERE id = {id}")
+        ),
+        2
+    );
+}

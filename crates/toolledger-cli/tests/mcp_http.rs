@@ -1,0 +1,313 @@
+//! Streamable HTTP: bearer tokens from the principal store (stored hashed), 401 before any
+//! dispatch, two principals isolated exactly as on stdio, and both lifecycles.
+
+mod mcp_support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use mcp_support::*;
+use serde_json::{json, Value};
+
+struct HttpServer {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_http(db: &Path) -> HttpServer {
+    let mut child = Command::new(bin())
+        .args(["serve", "--db"])
+        .arg(db)
+        .args(["--backend-id", BACKEND, "--http", "127.0.0.1:0"])
+        .args(["--clock-epoch", "1800000000"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let v: Value = serde_json::from_str(&line).unwrap();
+    let url = v["listening"].as_str().unwrap();
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_string();
+    HttpServer { child, addr }
+}
+
+struct Response {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Response {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The JSON body, or the JSON-RPC message of an SSE response.
+    fn json(&self) -> Value {
+        if let Ok(v) = serde_json::from_str(&self.body) {
+            return v;
+        }
+        self.body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .find(|v| v.get("jsonrpc").is_some())
+            .unwrap_or_else(|| panic!("no JSON-RPC message in: {}", self.body))
+    }
+}
+
+fn dechunk(mut raw: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = raw.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        raw = &rest[n + 2..];
+    }
+    out
+}
+
+fn post(server: &HttpServer, headers: &[(&str, &str)], body: &Value) -> Response {
+    let body = body.to_string();
+    let mut req = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nConnection: close\r\n\
+         Content-Length: {}\r\n",
+        server.addr,
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(&body);
+    let mut stream = TcpStream::connect(&server.addr).unwrap();
+    stream.write_all(req.as_bytes()).unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).unwrap();
+    let (head, rest) = raw.split_once("\r\n\r\n").unwrap();
+    let mut lines = head.lines();
+    let status: u16 = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let body = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    Response {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// A 2026-07-28 `tools/call` as `token`; returns the JSON-RPC `result`.
+fn call(server: &HttpServer, token: &str, params: Value) -> Value {
+    let mut params = params;
+    params["_meta"] = meta();
+    let name = params["name"].as_str().unwrap().to_string();
+    let auth = format!("Bearer {token}");
+    let r = post(
+        server,
+        &[
+            ("Authorization", &auth),
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "tools/call"),
+            ("Mcp-Name", &name),
+        ],
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json()["result"].clone()
+}
+
+fn args(op: &str) -> Value {
+    json!({"operation_id": op, "title": "spec"})
+}
+
+#[test]
+fn missing_unknown_or_malformed_tokens_get_401_before_dispatch() {
+    let (_d, db) = fresh_db();
+    let alice = add_principal(&db, "alice", "acme", &["editor"], &[], true).unwrap();
+    let server = start_http(&db);
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "create_issue", "arguments": args("h-1"), "_meta": meta()}});
+    let forged = format!("{}0", &alice[..alice.len() - 1]);
+    for headers in [
+        vec![],
+        vec![("Authorization", "Bearer tl_unknown")],
+        vec![("Authorization", "Basic YWxpY2U6eA==")],
+        vec![("Authorization", "Bearer ")],
+        vec![("Authorization", forged.as_str())],
+    ] {
+        let mut h = headers.clone();
+        h.push(("MCP-Protocol-Version", "2026-07-28"));
+        let r = post(&server, &h, &body);
+        assert_eq!(r.status, 401, "{headers:?}: {}", r.body);
+        assert_eq!(r.header("www-authenticate"), Some("Bearer"));
+        assert!(!r.body.contains("tl_"), "no token echoed: {}", r.body);
+    }
+    assert_eq!(count(&db, "operations"), 0);
+    assert_eq!(count(&db, "issues"), 0);
+    // Only the hash is stored.
+    let stored = scalar(
+        &db,
+        "SELECT count(*) FROM principal_tokens WHERE length(token_sha256) = 64",
+    );
+    assert_eq!(stored, 1);
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let leaked: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM principal_tokens WHERE token_sha256 = ?1",
+            [&alice],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(leaked, 0);
+}
+
+#[test]
+fn two_principals_over_http_are_isolated_as_on_stdio() {
+    let (_d, db) = fresh_db();
+    let alice = add_principal(&db, "alice", "acme", &["editor"], &[], true).unwrap();
+    let bob = add_principal(&db, "bob", "acme", &["editor"], &[], true).unwrap();
+    let server = start_http(&db);
+
+    let first = call(
+        &server,
+        &alice,
+        json!({"name": "create_issue", "arguments": args("h-2")}),
+    );
+    let token = request_state(&first);
+    let cont = |who: &str, state: &str, text: &str| {
+        call(
+            &server,
+            who,
+            json!({"name": "create_issue", "arguments": args("h-2"), "requestState": state,
+                   "inputResponses": body(text)}),
+        )
+    };
+    let done = cont(&alice, &token, "alpha");
+    assert_eq!(
+        done["structuredContent"],
+        json!({"operationId": "h-2", "effectId": 1, "result": "created 1",
+               "replayed": false, "state": "applied"})
+    );
+    let again = cont(&alice, &token, "alpha");
+    assert_eq!(again["structuredContent"]["replayed"], true);
+
+    let stolen = cont(&bob, &token, "alpha");
+    assert_eq!(error_code(&stolen), "request_state_invalid");
+    let st = call(
+        &server,
+        &bob,
+        json!({"name": "get_operation_status", "arguments": {"operation_id": "h-2"}}),
+    );
+    assert_eq!(st["structuredContent"]["state"], "unknown");
+    assert_eq!(st["structuredContent"]["principal"], "bob");
+    let own = request_state(&call(
+        &server,
+        &bob,
+        json!({"name": "create_issue", "arguments": args("h-2")}),
+    ));
+    let taken = cont(&bob, &own, "alpha");
+    assert_eq!(error_code(&taken), "operation_conflict");
+
+    let mine = call(
+        &server,
+        &alice,
+        json!({"name": "get_operation_status", "arguments": {"operation_id": "h-2"}}),
+    );
+    assert_eq!(mine["structuredContent"]["state"], "applied");
+    assert_eq!(mine["structuredContent"]["storedResult"], "created 1");
+    assert_eq!(mine["structuredContent"]["principal"], "alice");
+    assert_eq!(count(&db, "issues"), 1);
+    assert_eq!(count(&db, "operations"), 1);
+}
+
+#[test]
+fn legacy_initialize_lifecycle_over_http_lists_and_calls_tools() {
+    let (_d, db) = fresh_db();
+    let alice = add_principal(&db, "alice", "acme", &["editor"], &[], true).unwrap();
+    let server = start_http(&db);
+    let auth = format!("Bearer {alice}");
+    let init = post(
+        &server,
+        &[("Authorization", &auth)],
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "legacy-http", "version": "1"}}}),
+    );
+    assert_eq!(init.status, 200, "{}", init.body);
+    let session = init.header("mcp-session-id").unwrap().to_string();
+    let v = init.json();
+    assert_eq!(v["result"]["protocolVersion"], "2025-11-25");
+    let headers = [
+        ("Authorization", auth.as_str()),
+        ("Mcp-Session-Id", session.as_str()),
+        ("MCP-Protocol-Version", "2025-11-25"),
+    ];
+    let note = post(
+        &server,
+        &headers,
+        &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    );
+    assert_eq!(note.status, 202, "{}", note.body);
+    let list = post(
+        &server,
+        &headers,
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+    );
+    let names: Vec<String> = list.json()["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        names.iter().any(|n| n == "get_operation_status"),
+        "{names:?}"
+    );
+    let st = post(
+        &server,
+        &headers,
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+            "name": "get_operation_status", "arguments": {"operation_id": "h-3"}}}),
+    );
+    assert_eq!(st.json()["result"]["structuredContent"]["state"], "unknown");
+    assert_eq!(count(&db, "operations"), 0);
+}

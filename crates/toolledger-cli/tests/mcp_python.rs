@@ -1,0 +1,107 @@
+//! An independent client: the official MCP Python SDK (`mcp==2.3.0`, from the virtualenv
+//! that `.ci/run` creates; its python is named by `TOOLLEDGER_PYTHON`) drives the lost-reply
+//! story in 2026-07-28 mode and `set_interval` in legacy (initialize) mode.
+//!
+//! Without `TOOLLEDGER_PYTHON` the tests say so loudly and skip, except under CI
+//! (`TOOLLEDGER_CI` set), where a missing interpreter is a failure.
+
+mod mcp_support;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use mcp_support::*;
+use serde_json::{json, Value};
+
+fn python() -> Option<PathBuf> {
+    match std::env::var_os("TOOLLEDGER_PYTHON") {
+        Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
+        _ => {
+            if std::env::var_os("TOOLLEDGER_CI").is_some() {
+                panic!("TOOLLEDGER_CI is set but TOOLLEDGER_PYTHON is not: the Python SDK test must run in CI");
+            }
+            eprintln!("SKIPPED: Python SDK test needs TOOLLEDGER_PYTHON (a python with mcp==2.3.0; .ci/run sets it)");
+            None
+        }
+    }
+}
+
+fn run_script(python: &PathBuf, script: &str, db: &std::path::Path) -> Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/py")
+        .join(script);
+    let out = Command::new(python)
+        .arg(path)
+        .arg(bin())
+        .arg(db)
+        .arg(BACKEND)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{script} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn python_sdk_lost_reply_story_in_2026_07_28_mode() {
+    let Some(py) = python() else { return };
+    let (_d, db) = fresh_db();
+    let v = run_script(&py, "lost_reply.py", &db);
+    assert_eq!(v["first_round"], "InputRequiredResult");
+    assert_eq!(v["input_request_keys"], json!(["body"]));
+    assert_eq!(v["transport_after_commit"], "unknown; no reply");
+    let st = &v["status"];
+    assert_eq!(st["state"], "applied");
+    assert_eq!(st["principal"], "alice");
+    assert_eq!(st["backend"], BACKEND);
+    assert_eq!(st["authoritative"], true);
+    assert_eq!(st["freshWriteAuthorized"], false);
+    assert_eq!(st["matchingIds"], json!([1]));
+    assert_eq!(st["storedResult"], "created 1");
+    assert_eq!(
+        v["replay"],
+        json!({"operationId": "py-case-03", "effectId": 1, "result": "created 1",
+               "replayed": true, "state": "applied"})
+    );
+    assert_eq!(v["physical_issue_rows"], 1);
+    assert_eq!(v["physical_operation_rows"], 1);
+    assert_eq!(count(&db, "issues"), 1);
+}
+
+#[test]
+fn python_sdk_set_interval_in_legacy_mode() {
+    let Some(py) = python() else { return };
+    let (_d, db) = fresh_db();
+    let v = run_script(&py, "legacy_set_interval.py", &db);
+    assert_eq!(v["protocol_version"], "2025-11-25");
+    let tools = v["tools"].as_array().unwrap();
+    for name in [
+        "create_issue",
+        "get_operation_status",
+        "set_interval",
+        "create_automation",
+    ] {
+        assert!(
+            tools.iter().any(|t| t == name),
+            "{name} missing from {tools:?}"
+        );
+    }
+    let id = v["created"]["id"].clone();
+    assert_eq!(
+        v["set_interval"],
+        json!([
+            {"id": id, "interval_minutes": 60, "version": 2, "replayed": false},
+            {"id": id, "interval_minutes": 60, "version": 2, "replayed": true},
+        ])
+    );
+    assert_eq!(v["create_issue_legacy"]["is_error"], true);
+    assert_eq!(
+        v["create_issue_legacy"]["structured"]["error"]["code"],
+        "continuation_unsupported"
+    );
+    assert_eq!(count(&db, "automations"), 1);
+    assert_eq!(count(&db, "issues"), 0);
+}

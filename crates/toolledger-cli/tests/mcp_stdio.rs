@@ -1,0 +1,642 @@
+//! Seed 003's matrix over real stdio: raw JSON-RPC lines against the built `toolledger serve`,
+//! MCP 2026-07-28 (no initialize), with the database read back after every case.
+
+mod mcp_support;
+
+use mcp_support::*;
+use serde_json::{json, Value};
+
+const EPOCH: &str = "1800000000";
+
+fn args(op: &str) -> Value {
+    json!({"operation_id": op, "title": "spec"})
+}
+
+/// First round + continuation on one server; returns (token, continuation result).
+fn create(server: &mut Server, op: &str, text: &str) -> (String, Value) {
+    let first = server.call("create_issue", args(op));
+    let token = request_state(&first);
+    let done = server.resume("create_issue", args(op), &token, body(text));
+    (token, done)
+}
+
+#[test]
+fn first_round_is_input_required_with_a_sealed_state_and_writes_nothing() {
+    let (_d, db) = fresh_db();
+    let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    let reply = s.call_raw(json!({"name": "create_issue", "arguments": args("case-01")}));
+    let token = reply["result"]["requestState"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(token.starts_with("rs2."), "{token}");
+    assert_eq!(
+        reply,
+        json!({"jsonrpc": "2.0", "id": 1, "result": {
+            "resultType": "input_required",
+            "inputRequests": {"body": {"method": "elicitation/create", "params": {
+                "mode": "form",
+                "message": "Provide the issue body",
+                "requestedSchema": {"type": "object",
+                    "properties": {"body": {"type": "string", "description": "Issue body"}},
+                    "required": ["body"]}}}},
+            "requestState": token,
+        }})
+    );
+    let st = s.status("case-01");
+    assert_eq!(st["state"], "unknown");
+    assert_eq!(st["authoritative"], false);
+    assert_eq!(st["matchingIds"], json!([]));
+    assert_eq!(st["storedResult"], Value::Null);
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "issues"), 0);
+    assert_eq!(count(&db, "operations"), 0);
+}
+
+#[test]
+fn identical_retry_replays_the_stored_result_and_creates_one_issue() {
+    let (_d, db) = fresh_db();
+    let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    let (token, first) = create(&mut s, "case-02", "alpha");
+    let expected = |replayed: bool| {
+        json!({
+            "operationId": "case-02", "effectId": 1, "result": "created 1",
+            "replayed": replayed, "state": "applied",
+        })
+    };
+    assert_eq!(first["isError"], false);
+    assert_eq!(first["structuredContent"], expected(false));
+    let text: Value = serde_json::from_str(first["content"][0]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(text, expected(false));
+    let again = s.resume("create_issue", args("case-02"), &token, body("alpha"));
+    assert_eq!(again["structuredContent"], expected(true));
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "issues"), 1);
+    assert_eq!(count(&db, "operations"), 1);
+}
+
+#[test]
+fn lost_reply_then_restart_status_and_exact_replay() {
+    let (_d, db) = fresh_db();
+    let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    let token = request_state(&s.call("create_issue", args("case-03")));
+    assert_eq!(s.finish(), 0);
+
+    let mut s = Server::start(
+        &db,
+        "alice",
+        &["--clock-epoch", EPOCH, "--fault", "drop-after-commit"],
+    );
+    s.send(
+        &json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+        "name": "create_issue", "arguments": args("case-03"), "requestState": token,
+        "inputResponses": body("alpha"), "_meta": meta()}}),
+    );
+    assert_eq!(s.try_recv(), None, "no reply byte after commit");
+    assert_eq!(s.wait_exit(), 70);
+    assert_eq!(count(&db, "issues"), 1);
+    assert_eq!(count(&db, "operations"), 1);
+
+    let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    let st = s.status("case-03");
+    assert_eq!(
+        st,
+        json!({
+            "operationId": "case-03", "principal": "alice", "backend": BACKEND,
+            "observedAt": 1_800_000_000i64, "authoritative": true,
+            "freshWriteAuthorized": false,
+            "scopeBinding": {"operationId": "case-03", "principal": "alice", "backend": BACKEND},
+            "state": "applied", "matchingIds": [1],
+            "detail": "ledger row applied and its effect rows agree",
+            "storedResult": "created 1",
+        })
+    );
+    let replay = s.resume("create_issue", args("case-03"), &token, body("alpha"));
+    assert_eq!(
+        replay["structuredContent"],
+        json!({"operationId": "case-03", "effectId": 1, "result": "created 1",
+               "replayed": true, "state": "applied"})
+    );
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "issues"), 1);
+    assert_eq!(count(&db, "operations"), 1);
+}
+
+#[test]
+fn recovery_by_status_alone_never_resends_the_continuation() {
+    let (_d, db) = fresh_db();
+    let mut s = Server::start(
+        &db,
+        "alice",
+        &["--clock-epoch", EPOCH, "--fault", "drop-after-commit"],
+    );
+    let token = request_state(&s.call("create_issue", args("case-09")));
+    s.send(
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "create_issue", "arguments": args("case-09"), "requestState": token,
+        "inputResponses": body("alpha"), "_meta": meta()}}),
+    );
+    assert_eq!(s.try_recv(), None);
+    assert_eq!(s.wait_exit(), 70);
+    let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    let st = s.status("case-09");
+    assert_eq!(st["state"], "applied");
+    assert_eq!(st["authoritative"], true);
+    assert_eq!(st["storedResult"], "created 1");
+    assert_eq!(st["matchingIds"], json!([1]));
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "issues"), 1);
+    assert_eq!(count(&db, "operations"), 1);
+}
+
+#[test]
+fn changed_input_responses_under_the_same_token_conflict() {
+    let (_d, db) = fresh_db();
+    let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    let (token, first) = create(&mut s, "case-04", "alpha");
+    assert_eq!(first["structuredContent"]["replayed"], false);
+    let changed = s.resume("create_issue", args("case-04"), &token, body("beta"));
+    assert_eq!(error_code(&changed), "operation_conflict");
+    let changed_title = s.resume(
+        "create_issue",
+        json!({"operation_id": "case-04", "title": "other"}),
+        &token,
+        body("alpha"),
+    );
+    assert_eq!(error_code(&changed_title), "request_state_invalid");
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "issues"), 1);
+    assert_eq!(count(&db, "operations"), 1);
+}
+
+#[test]
+fn a_second_token_on_a_committed_id_conflicts_and_a_tampered_token_is_invalid() {
+    let (_d, db) = fresh_db();
+    let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    let t1 = request_state(&s.call("create_issue", args("case-05")));
+    let t2 = request_state(&s.call("create_issue", args("case-05")));
+    assert_ne!(t1, t2);
+    let done = s.resume("create_issue", args("case-05"), &t1, body("alpha"));
+    assert_eq!(done["structuredContent"]["replayed"], false);
+    let second = s.resume("create_issue", args("case-05"), &t2, body("alpha"));
+    assert_eq!(error_code(&second), "operation_conflict");
+    let mut bytes = t1.clone().into_bytes();
+    let i = bytes.len() - 5;
+    bytes[i] = if bytes[i] == b'A' { b'B' } else { b'A' };
+    let tampered = String::from_utf8(bytes).unwrap();
+    let bad = s.resume("create_issue", args("case-05"), &tampered, body("alpha"));
+    assert_eq!(error_code(&bad), "request_state_invalid");
+    assert_eq!(
+        bad["structuredContent"]["error"]["message"],
+        "the continuation state is invalid, expired or not yours"
+    );
+    let garbage = s.resume(
+        "create_issue",
+        args("case-05"),
+        "not-a-token",
+        body("alpha"),
+    );
+    assert_eq!(error_code(&garbage), "request_state_invalid");
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "issues"), 1);
+    assert_eq!(count(&db, "operations"), 1);
+}
+
+#[test]
+fn another_principal_cannot_use_alices_token_see_her_status_or_reuse_her_id() {
+    let (_d, db) = fresh_db();
+    let mut a = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    let (token, _) = create(&mut a, "case-06", "alpha");
+    assert_eq!(a.finish(), 0);
+
+    for other in ["bob", "carol"] {
+        let mut b = Server::start(&db, other, &["--clock-epoch", EPOCH]);
+        let stolen = b.resume("create_issue", args("case-06"), &token, body("alpha"));
+        assert_eq!(error_code(&stolen), "request_state_invalid");
+        let st = b.status("case-06");
+        assert_eq!(st["state"], "unknown");
+        assert_eq!(st["principal"], other);
+        assert_eq!(st["matchingIds"], json!([]));
+        assert_eq!(st["storedResult"], Value::Null);
+        let own = request_state(&b.call("create_issue", args("case-06")));
+        let taken = b.resume("create_issue", args("case-06"), &own, body("alpha"));
+        assert_eq!(error_code(&taken), "operation_conflict");
+        assert_eq!(b.finish(), 0);
+    }
+    assert_eq!(count(&db, "issues"), 1);
+    assert_eq!(count(&db, "operations"), 1);
+}
+
+#[test]
+fn after_the_authority_deadline_even_an_exact_replay_is_refused_but_status_reads() {
+    let (_d, db) = fresh_db();
+    let flags = ["--authority-ttl", "60", "--request-state-ttl", "100000"];
+    let mut s = Server::start(
+        &db,
+        "alice",
+        &[&["--clock-epoch", EPOCH][..], &flags].concat(),
+    );
+    let (token, _) = create(&mut s, "case-07", "alpha");
+    assert_eq!(s.finish(), 0);
+    let mut s = Server::start(
+        &db,
+        "alice",
+        &[&["--clock-epoch", "1800000060"][..], &flags].concat(),
+    );
+    let replay = s.resume("create_issue", args("case-07"), &token, body("alpha"));
+    assert_eq!(error_code(&replay), "operation_authority_expired");
+    let st = s.status("case-07");
+    assert_eq!(st["state"], "applied");
+    assert_eq!(st["storedResult"], "created 1");
+    assert_eq!(st["freshWriteAuthorized"], false);
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "issues"), 1);
+    assert_eq!(count(&db, "operations"), 1);
+}
+
+#[test]
+fn after_retention_a_replay_is_refused_and_the_tombstone_blocks_a_fresh_token() {
+    let (_d, db) = fresh_db();
+    let flags = [
+        "--authority-ttl",
+        "100000",
+        "--replay-ttl",
+        "60",
+        "--request-state-ttl",
+        "100000",
+    ];
+    let mut s = Server::start(
+        &db,
+        "alice",
+        &[&["--clock-epoch", EPOCH][..], &flags].concat(),
+    );
+    let (token, _) = create(&mut s, "case-10", "alpha");
+    assert_eq!(s.finish(), 0);
+    let mut s = Server::start(
+        &db,
+        "alice",
+        &[&["--clock-epoch", "1800000100"][..], &flags].concat(),
+    );
+    let replay = s.resume("create_issue", args("case-10"), &token, body("alpha"));
+    assert_eq!(error_code(&replay), "operation_retention_expired");
+    let fresh = request_state(&s.call("create_issue", args("case-10")));
+    let reuse = s.resume("create_issue", args("case-10"), &fresh, body("alpha"));
+    assert_eq!(error_code(&reuse), "operation_conflict");
+    assert_eq!(s.status("case-10")["state"], "applied");
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "issues"), 1);
+    assert_eq!(count(&db, "operations"), 1);
+}
+
+#[test]
+fn an_expired_request_state_is_refused_generically() {
+    let (_d, db) = fresh_db();
+    let mut s = Server::start(
+        &db,
+        "alice",
+        &["--clock-epoch", EPOCH, "--request-state-ttl", "30"],
+    );
+    let token = request_state(&s.call("create_issue", args("case-ttl")));
+    assert_eq!(s.finish(), 0);
+    let mut s = Server::start(
+        &db,
+        "alice",
+        &["--clock-epoch", "1800000030", "--request-state-ttl", "30"],
+    );
+    let late = s.resume("create_issue", args("case-ttl"), &token, body("alpha"));
+    assert_eq!(error_code(&late), "request_state_invalid");
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "issues"), 0);
+    assert_eq!(count(&db, "operations"), 0);
+}
+
+#[test]
+fn input_responses_without_request_state_are_continuation_unsupported() {
+    let (_d, db) = fresh_db();
+    let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    let r = s.call_raw(json!({"name": "create_issue", "arguments": args("case-11"),
+                              "inputResponses": body("alpha")}));
+    assert_eq!(error_code(&r["result"]), "continuation_unsupported");
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "issues"), 0);
+    assert_eq!(count(&db, "operations"), 0);
+}
+
+#[test]
+fn bad_arguments_and_declined_input_write_nothing() {
+    let (_d, db) = fresh_db();
+    let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    for bad in [
+        json!({"title": "spec"}),
+        json!({"operation_id": "", "title": "spec"}),
+        json!({"operation_id": "x", "title": 5}),
+        json!({"operation_id": "x", "title": "spec", "extra": true}),
+        json!({"operation_id": "x", "title": "spec", "watcher": ""}),
+    ] {
+        assert_eq!(
+            error_code(&s.call("create_issue", bad)),
+            "invalid_arguments"
+        );
+    }
+    let token = request_state(&s.call("create_issue", args("case-bad")));
+    let declined = s.resume(
+        "create_issue",
+        args("case-bad"),
+        &token,
+        json!({"body": {"action": "decline"}}),
+    );
+    assert_eq!(error_code(&declined), "invalid_arguments");
+    let missing = s.resume("create_issue", args("case-bad"), &token, json!({}));
+    assert_eq!(error_code(&missing), "invalid_arguments");
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "issues"), 0);
+    assert_eq!(count(&db, "operations"), 0);
+}
+
+#[test]
+fn a_revoked_principal_is_refused_and_sees_nothing() {
+    let (_d, db) = fresh_db();
+    let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    let (token, _) = create(&mut s, "case-rev", "alpha");
+    assert_eq!(s.finish(), 0);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store =
+            toolledger_cli::common::open_store(&db, Some(BACKEND.to_string()), false).unwrap();
+        toolledger::authz::PrincipalStore::new(store)
+            .revoke("alice", &[], &[], true)
+            .await
+            .unwrap();
+    });
+    let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    let replay = s.resume("create_issue", args("case-rev"), &token, body("alpha"));
+    assert_eq!(error_code(&replay), "permission_denied");
+    let st = s.call("get_operation_status", json!({"operation_id": "case-rev"}));
+    assert_eq!(error_code(&st), "permission_denied");
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "issues"), 1);
+}
+
+#[test]
+fn watcher_step_adds_a_watcher_and_applies() {
+    let (_d, db) = fresh_db();
+    let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    let a = json!({"operation_id": "case-w", "title": "spec", "watcher": "bob"});
+    let token = request_state(&s.call("create_issue", a.clone()));
+    let done = s.resume("create_issue", a, &token, body("alpha"));
+    assert_eq!(done["structuredContent"]["state"], "applied");
+    assert_eq!(s.status("case-w")["state"], "applied");
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "issue_watchers"), 1);
+    let kinds: Vec<String> = events(&db).into_iter().map(|e| e.0).collect();
+    assert_eq!(kinds, ["first_step", "watcher_added"]);
+}
+
+#[test]
+fn watcher_failure_with_failed_compensation_ends_partial_with_every_attempt_recorded() {
+    let (_d, db) = fresh_db();
+    let flags = [
+        "--clock-epoch",
+        EPOCH,
+        "--fault",
+        "watcher-failure",
+        "--fault",
+        "compensation-failure",
+    ];
+    let mut s = Server::start(&db, "alice", &flags);
+    let a = json!({"operation_id": "case-12", "title": "spec", "watcher": "bob"});
+    let token = request_state(&s.call("create_issue", a.clone()));
+    let done = s.resume("create_issue", a.clone(), &token, body("alpha"));
+    assert_eq!(
+        done["structuredContent"],
+        json!({"operationId": "case-12", "effectId": 1, "result": "created 1",
+               "replayed": false, "state": "partial"})
+    );
+    let replay = s.resume("create_issue", a, &token, body("alpha"));
+    assert_eq!(replay["structuredContent"]["state"], "partial");
+    assert_eq!(replay["structuredContent"]["replayed"], true);
+    let st = s.status("case-12");
+    assert_eq!(st["state"], "partial");
+    assert_eq!(st["matchingIds"], json!([1]));
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "issues"), 1);
+    assert_eq!(count(&db, "issue_watchers"), 0);
+    assert_eq!(count(&db, "compensations"), 0);
+    let ev = events(&db);
+    let kinds: Vec<&str> = ev.iter().map(|e| e.0.as_str()).collect();
+    assert_eq!(
+        kinds,
+        ["first_step", "watcher_failed", "compensation_failed"]
+    );
+    assert_eq!(ev[1].1["watcher"], "bob");
+}
+
+#[test]
+fn watcher_failure_with_compensation_records_the_compensation() {
+    let (_d, db) = fresh_db();
+    let mut s = Server::start(
+        &db,
+        "alice",
+        &["--clock-epoch", EPOCH, "--fault", "watcher-failure"],
+    );
+    let a = json!({"operation_id": "case-12b", "title": "spec", "watcher": "bob"});
+    let token = request_state(&s.call("create_issue", a.clone()));
+    let done = s.resume("create_issue", a, &token, body("alpha"));
+    assert_eq!(done["structuredContent"]["state"], "partial");
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "compensations"), 1);
+    let kinds: Vec<String> = events(&db).into_iter().map(|e| e.0).collect();
+    assert_eq!(
+        kinds,
+        ["first_step", "watcher_failed", "compensation_applied"]
+    );
+}
+
+fn crash_before_commit(fault: &str, code: i32) {
+    let (_d, db) = fresh_db();
+    let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH, "--fault", fault]);
+    let token = request_state(&s.call("create_issue", args("case-f")));
+    s.send(
+        &json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+        "name": "create_issue", "arguments": args("case-f"), "requestState": token,
+        "inputResponses": body("alpha"), "_meta": meta()}}),
+    );
+    assert_eq!(s.try_recv(), None);
+    assert_eq!(s.wait_exit(), code);
+    assert_eq!(count(&db, "issues"), 0);
+    assert_eq!(count(&db, "operations"), 0);
+    let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    assert_eq!(s.status("case-f")["state"], "unknown");
+    // Nothing committed, so the same continuation may now run for the first time.
+    let retry = s.resume("create_issue", args("case-f"), &token, body("alpha"));
+    assert_eq!(retry["structuredContent"]["replayed"], false);
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "issues"), 1);
+}
+
+#[test]
+fn exit_after_ledger_insert_leaves_no_rows() {
+    crash_before_commit("exit-after-ledger-insert", 71);
+}
+
+#[test]
+fn exit_after_effect_insert_leaves_no_rows() {
+    crash_before_commit("exit-after-effect-insert", 72);
+}
+
+#[test]
+fn exit_after_partial_first_commit_leaves_an_in_progress_row() {
+    let (_d, db) = fresh_db();
+    let a = json!({"operation_id": "case-73", "title": "spec", "watcher": "bob"});
+    let mut s = Server::start(
+        &db,
+        "alice",
+        &[
+            "--clock-epoch",
+            EPOCH,
+            "--fault",
+            "exit-after-partial-first-commit",
+        ],
+    );
+    let token = request_state(&s.call("create_issue", a.clone()));
+    s.send(
+        &json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+        "name": "create_issue", "arguments": a, "requestState": token,
+        "inputResponses": body("alpha"), "_meta": meta()}}),
+    );
+    assert_eq!(s.try_recv(), None);
+    assert_eq!(s.wait_exit(), 73);
+    assert_eq!(count(&db, "operations"), 1);
+    assert_eq!(
+        scalar(
+            &db,
+            "SELECT count(*) FROM operations WHERE state = 'in_progress'"
+        ),
+        1
+    );
+    let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    let st = s.status("case-73");
+    assert_eq!(st["state"], "unknown");
+    assert_eq!(st["authoritative"], false);
+    let replay = s.resume("create_issue", a, &token, body("alpha"));
+    assert_eq!(error_code(&replay), "operation_in_progress");
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "issues"), 1);
+    assert_eq!(count(&db, "issue_watchers"), 0);
+}
+
+#[test]
+fn a_fault_never_fires_on_a_replay() {
+    let (_d, db) = fresh_db();
+    let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    let (token, _) = create(&mut s, "case-nf", "alpha");
+    assert_eq!(s.finish(), 0);
+    for fault in [
+        "drop-after-commit",
+        "exit-after-ledger-insert",
+        "exit-after-effect-insert",
+    ] {
+        let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH, "--fault", fault]);
+        let replay = s.resume("create_issue", args("case-nf"), &token, body("alpha"));
+        assert_eq!(replay["structuredContent"]["replayed"], true, "{fault}");
+        assert_eq!(s.finish(), 0);
+    }
+    assert_eq!(count(&db, "issues"), 1);
+}
+
+#[test]
+fn two_processes_sending_the_same_continuation_at_once_make_one_issue() {
+    let (_d, db) = fresh_db();
+    let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    let token = request_state(&s.call("create_issue", args("case-08")));
+    assert_eq!(s.finish(), 0);
+    let mut a = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    let mut b = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    // Both servers are up (each answers a status) before the race starts.
+    assert_eq!(a.status("case-08")["state"], "unknown");
+    assert_eq!(b.status("case-08")["state"], "unknown");
+    let line = json!({"jsonrpc": "2.0", "id": 50, "method": "tools/call", "params": {
+        "name": "create_issue", "arguments": args("case-08"), "requestState": token,
+        "inputResponses": body("alpha"), "_meta": meta()}})
+    .to_string();
+    a.send_line(&line);
+    b.send_line(&line);
+    let ra = a.recv();
+    let rb = b.recv();
+    let mut replayed = [
+        ra["result"]["structuredContent"]["replayed"]
+            .as_bool()
+            .unwrap(),
+        rb["result"]["structuredContent"]["replayed"]
+            .as_bool()
+            .unwrap(),
+    ];
+    replayed.sort();
+    assert_eq!(replayed, [false, true]);
+    assert_eq!(
+        ra["result"]["structuredContent"]["effectId"],
+        rb["result"]["structuredContent"]["effectId"]
+    );
+    assert_eq!(a.finish(), 0);
+    assert_eq!(b.finish(), 0);
+    assert_eq!(count(&db, "issues"), 1);
+    assert_eq!(count(&db, "operations"), 1);
+}
+
+#[test]
+fn legacy_initialize_lifecycle_lists_tools_and_refuses_the_second_round_clearly() {
+    let (_d, db) = fresh_db();
+    let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    s.send(
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "legacy", "version": "1"}}}),
+    );
+    let init = s.recv();
+    assert_eq!(init["result"]["protocolVersion"], "2025-11-25");
+    assert_eq!(init["result"]["serverInfo"]["name"], "toolledger");
+    s.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    s.send(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}));
+    let list = s.recv();
+    let names: Vec<&str> = list["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"create_issue") && names.contains(&"get_operation_status"));
+    s.send(
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+        "name": "create_issue", "arguments": args("legacy-1")}}),
+    );
+    let r = s.recv();
+    assert_eq!(error_code(&r["result"]), "continuation_unsupported");
+    assert!(r["result"].get("resultType").is_none(), "legacy shape: {r}");
+    s.send(
+        &json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {
+        "name": "get_operation_status", "arguments": {"operation_id": "legacy-1"}}}),
+    );
+    let st = s.recv();
+    assert_eq!(st["result"]["structuredContent"]["state"], "unknown");
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "issues"), 0);
+}
+
+#[test]
+fn tool_annotations_are_honest() {
+    let (_d, db) = fresh_db();
+    for (flags, idempotent) in [(vec![], true), (vec!["--unguarded"], false)] {
+        let mut s = Server::start(&db, "alice", &flags);
+        s.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list",
+                       "params": {"_meta": meta()}}));
+        let list = s.recv();
+        let tools = list["result"]["tools"].as_array().unwrap().clone();
+        let find = |n: &str| tools.iter().find(|t| t["name"] == n).unwrap().clone();
+        let status = find("get_operation_status");
+        assert_eq!(status["annotations"]["readOnlyHint"], true);
+        let create = find("create_issue");
+        assert_eq!(create["annotations"]["readOnlyHint"], false);
+        assert_eq!(create["annotations"]["idempotentHint"], idempotent);
+        assert_eq!(s.finish(), 0);
+    }
+}

@@ -1,0 +1,47 @@
+"""set_interval through the official MCP Python SDK (mcp==2.3.0) in legacy mode
+(initialize lifecycle, 2025-11-25).
+
+Usage: legacy_set_interval.py TOOLLEDGER_BIN DB_PATH BACKEND_ID
+Prints one JSON object with the negotiated version, the tool names and both replies.
+"""
+
+import asyncio
+import json
+import sys
+
+from mcp import Client, StdioServerParameters
+
+
+async def main():
+    binary, db, backend = sys.argv[1], sys.argv[2], sys.argv[3]
+    server = StdioServerParameters(
+        command=binary,
+        args=["serve", "--db", db, "--backend-id", backend, "--principal", "alice"],
+    )
+    out = {}
+    async with Client(server, mode="legacy") as client:
+        out["protocol_version"] = client.protocol_version
+        tools = await client.list_tools()
+        out["tools"] = sorted(t.name for t in tools.tools)
+        created = await client.call_tool(
+            "create_automation", {"request_id": "py-c1", "interval_minutes": 30}
+        )
+        out["created"] = created.structured_content
+        args = {
+            "request_id": "py-s1",
+            "automation_id": created.structured_content["id"],
+            "expected_version": 1,
+            "interval_minutes": 60,
+        }
+        first = await client.call_tool("set_interval", args)
+        again = await client.call_tool("set_interval", args)
+        out["set_interval"] = [first.structured_content, again.structured_content]
+        issue = await client.call_tool("create_issue", {"operation_id": "py-l", "title": "t"})
+        out["create_issue_legacy"] = {
+            "is_error": issue.is_error,
+            "structured": issue.structured_content,
+        }
+    print(json.dumps(out, sort_keys=True))
+
+
+asyncio.run(main())
