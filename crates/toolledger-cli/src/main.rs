@@ -1,11 +1,17 @@
 //! The `toolledger` binary: reference MCP server, outbox worker, operator commands, demos and
 //! benchmarks.
 
+mod cmd_approve;
+mod cmd_audit;
+mod cmd_bench;
 mod cmd_call;
 mod cmd_demo;
+mod cmd_dispatch;
 mod cmd_fingerprint;
 mod cmd_principal;
 mod cmd_serve;
+mod cmd_status;
+mod cmd_worker;
 mod demo_lost_reply;
 
 use toolledger_cli::{common, reference};
@@ -30,6 +36,8 @@ enum Command {
         #[command(subcommand)]
         cmd: cmd_principal::PrincipalCmd,
     },
+    /// Measure throughput and latency of the ledger's hot paths (one JSON line per workload).
+    Bench(cmd_bench::BenchArgs),
     /// Invoke one reference tool through the ledger, without MCP.
     Call(cmd_call::CallArgs),
     /// Run self-checking demos on a fresh temporary database.
@@ -37,6 +45,16 @@ enum Command {
     /// Print the DESIGN §6 fingerprint of each JSON request line on stdin, one lowercase hex
     /// digest per line; the key is read from TOOLLEDGER_FINGERPRINT_KEY_HEX.
     Fingerprint,
+    /// Approve one exact intent (the approver must hold the role `approver`).
+    Approve(cmd_approve::ApproveArgs),
+    /// Audit a ledger: integrity, foreign keys, WAL + FULL, runtime invariants, counts.
+    Audit(cmd_audit::AuditArgs),
+    /// Dispatch the deferred call a runtime fixture describes (seed 001).
+    Dispatch(cmd_dispatch::DispatchArgs),
+    /// Explicit status query for a dispatched operation; reconciles a downstream receipt.
+    Status(cmd_status::StatusArgs),
+    /// Deliver pending outbox events and reclaim expired leases.
+    Worker(cmd_worker::WorkerArgs),
     /// Create a ledger database or migrate an existing one forward.
     Migrate {
         #[command(flatten)]
@@ -50,9 +68,15 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Principal { cmd } => cmd_principal::run(cmd),
+        Command::Bench(args) => cmd_bench::run(args),
         Command::Call(args) => cmd_call::run(args),
         Command::Demo(args) => cmd_demo::run(args),
         Command::Fingerprint => cmd_fingerprint::run(),
+        Command::Approve(args) => cmd_approve::run(args),
+        Command::Audit(args) => cmd_audit::run(args),
+        Command::Dispatch(args) => cmd_dispatch::run(args),
+        Command::Status(args) => cmd_status::run(args),
+        Command::Worker(args) => cmd_worker::run(args),
         Command::Migrate { store } => match store.open_with(true) {
             Ok(s) => {
                 common::print_json(&serde_json::json!({
