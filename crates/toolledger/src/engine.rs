@@ -477,13 +477,7 @@ impl Engine {
             key.to_string(),
         ];
         self.store
-            .read(move |conn| {
-                let sql = format!(
-                    "{SELECT_RECORD} WHERE tenant = ?1 AND subject = ?2 AND tool = ?3
-                       AND idempotency_key = ?4"
-                );
-                load_records(conn, &sql, &args).map(|mut v| v.pop())
-            })
+            .read(move |conn| load_records(conn, BY_SCOPE, &args).map(|mut v| v.pop()))
             .await
     }
 
@@ -496,11 +490,7 @@ impl Engine {
     ) -> Result<Vec<OperationRecord>, Error> {
         let args = [tool.to_string(), key.to_string()];
         self.store
-            .read(move |conn| {
-                let sql =
-                    format!("{SELECT_RECORD} WHERE tool = ?1 AND idempotency_key = ?2 ORDER BY id");
-                load_records(conn, &sql, &args)
-            })
+            .read(move |conn| load_records(conn, BY_TOOL_KEY, &args))
             .await
     }
 
@@ -511,10 +501,7 @@ impl Engine {
     ) -> Result<Option<OperationRecord>, Error> {
         let args = [status_ref.to_string()];
         self.store
-            .read(move |conn| {
-                let sql = format!("{SELECT_RECORD} WHERE status_ref = ?1");
-                load_records(conn, &sql, &args).map(|mut v| v.pop())
-            })
+            .read(move |conn| load_records(conn, BY_STATUS_REF, &args).map(|mut v| v.pop()))
             .await
     }
 
@@ -675,10 +662,24 @@ fn new_status_ref() -> Result<String, Error> {
     Ok(format!("op_{}", hex::encode(bytes)))
 }
 
-const SELECT_RECORD: &str = "SELECT id, tenant, subject, tool, idempotency_key, request_digest,
+/// The columns of an [`OperationRecord`], followed by a `WHERE` clause given as a literal.
+macro_rules! select_record {
+    ($where:literal) => {
+        concat!(
+            "SELECT id, tenant, subject, tool, idempotency_key, request_digest,
     input_rev, output_rev, effect_rev, handler_rev, producer_rev, policy_rev, arguments,
     fingerprint, effect_kind, state, result, result_digest, status_ref, authority_deadline,
-    retention_deadline, created_at, updated_at FROM operations";
+    retention_deadline, created_at, updated_at FROM operations",
+            " ",
+            $where
+        )
+    };
+}
+
+const BY_SCOPE: &str =
+    select_record!("WHERE tenant = ?1 AND subject = ?2 AND tool = ?3 AND idempotency_key = ?4");
+const BY_TOOL_KEY: &str = select_record!("WHERE tool = ?1 AND idempotency_key = ?2 ORDER BY id");
+const BY_STATUS_REF: &str = select_record!("WHERE status_ref = ?1");
 
 struct RawRecord {
     id: i64,
@@ -843,16 +844,13 @@ fn examine(
             ));
         }
     }
-    let sql = format!(
-        "{SELECT_RECORD} WHERE tenant = ?1 AND subject = ?2 AND tool = ?3 AND idempotency_key = ?4"
-    );
     let args = [
         p.principal.tenant.clone(),
         p.principal.subject.clone(),
         p.contract.name.clone(),
         p.key.clone(),
     ];
-    let Some(record) = load_records(conn, &sql, &args)?.pop() else {
+    let Some(record) = load_records(conn, BY_SCOPE, &args)?.pop() else {
         return Ok(None);
     };
     if record.request_digest != p.request_digest || record.fingerprint != p.fingerprint {
