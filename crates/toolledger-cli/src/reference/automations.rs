@@ -450,6 +450,53 @@ mod tests {
         .is_ok());
     }
 
+    fn field_value() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            (-3i64..1500).prop_map(|i| json!(i)),
+            any::<i64>().prop_map(|i| json!(i)),
+            (-1e6f64..1e6).prop_map(|f| json!(f)),
+            "[A-Za-z0-9_ -]{0,70}".prop_map(Value::String),
+            Just(json!([])),
+            Just(json!({})),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Any JSON in any field: never a panic; accepted exactly when every field satisfies
+        /// seed 000's rules (checked here independently of the parser).
+        #[test]
+        fn set_interval_validation_matches_the_rules(
+            id in field_value(), target in field_value(), version in field_value(),
+            minutes in field_value(), extra in proptest::option::of(field_value()),
+        ) {
+            let mut args = json!({"request_id": id, "automation_id": target,
+                                  "expected_version": version, "interval_minutes": minutes});
+            if let Some(e) = &extra {
+                args["extra"] = e.clone();
+            }
+            let int = |v: &Value| v.as_i64().filter(|_| v.is_i64() || v.is_u64());
+            let safe = |i: i64| i.unsigned_abs() <= toolledger::json::MAX_SAFE_INTEGER as u64;
+            let expected = extra.is_none()
+                && id.as_str().is_some_and(|s| {
+                    (1..=64).contains(&s.len())
+                        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+                })
+                && int(&target).is_some_and(|i| i >= 1 && safe(i))
+                && int(&version).is_some_and(|i| i >= 1 && safe(i))
+                && int(&minutes).is_some_and(|i| (5..=1440).contains(&i));
+            match Request::parse(SET_INTERVAL, &args) {
+                Ok(_) => proptest::prop_assert!(expected, "accepted {}", args),
+                Err(e) => {
+                    proptest::prop_assert!(!expected, "refused {}: {}", args, e);
+                    proptest::prop_assert_eq!(e.code, ErrorCode::InvalidArguments);
+                }
+            }
+        }
+    }
+
     #[test]
     fn schemas_exist_for_every_tool() {
         for t in TOOLS {
