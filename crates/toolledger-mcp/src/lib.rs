@@ -25,9 +25,11 @@ pub mod reply;
 pub mod server;
 pub mod state;
 pub mod status;
+pub mod tool;
 
 pub use caller::{bearer_auth, AuthenticatedName, Caller, CallerSource};
 pub use guard::{Guard, GuardConfig, GuardedRequest, Resumed};
 pub use keys::KeyMaterial;
 pub use server::{LedgerServer, McpTool, ToolCall};
 pub use status::{EffectObserver, Observation, StatusTool};
+pub use tool::{GuardedTool, LedgerResultObserver};
