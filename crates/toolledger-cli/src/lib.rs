@@ -3,4 +3,5 @@
 
 pub mod common;
 pub mod fixture;
+pub mod fixture;
 pub mod reference;

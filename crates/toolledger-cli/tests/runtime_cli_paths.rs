@@ -1,0 +1,261 @@
+//! The seed's CLI paths: PASS, BLOCK → status → PASS, audit, replay across processes,
+//! crash points injected in process, worker passes and revocation.
+
+mod runtime_cli_support;
+
+use runtime_cli_support::*;
+use serde_json::json;
+
+const T0: i64 = 1_767_225_600;
+
+#[test]
+fn the_pass_path_and_a_replay_in_a_new_process() {
+    let d = Db::new();
+    let f = example("refund-order.json");
+    let a = d.approve(&f, "bob");
+    assert_eq!(a.code, 0, "{}", a.stderr);
+    assert_eq!(a.json()["approval_id"], "approval-ord-1001-a");
+    let first = d.dispatch(&f, &[]);
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    let v = first.json();
+    assert_eq!(v["gate"], "PASS");
+    assert_eq!(v["code"], "OK");
+    assert_eq!(v["delivery"], "fresh");
+    assert_eq!(v["status"], "succeeded");
+    assert_eq!(v["result"]["amount_cents"], 1250);
+    assert!(first.stderr.is_empty());
+    let again = d.dispatch(&f, &[]);
+    assert_eq!(again.code, 0);
+    assert_eq!(again.json()["delivery"], "local_replay");
+    assert_eq!(again.json()["status_ref"], v["status_ref"]);
+    assert_eq!(again.json()["result"], v["result"]);
+    assert_eq!(d.downstream_receipts(), 1);
+    assert_eq!(d.int("SELECT count(*) FROM operations"), 1);
+    let audit = d.run("audit", &[]);
+    assert_eq!(audit.code, 0, "{}", audit.stdout);
+    let r = audit.json();
+    assert_eq!(r["gate"], "PASS");
+    assert_eq!(r["checks"]["journal_mode"], "wal");
+    assert_eq!(r["checks"]["synchronous"], "full");
+    assert_eq!(r["checks"]["integrity_check"], "ok");
+    assert_eq!(r["counts"]["operations"], json!({"succeeded": 1}));
+    assert_eq!(r["counts"]["outbox"], json!({"delivered": 1}));
+    assert_eq!(r["downstream"]["receipts"], 1);
+}
+
+#[test]
+fn block_then_status_then_pass() {
+    let d = Db::new();
+    let f = example("refund-order.json");
+    assert_eq!(d.approve(&f, "bob").code, 0);
+    let blocked = d.dispatch(&f, &["--failure", "after_downstream_commit"]);
+    assert_eq!(blocked.code, 1, "{}", blocked.stderr);
+    let b = blocked.json();
+    assert_eq!(b["gate"], "BLOCK");
+    assert_eq!(b["code"], "OUTCOME_UNKNOWN");
+    let sr = b["status_ref"].as_str().unwrap().to_string();
+    assert_eq!(d.downstream_receipts(), 1);
+    assert_eq!(d.int("SELECT count(*) FROM local_receipts"), 0);
+    // Dispatch again: the same status ref, still unknown, nothing reconciled.
+    let again = d.dispatch(&f, &[]);
+    assert_eq!(again.code, 1);
+    assert_eq!(again.json()["status_ref"], sr.as_str());
+    assert_eq!(again.json()["code"], "OUTCOME_UNKNOWN");
+    assert_eq!(d.int("SELECT count(*) FROM local_receipts"), 0);
+    // The explicit status query reconciles.
+    let s = d.status(&f, &sr);
+    assert_eq!(s.code, 0, "{}", s.stderr);
+    let sv = s.json();
+    assert_eq!(sv["gate"], "PASS");
+    assert_eq!(sv["delivery"], "receipt_reconciled");
+    assert_eq!(sv["status"], "succeeded");
+    assert_eq!(sv["status_ref"], sr.as_str());
+    assert_eq!(d.status(&f, &sr).json()["delivery"], "local_replay");
+    assert_eq!(d.dispatch(&f, &[]).json()["delivery"], "local_replay");
+    assert_eq!(d.downstream_receipts(), 1);
+    assert_eq!(d.run("audit", &[]).code, 0);
+}
+
+#[test]
+fn after_intent_commit_and_after_claim_are_recovered_by_a_worker() {
+    let d = Db::new();
+    let f = example("refund-order.json");
+    assert_eq!(d.approve(&f, "bob").code, 0);
+    let r = d.dispatch(&f, &["--failure", "after_intent_commit"]);
+    assert_eq!(r.code, 1);
+    assert_eq!(r.json()["status"], "accepted");
+    assert_eq!(d.text("SELECT state FROM outbox"), "pending");
+    let w = d.run("worker", &["--once", "--clock-epoch", &T0.to_string()]);
+    assert_eq!(w.code, 0, "{}", w.stderr);
+    assert_eq!(w.json()["delivered"], 1);
+    assert_eq!(w.json()["stopped_by"], "once");
+    assert_eq!(d.dispatch(&f, &[]).json()["delivery"], "local_replay");
+
+    let d = Db::new();
+    assert_eq!(d.approve(&f, "bob").code, 0);
+    let r = d.dispatch(&f, &["--failure", "after_claim"]);
+    assert_eq!(r.code, 1);
+    assert_eq!(r.json()["status"], "processing");
+    let early = d.run(
+        "worker",
+        &["--once", "--clock-epoch", &(T0 + 29).to_string()],
+    );
+    assert_eq!(
+        early.json()["delivered"],
+        0,
+        "an unexpired lease is not taken over"
+    );
+    assert_eq!(d.downstream_receipts(), 0);
+    let late = d.run(
+        "worker",
+        &["--once", "--clock-epoch", &(T0 + 30).to_string()],
+    );
+    assert_eq!(late.json()["delivered"], 1);
+    assert_eq!(d.int("SELECT fencing_token FROM local_receipts"), 2);
+    assert_eq!(d.run("audit", &[]).code, 0);
+}
+
+#[test]
+fn revocation_hides_the_operation_behind_the_same_not_found() {
+    let d = Db::new();
+    let f = example("refund-support-admin.json");
+    assert_eq!(d.approve(&f, "bob").code, 0);
+    let pass = d.dispatch(&f, &[]);
+    assert_eq!(pass.code, 0, "{}", pass.stdout);
+    let sr = pass.json()["status_ref"].as_str().unwrap().to_string();
+    let absent = d.status(&f, "op_00000000000000000000000000000000");
+    assert_eq!(absent.code, 1);
+    let revoke = run(&[
+        "principal",
+        "revoke",
+        "carol",
+        "--role",
+        "support_admin",
+        "--db",
+        d.db(),
+    ]);
+    assert_eq!(revoke.code, 0, "{}", revoke.stderr);
+    let status = d.status(&f, &sr);
+    let replay = d.dispatch(&f, &[]);
+    assert_eq!(status.code, 1);
+    assert_eq!(status.json(), absent.json());
+    assert_eq!(replay.json(), absent.json());
+    assert_eq!(absent.json()["code"], "NOT_FOUND");
+    assert!(!status.stdout.contains("ord-2002"));
+}
+
+#[test]
+fn refusals_are_blocks_with_typed_codes() {
+    let d = Db::new();
+    let f = example("refund-order.json");
+    // No approval issued.
+    let r = d.dispatch(&f, &[]);
+    assert_eq!(r.code, 1);
+    assert_eq!(r.json()["code"], "APPROVAL_INVALID");
+    // The requester cannot approve their own intent.
+    let own = d.approve(&f, "alice");
+    assert_eq!(own.code, 1);
+    assert_eq!(own.json()["code"], "PERMISSION_DENIED");
+    // A different intent under the same key conflicts.
+    assert_eq!(d.approve(&f, "bob").code, 0);
+    assert_eq!(d.dispatch(&f, &[]).code, 0);
+    let other = variant(
+        d.dir.path(),
+        "other.json",
+        &[("\"amount_cents\": 1250", "\"amount_cents\": 1300")],
+    );
+    let c = d.dispatch(&other, &[]);
+    assert_eq!(c.code, 1);
+    assert_eq!(c.json()["code"], "OPERATION_CONFLICT");
+    // Invalid tool arguments.
+    let bad = variant(
+        d.dir.path(),
+        "bad.json",
+        &[("\"amount_cents\": 1250", "\"amount_cents\": 0")],
+    );
+    let b = d.dispatch(&bad, &[]);
+    assert_eq!(b.code, 1);
+    assert_eq!(b.json()["code"], "INVALID_ARGUMENTS");
+    assert_eq!(d.int("SELECT count(*) FROM operations"), 1);
+}
+
+#[test]
+fn audit_blocks_on_broken_invariants_and_names_receipts_only_opaquely() {
+    let d = Db::new();
+    let f = example("refund-order.json");
+    assert_eq!(d.approve(&f, "bob").code, 0);
+    assert_eq!(d.dispatch(&f, &[]).code, 0);
+    let receipt_id = d.text("SELECT receipt_id FROM local_receipts");
+    d.ledger()
+        .execute_batch("UPDATE operations SET state = 'processing'")
+        .unwrap();
+    let a = d.run("audit", &[]);
+    assert_eq!(a.code, 1);
+    let v = a.json();
+    assert_eq!(v["gate"], "BLOCK");
+    let rules: Vec<&str> = v["violations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["rule"].as_str().unwrap())
+        .collect();
+    assert!(rules.contains(&"orphan_receipt"), "{rules:?}");
+    assert!(rules.contains(&"delivered_event_without_succeeded_operation"));
+    assert!(
+        !a.stdout.contains(&receipt_id),
+        "receipts are named opaquely"
+    );
+    assert!(!a.stdout.contains("ord-1001"));
+    // A tampered receipt body is found too.
+    let d2 = Db::new();
+    assert_eq!(d2.approve(&f, "bob").code, 0);
+    assert_eq!(d2.dispatch(&f, &[]).code, 0);
+    d2.ledger()
+        .execute_batch("UPDATE local_receipts SET receipt = replace(receipt, '1250', '9999')")
+        .unwrap();
+    let a2 = d2.run("audit", &[]);
+    assert_eq!(a2.code, 1);
+    assert!(a2.stdout.contains("stored_json_or_digest_mismatch"));
+}
+
+#[test]
+fn store_failures_exit_2_with_a_path_free_code() {
+    let d = Db::new();
+    let f = example("refund-order.json");
+    let missing = d.run("audit", &[]);
+    assert_eq!(missing.code, 2);
+    assert_eq!(missing.stdout, "");
+    assert_eq!(
+        missing.stderr.trim(),
+        r#"{"error":{"code":"DATABASE_NOT_FOUND"}}"#
+    );
+    std::fs::write(&d.db, vec![0x42u8; 8192]).unwrap();
+    for r in [
+        d.dispatch(&f, &[]),
+        d.run("audit", &[]),
+        d.status(&f, "op_x"),
+    ] {
+        assert_eq!(r.code, 2);
+        assert_eq!(r.stdout, "");
+        assert_eq!(r.stderr.trim(), r#"{"error":{"code":"DATABASE_CORRUPT"}}"#);
+        assert!(!r.stderr.contains(d.dir.path().to_str().unwrap()));
+    }
+    // A trigger-injected failure inside transaction A: exit 2, nothing of the intent remains.
+    let d = Db::new();
+    assert_eq!(d.approve(&f, "bob").code, 0);
+    d.ledger()
+        .execute_batch(
+            "CREATE TRIGGER fail_outbox BEFORE INSERT ON outbox
+             BEGIN SELECT RAISE(ABORT, 'injected'); END;",
+        )
+        .unwrap();
+    let r = d.dispatch(&f, &[]);
+    assert_eq!(r.code, 2);
+    assert_eq!(r.stderr.trim(), r#"{"error":{"code":"SQLITE_ERROR"}}"#);
+    assert_eq!(d.int("SELECT count(*) FROM operations"), 0);
+    assert_eq!(d.int("SELECT count(*) FROM outbox"), 0);
+    assert_eq!(
+        d.int("SELECT count(*) FROM approvals WHERE consumed_at IS NOT NULL"),
+        0
+    );
+}
