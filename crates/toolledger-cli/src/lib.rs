@@ -3,5 +3,4 @@
 
 pub mod common;
 pub mod fixture;
-pub mod fixture;
 pub mod reference;

@@ -2,20 +2,15 @@
 //! benchmarks.
 
 mod cmd_approve;
-mod cmd_approve;
-mod cmd_audit;
 mod cmd_audit;
 mod cmd_bench;
 mod cmd_call;
 mod cmd_demo;
 mod cmd_dispatch;
-mod cmd_dispatch;
 mod cmd_fingerprint;
 mod cmd_principal;
 mod cmd_serve;
 mod cmd_status;
-mod cmd_status;
-mod cmd_worker;
 mod cmd_worker;
 mod demo_lost_reply;
 
@@ -60,16 +55,6 @@ enum Command {
     Status(cmd_status::StatusArgs),
     /// Deliver pending outbox events and reclaim expired leases.
     Worker(cmd_worker::WorkerArgs),
-    /// Approve one exact intent (the approver must hold the role `approver`).
-    Approve(cmd_approve::ApproveArgs),
-    /// Audit a ledger: integrity, foreign keys, WAL + FULL, runtime invariants, counts.
-    Audit(cmd_audit::AuditArgs),
-    /// Dispatch the deferred call a runtime fixture describes (seed 001).
-    Dispatch(cmd_dispatch::DispatchArgs),
-    /// Explicit status query for a dispatched operation; reconciles a downstream receipt.
-    Status(cmd_status::StatusArgs),
-    /// Deliver pending outbox events and reclaim expired leases.
-    Worker(cmd_worker::WorkerArgs),
     /// Create a ledger database or migrate an existing one forward.
     Migrate {
         #[command(flatten)]
@@ -87,11 +72,6 @@ fn main() -> ExitCode {
         Command::Call(args) => cmd_call::run(args),
         Command::Demo(args) => cmd_demo::run(args),
         Command::Fingerprint => cmd_fingerprint::run(),
-        Command::Approve(args) => cmd_approve::run(args),
-        Command::Audit(args) => cmd_audit::run(args),
-        Command::Dispatch(args) => cmd_dispatch::run(args),
-        Command::Status(args) => cmd_status::run(args),
-        Command::Worker(args) => cmd_worker::run(args),
         Command::Approve(args) => cmd_approve::run(args),
         Command::Audit(args) => cmd_audit::run(args),
         Command::Dispatch(args) => cmd_dispatch::run(args),

@@ -6,7 +6,6 @@ use toolledger::store::Migration;
 pub mod automations;
 pub mod issues;
 pub mod refunds;
-pub mod refunds;
 pub mod tools;
 
 /// The reference domain's migrations, each module under its own namespace.
@@ -14,28 +13,7 @@ pub const MIGRATIONS: &[Migration] = &[
     automations::MIGRATIONS[0],
     issues::MIGRATIONS[0],
     refunds::MIGRATIONS[0],
-    refunds::MIGRATIONS[0],
 ];
-
-/// What `toolledger approve --tool TOOL` approves for a reference tool that takes approvals:
-/// the requester's scope `key` with the tool's binding of `arguments` (for `refund_order` the
-/// business arguments `{order_id, amount_cents}` and the MCP provider context of `key`).
-pub fn approval_target(
-    tool: &str,
-    requester: &toolledger::Principal,
-    key: &str,
-    arguments: &serde_json::Value,
-) -> Result<toolledger::approval::ApprovalTarget, toolledger::Error> {
-    match tool {
-        refunds::TOOL => refunds::approval_target_for(
-            requester,
-            key,
-            arguments,
-            &toolledger::runtime::ProviderContext::mcp(key),
-        ),
-        _ => Err(toolledger::Error::invalid("this tool takes no approvals")),
-    }
-}
 
 /// What `toolledger approve --tool TOOL` approves for a reference tool that takes approvals:
 /// the requester's scope `key` with the tool's binding of `arguments` (for `refund_order` the
