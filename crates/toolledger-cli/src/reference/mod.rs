@@ -4,6 +4,7 @@
 use toolledger::store::Migration;
 
 pub mod automations;
+pub mod drafts;
 pub mod issues;
 pub mod refunds;
 pub mod tools;
@@ -11,6 +12,7 @@ pub mod tools;
 /// The reference domain's migrations, each module under its own namespace.
 pub const MIGRATIONS: &[Migration] = &[
     automations::MIGRATIONS[0],
+    drafts::MIGRATIONS[0],
     issues::MIGRATIONS[0],
     refunds::MIGRATIONS[0],
 ];
@@ -31,6 +33,7 @@ pub fn approval_target(
             arguments,
             &toolledger::runtime::ProviderContext::mcp(key),
         ),
+        drafts::TOOL => drafts::approval_target_for(requester, key, arguments),
         _ => Err(toolledger::Error::invalid("this tool takes no approvals")),
     }
 }

@@ -13,6 +13,7 @@ use toolledger_mcp::status::{EffectObserver, StatusTool};
 use toolledger_mcp::Guard;
 
 use super::automations;
+use super::drafts::{CreateDraft, DraftObserver};
 use super::issues::{CreateIssue, IssueObserver};
 
 /// A named crash point accepted by `--fault`.
@@ -174,10 +175,16 @@ impl McpTool for AutomationTool {
 /// The reference server's tools, in `tools/list` order.
 pub fn registry(env: &ToolEnv) -> Vec<Arc<dyn McpTool>> {
     let store = env.guard.engine().store().clone();
-    let observers: Vec<(String, Arc<dyn EffectObserver>)> = vec![(
-        super::issues::TOOL.to_string(),
-        Arc::new(IssueObserver::new(store)),
-    )];
+    let observers: Vec<(String, Arc<dyn EffectObserver>)> = vec![
+        (
+            super::issues::TOOL.to_string(),
+            Arc::new(IssueObserver::new(store.clone())),
+        ),
+        (
+            super::drafts::TOOL.to_string(),
+            Arc::new(DraftObserver::new(store)),
+        ),
+    ];
     vec![
         Arc::new(CreateIssue::new(
             env.guard.clone(),
@@ -190,5 +197,6 @@ pub fn registry(env: &ToolEnv) -> Vec<Arc<dyn McpTool>> {
             env.clone(),
         )),
         Arc::new(AutomationTool::new(automations::SET_INTERVAL, env.clone())),
+        Arc::new(CreateDraft::new(env.guard.clone())),
     ]
 }

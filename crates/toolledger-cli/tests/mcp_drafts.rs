@@ -1,0 +1,205 @@
+//! Seed 004 over the MCP wire: `create_draft` needs the role editor and an approval from
+//! `toolledger approve`, consumed once in the draft's transaction; the operation id decides
+//! redelivery (replay never returns the text), the slug decides the document.
+
+mod mcp_support;
+
+use std::path::Path;
+use std::process::Command;
+
+use mcp_support::*;
+use serde_json::{json, Value};
+
+const NOW: i64 = 1_800_000_000;
+
+fn setup() -> (tempfile::TempDir, std::path::PathBuf) {
+    let (d, db) = fresh_db();
+    add_principal(&db, "ed", "acme", &["approver"], &[], false);
+    add_principal(&db, "viewer", "acme", &["reader"], &[], false);
+    (d, db)
+}
+
+fn payload(slug: &str, text: &str) -> Value {
+    json!({"slug": slug, "title": "New draft", "text": text, "kind": "article"})
+}
+
+/// `toolledger approve` for alice's `operation` with `payload`; returns the approval id.
+fn approve(db: &Path, operation: &str, payload: &Value, ttl: i64) -> String {
+    let out = Command::new(bin())
+        .args(["approve", "--db"])
+        .arg(db)
+        .args([
+            "--backend-id",
+            BACKEND,
+            "--approver",
+            "ed",
+            "--tool",
+            "create_draft",
+        ])
+        .args(["--requester", "alice", "--key", operation])
+        .args(["--arguments", &payload.to_string()])
+        .args(["--ttl", &ttl.to_string(), "--now", &NOW.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["approval_id"].as_str().unwrap().to_string()
+}
+
+fn call_args(operation: &str, payload: &Value, approval: Option<&str>) -> Value {
+    let mut a = payload.clone();
+    a["operation"] = json!(operation);
+    if let Some(id) = approval {
+        a["approval"] = json!(id);
+    }
+    a
+}
+
+fn server(db: &Path, who: &str, at: i64) -> Server {
+    Server::start(db, who, &["--clock-epoch", &at.to_string()])
+}
+
+#[test]
+fn approved_draft_is_written_once_and_a_replay_never_returns_the_text() {
+    let (_d, db) = setup();
+    let p = payload("new-draft", "secret body text");
+    let id = approve(&db, "draft-request-17", &p, 600);
+    let mut s = server(&db, "alice", NOW + 10);
+    let first = s.call("create_draft", call_args("draft-request-17", &p, Some(&id)));
+    assert_eq!(
+        first["structuredContent"],
+        json!({"slug": "new-draft", "draft": true, "replayed": false})
+    );
+    let again = s.call("create_draft", call_args("draft-request-17", &p, Some(&id)));
+    assert_eq!(
+        again["structuredContent"],
+        json!({"slug": "new-draft", "draft": true, "replayed": true})
+    );
+    assert!(!again.to_string().contains("secret body text"), "{again}");
+    let st = s.status("draft-request-17");
+    assert_eq!(st["state"], "applied");
+    assert_eq!(st["matchingIds"], json!([1]));
+    assert!(!st.to_string().contains("secret body text"));
+    assert_eq!(s.finish(), 0);
+
+    // After the approval expired, the exact retry still replays; nothing new is written.
+    let mut s = server(&db, "alice", NOW + 10_000);
+    let late = s.call("create_draft", call_args("draft-request-17", &p, Some(&id)));
+    assert_eq!(late["structuredContent"]["replayed"], true);
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "drafts"), 1);
+    assert_eq!(count(&db, "operations"), 1);
+    assert_eq!(
+        scalar(
+            &db,
+            "SELECT count(*) FROM approvals WHERE consumed_at IS NOT NULL"
+        ),
+        1
+    );
+}
+
+#[test]
+fn same_operation_with_changed_text_conflicts_and_keeps_the_original() {
+    let (_d, db) = setup();
+    let p = payload("d1", "first text");
+    let id = approve(&db, "op-a", &p, 600);
+    let mut s = server(&db, "alice", NOW + 1);
+    s.call("create_draft", call_args("op-a", &p, Some(&id)));
+    let changed = s.call(
+        "create_draft",
+        call_args("op-a", &payload("d1", "second text"), Some(&id)),
+    );
+    assert_eq!(error_code(&changed), "operation_conflict");
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "drafts"), 1);
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let text: String = conn
+        .query_row("SELECT text FROM drafts", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(text, "first text");
+}
+
+#[test]
+fn another_operation_for_the_same_slug_is_refused_and_overwrites_nothing() {
+    let (_d, db) = setup();
+    let p = payload("shared-slug", "text A");
+    let a = approve(&db, "op-a", &p, 600);
+    let b = approve(&db, "op-b", &p, 600);
+    let mut s = server(&db, "alice", NOW + 1);
+    s.call("create_draft", call_args("op-a", &p, Some(&a)));
+    let dup = s.call("create_draft", call_args("op-b", &p, Some(&b)));
+    assert_eq!(error_code(&dup), "business_state_changed");
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "drafts"), 1);
+    assert_eq!(count(&db, "operations"), 1);
+    // The refused call rolled back, so its approval is still unused.
+    assert_eq!(
+        scalar(
+            &db,
+            "SELECT count(*) FROM approvals WHERE consumed_at IS NULL"
+        ),
+        1
+    );
+}
+
+#[test]
+fn missing_unknown_expired_changed_or_used_approvals_are_refused_without_writes() {
+    let (_d, db) = setup();
+    let p = payload("d2", "text");
+    let good = approve(&db, "op-1", &p, 600);
+    let mut s = server(&db, "alice", NOW + 1);
+    let none = s.call("create_draft", call_args("op-1", &p, None));
+    assert_eq!(error_code(&none), "approval_required");
+    let unknown = s.call(
+        "create_draft",
+        call_args("op-1", &p, Some("appr_unknown_0001")),
+    );
+    assert_eq!(error_code(&unknown), "approval_invalid");
+    let changed = s.call(
+        "create_draft",
+        call_args("op-1", &payload("d2", "other text"), Some(&good)),
+    );
+    assert_eq!(error_code(&changed), "approval_invalid");
+    let other_op = s.call("create_draft", call_args("op-2", &p, Some(&good)));
+    assert_eq!(error_code(&other_op), "approval_invalid");
+    assert_eq!(s.finish(), 0);
+    let mut s = server(&db, "alice", NOW + 600);
+    let expired = s.call("create_draft", call_args("op-1", &p, Some(&good)));
+    assert_eq!(error_code(&expired), "approval_invalid");
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "drafts"), 0);
+    assert_eq!(count(&db, "operations"), 0);
+
+    let mut s = server(&db, "alice", NOW + 1);
+    let ok = s.call("create_draft", call_args("op-1", &p, Some(&good)));
+    assert_eq!(ok["structuredContent"]["replayed"], false);
+    let p3 = payload("d3", "text");
+    let used = s.call("create_draft", call_args("op-3", &p3, Some(&good)));
+    assert_eq!(error_code(&used), "approval_invalid");
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "drafts"), 1);
+}
+
+#[test]
+fn only_editors_may_create_drafts_even_on_replay() {
+    let (_d, db) = setup();
+    let p = payload("d4", "text");
+    let id = approve(&db, "op-e", &p, 600);
+    let mut s = server(&db, "viewer", NOW + 1);
+    let r = s.call("create_draft", call_args("op-e", &p, Some(&id)));
+    assert_eq!(error_code(&r), "permission_denied");
+    assert_eq!(s.finish(), 0);
+    let mut s = server(&db, "alice", NOW + 1);
+    s.call("create_draft", call_args("op-e", &p, Some(&id)));
+    assert_eq!(s.finish(), 0);
+    add_principal(&db, "alice", "acme", &["reader"], &[], false);
+    let mut s = server(&db, "alice", NOW + 2);
+    let replay = s.call("create_draft", call_args("op-e", &p, Some(&id)));
+    assert_eq!(error_code(&replay), "permission_denied");
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "drafts"), 1);
+}
