@@ -259,3 +259,40 @@ fn store_failures_exit_2_with_a_path_free_code() {
         0
     );
 }
+
+#[test]
+fn an_older_schema_needs_migrate_and_a_newer_one_is_refused() {
+    let d = Db::new();
+    let f = example("refund-order.json");
+    assert_eq!(d.run("migrate", &[]).code, 0);
+    // Turn the file into a schema-v1 ledger (before the runtime tables existed).
+    d.ledger()
+        .execute_batch(
+            "DROP TABLE local_receipts; DROP TABLE outbox; DROP TABLE deferred_intents;
+             DROP TABLE approvals;
+             DELETE FROM schema_migrations WHERE namespace = 'toolledger' AND version = 2;",
+        )
+        .unwrap();
+    let r = d.approve(&f, "bob");
+    assert_eq!(r.code, 2);
+    assert_eq!(r.stderr.trim(), r#"{"error":{"code":"SCHEMA_OUTDATED"}}"#);
+    assert_eq!(
+        d.int("SELECT count(*) FROM sqlite_schema WHERE name = 'outbox'"),
+        0
+    );
+    assert_eq!(d.run("migrate", &[]).code, 0);
+    assert_eq!(d.approve(&f, "bob").code, 0);
+    assert_eq!(d.dispatch(&f, &[]).code, 0);
+    // A schema newer than this program knows is refused, never touched.
+    d.ledger()
+        .execute_batch("INSERT INTO schema_migrations VALUES ('toolledger', 99)")
+        .unwrap();
+    for r in [
+        d.dispatch(&f, &[]),
+        d.run("audit", &[]),
+        d.run("migrate", &[]),
+    ] {
+        assert_eq!(r.code, 2);
+        assert_eq!(r.stderr.trim(), r#"{"error":{"code":"SCHEMA_TOO_NEW"}}"#);
+    }
+}

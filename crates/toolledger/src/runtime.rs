@@ -1669,10 +1669,31 @@ impl Runtime {
             })
         };
         // Heartbeat: a full lease for the downstream call, and proof nobody took over.
-        let lease = self.renew(lease).await?;
+        let mut lease = self.renew(lease).await?;
         let (tool, downstream) = self.tool(&record.scope.tool)?;
         let request = downstream_request(&record);
-        let receipt = match downstream.submit(&record.scope, &request).await {
+        let submitted = {
+            let submit = downstream.submit(&record.scope, &request);
+            tokio::pin!(submit);
+            // While the downstream call runs, renew the lease every third of its length. Once
+            // fenced (someone reclaimed), stop renewing; transaction C will be refused.
+            let period =
+                std::time::Duration::from_secs((self.config.lease_seconds / 3).max(1) as u64);
+            let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            let mut fenced = false;
+            loop {
+                tokio::select! {
+                    r = &mut submit => break r,
+                    _ = beat.tick(), if !fenced => match self.renew(&lease).await {
+                        Ok(renewed) => lease = renewed,
+                        Err(RuntimeError::Fenced(_)) => fenced = true,
+                        // A busy store is retried at the next beat.
+                        Err(_) => {}
+                    },
+                }
+            }
+        };
+        let receipt = match submitted {
             Ok(r) => r,
             Err(e) => {
                 let code = match e {

@@ -210,3 +210,87 @@ async fn a_worker_pass_enumerates_pending_events_and_expired_leases() {
     assert_eq!(h.count("local_receipts").await, 3);
     assert_eq!(h.downstream_receipts(), 3);
 }
+
+/// A downstream that waits at a gate before delegating, so a test can hold a worker inside
+/// its downstream call.
+#[derive(Debug)]
+struct Gated {
+    inner: toolledger::downstream::SqliteDownstream,
+    gate: std::sync::Arc<tokio::sync::Semaphore>,
+    waiting: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl toolledger::downstream::Downstream for Gated {
+    fn submit<'a>(
+        &'a self,
+        scope: &'a toolledger::Scope,
+        request: &'a serde_json::Value,
+    ) -> toolledger::downstream::BoxFuture<
+        'a,
+        Result<serde_json::Value, toolledger::downstream::DownstreamError>,
+    > {
+        Box::pin(async move {
+            self.waiting
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let _permit = self.gate.acquire().await.unwrap();
+            self.inner.submit(scope, request).await
+        })
+    }
+
+    fn status<'a>(
+        &'a self,
+        status_ref: &'a str,
+    ) -> toolledger::downstream::BoxFuture<
+        'a,
+        Result<Option<serde_json::Value>, toolledger::downstream::DownstreamError>,
+    > {
+        self.inner.status(status_ref)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_is_renewed_while_the_downstream_call_runs() {
+    use std::sync::Arc;
+    use toolledger::runtime::{ProviderProfile, Registry, Runtime, RuntimeConfig};
+    let h = Harness::new().await;
+    let gated = Gated {
+        inner: h.downstream.inner.clone(),
+        gate: Arc::new(tokio::sync::Semaphore::new(0)),
+        waiting: Arc::default(),
+    };
+    let gate = gated.gate.clone();
+    let waiting = gated.waiting.clone();
+    let registry = Registry::new()
+        .register(Arc::new(TestRefund::v("v1")), Arc::new(gated))
+        .allow_profile(ProviderProfile::new("openai", "responses", "2026-07-01"));
+    let rt = Runtime::new(h.store.clone(), Arc::new(h.clock.clone()), registry).with_config(
+        RuntimeConfig {
+            lease_seconds: 3,
+            max_attempts: 3,
+        },
+    );
+    let (event, _) = accepted(&h, "refund-1").await;
+    let lease = lease(rt.claim(event, "w1").await.unwrap());
+    assert_eq!(lease.until, T0 + 3);
+    let worker = {
+        let rt = rt.clone();
+        tokio::spawn(async move { rt.execute(&lease, None).await })
+    };
+    while waiting.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // Time passes inside the downstream call; only the heartbeat can move the lease now.
+    h.clock.set(T0 + 2);
+    while h.scalar_int("SELECT lease_until FROM outbox").await != Some(T0 + 5) {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(matches!(
+        rt.claim(event, "w2").await.unwrap(),
+        ClaimOutcome::Leased { .. }
+    ));
+    gate.add_permits(1);
+    assert!(matches!(
+        worker.await.unwrap().unwrap(),
+        Processed::Delivered(_)
+    ));
+}
