@@ -104,8 +104,12 @@ async fn serve(args: ServeArgs) -> Result<(), i32> {
         shared_key_namespace: true,
     };
     let guard = Guard::new(engine, &keys, config).map_err(|_| fail_code("KEY_ERROR"))?;
+    let downstream = crate::reference::refunds::default_downstream_path(&args.store.db);
+    let runtime = crate::reference::refunds::runtime(&store, &downstream, clock.clone())
+        .map_err(|_| fail_code("DOWNSTREAM_UNAVAILABLE"))?;
     let principals = PrincipalStore::new(store.clone()).with_clock(clock);
     let env = ToolEnv {
+        runtime: Some(runtime),
         guard,
         faults,
         unguarded: args.unguarded,

@@ -7,6 +7,7 @@ use rmcp::model::{CallToolResponse, Tool, ToolAnnotations};
 use serde_json::Value;
 use toolledger::authz::PrincipalStore;
 use toolledger::engine::{FaultHook, FaultPoint};
+use toolledger::runtime::Runtime;
 use toolledger_mcp::reply::tool_result;
 use toolledger_mcp::server::{BoxFuture, McpTool, ToolCall};
 use toolledger_mcp::status::{EffectObserver, StatusTool};
@@ -15,6 +16,7 @@ use toolledger_mcp::Guard;
 use super::automations;
 use super::drafts::{CreateDraft, DraftObserver};
 use super::issues::{CreateIssue, IssueObserver};
+use super::refunds;
 
 /// A named crash point accepted by `--fault`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -87,7 +89,7 @@ impl Faults {
 }
 
 /// Everything the reference tools need.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ToolEnv {
     /// The guard (engine, keys, deadlines).
     pub guard: Guard,
@@ -97,6 +99,69 @@ pub struct ToolEnv {
     pub unguarded: bool,
     /// The principal store (re-read on every call).
     pub principals: PrincipalStore,
+    /// The deferred-effect runtime for `refund_order` (`None`: the tool is not offered).
+    pub runtime: Option<Runtime>,
+}
+
+/// `refund_order` (seed 001): a deferred effect through the outbox to the payments service;
+/// the runtime owns the rules, this only carries the call over MCP.
+pub struct RefundTool {
+    runtime: Runtime,
+}
+
+impl RefundTool {
+    /// The tool over `runtime`.
+    pub fn new(runtime: Runtime) -> Self {
+        RefundTool { runtime }
+    }
+}
+
+impl McpTool for RefundTool {
+    fn definition(&self) -> Tool {
+        Tool::new(
+            refunds::TOOL,
+            "Refund (part of) an order you own; needs an approval from `toolledger approve \
+             --tool refund_order`. Delivered through the outbox to the payments service. \
+             Retrying with the same idempotency_key never refunds twice; an unfinished refund \
+             answers OUTCOME_UNKNOWN with its status_ref.",
+            as_object(serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "idempotency_key": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,128}$"},
+                    "order_id": {"type": "string", "minLength": 1, "maxLength": 64},
+                    "amount_cents": {"type": "integer", "minimum": 1,
+                                     "maximum": refunds::MAX_AMOUNT_CENTS},
+                    "approval": {"type": "string"},
+                },
+                "required": ["idempotency_key", "order_id", "amount_cents"],
+                "additionalProperties": false,
+            })),
+        )
+        .with_annotations(
+            ToolAnnotations::new()
+                .read_only(false)
+                .destructive(true)
+                .idempotent(true)
+                .open_world(true),
+        )
+    }
+
+    fn call(&self, call: ToolCall) -> BoxFuture<'_, CallToolResponse> {
+        Box::pin(async move {
+            let result = async {
+                let deferred =
+                    refunds::mcp_call(&call.caller.name, &Value::Object(call.arguments))?;
+                let answer = self
+                    .runtime
+                    .dispatch(&deferred, None)
+                    .await
+                    .map_err(toolledger::Error::from)?;
+                Ok(refunds::answer_json(&answer))
+            }
+            .await;
+            CallToolResponse::Complete(tool_result(result))
+        })
+    }
 }
 
 /// A seed 000 automation tool (`create_automation`, `set_interval`) served over MCP; the
@@ -185,7 +250,7 @@ pub fn registry(env: &ToolEnv) -> Vec<Arc<dyn McpTool>> {
             Arc::new(DraftObserver::new(store)),
         ),
     ];
-    vec![
+    let mut tools: Vec<Arc<dyn McpTool>> = vec![
         Arc::new(CreateIssue::new(
             env.guard.clone(),
             env.faults,
@@ -198,5 +263,9 @@ pub fn registry(env: &ToolEnv) -> Vec<Arc<dyn McpTool>> {
         )),
         Arc::new(AutomationTool::new(automations::SET_INTERVAL, env.clone())),
         Arc::new(CreateDraft::new(env.guard.clone())),
-    ]
+    ];
+    if let Some(runtime) = &env.runtime {
+        tools.push(Arc::new(RefundTool::new(runtime.clone())));
+    }
+    tools
 }

@@ -1,0 +1,117 @@
+//! Seed 001's `refund_order` over the MCP wire: approval from `toolledger approve`, delivery
+//! through the outbox to the payments stand-in, replay by idempotency key, owner-only access.
+
+mod mcp_support;
+
+use std::path::Path;
+use std::process::Command;
+
+use mcp_support::*;
+use serde_json::{json, Value};
+
+fn add_order(db: &Path, id: &str, owner: &str, amount: i64) {
+    let (db, id, owner) = (db.to_path_buf(), id.to_string(), owner.to_string());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let store =
+                toolledger_cli::common::open_store(&db, Some(BACKEND.to_string()), false).unwrap();
+            toolledger_cli::reference::refunds::ensure_order(
+                &store, "acme", &id, &owner, amount, true,
+            )
+            .await
+            .unwrap();
+        })
+    })
+    .join()
+    .unwrap();
+}
+
+fn approve(db: &Path, key: &str, business: &Value) -> String {
+    let out = Command::new(bin())
+        .args(["approve", "--db"])
+        .arg(db)
+        .args([
+            "--backend-id",
+            BACKEND,
+            "--approver",
+            "ed",
+            "--tool",
+            "refund_order",
+        ])
+        .args(["--requester", "alice", "--key", key])
+        .args(["--arguments", &business.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["approval_id"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn an_approved_refund_is_delivered_once_and_replayed_by_key() {
+    let (_d, db) = fresh_db();
+    add_principal(&db, "ed", "acme", &["approver"], &[], false);
+    add_order(&db, "o-1", "alice", 5000);
+    let business = json!({"order_id": "o-1", "amount_cents": 1200});
+    let approval = approve(&db, "refund-1", &business);
+    let args = json!({"idempotency_key": "refund-1", "order_id": "o-1", "amount_cents": 1200,
+                      "approval": approval});
+    let mut s = Server::start(&db, "alice", &[]);
+    let first = s.call("refund_order", args.clone());
+    assert_eq!(first["isError"], false, "{first}");
+    let f = &first["structuredContent"];
+    assert_eq!(f["code"], "OK");
+    assert_eq!(f["status"], "succeeded");
+    assert_eq!(f["delivery"], "fresh");
+    assert_eq!(f["result"]["refund"], "completed");
+    let again = s.call("refund_order", args);
+    let a = &again["structuredContent"];
+    assert_eq!(a["delivery"], "local_replay");
+    assert_eq!(a["status_ref"], f["status_ref"]);
+    assert_eq!(a["result"], f["result"]);
+
+    let changed = s.call(
+        "refund_order",
+        json!({"idempotency_key": "refund-1", "order_id": "o-1", "amount_cents": 1300,
+               "approval": approval}),
+    );
+    assert_eq!(error_code(&changed), "operation_conflict");
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "operations"), 1);
+}
+
+#[test]
+fn refunds_need_an_approval_and_the_owner() {
+    let (_d, db) = fresh_db();
+    add_principal(&db, "ed", "acme", &["approver"], &[], false);
+    add_order(&db, "o-2", "alice", 5000);
+    let mut s = Server::start(&db, "alice", &[]);
+    let none = s.call(
+        "refund_order",
+        json!({"idempotency_key": "r-2", "order_id": "o-2", "amount_cents": 100}),
+    );
+    assert_eq!(error_code(&none), "approval_required");
+    assert_eq!(s.finish(), 0);
+    let mut s = Server::start(&db, "bob", &[]);
+    let other = s.call(
+        "refund_order",
+        json!({"idempotency_key": "r-3", "order_id": "o-2", "amount_cents": 100,
+               "approval": "appr_whatever_1"}),
+    );
+    assert_eq!(error_code(&other), "not_found");
+    let bad = s.call(
+        "refund_order",
+        json!({"idempotency_key": "r-4", "order_id": "o-2", "amount_cents": 0}),
+    );
+    assert_eq!(error_code(&bad), "invalid_arguments");
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "operations"), 0);
+}
