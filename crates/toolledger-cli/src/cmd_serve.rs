@@ -45,7 +45,8 @@ pub struct ServeArgs {
     /// Seconds a sealed requestState stays valid.
     #[arg(long, default_value_t = 3_600, value_parser = clap::value_parser!(i64).range(1..))]
     pub request_state_ttl: i64,
-    /// Run the same tools with no ledger: the control that shows duplicate effects.
+    /// Run `create_issue` with no ledger: the control that shows duplicate effects (the other
+    /// tools keep their ledger).
     #[arg(long)]
     pub unguarded: bool,
     /// Testing aid: crash at a named point (repeatable). Never fires on a replay.

@@ -640,3 +640,80 @@ fn tool_annotations_are_honest() {
         assert_eq!(s.finish(), 0);
     }
 }
+
+#[test]
+fn serve_refuses_to_start_without_a_principal_or_with_a_short_key() {
+    let (_d, db) = fresh_db();
+    let out = std::process::Command::new(bin())
+        .args(["serve", "--db"])
+        .arg(&db)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        r#"{"error":{"code":"PRINCIPAL_REQUIRED"}}"#
+    );
+    let out = std::process::Command::new(bin())
+        .args(serve_args(&db, "alice", &[]))
+        .env("TOOLLEDGER_STATE_KEY_HEX", "abcd")
+        .env("TOOLLEDGER_FINGERPRINT_KEY_HEX", "ab".repeat(32))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err: Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(err["error"]["code"], "KEY_ERROR");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("abcd"));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains(db.to_str().unwrap()));
+}
+
+#[test]
+fn continuations_survive_a_restart_with_environment_keys_and_fail_with_other_keys() {
+    let (_d, db) = fresh_db();
+    let start = |state_key: &str| {
+        let mut child = std::process::Command::new(bin())
+            .args(serve_args(&db, "alice", &["--clock-epoch", EPOCH]))
+            .env("TOOLLEDGER_STATE_KEY_HEX", state_key)
+            .env("TOOLLEDGER_FINGERPRINT_KEY_HEX", "cd".repeat(32))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::{BufRead, Write};
+        let mut stdin = child.stdin.take().unwrap();
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        move |params: Value| -> Value {
+            let mut params = params;
+            params["_meta"] = meta();
+            let line = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                              "params": params});
+            writeln!(stdin, "{line}").unwrap();
+            stdin.flush().unwrap();
+            let reply: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+            let _ = &child;
+            reply["result"].clone()
+        }
+    };
+    let old = "11".repeat(32);
+    let new = "22".repeat(32);
+    let mut call = start(&old);
+    let token = request_state(&call(
+        json!({"name": "create_issue", "arguments": args("k-1")}),
+    ));
+    drop(call);
+    // Rotated: the new key seals, the old one still opens.
+    let mut call = start(&format!("{new},{old}"));
+    let done = call(json!({"name": "create_issue", "arguments": args("k-1"),
+                           "requestState": token, "inputResponses": body("alpha")}));
+    assert_eq!(done["structuredContent"]["replayed"], false, "{done}");
+    drop(call);
+    // Retired: a token of a key no longer configured does not open.
+    let mut call = start(&new);
+    let again = call(json!({"name": "create_issue", "arguments": args("k-1"),
+                            "requestState": token, "inputResponses": body("alpha")}));
+    assert_eq!(error_code(&again), "request_state_invalid");
+    drop(call);
+    assert_eq!(count(&db, "issues"), 1);
+}
