@@ -753,6 +753,15 @@ fn snapshot<T>(
     out
 }
 
+/// Any authorization refusal becomes the generic `not_found`; a store failure stays what it is.
+fn hide_refusal(e: Error) -> Error {
+    if e.code == ErrorCode::Unavailable {
+        e
+    } else {
+        Error::not_found()
+    }
+}
+
 fn new_status_ref() -> Result<String, Error> {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes)
@@ -1055,6 +1064,11 @@ impl Runtime {
                         )
                         .into());
                     }
+                    // Current resource authorization before the ledger is consulted, so a
+                    // stored result or a conflict never tells a caller more than `not_found`.
+                    let (tool, _) = this.tool(&p.scope.tool)?;
+                    tool.check_access(&mut SqliteEffectTx::new(conn), &principal, &p.arguments)
+                        .map_err(hide_refusal)?;
                     match load_scope(conn, &p.scope)? {
                         Loaded::Absent => Ok((p, None)),
                         Loaded::NotDeferred => Err(Error::conflict(
@@ -1063,13 +1077,6 @@ impl Runtime {
                         .into()),
                         Loaded::Deferred(record) => {
                             Self::compare(&record, &p)?;
-                            let (tool, _) = this.tool(&record.scope.tool)?;
-                            tool.check_access(
-                                &mut SqliteEffectTx::new(conn),
-                                &principal,
-                                &record.arguments,
-                            )
-                            .map_err(|_| Error::not_found())?;
                             let answer = Self::answer_existing(&record)?;
                             Ok((p, Some(answer)))
                         }
@@ -1802,7 +1809,7 @@ impl Runtime {
                     let p =
                         this.prepare(&principal, &q.tool, &q.key, &q.arguments, &q.provider, None)?;
                     tool.check_access(&mut SqliteEffectTx::new(conn), &principal, &p.arguments)
-                        .map_err(|_| Error::not_found())?;
+                        .map_err(hide_refusal)?;
                     check_id("status_ref", &q.status_ref, 128).map_err(|_| Error::not_found())?;
                     let record = match load_status_ref(conn, &q.status_ref)? {
                         Loaded::Deferred(r) => *r,

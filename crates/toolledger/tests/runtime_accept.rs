@@ -432,3 +432,29 @@ async fn a_tampered_stored_row_is_a_storage_contract_error() {
         "{err:?}"
     );
 }
+
+#[tokio::test]
+async fn access_is_checked_before_the_ledger_so_a_revoked_caller_learns_nothing() {
+    let h = Harness::new().await;
+    let call = h.call("carol", "refund-1", "ord-2", 700);
+    h.approve(&call, "bob").await.unwrap();
+    h.runtime.dispatch(&call, None).await.unwrap();
+    h.principals
+        .revoke("carol", &["support_admin".to_string()], &[], false)
+        .await
+        .unwrap();
+    let absent = refused(
+        h.runtime
+            .dispatch(&h.call("carol", "refund-2", "ord-404", 700), None)
+            .await,
+    );
+    let replay = refused(h.runtime.dispatch(&call, None).await);
+    let other_intent = refused(
+        h.runtime
+            .dispatch(&h.call("carol", "refund-1", "ord-2", 1), None)
+            .await,
+    );
+    assert_eq!(absent.code, ErrorCode::NotFound);
+    assert_eq!(replay, absent);
+    assert_eq!(other_intent, absent, "not even a conflict is revealed");
+}
