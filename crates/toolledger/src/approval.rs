@@ -309,7 +309,14 @@ pub fn verify(
         return Err(invalid_approval("approval is not valid for this intent"));
     };
     let expected_digest = expected.digest()?;
-    if approval.target != *expected || approval.binding_digest != expected_digest {
+    // The digest covers the scope and the canonical binding; comparing canonical digests
+    // rather than parsed values keeps number representations out of the question.
+    if approval.binding_digest != expected_digest
+        || approval.target.tenant != expected.tenant
+        || approval.target.subject != expected.subject
+        || approval.target.tool != expected.tool
+        || approval.target.idempotency_key != expected.idempotency_key
+    {
         return Err(invalid_approval("approval is bound to another intent"));
     }
     if approval.consumed_at.is_some() {
@@ -415,4 +422,95 @@ pub async fn fetch(
     store
         .read(move |conn| load(&mut crate::effect::SqliteEffectTx::new(conn), &approval_id))
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    fn target() -> ApprovalTarget {
+        ApprovalTarget {
+            tenant: "acme".into(),
+            subject: "alice".into(),
+            tool: "create_draft".into(),
+            idempotency_key: "op-1".into(),
+            binding: json!({"payload_digest": "ab", "operation": "op-1"}),
+        }
+    }
+
+    fn principal(name: &str, tenant: &str, roles: &[&str]) -> Principal {
+        Principal {
+            tenant: tenant.into(),
+            subject: name.into(),
+            roles: roles.iter().map(|r| r.to_string()).collect(),
+            scopes: BTreeSet::new(),
+        }
+    }
+
+    #[test]
+    fn every_bound_item_changes_the_digest() {
+        let base = target().digest().unwrap();
+        let mut changed = Vec::new();
+        for i in 0..5 {
+            let mut t = target();
+            match i {
+                0 => t.tenant = "other".into(),
+                1 => t.subject = "bob".into(),
+                2 => t.tool = "refund_order".into(),
+                3 => t.idempotency_key = "op-2".into(),
+                _ => t.binding["payload_digest"] = json!("cd"),
+            }
+            changed.push(t.digest().unwrap());
+        }
+        assert!(changed.iter().all(|d| *d != base));
+        let mut not_object = target();
+        not_object.binding = json!("x");
+        assert_eq!(
+            not_object.digest().unwrap_err().code,
+            ErrorCode::InvalidArguments
+        );
+    }
+
+    #[test]
+    fn windows_are_half_open_bounded_and_portable() {
+        assert!(check_window(10, 11).is_ok());
+        assert!(check_window(10, 10).is_err());
+        assert!(check_window(10, 9).is_err());
+        assert!(check_window(-1, 10).is_err());
+        assert!(check_window(0, MAX_APPROVAL_TTL + 1).is_err());
+        assert!(check_window(MAX_PORTABLE_TIMESTAMP - 5, MAX_PORTABLE_TIMESTAMP + 1).is_err());
+        let a = Approval {
+            approval_id: "approval-1".into(),
+            target: target(),
+            approver: "bob".into(),
+            binding_digest: String::new(),
+            approved_at: 10,
+            expires_at: 20,
+            consumed_at: None,
+            consumed_operation: None,
+        };
+        assert!(!a.is_valid_at(9));
+        assert!(a.is_valid_at(10));
+        assert!(a.is_valid_at(19));
+        assert!(!a.is_valid_at(20));
+    }
+
+    #[test]
+    fn approvers_need_the_role_the_tenant_and_another_identity() {
+        let t = target();
+        assert!(check_approver(&principal("bob", "acme", &[APPROVER_ROLE]), &t).is_ok());
+        assert!(check_approver(&principal("bob", "acme", &["editor"]), &t).is_err());
+        assert!(check_approver(&principal("bob", "globex", &[APPROVER_ROLE]), &t).is_err());
+        assert!(check_approver(&principal("alice", "acme", &[APPROVER_ROLE]), &t).is_err());
+    }
+
+    #[test]
+    fn approval_ids_have_a_fixed_shape() {
+        assert!(check_approval_id("approval-1").is_ok());
+        assert!(check_approval_id(&new_approval_id().unwrap()).is_ok());
+        for bad in ["short", "has space 123", "semi;colon1", &"x".repeat(129)] {
+            assert!(check_approval_id(bad).is_err(), "{bad}");
+        }
+    }
 }

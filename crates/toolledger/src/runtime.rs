@@ -1480,7 +1480,7 @@ impl Runtime {
             .map_err(|_| invalid())?
             .ok_or_else(invalid)?;
         if row.binding_digest != digest
-            || row.target != target
+            || row.target.digest()? != digest
             || row.approver != stored.approver
             || row.approved_at != stored.approved_at
             || row.expires_at != stored.expires_at
