@@ -672,48 +672,32 @@ fn serve_refuses_to_start_without_a_principal_or_with_a_short_key() {
 #[test]
 fn continuations_survive_a_restart_with_environment_keys_and_fail_with_other_keys() {
     let (_d, db) = fresh_db();
+    let fp = "cd".repeat(32);
     let start = |state_key: &str| {
-        let mut child = std::process::Command::new(bin())
-            .args(serve_args(&db, "alice", &["--clock-epoch", EPOCH]))
-            .env("TOOLLEDGER_STATE_KEY_HEX", state_key)
-            .env("TOOLLEDGER_FINGERPRINT_KEY_HEX", "cd".repeat(32))
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::{BufRead, Write};
-        let mut stdin = child.stdin.take().unwrap();
-        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        move |params: Value| -> Value {
-            let mut params = params;
-            params["_meta"] = meta();
-            let line = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                              "params": params});
-            writeln!(stdin, "{line}").unwrap();
-            stdin.flush().unwrap();
-            let reply: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
-            let _ = &child;
-            reply["result"].clone()
-        }
+        Server::start_with_env(
+            &db,
+            "alice",
+            &["--clock-epoch", EPOCH],
+            &[
+                ("TOOLLEDGER_STATE_KEY_HEX", state_key),
+                ("TOOLLEDGER_FINGERPRINT_KEY_HEX", &fp),
+            ],
+        )
     };
     let old = "11".repeat(32);
     let new = "22".repeat(32);
-    let mut call = start(&old);
-    let token = request_state(&call(
-        json!({"name": "create_issue", "arguments": args("k-1")}),
-    ));
-    drop(call);
+    let mut s = start(&old);
+    let token = request_state(&s.call("create_issue", args("k-1")));
+    assert_eq!(s.finish(), 0);
     // Rotated: the new key seals, the old one still opens.
-    let mut call = start(&format!("{new},{old}"));
-    let done = call(json!({"name": "create_issue", "arguments": args("k-1"),
-                           "requestState": token, "inputResponses": body("alpha")}));
+    let mut s = start(&format!("{new},{old}"));
+    let done = s.resume("create_issue", args("k-1"), &token, body("alpha"));
     assert_eq!(done["structuredContent"]["replayed"], false, "{done}");
-    drop(call);
+    assert_eq!(s.finish(), 0);
     // Retired: a token of a key no longer configured does not open.
-    let mut call = start(&new);
-    let again = call(json!({"name": "create_issue", "arguments": args("k-1"),
-                            "requestState": token, "inputResponses": body("alpha")}));
+    let mut s = start(&new);
+    let again = s.resume("create_issue", args("k-1"), &token, body("alpha"));
     assert_eq!(error_code(&again), "request_state_invalid");
-    drop(call);
+    assert_eq!(s.finish(), 0);
     assert_eq!(count(&db, "issues"), 1);
 }

@@ -138,10 +138,25 @@ pub fn serve_args(db: &Path, principal: &str, extra: &[&str]) -> Vec<String> {
 impl Server {
     /// Starts the server as `principal` with `extra` flags.
     pub fn start(db: &Path, principal: &str, extra: &[&str]) -> Server {
-        let mut child = Command::new(bin())
+        Server::start_with_env(db, principal, extra, &[])
+    }
+
+    /// Starts the server with key variables from `env` (others from the key file).
+    pub fn start_with_env(
+        db: &Path,
+        principal: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Server {
+        let mut command = Command::new(bin());
+        command
             .args(serve_args(db, principal, extra))
             .env_remove("TOOLLEDGER_STATE_KEY_HEX")
-            .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX")
+            .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX");
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
