@@ -9,14 +9,12 @@ use std::collections::BTreeSet;
 use std::future::Future;
 use std::pin::Pin;
 
-use rusqlite::{Connection, OptionalExtension};
 use serde::Serialize;
 
 use crate::clock::{SharedClock, SystemClock};
-use crate::effect::{db_error, EffectTx, SqlValue};
+use crate::effect::{EffectTx, RowExt, SqlValue};
 use crate::model::{Error, Principal};
-use crate::store::sqlite::SqliteStore;
-use crate::store::StoreError;
+use crate::store::{Store, StoreError};
 
 /// One principal as listed by operators (never includes tokens).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -47,7 +45,7 @@ pub trait CurrentPrincipal: Send + Sync {
 /// The principal store over a ledger database.
 #[derive(Clone, Debug)]
 pub struct PrincipalStore {
-    store: SqliteStore,
+    store: Store,
     clock: SharedClock,
 }
 
@@ -147,56 +145,32 @@ pub fn resolve_in(tx: &mut dyn EffectTx, name: &str) -> Result<Option<Principal>
     principal_from(name.to_string(), text(0)?, &text(1)?, &text(2)?).map(Some)
 }
 
-fn resolve_conn(conn: &Connection, name: &str) -> Result<Option<Principal>, Error> {
-    let row: Option<(String, String, String)> = conn
-        .prepare_cached(
-            "SELECT tenant, roles, scopes FROM principals WHERE name = ?1 AND active = 1",
-        )
-        .and_then(|mut s| {
-            s.query_row([name], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-                .optional()
-        })
-        .map_err(db_error)?;
-    match row {
-        Some((tenant, roles, scopes)) => {
-            principal_from(name.to_string(), tenant, &roles, &scopes).map(Some)
-        }
-        None => Ok(None),
-    }
-}
-
-fn entry_conn(conn: &Connection, name: &str) -> Result<Option<PrincipalEntry>, Error> {
-    let row: Option<(String, String, String, i64, i64)> = conn
-        .prepare_cached(
-            "SELECT tenant, roles, scopes, active,
-                    (SELECT count(*) FROM principal_tokens t WHERE t.principal = p.name)
-             FROM principals p WHERE name = ?1",
-        )
-        .and_then(|mut s| {
-            s.query_row([name], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-            })
-            .optional()
-        })
-        .map_err(db_error)?;
-    row.map(|(tenant, roles, scopes, active, tokens)| {
+fn entry_in(tx: &mut dyn EffectTx, name: &str) -> Result<Option<PrincipalEntry>, Error> {
+    let row = tx.query_opt(
+        "SELECT tenant, roles, scopes, active,
+                (SELECT count(*) FROM principal_tokens t WHERE t.principal = p.name)
+         FROM principals p WHERE name = ?1",
+        &[SqlValue::from(name)],
+    )?;
+    row.map(|r| {
         Ok(PrincipalEntry {
             name: name.to_string(),
-            tenant,
-            roles: decode_set(&roles)?,
-            scopes: decode_set(&scopes)?,
-            active: active == 1,
-            tokens,
+            tenant: r.text(0)?,
+            roles: decode_set(&r.text(1)?)?,
+            scopes: decode_set(&r.text(2)?)?,
+            active: r.int(3)? == 1,
+            tokens: r.int(4)?,
         })
     })
     .transpose()
 }
 
 impl PrincipalStore {
-    /// A principal store over `store`, stamping rows with wall-clock time.
-    pub fn new(store: SqliteStore) -> Self {
+    /// A principal store over `store` (a [`Store`] or a backend handle), stamping rows with
+    /// wall-clock time.
+    pub fn new(store: impl Into<Store>) -> Self {
         PrincipalStore {
-            store,
+            store: store.into(),
             clock: std::sync::Arc::new(SystemClock),
         }
     }
@@ -232,25 +206,29 @@ impl PrincipalStore {
         let (name, tenant) = (name.to_string(), tenant.to_string());
         let clock = self.clock.clone();
         self.store
-            .write(move |conn| -> Result<(), Error> {
+            .write(move |tx: &mut dyn EffectTx| -> Result<(), Error> {
                 let now = clock.now();
-                conn.prepare_cached(
+                tx.execute(
                     "INSERT INTO principals(name, tenant, roles, scopes, active, created_at,
                          updated_at)
                      VALUES (?1, ?2, ?3, ?4, 1, ?5, ?5)
                      ON CONFLICT(name) DO UPDATE SET tenant = excluded.tenant,
                          roles = excluded.roles, scopes = excluded.scopes, active = 1,
                          updated_at = excluded.updated_at",
-                )
-                .and_then(|mut s| s.execute(rusqlite::params![name, tenant, roles, scopes, now]))
-                .map_err(db_error)?;
+                    &[
+                        name.as_str().into(),
+                        tenant.as_str().into(),
+                        roles.as_str().into(),
+                        scopes.as_str().into(),
+                        now.into(),
+                    ],
+                )?;
                 if let Some(hash) = &hash {
-                    conn.prepare_cached(
+                    tx.execute(
                         "INSERT INTO principal_tokens(token_sha256, principal, created_at)
                          VALUES (?1, ?2, ?3)",
-                    )
-                    .and_then(|mut s| s.execute(rusqlite::params![hash, name, now]))
-                    .map_err(db_error)?;
+                        &[hash.as_str().into(), name.as_str().into(), now.into()],
+                    )?;
                 }
                 Ok(())
             })
@@ -277,72 +255,72 @@ impl PrincipalStore {
         let name = name.to_string();
         let clock = self.clock.clone();
         self.store
-            .write(move |conn| -> Result<PrincipalEntry, Error> {
-                let now = clock.now();
-                let Some(entry) = entry_conn(conn, &name)? else {
-                    return Err(Error::not_found());
-                };
-                let kept_roles: BTreeSet<String> =
-                    entry.roles.difference(&roles).cloned().collect();
-                let kept_scopes: BTreeSet<String> =
-                    entry.scopes.difference(&scopes).cloned().collect();
-                let active = if all { 0 } else { i64::from(entry.active) };
-                conn.prepare_cached(
+            .write(
+                move |tx: &mut dyn EffectTx| -> Result<PrincipalEntry, Error> {
+                    let now = clock.now();
+                    let Some(entry) = entry_in(tx, &name)? else {
+                        return Err(Error::not_found());
+                    };
+                    let kept_roles: BTreeSet<String> =
+                        entry.roles.difference(&roles).cloned().collect();
+                    let kept_scopes: BTreeSet<String> =
+                        entry.scopes.difference(&scopes).cloned().collect();
+                    let active = if all { 0 } else { i64::from(entry.active) };
+                    tx.execute(
                     "UPDATE principals SET roles = ?1, scopes = ?2, active = ?3, updated_at = ?4
                      WHERE name = ?5",
-                )
-                .and_then(|mut s| {
-                    s.execute(rusqlite::params![
-                        encode_set(&kept_roles),
-                        encode_set(&kept_scopes),
-                        active,
-                        now,
-                        name
-                    ])
-                })
-                .map_err(db_error)?;
-                if all {
-                    conn.prepare_cached("DELETE FROM principal_tokens WHERE principal = ?1")
-                        .and_then(|mut s| s.execute([&name]))
-                        .map_err(db_error)?;
-                }
-                entry_conn(conn, &name)?.ok_or_else(Error::not_found)
-            })
+                    &[
+                        encode_set(&kept_roles).into(),
+                        encode_set(&kept_scopes).into(),
+                        active.into(),
+                        now.into(),
+                        name.as_str().into(),
+                    ],
+                )?;
+                    if all {
+                        tx.execute(
+                            "DELETE FROM principal_tokens WHERE principal = ?1",
+                            &[name.as_str().into()],
+                        )?;
+                    }
+                    entry_in(tx, &name)?.ok_or_else(Error::not_found)
+                },
+            )
             .await
     }
 
     /// Every principal, by name.
     pub async fn list(&self) -> Result<Vec<PrincipalEntry>, Error> {
         self.store
-            .read(|conn| -> Result<Vec<PrincipalEntry>, Error> {
-                let names: Vec<String> = conn
-                    .prepare_cached("SELECT name FROM principals ORDER BY name")
-                    .and_then(|mut s| {
-                        s.query_map([], |r| r.get(0))?
-                            .collect::<Result<Vec<String>, _>>()
-                    })
-                    .map_err(db_error)?;
-                let mut out = Vec::with_capacity(names.len());
-                for name in names {
-                    if let Some(e) = entry_conn(conn, &name)? {
-                        out.push(e);
+            .read(
+                |tx: &mut dyn EffectTx| -> Result<Vec<PrincipalEntry>, Error> {
+                    let names = tx.query("SELECT name FROM principals ORDER BY name", &[])?;
+                    let mut out = Vec::with_capacity(names.len());
+                    for row in names {
+                        if let Some(e) = entry_in(tx, &row.text(0)?)? {
+                            out.push(e);
+                        }
                     }
-                }
-                Ok(out)
-            })
+                    Ok(out)
+                },
+            )
             .await
     }
 
     /// The operator view of principal `name` (active or not); `None` when absent.
     pub async fn entry(&self, name: &str) -> Result<Option<PrincipalEntry>, Error> {
         let name = name.to_string();
-        self.store.read(move |conn| entry_conn(conn, &name)).await
+        self.store
+            .read(move |tx: &mut dyn EffectTx| entry_in(tx, &name))
+            .await
     }
 
     /// The active principal called `name`, re-read now; `None` when absent or inactive.
     pub async fn resolve(&self, name: &str) -> Result<Option<Principal>, Error> {
         let name = name.to_string();
-        self.store.read(move |conn| resolve_conn(conn, &name)).await
+        self.store
+            .read(move |tx: &mut dyn EffectTx| resolve_in(tx, &name))
+            .await
     }
 
     /// The principal a bearer token belongs to, as `(name, principal)`; `None` for an unknown
@@ -353,19 +331,27 @@ impl PrincipalStore {
         }
         let hash = token_hash(token);
         self.store
-            .read(move |conn| -> Result<Option<(String, Principal)>, Error> {
-                let name: Option<String> = conn
-                    .prepare_cached(
+            .read(
+                move |tx: &mut dyn EffectTx| -> Result<Option<(String, Principal)>, Error> {
+                    let row = tx.query_opt(
                         "SELECT principal FROM principal_tokens WHERE token_sha256 = ?1",
-                    )
-                    .and_then(|mut s| s.query_row([&hash], |r| r.get(0)).optional())
-                    .map_err(db_error)?;
-                match name {
-                    Some(name) => Ok(resolve_conn(conn, &name)?.map(|p| (name, p))),
-                    None => Ok(None),
-                }
-            })
+                        &[hash.as_str().into()],
+                    )?;
+                    match row {
+                        Some(row) => {
+                            let name = row.text(0)?;
+                            Ok(resolve_in(tx, &name)?.map(|p| (name, p)))
+                        }
+                        None => Ok(None),
+                    }
+                },
+            )
             .await
+    }
+
+    /// The store the principals live in.
+    pub fn store(&self) -> &Store {
+        &self.store
     }
 }
 
@@ -382,7 +368,7 @@ impl CurrentPrincipal for PrincipalStore {
 mod tests {
     use super::*;
     use crate::model::ErrorCode;
-    use crate::store::sqlite::OpenOptions;
+    use crate::store::sqlite::{OpenOptions, SqliteStore};
 
     fn s(v: &[&str]) -> Vec<String> {
         v.iter().map(|x| x.to_string()).collect()

@@ -12,6 +12,7 @@ use rusqlite::types::{Value as RValue, ValueRef};
 use rusqlite::Connection;
 
 use crate::model::{Error, ErrorCode};
+use crate::store::StoreError;
 
 /// A value bound to a placeholder or read from a column.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -87,23 +88,140 @@ impl<T: Into<SqlValue>> From<Option<T>> for SqlValue {
     }
 }
 
+/// The SQL dialect behind an [`EffectTx`], for the rare statement that must differ between
+/// backends (DDL, triggers, `FOR UPDATE SKIP LOCKED`). Portable statements need not ask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dialect {
+    /// SQLite (the embedded backend).
+    Sqlite,
+    /// PostgreSQL.
+    Postgres,
+}
+
+impl Dialect {
+    /// `sqlite` or `postgres`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "sqlite",
+            Dialect::Postgres => "postgres",
+        }
+    }
+}
+
 /// The statements an inline effect may run inside the ledger's transaction.
 ///
-/// Placeholders are numbered (`?1`, `?2`, …). Never run `BEGIN`, `COMMIT`, `ROLLBACK` or
-/// `SAVEPOINT` through it: the engine owns the transaction.
+/// Placeholders are numbered (`?1`, `?2`, …); PostgreSQL receives them as `$1`, `$2`, ….
+/// Write SQL both backends accept: `INSERT … RETURNING`, `ON CONFLICT … DO NOTHING/UPDATE`,
+/// `coalesce`, integer (64-bit) and text columns, no `last_insert_rowid()`, no `INSERT OR …`,
+/// and give every parameter a typed context (a column comparison or an insert target).
+/// Never run `BEGIN`, `COMMIT`, `ROLLBACK` or `SAVEPOINT` through it: the engine owns the
+/// transaction.
 pub trait EffectTx {
     /// Runs one statement and returns the number of rows it changed.
     fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<usize, Error>;
 
     /// Runs one query (including `… RETURNING`) and returns every row.
     fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<Vec<Vec<SqlValue>>, Error>;
+
+    /// The dialect of the database behind this transaction.
+    fn dialect(&self) -> Dialect;
+
+    /// Runs a script of statements without parameters (DDL, e.g. a test's failure trigger).
+    fn execute_batch(&mut self, sql: &str) -> Result<(), Error>;
+
+    /// Serializes, until this transaction ends, every writer that locks the same `key`.
+    /// SQLite already runs one write transaction at a time, so there it does nothing; on
+    /// PostgreSQL it takes a transaction-scoped advisory lock. Use it where a check and the
+    /// write that depends on it must not interleave with another transaction's (e.g. a
+    /// "not yet taken" check across rows no unique constraint covers).
+    fn lock_key(&mut self, key: &str) -> Result<(), Error>;
+
+    /// The storage-level error behind the last failed statement, if the backend kept it
+    /// (taken once). Lets store-level code report storage failures apart from refusals.
+    fn take_store_error(&mut self) -> Option<StoreError> {
+        None
+    }
+
+    /// Runs a query expected to return at most one row.
+    fn query_opt(
+        &mut self,
+        sql: &str,
+        params: &[SqlValue],
+    ) -> Result<Option<Vec<SqlValue>>, Error> {
+        Ok(self.query(sql, params)?.into_iter().next())
+    }
+}
+
+/// Typed access to a row returned by [`EffectTx::query`]. A missing column or a value of
+/// another type is a storage-contract error (`unavailable`), never a panic.
+pub trait RowExt {
+    /// The integer in column `i`.
+    fn int(&self, i: usize) -> Result<i64, Error>;
+    /// The integer in column `i`, or `None` for `NULL`.
+    fn opt_int(&self, i: usize) -> Result<Option<i64>, Error>;
+    /// The text in column `i`.
+    fn text(&self, i: usize) -> Result<String, Error>;
+    /// The text in column `i`, or `None` for `NULL`.
+    fn opt_text(&self, i: usize) -> Result<Option<String>, Error>;
+}
+
+fn column_error() -> Error {
+    Error::from(StoreError::Contract(
+        "a column has an unexpected type".into(),
+    ))
+}
+
+impl RowExt for [SqlValue] {
+    fn int(&self, i: usize) -> Result<i64, Error> {
+        self.get(i)
+            .and_then(SqlValue::as_i64)
+            .ok_or_else(column_error)
+    }
+
+    fn opt_int(&self, i: usize) -> Result<Option<i64>, Error> {
+        match self.get(i) {
+            Some(SqlValue::Null) => Ok(None),
+            Some(SqlValue::Integer(v)) => Ok(Some(*v)),
+            _ => Err(column_error()),
+        }
+    }
+
+    fn text(&self, i: usize) -> Result<String, Error> {
+        self.get(i)
+            .and_then(SqlValue::as_str)
+            .map(str::to_string)
+            .ok_or_else(column_error)
+    }
+
+    fn opt_text(&self, i: usize) -> Result<Option<String>, Error> {
+        match self.get(i) {
+            Some(SqlValue::Null) => Ok(None),
+            Some(SqlValue::Text(v)) => Ok(Some(v.clone())),
+            _ => Err(column_error()),
+        }
+    }
+}
+
+impl RowExt for Vec<SqlValue> {
+    fn int(&self, i: usize) -> Result<i64, Error> {
+        self.as_slice().int(i)
+    }
+    fn opt_int(&self, i: usize) -> Result<Option<i64>, Error> {
+        self.as_slice().opt_int(i)
+    }
+    fn text(&self, i: usize) -> Result<String, Error> {
+        self.as_slice().text(i)
+    }
+    fn opt_text(&self, i: usize) -> Result<Option<String>, Error> {
+        self.as_slice().opt_text(i)
+    }
 }
 
 /// Maps a database error raised by ledger or effect SQL to a caller-safe [`Error`]: no SQL
 /// text, no paths, no constraint expressions.
-pub(crate) fn db_error(e: rusqlite::Error) -> Error {
+fn db_error_ref(e: &rusqlite::Error) -> Error {
     use rusqlite::ErrorCode as C;
-    match &e {
+    match e {
         rusqlite::Error::SqliteFailure(f, _) => match f.code {
             C::DatabaseBusy | C::DatabaseLocked => {
                 Error::new(ErrorCode::Unavailable, "store unavailable")
@@ -150,11 +268,21 @@ fn from_ref(v: ValueRef<'_>) -> Result<SqlValue, Error> {
 /// [`EffectTx`] over a SQLite connection that is already inside a transaction.
 pub(crate) struct SqliteEffectTx<'c> {
     conn: &'c Connection,
+    last_error: Option<StoreError>,
 }
 
 impl<'c> SqliteEffectTx<'c> {
     pub(crate) fn new(conn: &'c Connection) -> Self {
-        SqliteEffectTx { conn }
+        SqliteEffectTx {
+            conn,
+            last_error: None,
+        }
+    }
+
+    fn fail(&mut self, e: rusqlite::Error) -> Error {
+        let safe = db_error_ref(&e);
+        self.last_error = Some(crate::store::sqlite::map_err(e));
+        safe
     }
 }
 
@@ -179,29 +307,63 @@ fn refuse_transaction_control(sql: &str) -> Result<(), Error> {
 impl EffectTx for SqliteEffectTx<'_> {
     fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<usize, Error> {
         refuse_transaction_control(sql)?;
-        let mut stmt = self.conn.prepare_cached(sql).map_err(db_error)?;
         let values: Vec<RValue> = params.iter().map(to_rusqlite).collect();
-        stmt.execute(rusqlite::params_from_iter(values.iter()))
-            .map_err(db_error)
+        let conn = self.conn;
+        let out = conn
+            .prepare_cached(sql)
+            .and_then(|mut stmt| stmt.execute(rusqlite::params_from_iter(values.iter())));
+        out.map_err(|e| self.fail(e))
     }
 
     fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<Vec<Vec<SqlValue>>, Error> {
         refuse_transaction_control(sql)?;
-        let mut stmt = self.conn.prepare_cached(sql).map_err(db_error)?;
-        let width = stmt.column_count();
         let values: Vec<RValue> = params.iter().map(to_rusqlite).collect();
-        let mut rows = stmt
-            .query(rusqlite::params_from_iter(values.iter()))
-            .map_err(db_error)?;
-        let mut out = Vec::new();
-        while let Some(row) = rows.next().map_err(db_error)? {
-            let mut cols = Vec::with_capacity(width);
-            for i in 0..width {
-                cols.push(from_ref(row.get_ref(i).map_err(db_error)?)?);
+        let conn = self.conn;
+        let mut stmt = match conn.prepare_cached(sql) {
+            Ok(s) => s,
+            Err(e) => return Err(self.fail(e)),
+        };
+        let width = stmt.column_count();
+        let collected = (|| -> Result<Result<Vec<Vec<SqlValue>>, Error>, rusqlite::Error> {
+            let mut rows = stmt.query(rusqlite::params_from_iter(values.iter()))?;
+            let mut out = Vec::new();
+            while let Some(row) = rows.next()? {
+                let mut cols = Vec::with_capacity(width);
+                for i in 0..width {
+                    match from_ref(row.get_ref(i)?) {
+                        Ok(v) => cols.push(v),
+                        Err(e) => return Ok(Err(e)),
+                    }
+                }
+                out.push(cols);
             }
-            out.push(cols);
+            Ok(Ok(out))
+        })();
+        drop(stmt);
+        match collected {
+            Ok(inner) => inner,
+            Err(e) => Err(self.fail(e)),
         }
-        Ok(out)
+    }
+
+    fn dialect(&self) -> Dialect {
+        Dialect::Sqlite
+    }
+
+    fn execute_batch(&mut self, sql: &str) -> Result<(), Error> {
+        refuse_transaction_control(sql)?;
+        let conn = self.conn;
+        conn.execute_batch(sql).map_err(|e| self.fail(e))
+    }
+
+    fn lock_key(&mut self, _key: &str) -> Result<(), Error> {
+        // One write transaction at a time (the writer thread, `BEGIN IMMEDIATE` across
+        // processes): every writer is already serialized.
+        Ok(())
+    }
+
+    fn take_store_error(&mut self) -> Option<StoreError> {
+        self.last_error.take()
     }
 }
 

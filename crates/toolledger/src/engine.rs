@@ -39,16 +39,14 @@
 
 use std::sync::Arc;
 
-use rusqlite::{Connection, OptionalExtension};
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::clock::SharedClock;
 use crate::digest::sha256_hex;
-use crate::effect::{db_error, EffectTx, SqliteEffectTx};
+use crate::effect::{EffectTx, RowExt, SqlValue};
 use crate::model::{Error, ErrorCode, OperationState, Principal, ToolContract};
-use crate::store::sqlite::SqliteStore;
-use crate::store::StoreError;
+use crate::store::{Store, StoreError};
 
 /// A named point on the fresh path where a test or `--fault` may crash the process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -201,7 +199,7 @@ pub struct OperationEvent {
 /// The inline-effect engine over one store and one clock. Cheap to clone.
 #[derive(Clone)]
 pub struct Engine {
-    store: SqliteStore,
+    store: Store,
     clock: SharedClock,
     fault: Option<FaultHook>,
 }
@@ -229,10 +227,11 @@ enum WrittenBegin {
 }
 
 impl Engine {
-    /// An engine over `store` using `clock` for deadlines and timestamps.
-    pub fn new(store: SqliteStore, clock: SharedClock) -> Self {
+    /// An engine over `store` (a [`Store`], or a backend handle such as a
+    /// [`crate::store::sqlite::SqliteStore`]) using `clock` for deadlines and timestamps.
+    pub fn new(store: impl Into<Store>, clock: SharedClock) -> Self {
         Engine {
-            store,
+            store: store.into(),
             clock,
             fault: None,
         }
@@ -245,7 +244,7 @@ impl Engine {
     }
 
     /// The underlying store.
-    pub fn store(&self) -> &SqliteStore {
+    pub fn store(&self) -> &Store {
         &self.store
     }
 
@@ -276,27 +275,32 @@ impl Engine {
         let clock = self.clock.clone();
         let written = self
             .store
-            .write(move |conn| -> Result<Written, Error> {
+            .write(move |tx: &mut dyn EffectTx| -> Result<Written, Error> {
                 let now = clock.now();
-                if let Some(found) = examine(conn, &prepared, effect.as_ref(), now)? {
+                tx.lock_key(&prepared.lock_key())?;
+                if let Some(found) = examine(tx, &prepared, effect.as_ref(), now)? {
                     return Ok(Written::Replayed(found));
                 }
-                let (id, status_ref) = reserve(conn, &prepared, now)?;
+                let Some((id, status_ref)) = reserve(tx, &prepared, now)? else {
+                    // Another transaction reserved the scope first: read it back and compare.
+                    return examine(tx, &prepared, effect.as_ref(), now)?
+                        .map(Written::Replayed)
+                        .ok_or_else(|| contract_error("the reserved scope is not readable"));
+                };
                 if let Some(h) = &fault {
                     h(FaultPoint::AfterLedgerInsert);
                 }
-                let result = effect.apply(&mut SqliteEffectTx::new(conn), &prepared.principal)?;
+                let result = effect.apply(tx, &prepared.principal)?;
                 let (text, digest) = encode_result(&result)?;
                 if let Some(h) = &fault {
                     h(FaultPoint::AfterEffect);
                 }
-                conn.prepare_cached(
+                tx.execute(
                     "UPDATE operations SET state = 'applied', result = ?1, result_digest = ?2,
                          updated_at = ?3
                      WHERE id = ?4 AND state = 'in_progress'",
-                )
-                .and_then(|mut s| s.execute(rusqlite::params![text, digest, now, id]))
-                .map_err(db_error)?;
+                    &[text.into(), digest.into(), now.into(), id.into()],
+                )?;
                 Ok(Written::Fresh(Outcome {
                     result,
                     replayed: false,
@@ -336,23 +340,30 @@ impl Engine {
         let clock = self.clock.clone();
         let written = self
             .store
-            .write(move |conn| -> Result<WrittenBegin, Error> {
-                let now = clock.now();
-                if let Some(found) = examine(conn, &prepared, first.as_ref(), now)? {
-                    return Ok(WrittenBegin::Replayed(found));
-                }
-                let (id, status_ref) = reserve(conn, &prepared, now)?;
-                if let Some(h) = &fault {
-                    h(FaultPoint::AfterLedgerInsert);
-                }
-                let result = first.apply(&mut SqliteEffectTx::new(conn), &prepared.principal)?;
-                let (text, _) = encode_result(&result)?;
-                if let Some(h) = &fault {
-                    h(FaultPoint::AfterEffect);
-                }
-                insert_event(conn, id, now, "first_step", &text)?;
-                Ok(WrittenBegin::Started(id, result, status_ref))
-            })
+            .write(
+                move |tx: &mut dyn EffectTx| -> Result<WrittenBegin, Error> {
+                    let now = clock.now();
+                    tx.lock_key(&prepared.lock_key())?;
+                    if let Some(found) = examine(tx, &prepared, first.as_ref(), now)? {
+                        return Ok(WrittenBegin::Replayed(found));
+                    }
+                    let Some((id, status_ref)) = reserve(tx, &prepared, now)? else {
+                        return examine(tx, &prepared, first.as_ref(), now)?
+                            .map(WrittenBegin::Replayed)
+                            .ok_or_else(|| contract_error("the reserved scope is not readable"));
+                    };
+                    if let Some(h) = &fault {
+                        h(FaultPoint::AfterLedgerInsert);
+                    }
+                    let result = first.apply(tx, &prepared.principal)?;
+                    let (text, _) = encode_result(&result)?;
+                    if let Some(h) = &fault {
+                        h(FaultPoint::AfterEffect);
+                    }
+                    insert_event(tx, id, now, "first_step", &text)?;
+                    Ok(WrittenBegin::Started(id, result, status_ref))
+                },
+            )
             .await?;
         Ok(match written {
             WrittenBegin::Replayed(o) => Begun::Replayed(o),
@@ -390,41 +401,36 @@ impl Engine {
         let clock = self.clock.clone();
         let outcome = self
             .store
-            .write(move |conn| {
+            .write(move |tx: &mut dyn EffectTx| {
                 let now = clock.now();
-                let row: Option<(String, String)> = conn
-                    .prepare_cached("SELECT state, status_ref FROM operations WHERE id = ?1")
-                    .and_then(|mut s| {
-                        s.query_row([operation_id], |r| Ok((r.get(0)?, r.get(1)?)))
-                            .optional()
-                    })
-                    .map_err(db_error)?;
-                let Some((current, status_ref)) = row else {
+                let row = tx.query_opt(
+                    "SELECT state, status_ref FROM operations WHERE id = ?1",
+                    &[operation_id.into()],
+                )?;
+                let Some(row) = row else {
                     return Err(Error::not_found());
                 };
+                let (current, status_ref) = (row.text(0)?, row.text(1)?);
                 if current != OperationState::InProgress.as_str() {
                     return Err(Error::conflict("operation is not in progress"));
                 }
                 for (kind, detail) in &encoded {
-                    insert_event(conn, operation_id, now, kind, detail)?;
+                    insert_event(tx, operation_id, now, kind, detail)?;
                 }
-                conn.prepare_cached(
+                tx.execute(
                     "UPDATE operations SET state = ?1, result = ?2, result_digest = ?3,
                          updated_at = ?4
                      WHERE id = ?5 AND state = 'in_progress'",
-                )
-                .and_then(|mut s| {
-                    s.execute(rusqlite::params![
-                        state.as_str(),
-                        text,
-                        digest,
-                        now,
-                        operation_id
-                    ])
-                })
-                .map_err(db_error)?;
+                    &[
+                        state.as_str().into(),
+                        text.clone().into(),
+                        digest.clone().into(),
+                        now.into(),
+                        operation_id.into(),
+                    ],
+                )?;
                 Ok(Outcome {
-                    result,
+                    result: result.clone(),
                     replayed: false,
                     state,
                     status_ref,
@@ -449,15 +455,17 @@ impl Engine {
         let kind = kind.to_string();
         let clock = self.clock.clone();
         self.store
-            .write(move |conn| {
-                let exists = conn
-                    .prepare_cached("SELECT 1 FROM operations WHERE id = ?1")
-                    .and_then(|mut s| s.exists([operation_id]))
-                    .map_err(db_error)?;
+            .write(move |tx: &mut dyn EffectTx| {
+                let exists = tx
+                    .query_opt(
+                        "SELECT 1 FROM operations WHERE id = ?1",
+                        &[operation_id.into()],
+                    )?
+                    .is_some();
                 if !exists {
                     return Err(Error::not_found());
                 }
-                insert_event(conn, operation_id, clock.now(), &kind, &detail)
+                insert_event(tx, operation_id, clock.now(), &kind, &detail)
             })
             .await
     }
@@ -477,7 +485,9 @@ impl Engine {
             key.to_string(),
         ];
         self.store
-            .read(move |conn| load_records(conn, BY_SCOPE, &args).map(|mut v| v.pop()))
+            .read(move |tx: &mut dyn EffectTx| {
+                load_records(tx, BY_SCOPE, &args).map(|mut v| v.pop())
+            })
             .await
     }
 
@@ -490,7 +500,7 @@ impl Engine {
     ) -> Result<Vec<OperationRecord>, Error> {
         let args = [tool.to_string(), key.to_string()];
         self.store
-            .read(move |conn| load_records(conn, BY_TOOL_KEY, &args))
+            .read(move |tx: &mut dyn EffectTx| load_records(tx, BY_TOOL_KEY, &args))
             .await
     }
 
@@ -501,38 +511,28 @@ impl Engine {
     ) -> Result<Option<OperationRecord>, Error> {
         let args = [status_ref.to_string()];
         self.store
-            .read(move |conn| load_records(conn, BY_STATUS_REF, &args).map(|mut v| v.pop()))
+            .read(move |tx: &mut dyn EffectTx| {
+                load_records(tx, BY_STATUS_REF, &args).map(|mut v| v.pop())
+            })
             .await
     }
 
     /// An operation's history, oldest first. Read-only.
     pub async fn events(&self, operation_id: i64) -> Result<Vec<OperationEvent>, Error> {
         self.store
-            .read(move |conn| {
-                let mut stmt = conn
-                    .prepare_cached(
-                        "SELECT id, at, kind, detail FROM operation_events
-                         WHERE operation_id = ?1 ORDER BY id",
-                    )
-                    .map_err(db_error)?;
-                let rows = stmt
-                    .query_map([operation_id], |r| {
-                        Ok((
-                            r.get::<_, i64>(0)?,
-                            r.get::<_, i64>(1)?,
-                            r.get::<_, String>(2)?,
-                            r.get::<_, String>(3)?,
-                        ))
-                    })
-                    .map_err(db_error)?;
-                let mut out = Vec::new();
+            .read(move |tx: &mut dyn EffectTx| {
+                let rows = tx.query(
+                    "SELECT id, at, kind, detail FROM operation_events
+                     WHERE operation_id = ?1 ORDER BY id",
+                    &[operation_id.into()],
+                )?;
+                let mut out = Vec::with_capacity(rows.len());
                 for row in rows {
-                    let (id, at, kind, detail) = row.map_err(db_error)?;
                     out.push(OperationEvent {
-                        id,
-                        at,
-                        kind,
-                        detail: parse_stored(&detail)?,
+                        id: row.int(0)?,
+                        at: row.int(1)?,
+                        kind: row.text(2)?,
+                        detail: parse_stored(&row.text(3)?)?,
                     });
                 }
                 Ok(out)
@@ -550,15 +550,7 @@ impl Engine {
         let effect = effect.clone();
         let now = self.clock.now();
         self.store
-            .read(move |conn| {
-                conn.execute_batch("BEGIN").map_err(db_error)?;
-                let out = examine(conn, &prepared, effect.as_ref(), now);
-                let _ = conn.execute_batch("COMMIT");
-                if !conn.is_autocommit() {
-                    let _ = conn.execute_batch("ROLLBACK");
-                }
-                out
-            })
+            .read(move |tx: &mut dyn EffectTx| examine(tx, &prepared, effect.as_ref(), now))
             .await
     }
 }
@@ -595,6 +587,12 @@ fn is_hex64(s: &str) -> bool {
 }
 
 impl Prepared {
+    /// The key writers of this `(tool, key)` serialize on: the scope check, the shared
+    /// namespace check and the reservation must not interleave with another writer's.
+    fn lock_key(&self) -> String {
+        format!("scope\u{1f}{}\u{1f}{}", self.contract.name, self.key)
+    }
+
     fn new(call: InlineCall) -> Result<Self, Error> {
         check_len("tenant", &call.principal.tenant, 128)?;
         check_len("subject", &call.principal.subject, 128)?;
@@ -681,61 +679,13 @@ const BY_SCOPE: &str =
 const BY_TOOL_KEY: &str = select_record!("WHERE tool = ?1 AND idempotency_key = ?2 ORDER BY id");
 const BY_STATUS_REF: &str = select_record!("WHERE status_ref = ?1");
 
-struct RawRecord {
-    id: i64,
-    tenant: String,
-    subject: String,
-    tool: String,
-    key: String,
-    request_digest: String,
-    revs: [String; 6],
-    arguments: String,
-    fingerprint: Option<String>,
-    effect_kind: String,
-    state: String,
-    result: Option<String>,
-    result_digest: Option<String>,
-    status_ref: String,
-    authority_deadline: Option<i64>,
-    retention_deadline: Option<i64>,
-    created_at: i64,
-    updated_at: i64,
-}
-
-fn raw_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRecord> {
-    Ok(RawRecord {
-        id: r.get(0)?,
-        tenant: r.get(1)?,
-        subject: r.get(2)?,
-        tool: r.get(3)?,
-        key: r.get(4)?,
-        request_digest: r.get(5)?,
-        revs: [
-            r.get(6)?,
-            r.get(7)?,
-            r.get(8)?,
-            r.get(9)?,
-            r.get(10)?,
-            r.get(11)?,
-        ],
-        arguments: r.get(12)?,
-        fingerprint: r.get(13)?,
-        effect_kind: r.get(14)?,
-        state: r.get(15)?,
-        result: r.get(16)?,
-        result_digest: r.get(17)?,
-        status_ref: r.get(18)?,
-        authority_deadline: r.get(19)?,
-        retention_deadline: r.get(20)?,
-        created_at: r.get(21)?,
-        updated_at: r.get(22)?,
-    })
-}
-
-fn check_raw(raw: RawRecord) -> Result<OperationRecord, Error> {
-    let state = OperationState::parse(&raw.state).ok_or_else(|| contract_error("unknown state"))?;
-    let arguments = parse_stored(&raw.arguments)?;
-    let result = match (&raw.result, &raw.result_digest) {
+fn check_raw(row: Vec<SqlValue>) -> Result<OperationRecord, Error> {
+    let state =
+        OperationState::parse(&row.text(15)?).ok_or_else(|| contract_error("unknown state"))?;
+    let arguments = parse_stored(&row.text(12)?)?;
+    let result_text = row.opt_text(16)?;
+    let result_digest = row.opt_text(17)?;
+    let result = match (&result_text, &result_digest) {
         (Some(text), Some(digest)) => {
             let value = parse_stored(text)?;
             if sha256_hex(text.as_bytes()) != *digest {
@@ -746,52 +696,48 @@ fn check_raw(raw: RawRecord) -> Result<OperationRecord, Error> {
         (None, None) => None,
         _ => return Err(contract_error("result and result digest disagree")),
     };
-    if !is_hex64(&raw.request_digest) {
+    let request_digest = row.text(5)?;
+    if !is_hex64(&request_digest) {
         return Err(contract_error("malformed request digest"));
     }
-    let [input_rev, output_rev, effect_rev, handler_rev, producer_rev, policy_rev] = raw.revs;
+    let tool = row.text(3)?;
     Ok(OperationRecord {
-        id: raw.id,
+        id: row.int(0)?,
         contract: ToolContract {
-            name: raw.tool.clone(),
-            input_rev,
-            output_rev,
-            effect_rev,
-            handler_rev,
-            producer_rev,
-            policy_rev,
+            name: tool.clone(),
+            input_rev: row.text(6)?,
+            output_rev: row.text(7)?,
+            effect_rev: row.text(8)?,
+            handler_rev: row.text(9)?,
+            producer_rev: row.text(10)?,
+            policy_rev: row.text(11)?,
         },
-        tenant: raw.tenant,
-        subject: raw.subject,
-        tool: raw.tool,
-        key: raw.key,
-        request_digest: raw.request_digest,
-        fingerprint: raw.fingerprint,
-        effect_kind: raw.effect_kind,
+        tenant: row.text(1)?,
+        subject: row.text(2)?,
+        tool,
+        key: row.text(4)?,
+        request_digest,
+        fingerprint: row.opt_text(13)?,
+        effect_kind: row.text(14)?,
         state,
         result,
-        result_digest: raw.result_digest,
-        status_ref: raw.status_ref,
-        authority_deadline: raw.authority_deadline,
-        retention_deadline: raw.retention_deadline,
-        created_at: raw.created_at,
-        updated_at: raw.updated_at,
+        result_digest,
+        status_ref: row.text(18)?,
+        authority_deadline: row.opt_int(19)?,
+        retention_deadline: row.opt_int(20)?,
+        created_at: row.int(21)?,
+        updated_at: row.int(22)?,
         arguments,
     })
 }
 
 fn load_records(
-    conn: &Connection,
+    tx: &mut dyn EffectTx,
     sql: &str,
     args: &[String],
 ) -> Result<Vec<OperationRecord>, Error> {
-    let mut stmt = conn.prepare_cached(sql).map_err(db_error)?;
-    let raws = stmt
-        .query_map(rusqlite::params_from_iter(args.iter()), raw_from_row)
-        .map_err(db_error)?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(db_error)?;
-    raws.into_iter().map(check_raw).collect()
+    let params: Vec<SqlValue> = args.iter().map(|a| SqlValue::from(a.as_str())).collect();
+    tx.query(sql, &params)?.into_iter().map(check_raw).collect()
 }
 
 fn deadline_passed(deadline: Option<i64>, now: i64) -> bool {
@@ -817,27 +763,25 @@ fn check_deadlines(authority: Option<i64>, retention: Option<i64>, now: i64) -> 
 /// Authorize, shared-namespace check, scope lookup, and for an existing row: conflict,
 /// deadlines, state. `Ok(None)` means the scope is absent.
 fn examine(
-    conn: &Connection,
+    tx: &mut dyn EffectTx,
     p: &Prepared,
     effect: &dyn InlineEffect,
     now: i64,
 ) -> Result<Option<Outcome>, Error> {
-    effect.authorize(&mut SqliteEffectTx::new(conn), &p.principal)?;
+    effect.authorize(tx, &p.principal)?;
     if p.shared_key_namespace {
-        let taken = conn
-            .prepare_cached(
+        let taken = tx
+            .query_opt(
                 "SELECT 1 FROM operations WHERE tool = ?1 AND idempotency_key = ?2
                    AND (tenant <> ?3 OR subject <> ?4) LIMIT 1",
-            )
-            .and_then(|mut s| {
-                s.exists(rusqlite::params![
-                    p.contract.name,
-                    p.key,
-                    p.principal.tenant,
-                    p.principal.subject
-                ])
-            })
-            .map_err(db_error)?;
+                &[
+                    p.contract.name.as_str().into(),
+                    p.key.as_str().into(),
+                    p.principal.tenant.as_str().into(),
+                    p.principal.subject.as_str().into(),
+                ],
+            )?
+            .is_some();
         if taken {
             return Err(Error::conflict(
                 "this operation id is already used for another request",
@@ -850,7 +794,7 @@ fn examine(
         p.contract.name.clone(),
         p.key.clone(),
     ];
-    let Some(record) = load_records(conn, BY_SCOPE, &args)?.pop() else {
+    let Some(record) = load_records(tx, BY_SCOPE, &args)?.pop() else {
         return Ok(None);
     };
     if record.request_digest != p.request_digest || record.fingerprint != p.fingerprint {
@@ -861,7 +805,7 @@ fn examine(
     check_deadlines(record.authority_deadline, record.retention_deadline, now)?;
     match record.state {
         s if s.is_terminal() => {
-            effect.check_replay(&mut SqliteEffectTx::new(conn), &p.principal, &record)?;
+            effect.check_replay(tx, &p.principal, &record)?;
             let result = record
                 .result
                 .clone()
@@ -891,61 +835,58 @@ fn examine(
     }
 }
 
-/// Inserts the `in_progress` ledger row for a fresh scope after the call's own deadlines.
-fn reserve(conn: &Connection, p: &Prepared, now: i64) -> Result<(i64, String), Error> {
+/// Inserts the `in_progress` ledger row for a fresh scope after the call's own deadlines
+/// (`INSERT … ON CONFLICT DO NOTHING`). `None` when another transaction holds the scope.
+fn reserve(tx: &mut dyn EffectTx, p: &Prepared, now: i64) -> Result<Option<(i64, String)>, Error> {
     check_deadlines(p.authority_deadline, p.retention_deadline, now)?;
     let status_ref = new_status_ref()?;
     let c = &p.contract;
-    let id: i64 = conn
-        .prepare_cached(
-            "INSERT INTO operations(tenant, subject, tool, idempotency_key, request_digest,
-                 input_rev, output_rev, effect_rev, handler_rev, producer_rev, policy_rev,
-                 arguments, fingerprint, effect_kind, state, status_ref, authority_deadline,
-                 retention_deadline, created_at, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 'inline',
-                 'in_progress', ?14, ?15, ?16, ?17, ?17)
-             RETURNING id",
-        )
-        .and_then(|mut s| {
-            s.query_row(
-                rusqlite::params![
-                    p.principal.tenant,
-                    p.principal.subject,
-                    c.name,
-                    p.key,
-                    p.request_digest,
-                    c.input_rev,
-                    c.output_rev,
-                    c.effect_rev,
-                    c.handler_rev,
-                    c.producer_rev,
-                    c.policy_rev,
-                    p.arguments_text,
-                    p.fingerprint,
-                    status_ref,
-                    p.authority_deadline,
-                    p.retention_deadline,
-                    now,
-                ],
-                |r| r.get(0),
-            )
-        })
-        .map_err(db_error)?;
-    Ok((id, status_ref))
+    let row = tx.query_opt(
+        "INSERT INTO operations(tenant, subject, tool, idempotency_key, request_digest,
+             input_rev, output_rev, effect_rev, handler_rev, producer_rev, policy_rev,
+             arguments, fingerprint, effect_kind, state, status_ref, authority_deadline,
+             retention_deadline, created_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 'inline',
+             'in_progress', ?14, ?15, ?16, ?17, ?17)
+         ON CONFLICT (tenant, subject, tool, idempotency_key) DO NOTHING
+         RETURNING id",
+        &[
+            p.principal.tenant.as_str().into(),
+            p.principal.subject.as_str().into(),
+            c.name.as_str().into(),
+            p.key.as_str().into(),
+            p.request_digest.as_str().into(),
+            c.input_rev.as_str().into(),
+            c.output_rev.as_str().into(),
+            c.effect_rev.as_str().into(),
+            c.handler_rev.as_str().into(),
+            c.producer_rev.as_str().into(),
+            c.policy_rev.as_str().into(),
+            p.arguments_text.as_str().into(),
+            p.fingerprint.clone().into(),
+            status_ref.as_str().into(),
+            p.authority_deadline.into(),
+            p.retention_deadline.into(),
+            now.into(),
+        ],
+    )?;
+    match row {
+        Some(row) => Ok(Some((row.int(0)?, status_ref))),
+        None => Ok(None),
+    }
 }
 
 fn insert_event(
-    conn: &Connection,
+    tx: &mut dyn EffectTx,
     operation_id: i64,
     at: i64,
     kind: &str,
     detail: &str,
 ) -> Result<(), Error> {
-    conn.prepare_cached(
+    tx.execute(
         "INSERT INTO operation_events(operation_id, at, kind, detail) VALUES (?1, ?2, ?3, ?4)",
-    )
-    .and_then(|mut s| s.execute(rusqlite::params![operation_id, at, kind, detail]))
-    .map_err(db_error)?;
+        &[operation_id.into(), at.into(), kind.into(), detail.into()],
+    )?;
     Ok(())
 }
 

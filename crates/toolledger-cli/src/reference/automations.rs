@@ -23,10 +23,10 @@ use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 use toolledger::authz::{resolve_in, PrincipalStore};
-use toolledger::effect::{EffectTx, SqlValue};
+use toolledger::effect::{EffectTx, RowExt, SqlValue};
 use toolledger::engine::{Engine, InlineCall, InlineEffect, Outcome};
-use toolledger::store::sqlite::SqliteStore;
 use toolledger::store::Migration;
+use toolledger::store::Store;
 use toolledger::{Error, ErrorCode, Principal, ToolContract};
 
 /// Migration namespace of this domain.
@@ -213,23 +213,40 @@ pub async fn run(
 
 /// Inserts an automation row directly (fixtures for tests and demos). `id` `None` lets the
 /// database choose. Returns the id.
-pub async fn seed_automation(
-    store: &SqliteStore,
+pub async fn seed_automation<S: Clone + Into<Store>>(
+    store: &S,
     id: Option<i64>,
     tenant: &str,
     interval_minutes: i64,
     version: i64,
 ) -> Result<i64, Error> {
     let tenant = tenant.to_string();
+    let store: Store = store.clone().into();
     store
-        .write(move |conn| {
-            conn.query_row(
-                "INSERT INTO automations(id, tenant, interval_minutes, version)
-                 VALUES (?1, ?2, ?3, ?4) RETURNING id",
-                rusqlite::params![id, tenant, interval_minutes, version],
-                |r| r.get::<_, i64>(0),
-            )
-            .map_err(|_| Error::invalid("automation fixture refused"))
+        .write(move |tx: &mut dyn EffectTx| {
+            let row = match id {
+                Some(id) => tx.query_opt(
+                    "INSERT INTO automations(id, tenant, interval_minutes, version)
+                     VALUES (?1, ?2, ?3, ?4) RETURNING id",
+                    &[
+                        id.into(),
+                        tenant.as_str().into(),
+                        interval_minutes.into(),
+                        version.into(),
+                    ],
+                ),
+                None => tx.query_opt(
+                    "INSERT INTO automations(tenant, interval_minutes, version)
+                     VALUES (?1, ?2, ?3) RETURNING id",
+                    &[
+                        tenant.as_str().into(),
+                        interval_minutes.into(),
+                        version.into(),
+                    ],
+                ),
+            };
+            row.and_then(|r| r.ok_or_else(Error::not_found)?.int(0))
+                .map_err(|_| Error::invalid("automation fixture refused"))
         })
         .await
 }

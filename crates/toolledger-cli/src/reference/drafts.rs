@@ -21,11 +21,12 @@ use serde_json::{json, Map, Value};
 use toolledger::approval::{self, ApprovalTarget};
 use toolledger::authz;
 use toolledger::digest::sha256_hex;
+use toolledger::effect::RowExt;
 use toolledger::effect::{EffectTx, SqlValue};
 use toolledger::engine::{InlineEffect, OperationRecord};
 use toolledger::model::{Error, ErrorCode, Principal, ToolContract};
-use toolledger::store::sqlite::SqliteStore;
 use toolledger::store::Migration;
+use toolledger::store::Store;
 use toolledger_mcp::guard::{operation_id_from, GuardedRequest};
 use toolledger_mcp::reply::tool_result;
 use toolledger_mcp::server::{BoxFuture, McpTool, ToolCall};
@@ -314,12 +315,12 @@ impl McpTool for CreateDraft {
 
 /// Reads the draft an operation wrote, for `get_operation_status` (never shows the text).
 pub struct DraftObserver {
-    store: SqliteStore,
+    store: Store,
 }
 
 impl DraftObserver {
     /// An observer over `store`.
-    pub fn new(store: SqliteStore) -> Self {
+    pub fn new(store: Store) -> Self {
         DraftObserver { store }
     }
 }
@@ -337,21 +338,19 @@ impl EffectObserver for DraftObserver {
             ];
             let rows: Vec<(i64, String)> = self
                 .store
-                .read(move |conn| -> Result<Vec<(i64, String)>, Error> {
-                    let mut stmt = conn
-                        .prepare_cached(
+                .read(
+                    move |tx: &mut dyn EffectTx| -> Result<Vec<(i64, String)>, Error> {
+                        let params: Vec<_> = args.iter().map(|a| a.as_str().into()).collect();
+                        tx.query(
                             "SELECT id, slug FROM drafts WHERE tenant = ?1 AND subject = ?2
-                               AND operation = ?3 ORDER BY id",
-                        )
-                        .map_err(|_| Error::unavailable("store unavailable"))?;
-                    let rows = stmt
-                        .query_map(rusqlite::params_from_iter(args.iter()), |r| {
-                            Ok((r.get(0)?, r.get(1)?))
-                        })
-                        .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-                        .map_err(|_| Error::unavailable("store unavailable"))?;
-                    Ok(rows)
-                })
+                           AND operation = ?3 ORDER BY id",
+                            &params,
+                        )?
+                        .iter()
+                        .map(|row| Ok((row.int(0)?, row.text(1)?)))
+                        .collect()
+                    },
+                )
                 .await?;
             let stored_slug = record
                 .result

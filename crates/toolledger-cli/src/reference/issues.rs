@@ -13,11 +13,12 @@ use rmcp::model::{
     CallToolResponse, ElicitRequest, ElicitRequestParams, InputRequest, Tool, ToolAnnotations,
 };
 use serde_json::{json, Map, Value};
+use toolledger::effect::RowExt;
 use toolledger::effect::{EffectTx, SqlValue};
 use toolledger::engine::{Begun, InlineEffect, OperationRecord, Outcome};
 use toolledger::model::{Error, ErrorCode, OperationState, Principal, ToolContract};
-use toolledger::store::sqlite::SqliteStore;
 use toolledger::store::Migration;
+use toolledger::store::Store;
 use toolledger_mcp::guard::{operation_id_from, outcome_json, GuardedRequest};
 use toolledger_mcp::reply::{tool_error, tool_ok};
 use toolledger_mcp::server::{BoxFuture, McpTool, ToolCall};
@@ -222,7 +223,7 @@ impl CreateIssue {
         }
     }
 
-    fn store(&self) -> &SqliteStore {
+    fn store(&self) -> &Store {
         self.guard.engine().store()
     }
 
@@ -332,13 +333,13 @@ impl CreateIssue {
         let w = watcher.to_string();
         let added = self
             .store()
-            .write(move |conn| -> Result<(), Error> {
+            .write(move |tx: &mut dyn EffectTx| -> Result<(), Error> {
                 if fail_watcher {
                     return Err(Error::unavailable("watcher service refused the request"));
                 }
-                conn.execute(
+                tx.execute(
                     "INSERT INTO issue_watchers(issue_id, watcher, created_at) VALUES (?1, ?2, ?3)",
-                    rusqlite::params![issue_id, w, now],
+                    &[issue_id.into(), w.as_str().into(), now.into()],
                 )
                 .map_err(|_| Error::unavailable("the watcher could not be added"))?;
                 Ok(())
@@ -360,17 +361,17 @@ impl CreateIssue {
                 let fail_comp = self.faults.compensation_failure;
                 let compensated = self
                     .store()
-                    .write(move |conn| -> Result<i64, Error> {
+                    .write(move |tx: &mut dyn EffectTx| -> Result<i64, Error> {
                         if fail_comp {
                             return Err(Error::unavailable("compensation could not be recorded"));
                         }
-                        conn.query_row(
+                        tx.query_opt(
                             "INSERT INTO compensations(issue_id, action, reason, created_at)
                              VALUES (?1, 'watcher_not_added_notice', 'watcher step failed', ?2)
                              RETURNING id",
-                            rusqlite::params![issue_id, now],
-                            |r| r.get::<_, i64>(0),
+                            &[issue_id.into(), now.into()],
                         )
+                        .and_then(|row| row.ok_or_else(Error::not_found)?.int(0))
                         .map_err(|_| Error::unavailable("compensation could not be recorded"))
                     })
                     .await;
@@ -408,14 +409,20 @@ impl CreateIssue {
         let exit_72 = self.faults.exit_after_effect_insert;
         let id = self
             .store()
-            .write(move |conn| -> Result<i64, Error> {
-                let id = conn
-                    .query_row(
+            .write(move |tx: &mut dyn EffectTx| -> Result<i64, Error> {
+                let id = tx
+                    .query_opt(
                         "INSERT INTO issues(tenant, subject, operation_key, title, body, created_at)
                          VALUES (?1, ?2, NULL, ?3, ?4, ?5) RETURNING id",
-                        rusqlite::params![principal.tenant, principal.subject, title, body, now],
-                        |r| r.get::<_, i64>(0),
+                        &[
+                            principal.tenant.as_str().into(),
+                            principal.subject.as_str().into(),
+                            title.as_str().into(),
+                            body.as_str().into(),
+                            now.into(),
+                        ],
                     )
+                    .and_then(|row| row.ok_or_else(Error::not_found)?.int(0))
                     .map_err(|_| Error::unavailable("the issue could not be stored"))?;
                 if exit_72 {
                     std::process::exit(72);
@@ -481,12 +488,12 @@ impl McpTool for CreateIssue {
 
 /// Reads the issue rows an operation wrote, for `get_operation_status`.
 pub struct IssueObserver {
-    store: SqliteStore,
+    store: Store,
 }
 
 impl IssueObserver {
     /// An observer over `store`.
-    pub fn new(store: SqliteStore) -> Self {
+    pub fn new(store: Store) -> Self {
         IssueObserver { store }
     }
 }
@@ -504,18 +511,16 @@ impl EffectObserver for IssueObserver {
             ];
             let ids: Vec<i64> = self
                 .store
-                .read(move |conn| -> Result<Vec<i64>, Error> {
-                    let mut stmt = conn
-                        .prepare_cached(
-                            "SELECT id FROM issues WHERE tenant = ?1 AND subject = ?2
-                               AND operation_key = ?3 ORDER BY id",
-                        )
-                        .map_err(|_| Error::unavailable("store unavailable"))?;
-                    let rows = stmt
-                        .query_map(rusqlite::params_from_iter(args.iter()), |r| r.get(0))
-                        .and_then(|rows| rows.collect::<Result<Vec<i64>, _>>())
-                        .map_err(|_| Error::unavailable("store unavailable"))?;
-                    Ok(rows)
+                .read(move |tx: &mut dyn EffectTx| -> Result<Vec<i64>, Error> {
+                    let params: Vec<_> = args.iter().map(|a| a.as_str().into()).collect();
+                    tx.query(
+                        "SELECT id FROM issues WHERE tenant = ?1 AND subject = ?2
+                           AND operation_key = ?3 ORDER BY id",
+                        &params,
+                    )?
+                    .iter()
+                    .map(|row| row.int(0))
+                    .collect()
                 })
                 .await?;
             let stored_id = record

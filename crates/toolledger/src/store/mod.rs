@@ -1,9 +1,153 @@
 //! Durable storage. Each backend commits the ledger's transactions with the same semantics;
-//! [`sqlite`] is the embedded default.
+//! [`sqlite`] is the embedded default, [`postgres`] (cargo feature `postgres`) serves many
+//! hosts. [`Store`] is the backend-neutral handle the engine, the runtime and the principal
+//! store run on: closures over an [`EffectTx`], so one piece of ledger code runs on both.
+//! The [`conformance`] suite (cargo feature `conformance`) is what every backend must pass.
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 pub mod sqlite;
 
+use crate::effect::{Dialect, EffectTx, SqliteEffectTx};
 use crate::model::{Error, ErrorCode};
+use sqlite::SqliteStore;
+
+/// A backend-neutral handle to one ledger database. Cheap to clone.
+///
+/// - [`Store::write`] runs a closure in one write transaction and returns once it has
+///   committed; returning `Err` rolls back everything the closure wrote. On SQLite the closure
+///   runs on the writer thread in its own savepoint of a group-commit batch; on PostgreSQL in
+///   its own `READ COMMITTED` transaction, run again (bounded) after a deadlock, a
+///   serialization failure or a lost insert race — so write closures are `FnMut` and keep no
+///   side effects outside the transaction.
+/// - [`Store::read`] runs a closure in one read-only snapshot.
+#[derive(Clone, Debug)]
+pub enum Store {
+    /// The embedded SQLite backend.
+    Sqlite(SqliteStore),
+    /// The PostgreSQL backend.
+    #[cfg(feature = "postgres")]
+    Postgres(postgres::PgStore),
+}
+
+impl From<SqliteStore> for Store {
+    fn from(s: SqliteStore) -> Self {
+        Store::Sqlite(s)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<postgres::PgStore> for Store {
+    fn from(s: postgres::PgStore) -> Self {
+        Store::Postgres(s)
+    }
+}
+
+/// Runs `f` inside `BEGIN` … `COMMIT` on a SQLite read connection (one snapshot).
+fn sqlite_snapshot<T, E>(
+    conn: &rusqlite::Connection,
+    f: impl FnOnce(&mut dyn EffectTx) -> Result<T, E>,
+) -> Result<T, E>
+where
+    E: From<StoreError>,
+{
+    conn.execute_batch("BEGIN")
+        .map_err(|e| E::from(sqlite::map_err(e)))?;
+    let out = f(&mut SqliteEffectTx::new(conn));
+    let _ = conn.execute_batch("COMMIT");
+    if !conn.is_autocommit() {
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    out
+}
+
+impl Store {
+    /// The backend id the database is bound to.
+    pub fn backend_id(&self) -> &str {
+        match self {
+            Store::Sqlite(s) => s.backend_id(),
+            #[cfg(feature = "postgres")]
+            Store::Postgres(s) => s.backend_id(),
+        }
+    }
+
+    /// The SQL dialect of the backend.
+    pub fn dialect(&self) -> Dialect {
+        match self {
+            Store::Sqlite(_) => Dialect::Sqlite,
+            #[cfg(feature = "postgres")]
+            Store::Postgres(_) => Dialect::Postgres,
+        }
+    }
+
+    /// The SQLite store, when this is one (for SQLite-only tools: `audit`'s file checks,
+    /// benchmarks).
+    pub fn as_sqlite(&self) -> Option<&SqliteStore> {
+        match self {
+            Store::Sqlite(s) => Some(s),
+            #[cfg(feature = "postgres")]
+            Store::Postgres(_) => None,
+        }
+    }
+
+    /// Runs `f` in a write transaction and returns its result once committed (see the type's
+    /// docs).
+    pub async fn write<T, E, F>(&self, mut f: F) -> Result<T, E>
+    where
+        F: FnMut(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        match self {
+            Store::Sqlite(s) => s.write(move |conn| f(&mut SqliteEffectTx::new(conn))).await,
+            #[cfg(feature = "postgres")]
+            Store::Postgres(s) => s.write(f).await,
+        }
+    }
+
+    /// Blocking form of [`Store::write`]; never call it from async code.
+    pub fn write_blocking<T, E, F>(&self, mut f: F) -> Result<T, E>
+    where
+        F: FnMut(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        match self {
+            Store::Sqlite(s) => s.write_blocking(move |conn| f(&mut SqliteEffectTx::new(conn))),
+            #[cfg(feature = "postgres")]
+            Store::Postgres(s) => s.write_blocking(f),
+        }
+    }
+
+    /// Runs `f` in one read-only snapshot.
+    pub async fn read<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        match self {
+            Store::Sqlite(s) => s.read(move |conn| sqlite_snapshot(conn, f)).await,
+            #[cfg(feature = "postgres")]
+            Store::Postgres(s) => s.read(f).await,
+        }
+    }
+
+    /// Blocking form of [`Store::read`]; never call it from async code.
+    pub fn read_blocking<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&mut dyn EffectTx) -> Result<T, E>,
+        E: From<StoreError>,
+    {
+        match self {
+            Store::Sqlite(s) => s.read_blocking(move |conn| sqlite_snapshot(conn, f)),
+            #[cfg(feature = "postgres")]
+            Store::Postgres(s) => s.read_blocking(f),
+        }
+    }
+}
 
 /// A numbered schema migration. Migrations are grouped by `namespace` so a library, an
 /// application and its reference tools can each own their tables; within a namespace versions

@@ -1,0 +1,901 @@
+//! The PostgreSQL backend (cargo feature `postgres`), for many server and worker processes on
+//! many hosts sharing one database.
+//!
+//! # Threads and the async client
+//!
+//! Ledger code runs synchronous closures over an [`EffectTx`] (the same closures the SQLite
+//! backend runs on its writer thread). A [`PgStore`] owns a small tokio runtime of its own that
+//! drives tokio-postgres connections from a deadpool-postgres pool; each closure runs on that
+//! runtime's blocking pool and waits for every statement with `Handle::block_on`, which is
+//! allowed there. Async callers await the blocking task; synchronous callers (tests, tools)
+//! use the `_blocking` forms from any thread that is not itself driving async tasks.
+//!
+//! # Transactions
+//!
+//! - Writes run at `READ COMMITTED`. Reservations are `INSERT … ON CONFLICT DO NOTHING` followed
+//!   by reading the authoritative row back (the insert waits for a competing inserter to
+//!   finish, and the next statement sees its commit); checks that span rows no unique
+//!   constraint covers take a transaction-scoped advisory lock ([`EffectTx::lock_key`]);
+//!   claims lock the outbox row with `FOR UPDATE SKIP LOCKED`; every later outbox transition is
+//!   an `UPDATE … WHERE fencing_token = ?`, which PostgreSQL re-checks against the newest row
+//!   version.
+//! - A deadlock (`40P01`), serialization failure (`40001`) or unique violation (`23505`, a
+//!   check-then-insert that lost a race) rolls the transaction back and runs the closure
+//!   again, at most [`MAX_WRITE_ATTEMPTS`] times in all. Write closures are therefore `FnMut`
+//!   and must not keep side effects outside the transaction.
+//! - Reads run in one `REPEATABLE READ READ ONLY` transaction: one snapshot, like SQLite's
+//!   `BEGIN … COMMIT` on a read connection.
+//! - Connection loss, a server shutting down or a pool timeout is
+//!   [`StoreError::Unavailable`] (`unavailable` to callers, retryable); a write whose `COMMIT`
+//!   was interrupted may or may not have committed, and a retry replays or redoes it under
+//!   the same idempotency key. Broken connections leave the pool; new ones are made on demand.
+//! - Every session runs with `statement_timeout` (default 30 s); a statement that hits it
+//!   fails with a clean `unavailable` error and its transaction rolls back.
+//!
+//! # Schema
+//!
+//! Migrations are numbered per namespace like SQLite's, written in PostgreSQL dialect
+//! (`sql/pg_000N_*.sql`), and run in one transaction holding `pg_advisory_xact_lock`, so two
+//! hosts opening a new database at once do not race. `store_metadata` binds the schema to one
+//! backend id; a newer schema is refused and an older one needs `toolledger migrate`.
+//! [`PgOptions::schema`] puts the ledger in a schema of its own (via `search_path`).
+//!
+//! # TLS
+//!
+//! This build connects without TLS (`sslmode=disable` or `prefer` fall back to plain TCP;
+//! `sslmode=require` is refused at open). Run PostgreSQL on the same host or a private
+//! network, or put a TLS tunnel in front of it.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio::runtime::{Handle, Runtime};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{IsNull, ToSql, Type};
+use tokio_postgres::{IsolationLevel, NoTls};
+
+use super::{Migration, StoreError};
+use crate::effect::{Dialect, EffectTx, SqlValue};
+use crate::model::{Error, ErrorCode};
+
+/// The migrations of the library's own tables in PostgreSQL dialect (namespace `toolledger`);
+/// the same versions as [`super::sqlite::CORE_MIGRATIONS`].
+pub const CORE_MIGRATIONS: &[Migration] = &[
+    Migration {
+        namespace: "toolledger",
+        version: 1,
+        sql: include_str!("sql/pg_0001_core.sql"),
+    },
+    Migration {
+        namespace: "toolledger",
+        version: 2,
+        sql: include_str!("sql/pg_0002_runtime.sql"),
+    },
+];
+
+/// The backend id a new database gets when none is requested.
+pub const DEFAULT_BACKEND_ID: &str = "postgres:default";
+
+/// Attempts a write transaction gets when it meets a deadlock, a serialization failure or a
+/// lost insert race.
+pub const MAX_WRITE_ATTEMPTS: u32 = 5;
+
+/// How to open a [`PgStore`].
+#[derive(Clone, Debug)]
+pub struct PgOptions {
+    /// The backend id the database must be bound to. `None` adopts the existing binding and
+    /// binds a new database to [`DEFAULT_BACKEND_ID`].
+    pub backend_id: Option<String>,
+    /// Application migrations in PostgreSQL dialect, applied after the core ones.
+    pub migrations: Vec<Migration>,
+    /// Apply pending migrations to an existing database (`toolledger migrate`).
+    pub migrate: bool,
+    /// Most pooled connections.
+    pub max_connections: usize,
+    /// The schema the ledger lives in (created if missing); `None` uses the server default.
+    pub schema: Option<String>,
+    /// Per-statement time limit.
+    pub statement_timeout: Duration,
+    /// How long to wait for a connection (connect or pool) before answering `unavailable`.
+    pub connect_timeout: Duration,
+}
+
+impl PgOptions {
+    /// Options for `backend_id` with the core migrations only.
+    pub fn new(backend_id: impl Into<String>) -> Self {
+        PgOptions {
+            backend_id: Some(backend_id.into()),
+            ..PgOptions::any_backend()
+        }
+    }
+
+    /// Options that adopt whatever backend id the database is bound to.
+    pub fn any_backend() -> Self {
+        PgOptions {
+            backend_id: None,
+            migrations: Vec::new(),
+            migrate: false,
+            max_connections: 16,
+            schema: None,
+            statement_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// Adds application migrations (PostgreSQL dialect).
+    pub fn with_migrations(mut self, migrations: &[Migration]) -> Self {
+        self.migrations.extend_from_slice(migrations);
+        self
+    }
+
+    /// Allows forward migration of an existing database.
+    pub fn allow_migrate(mut self, migrate: bool) -> Self {
+        self.migrate = migrate;
+        self
+    }
+
+    /// Puts the ledger in `schema`.
+    pub fn in_schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = Some(schema.into());
+        self
+    }
+}
+
+/// Whether `name` is a plain, unquoted PostgreSQL identifier we accept as a schema name.
+pub fn valid_schema_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_lowercase() || c == '_')
+        && name.len() <= 63
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+/// Rewrites `?N` placeholders as `$N`, leaving string literals, quoted identifiers and
+/// comments alone.
+pub fn translate_placeholders(sql: &str) -> String {
+    let bytes = sql.as_bytes();
+    let mut out = String::with_capacity(sql.len());
+    let mut i = 0;
+    let mut start = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            q @ (b'\'' | b'"') => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != q {
+                    i += 1;
+                }
+                i += 1;
+            }
+            b'-' if bytes.get(i + 1) == Some(&b'-') => {
+                while i < bytes.len() && bytes[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'?' if bytes.get(i + 1).is_some_and(u8::is_ascii_digit) => {
+                out.push_str(&sql[start..i]);
+                out.push('$');
+                i += 1;
+                start = i;
+            }
+            _ => i += 1,
+        }
+    }
+    out.push_str(&sql[start.min(sql.len())..]);
+    out
+}
+
+fn is_retryable(state: &SqlState) -> bool {
+    *state == SqlState::T_R_SERIALIZATION_FAILURE
+        || *state == SqlState::T_R_DEADLOCK_DETECTED
+        || *state == SqlState::UNIQUE_VIOLATION
+}
+
+/// Maps a PostgreSQL error to a [`StoreError`] without SQL text, values or host names.
+pub fn map_pg_error(e: &tokio_postgres::Error) -> StoreError {
+    let Some(state) = e.code() else {
+        // No SQLSTATE: the connection broke, or a parameter could not be encoded.
+        if e.is_closed() || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>()) {
+            return StoreError::Unavailable("database connection lost".into());
+        }
+        return StoreError::Database("database error".into());
+    };
+    let code = state.code();
+    if *state == SqlState::QUERY_CANCELED {
+        return StoreError::Unavailable("statement timed out".into());
+    }
+    if code.starts_with("08")
+        || code.starts_with("57P")
+        || code.starts_with("53")
+        || *state == SqlState::T_R_SERIALIZATION_FAILURE
+        || *state == SqlState::T_R_DEADLOCK_DETECTED
+        || *state == SqlState::LOCK_NOT_AVAILABLE
+    {
+        return StoreError::Unavailable("database unavailable or busy".into());
+    }
+    if code.starts_with("23") || *state == SqlState::RAISE_EXCEPTION || code.starts_with("22") {
+        return StoreError::Refused("constraint violation".into());
+    }
+    if *state == SqlState::UNDEFINED_TABLE || *state == SqlState::UNDEFINED_COLUMN {
+        return StoreError::Corrupt("the database schema is not a toolledger schema".into());
+    }
+    StoreError::Database(format!("database error {code}"))
+}
+
+fn safe_error(e: &StoreError) -> Error {
+    match e {
+        StoreError::Unavailable(m) if m == "statement timed out" => {
+            Error::new(ErrorCode::Unavailable, "statement timed out")
+        }
+        StoreError::Unavailable(_) => Error::new(ErrorCode::Unavailable, "store unavailable"),
+        StoreError::Refused(_) => {
+            Error::new(ErrorCode::Unavailable, "write refused by the database")
+        }
+        _ => Error::new(ErrorCode::Unavailable, "database error"),
+    }
+}
+
+fn pool_error(e: deadpool_postgres::PoolError) -> StoreError {
+    match e {
+        deadpool_postgres::PoolError::Backend(b) => map_pg_error(&b),
+        _ => StoreError::Unavailable("no database connection available".into()),
+    }
+}
+
+/// One bound parameter.
+#[derive(Debug)]
+struct Param<'a>(&'a SqlValue);
+
+impl ToSql for Param<'_> {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        match self.0 {
+            SqlValue::Null => Ok(IsNull::Yes),
+            SqlValue::Integer(i) => match *ty {
+                Type::INT8 => i.to_sql(ty, out),
+                Type::INT4 => i32::try_from(*i)?.to_sql(ty, out),
+                Type::INT2 => i16::try_from(*i)?.to_sql(ty, out),
+                Type::BOOL => (*i != 0).to_sql(ty, out),
+                _ => Err("an integer is bound to a non-integer parameter".into()),
+            },
+            SqlValue::Text(s) => match *ty {
+                Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN => {
+                    s.as_str().to_sql(&Type::TEXT, out)
+                }
+                _ => Err("text is bound to a non-text parameter".into()),
+            },
+            SqlValue::Blob(b) => match *ty {
+                Type::BYTEA => b.as_slice().to_sql(ty, out),
+                _ => Err("bytes are bound to a non-bytea parameter".into()),
+            },
+        }
+    }
+
+    fn accepts(_ty: &Type) -> bool {
+        true
+    }
+
+    tokio_postgres::types::to_sql_checked!();
+}
+
+fn column_value(row: &tokio_postgres::Row, i: usize) -> Result<SqlValue, tokio_postgres::Error> {
+    let ty = row.columns()[i].type_().clone();
+    Ok(match ty {
+        Type::INT8 => row.try_get::<_, Option<i64>>(i)?.into(),
+        Type::INT4 => row.try_get::<_, Option<i32>>(i)?.map(i64::from).into(),
+        Type::INT2 => row.try_get::<_, Option<i16>>(i)?.map(i64::from).into(),
+        Type::BOOL => row
+            .try_get::<_, Option<bool>>(i)?
+            .map(|b| if b { 1i64 } else { 0 })
+            .into(),
+        Type::BYTEA => match row.try_get::<_, Option<Vec<u8>>>(i)? {
+            Some(b) => SqlValue::Blob(b),
+            None => SqlValue::Null,
+        },
+        _ => row.try_get::<_, Option<String>>(i)?.into(),
+    })
+}
+
+/// [`EffectTx`] over one open PostgreSQL transaction.
+struct PgTx<'a, 't> {
+    tx: &'a deadpool_postgres::Transaction<'t>,
+    handle: &'a Handle,
+    last_error: Option<StoreError>,
+    retry: bool,
+}
+
+impl PgTx<'_, '_> {
+    fn fail(&mut self, e: tokio_postgres::Error) -> Error {
+        if e.code().is_some_and(is_retryable) {
+            self.retry = true;
+        }
+        let mapped = map_pg_error(&e);
+        let safe = safe_error(&mapped);
+        self.last_error = Some(mapped);
+        safe
+    }
+
+    fn statement(&mut self, sql: &str) -> Result<tokio_postgres::Statement, Error> {
+        refuse_transaction_control(sql)?;
+        let sql = translate_placeholders(sql);
+        let out = self.handle.block_on(self.tx.prepare_cached(&sql));
+        out.map_err(|e| self.fail(e))
+    }
+}
+
+fn refuse_transaction_control(sql: &str) -> Result<(), Error> {
+    let head = sql
+        .trim_start()
+        .split(|c: char| !c.is_ascii_alphabetic())
+        .next()
+        .unwrap_or("")
+        .to_ascii_uppercase();
+    if matches!(
+        head.as_str(),
+        "BEGIN" | "COMMIT" | "END" | "ROLLBACK" | "SAVEPOINT" | "RELEASE" | "START" | "ABORT"
+    ) {
+        return Err(Error::unavailable(
+            "effects may not control the ledger's transaction",
+        ));
+    }
+    Ok(())
+}
+
+impl EffectTx for PgTx<'_, '_> {
+    fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<usize, Error> {
+        let stmt = self.statement(sql)?;
+        let bound: Vec<Param<'_>> = params.iter().map(Param).collect();
+        let refs: Vec<&(dyn ToSql + Sync)> =
+            bound.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
+        let out = self.handle.block_on(self.tx.execute(&stmt, &refs));
+        match out {
+            Ok(n) => Ok(n as usize),
+            Err(e) => Err(self.fail(e)),
+        }
+    }
+
+    fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<Vec<Vec<SqlValue>>, Error> {
+        let stmt = self.statement(sql)?;
+        let bound: Vec<Param<'_>> = params.iter().map(Param).collect();
+        let refs: Vec<&(dyn ToSql + Sync)> =
+            bound.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
+        let rows = match self.handle.block_on(self.tx.query(&stmt, &refs)) {
+            Ok(rows) => rows,
+            Err(e) => return Err(self.fail(e)),
+        };
+        let mut out = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let mut cols = Vec::with_capacity(row.len());
+            for i in 0..row.len() {
+                match column_value(row, i) {
+                    Ok(v) => cols.push(v),
+                    Err(_) => {
+                        return Err(Error::unavailable(
+                            "a column type is outside the effect contract",
+                        ))
+                    }
+                }
+            }
+            out.push(cols);
+        }
+        Ok(out)
+    }
+
+    fn dialect(&self) -> Dialect {
+        Dialect::Postgres
+    }
+
+    fn execute_batch(&mut self, sql: &str) -> Result<(), Error> {
+        refuse_transaction_control(sql)?;
+        let out = self.handle.block_on(self.tx.batch_execute(sql));
+        out.map_err(|e| self.fail(e))
+    }
+
+    fn lock_key(&mut self, key: &str) -> Result<(), Error> {
+        self.execute(
+            "SELECT 1 FROM (SELECT pg_advisory_xact_lock(hashtextextended(?1, 0))) AS l",
+            &[SqlValue::Text(format!("toolledger.key\u{1f}{key}"))],
+        )
+        .map(|_| ())
+    }
+
+    fn take_store_error(&mut self) -> Option<StoreError> {
+        self.last_error.take()
+    }
+}
+
+struct Inner {
+    runtime: Mutex<Option<Runtime>>,
+    handle: Handle,
+    pool: Pool,
+    backend_id: String,
+    schema: Option<String>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.pool.close();
+        if let Ok(mut rt) = self.runtime.lock() {
+            if let Some(rt) = rt.take() {
+                // Never blocks, so dropping the last handle inside async code is safe.
+                rt.shutdown_background();
+            }
+        }
+    }
+}
+
+/// A handle to one PostgreSQL ledger. Cheap to clone; connections close when the last
+/// handle is dropped.
+#[derive(Clone)]
+pub struct PgStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("backend_id", &self.inner.backend_id)
+            .field("schema", &self.inner.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether `url` names a PostgreSQL database (`postgres://` or `postgresql://`).
+pub fn is_postgres_url(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+fn parse_config(url: &str, opts: &PgOptions) -> Result<tokio_postgres::Config, StoreError> {
+    if !is_postgres_url(url) {
+        return Err(StoreError::Database(
+            "the database URL must start with postgres://".into(),
+        ));
+    }
+    let mut config: tokio_postgres::Config = url
+        .parse()
+        .map_err(|_| StoreError::Database("the database URL is malformed".into()))?;
+    if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+        return Err(StoreError::Database(
+            "sslmode=require needs TLS, which this build does not include".into(),
+        ));
+    }
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(opts.connect_timeout);
+    }
+    let mut options = config.get_options().unwrap_or("").to_string();
+    let ms = opts.statement_timeout.as_millis().max(1);
+    if !options.contains("statement_timeout") {
+        options.push_str(&format!(" -c statement_timeout={ms}"));
+    }
+    if let Some(schema) = &opts.schema {
+        if !valid_schema_name(schema) {
+            return Err(StoreError::Database(
+                "schema names are lowercase letters, digits and underscores".into(),
+            ));
+        }
+        options.push_str(&format!(" -c search_path={schema}"));
+    }
+    config.options(options.trim().to_string());
+    if config.get_application_name().is_none() {
+        config.application_name("toolledger");
+    }
+    Ok(config)
+}
+
+impl PgStore {
+    /// Connects to `url` (`postgres://user@host:port/db?options`), creates or checks the
+    /// schema and binds it to a backend id. Migrations run in one transaction under an
+    /// advisory lock.
+    pub fn open(url: &str, opts: PgOptions) -> Result<Self, StoreError> {
+        let config = parse_config(url, &opts)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("toolledger-postgres")
+            .enable_all()
+            .build()
+            .map_err(|_| StoreError::Unavailable("cannot start the database runtime".into()))?;
+        let handle = runtime.handle().clone();
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = {
+            let _guard = handle.enter();
+            Pool::builder(manager)
+                .max_size(opts.max_connections.max(1))
+                .runtime(deadpool_postgres::Runtime::Tokio1)
+                .wait_timeout(Some(opts.connect_timeout * 2))
+                .create_timeout(Some(opts.connect_timeout))
+                .recycle_timeout(Some(opts.connect_timeout))
+                .build()
+                .map_err(|_| StoreError::Database("cannot build the connection pool".into()))?
+        };
+        let mut store = PgStore {
+            inner: Arc::new(Inner {
+                runtime: Mutex::new(Some(runtime)),
+                handle,
+                pool,
+                backend_id: String::new(),
+                schema: opts.schema.clone(),
+            }),
+        };
+        let backend_id = store.bootstrap_on_thread(&opts)?;
+        match Arc::get_mut(&mut store.inner) {
+            Some(inner) => inner.backend_id = backend_id,
+            None => return Err(StoreError::Database("store handle shared too early".into())),
+        }
+        Ok(store)
+    }
+
+    /// The backend id the database is bound to.
+    pub fn backend_id(&self) -> &str {
+        &self.inner.backend_id
+    }
+
+    /// The schema the ledger lives in, if one was named.
+    pub fn schema(&self) -> Option<&str> {
+        self.inner.schema.as_deref()
+    }
+
+    /// Runs `f` on a thread where blocking on the store's runtime is allowed: the calling
+    /// thread when it is not inside an async runtime, otherwise a fresh thread.
+    fn off_runtime<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        if Handle::try_current().is_ok() {
+            std::thread::scope(|s| match s.spawn(f).join() {
+                Ok(v) => v,
+                Err(p) => std::panic::resume_unwind(p),
+            })
+        } else {
+            f()
+        }
+    }
+
+    fn bootstrap_on_thread(&self, opts: &PgOptions) -> Result<String, StoreError> {
+        self.off_runtime(|| self.bootstrap(opts))
+    }
+
+    fn bootstrap(&self, opts: &PgOptions) -> Result<String, StoreError> {
+        let h = &self.inner.handle;
+        let mut client = h.block_on(self.inner.pool.get()).map_err(pool_error)?;
+        let e = |e: tokio_postgres::Error| map_pg_error(&e);
+        if let Some(schema) = &opts.schema {
+            // Validated by parse_config: a plain identifier.
+            h.block_on(client.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}")))
+                .map_err(e)?;
+        }
+        let tx = h.block_on(client.transaction()).map_err(e)?;
+        h.block_on(tx.execute(
+            "SELECT 1 FROM (SELECT pg_advisory_xact_lock(hashtextextended('toolledger.migrate.' || current_schema(), 0))) AS l",
+            &[],
+        ))
+        .map_err(e)?;
+
+        let mut all: Vec<Migration> = CORE_MIGRATIONS.to_vec();
+        all.extend(opts.migrations.iter().copied());
+        let mut known: BTreeMap<&str, u32> = BTreeMap::new();
+        for m in &all {
+            let k = known.entry(m.namespace).or_insert(0);
+            *k = (*k).max(m.version);
+        }
+        let mut backend_id = opts
+            .backend_id
+            .clone()
+            .unwrap_or_else(|| DEFAULT_BACKEND_ID.to_string());
+        let has_meta: bool = h
+            .block_on(tx.query_one("SELECT to_regclass('store_metadata') IS NOT NULL", &[]))
+            .map_err(e)?
+            .get(0);
+        let is_new = if has_meta {
+            let bound: Option<String> = h
+                .block_on(tx.query_opt(
+                    "SELECT value FROM store_metadata WHERE key = 'backend_id'",
+                    &[],
+                ))
+                .map_err(e)?
+                .map(|r| r.get(0));
+            backend_id = match (bound, &opts.backend_id) {
+                (Some(b), Some(want)) if &b == want => b,
+                (Some(b), None) => b,
+                (Some(_), Some(_)) => return Err(StoreError::BackendMismatch),
+                (None, _) => return Err(StoreError::Corrupt("missing backend id".into())),
+            };
+            false
+        } else {
+            let others: i64 = h
+                .block_on(tx.query_one(
+                    "SELECT count(*) FROM information_schema.tables
+                     WHERE table_schema = current_schema()",
+                    &[],
+                ))
+                .map_err(e)?
+                .get(0);
+            if others > 0 {
+                return Err(StoreError::Corrupt("not a toolledger database".into()));
+            }
+            h.block_on(tx.batch_execute(
+                "CREATE TABLE store_metadata(
+                     key TEXT PRIMARY KEY NOT NULL,
+                     value TEXT NOT NULL
+                 );
+                 CREATE TABLE schema_migrations(
+                     namespace TEXT NOT NULL CHECK (length(namespace) BETWEEN 1 AND 64),
+                     version BIGINT NOT NULL CHECK (version > 0),
+                     PRIMARY KEY (namespace, version)
+                 );",
+            ))
+            .map_err(e)?;
+            h.block_on(tx.execute(
+                "INSERT INTO store_metadata(key, value) VALUES ('backend_id', $1), ('backend', 'postgres')",
+                &[&backend_id],
+            ))
+            .map_err(e)?;
+            true
+        };
+        let mut applied: BTreeMap<String, u32> = BTreeMap::new();
+        for row in h
+            .block_on(tx.query(
+                "SELECT namespace, max(version) FROM schema_migrations GROUP BY namespace",
+                &[],
+            ))
+            .map_err(e)?
+        {
+            let ns: String = row.get(0);
+            let v: i64 = row.get(1);
+            applied.insert(ns, v as u32);
+        }
+        for (ns, &have) in &applied {
+            if let Some(&max) = known.get(ns.as_str()) {
+                if have > max {
+                    return Err(StoreError::SchemaTooNew {
+                        namespace: ns.clone(),
+                        found: have,
+                        supported: max,
+                    });
+                }
+            }
+        }
+        for (ns, &max) in &known {
+            let have = applied.get(*ns).copied().unwrap_or(0);
+            if have > 0 && have < max && !is_new && !opts.migrate {
+                return Err(StoreError::SchemaOutdated {
+                    namespace: (*ns).to_string(),
+                    found: have,
+                    current: max,
+                });
+            }
+        }
+        all.sort_by_key(|m| (m.namespace != "toolledger", m.namespace, m.version));
+        for m in &all {
+            let have = applied.get(m.namespace).copied().unwrap_or(0);
+            if m.version > have {
+                h.block_on(tx.batch_execute(m.sql)).map_err(e)?;
+                h.block_on(tx.execute(
+                    "INSERT INTO schema_migrations(namespace, version) VALUES ($1, $2)",
+                    &[&m.namespace, &i64::from(m.version)],
+                ))
+                .map_err(e)?;
+            }
+        }
+        h.block_on(tx.commit()).map_err(e)?;
+        Ok(backend_id)
+    }
+
+    /// Blocking form of [`PgStore::write`]. Call it from a thread that is not driving async
+    /// tasks (a plain thread or a blocking-pool thread).
+    pub fn write_blocking<T, E, F>(&self, mut f: F) -> Result<T, E>
+    where
+        F: FnMut(&mut dyn EffectTx) -> Result<T, E>,
+        E: From<StoreError>,
+    {
+        let h = &self.inner.handle;
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let mut client = h
+                .block_on(self.inner.pool.get())
+                .map_err(|e| E::from(pool_error(e)))?;
+            let tx = h
+                .block_on(
+                    client
+                        .build_transaction()
+                        .isolation_level(IsolationLevel::ReadCommitted)
+                        .start(),
+                )
+                .map_err(|e| E::from(map_pg_error(&e)))?;
+            let mut ptx = PgTx {
+                tx: &tx,
+                handle: h,
+                last_error: None,
+                retry: false,
+            };
+            let out = f(&mut ptx);
+            let retry = ptx.retry && attempt < MAX_WRITE_ATTEMPTS;
+            match out {
+                Ok(v) => match h.block_on(tx.commit()) {
+                    Ok(()) => return Ok(v),
+                    Err(err) => {
+                        if err.code().is_some_and(is_retryable) && attempt < MAX_WRITE_ATTEMPTS {
+                            backoff(attempt);
+                            continue;
+                        }
+                        return Err(E::from(map_pg_error(&err)));
+                    }
+                },
+                Err(err) => {
+                    let _ = h.block_on(tx.rollback());
+                    if retry {
+                        backoff(attempt);
+                        continue;
+                    }
+                    return Err(err);
+                }
+            }
+        }
+    }
+
+    /// Runs `f` in one `READ COMMITTED` write transaction and commits it; `Err` rolls it back.
+    /// Deadlocks, serialization failures and lost insert races run `f` again (bounded).
+    pub async fn write<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        F: FnMut(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        let this = self.clone();
+        self.inner
+            .handle
+            .spawn_blocking(move || this.write_blocking(f))
+            .await
+            .unwrap_or_else(|_| Err(E::from(StoreError::Database("write job panicked".into()))))
+    }
+
+    /// Blocking form of [`PgStore::read`].
+    pub fn read_blocking<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&mut dyn EffectTx) -> Result<T, E>,
+        E: From<StoreError>,
+    {
+        let h = &self.inner.handle;
+        let mut client = h
+            .block_on(self.inner.pool.get())
+            .map_err(|e| E::from(pool_error(e)))?;
+        match self.read_on(&mut client, f) {
+            Ok(out) => out,
+            Err((f, err)) => {
+                // A pooled connection that died with the server: once more on a new one.
+                drop(client);
+                let mut fresh = h
+                    .block_on(self.inner.pool.get())
+                    .map_err(|e| E::from(pool_error(e)))?;
+                match self.read_on(&mut fresh, f) {
+                    Ok(out) => out,
+                    Err((_, again)) => {
+                        let _ = err;
+                        Err(E::from(map_pg_error(&again)))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs `f` in a read-only snapshot on `client`; hands `f` back if the transaction could
+    /// not even begin.
+    #[allow(clippy::type_complexity)]
+    fn read_on<T, E, F>(
+        &self,
+        client: &mut deadpool_postgres::Object,
+        f: F,
+    ) -> Result<Result<T, E>, (F, tokio_postgres::Error)>
+    where
+        F: FnOnce(&mut dyn EffectTx) -> Result<T, E>,
+    {
+        let h = &self.inner.handle;
+        let tx = match h.block_on(
+            client
+                .build_transaction()
+                .isolation_level(IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start(),
+        ) {
+            Ok(tx) => tx,
+            Err(e) => return Err((f, e)),
+        };
+        let mut ptx = PgTx {
+            tx: &tx,
+            handle: h,
+            last_error: None,
+            retry: false,
+        };
+        let out = f(&mut ptx);
+        let _ = h.block_on(tx.commit());
+        Ok(out)
+    }
+
+    /// Runs `f` in one `REPEATABLE READ READ ONLY` transaction: every read sees one snapshot.
+    pub async fn read<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        let this = self.clone();
+        self.inner
+            .handle
+            .spawn_blocking(move || this.read_blocking(f))
+            .await
+            .unwrap_or_else(|_| Err(E::from(StoreError::Database("read job panicked".into()))))
+    }
+
+    /// Drops the schema this store lives in (with everything in it). For tests that create a
+    /// schema of their own; refused when the store was opened without [`PgOptions::schema`].
+    pub fn drop_schema_blocking(&self) -> Result<(), StoreError> {
+        let Some(schema) = self.inner.schema.clone() else {
+            return Err(StoreError::Database("no schema of its own to drop".into()));
+        };
+        self.off_runtime(|| {
+            let h = &self.inner.handle;
+            let client = h.block_on(self.inner.pool.get()).map_err(pool_error)?;
+            h.block_on(client.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")))
+                .map_err(|e| map_pg_error(&e))
+        })
+    }
+}
+
+fn backoff(attempt: u32) {
+    let mut b = [0u8; 1];
+    let jitter = if getrandom::fill(&mut b).is_ok() {
+        u64::from(b[0] % 20)
+    } else {
+        7
+    };
+    std::thread::sleep(Duration::from_millis(5 * u64::from(attempt) + jitter));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_become_dollar_numbers_outside_literals() {
+        assert_eq!(
+            translate_placeholders("SELECT a FROM t WHERE b = ?1 AND c = ?12"),
+            "SELECT a FROM t WHERE b = $1 AND c = $12"
+        );
+        assert_eq!(
+            translate_placeholders("SELECT '?1', \"?2\" -- ?3\n, ?4"),
+            "SELECT '?1', \"?2\" -- ?3\n, $4"
+        );
+        assert_eq!(translate_placeholders("SELECT ? , x"), "SELECT ? , x");
+    }
+
+    #[test]
+    fn schema_names_are_plain_identifiers() {
+        assert!(valid_schema_name("tl_abc123"));
+        assert!(!valid_schema_name("Tl"));
+        assert!(!valid_schema_name("a;drop"));
+        assert!(!valid_schema_name(""));
+        assert!(!valid_schema_name("1a"));
+    }
+
+    #[test]
+    fn urls_are_checked_before_connecting() {
+        assert!(is_postgres_url("postgres://u@h/db"));
+        assert!(is_postgres_url("postgresql://u@h/db"));
+        assert!(!is_postgres_url("/tmp/x.sqlite"));
+        let err = PgStore::open("mysql://x", PgOptions::any_backend()).unwrap_err();
+        assert!(matches!(err, StoreError::Database(_)), "{err:?}");
+        let err = PgStore::open(
+            "postgres://u@127.0.0.1/db?sslmode=require",
+            PgOptions::any_backend(),
+        )
+        .unwrap_err();
+        assert!(!err.to_string().contains("127.0.0.1"), "{err}");
+    }
+}
