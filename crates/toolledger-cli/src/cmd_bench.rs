@@ -105,6 +105,9 @@ pub struct BenchArgs {
     /// the disk you want to measure; the ceiling line runs on the same directory.
     #[arg(long)]
     pub db_dir: Option<PathBuf>,
+    /// Read connections (and reader threads) of the store; default: the store's default.
+    #[arg(long)]
+    pub readers: Option<usize>,
     /// Testing aid: run fresh operations against this database and print each key on stdout
     /// as soon as its operation is acknowledged (durable), instead of measuring.
     #[arg(long, hide = true)]
@@ -121,11 +124,11 @@ pub fn run(args: BenchArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    if args.ops == 0 || args.concurrency.contains(&0) {
+    if args.ops == 0 || args.concurrency.contains(&0) || args.readers == Some(0) {
         eprintln!(
             "{}",
             json!({"error": {"code": "INVALID_ARGUMENTS",
-                "message": "--ops and --concurrency must be at least 1"}})
+                "message": "--ops, --concurrency and --readers must be at least 1"}})
         );
         return ExitCode::from(2);
     }
@@ -138,7 +141,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
     };
     if let Some(path) = args.ack_db.clone() {
         let concurrency = args.concurrency.first().copied().unwrap_or(64);
-        return runtime.block_on(ack::run(path, concurrency, args.ops));
+        return runtime.block_on(ack::run(path, concurrency, args.ops, args.readers));
     }
     match runtime.block_on(run_all(&args)) {
         Ok(()) => ExitCode::SUCCESS,
@@ -196,9 +199,9 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
             report::reset_peak_rss();
             let reports = match workload {
                 Workload::Ceiling => vec![ceiling_loop(db, args.ops).await?],
-                Workload::Fresh => vec![fresh(db, c, args.ops).await?],
-                Workload::Replay => vec![replay(db, c, args.ops).await?],
-                Workload::Conflict => vec![conflict(db, c, args.ops).await?],
+                Workload::Fresh => vec![fresh(db, c, args.ops, args.readers).await?],
+                Workload::Replay => vec![replay(db, c, args.ops, args.readers).await?],
+                Workload::Conflict => vec![conflict(db, c, args.ops, args.readers).await?],
             };
             for mut r in reports {
                 if workload == Workload::Ceiling {
@@ -246,18 +249,24 @@ impl InlineEffect for BenchEffect {
 }
 
 /// Opens a benchmark database with the bench table.
-pub fn open_bench_store(path: &std::path::Path) -> Result<SqliteStore, &'static str> {
-    SqliteStore::open(
-        path,
-        OpenOptions::new("sqlite:bench").with_migrations(BENCH_MIGRATIONS),
-    )
-    .map_err(|e| e.cli_code())
+pub fn open_bench_store(
+    path: &std::path::Path,
+    readers: Option<usize>,
+) -> Result<SqliteStore, &'static str> {
+    let mut opts = OpenOptions::new("sqlite:bench").with_migrations(BENCH_MIGRATIONS);
+    if let Some(n) = readers {
+        opts.readers = n;
+    }
+    SqliteStore::open(path, opts).map_err(|e| e.cli_code())
 }
 
 /// An engine over a benchmark database.
-pub fn bench_engine(path: &std::path::Path) -> Result<Engine, &'static str> {
+pub fn bench_engine(
+    path: &std::path::Path,
+    readers: Option<usize>,
+) -> Result<Engine, &'static str> {
     let clock: SharedClock = Arc::new(SystemClock);
-    Ok(Engine::new(open_bench_store(path)?, clock))
+    Ok(Engine::new(open_bench_store(path, readers)?, clock))
 }
 
 fn principal() -> Principal {
@@ -315,6 +324,7 @@ async fn ceiling_loop(db: PathBuf, ops: usize) -> Result<Report, &'static str> {
         )
         .map_err(|_| "SQLITE_ERROR")?;
         let mut lat = Vec::with_capacity(ops);
+        let cpu_before = run::process_cpu();
         let started = Instant::now();
         for i in 0..ops {
             let t0 = Instant::now();
@@ -331,6 +341,7 @@ async fn ceiling_loop(db: PathBuf, ops: usize) -> Result<Report, &'static str> {
             elapsed: started.elapsed(),
             latencies_us: lat,
             failed: 0,
+            cpu: run::process_cpu().saturating_sub(cpu_before),
         })
     })
     .await
@@ -339,8 +350,13 @@ async fn ceiling_loop(db: PathBuf, ops: usize) -> Result<Report, &'static str> {
     Ok(Report::new("ceiling", 1, ops, measured))
 }
 
-async fn fresh(db: PathBuf, concurrency: usize, ops: usize) -> Result<Report, &'static str> {
-    let engine = bench_engine(&db)?;
+async fn fresh(
+    db: PathBuf,
+    concurrency: usize,
+    ops: usize,
+    readers: Option<usize>,
+) -> Result<Report, &'static str> {
+    let engine = bench_engine(&db, readers)?;
     let measured = drive("fresh", concurrency, ops, move |i| {
         let engine = engine.clone();
         async move {
@@ -375,8 +391,13 @@ fn seeded(ops: usize) -> usize {
     ops.clamp(1, 1000)
 }
 
-async fn replay(db: PathBuf, concurrency: usize, ops: usize) -> Result<Report, &'static str> {
-    let engine = bench_engine(&db)?;
+async fn replay(
+    db: PathBuf,
+    concurrency: usize,
+    ops: usize,
+    readers: Option<usize>,
+) -> Result<Report, &'static str> {
+    let engine = bench_engine(&db, readers)?;
     let k = seeded(ops);
     seed(&engine, k).await?;
     let measured = drive("replay", concurrency, ops, move |i| {
@@ -397,8 +418,13 @@ async fn replay(db: PathBuf, concurrency: usize, ops: usize) -> Result<Report, &
     Ok(Report::new("replay", concurrency, ops, measured))
 }
 
-async fn conflict(db: PathBuf, concurrency: usize, ops: usize) -> Result<Report, &'static str> {
-    let engine = bench_engine(&db)?;
+async fn conflict(
+    db: PathBuf,
+    concurrency: usize,
+    ops: usize,
+    readers: Option<usize>,
+) -> Result<Report, &'static str> {
+    let engine = bench_engine(&db, readers)?;
     let k = seeded(ops);
     seed(&engine, k).await?;
     let measured = drive("conflict", concurrency, ops, move |i| {

@@ -10,8 +10,13 @@ use std::process::ExitCode;
 use super::{bench_engine, fresh_op, key_of};
 
 /// Runs `ops` fresh operations with `concurrency` callers against `path`.
-pub async fn run(path: PathBuf, concurrency: usize, ops: usize) -> ExitCode {
-    let engine = match bench_engine(&path) {
+pub async fn run(
+    path: PathBuf,
+    concurrency: usize,
+    ops: usize,
+    readers: Option<usize>,
+) -> ExitCode {
+    let engine = match bench_engine(&path, readers) {
         Ok(e) => e,
         Err(code) => return crate::common::fail(code),
     };

@@ -27,6 +27,10 @@ pub struct Report {
     pub p50_us: u64,
     /// 99th-percentile latency (µs).
     pub p99_us: u64,
+    /// CPU time per operation (µs, user + system, every thread of this process; with a
+    /// server child, its CPU time too). Less sensitive than `ops_per_sec` to other load on
+    /// the machine.
+    pub cpu_us_per_op: f64,
     /// Peak resident set of this process during the workload (MiB).
     pub peak_rss_mb: f64,
     /// Peak resident set of the server child, for workloads that run one (MiB).
@@ -63,6 +67,7 @@ impl Report {
             ops_per_sec: (ops as f64 / seconds).round(),
             p50_us: percentile(&m.latencies_us, 50.0),
             p99_us: percentile(&m.latencies_us, 99.0),
+            cpu_us_per_op: (m.cpu.as_secs_f64() * 1e6 / ops.max(1) as f64 * 10.0).round() / 10.0,
             peak_rss_mb: peak_rss_mb("self").unwrap_or(0.0),
             server_peak_rss_mb: None,
             ratio_to_ceiling: None,

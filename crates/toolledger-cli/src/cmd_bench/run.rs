@@ -17,6 +17,28 @@ pub struct Measured {
     pub latencies_us: Vec<u64>,
     /// Calls that did not end as the workload expects.
     pub failed: usize,
+    /// CPU time (user + system, all threads) this process spent in the measured part.
+    pub cpu: Duration,
+}
+
+/// CPU time (user + system) of this process, all threads, so far.
+pub fn process_cpu() -> Duration {
+    rusage(libc::RUSAGE_SELF)
+}
+
+/// CPU time of the waited-for children of this process, so far.
+pub fn children_cpu() -> Duration {
+    rusage(libc::RUSAGE_CHILDREN)
+}
+
+fn rusage(who: libc::c_int) -> Duration {
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a properly sized out-parameter for getrusage.
+    if unsafe { libc::getrusage(who, &mut usage) } != 0 {
+        return Duration::ZERO;
+    }
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, (t.tv_usec as u32) * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
 /// A progress bar on stderr, drawn only when stderr is a terminal.
@@ -64,6 +86,7 @@ where
     let bar = progress(label, concurrency, ops);
     let op = Arc::new(op);
     let next = Arc::new(AtomicUsize::new(0));
+    let cpu_before = process_cpu();
     let started = Instant::now();
     let mut callers = Vec::with_capacity(concurrency);
     for _ in 0..concurrency {
@@ -100,6 +123,7 @@ where
         }
     }
     let elapsed = started.elapsed();
+    let cpu = process_cpu().saturating_sub(cpu_before);
     bar.finish_and_clear();
     // A caller that panicked took its unanswered operations with it.
     failed += ops.saturating_sub(latencies_us.len() + failed);
@@ -107,5 +131,6 @@ where
         elapsed,
         latencies_us,
         failed,
+        cpu,
     }
 }

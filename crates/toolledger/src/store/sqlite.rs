@@ -101,6 +101,16 @@ struct Pending {
 
 type Job = Box<dyn FnOnce(Option<&Connection>) -> Pending + Send>;
 
+/// A read job for a reader thread: the thread's connection, or why it has none.
+type ReadJob = Box<dyn FnOnce(Result<&Connection, StoreError>) + Send>;
+
+/// The reader threads behind [`SqliteStore::read`], started on the first async read.
+#[derive(Default)]
+struct ReaderThreads {
+    sender: Option<crossbeam_channel::Sender<ReadJob>>,
+    handles: Vec<JoinHandle<()>>,
+}
+
 /// Counters kept by the writer thread since the store was opened (for benchmarks and tests
 /// that check batching).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -128,10 +138,21 @@ struct Inner {
     readers: Mutex<Vec<Connection>>,
     max_readers: usize,
     stats: Arc<StatCounters>,
+    reader_threads: Mutex<ReaderThreads>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        if let Ok(mut threads) = self.reader_threads.lock() {
+            threads.sender.take();
+            let me = std::thread::current().id();
+            for handle in threads.handles.drain(..) {
+                // The last handle may be dropped by a read job on a reader thread itself.
+                if handle.thread().id() != me {
+                    let _ = handle.join();
+                }
+            }
+        }
         if let Ok(mut s) = self.sender.lock() {
             s.take();
         }
@@ -414,6 +435,7 @@ impl SqliteStore {
                 readers: Mutex::new(Vec::new()),
                 max_readers: opts.readers.max(1),
                 stats,
+                reader_threads: Mutex::new(ReaderThreads::default()),
             }),
         })
     }
@@ -534,9 +556,7 @@ impl SqliteStore {
         {
             return Ok(c);
         }
-        let conn = connect(&self.inner.path)?;
-        conn.execute_batch("PRAGMA query_only=ON;")?;
-        Ok(conn)
+        connect_reader(&self.inner.path)
     }
 
     fn return_reader(&self, conn: Connection) {
@@ -547,18 +567,56 @@ impl SqliteStore {
         }
     }
 
-    /// Runs `f` on a pooled read-only connection (on the blocking pool, never on the async
-    /// runtime). Wrap several reads in `BEGIN`…`COMMIT` for one snapshot.
+    fn submit_read(&self, job: ReadJob) -> Result<(), StoreError> {
+        let mut threads = self
+            .inner
+            .reader_threads
+            .lock()
+            .map_err(|_| StoreError::Unavailable("reader pool poisoned".into()))?;
+        if threads.sender.is_none() {
+            let (sender, receiver) = crossbeam_channel::unbounded::<ReadJob>();
+            for i in 0..self.inner.max_readers {
+                let receiver = receiver.clone();
+                let path = self.inner.path.clone();
+                let handle = std::thread::Builder::new()
+                    .name(format!("toolledger-sqlite-reader-{i}"))
+                    .spawn(move || reader_loop(&path, receiver))
+                    .map_err(|_| StoreError::Unavailable("cannot start reader thread".into()))?;
+                threads.handles.push(handle);
+            }
+            threads.sender = Some(sender);
+        }
+        match threads.sender.as_ref() {
+            Some(s) => s
+                .send(job)
+                .map_err(|_| StoreError::Unavailable("readers stopped".into())),
+            None => Err(StoreError::Unavailable("store closed".into())),
+        }
+    }
+
+    /// Runs `f` on a read-only connection owned by one of the store's reader threads (never
+    /// on the async runtime). At most [`OpenOptions::readers`] reads run at once; more wait
+    /// in a queue, so a burst of callers never opens extra connections. Wrap several reads in
+    /// `BEGIN`…`COMMIT` for one snapshot; a transaction left open is rolled back.
     pub async fn read<T, E, F>(&self, f: F) -> Result<T, E>
     where
         F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
         T: Send + 'static,
         E: From<StoreError> + Send + 'static,
     {
-        let this = self.clone();
-        tokio::task::spawn_blocking(move || this.read_blocking(f))
-            .await
-            .unwrap_or_else(|_| Err(E::from(StoreError::Database("read job panicked".into()))))
+        let (tx, rx) = oneshot::channel();
+        let job: ReadJob = Box::new(move |conn| {
+            let out = match conn {
+                Ok(conn) => catch_unwind(AssertUnwindSafe(|| f(conn))).unwrap_or_else(|_| {
+                    Err(E::from(StoreError::Database("read job panicked".into())))
+                }),
+                Err(e) => Err(E::from(e)),
+            };
+            let _ = tx.send(out);
+        });
+        self.submit_read(job).map_err(E::from)?;
+        rx.await
+            .unwrap_or_else(|_| Err(E::from(StoreError::Unavailable("readers stopped".into()))))
     }
 
     /// Blocking form of [`SqliteStore::read`].
@@ -573,6 +631,34 @@ impl SqliteStore {
             self.return_reader(conn);
         }
         out
+    }
+}
+
+/// Opens a read-only connection with the ledger's pragmas.
+fn connect_reader(path: &Path) -> Result<Connection, StoreError> {
+    let conn = connect(path)?;
+    conn.execute_batch("PRAGMA query_only=ON;")?;
+    Ok(conn)
+}
+
+fn reader_loop(path: &Path, receiver: crossbeam_channel::Receiver<ReadJob>) {
+    let mut conn: Option<Connection> = None;
+    while let Ok(job) = receiver.recv() {
+        if conn.is_none() {
+            match connect_reader(path) {
+                Ok(c) => conn = Some(c),
+                Err(e) => {
+                    job(Err(e));
+                    continue;
+                }
+            }
+        }
+        let Some(c) = conn.as_ref() else { continue };
+        job(Ok(c));
+        if !c.is_autocommit() && c.execute_batch("ROLLBACK").is_err() {
+            // A connection stuck in a transaction is replaced.
+            conn = None;
+        }
     }
 }
 
