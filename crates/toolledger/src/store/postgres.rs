@@ -491,6 +491,18 @@ impl PgStore {
     /// schema and binds it to a backend id. Migrations run in one transaction under an
     /// advisory lock.
     pub fn open(url: &str, opts: PgOptions) -> Result<Self, StoreError> {
+        let mut store = Self::open_unchecked(url, opts.clone())?;
+        let backend_id = store.bootstrap_on_thread(&opts)?;
+        match Arc::get_mut(&mut store.inner) {
+            Some(inner) => inner.backend_id = backend_id,
+            None => return Err(StoreError::Database("store handle shared too early".into())),
+        }
+        Ok(store)
+    }
+
+    /// A pool for `url` without creating or checking any schema (maintenance and tests, e.g.
+    /// [`PgStore::drop_schema_blocking`]); its backend id is empty.
+    pub fn open_unchecked(url: &str, opts: PgOptions) -> Result<Self, StoreError> {
         let config = parse_config(url, &opts)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -517,7 +529,7 @@ impl PgStore {
                 .build()
                 .map_err(|_| StoreError::Database("cannot build the connection pool".into()))?
         };
-        let mut store = PgStore {
+        Ok(PgStore {
             inner: Arc::new(Inner {
                 runtime: Mutex::new(Some(runtime)),
                 handle,
@@ -525,13 +537,7 @@ impl PgStore {
                 backend_id: String::new(),
                 schema: opts.schema.clone(),
             }),
-        };
-        let backend_id = store.bootstrap_on_thread(&opts)?;
-        match Arc::get_mut(&mut store.inner) {
-            Some(inner) => inner.backend_id = backend_id,
-            None => return Err(StoreError::Database("store handle shared too early".into())),
-        }
-        Ok(store)
+        })
     }
 
     /// The backend id the database is bound to.
@@ -566,9 +572,17 @@ impl PgStore {
         let mut client = h.block_on(self.inner.pool.get()).map_err(pool_error)?;
         let e = |e: tokio_postgres::Error| map_pg_error(&e);
         if let Some(schema) = &opts.schema {
-            // Validated by parse_config: a plain identifier.
-            h.block_on(client.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}")))
+            // Validated by parse_config: a plain identifier. Concurrent `CREATE SCHEMA IF NOT
+            // EXISTS` can collide in the catalog, so creators serialize on an advisory lock.
+            let tx = h.block_on(client.transaction()).map_err(e)?;
+            h.block_on(tx.execute(
+                "SELECT 1 FROM (SELECT pg_advisory_xact_lock(hashtextextended('toolledger.schema.' || $1, 0))) AS l",
+                &[schema],
+            ))
+            .map_err(e)?;
+            h.block_on(tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}")))
                 .map_err(e)?;
+            h.block_on(tx.commit()).map_err(e)?;
         }
         let tx = h.block_on(client.transaction()).map_err(e)?;
         h.block_on(tx.execute(
