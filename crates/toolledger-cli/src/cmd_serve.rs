@@ -4,8 +4,8 @@
 //! store on every call. `--http ADDR` serves streamable HTTP at `/mcp`, mapping
 //! `Authorization: Bearer` tokens to principals (unknown or missing token → 401 before any
 //! dispatch). Both MCP 2026-07-28 (no initialize, multi-round) and the older initialize
-//! lifecycle are served; in the latter, `create_issue` answers `continuation_unsupported`
-//! because its second round needs `input_required`.
+//! lifecycle are served; in the latter, `create_issue` asks for its body by elicitation (or
+//! answers `continuation_unsupported` to a client that declared no form elicitation).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;

@@ -1,6 +1,7 @@
 //! An independent client: the official MCP Python SDK (`mcp==2.3.0`, from the virtualenv
 //! that `.ci/run` creates; its python is named by `TOOLLEDGER_PYTHON`) drives the lost-reply
-//! story in 2026-07-28 mode and `set_interval` in legacy (initialize) mode.
+//! story in 2026-07-28 mode, and `set_interval` plus `create_issue` (body by elicitation) in
+//! legacy (initialize) mode.
 //!
 //! Without `TOOLLEDGER_PYTHON` the tests say so loudly and skip, except under CI
 //! (`TOOLLEDGER_CI` set), where a missing interpreter is a failure.
@@ -97,11 +98,15 @@ fn python_sdk_set_interval_in_legacy_mode() {
             {"id": id, "interval_minutes": 60, "version": 2, "replayed": true},
         ])
     );
-    assert_eq!(v["create_issue_legacy"]["is_error"], true);
     assert_eq!(
-        v["create_issue_legacy"]["structured"]["error"]["code"],
-        "continuation_unsupported"
+        v["create_issue_legacy"],
+        json!([
+            {"operationId": "py-l", "effectId": 1, "result": "created 1", "replayed": false,
+             "state": "applied"},
+            {"operationId": "py-l", "effectId": 1, "result": "created 1", "replayed": true,
+             "state": "applied"},
+        ])
     );
     assert_eq!(count(&db, "automations"), 1);
-    assert_eq!(count(&db, "issues"), 0);
+    assert_eq!(count(&db, "issues"), 1);
 }

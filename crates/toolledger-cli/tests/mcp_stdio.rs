@@ -701,3 +701,47 @@ fn continuations_survive_a_restart_with_environment_keys_and_fail_with_other_key
     assert_eq!(s.finish(), 0);
     assert_eq!(count(&db, "issues"), 1);
 }
+
+#[test]
+fn legacy_lifecycle_asks_for_the_body_by_elicitation_and_a_retried_call_replays() {
+    let (_d, db) = fresh_db();
+    let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    s.send(
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {"elicitation": {"form": {}}},
+        "clientInfo": {"name": "legacy", "version": "1"}}}),
+    );
+    assert_eq!(s.recv()["result"]["protocolVersion"], "2025-11-25");
+    s.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let mut call = |id: i64, text: &str| {
+        s.send(
+            &json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+            "name": "create_issue", "arguments": args("legacy-e")}}),
+        );
+        let ask = s.recv();
+        assert_eq!(ask["method"], "elicitation/create", "{ask}");
+        assert_eq!(ask["params"]["message"], "Provide the issue body");
+        assert_eq!(
+            ask["params"]["requestedSchema"]["required"],
+            json!(["body"])
+        );
+        s.send(&json!({"jsonrpc": "2.0", "id": ask["id"], "result": {
+            "action": "accept", "content": {"body": text}}}));
+        let reply = s.recv();
+        assert_eq!(reply["id"], id);
+        reply["result"].clone()
+    };
+    let first = call(10, "alpha");
+    assert_eq!(
+        first["structuredContent"],
+        json!({"operationId": "legacy-e", "effectId": 1, "result": "created 1",
+               "replayed": false, "state": "applied"})
+    );
+    let again = call(11, "alpha");
+    assert_eq!(again["structuredContent"]["replayed"], true);
+    let changed = call(12, "beta");
+    assert_eq!(error_code(&changed), "operation_conflict");
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "issues"), 1);
+    assert_eq!(count(&db, "operations"), 1);
+}

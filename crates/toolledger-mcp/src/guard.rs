@@ -258,6 +258,37 @@ impl Guard {
         })
     }
 
+    /// The round that answers `step` inside one call of the initialize lifecycle, where the
+    /// server asked the client through elicitation instead of `input_required`. There is no
+    /// token: the continuation state is the fixed `{step, mode: "elicitation"}`, so a retried
+    /// call with the same arguments and the same answers has the same fingerprint and replays.
+    pub fn elicited(
+        &self,
+        request: &GuardedRequest<'_>,
+        step: &str,
+        input_responses: &Value,
+    ) -> Result<Resumed, Error> {
+        let now = self.clock().now();
+        let binding = StateBinding {
+            tenant: request.caller.principal.tenant.clone(),
+            subject: request.caller.principal.subject.clone(),
+            tool: request.contract.name.clone(),
+            operation_id: request.operation_id.to_string(),
+            args_digest: arguments_digest(request.arguments)?,
+            nonce: String::new(),
+            step: step.to_string(),
+            issued_at: now,
+            authority_deadline: now.saturating_add(self.config.authority_ttl),
+            retention_deadline: now.saturating_add(self.config.retention_ttl),
+        };
+        let state = json!({"step": step, "mode": "elicitation"});
+        let fingerprint = self.fingerprint(request, Some(state), Some(input_responses.clone()))?;
+        Ok(Resumed {
+            binding,
+            fingerprint,
+        })
+    }
+
     /// Runs a continuation's effect in one transaction with its ledger row.
     pub async fn run_resumed(
         &self,

@@ -4,7 +4,8 @@
 //! definition, `tools/call` resolves the caller (see [`CallerSource`]) and hands the call to
 //! the named tool. It serves both lifecycles rmcp supports: MCP 2026-07-28 (no `initialize`,
 //! per-request metadata, multi-round `input_required`) and the `initialize` lifecycle of
-//! 2025-11-25 and older, where multi-round tools answer `continuation_unsupported`.
+//! 2025-11-25 and older, where a multi-round tool may ask through elicitation
+//! ([`ToolCall::peer`]) instead of `input_required`.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -15,7 +16,7 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ErrorData, Implementation, ListToolsResult,
     PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, Tool,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{Peer, RequestContext};
 use rmcp::{RoleServer, ServerHandler};
 use serde_json::{Map, Value};
 use toolledger::authz::PrincipalStore;
@@ -39,6 +40,9 @@ pub struct ToolCall {
     pub input_responses: Option<BTreeMap<String, Value>>,
     /// Whether the peer negotiated MCP 2026-07-28 or newer (may receive `input_required`).
     pub multi_round: bool,
+    /// The client, for server-to-client requests (elicitation) under the initialize
+    /// lifecycle; `None` when the request came without one.
+    pub peer: Option<Peer<RoleServer>>,
 }
 
 /// A tool a [`LedgerServer`] serves.
@@ -141,6 +145,7 @@ impl ServerHandler for LedgerServer {
             request_state: request.request_state,
             input_responses: request.input_responses,
             multi_round: is_multi_round(&context),
+            peer: Some(context.peer.clone()),
         };
         Ok(tool.call(call).await)
     }

@@ -1,6 +1,6 @@
 //! Seed 003's issue tracker: `create_issue`, a multi-round tool (MCP 2026-07-28
-//! `input_required`) whose continuation commits the ledger row and the issue row in one
-//! transaction. With a `watcher`, adding the watcher is a second step; if it fails the issue
+//! `input_required`; under the initialize lifecycle the body is asked for by elicitation)
+//! whose continuation commits the ledger row and the issue row in one transaction. With a `watcher`, adding the watcher is a second step; if it fails the issue
 //! stays, a compensation is tried, and the operation ends `partial` with every attempt recorded
 //! as an operation event.
 //!
@@ -12,6 +12,7 @@ use std::sync::Arc;
 use rmcp::model::{
     CallToolResponse, ElicitRequest, ElicitRequestParams, InputRequest, Tool, ToolAnnotations,
 };
+use rmcp::service::ElicitationMode;
 use serde_json::{json, Map, Value};
 use toolledger::effect::RowExt;
 use toolledger::effect::{EffectTx, SqlValue};
@@ -236,37 +237,40 @@ impl CreateIssue {
             operation_id: &args.operation_id,
             arguments: &call.arguments,
         };
-        let Some(state) = call.request_state.as_deref() else {
-            if call.input_responses.is_some() {
+        let (resumed, responses) = match call.request_state.as_deref() {
+            Some(state) => {
+                let responses = Value::Object(
+                    call.input_responses
+                        .clone()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .collect(),
+                );
+                (self.guard.resume(&request, state, &responses)?, responses)
+            }
+            None if call.input_responses.is_some() => {
                 return Err(Error::new(
                     ErrorCode::ContinuationUnsupported,
                     "input responses arrived without the requestState they answer; nothing was \
                      created",
                 ));
             }
-            if !call.multi_round {
-                return Err(Error::new(
-                    ErrorCode::ContinuationUnsupported,
-                    "create_issue asks for the body in a second round (input_required with \
-                     requestState), which needs MCP 2026-07-28; this session negotiated an \
-                     older protocol",
-                ));
+            None if call.multi_round => {
+                let ir = self.guard.first_round(
+                    &request,
+                    "awaiting-body",
+                    vec![("body".into(), body_request()?)],
+                )?;
+                return Ok(CallToolResponse::InputRequired(ir));
             }
-            let ir = self.guard.first_round(
-                &request,
-                "awaiting-body",
-                vec![("body".into(), body_request()?)],
-            )?;
-            return Ok(CallToolResponse::InputRequired(ir));
+            None => {
+                let responses = self.elicit_body(&call).await?;
+                (
+                    self.guard.elicited(&request, "awaiting-body", &responses)?,
+                    responses,
+                )
+            }
         };
-        let responses = Value::Object(
-            call.input_responses
-                .clone()
-                .unwrap_or_default()
-                .into_iter()
-                .collect(),
-        );
-        let resumed = self.guard.resume(&request, state, &responses)?;
         let body = parse_body(&responses)?;
         let now = self.guard.clock().now();
         if self.unguarded {
@@ -313,6 +317,36 @@ impl CreateIssue {
             &args.operation_id,
             &outcome,
         ))))
+    }
+
+    /// Under the initialize lifecycle there is no `input_required`: the body is asked for with
+    /// an `elicitation/create` request inside the call, when the client declared form
+    /// elicitation. Returns the answer shaped like `inputResponses`.
+    async fn elicit_body(&self, call: &ToolCall) -> Result<Value, Error> {
+        let unsupported = || {
+            Error::new(
+                ErrorCode::ContinuationUnsupported,
+                "create_issue needs a second round for the body: input_required (MCP \
+                 2026-07-28) or form elicitation, and this client declared neither",
+            )
+        };
+        let peer = call.peer.as_ref().ok_or_else(unsupported)?;
+        if !peer
+            .supported_elicitation_modes()
+            .contains(&ElicitationMode::Form)
+        {
+            return Err(unsupported());
+        }
+        let InputRequest::Elicitation(request) = body_request()? else {
+            return Err(unsupported());
+        };
+        let answer = peer
+            .create_elicitation(request.params)
+            .await
+            .map_err(|_| Error::unavailable("the client did not answer the body request"))?;
+        let answer = serde_json::to_value(&answer)
+            .map_err(|_| Error::unavailable("the client's answer could not be read"))?;
+        Ok(json!({"body": answer}))
     }
 
     /// The second step (add the watcher) and, if it fails, the compensation; then the

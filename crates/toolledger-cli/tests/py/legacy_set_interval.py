@@ -1,5 +1,5 @@
-"""set_interval through the official MCP Python SDK (mcp==2.3.0) in legacy mode
-(initialize lifecycle, 2025-11-25).
+"""set_interval and create_issue through the official MCP Python SDK (mcp==2.3.0) in legacy
+mode (initialize lifecycle, 2025-11-25); create_issue's body is asked for by elicitation.
 
 Usage: legacy_set_interval.py TOOLLEDGER_BIN DB_PATH BACKEND_ID
 Prints one JSON object with the negotiated version, the tool names and both replies.
@@ -10,6 +10,11 @@ import json
 import sys
 
 from mcp import Client, StdioServerParameters
+from mcp import types
+
+
+async def answer_body(context, params):
+    return types.ElicitResult(action="accept", content={"body": "alpha"})
 
 
 async def main():
@@ -19,7 +24,7 @@ async def main():
         args=["serve", "--db", db, "--backend-id", backend, "--principal", "alice"],
     )
     out = {}
-    async with Client(server, mode="legacy") as client:
+    async with Client(server, mode="legacy", elicitation_callback=answer_body) as client:
         out["protocol_version"] = client.protocol_version
         tools = await client.list_tools()
         out["tools"] = sorted(t.name for t in tools.tools)
@@ -36,11 +41,10 @@ async def main():
         first = await client.call_tool("set_interval", args)
         again = await client.call_tool("set_interval", args)
         out["set_interval"] = [first.structured_content, again.structured_content]
-        issue = await client.call_tool("create_issue", {"operation_id": "py-l", "title": "t"})
-        out["create_issue_legacy"] = {
-            "is_error": issue.is_error,
-            "structured": issue.structured_content,
-        }
+        issue_args = {"operation_id": "py-l", "title": "t"}
+        first = await client.call_tool("create_issue", issue_args)
+        retry = await client.call_tool("create_issue", issue_args)
+        out["create_issue_legacy"] = [first.structured_content, retry.structured_content]
     print(json.dumps(out, sort_keys=True))
 
 
