@@ -45,8 +45,8 @@ pub struct ServeArgs {
     /// Seconds a sealed requestState stays valid.
     #[arg(long, default_value_t = 3_600, value_parser = clap::value_parser!(i64).range(1..))]
     pub request_state_ttl: i64,
-    /// Run `create_issue` with no ledger: the control that shows duplicate effects (the other
-    /// tools keep their ledger).
+    /// Run `create_issue` with no ledger: the control that shows duplicate effects (only it and
+    /// `get_operation_status` are offered).
     #[arg(long)]
     pub unguarded: bool,
     /// Testing aid: crash at a named point (repeatable). Never fires on a replay.

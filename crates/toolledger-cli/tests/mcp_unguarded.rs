@@ -135,3 +135,21 @@ fn the_demo_reads_back_one_guarded_issue_and_two_unguarded() {
     assert_eq!(v["unguarded"]["physical_operation_rows"], 0);
     assert_eq!(v["ok"], true);
 }
+
+#[test]
+fn the_control_offers_only_create_issue_and_status() {
+    let (_d, db) = fresh_db();
+    let mut s = unguarded(&db, &[]);
+    s.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list",
+                   "params": {"_meta": meta()}}));
+    let list = s.recv();
+    let mut names: Vec<String> = list["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["create_issue", "get_operation_status"]);
+    assert_eq!(s.finish(), 0);
+}

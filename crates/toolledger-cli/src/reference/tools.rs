@@ -237,7 +237,8 @@ impl McpTool for AutomationTool {
     }
 }
 
-/// The reference server's tools, in `tools/list` order.
+/// The reference server's tools, in `tools/list` order. With `unguarded` only the control
+/// (`create_issue` without a ledger) and `get_operation_status` are offered.
 pub fn registry(env: &ToolEnv) -> Vec<Arc<dyn McpTool>> {
     let store = env.guard.engine().store().clone();
     let observers: Vec<(String, Arc<dyn EffectObserver>)> = vec![
@@ -257,13 +258,20 @@ pub fn registry(env: &ToolEnv) -> Vec<Arc<dyn McpTool>> {
             env.unguarded,
         )),
         Arc::new(StatusTool::new(env.guard.clone(), observers)),
-        Arc::new(AutomationTool::new(
-            automations::CREATE_AUTOMATION,
-            env.clone(),
-        )),
-        Arc::new(AutomationTool::new(automations::SET_INTERVAL, env.clone())),
-        Arc::new(CreateDraft::new(env.guard.clone())),
     ];
+    // The control runs without a ledger; tools that only exist with one are not offered.
+    if env.unguarded {
+        return tools;
+    }
+    tools.push(Arc::new(AutomationTool::new(
+        automations::CREATE_AUTOMATION,
+        env.clone(),
+    )));
+    tools.push(Arc::new(AutomationTool::new(
+        automations::SET_INTERVAL,
+        env.clone(),
+    )));
+    tools.push(Arc::new(CreateDraft::new(env.guard.clone())));
     if let Some(runtime) = &env.runtime {
         tools.push(Arc::new(RefundTool::new(runtime.clone())));
     }
