@@ -13,12 +13,23 @@
 //! The fencing token is what stops its late writes. The downstream must still be idempotent
 //! under our key, because a reclaim can deliver again.
 //!
-//! These functions run inside a caller's write transaction (`SqliteStore::write`).
+//! These functions run inside a caller's write transaction ([`crate::store::Store::write`]),
+//! on any backend. On PostgreSQL a claim first locks the event row with
+//! `FOR UPDATE SKIP LOCKED`: a row another worker is claiming right now is reported as leased
+//! instead of waited for.
 
-use rusqlite::{Connection, OptionalExtension};
 use serde::Serialize;
 
+use crate::effect::{Dialect, EffectTx, RowExt, SqlValue};
+use crate::model::Error;
 use crate::store::StoreError;
+
+/// The storage error behind a failed statement (the backend's, when it kept one; otherwise a
+/// storage-contract error, e.g. a column of the wrong type).
+pub fn store_error(tx: &mut dyn EffectTx, e: Error) -> StoreError {
+    tx.take_store_error()
+        .unwrap_or(StoreError::Contract(e.message))
+}
 
 /// Default lease length in seconds.
 pub const DEFAULT_LEASE_SECONDS: i64 = 30;
@@ -137,80 +148,96 @@ pub struct Fenced;
 const SELECT_EVENT: &str = "SELECT id, operation_id, state, fencing_token, lease_owner,
     lease_until, attempt_count, max_attempts, last_error, delivered_at FROM outbox";
 
-fn event_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(OutboxEvent, String)> {
-    let state: String = r.get(2)?;
-    Ok((
-        OutboxEvent {
-            id: r.get(0)?,
-            operation_id: r.get(1)?,
-            state: EventState::Pending,
-            fencing_token: r.get(3)?,
-            lease_owner: r.get(4)?,
-            lease_until: r.get(5)?,
-            attempt_count: r.get(6)?,
-            max_attempts: r.get(7)?,
-            last_error: r.get(8)?,
-            delivered_at: r.get(9)?,
-        },
-        state,
-    ))
+fn event_from_row(row: &[SqlValue]) -> Result<OutboxEvent, Error> {
+    let state = row.text(2)?;
+    Ok(OutboxEvent {
+        id: row.int(0)?,
+        operation_id: row.int(1)?,
+        state: EventState::parse(&state)
+            .ok_or_else(|| Error::from(StoreError::Contract("unknown outbox state".into())))?,
+        fencing_token: row.int(3)?,
+        lease_owner: row.opt_text(4)?,
+        lease_until: row.opt_int(5)?,
+        attempt_count: row.int(6)?,
+        max_attempts: row.int(7)?,
+        last_error: row.opt_text(8)?,
+        delivered_at: row.opt_int(9)?,
+    })
 }
 
-fn finish_event((mut ev, state): (OutboxEvent, String)) -> Result<OutboxEvent, StoreError> {
-    ev.state = EventState::parse(&state)
-        .ok_or_else(|| StoreError::Contract("unknown outbox state".into()))?;
-    Ok(ev)
+fn query_event(
+    tx: &mut dyn EffectTx,
+    sql: &str,
+    params: &[SqlValue],
+) -> Result<Option<OutboxEvent>, StoreError> {
+    let row = tx.query_opt(sql, params).map_err(|e| store_error(tx, e))?;
+    match row {
+        None => Ok(None),
+        Some(row) => event_from_row(&row)
+            .map(Some)
+            .map_err(|e| StoreError::Contract(e.message)),
+    }
+}
+
+fn exec(tx: &mut dyn EffectTx, sql: &str, params: &[SqlValue]) -> Result<usize, StoreError> {
+    tx.execute(sql, params).map_err(|e| store_error(tx, e))
 }
 
 /// Writes the pending event of a newly accepted operation. Runs in transaction A.
 pub fn enqueue(
-    conn: &Connection,
+    tx: &mut dyn EffectTx,
     operation_id: i64,
     now: i64,
     max_attempts: i64,
 ) -> Result<i64, StoreError> {
-    conn.prepare_cached(
-        "INSERT INTO outbox (operation_id, state, fencing_token, attempt_count, max_attempts,
-             created_at, updated_at)
-         VALUES (?1, 'pending', 0, 0, ?2, ?3, ?3)",
-    )?
-    .execute(rusqlite::params![operation_id, max_attempts, now])?;
-    Ok(conn.last_insert_rowid())
+    let row = tx
+        .query_opt(
+            "INSERT INTO outbox (operation_id, state, fencing_token, attempt_count, max_attempts,
+                 created_at, updated_at)
+             VALUES (?1, 'pending', 0, 0, ?2, ?3, ?3)
+             RETURNING id",
+            &[operation_id.into(), max_attempts.into(), now.into()],
+        )
+        .map_err(|e| store_error(tx, e))?
+        .ok_or_else(|| StoreError::Contract("outbox insert returned no id".into()))?;
+    row.int(0).map_err(|e| StoreError::Contract(e.message))
 }
 
 /// Loads one event.
-pub fn load(conn: &Connection, event_id: i64) -> Result<Option<OutboxEvent>, StoreError> {
-    let raw = conn
-        .prepare_cached(&format!("{SELECT_EVENT} WHERE id = ?1"))?
-        .query_row([event_id], event_from_row)
-        .optional()?;
-    raw.map(finish_event).transpose()
+pub fn load(tx: &mut dyn EffectTx, event_id: i64) -> Result<Option<OutboxEvent>, StoreError> {
+    query_event(
+        tx,
+        &format!("{SELECT_EVENT} WHERE id = ?1"),
+        &[event_id.into()],
+    )
 }
 
 /// Loads the event of an operation.
 pub fn for_operation(
-    conn: &Connection,
+    tx: &mut dyn EffectTx,
     operation_id: i64,
 ) -> Result<Option<OutboxEvent>, StoreError> {
-    let raw = conn
-        .prepare_cached(&format!("{SELECT_EVENT} WHERE operation_id = ?1"))?
-        .query_row([operation_id], event_from_row)
-        .optional()?;
-    raw.map(finish_event).transpose()
+    query_event(
+        tx,
+        &format!("{SELECT_EVENT} WHERE operation_id = ?1"),
+        &[operation_id.into()],
+    )
 }
 
 /// Events a worker may claim at `now`: pending ones and those whose lease has expired, oldest
 /// first, at most `limit`.
-pub fn ready(conn: &Connection, now: i64, limit: i64) -> Result<Vec<i64>, StoreError> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT id FROM outbox
-         WHERE state = 'pending' OR (state = 'processing' AND lease_until <= ?1)
-         ORDER BY id LIMIT ?2",
-    )?;
-    let ids = stmt
-        .query_map(rusqlite::params![now, limit], |r| r.get(0))?
-        .collect::<Result<Vec<i64>, _>>()?;
-    Ok(ids)
+pub fn ready(tx: &mut dyn EffectTx, now: i64, limit: i64) -> Result<Vec<i64>, StoreError> {
+    let rows = tx
+        .query(
+            "SELECT id FROM outbox
+             WHERE state = 'pending' OR (state = 'processing' AND lease_until <= ?1)
+             ORDER BY id LIMIT ?2",
+            &[now.into(), limit.into()],
+        )
+        .map_err(|e| store_error(tx, e))?;
+    rows.iter()
+        .map(|r| r.int(0).map_err(|e| StoreError::Contract(e.message)))
+        .collect()
 }
 
 /// Checks a lease window: positive length, no overflow past the portable range.
@@ -231,7 +258,7 @@ pub fn lease_until(now: i64, lease_seconds: i64) -> Result<i64, StoreError> {
 /// Claims `event_id` for `owner` at `now` for `lease_seconds`. Also moves the operation to
 /// `processing` (or `dead`) in the same transaction.
 pub fn claim(
-    conn: &Connection,
+    tx: &mut dyn EffectTx,
     event_id: i64,
     owner: &str,
     now: i64,
@@ -243,8 +270,22 @@ pub fn claim(
         ));
     }
     let until = lease_until(now, lease_seconds)?;
-    let Some(ev) = load(conn, event_id)? else {
-        return Ok(ClaimOutcome::Missing);
+    let locked = match tx.dialect() {
+        Dialect::Postgres => query_event(
+            tx,
+            &format!("{SELECT_EVENT} WHERE id = ?1 FOR UPDATE SKIP LOCKED"),
+            &[event_id.into()],
+        )?,
+        Dialect::Sqlite => load(tx, event_id)?,
+    };
+    let Some(ev) = locked else {
+        // Absent, or (PostgreSQL) locked by a worker claiming or completing it right now.
+        return Ok(match load(tx, event_id)? {
+            None => ClaimOutcome::Missing,
+            Some(ev) => ClaimOutcome::Leased {
+                until: ev.lease_until.unwrap_or(until),
+            },
+        });
     };
     match ev.state {
         EventState::Delivered | EventState::Dead => {
@@ -259,49 +300,56 @@ pub fn claim(
         EventState::Pending => {}
     }
     if ev.attempt_count >= ev.max_attempts {
-        let n = conn
-            .prepare_cached(
-                "UPDATE outbox SET state = 'dead', lease_owner = NULL, lease_until = NULL,
-                     last_error = 'attempts_exhausted', updated_at = ?1
-                 WHERE id = ?2 AND fencing_token = ?3 AND state IN ('pending', 'processing')",
-            )?
-            .execute(rusqlite::params![now, event_id, ev.fencing_token])?;
+        let n = exec(
+            tx,
+            "UPDATE outbox SET state = 'dead', lease_owner = NULL, lease_until = NULL,
+                 last_error = 'attempts_exhausted', updated_at = ?1
+             WHERE id = ?2 AND fencing_token = ?3 AND state IN ('pending', 'processing')",
+            &[now.into(), event_id.into(), ev.fencing_token.into()],
+        )?;
         if n != 1 {
             return Err(StoreError::Contract(
                 "outbox event changed under a claim".into(),
             ));
         }
-        conn.prepare_cached(
+        exec(
+            tx,
             "UPDATE operations SET state = 'dead', updated_at = ?1
              WHERE id = ?2 AND state IN ('accepted', 'processing', 'outcome_unknown')",
-        )?
-        .execute(rusqlite::params![now, ev.operation_id])?;
+            &[now.into(), ev.operation_id.into()],
+        )?;
         return Ok(ClaimOutcome::Exhausted);
     }
     // Conditional on the token we read: a concurrent claim (another connection, another
     // process) that got there first makes this one change nothing.
-    let claimed: Option<(i64, i64)> = conn
-        .prepare_cached(
+    let claimed = tx
+        .query_opt(
             "UPDATE outbox SET state = 'processing', lease_owner = ?1, lease_until = ?2,
                  fencing_token = fencing_token + 1, attempt_count = attempt_count + 1,
                  updated_at = ?3
              WHERE id = ?4 AND fencing_token = ?5
                AND (state = 'pending' OR (state = 'processing' AND lease_until <= ?3))
              RETURNING fencing_token, attempt_count",
-        )?
-        .query_row(
-            rusqlite::params![owner, until, now, event_id, ev.fencing_token],
-            |r| Ok((r.get(0)?, r.get(1)?)),
+            &[
+                owner.into(),
+                until.into(),
+                now.into(),
+                event_id.into(),
+                ev.fencing_token.into(),
+            ],
         )
-        .optional()?;
-    let Some((token, attempt)) = claimed else {
+        .map_err(|e| store_error(tx, e))?;
+    let Some(row) = claimed else {
         return Ok(ClaimOutcome::Leased { until });
     };
-    conn.prepare_cached(
+    let contract = |e: Error| StoreError::Contract(e.message);
+    let (token, attempt) = (row.int(0).map_err(contract)?, row.int(1).map_err(contract)?);
+    exec(
+        tx,
         "UPDATE operations SET state = 'processing', updated_at = ?1
          WHERE id = ?2 AND state IN ('accepted', 'processing', 'outcome_unknown')",
-    )?
-    .execute(rusqlite::params![now, ev.operation_id])?;
+        &[now.into(), ev.operation_id.into()],
+    )?;
     Ok(ClaimOutcome::Claimed(Lease {
         event_id,
         operation_id: ev.operation_id,
@@ -315,24 +363,24 @@ pub fn claim(
 /// Extends a held lease to `now + lease_seconds` (heartbeat). Conditional on the token: it
 /// works as long as nobody reclaimed the event, even if the lease has just run out.
 pub fn renew(
-    conn: &Connection,
+    tx: &mut dyn EffectTx,
     lease: &Lease,
     now: i64,
     lease_seconds: i64,
 ) -> Result<Result<Lease, Fenced>, StoreError> {
     let until = lease_until(now, lease_seconds)?;
-    let n = conn
-        .prepare_cached(
-            "UPDATE outbox SET lease_until = ?1, updated_at = ?2
-             WHERE id = ?3 AND fencing_token = ?4 AND state = 'processing' AND lease_owner = ?5",
-        )?
-        .execute(rusqlite::params![
-            until,
-            now,
-            lease.event_id,
-            lease.token,
-            lease.owner
-        ])?;
+    let n = exec(
+        tx,
+        "UPDATE outbox SET lease_until = ?1, updated_at = ?2
+         WHERE id = ?3 AND fencing_token = ?4 AND state = 'processing' AND lease_owner = ?5",
+        &[
+            until.into(),
+            now.into(),
+            lease.event_id.into(),
+            lease.token.into(),
+            lease.owner.as_str().into(),
+        ],
+    )?;
     if n != 1 {
         return Ok(Err(Fenced));
     }
@@ -345,33 +393,38 @@ pub fn renew(
 /// Records why the current attempt did not finish (`code` is a stable error code). The lease
 /// stays held until it expires, so the event is retried only after that.
 pub fn record_attempt_error(
-    conn: &Connection,
+    tx: &mut dyn EffectTx,
     lease: &Lease,
     code: &str,
     now: i64,
 ) -> Result<Result<(), Fenced>, StoreError> {
-    let n = conn
-        .prepare_cached(
-            "UPDATE outbox SET last_error = ?1, updated_at = ?2
-             WHERE id = ?3 AND fencing_token = ?4 AND state = 'processing'",
-        )?
-        .execute(rusqlite::params![code, now, lease.event_id, lease.token])?;
+    let n = exec(
+        tx,
+        "UPDATE outbox SET last_error = ?1, updated_at = ?2
+         WHERE id = ?3 AND fencing_token = ?4 AND state = 'processing'",
+        &[
+            code.into(),
+            now.into(),
+            lease.event_id.into(),
+            lease.token.into(),
+        ],
+    )?;
     Ok(if n == 1 { Ok(()) } else { Err(Fenced) })
 }
 
 /// Marks the event delivered under `lease` (part of transaction C).
 pub fn complete(
-    conn: &Connection,
+    tx: &mut dyn EffectTx,
     lease: &Lease,
     now: i64,
 ) -> Result<Result<(), Fenced>, StoreError> {
-    let n = conn
-        .prepare_cached(
-            "UPDATE outbox SET state = 'delivered', lease_owner = NULL, lease_until = NULL,
-                 last_error = NULL, delivered_at = ?1, updated_at = ?1
-             WHERE id = ?2 AND fencing_token = ?3 AND state = 'processing'",
-        )?
-        .execute(rusqlite::params![now, lease.event_id, lease.token])?;
+    let n = exec(
+        tx,
+        "UPDATE outbox SET state = 'delivered', lease_owner = NULL, lease_until = NULL,
+             last_error = NULL, delivered_at = ?1, updated_at = ?1
+         WHERE id = ?2 AND fencing_token = ?3 AND state = 'processing'",
+        &[now.into(), lease.event_id.into(), lease.token.into()],
+    )?;
     Ok(if n == 1 { Ok(()) } else { Err(Fenced) })
 }
 
@@ -379,28 +432,36 @@ pub fn complete(
 /// transaction C on the status path). Any lease is void afterwards: a worker still holding one
 /// gets [`Fenced`] on its next conditional write.
 pub fn complete_by_reconciliation(
-    conn: &Connection,
+    tx: &mut dyn EffectTx,
     event_id: i64,
     expected_token: i64,
     now: i64,
 ) -> Result<Result<(), Fenced>, StoreError> {
-    let n = conn
-        .prepare_cached(
-            "UPDATE outbox SET state = 'delivered', lease_owner = NULL, lease_until = NULL,
-                 last_error = NULL, fencing_token = fencing_token + 1, delivered_at = ?1,
-                 updated_at = ?1
-             WHERE id = ?2 AND fencing_token = ?3 AND state IN ('pending', 'processing', 'dead')",
-        )?
-        .execute(rusqlite::params![now, event_id, expected_token])?;
+    let n = exec(
+        tx,
+        "UPDATE outbox SET state = 'delivered', lease_owner = NULL, lease_until = NULL,
+             last_error = NULL, fencing_token = fencing_token + 1, delivered_at = ?1,
+             updated_at = ?1
+         WHERE id = ?2 AND fencing_token = ?3 AND state IN ('pending', 'processing', 'dead')",
+        &[now.into(), event_id.into(), expected_token.into()],
+    )?;
     Ok(if n == 1 { Ok(()) } else { Err(Fenced) })
 }
 
 /// Counts of events per state (for audits and metrics).
-pub fn counts(conn: &Connection) -> Result<Vec<(String, i64)>, StoreError> {
-    let mut stmt =
-        conn.prepare_cached("SELECT state, count(*) FROM outbox GROUP BY state ORDER BY state")?;
-    let rows = stmt
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<Result<Vec<(String, i64)>, _>>()?;
-    Ok(rows)
+pub fn counts(tx: &mut dyn EffectTx) -> Result<Vec<(String, i64)>, StoreError> {
+    let rows = tx
+        .query(
+            "SELECT state, count(*) FROM outbox GROUP BY state ORDER BY state",
+            &[],
+        )
+        .map_err(|e| store_error(tx, e))?;
+    rows.iter()
+        .map(|r| {
+            Ok((
+                r.text(0).map_err(|e| StoreError::Contract(e.message))?,
+                r.int(1).map_err(|e| StoreError::Contract(e.message))?,
+            ))
+        })
+        .collect()
 }

@@ -37,7 +37,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use rusqlite::{Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -46,12 +45,11 @@ use crate::authz;
 use crate::clock::SharedClock;
 use crate::digest::{self, CallBinding};
 use crate::downstream::{scope_digest, BoxFuture, Downstream, DownstreamError};
-use crate::effect::{EffectTx, SqliteEffectTx};
+use crate::effect::{EffectTx, RowExt, SqlValue};
 use crate::json;
 use crate::model::{Error, ErrorCode, OperationState, Principal, Scope, ToolContract};
 use crate::outbox::{self, ClaimOutcome, Fenced, Lease};
-use crate::store::sqlite::SqliteStore;
-use crate::store::StoreError;
+use crate::store::{Store, StoreError};
 
 /// Prefix of the purpose-bound identity a status query derives. Provider ids carrying it are
 /// refused by [`Runtime::dispatch`], so a status query's identity can never start a write.
@@ -95,12 +93,6 @@ impl From<Error> for RuntimeError {
     }
 }
 
-impl From<rusqlite::Error> for RuntimeError {
-    fn from(e: rusqlite::Error) -> Self {
-        RuntimeError::Store(StoreError::from(e))
-    }
-}
-
 impl From<RuntimeError> for Error {
     fn from(e: RuntimeError) -> Self {
         match e {
@@ -113,6 +105,11 @@ impl From<RuntimeError> for Error {
 
 fn contract_violation(what: &str) -> RuntimeError {
     RuntimeError::Store(StoreError::Contract(what.to_string()))
+}
+
+/// A failed ledger statement: the backend's storage error (or a storage-contract error).
+fn stored(tx: &mut dyn EffectTx, e: Error) -> RuntimeError {
+    RuntimeError::Store(outbox::store_error(tx, e))
 }
 
 /// The provider call a deferred intent came from. Replays and status queries must come from
@@ -565,7 +562,7 @@ const SELECT_DEFERRED: &str = "SELECT o.id, o.tenant, o.subject, o.tool, o.idemp
 
 type RawRow = (Vec<Option<String>>, Vec<Option<i64>>);
 
-fn raw_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
+fn raw_row(r: &[SqlValue]) -> Result<RawRow, Error> {
     // Text columns and integer columns, by position.
     let text_cols = [
         1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 19, 20, 21, 22, 23, 24, 25, 26,
@@ -574,11 +571,11 @@ fn raw_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
     let int_cols = [0, 18, 29, 30];
     let mut texts = Vec::with_capacity(text_cols.len());
     for i in text_cols {
-        texts.push(r.get::<_, Option<String>>(i)?);
+        texts.push(r.opt_text(i)?);
     }
     let mut ints = Vec::with_capacity(int_cols.len());
     for i in int_cols {
-        ints.push(r.get::<_, Option<i64>>(i)?);
+        ints.push(r.opt_int(i)?);
     }
     Ok((texts, ints))
 }
@@ -686,36 +683,42 @@ enum Loaded {
     Deferred(Box<DeferredRecord>),
 }
 
-fn load_where(conn: &Connection, clause: &str, args: &[&str]) -> Result<Loaded, RuntimeError> {
+fn load_where(
+    tx: &mut dyn EffectTx,
+    clause: &str,
+    args: &[SqlValue],
+) -> Result<Loaded, RuntimeError> {
     let sql = format!("{SELECT_DEFERRED} WHERE {clause}");
-    let raw = conn
-        .prepare_cached(&sql)?
-        .query_row(rusqlite::params_from_iter(args.iter()), raw_row)
-        .optional()?;
-    match raw {
-        None => Ok(Loaded::Absent),
-        Some(raw) => match check_record(raw)? {
-            None => Ok(Loaded::NotDeferred),
-            Some(r) => Ok(Loaded::Deferred(Box::new(r))),
-        },
+    let row = tx.query_opt(&sql, args).map_err(|e| stored(tx, e))?;
+    let raw = match row {
+        None => return Ok(Loaded::Absent),
+        Some(row) => raw_row(&row).map_err(|e| contract_violation(&e.message))?,
+    };
+    match check_record(raw)? {
+        None => Ok(Loaded::NotDeferred),
+        Some(r) => Ok(Loaded::Deferred(Box::new(r))),
     }
 }
 
-fn load_scope(conn: &Connection, scope: &Scope) -> Result<Loaded, RuntimeError> {
+fn load_scope(tx: &mut dyn EffectTx, scope: &Scope) -> Result<Loaded, RuntimeError> {
     load_where(
-        conn,
+        tx,
         "o.tenant = ?1 AND o.subject = ?2 AND o.tool = ?3 AND o.idempotency_key = ?4",
-        &[&scope.tenant, &scope.subject, &scope.tool, &scope.key],
+        &[
+            scope.tenant.as_str().into(),
+            scope.subject.as_str().into(),
+            scope.tool.as_str().into(),
+            scope.key.as_str().into(),
+        ],
     )
 }
 
-fn load_status_ref(conn: &Connection, status_ref: &str) -> Result<Loaded, RuntimeError> {
-    load_where(conn, "o.status_ref = ?1", &[status_ref])
+fn load_status_ref(tx: &mut dyn EffectTx, status_ref: &str) -> Result<Loaded, RuntimeError> {
+    load_where(tx, "o.status_ref = ?1", &[status_ref.into()])
 }
 
-fn load_id(conn: &Connection, id: i64) -> Result<DeferredRecord, RuntimeError> {
-    let id_text = id.to_string();
-    match load_where(conn, "o.id = CAST(?1 AS INTEGER)", &[&id_text])? {
+fn load_id(tx: &mut dyn EffectTx, id: i64) -> Result<DeferredRecord, RuntimeError> {
+    match load_where(tx, "o.id = ?1", &[id.into()])? {
         Loaded::Deferred(r) => Ok(*r),
         _ => Err(contract_violation(
             "outbox event without a deferred operation",
@@ -724,7 +727,7 @@ fn load_id(conn: &Connection, id: i64) -> Result<DeferredRecord, RuntimeError> {
 }
 
 fn insert_event(
-    conn: &Connection,
+    tx: &mut dyn EffectTx,
     operation_id: i64,
     now: i64,
     kind: &str,
@@ -732,25 +735,12 @@ fn insert_event(
 ) -> Result<(), RuntimeError> {
     let text = json::canonical_string(detail)
         .map_err(|_| contract_violation("event detail is not canonical"))?;
-    conn.prepare_cached(
+    tx.execute(
         "INSERT INTO operation_events (operation_id, at, kind, detail) VALUES (?1, ?2, ?3, ?4)",
-    )?
-    .execute(rusqlite::params![operation_id, now, kind, text])?;
+        &[operation_id.into(), now.into(), kind.into(), text.into()],
+    )
+    .map_err(|e| stored(tx, e))?;
     Ok(())
-}
-
-/// Runs `f` inside one read snapshot (`BEGIN` … `COMMIT`) on a read connection.
-fn snapshot<T>(
-    conn: &Connection,
-    f: impl FnOnce(&Connection) -> Result<T, RuntimeError>,
-) -> Result<T, RuntimeError> {
-    conn.execute_batch("BEGIN")?;
-    let out = f(conn);
-    let _ = conn.execute_batch("COMMIT");
-    if !conn.is_autocommit() {
-        let _ = conn.execute_batch("ROLLBACK");
-    }
-    out
 }
 
 /// Any authorization refusal becomes the generic `not_found`; a store failure stays what it is.
@@ -760,6 +750,14 @@ fn hide_refusal(e: Error) -> Error {
     } else {
         Error::not_found()
     }
+}
+
+/// Runs `f` in the transaction it is given: [`Store::read`] is already one snapshot.
+fn snapshot<T>(
+    tx: &mut dyn EffectTx,
+    f: impl FnOnce(&mut dyn EffectTx) -> Result<T, RuntimeError>,
+) -> Result<T, RuntimeError> {
+    f(tx)
 }
 
 fn new_status_ref() -> Result<String, Error> {
@@ -850,7 +848,7 @@ struct Prepared {
 /// The deferred-effect runtime over one store. Cheap to clone.
 #[derive(Clone)]
 pub struct Runtime {
-    store: SqliteStore,
+    store: Store,
     clock: SharedClock,
     registry: Arc<Registry>,
     config: RuntimeConfig,
@@ -868,15 +866,15 @@ impl std::fmt::Debug for Runtime {
 }
 
 /// Resolves `name` in the given transaction; `None` when absent or inactive.
-fn resolve(conn: &Connection, name: &str) -> Result<Option<Principal>, RuntimeError> {
-    Ok(authz::resolve_in(&mut SqliteEffectTx::new(conn), name)?)
+fn resolve(tx: &mut dyn EffectTx, name: &str) -> Result<Option<Principal>, RuntimeError> {
+    Ok(authz::resolve_in(tx, name)?)
 }
 
 impl Runtime {
-    /// A runtime over `store` with the tools in `registry`.
-    pub fn new(store: SqliteStore, clock: SharedClock, registry: Registry) -> Self {
+    /// A runtime over `store` (a [`Store`] or a backend handle) with the tools in `registry`.
+    pub fn new(store: impl Into<Store>, clock: SharedClock, registry: Registry) -> Self {
         Runtime {
-            store,
+            store: store.into(),
             clock,
             registry: Arc::new(registry),
             config: RuntimeConfig::default(),
@@ -897,7 +895,7 @@ impl Runtime {
     }
 
     /// The store.
-    pub fn store(&self) -> &SqliteStore {
+    pub fn store(&self) -> &Store {
         &self.store
     }
 
@@ -1038,9 +1036,9 @@ impl Runtime {
         let this = self.clone();
         let call = call.clone();
         self.store
-            .read(move |conn| {
-                snapshot(conn, |conn| {
-                    let Some(principal) = resolve(conn, &call.principal)? else {
+            .read(move |tx: &mut dyn EffectTx| {
+                snapshot(tx, |tx| {
+                    let Some(principal) = resolve(tx, &call.principal)? else {
                         return Err(Error::denied("unknown or inactive principal").into());
                     };
                     let p = this.prepare(
@@ -1067,9 +1065,9 @@ impl Runtime {
                     // Current resource authorization before the ledger is consulted, so a
                     // stored result or a conflict never tells a caller more than `not_found`.
                     let (tool, _) = this.tool(&p.scope.tool)?;
-                    tool.check_access(&mut SqliteEffectTx::new(conn), &principal, &p.arguments)
+                    tool.check_access(tx, &principal, &p.arguments)
                         .map_err(hide_refusal)?;
-                    match load_scope(conn, &p.scope)? {
+                    match load_scope(tx, &p.scope)? {
                         Loaded::Absent => Ok((p, None)),
                         Loaded::NotDeferred => Err(Error::conflict(
                             "the idempotency key was used for a different effect",
@@ -1105,7 +1103,7 @@ impl Runtime {
         let scope = prepared.scope.clone();
         let record = self
             .store
-            .read(move |conn| match load_scope(conn, &scope)? {
+            .read(move |tx: &mut dyn EffectTx| match load_scope(tx, &scope)? {
                 Loaded::Deferred(r) => Ok(*r),
                 _ => Err(contract_violation("operation vanished")),
             })
@@ -1128,127 +1126,138 @@ impl Runtime {
         let this = self.clone();
         let status_ref = new_status_ref()?;
         self.store
-            .write(move |conn| -> Result<Accepted, RuntimeError> {
-                let now = this.clock.now();
-                check_now(now)?;
-                // A lease taken right after acceptance must end inside the portable range.
-                outbox::lease_until(now, this.config.lease_seconds).map_err(|_| {
-                    Error::invalid("a lease would end outside the portable time range")
-                })?;
-                // The same resolver, re-read inside the reservation transaction.
-                let Some(principal) = resolve(conn, &principal_name)? else {
-                    return Err(Error::denied("unknown or inactive principal").into());
-                };
-                if principal.tenant != p.scope.tenant || principal.subject != p.scope.subject {
-                    return Err(Error::denied("the principal changed during the call").into());
-                }
-                let (tool, _) = this.tool(&p.scope.tool)?;
-                tool.check(&mut SqliteEffectTx::new(conn), &principal, &p.arguments)?;
-                let inserted = conn
-                    .prepare_cached(
-                        "INSERT INTO operations (tenant, subject, tool, idempotency_key,
+            .write(
+                move |tx: &mut dyn EffectTx| -> Result<Accepted, RuntimeError> {
+                    let now = this.clock.now();
+                    check_now(now)?;
+                    // A lease taken right after acceptance must end inside the portable range.
+                    outbox::lease_until(now, this.config.lease_seconds).map_err(|_| {
+                        Error::invalid("a lease would end outside the portable time range")
+                    })?;
+                    // The same resolver, re-read inside the reservation transaction.
+                    let Some(principal) = resolve(tx, &principal_name)? else {
+                        return Err(Error::denied("unknown or inactive principal").into());
+                    };
+                    if principal.tenant != p.scope.tenant || principal.subject != p.scope.subject {
+                        return Err(Error::denied("the principal changed during the call").into());
+                    }
+                    let (tool, _) = this.tool(&p.scope.tool)?;
+                    tool.check(tx, &principal, &p.arguments)?;
+                    let inserted = tx
+                        .query_opt(
+                            "INSERT INTO operations (tenant, subject, tool, idempotency_key,
                              request_digest, input_rev, output_rev, effect_rev, handler_rev,
                              producer_rev, policy_rev, arguments, effect_kind, state,
                              status_ref, created_at, updated_at)
                          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, 'deferred',
                              'accepted', ?13, ?14, ?14)
-                         ON CONFLICT (tenant, subject, tool, idempotency_key) DO NOTHING",
-                    )?
-                    .execute(rusqlite::params![
-                        p.scope.tenant,
-                        p.scope.subject,
-                        p.scope.tool,
-                        p.scope.key,
-                        p.request_digest,
-                        p.contract.input_rev,
-                        p.contract.output_rev,
-                        p.contract.effect_rev,
-                        p.contract.handler_rev,
-                        p.contract.producer_rev,
-                        p.contract.policy_rev,
-                        p.arguments_text,
-                        status_ref,
-                        now
-                    ])?;
-                let operation_id = if inserted == 1 {
-                    let operation_id = conn.last_insert_rowid();
-                    let approval = if tool.requires_approval() {
-                        let target =
-                            approval_target(&p.scope, &p.contract, &p.request_digest, &p.provider);
-                        let mut tx = SqliteEffectTx::new(conn);
-                        Some(approval::consume(
-                            &mut tx,
-                            p.approval_id.as_deref(),
-                            &target,
-                            now,
-                            Some(operation_id),
-                            &mut |tx, name| authz::resolve_in(tx, name),
-                        )?)
-                    } else {
-                        None
-                    };
-                    conn.prepare_cached(
-                        "INSERT INTO deferred_intents (operation_id, provider, api_family,
+                         ON CONFLICT (tenant, subject, tool, idempotency_key) DO NOTHING
+                         RETURNING id",
+                            &[
+                                p.scope.tenant.as_str().into(),
+                                p.scope.subject.as_str().into(),
+                                p.scope.tool.as_str().into(),
+                                p.scope.key.as_str().into(),
+                                p.request_digest.as_str().into(),
+                                p.contract.input_rev.as_str().into(),
+                                p.contract.output_rev.as_str().into(),
+                                p.contract.effect_rev.as_str().into(),
+                                p.contract.handler_rev.as_str().into(),
+                                p.contract.producer_rev.as_str().into(),
+                                p.contract.policy_rev.as_str().into(),
+                                p.arguments_text.as_str().into(),
+                                status_ref.as_str().into(),
+                                now.into(),
+                            ],
+                        )
+                        .map_err(|e| stored(tx, e))?;
+                    let operation_id = if let Some(row) = inserted {
+                        let operation_id =
+                            row.int(0).map_err(|e| contract_violation(&e.message))?;
+                        let approval = if tool.requires_approval() {
+                            let target = approval_target(
+                                &p.scope,
+                                &p.contract,
+                                &p.request_digest,
+                                &p.provider,
+                            );
+                            Some(approval::consume(
+                                tx,
+                                p.approval_id.as_deref(),
+                                &target,
+                                now,
+                                Some(operation_id),
+                                &mut |tx, name| authz::resolve_in(tx, name),
+                            )?)
+                        } else {
+                            None
+                        };
+                        tx.execute(
+                            "INSERT INTO deferred_intents (operation_id, provider, api_family,
                              adapter_revision, turn_id, call_id, response_id, downstream_key,
                              approval_id, approver, approval_digest, approved_at,
                              approval_expires_at, created_at)
                          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
-                    )?
-                    .execute(rusqlite::params![
-                        operation_id,
-                        p.provider.provider,
-                        p.provider.api_family,
-                        p.provider.adapter_revision,
-                        p.provider.turn_id,
-                        p.provider.call_id,
-                        p.provider.response_id,
-                        scope_digest(&p.scope),
-                        approval.as_ref().map(|a| a.approval_id.clone()),
-                        approval.as_ref().map(|a| a.approver.clone()),
-                        approval.as_ref().map(|a| a.binding_digest.clone()),
-                        approval.as_ref().map(|a| a.approved_at),
-                        approval.as_ref().map(|a| a.expires_at),
-                        now
-                    ])?;
-                    Some(operation_id)
-                } else {
-                    None
-                };
-                // Read the authoritative row back and compare every bound item, whoever wrote it.
-                let record = match load_scope(conn, &p.scope)? {
-                    Loaded::Deferred(r) => *r,
-                    Loaded::NotDeferred => {
-                        return Err(Error::conflict(
-                            "the idempotency key was used for a different effect",
+                            &[
+                                operation_id.into(),
+                                p.provider.provider.as_str().into(),
+                                p.provider.api_family.as_str().into(),
+                                p.provider.adapter_revision.as_str().into(),
+                                p.provider.turn_id.as_str().into(),
+                                p.provider.call_id.as_str().into(),
+                                p.provider.response_id.as_str().into(),
+                                scope_digest(&p.scope).into(),
+                                approval.as_ref().map(|a| a.approval_id.clone()).into(),
+                                approval.as_ref().map(|a| a.approver.clone()).into(),
+                                approval.as_ref().map(|a| a.binding_digest.clone()).into(),
+                                approval.as_ref().map(|a| a.approved_at).into(),
+                                approval.as_ref().map(|a| a.expires_at).into(),
+                                now.into(),
+                            ],
                         )
-                        .into())
-                    }
-                    Loaded::Absent => return Err(contract_violation("reserved row is missing")),
-                };
-                Self::compare(&record, &p)?;
-                match operation_id {
-                    Some(id) => {
-                        let event_id = outbox::enqueue(conn, id, now, this.config.max_attempts)?;
-                        insert_event(
-                            conn,
-                            id,
-                            now,
-                            "intent_accepted",
-                            &json!({"event_id": event_id}),
-                        )?;
-                        Ok(Accepted::New {
-                            operation_id: id,
-                            event_id,
+                        .map_err(|e| stored(tx, e))?;
+                        Some(operation_id)
+                    } else {
+                        None
+                    };
+                    // Read the authoritative row back and compare every bound item, whoever wrote it.
+                    let record = match load_scope(tx, &p.scope)? {
+                        Loaded::Deferred(r) => *r,
+                        Loaded::NotDeferred => {
+                            return Err(Error::conflict(
+                                "the idempotency key was used for a different effect",
+                            )
+                            .into())
+                        }
+                        Loaded::Absent => {
+                            return Err(contract_violation("reserved row is missing"))
+                        }
+                    };
+                    Self::compare(&record, &p)?;
+                    match operation_id {
+                        Some(id) => {
+                            let event_id = outbox::enqueue(tx, id, now, this.config.max_attempts)?;
+                            insert_event(
+                                tx,
+                                id,
+                                now,
+                                "intent_accepted",
+                                &json!({"event_id": event_id}),
+                            )?;
+                            Ok(Accepted::New {
+                                operation_id: id,
+                                event_id,
+                                status_ref: record.status_ref,
+                            })
+                        }
+                        None => Ok(Accepted::Existing {
+                            operation_id: record.id,
                             status_ref: record.status_ref,
-                        })
+                            state: record.state,
+                        }),
                     }
-                    None => Ok(Accepted::Existing {
-                        operation_id: record.id,
-                        status_ref: record.status_ref,
-                        state: record.state,
-                    }),
-                }
-            })
+                },
+            )
             .await
     }
 
@@ -1300,35 +1309,37 @@ impl Runtime {
         let this = self.clone();
         let owner = owner.to_string();
         self.store
-            .write(move |conn| -> Result<ClaimOutcome, RuntimeError> {
-                let now = this.clock.now();
-                check_now(now)?;
-                let out = outbox::claim(conn, event_id, &owner, now, this.config.lease_seconds)?;
-                match &out {
-                    ClaimOutcome::Claimed(lease) => insert_event(
-                        conn,
-                        lease.operation_id,
-                        now,
-                        "claimed",
-                        &json!({"attempt": lease.attempt, "fencing_token": lease.token,
+            .write(
+                move |tx: &mut dyn EffectTx| -> Result<ClaimOutcome, RuntimeError> {
+                    let now = this.clock.now();
+                    check_now(now)?;
+                    let out = outbox::claim(tx, event_id, &owner, now, this.config.lease_seconds)?;
+                    match &out {
+                        ClaimOutcome::Claimed(lease) => insert_event(
+                            tx,
+                            lease.operation_id,
+                            now,
+                            "claimed",
+                            &json!({"attempt": lease.attempt, "fencing_token": lease.token,
                                 "lease_owner": lease.owner, "lease_until": lease.until}),
-                    )?,
-                    ClaimOutcome::Exhausted => {
-                        if let Some(ev) = outbox::load(conn, event_id)? {
-                            insert_event(
-                                conn,
-                                ev.operation_id,
-                                now,
-                                "dead",
-                                &json!({
+                        )?,
+                        ClaimOutcome::Exhausted => {
+                            if let Some(ev) = outbox::load(tx, event_id)? {
+                                insert_event(
+                                    tx,
+                                    ev.operation_id,
+                                    now,
+                                    "dead",
+                                    &json!({
                                 "attempts": ev.attempt_count}),
-                            )?;
+                                )?;
+                            }
                         }
+                        _ => {}
                     }
-                    _ => {}
-                }
-                Ok(out)
-            })
+                    Ok(out)
+                },
+            )
             .await
     }
 
@@ -1337,12 +1348,14 @@ impl Runtime {
         let this = self.clone();
         let lease = lease.clone();
         self.store
-            .write(move |conn| -> Result<Lease, RuntimeError> {
-                let now = this.clock.now();
-                check_now(now)?;
-                outbox::renew(conn, &lease, now, this.config.lease_seconds)?
-                    .map_err(RuntimeError::Fenced)
-            })
+            .write(
+                move |tx: &mut dyn EffectTx| -> Result<Lease, RuntimeError> {
+                    let now = this.clock.now();
+                    check_now(now)?;
+                    outbox::renew(tx, &lease, now, this.config.lease_seconds)?
+                        .map_err(RuntimeError::Fenced)
+                },
+            )
             .await
     }
 
@@ -1357,23 +1370,20 @@ impl Runtime {
         let lease = lease.clone();
         let code = code.to_string();
         self.store
-            .write(move |conn| -> Result<(), RuntimeError> {
+            .write(move |tx: &mut dyn EffectTx| -> Result<(), RuntimeError> {
                 let now = this.clock.now();
-                outbox::record_attempt_error(conn, &lease, &code, now)?
+                outbox::record_attempt_error(tx, &lease, &code, now)?
                     .map_err(RuntimeError::Fenced)?;
                 if let Some(state) = state {
-                    conn.prepare_cached(
+                    tx.execute(
                         "UPDATE operations SET state = ?1, updated_at = ?2
                          WHERE id = ?3 AND state IN ('accepted', 'processing', 'outcome_unknown')",
-                    )?
-                    .execute(rusqlite::params![
-                        state.as_str(),
-                        now,
-                        lease.operation_id
-                    ])?;
+                        &[state.as_str().into(), now.into(), lease.operation_id.into()],
+                    )
+                    .map_err(|e| stored(tx, e))?;
                 }
                 insert_event(
-                    conn,
+                    tx,
                     lease.operation_id,
                     now,
                     "attempt_refused",
@@ -1388,9 +1398,9 @@ impl Runtime {
         let this = self.clone();
         let operation_id = lease.operation_id;
         self.store
-            .read(move |conn| {
-                snapshot(conn, |conn| {
-                    let record = load_id(conn, operation_id)?;
+            .read(move |tx: &mut dyn EffectTx| {
+                snapshot(tx, |tx| {
+                    let record = load_id(tx, operation_id)?;
                     let Some(tool) = this.registry.tool(&record.scope.tool).cloned() else {
                         return Err(Error::new(
                             ErrorCode::ContractDrift,
@@ -1426,18 +1436,14 @@ impl Runtime {
                         )
                         .into());
                     }
-                    let Some(principal) = resolve(conn, &record.scope.subject)? else {
+                    let Some(principal) = resolve(tx, &record.scope.subject)? else {
                         return Err(Error::denied("the principal is no longer active").into());
                     };
                     if principal.tenant != record.scope.tenant {
                         return Err(Error::denied("the principal moved to another tenant").into());
                     }
-                    tool.check(
-                        &mut SqliteEffectTx::new(conn),
-                        &principal,
-                        &record.arguments,
-                    )?;
-                    Self::verify_durable_approval(conn, &record, tool.requires_approval())?;
+                    tool.check(tx, &principal, &record.arguments)?;
+                    Self::verify_durable_approval(tx, &record, tool.requires_approval())?;
                     Ok(record)
                 })
             })
@@ -1447,7 +1453,7 @@ impl Runtime {
     /// Recomputes the approval digest from the durable identities and compares it with the
     /// intent row and the approval row.
     fn verify_durable_approval(
-        conn: &Connection,
+        tx: &mut dyn EffectTx,
         record: &DeferredRecord,
         required: bool,
     ) -> Result<(), RuntimeError> {
@@ -1476,7 +1482,7 @@ impl Runtime {
         if digest != stored.approval_digest || stored.approved_at >= stored.expires_at {
             return Err(invalid());
         }
-        let row = approval::load(&mut SqliteEffectTx::new(conn), &stored.approval_id)
+        let row = approval::load(tx, &stored.approval_id)
             .map_err(|_| invalid())?
             .ok_or_else(invalid)?;
         if row.binding_digest != digest
@@ -1563,7 +1569,7 @@ impl Runtime {
     /// Writes the local receipt and the `succeeded` result (part of transaction C).
     #[allow(clippy::too_many_arguments)]
     fn write_success(
-        conn: &Connection,
+        tx: &mut dyn EffectTx,
         record: &DeferredRecord,
         provider: &ProviderContext,
         receipt: &Value,
@@ -1578,39 +1584,41 @@ impl Runtime {
         let receipt_text = json::canonical_string(receipt)
             .map_err(|_| contract_violation("receipt not canonical"))?;
         let binding = Self::binding_digest(record, provider, &result_digest, receipt_id)?;
-        conn.prepare_cached(
+        tx.execute(
             "INSERT INTO local_receipts (operation_id, receipt_id, receipt, receipt_digest,
                  call_binding_digest, reconciled_via, fencing_token, query_identity, reconciled_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-        )?
-        .execute(rusqlite::params![
-            record.id,
-            receipt_id,
-            receipt_text,
-            digest::sha256_hex(receipt_text.as_bytes()),
-            binding,
-            via.0,
-            via.1,
-            via.2,
-            now
-        ])?;
-        let n = conn
-            .prepare_cached(
+            &[
+                record.id.into(),
+                receipt_id.into(),
+                receipt_text.as_str().into(),
+                digest::sha256_hex(receipt_text.as_bytes()).into(),
+                binding.into(),
+                via.0.into(),
+                via.1.into(),
+                via.2.into(),
+                now.into(),
+            ],
+        )
+        .map_err(|e| stored(tx, e))?;
+        let n = tx
+            .execute(
                 "UPDATE operations SET state = 'succeeded', result = ?1, result_digest = ?2,
                      updated_at = ?3
                  WHERE id = ?4 AND state IN ('accepted', 'processing', 'outcome_unknown', 'dead')",
-            )?
-            .execute(rusqlite::params![
-                result_text,
-                result_digest,
-                now,
-                record.id
-            ])?;
+                &[
+                    result_text.into(),
+                    result_digest.into(),
+                    now.into(),
+                    record.id.into(),
+                ],
+            )
+            .map_err(|e| stored(tx, e))?;
         if n != 1 {
             return Err(contract_violation("operation left the reconcilable states"));
         }
         insert_event(
-            conn,
+            tx,
             record.id,
             now,
             "receipt_reconciled",
@@ -1625,29 +1633,32 @@ impl Runtime {
         let this = self.clone();
         let lease = lease.clone();
         self.store
-            .write(move |conn| -> Result<Answer, RuntimeError> {
-                let now = this.clock.now();
-                outbox::complete(conn, &lease, now)?.map_err(RuntimeError::Fenced)?;
-                let record = load_id(conn, lease.operation_id)?;
-                let (tool, _) = this.tool(&record.scope.tool)?;
-                let (result, receipt_id) = Self::check_receipt(tool.as_ref(), &record, &receipt)?;
-                Self::write_success(
-                    conn,
-                    &record,
-                    &record.provider,
-                    &receipt,
-                    &receipt_id,
-                    &result,
-                    ("worker", Some(lease.token), None),
-                    now,
-                )?;
-                Ok(Answer::Done {
-                    status_ref: record.status_ref,
-                    state: OperationState::Succeeded,
-                    delivery: Delivery::Fresh,
-                    result,
-                })
-            })
+            .write(
+                move |tx: &mut dyn EffectTx| -> Result<Answer, RuntimeError> {
+                    let now = this.clock.now();
+                    outbox::complete(tx, &lease, now)?.map_err(RuntimeError::Fenced)?;
+                    let record = load_id(tx, lease.operation_id)?;
+                    let (tool, _) = this.tool(&record.scope.tool)?;
+                    let (result, receipt_id) =
+                        Self::check_receipt(tool.as_ref(), &record, &receipt)?;
+                    Self::write_success(
+                        tx,
+                        &record,
+                        &record.provider,
+                        &receipt,
+                        &receipt_id,
+                        &result,
+                        ("worker", Some(lease.token), None),
+                        now,
+                    )?;
+                    Ok(Answer::Done {
+                        status_ref: record.status_ref,
+                        state: OperationState::Succeeded,
+                        delivery: Delivery::Fresh,
+                        result,
+                    })
+                },
+            )
             .await
     }
 
@@ -1751,7 +1762,7 @@ impl Runtime {
 
     async fn status_ref_of(&self, operation_id: i64) -> Result<String, RuntimeError> {
         self.store
-            .read(move |conn| Ok(load_id(conn, operation_id)?.status_ref))
+            .read(move |tx: &mut dyn EffectTx| Ok(load_id(tx, operation_id)?.status_ref))
             .await
     }
 
@@ -1759,7 +1770,7 @@ impl Runtime {
     pub async fn ready(&self, limit: i64) -> Result<Vec<i64>, RuntimeError> {
         let now = self.clock.now();
         self.store
-            .read(move |conn| Ok(outbox::ready(conn, now, limit)?))
+            .read(move |tx: &mut dyn EffectTx| Ok(outbox::ready(tx, now, limit)?))
             .await
     }
 
@@ -1800,18 +1811,18 @@ impl Runtime {
         let q = query.clone();
         let record = self
             .store
-            .read(move |conn| {
-                snapshot(conn, |conn| {
-                    let Some(principal) = resolve(conn, &q.principal)? else {
+            .read(move |tx: &mut dyn EffectTx| {
+                snapshot(tx, |tx| {
+                    let Some(principal) = resolve(tx, &q.principal)? else {
                         return Err(Error::not_found().into());
                     };
                     let (tool, _) = this.tool(&q.tool)?;
                     let p =
                         this.prepare(&principal, &q.tool, &q.key, &q.arguments, &q.provider, None)?;
-                    tool.check_access(&mut SqliteEffectTx::new(conn), &principal, &p.arguments)
+                    tool.check_access(tx, &principal, &p.arguments)
                         .map_err(hide_refusal)?;
                     check_id("status_ref", &q.status_ref, 128).map_err(|_| Error::not_found())?;
-                    let record = match load_status_ref(conn, &q.status_ref)? {
+                    let record = match load_status_ref(tx, &q.status_ref)? {
                         Loaded::Deferred(r) => *r,
                         _ => return Err(Error::not_found().into()),
                     };
@@ -1853,39 +1864,42 @@ impl Runtime {
         let identity = query_identity(&query.provider, &record.status_ref);
         let this = self.clone();
         self.store
-            .write(move |conn| -> Result<Answer, RuntimeError> {
-                let now = this.clock.now();
-                let current = load_id(conn, record.id)?;
-                if current.state == OperationState::Succeeded {
-                    // Reconciled meanwhile (worker or another query): replay.
-                    return Self::answer_existing(&current);
-                }
-                let ev = outbox::for_operation(conn, record.id)?
-                    .ok_or_else(|| contract_violation("deferred operation without outbox event"))?;
-                outbox::complete_by_reconciliation(conn, ev.id, ev.fencing_token, now)?
-                    .map_err(RuntimeError::Fenced)?;
-                let provider = ProviderContext {
-                    call_id: identity.clone(),
-                    response_id: identity.clone(),
-                    ..current.provider.clone()
-                };
-                Self::write_success(
-                    conn,
-                    &current,
-                    &provider,
-                    &receipt,
-                    &receipt_id,
-                    &result,
-                    ("status_query", None, Some(&identity)),
-                    now,
-                )?;
-                Ok(Answer::Done {
-                    status_ref: current.status_ref,
-                    state: OperationState::Succeeded,
-                    delivery: Delivery::ReceiptReconciled,
-                    result,
-                })
-            })
+            .write(
+                move |tx: &mut dyn EffectTx| -> Result<Answer, RuntimeError> {
+                    let now = this.clock.now();
+                    let current = load_id(tx, record.id)?;
+                    if current.state == OperationState::Succeeded {
+                        // Reconciled meanwhile (worker or another query): replay.
+                        return Self::answer_existing(&current);
+                    }
+                    let ev = outbox::for_operation(tx, record.id)?.ok_or_else(|| {
+                        contract_violation("deferred operation without outbox event")
+                    })?;
+                    outbox::complete_by_reconciliation(tx, ev.id, ev.fencing_token, now)?
+                        .map_err(RuntimeError::Fenced)?;
+                    let provider = ProviderContext {
+                        call_id: identity.clone(),
+                        response_id: identity.clone(),
+                        ..current.provider.clone()
+                    };
+                    Self::write_success(
+                        tx,
+                        &current,
+                        &provider,
+                        &receipt,
+                        &receipt_id,
+                        &result,
+                        ("status_query", None, Some(&identity)),
+                        now,
+                    )?;
+                    Ok(Answer::Done {
+                        status_ref: current.status_ref,
+                        state: OperationState::Succeeded,
+                        delivery: Delivery::ReceiptReconciled,
+                        result: result.clone(),
+                    })
+                },
+            )
             .await
     }
 
@@ -1893,10 +1907,12 @@ impl Runtime {
     pub async fn inspect(&self, status_ref: &str) -> Result<Option<DeferredRecord>, RuntimeError> {
         let status_ref = status_ref.to_string();
         self.store
-            .read(move |conn| match load_status_ref(conn, &status_ref)? {
-                Loaded::Deferred(r) => Ok(Some(*r)),
-                _ => Ok(None),
-            })
+            .read(
+                move |tx: &mut dyn EffectTx| match load_status_ref(tx, &status_ref)? {
+                    Loaded::Deferred(r) => Ok(Some(*r)),
+                    _ => Ok(None),
+                },
+            )
             .await
     }
 }
