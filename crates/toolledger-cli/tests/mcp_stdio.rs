@@ -637,6 +637,9 @@ fn tool_annotations_are_honest() {
         let create = find("create_issue");
         assert_eq!(create["annotations"]["readOnlyHint"], false);
         assert_eq!(create["annotations"]["idempotentHint"], idempotent);
+        for tool in &tools {
+            assert_eq!(tool["outputSchema"]["type"], "object", "{tool}");
+        }
         assert_eq!(s.finish(), 0);
     }
 }

@@ -136,6 +136,41 @@ impl StatusTool {
     }
 }
 
+/// The JSON Schema of the status object.
+pub fn output_schema() -> Map<String, Value> {
+    let binding = json!({
+        "type": "object",
+        "properties": {
+            "operationId": {"type": "string"},
+            "principal": {"type": "string"},
+            "backend": {"type": "string"},
+        },
+        "required": ["operationId", "principal", "backend"],
+    });
+    match json!({
+        "type": "object",
+        "properties": {
+            "operationId": {"type": "string"},
+            "principal": {"type": "string"},
+            "backend": {"type": "string"},
+            "observedAt": {"type": "integer"},
+            "authoritative": {"type": "boolean"},
+            "freshWriteAuthorized": {"type": "boolean", "const": false},
+            "scopeBinding": binding,
+            "state": {"type": "string", "enum": ["applied", "partial", "unknown"]},
+            "matchingIds": {"type": "array", "items": {"type": "integer"}},
+            "detail": {"type": "string"},
+            "storedResult": {},
+        },
+        "required": ["operationId", "principal", "backend", "observedAt", "authoritative",
+                     "freshWriteAuthorized", "scopeBinding", "state", "matchingIds", "detail",
+                     "storedResult"],
+    }) {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    }
+}
+
 fn schema() -> Map<String, Value> {
     match json!({
         "type": "object",
@@ -156,6 +191,7 @@ impl McpTool for StatusTool {
              authorizes a fresh write; absence is `unknown`.",
             Arc::new(schema()),
         )
+        .with_raw_output_schema(Arc::new(output_schema()))
         .with_annotations(
             ToolAnnotations::new()
                 .read_only(true)

@@ -137,6 +137,17 @@ impl McpTool for RefundTool {
                 "additionalProperties": false,
             })),
         )
+        .with_raw_output_schema(as_object(serde_json::json!({
+            "type": "object",
+            "properties": {
+                "status_ref": {"type": "string"},
+                "code": {"type": "string", "enum": ["OK", "FAILED", "OUTCOME_UNKNOWN"]},
+                "delivery": {"type": ["string", "null"]},
+                "status": {"type": "string"},
+                "result": {},
+            },
+            "required": ["status_ref", "code", "delivery", "status"],
+        })))
         .with_annotations(
             ToolAnnotations::new()
                 .read_only(false)
