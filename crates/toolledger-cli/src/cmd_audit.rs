@@ -8,6 +8,12 @@
 //! rows only by opaque references (status refs, or a hash for receipts), never their content.
 //! When the payments stand-in's file exists its receipt count is reported beside (read
 //! separately, not part of the snapshot).
+//!
+//! On PostgreSQL (`--database-url`) the semantic rules, content checks and counts are the same
+//! queries; there is no `integrity_check`, so the physical gate is: every constraint of the
+//! ledger's schema is validated (`pg_constraint.convalidated`), no foreign-key trigger is
+//! disabled, `fsync` is on and `synchronous_commit` is not `off`, and — when the `amcheck`
+//! extension is installed — `bt_index_check` passes on every B-tree index of the schema.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -16,6 +22,7 @@ use std::process::ExitCode;
 use rusqlite::{Connection, OpenFlags};
 use serde_json::{json, Value};
 use toolledger::digest::sha256_hex;
+use toolledger::effect::{Dialect, EffectTx, RowExt};
 use toolledger::json as strict;
 use toolledger::store::StoreError;
 use toolledger_cli::common;
@@ -58,14 +65,15 @@ const RULES: &[(&str, &str)] = &[
         "orphan_receipt",
         "SELECT 'receipt:' || r.id FROM local_receipts r JOIN operations o ON o.id = r.operation_id
          LEFT JOIN outbox e ON e.operation_id = o.id
-         WHERE o.state <> 'succeeded' OR e.state IS NOT 'delivered'",
+         WHERE o.state <> 'succeeded' OR e.state IS DISTINCT FROM 'delivered'",
     ),
     (
         "approval_not_consumed_by_its_operation",
         "SELECT o.status_ref FROM deferred_intents d JOIN operations o ON o.id = d.operation_id
          LEFT JOIN approvals a ON a.approval_id = d.approval_id
          WHERE d.approval_id IS NOT NULL
-           AND (a.consumed_operation IS NOT o.id OR a.binding_digest IS NOT d.approval_digest)",
+           AND (a.consumed_operation IS DISTINCT FROM o.id
+             OR a.binding_digest IS DISTINCT FROM d.approval_digest)",
     ),
 ];
 
@@ -80,44 +88,56 @@ fn opaque(reference: String) -> String {
     }
 }
 
-fn column(conn: &Connection, sql: &str) -> Result<Vec<String>, StoreError> {
-    let mut stmt = conn.prepare(sql)?;
-    let rows = stmt
-        .query_map([], |r| r.get::<_, String>(0))?
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(rows)
+fn failed(tx: &mut dyn EffectTx, e: toolledger::Error) -> StoreError {
+    toolledger::outbox::store_error(tx, e)
 }
 
-fn counts_by(conn: &Connection, sql: &str) -> Result<BTreeMap<String, i64>, StoreError> {
-    let mut stmt = conn.prepare(sql)?;
-    let rows = stmt
-        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?
-        .collect::<Result<BTreeMap<_, _>, _>>()?;
-    Ok(rows)
+fn contract(e: toolledger::Error) -> StoreError {
+    StoreError::Contract(e.message)
 }
 
-fn scalar(conn: &Connection, sql: &str) -> Result<i64, StoreError> {
-    Ok(conn.query_row(sql, [], |r| r.get(0))?)
+fn rows(
+    tx: &mut dyn EffectTx,
+    sql: &str,
+) -> Result<Vec<Vec<toolledger::effect::SqlValue>>, StoreError> {
+    tx.query(sql, &[]).map_err(|e| failed(tx, e))
+}
+
+fn column(tx: &mut dyn EffectTx, sql: &str) -> Result<Vec<String>, StoreError> {
+    rows(tx, sql)?
+        .iter()
+        .map(|r| r.text(0).map_err(contract))
+        .collect()
+}
+
+fn counts_by(tx: &mut dyn EffectTx, sql: &str) -> Result<BTreeMap<String, i64>, StoreError> {
+    rows(tx, sql)?
+        .iter()
+        .map(|r| Ok((r.text(0).map_err(contract)?, r.int(1).map_err(contract)?)))
+        .collect()
+}
+
+fn scalar(tx: &mut dyn EffectTx, sql: &str) -> Result<i64, StoreError> {
+    rows(tx, sql)?
+        .first()
+        .ok_or_else(|| StoreError::Contract("no row".into()))?
+        .int(0)
+        .map_err(contract)
 }
 
 /// Stored JSON that is not canonical, results or receipts that do not match their digests.
-fn content_violations(conn: &Connection) -> Result<Vec<String>, StoreError> {
+fn content_violations(tx: &mut dyn EffectTx) -> Result<Vec<String>, StoreError> {
     let mut bad = Vec::new();
-    let mut stmt = conn.prepare(
+    let ops = rows(
+        tx,
         "SELECT status_ref, arguments, result, result_digest FROM operations
          WHERE effect_kind = 'deferred'",
     )?;
-    let rows = stmt
-        .query_map([], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, Option<String>>(2)?,
-                r.get::<_, Option<String>>(3)?,
-            ))
-        })?
-        .collect::<Result<Vec<_>, _>>()?;
-    for (sr, args, result, digest) in rows {
+    for r in ops {
+        let sr = r.text(0).map_err(contract)?;
+        let args = r.text(1).map_err(contract)?;
+        let result = r.opt_text(2).map_err(contract)?;
+        let digest = r.opt_text(3).map_err(contract)?;
         let args_ok = strict::parse_canonical(args.as_bytes()).is_ok();
         let result_ok = match (&result, &digest) {
             (Some(t), Some(d)) => {
@@ -130,17 +150,10 @@ fn content_violations(conn: &Connection) -> Result<Vec<String>, StoreError> {
             bad.push(sr);
         }
     }
-    let mut stmt = conn.prepare("SELECT id, receipt, receipt_digest FROM local_receipts")?;
-    let rows = stmt
-        .query_map([], |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-            ))
-        })?
-        .collect::<Result<Vec<_>, _>>()?;
-    for (id, receipt, digest) in rows {
+    for r in rows(tx, "SELECT id, receipt, receipt_digest FROM local_receipts")? {
+        let id = r.int(0).map_err(contract)?;
+        let receipt = r.text(1).map_err(contract)?;
+        let digest = r.text(2).map_err(contract)?;
         if strict::parse_canonical(receipt.as_bytes()).is_err()
             || sha256_hex(receipt.as_bytes()) != digest
         {
@@ -150,68 +163,115 @@ fn content_violations(conn: &Connection) -> Result<Vec<String>, StoreError> {
     Ok(bad)
 }
 
+/// SQLite's physical checks: `(pass, checks)`.
+fn sqlite_checks(tx: &mut dyn EffectTx) -> Result<(bool, Value), StoreError> {
+    let integrity = column(tx, "PRAGMA integrity_check")?;
+    let fk = rows(tx, "PRAGMA foreign_key_check")?.len();
+    let journal = column(tx, "PRAGMA journal_mode")?.pop().unwrap_or_default();
+    let synchronous = scalar(tx, "PRAGMA synchronous")?;
+    let integrity_ok = integrity.len() == 1 && integrity[0] == "ok";
+    let journal_ok = journal.eq_ignore_ascii_case("wal");
+    let sync_ok = synchronous == 2;
+    Ok((
+        integrity_ok && fk == 0 && journal_ok && sync_ok,
+        json!({
+            "integrity_check": if integrity_ok { "ok".to_string() } else { format!("{} problems", integrity.len()) },
+            "foreign_key_violations": fk,
+            "journal_mode": journal.to_ascii_lowercase(),
+            "synchronous": match synchronous { 0 => "off", 1 => "normal", 2 => "full", 3 => "extra", _ => "unknown" },
+        }),
+    ))
+}
+
+/// PostgreSQL's physical checks (there is no `integrity_check`): `(pass, checks)`.
+fn postgres_checks(tx: &mut dyn EffectTx) -> Result<(bool, Value), StoreError> {
+    let unvalidated = scalar(
+        tx,
+        "SELECT count(*) FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace
+         WHERE n.nspname = current_schema() AND NOT c.convalidated",
+    )?;
+    let disabled_fk_triggers = scalar(
+        tx,
+        "SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+         JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = current_schema() AND t.tgisinternal AND t.tgenabled = 'D'",
+    )?;
+    let fsync = column(tx, "SELECT current_setting('fsync')")?
+        .pop()
+        .unwrap_or_default();
+    let sync_commit = column(tx, "SELECT current_setting('synchronous_commit')")?
+        .pop()
+        .unwrap_or_default();
+    let amcheck = scalar(
+        tx,
+        "SELECT count(*) FROM pg_extension WHERE extname = 'amcheck'",
+    )? > 0;
+    let index_check = if amcheck {
+        let n = scalar(
+            tx,
+            "SELECT count(*) FROM (SELECT bt_index_check(c.oid) FROM pg_index i
+               JOIN pg_class c ON c.oid = i.indexrelid
+               JOIN pg_namespace n ON n.oid = c.relnamespace
+               JOIN pg_am a ON a.oid = c.relam
+             WHERE n.nspname = current_schema() AND a.amname = 'btree') AS checked",
+        )?;
+        json!(format!("ok ({n} btree indexes)"))
+    } else {
+        json!("amcheck not installed")
+    };
+    let pass =
+        unvalidated == 0 && disabled_fk_triggers == 0 && fsync == "on" && sync_commit != "off";
+    Ok((
+        pass,
+        json!({
+            "unvalidated_constraints": unvalidated,
+            "disabled_foreign_key_triggers": disabled_fk_triggers,
+            "fsync": fsync,
+            "synchronous_commit": sync_commit,
+            "index_check": index_check,
+        }),
+    ))
+}
+
 /// Everything read inside the one snapshot.
-fn snapshot(conn: &Connection) -> Result<Value, StoreError> {
-    conn.execute_batch("BEGIN")?;
-    let out = (|| -> Result<Value, StoreError> {
-        let integrity = column(conn, "PRAGMA integrity_check")?;
-        let fk: i64 = {
-            let mut stmt = conn.prepare("PRAGMA foreign_key_check")?;
-            let mut rows = stmt.query([])?;
-            let mut n = 0;
-            while rows.next()?.is_some() {
-                n += 1;
-            }
-            n
-        };
-        let journal: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
-        let synchronous: i64 = conn.query_row("PRAGMA synchronous", [], |r| r.get(0))?;
-        let mut violations = Vec::new();
-        for (rule, sql) in RULES {
-            let refs: Vec<String> = column(conn, sql)?.into_iter().map(opaque).collect();
-            if !refs.is_empty() {
-                violations.push(json!({"rule": rule, "refs": refs}));
-            }
+fn snapshot(tx: &mut dyn EffectTx) -> Result<Value, StoreError> {
+    let (physical_ok, checks) = match tx.dialect() {
+        Dialect::Sqlite => sqlite_checks(tx)?,
+        Dialect::Postgres => postgres_checks(tx)?,
+    };
+    let mut violations = Vec::new();
+    for (rule, sql) in RULES {
+        let refs: Vec<String> = column(tx, sql)?.into_iter().map(opaque).collect();
+        if !refs.is_empty() {
+            violations.push(json!({"rule": rule, "refs": refs}));
         }
-        let content = content_violations(conn)?;
-        if !content.is_empty() {
-            violations.push(json!({"rule": "stored_json_or_digest_mismatch", "refs": content}));
-        }
-        let counts = json!({
-            "operations": counts_by(conn,
-                "SELECT state, count(*) FROM operations GROUP BY state ORDER BY state")?,
-            "outbox": counts_by(conn,
-                "SELECT state, count(*) FROM outbox GROUP BY state ORDER BY state")?,
-            "local_receipts": scalar(conn, "SELECT count(*) FROM local_receipts")?,
-            "approvals": {
-                "issued": scalar(conn, "SELECT count(*) FROM approvals")?,
-                "consumed": scalar(conn,
-                    "SELECT count(*) FROM approvals WHERE consumed_at IS NOT NULL")?,
-            },
-            "operation_events": scalar(conn, "SELECT count(*) FROM operation_events")?,
-        });
-        let integrity_ok = integrity.len() == 1 && integrity[0] == "ok";
-        let journal_ok = journal.eq_ignore_ascii_case("wal");
-        let sync_ok = synchronous == 2;
-        let pass = integrity_ok && fk == 0 && journal_ok && sync_ok && violations.is_empty();
-        Ok(json!({
-            "gate": if pass { "PASS" } else { "BLOCK" },
-            "code": if pass { "OK" } else { "AUDIT_FAILED" },
-            "checks": {
-                "integrity_check": if integrity_ok { "ok".to_string() } else { format!("{} problems", integrity.len()) },
-                "foreign_key_violations": fk,
-                "journal_mode": journal.to_ascii_lowercase(),
-                "synchronous": match synchronous { 0 => "off", 1 => "normal", 2 => "full", 3 => "extra", _ => "unknown" },
-            },
-            "violations": violations,
-            "counts": counts,
-        }))
-    })();
-    let _ = conn.execute_batch("COMMIT");
-    if !conn.is_autocommit() {
-        let _ = conn.execute_batch("ROLLBACK");
     }
-    out
+    let content = content_violations(tx)?;
+    if !content.is_empty() {
+        violations.push(json!({"rule": "stored_json_or_digest_mismatch", "refs": content}));
+    }
+    let counts = json!({
+        "operations": counts_by(tx,
+            "SELECT state, count(*) FROM operations GROUP BY state ORDER BY state")?,
+        "outbox": counts_by(tx,
+            "SELECT state, count(*) FROM outbox GROUP BY state ORDER BY state")?,
+        "local_receipts": scalar(tx, "SELECT count(*) FROM local_receipts")?,
+        "approvals": {
+            "issued": scalar(tx, "SELECT count(*) FROM approvals")?,
+            "consumed": scalar(tx,
+                "SELECT count(*) FROM approvals WHERE consumed_at IS NOT NULL")?,
+        },
+        "operation_events": scalar(tx, "SELECT count(*) FROM operation_events")?,
+    });
+    let pass = physical_ok && violations.is_empty();
+    Ok(json!({
+        "gate": if pass { "PASS" } else { "BLOCK" },
+        "code": if pass { "OK" } else { "AUDIT_FAILED" },
+        "backend": tx.dialect().as_str(),
+        "checks": checks,
+        "violations": violations,
+        "counts": counts,
+    }))
 }
 
 /// Receipt count of the payments stand-in, read-only, when its file exists.

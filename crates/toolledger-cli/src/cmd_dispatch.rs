@@ -16,7 +16,7 @@ use toolledger::authz::PrincipalStore;
 use toolledger::clock::{ManualClock, SharedClock};
 use toolledger::downstream::BoxFuture;
 use toolledger::runtime::{Answer, CrashPoint, DeferredCall, PointHook, Runtime, RuntimeError};
-use toolledger::store::sqlite::SqliteStore;
+use toolledger::store::Store;
 use toolledger::{Error, OperationState};
 use toolledger_cli::common::{self, StoreArgs};
 use toolledger_cli::fixture::{self, Fixture, Setup};
@@ -45,8 +45,8 @@ impl RuntimeStoreArgs {
     }
 
     /// Opens the ledger (creating it when `create`, otherwise refusing a missing file).
-    pub fn open(&self, create: bool) -> Result<SqliteStore, ExitCode> {
-        if !create && !Path::new(&self.store.db).exists() {
+    pub fn open(&self, create: bool) -> Result<Store, ExitCode> {
+        if !create && !self.store.exists() {
             return Err(common::fail("DATABASE_NOT_FOUND"));
         }
         self.store
@@ -55,7 +55,7 @@ impl RuntimeStoreArgs {
     }
 
     /// The runtime over the opened store, its payments stand-in and `clock`.
-    pub fn runtime(&self, store: &SqliteStore, clock: SharedClock) -> Result<Runtime, ExitCode> {
+    pub fn runtime(&self, store: &Store, clock: SharedClock) -> Result<Runtime, ExitCode> {
         let rt = refunds::runtime(store, &self.downstream_path(), clock)
             .map_err(|_| common::fail("DOWNSTREAM_IO_ERROR"))?;
         Ok(match hold_hook() {
@@ -122,7 +122,7 @@ pub fn load_fixture(path: &Path) -> Result<Fixture, ExitCode> {
 
 /// Creates the fixture's principals and orders that do not exist yet. Existing rows (revoked
 /// or not) are never changed.
-pub async fn apply_setup(store: &SqliteStore, setup: &Setup, now: i64) -> Result<(), ExitCode> {
+pub async fn apply_setup(store: &Store, setup: &Setup, now: i64) -> Result<(), ExitCode> {
     let principals = PrincipalStore::new(store.clone()).with_clock(Arc::new(ManualClock::new(now)));
     for p in &setup.principals {
         match principals.entry(&p.name).await {

@@ -82,7 +82,10 @@ async fn serve(args: ServeArgs) -> Result<(), i32> {
         .store
         .open_with(false)
         .map_err(|e| fail_code(e.cli_code()))?;
-    let keys = KeyMaterial::load(Some(&args.store.db)).map_err(|e| {
+    // With PostgreSQL the servers of a deployment share their keys through the environment;
+    // the key file beside a SQLite database has no counterpart there.
+    let key_file = (!args.store.is_postgres()).then_some(args.store.db.as_path());
+    let keys = KeyMaterial::load(key_file).map_err(|e| {
         eprintln!(
             "{}",
             serde_json::json!({"error": {"code": "KEY_ERROR", "message": e.to_string()}})

@@ -5,27 +5,63 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use serde_json::{json, Value};
+use toolledger::store::postgres::{PgOptions, PgStore};
 use toolledger::store::sqlite::{OpenOptions, SqliteStore};
-use toolledger::store::StoreError;
+use toolledger::store::{Store, StoreError};
 
 /// Options every command that opens a store accepts.
 #[derive(clap::Args, Debug, Clone)]
 pub struct StoreArgs {
-    /// SQLite database file.
+    /// SQLite database file (ignored with --database-url).
     #[arg(long, default_value = "toolledger.sqlite")]
     pub db: PathBuf,
+    /// PostgreSQL database (`postgres://user@host:port/db`) instead of the SQLite file; many
+    /// servers and workers on many hosts may share it.
+    #[arg(long, env = "TOOLLEDGER_DATABASE_URL", value_name = "URL")]
+    pub database_url: Option<String>,
     /// Backend id the database must be bound to (default: adopt the existing binding; a new
-    /// file is bound to `sqlite:default`).
+    /// database is bound to `sqlite:default` or `postgres:default`).
     #[arg(long)]
     pub backend_id: Option<String>,
 }
 
 impl StoreArgs {
-    /// Opens the store with the reference tables; an older existing schema is migrated only
-    /// when `migrate` is set (the `migrate` command), otherwise refused.
-    pub fn open_with(&self, migrate: bool) -> Result<SqliteStore, StoreError> {
-        open_store(&self.db, self.backend_id.clone(), migrate)
+    /// Opens the store (SQLite file, or PostgreSQL with `--database-url`) with the reference
+    /// tables; an older existing schema is migrated only when `migrate` is set (the `migrate`
+    /// command), otherwise refused.
+    pub fn open_with(&self, migrate: bool) -> Result<Store, StoreError> {
+        match &self.database_url {
+            Some(url) => open_postgres(url, self.backend_id.clone(), migrate),
+            None => open_store(&self.db, self.backend_id.clone(), migrate).map(Store::from),
+        }
     }
+
+    /// Whether the store is PostgreSQL (`--database-url` given).
+    pub fn is_postgres(&self) -> bool {
+        self.database_url.is_some()
+    }
+
+    /// Whether the store exists: always for PostgreSQL (the server answers for itself),
+    /// otherwise whether the SQLite file does.
+    pub fn exists(&self) -> bool {
+        self.is_postgres() || self.db.exists()
+    }
+}
+
+/// Opens the PostgreSQL database at `url` with the core and reference migrations.
+pub fn open_postgres(
+    url: &str,
+    backend_id: Option<String>,
+    migrate: bool,
+) -> Result<Store, StoreError> {
+    let mut opts = match backend_id {
+        Some(id) => PgOptions::new(id),
+        None => PgOptions::any_backend(),
+    };
+    opts = opts
+        .with_migrations(crate::reference::PG_MIGRATIONS)
+        .allow_migrate(migrate);
+    PgStore::open(url, opts).map(Store::from)
 }
 
 /// Opens `db` with the core and reference migrations.

@@ -381,8 +381,8 @@ pub fn consume(
 /// Issues an approval in its own write transaction: the approver is resolved through the
 /// principal store inside that transaction and must be eligible now (see [`issue`]). This is
 /// what `toolledger approve` runs.
-pub async fn grant(
-    store: &crate::store::sqlite::SqliteStore,
+pub async fn grant<S: Clone + Into<crate::store::Store>>(
+    store: &S,
     approval_id: &str,
     target: &ApprovalTarget,
     approver_name: &str,
@@ -392,16 +392,16 @@ pub async fn grant(
     let approval_id = approval_id.to_string();
     let target = target.clone();
     let approver_name = approver_name.to_string();
+    let store: crate::store::Store = store.clone().into();
     store
-        .write(move |conn| {
-            let mut tx = crate::effect::SqliteEffectTx::new(conn);
-            let Some(approver) = crate::authz::resolve_in(&mut tx, &approver_name)? else {
+        .write(move |tx: &mut dyn EffectTx| {
+            let Some(approver) = crate::authz::resolve_in(tx, &approver_name)? else {
                 return Err(Error::denied(
                     "the approver is not eligible for this intent",
                 ));
             };
             issue(
-                &mut tx,
+                tx,
                 &approval_id,
                 &target,
                 &approver_name,
@@ -414,13 +414,14 @@ pub async fn grant(
 }
 
 /// Reads one approval (operators and tests).
-pub async fn fetch(
-    store: &crate::store::sqlite::SqliteStore,
+pub async fn fetch<S: Clone + Into<crate::store::Store>>(
+    store: &S,
     approval_id: &str,
 ) -> Result<Option<Approval>, Error> {
     let approval_id = approval_id.to_string();
+    let store: crate::store::Store = store.clone().into();
     store
-        .read(move |conn| load(&mut crate::effect::SqliteEffectTx::new(conn), &approval_id))
+        .read(move |tx: &mut dyn EffectTx| load(tx, &approval_id))
         .await
 }
 

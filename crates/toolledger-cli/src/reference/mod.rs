@@ -17,6 +17,14 @@ pub const MIGRATIONS: &[Migration] = &[
     refunds::MIGRATIONS[0],
 ];
 
+/// [`MIGRATIONS`] in PostgreSQL dialect.
+pub const PG_MIGRATIONS: &[Migration] = &[
+    automations::PG_MIGRATIONS[0],
+    drafts::PG_MIGRATIONS[0],
+    issues::PG_MIGRATIONS[0],
+    refunds::PG_MIGRATIONS[0],
+];
+
 /// What `toolledger approve --tool TOOL` approves for a reference tool that takes approvals:
 /// the requester's scope `key` with the tool's binding of `arguments` (for `refund_order` the
 /// business arguments `{order_id, amount_cents}` and the MCP provider context of `key`).

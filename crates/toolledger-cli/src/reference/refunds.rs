@@ -28,8 +28,8 @@ use toolledger::runtime::{
     approval_target, Answer, DeferredCall, DeferredTool, ProviderContext, ProviderProfile,
     Registry, Runtime,
 };
-use toolledger::store::sqlite::SqliteStore;
 use toolledger::store::Migration;
+use toolledger::store::Store;
 use toolledger::{Error, ErrorCode, OperationState, Principal, Scope, ToolContract};
 
 /// Migration namespace of this domain.
@@ -47,6 +47,20 @@ pub const MIGRATIONS: &[Migration] = &[Migration {
               refundable    INTEGER NOT NULL CHECK (refundable IN (0, 1)),
               PRIMARY KEY (tenant, id)
           ) STRICT;",
+}];
+
+/// [`MIGRATIONS`] in PostgreSQL dialect (same namespace, versions and constraints).
+pub const PG_MIGRATIONS: &[Migration] = &[Migration {
+    namespace: NAMESPACE,
+    version: 1,
+    sql: "CREATE TABLE orders (
+              tenant        TEXT    NOT NULL CHECK (length(tenant) BETWEEN 1 AND 128),
+              id            TEXT    NOT NULL CHECK (length(id) BETWEEN 1 AND 64),
+              owner_subject TEXT    NOT NULL CHECK (length(owner_subject) BETWEEN 1 AND 128),
+              amount_cents  BIGINT  NOT NULL CHECK (amount_cents BETWEEN 1 AND 100000000),
+              refundable    BIGINT  NOT NULL CHECK (refundable IN (0, 1)),
+              PRIMARY KEY (tenant, id)
+          );",
 }];
 
 /// The tool name.
@@ -300,8 +314,8 @@ pub fn registry(downstream: Arc<dyn Downstream>) -> Registry {
 }
 
 /// A runtime over `store` with `refund_order` and the payments stand-in at `downstream_db`.
-pub fn runtime(
-    store: &SqliteStore,
+pub fn runtime<S: Clone + Into<Store>>(
+    store: &S,
     downstream_db: &Path,
     clock: SharedClock,
 ) -> Result<Runtime, Error> {
@@ -389,8 +403,8 @@ pub fn answer_json(answer: &Answer) -> Value {
 }
 
 /// Inserts an order unless one with the same tenant and id exists (fixtures and demos).
-pub async fn ensure_order(
-    store: &SqliteStore,
+pub async fn ensure_order<S: Clone + Into<Store>>(
+    store: &S,
     tenant: &str,
     id: &str,
     owner_subject: &str,
@@ -402,19 +416,21 @@ pub async fn ensure_order(
         id.to_string(),
         owner_subject.to_string(),
     );
+    let store: Store = store.clone().into();
     store
-        .write(move |conn| {
-            conn.prepare_cached(
+        .write(move |tx: &mut dyn EffectTx| {
+            tx.execute(
                 "INSERT INTO orders (tenant, id, owner_subject, amount_cents, refundable)
                  VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (tenant, id) DO NOTHING",
-            )?
-            .execute(rusqlite::params![
-                tenant,
-                id,
-                owner,
-                amount_cents,
-                i64::from(refundable)
-            ])?;
+                &[
+                    tenant.as_str().into(),
+                    id.as_str().into(),
+                    owner.as_str().into(),
+                    amount_cents.into(),
+                    i64::from(refundable).into(),
+                ],
+            )
+            .map_err(|e| toolledger::outbox::store_error(tx, e))?;
             Ok(())
         })
         .await
