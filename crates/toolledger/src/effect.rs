@@ -8,7 +8,7 @@
 //! A constraint or trigger failure inside the effect surfaces as an [`Error`] with code
 //! `unavailable` (messages never carry SQL text or paths) and rolls back the whole call.
 
-use rusqlite::types::{Value as RValue, ValueRef};
+use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::Connection;
 
 use crate::model::{Error, ErrorCode};
@@ -238,12 +238,15 @@ fn db_error_ref(e: &rusqlite::Error) -> Error {
     }
 }
 
-fn to_rusqlite(v: &SqlValue) -> RValue {
-    match v {
-        SqlValue::Null => RValue::Null,
-        SqlValue::Integer(i) => RValue::Integer(*i),
-        SqlValue::Text(s) => RValue::Text(s.clone()),
-        SqlValue::Blob(b) => RValue::Blob(b.clone()),
+/// Binds a value by reference: no copy of text or bytes.
+impl rusqlite::ToSql for SqlValue {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(match self {
+            SqlValue::Null => ValueRef::Null,
+            SqlValue::Integer(i) => ValueRef::Integer(*i),
+            SqlValue::Text(s) => ValueRef::Text(s.as_bytes()),
+            SqlValue::Blob(b) => ValueRef::Blob(b),
+        }))
     }
 }
 
@@ -291,12 +294,11 @@ fn refuse_transaction_control(sql: &str) -> Result<(), Error> {
         .trim_start()
         .split(|c: char| !c.is_ascii_alphabetic())
         .next()
-        .unwrap_or("")
-        .to_ascii_uppercase();
-    if matches!(
-        head.as_str(),
-        "BEGIN" | "COMMIT" | "END" | "ROLLBACK" | "SAVEPOINT" | "RELEASE"
-    ) {
+        .unwrap_or("");
+    if ["BEGIN", "COMMIT", "END", "ROLLBACK", "SAVEPOINT", "RELEASE"]
+        .iter()
+        .any(|word| head.eq_ignore_ascii_case(word))
+    {
         return Err(Error::unavailable(
             "effects may not control the ledger's transaction",
         ));
@@ -307,17 +309,15 @@ fn refuse_transaction_control(sql: &str) -> Result<(), Error> {
 impl EffectTx for SqliteEffectTx<'_> {
     fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<usize, Error> {
         refuse_transaction_control(sql)?;
-        let values: Vec<RValue> = params.iter().map(to_rusqlite).collect();
         let conn = self.conn;
         let out = conn
             .prepare_cached(sql)
-            .and_then(|mut stmt| stmt.execute(rusqlite::params_from_iter(values.iter())));
+            .and_then(|mut stmt| stmt.execute(rusqlite::params_from_iter(params.iter())));
         out.map_err(|e| self.fail(e))
     }
 
     fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<Vec<Vec<SqlValue>>, Error> {
         refuse_transaction_control(sql)?;
-        let values: Vec<RValue> = params.iter().map(to_rusqlite).collect();
         let conn = self.conn;
         let mut stmt = match conn.prepare_cached(sql) {
             Ok(s) => s,
@@ -325,7 +325,7 @@ impl EffectTx for SqliteEffectTx<'_> {
         };
         let width = stmt.column_count();
         let collected = (|| -> Result<Result<Vec<Vec<SqlValue>>, Error>, rusqlite::Error> {
-            let mut rows = stmt.query(rusqlite::params_from_iter(values.iter()))?;
+            let mut rows = stmt.query(rusqlite::params_from_iter(params.iter()))?;
             let mut out = Vec::new();
             while let Some(row) = rows.next()? {
                 let mut cols = Vec::with_capacity(width);

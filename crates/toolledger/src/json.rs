@@ -54,21 +54,39 @@ pub fn write_canonical(value: &Value, out: &mut String) -> Result<(), JsonError>
             out.push(']');
         }
         Value::Object(map) => {
-            // Sorting by UTF-8 bytes is sorting by Unicode scalar value.
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-            out.push('{');
-            for (i, (k, v)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_string(k, out);
-                out.push(':');
-                write_canonical(v, out)?;
+            // Sorting by UTF-8 bytes is sorting by Unicode scalar value. serde_json's default
+            // map already iterates in that order; only an insertion-ordered map (the
+            // `preserve_order` feature) needs the sort.
+            let sorted = map
+                .keys()
+                .zip(map.keys().skip(1))
+                .all(|(a, b)| a.as_bytes() < b.as_bytes());
+            if sorted {
+                write_entries(map.iter(), out)?;
+            } else {
+                let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+                entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+                write_entries(entries.into_iter(), out)?;
             }
-            out.push('}');
         }
     }
+    Ok(())
+}
+
+fn write_entries<'v>(
+    entries: impl Iterator<Item = (&'v String, &'v Value)>,
+    out: &mut String,
+) -> Result<(), JsonError> {
+    out.push('{');
+    for (i, (k, v)) in entries.enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write_string(k, out);
+        out.push(':');
+        write_canonical(v, out)?;
+    }
+    out.push('}');
     Ok(())
 }
 

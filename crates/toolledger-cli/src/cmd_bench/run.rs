@@ -27,6 +27,7 @@ pub fn process_cpu() -> Duration {
 }
 
 /// CPU time of the waited-for children of this process, so far.
+#[allow(dead_code)]
 pub fn children_cpu() -> Duration {
     rusage(libc::RUSAGE_CHILDREN)
 }

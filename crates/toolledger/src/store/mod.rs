@@ -53,12 +53,14 @@ fn sqlite_snapshot<T, E>(
 where
     E: From<StoreError>,
 {
-    conn.execute_batch("BEGIN")
-        .map_err(|e| E::from(sqlite::map_err(e)))?;
+    // Cached statements: a replay is a handful of statements, and parsing `BEGIN`/`COMMIT`
+    // again on every call was a measurable share of it.
+    let run = |sql: &str| conn.prepare_cached(sql).and_then(|mut s| s.execute([]));
+    run("BEGIN").map_err(|e| E::from(sqlite::map_err(e)))?;
     let out = f(&mut SqliteEffectTx::new(conn));
-    let _ = conn.execute_batch("COMMIT");
+    let _ = run("COMMIT");
     if !conn.is_autocommit() {
-        let _ = conn.execute_batch("ROLLBACK");
+        let _ = run("ROLLBACK");
     }
     out
 }
