@@ -748,3 +748,34 @@ fn legacy_lifecycle_asks_for_the_body_by_elicitation_and_a_retried_call_replays(
     assert_eq!(count(&db, "issues"), 1);
     assert_eq!(count(&db, "operations"), 1);
 }
+
+#[test]
+fn the_same_continuation_twice_in_flight_on_one_connection_makes_one_issue() {
+    let (_d, db) = fresh_db();
+    let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    let token = request_state(&s.call("create_issue", args("case-inflight")));
+    for id in [100, 101] {
+        s.send(
+            &json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+            "name": "create_issue", "arguments": args("case-inflight"), "requestState": token,
+            "inputResponses": body("alpha"), "_meta": meta()}}),
+        );
+    }
+    let (a, b) = (s.recv(), s.recv());
+    let mut ids = [a["id"].as_i64().unwrap(), b["id"].as_i64().unwrap()];
+    ids.sort();
+    assert_eq!(ids, [100, 101]);
+    let mut replayed = [
+        a["result"]["structuredContent"]["replayed"]
+            .as_bool()
+            .unwrap(),
+        b["result"]["structuredContent"]["replayed"]
+            .as_bool()
+            .unwrap(),
+    ];
+    replayed.sort();
+    assert_eq!(replayed, [false, true]);
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "issues"), 1);
+    assert_eq!(count(&db, "operations"), 1);
+}
