@@ -87,6 +87,44 @@ enum Kind {
 /// [`Harness::open`] is a new, independent handle to it (new connections, new writer).
 pub struct Harness {
     kind: Kind,
+    _server_lock: Option<ServerLock>,
+}
+
+/// The lock file tests that restart the PostgreSQL server hold exclusively; every PostgreSQL
+/// harness holds it shared, so a restart never hits another test's database.
+pub const SERVER_LOCK_PATH: &str = "/tmp/toolledger-test-postgres.lock";
+
+/// A held `flock` on [`SERVER_LOCK_PATH`] (released on drop).
+#[derive(Debug)]
+pub struct ServerLock {
+    _file: std::fs::File,
+}
+
+impl ServerLock {
+    /// Takes the lock, shared or exclusive, waiting as long as it takes.
+    pub fn acquire(exclusive: bool) -> std::io::Result<ServerLock> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(SERVER_LOCK_PATH)?;
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::io::AsRawFd;
+            let op = if exclusive {
+                libc::LOCK_EX
+            } else {
+                libc::LOCK_SH
+            };
+            // SAFETY: a valid open file descriptor and a plain flock operation.
+            if unsafe { libc::flock(file.as_raw_fd(), op) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = exclusive;
+        Ok(ServerLock { _file: file })
+    }
 }
 
 static SKIP_NOTICE: Once = Once::new();
@@ -125,6 +163,7 @@ impl Harness {
     pub fn sqlite() -> Harness {
         Harness {
             kind: Kind::Sqlite(Arc::new(tempfile::tempdir().expect("temporary directory"))),
+            _server_lock: None,
         }
     }
 
@@ -138,6 +177,21 @@ impl Harness {
                 url,
                 schema: fresh_schema_name(),
             },
+            _server_lock: Some(ServerLock::acquire(false).expect("test server lock")),
+        })
+    }
+
+    /// Like [`Harness::postgres`], for a test that already holds the server lock exclusively
+    /// (it restarts the server).
+    #[cfg(feature = "postgres")]
+    pub fn postgres_while_holding(_exclusive: &ServerLock) -> Option<Harness> {
+        let url = test_database_url()?;
+        Some(Harness {
+            kind: Kind::Postgres {
+                url,
+                schema: fresh_schema_name(),
+            },
+            _server_lock: None,
         })
     }
 
@@ -190,6 +244,28 @@ impl Harness {
                 opts.max_connections = 12;
                 super::postgres::PgStore::open(url, opts).map(Store::from)
             }
+        }
+    }
+
+    /// For PostgreSQL: the URL another process (e.g. the `toolledger` binary) uses to reach
+    /// this harness's schema (`options=-c search_path=…`). `None` for SQLite.
+    pub fn database_url(&self) -> Option<String> {
+        match &self.kind {
+            Kind::Sqlite(_) => None,
+            #[cfg(feature = "postgres")]
+            Kind::Postgres { url, schema } => {
+                let sep = if url.contains('?') { '&' } else { '?' };
+                Some(format!("{url}{sep}options=-c%20search_path%3D{schema}"))
+            }
+        }
+    }
+
+    /// For SQLite: the database file. `None` for PostgreSQL.
+    pub fn sqlite_path(&self) -> Option<std::path::PathBuf> {
+        match &self.kind {
+            Kind::Sqlite(dir) => Some(dir.path().join("ledger.sqlite")),
+            #[cfg(feature = "postgres")]
+            Kind::Postgres { .. } => None,
         }
     }
 

@@ -710,19 +710,31 @@ impl PgStore {
     {
         let h = &self.inner.handle;
         let mut attempt = 0u32;
+        let mut stale_retried = false;
         loop {
             attempt += 1;
             let mut client = h
                 .block_on(self.inner.pool.get())
                 .map_err(|e| E::from(pool_error(e)))?;
-            let tx = h
-                .block_on(
-                    client
-                        .build_transaction()
-                        .isolation_level(IsolationLevel::ReadCommitted)
-                        .start(),
-                )
-                .map_err(|e| E::from(map_pg_error(&e)))?;
+            let begun = h.block_on(
+                client
+                    .build_transaction()
+                    .isolation_level(IsolationLevel::ReadCommitted)
+                    .start(),
+            );
+            let tx = match begun {
+                Ok(tx) => tx,
+                Err(err) => {
+                    // Nothing ran yet: a pooled connection that died with the server is
+                    // replaced once, without counting as an attempt.
+                    if !stale_retried {
+                        stale_retried = true;
+                        attempt -= 1;
+                        continue;
+                    }
+                    return Err(E::from(map_pg_error(&err)));
+                }
+            };
             let mut ptx = PgTx {
                 tx: &tx,
                 handle: h,
