@@ -27,6 +27,15 @@ pub struct DemoArgs {
     /// Which demo to run; every demo when omitted.
     #[command(subcommand)]
     pub which: Option<DemoCmd>,
+    /// Run `lost-reply` on fresh schemas of this PostgreSQL database instead of temporary
+    /// SQLite files (`receipts` always uses a temporary SQLite file).
+    #[arg(
+        long,
+        global = true,
+        env = "TOOLLEDGER_DATABASE_URL",
+        value_name = "URL"
+    )]
+    pub database_url: Option<String>,
 }
 
 /// The demos.
@@ -76,7 +85,11 @@ pub fn run(args: DemoArgs) -> ExitCode {
     let mut all_ok = true;
     let mut reports = Map::new();
     for (name, demo) in &selected {
-        match demo() {
+        let outcome = match (&args.database_url, *name) {
+            (Some(url), "lost-reply") => crate::demo_lost_reply::run_on(Some(url)),
+            _ => demo(),
+        };
+        match outcome {
             Ok(r) => {
                 all_ok &= r.ok;
                 reports.insert((*name).to_string(), r.summary);

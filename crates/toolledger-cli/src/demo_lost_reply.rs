@@ -6,6 +6,11 @@
 //! `get_operation_status` reads the stored result back and an exact replay returns it without
 //! creating issue #2. The same story against `--unguarded` (no ledger) shows the duplicate the
 //! guard prevents. Passes only when the database read-back matches.
+//!
+//! With `--database-url postgres://…` the same story runs on PostgreSQL: each run gets a fresh
+//! schema of its own in that database (dropped afterwards), and the server processes share
+//! state and fingerprint keys through the environment (random per demo unless
+//! `TOOLLEDGER_STATE_KEY_HEX`/`TOOLLEDGER_FINGERPRINT_KEY_HEX` are set).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -15,11 +20,99 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use toolledger::authz::PrincipalStore;
+use toolledger::effect::{EffectTx, RowExt};
+use toolledger::store::postgres::{PgOptions, PgStore};
+use toolledger::store::Store;
 
 use crate::cmd_demo::DemoReport;
 use crate::common;
 
 const BACKEND: &str = "sqlite:guarded-matrix";
+const PG_BACKEND: &str = "postgres:guarded-matrix";
+
+/// Where one run of the story keeps its ledger.
+enum Target {
+    Sqlite(PathBuf),
+    Postgres {
+        /// The URL the server processes use (with the run's `search_path`).
+        url: String,
+        /// The run's own schema (dropped afterwards).
+        store: PgStore,
+        /// Keys every server process of the run shares.
+        keys: [(&'static str, String); 2],
+    },
+}
+
+fn random_hex() -> Result<String, &'static str> {
+    use std::io::Read;
+    let mut b = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|_| "DEMO_IO_ERROR")?;
+    Ok(hex::encode(b))
+}
+
+impl Target {
+    fn postgres(url: &str) -> Result<Target, &'static str> {
+        let schema = format!("tl_demo_{}", &random_hex()?[..16]);
+        let store = PgStore::open(
+            url,
+            PgOptions::new(PG_BACKEND)
+                .with_migrations(crate::reference::PG_MIGRATIONS)
+                .in_schema(schema.clone()),
+        )
+        .map_err(|e| e.cli_code())?;
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let key = |var: &'static str| -> Result<(&'static str, String), &'static str> {
+            match std::env::var(var) {
+                Ok(v) => Ok((var, v)),
+                Err(_) => Ok((var, random_hex()?)),
+            }
+        };
+        Ok(Target::Postgres {
+            url: format!("{url}{sep}options=-c%20search_path%3D{schema}"),
+            store,
+            keys: [
+                key("TOOLLEDGER_STATE_KEY_HEX")?,
+                key("TOOLLEDGER_FINGERPRINT_KEY_HEX")?,
+            ],
+        })
+    }
+
+    fn serve_command(&self, exe: &Path) -> Command {
+        let mut c = Command::new(exe);
+        c.arg("serve");
+        match self {
+            Target::Sqlite(db) => {
+                c.arg("--db").arg(db).args(["--backend-id", BACKEND]);
+            }
+            Target::Postgres { url, keys, .. } => {
+                c.args(["--database-url", url]);
+                for (k, v) in keys {
+                    c.env(k, v);
+                }
+            }
+        }
+        c
+    }
+
+    fn store(&self) -> Result<Store, &'static str> {
+        match self {
+            Target::Sqlite(db) => common::open_store(db, Some(BACKEND.to_string()), false)
+                .map(Store::from)
+                .map_err(|e| e.cli_code()),
+            Target::Postgres { store, .. } => Ok(Store::from(store.clone())),
+        }
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        if let Target::Postgres { store, .. } = self {
+            let _ = store.drop_schema_blocking();
+        }
+    }
+}
 const OPERATION: &str = "case-03";
 
 struct Session {
@@ -38,12 +131,10 @@ fn meta() -> Value {
 }
 
 impl Session {
-    fn start(exe: &Path, db: &Path, extra: &[&str]) -> Result<Session, &'static str> {
-        let mut child = Command::new(exe)
-            .arg("serve")
-            .arg("--db")
-            .arg(db)
-            .args(["--backend-id", BACKEND, "--principal", "alice"])
+    fn start(exe: &Path, target: &Target, extra: &[&str]) -> Result<Session, &'static str> {
+        let mut child = target
+            .serve_command(exe)
+            .args(["--principal", "alice"])
             .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -94,30 +185,44 @@ impl Session {
     }
 }
 
-fn count(db: &Path, table: &str) -> Result<i64, &'static str> {
-    let conn = rusqlite::Connection::open(db).map_err(|_| "SQLITE_ERROR")?;
-    conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
-        .map_err(|_| "SQLITE_ERROR")
+fn count(target: &Target, table: &str) -> Result<i64, &'static str> {
+    let store = target.store()?;
+    let sql = format!("SELECT count(*) FROM {table}");
+    block(async move {
+        store
+            .read(move |tx: &mut dyn EffectTx| {
+                tx.query_opt(&sql, &[])?
+                    .ok_or_else(toolledger::Error::not_found)?
+                    .int(0)
+            })
+            .await
+            .map_err(|_| "STORE_ERROR")
+    })
 }
 
-fn prepare(db: &Path) -> Result<(), &'static str> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
+fn block<T>(
+    fut: impl std::future::Future<Output = Result<T, &'static str>>,
+) -> Result<T, &'static str> {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|_| "RUNTIME_ERROR")?;
-    runtime.block_on(async {
-        let store =
-            common::open_store(db, Some(BACKEND.to_string()), false).map_err(|e| e.cli_code())?;
+        .map_err(|_| "RUNTIME_ERROR")?
+        .block_on(fut)
+}
+
+fn prepare(target: &Target) -> Result<(), &'static str> {
+    let store = target.store()?;
+    block(async move {
         PrincipalStore::new(store)
             .add("alice", "demo", &["editor".to_string()], &[], false)
             .await
-            .map_err(|_| "SQLITE_ERROR")?;
+            .map_err(|_| "STORE_ERROR")?;
         Ok(())
     })
 }
 
 /// One run of the story; returns its summary.
-fn story(exe: &Path, db: &Path, unguarded: bool) -> Result<Value, &'static str> {
+fn story(exe: &Path, db: &Target, unguarded: bool) -> Result<Value, &'static str> {
     prepare(db)?;
     let mode: &[&str] = if unguarded { &["--unguarded"] } else { &[] };
     let arguments = json!({"operation_id": OPERATION, "title": "spec"});
@@ -168,12 +273,24 @@ fn story(exe: &Path, db: &Path, unguarded: bool) -> Result<Value, &'static str> 
     }))
 }
 
-/// Runs the demo with the current executable as the server.
+/// Runs the demo on fresh temporary SQLite files with the current executable as the server.
 pub fn run() -> Result<DemoReport, &'static str> {
+    run_on(None)
+}
+
+/// Runs the demo on temporary SQLite files, or with `database_url` on fresh schemas of that
+/// PostgreSQL database.
+pub fn run_on(database_url: Option<&str>) -> Result<DemoReport, &'static str> {
     let exe: PathBuf = std::env::current_exe().map_err(|_| "DEMO_SPAWN_ERROR")?;
     let dir = tempfile::tempdir().map_err(|_| "DEMO_IO_ERROR")?;
-    let guarded = story(&exe, &dir.path().join("guarded.sqlite"), false)?;
-    let control = story(&exe, &dir.path().join("unguarded.sqlite"), true)?;
+    let target = |name: &str| -> Result<Target, &'static str> {
+        match database_url {
+            Some(url) => Target::postgres(url),
+            None => Ok(Target::Sqlite(dir.path().join(format!("{name}.sqlite")))),
+        }
+    };
+    let guarded = story(&exe, &target("guarded")?, false)?;
+    let control = story(&exe, &target("unguarded")?, true)?;
 
     let st = &guarded["status"];
     let rp = &guarded["replay"];

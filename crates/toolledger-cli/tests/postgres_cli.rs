@@ -1,0 +1,200 @@
+//! The `toolledger` commands with `--database-url`: migrate, principal, the seed 001 runtime
+//! path (approve → dispatch with a crash → status → replay → audit) and `demo lost-reply`,
+//! whose read-back must equal the SQLite run's. (`TOOLLEDGER_TEST_DATABASE_URL`; skipped with
+//! one loud line when unset, failing in CI.)
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+use toolledger::effect::EffectTx;
+use toolledger::store::conformance::{test_database_url, Harness};
+
+fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_toolledger"))
+}
+
+struct Out {
+    code: i32,
+    json: Value,
+    stderr: String,
+}
+
+fn run(url: &str, args: &[&str]) -> Out {
+    let out = Command::new(bin())
+        .args(args)
+        .args(["--database-url", url])
+        .env_remove("TOOLLEDGER_DATABASE_URL")
+        .output()
+        .unwrap();
+    Out {
+        code: out.status.code().unwrap_or(-1),
+        json: serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim())
+            .unwrap_or(Value::Null),
+        stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+    }
+}
+
+fn fixture() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/fixtures/refund-order.json")
+        .display()
+        .to_string()
+}
+
+#[test]
+fn migrate_principal_and_the_runtime_path_on_postgres() {
+    let Some(h) = Harness::postgres() else { return };
+    let store = h.open();
+    let url = h.database_url().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dir.path().join("payments.sqlite").display().to_string();
+    let f = fixture();
+
+    let m = run(&url, &["migrate"]);
+    assert_eq!(m.code, 0, "{}", m.stderr);
+    assert_eq!(m.json["backend_id"], "conformance");
+    let p = run(
+        &url,
+        &["principal", "add", "carol", "--tenant", "t9", "--token"],
+    );
+    assert_eq!(p.code, 0, "{}", p.stderr);
+    let listed = run(&url, &["principal", "list"]);
+    assert_eq!(listed.json["principals"][0]["name"], "carol");
+    assert_eq!(listed.json["principals"][0]["tokens"], 1);
+
+    let a = run(
+        &url,
+        &[
+            "approve",
+            "--fixture",
+            &f,
+            "--approver",
+            "bob",
+            "--downstream-db",
+            &ds,
+        ],
+    );
+    assert_eq!(a.code, 0, "{}", a.stderr);
+    let crash = run(
+        &url,
+        &[
+            "dispatch",
+            "--fixture",
+            &f,
+            "--failure",
+            "after_downstream_commit",
+            "--downstream-db",
+            &ds,
+        ],
+    );
+    assert_eq!(crash.code, 1);
+    assert_eq!(crash.json["code"], "OUTCOME_UNKNOWN");
+    let status_ref = crash.json["status_ref"].as_str().unwrap().to_string();
+    let again = run(&url, &["dispatch", "--fixture", &f, "--downstream-db", &ds]);
+    assert_eq!(again.json["status_ref"], status_ref.as_str());
+    assert_eq!(
+        again.json["code"], "OUTCOME_UNKNOWN",
+        "dispatch only observes"
+    );
+    let st = run(
+        &url,
+        &[
+            "status",
+            "--fixture",
+            &f,
+            "--status-ref",
+            &status_ref,
+            "--downstream-db",
+            &ds,
+        ],
+    );
+    assert_eq!(st.code, 0, "{}", st.stderr);
+    assert_eq!(st.json["delivery"], "receipt_reconciled");
+    let replay = run(&url, &["dispatch", "--fixture", &f, "--downstream-db", &ds]);
+    assert_eq!(replay.code, 0);
+    assert_eq!(replay.json["delivery"], "local_replay");
+    let audit = run(&url, &["audit", "--downstream-db", &ds]);
+    assert_eq!(audit.code, 0, "{}", audit.json);
+    assert_eq!(audit.json["gate"], "PASS");
+    assert_eq!(audit.json["backend"], "postgres");
+    assert_eq!(audit.json["checks"]["unvalidated_constraints"], 0);
+    assert_eq!(audit.json["counts"]["local_receipts"], 1);
+
+    // A violated semantic rule blocks the audit, by opaque reference only.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(store.write(|tx: &mut dyn EffectTx| tx.execute("DELETE FROM local_receipts", &[])))
+        .unwrap();
+    let audit = run(&url, &["audit", "--downstream-db", &ds]);
+    assert_eq!(audit.code, 1);
+    assert_eq!(
+        audit.json["violations"][0]["rule"],
+        "succeeded_operation_without_receipt"
+    );
+    assert_eq!(audit.json["violations"][0]["refs"][0], status_ref.as_str());
+
+    // A schema newer than this program is refused with a stable, path-free code.
+    rt.block_on(store.write(|tx: &mut dyn EffectTx| {
+        tx.execute(
+            "INSERT INTO schema_migrations(namespace, version) VALUES ('toolledger', 999)",
+            &[],
+        )
+    }))
+    .unwrap();
+    let refused = run(&url, &["principal", "list"]);
+    assert_eq!(refused.code, 2);
+    assert_eq!(refused.stderr, r#"{"error":{"code":"SCHEMA_TOO_NEW"}}"#);
+}
+
+#[test]
+fn an_unreachable_database_is_a_clean_store_error() {
+    if test_database_url().is_none() {
+        return;
+    }
+    let out = run(
+        "postgres://nobody@127.0.0.1:1/none?connect_timeout=2",
+        &["principal", "list"],
+    );
+    assert_eq!(out.code, 2);
+    assert_eq!(out.stderr, r#"{"error":{"code":"STORE_UNAVAILABLE"}}"#);
+}
+
+fn strip_volatile(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(k, _)| !["observedAt", "backend", "scopeBinding"].contains(&k.as_str()))
+                .map(|(k, v)| (k.clone(), strip_volatile(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(strip_volatile).collect()),
+        other => other.clone(),
+    }
+}
+
+#[test]
+fn demo_lost_reply_reads_back_the_same_on_postgres_as_on_sqlite() {
+    let Some(url) = test_database_url() else {
+        return;
+    };
+    let on = |extra: &[&str]| -> Value {
+        let out = Command::new(bin())
+            .args(["demo", "lost-reply"])
+            .args(extra)
+            .env_remove("TOOLLEDGER_DATABASE_URL")
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let sqlite = on(&[]);
+    let postgres = on(&["--database-url", &url]);
+    assert_eq!(postgres["ok"], true, "{postgres}");
+    assert_eq!(postgres["status"]["backend"], "postgres:guarded-matrix");
+    assert_eq!(strip_volatile(&sqlite), strip_volatile(&postgres));
+}
