@@ -27,8 +27,13 @@
 //! snapshot without touching the writer: none of them writes anything, and all checks see one
 //! consistent state. Only when the scope is absent does the call go to the writer, which runs
 //! the whole sequence again inside `BEGIN IMMEDIATE`, so two racing first attempts serialize
-//! there (and across processes, on SQLite's write lock plus `UNIQUE(scope)`). Consequently
+//! there (and across processes, on SQLite's write lock plus `UNIQUE(scope)`). On PostgreSQL the
+//! write transaction first takes an advisory lock on `(tool, key)` ([`EffectTx::lock_key`]),
+//! which serializes racing writers of one key the same way; the reservation itself is
+//! `INSERT … ON CONFLICT DO NOTHING` followed by reading the row back. Consequently
 //! [`InlineEffect::authorize`] and [`InlineEffect::check_replay`] must only read.
+//!
+//! The engine runs on any [`Store`] backend; it knows no SQL dialect.
 //!
 //! # Stored JSON
 //!
