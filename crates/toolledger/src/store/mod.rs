@@ -1,8 +1,8 @@
 //! Durable storage. Each backend commits the ledger's transactions with the same semantics;
-//! [`sqlite`] is the embedded default, [`postgres`] (cargo feature `postgres`) serves many
+//! [`sqlite`] is the embedded default, `postgres` (cargo feature `postgres`) serves many
 //! hosts. [`Store`] is the backend-neutral handle the engine, the runtime and the principal
 //! store run on: closures over an [`EffectTx`], so one piece of ledger code runs on both.
-//! The [`conformance`] suite (cargo feature `conformance`) is what every backend must pass.
+//! The `conformance` suite (cargo feature `conformance`) is what every backend must pass.
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
