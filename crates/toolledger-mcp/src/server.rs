@@ -58,6 +58,8 @@ pub trait McpTool: Send + Sync + 'static {
 #[derive(Clone)]
 pub struct LedgerServer {
     tools: Arc<Vec<Arc<dyn McpTool>>>,
+    /// Each tool's definition, built once: schemas are not rebuilt on every call.
+    definitions: Arc<Vec<Tool>>,
     principals: PrincipalStore,
     caller: CallerSource,
     name: String,
@@ -71,8 +73,10 @@ impl LedgerServer {
         principals: PrincipalStore,
         caller: CallerSource,
     ) -> Self {
+        let definitions = tools.iter().map(|t| t.definition()).collect();
         LedgerServer {
             tools: Arc::new(tools),
+            definitions: Arc::new(definitions),
             principals,
             caller,
             name: name.into(),
@@ -87,8 +91,12 @@ impl LedgerServer {
         }
     }
 
+    fn position(&self, name: &str) -> Option<usize> {
+        self.definitions.iter().position(|d| d.name == name)
+    }
+
     fn find(&self, name: &str) -> Option<&Arc<dyn McpTool>> {
-        self.tools.iter().find(|t| t.definition().name == name)
+        self.position(name).and_then(|i| self.tools.get(i))
     }
 }
 
@@ -115,13 +123,13 @@ impl ServerHandler for LedgerServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(
-            self.tools.iter().map(|t| t.definition()).collect(),
-        ))
+        Ok(ListToolsResult::with_all_items(self.definitions.to_vec()))
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        self.find(name).map(|t| t.definition())
+        self.position(name)
+            .and_then(|i| self.definitions.get(i))
+            .cloned()
     }
 
     async fn call_tool(
