@@ -13,11 +13,14 @@
 //!   one row; each call is durable before it is answered (group commit shares the fsyncs).
 //! - `replay`: exact retries of already-applied operations (the read-pool fast path).
 //! - `conflict`: a known key with different arguments (`operation_conflict`, read path).
+//! - `mcp-stdio`: real `tools/call` round trips against `toolledger serve` over stdio, as
+//!   two lines, `mcp-stdio-fresh` and `mcp-stdio-replay` (see [`mcp`]).
 //!
 //! Only the SQLite backend exists today; `--backend` is an explicit choice so a PostgreSQL
 //! backend can be added without changing the command line or the output.
 
 mod ack;
+mod mcp;
 mod report;
 mod run;
 
@@ -64,6 +67,8 @@ pub enum Workload {
     Replay,
     /// A known key with a different intent.
     Conflict,
+    /// tools/call round trips against `toolledger serve` over stdio (fresh and replay).
+    McpStdio,
 }
 
 impl Workload {
@@ -73,6 +78,7 @@ impl Workload {
             Workload::Fresh => "fresh",
             Workload::Replay => "replay",
             Workload::Conflict => "conflict",
+            Workload::McpStdio => "mcp-stdio",
         }
     }
 }
@@ -156,6 +162,7 @@ fn plan(args: &BenchArgs) -> (Vec<Workload>, Vec<usize>) {
             Workload::Fresh,
             Workload::Replay,
             Workload::Conflict,
+            Workload::McpStdio,
         ]
     } else {
         args.workloads.clone()
@@ -202,6 +209,7 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                 Workload::Fresh => vec![fresh(db, c, args.ops, args.readers).await?],
                 Workload::Replay => vec![replay(db, c, args.ops, args.readers).await?],
                 Workload::Conflict => vec![conflict(db, c, args.ops, args.readers).await?],
+                Workload::McpStdio => mcp::run(db, c, args.ops).await?,
             };
             for mut r in reports {
                 if workload == Workload::Ceiling {

@@ -68,11 +68,15 @@ fn every_workload_prints_a_complete_line() {
         ("replay", 64),
         ("conflict", 1),
         ("conflict", 64),
+        ("mcp-stdio-fresh", 1),
+        ("mcp-stdio-fresh", 64),
+        ("mcp-stdio-replay", 1),
+        ("mcp-stdio-replay", 64),
     ]
     .into_iter()
     .map(|(w, c)| (w.to_string(), c))
     .collect();
-    assert!(expected.is_subset(&seen), "{seen:?}");
+    assert_eq!(expected, seen);
     // The benchmark's databases live in a temporary directory inside --db-dir and are removed.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }

@@ -36,6 +36,9 @@ pub struct Report {
     /// Peak resident set of the server child, for workloads that run one (MiB).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_peak_rss_mb: Option<f64>,
+    /// The server child's CPU time per operation (µs), for workloads that run one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_cpu_us_per_op: Option<f64>,
     /// `ops_per_sec` divided by the ceiling line's, when the ceiling ran in this invocation.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ratio_to_ceiling: Option<f64>,
@@ -70,6 +73,7 @@ impl Report {
             cpu_us_per_op: (m.cpu.as_secs_f64() * 1e6 / ops.max(1) as f64 * 10.0).round() / 10.0,
             peak_rss_mb: peak_rss_mb("self").unwrap_or(0.0),
             server_peak_rss_mb: None,
+            server_cpu_us_per_op: None,
             ratio_to_ceiling: None,
             synchronous: "full",
         }
