@@ -15,12 +15,14 @@
 //! - `conflict`: a known key with different arguments (`operation_conflict`, read path).
 //! - `mcp-stdio`: real `tools/call` round trips against `toolledger serve` over stdio, as
 //!   two lines, `mcp-stdio-fresh` and `mcp-stdio-replay` (see [`mcp`]).
+//! - `outbox-drain`: accepted deferred operations delivered by worker calls (see [`outbox`]).
 //!
 //! Only the SQLite backend exists today; `--backend` is an explicit choice so a PostgreSQL
 //! backend can be added without changing the command line or the output.
 
 mod ack;
 mod mcp;
+mod outbox;
 mod report;
 mod run;
 
@@ -69,6 +71,8 @@ pub enum Workload {
     Conflict,
     /// tools/call round trips against `toolledger serve` over stdio (fresh and replay).
     McpStdio,
+    /// Accepted deferred operations delivered by worker calls (claim, downstream, receipt).
+    OutboxDrain,
 }
 
 impl Workload {
@@ -79,6 +83,7 @@ impl Workload {
             Workload::Replay => "replay",
             Workload::Conflict => "conflict",
             Workload::McpStdio => "mcp-stdio",
+            Workload::OutboxDrain => "outbox-drain",
         }
     }
 }
@@ -163,6 +168,7 @@ fn plan(args: &BenchArgs) -> (Vec<Workload>, Vec<usize>) {
             Workload::Replay,
             Workload::Conflict,
             Workload::McpStdio,
+            Workload::OutboxDrain,
         ]
     } else {
         args.workloads.clone()
@@ -210,6 +216,7 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                 Workload::Replay => vec![replay(db, c, args.ops, args.readers).await?],
                 Workload::Conflict => vec![conflict(db, c, args.ops, args.readers).await?],
                 Workload::McpStdio => mcp::run(db, c, args.ops).await?,
+                Workload::OutboxDrain => vec![outbox::run(db, c, args.ops, args.readers).await?],
             };
             for mut r in reports {
                 if workload == Workload::Ceiling {

@@ -72,6 +72,8 @@ fn every_workload_prints_a_complete_line() {
         ("mcp-stdio-fresh", 64),
         ("mcp-stdio-replay", 1),
         ("mcp-stdio-replay", 64),
+        ("outbox-drain", 1),
+        ("outbox-drain", 64),
     ]
     .into_iter()
     .map(|(w, c)| (w.to_string(), c))
