@@ -680,6 +680,12 @@ fn writer_loop(conn: Connection, receiver: crossbeam_channel::Receiver<Job>, sta
     }
 }
 
+/// Runs one statement through the connection's statement cache (transaction control is on
+/// every job's path; parsing it again each time was measurable).
+fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
+}
+
 fn run_batch(conn: &Connection, batch: Vec<Job>) {
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         let err = map_err(e);
@@ -691,7 +697,7 @@ fn run_batch(conn: &Connection, batch: Vec<Job>) {
     }
     let mut pendings = Vec::with_capacity(batch.len());
     for job in batch {
-        if let Err(e) = conn.execute_batch("SAVEPOINT job") {
+        if let Err(e) = exec_cached(conn, "SAVEPOINT job") {
             let err = map_err(e);
             let pending = job(None);
             (pending.deliver)(Some(err));
@@ -699,9 +705,9 @@ fn run_batch(conn: &Connection, batch: Vec<Job>) {
         }
         let pending = job(Some(conn));
         let closed = if pending.keep {
-            conn.execute_batch("RELEASE job")
+            exec_cached(conn, "RELEASE job")
         } else {
-            conn.execute_batch("ROLLBACK TO job; RELEASE job")
+            exec_cached(conn, "ROLLBACK TO job").and_then(|()| exec_cached(conn, "RELEASE job"))
         };
         if let Err(e) = closed {
             // The savepoint could not be closed: the whole transaction is suspect.
