@@ -68,7 +68,12 @@ impl DeferredTool for BenchDeferred {
 #[derive(Debug, Default)]
 struct MemoryDownstream {
     by_scope: Mutex<HashMap<String, Value>>,
-    by_status_ref: Mutex<HashMap<String, Value>>,
+    /// Status reference → scope digest.
+    by_status_ref: Mutex<HashMap<String, String>>,
+}
+
+fn poisoned() -> DownstreamError {
+    DownstreamError::Unavailable("downstream poisoned".into())
 }
 
 impl MemoryDownstream {
@@ -81,8 +86,7 @@ impl MemoryDownstream {
             .map_err(|_| DownstreamError::Rejected("request is not canonical JSON".into()))?;
         let request_sha = sha256_hex(text.as_bytes());
         let key = scope_digest(scope);
-        let poisoned = |_| DownstreamError::Unavailable("downstream poisoned".into());
-        let mut by_scope = self.by_scope.lock().map_err(poisoned)?;
+        let mut by_scope = self.by_scope.lock().map_err(|_| poisoned())?;
         if let Some(existing) = by_scope.get(&key) {
             if existing["request_sha256"] != request_sha.as_str() {
                 return Err(DownstreamError::Conflict);
@@ -96,11 +100,11 @@ impl MemoryDownstream {
             "request_sha256": request_sha,
             "request": request,
         });
-        by_scope.insert(key, receipt.clone());
         self.by_status_ref
             .lock()
-            .map_err(poisoned)?
-            .insert(status_ref.to_string(), receipt.clone());
+            .map_err(|_| poisoned())?
+            .insert(status_ref.to_string(), key.clone());
+        by_scope.insert(key, receipt.clone());
         Ok(receipt)
     }
 }
@@ -119,12 +123,14 @@ impl Downstream for MemoryDownstream {
         status_ref: &'a str,
     ) -> BoxFuture<'a, Result<Option<Value>, DownstreamError>> {
         Box::pin(async move {
-            Ok(self
+            let key = self
                 .by_status_ref
                 .lock()
-                .map_err(|_| DownstreamError::Unavailable("downstream poisoned".into()))?
+                .map_err(|_| poisoned())?
                 .get(status_ref)
-                .cloned())
+                .cloned();
+            let by_scope = self.by_scope.lock().map_err(|_| poisoned())?;
+            Ok(key.and_then(|k| by_scope.get(&k).cloned()))
         })
     }
 }
