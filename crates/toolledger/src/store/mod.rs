@@ -140,8 +140,9 @@ impl Store {
     /// Blocking form of [`Store::read`]; never call it from async code.
     pub fn read_blocking<T, E, F>(&self, f: F) -> Result<T, E>
     where
-        F: FnOnce(&mut dyn EffectTx) -> Result<T, E>,
-        E: From<StoreError>,
+        F: FnOnce(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
     {
         match self {
             Store::Sqlite(s) => s.read_blocking(move |conn| sqlite_snapshot(conn, f)),

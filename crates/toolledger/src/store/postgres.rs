@@ -4,11 +4,15 @@
 //! # Threads and the async client
 //!
 //! Ledger code runs synchronous closures over an [`EffectTx`] (the same closures the SQLite
-//! backend runs on its writer thread). A [`PgStore`] owns a small tokio runtime of its own that
-//! drives tokio-postgres connections from a deadpool-postgres pool; each closure runs on that
-//! runtime's blocking pool and waits for every statement with `Handle::block_on`, which is
-//! allowed there. Async callers await the blocking task; synchronous callers (tests, tools)
-//! use the `_blocking` forms from any thread that is not itself driving async tasks.
+//! backend runs on its writer thread). A [`PgStore`] keeps a fixed set of connection threads
+//! ([`PgOptions::max_connections`]); each owns one tokio-postgres connection and the
+//! current-thread tokio runtime that drives it, so a statement's request, the connection task
+//! and the reply all run on that one thread — no cross-thread wake-up per statement (a shared
+//! pool on a multi-thread runtime cost two per statement and about 3× the latency of a
+//! replay). Jobs reach a free thread through one channel; async callers await a oneshot reply
+//! and never block their runtime; synchronous callers use the `_blocking` forms from any
+//! thread that is not driving async tasks. A thread connects on first use and reconnects when
+//! its connection has closed.
 //!
 //! # Transactions
 //!
@@ -28,7 +32,8 @@
 //! - Connection loss, a server shutting down or a pool timeout is
 //!   [`StoreError::Unavailable`] (`unavailable` to callers, retryable); a write whose `COMMIT`
 //!   was interrupted may or may not have committed, and a retry replays or redoes it under
-//!   the same idempotency key. Broken connections leave the pool; new ones are made on demand.
+//!   the same idempotency key. A thread whose connection broke connects again for its next job
+//!   (a transaction that cannot even begin on a dead connection is retried once on a new one).
 //! - Every session runs with `statement_timeout` (default 30 s); a statement that hits it
 //!   fails with a clean `unavailable` error and its transaction rolls back.
 //!
@@ -50,12 +55,15 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use std::collections::HashMap;
+use std::thread::JoinHandle;
+
 use bytes::BytesMut;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use tokio::runtime::{Handle, Runtime};
+use tokio::runtime::Runtime;
+use tokio::sync::oneshot;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{IsNull, ToSql, Type};
-use tokio_postgres::{IsolationLevel, NoTls};
+use tokio_postgres::{Client, NoTls, Statement};
 
 use super::{Migration, StoreError};
 use crate::effect::{Dialect, EffectTx, SqlValue};
@@ -93,7 +101,7 @@ pub struct PgOptions {
     pub migrations: Vec<Migration>,
     /// Apply pending migrations to an existing database (`toolledger migrate`).
     pub migrate: bool,
-    /// Most pooled connections.
+    /// Connection threads (each holds one connection).
     pub max_connections: usize,
     /// The schema the ledger lives in (created if missing); `None` uses the server default.
     pub schema: Option<String>,
@@ -236,13 +244,6 @@ fn safe_error(e: &StoreError) -> Error {
     }
 }
 
-fn pool_error(e: deadpool_postgres::PoolError) -> StoreError {
-    match e {
-        deadpool_postgres::PoolError::Backend(b) => map_pg_error(&b),
-        _ => StoreError::Unavailable("no database connection available".into()),
-    }
-}
-
 /// One bound parameter.
 #[derive(Debug)]
 struct Param<'a>(&'a SqlValue);
@@ -300,15 +301,105 @@ fn column_value(row: &tokio_postgres::Row, i: usize) -> Result<SqlValue, tokio_p
     })
 }
 
-/// [`EffectTx`] over one open PostgreSQL transaction.
-struct PgTx<'a, 't> {
-    tx: &'a deadpool_postgres::Transaction<'t>,
-    handle: &'a Handle,
+/// One connection, owned by one worker thread together with the current-thread runtime that
+/// drives it: a statement's request, the connection task and the reply all run on that thread,
+/// with no cross-thread wake-up per statement.
+struct Slot {
+    rt: Runtime,
+    config: Arc<tokio_postgres::Config>,
+    client: Option<Client>,
+    statements: HashMap<String, Statement>,
+}
+
+impl Slot {
+    fn new(config: Arc<tokio_postgres::Config>) -> Result<Slot, StoreError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|_| StoreError::Unavailable("cannot start a database thread".into()))?;
+        Ok(Slot {
+            rt,
+            config,
+            client: None,
+            statements: HashMap::new(),
+        })
+    }
+
+    /// The live connection, (re)connecting when there is none or it has closed.
+    fn connect(&mut self) -> Result<(), StoreError> {
+        if self.client.as_ref().is_some_and(|c| !c.is_closed()) {
+            return Ok(());
+        }
+        self.client = None;
+        self.statements.clear();
+        let (client, connection) =
+            self.rt
+                .block_on(self.config.connect(NoTls))
+                .map_err(|e| match map_pg_error(&e) {
+                    StoreError::Database(_) => {
+                        StoreError::Unavailable("cannot connect to the database".into())
+                    }
+                    other => other,
+                })?;
+        self.rt.spawn(async move {
+            let _ = connection.await;
+        });
+        self.client = Some(client);
+        Ok(())
+    }
+
+    /// Forgets a connection that has closed (after an error).
+    fn check_closed(&mut self) {
+        if self.client.as_ref().is_some_and(Client::is_closed) {
+            self.client = None;
+            self.statements.clear();
+        }
+    }
+
+    fn simple(&mut self, sql: &str) -> Result<(), tokio_postgres::Error> {
+        let client = self.client.as_ref().expect("connected");
+        self.rt.block_on(client.batch_execute(sql))
+    }
+
+    /// Starts a transaction; `false` when the connection turned out to be dead.
+    fn begin(&mut self, sql: &str) -> Result<(), StoreError> {
+        self.connect()?;
+        match self.simple(sql) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.check_closed();
+                Err(map_pg_error(&e))
+            }
+        }
+    }
+
+    fn tx(&mut self) -> PgTx<'_> {
+        let Slot {
+            rt,
+            client,
+            statements,
+            ..
+        } = self;
+        PgTx {
+            rt,
+            client: client.as_ref().expect("connected"),
+            statements,
+            last_error: None,
+            retry: false,
+        }
+    }
+}
+
+/// [`EffectTx`] over the open transaction of one [`Slot`].
+struct PgTx<'a> {
+    rt: &'a Runtime,
+    client: &'a Client,
+    statements: &'a mut HashMap<String, Statement>,
     last_error: Option<StoreError>,
     retry: bool,
 }
 
-impl PgTx<'_, '_> {
+impl PgTx<'_> {
     fn fail(&mut self, e: tokio_postgres::Error) -> Error {
         if e.code().is_some_and(is_retryable) {
             self.retry = true;
@@ -319,11 +410,22 @@ impl PgTx<'_, '_> {
         safe
     }
 
-    fn statement(&mut self, sql: &str) -> Result<tokio_postgres::Statement, Error> {
+    fn statement(&mut self, sql: &str) -> Result<Statement, Error> {
         refuse_transaction_control(sql)?;
-        let sql = translate_placeholders(sql);
-        let out = self.handle.block_on(self.tx.prepare_cached(&sql));
-        out.map_err(|e| self.fail(e))
+        if let Some(s) = self.statements.get(sql) {
+            return Ok(s.clone());
+        }
+        let translated = translate_placeholders(sql);
+        match self.rt.block_on(self.client.prepare(&translated)) {
+            Ok(stmt) => {
+                if self.statements.len() >= 512 {
+                    self.statements.clear();
+                }
+                self.statements.insert(sql.to_string(), stmt.clone());
+                Ok(stmt)
+            }
+            Err(e) => Err(self.fail(e)),
+        }
     }
 }
 
@@ -345,14 +447,13 @@ fn refuse_transaction_control(sql: &str) -> Result<(), Error> {
     Ok(())
 }
 
-impl EffectTx for PgTx<'_, '_> {
+impl EffectTx for PgTx<'_> {
     fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<usize, Error> {
         let stmt = self.statement(sql)?;
         let bound: Vec<Param<'_>> = params.iter().map(Param).collect();
         let refs: Vec<&(dyn ToSql + Sync)> =
             bound.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-        let out = self.handle.block_on(self.tx.execute(&stmt, &refs));
-        match out {
+        match self.rt.block_on(self.client.execute(&stmt, &refs)) {
             Ok(n) => Ok(n as usize),
             Err(e) => Err(self.fail(e)),
         }
@@ -363,7 +464,7 @@ impl EffectTx for PgTx<'_, '_> {
         let bound: Vec<Param<'_>> = params.iter().map(Param).collect();
         let refs: Vec<&(dyn ToSql + Sync)> =
             bound.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-        let rows = match self.handle.block_on(self.tx.query(&stmt, &refs)) {
+        let rows = match self.rt.block_on(self.client.query(&stmt, &refs)) {
             Ok(rows) => rows,
             Err(e) => return Err(self.fail(e)),
         };
@@ -391,7 +492,7 @@ impl EffectTx for PgTx<'_, '_> {
 
     fn execute_batch(&mut self, sql: &str) -> Result<(), Error> {
         refuse_transaction_control(sql)?;
-        let out = self.handle.block_on(self.tx.batch_execute(sql));
+        let out = self.rt.block_on(self.client.batch_execute(sql));
         out.map_err(|e| self.fail(e))
     }
 
@@ -408,27 +509,33 @@ impl EffectTx for PgTx<'_, '_> {
     }
 }
 
+type Job = Box<dyn FnOnce(&mut Slot) + Send>;
+
 struct Inner {
-    runtime: Mutex<Option<Runtime>>,
-    handle: Handle,
-    pool: Pool,
+    sender: Mutex<Option<crossbeam_channel::Sender<Job>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
     backend_id: String,
     schema: Option<String>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.pool.close();
-        if let Ok(mut rt) = self.runtime.lock() {
-            if let Some(rt) = rt.take() {
-                // Never blocks, so dropping the last handle inside async code is safe.
-                rt.shutdown_background();
+        if let Ok(mut s) = self.sender.lock() {
+            s.take();
+        }
+        if let Ok(mut threads) = self.threads.lock() {
+            let me = std::thread::current().id();
+            for t in threads.drain(..) {
+                // The last handle may be dropped by a job on a worker thread itself.
+                if t.thread().id() != me {
+                    let _ = t.join();
+                }
             }
         }
     }
 }
 
-/// A handle to one PostgreSQL ledger. Cheap to clone; connections close when the last
+/// A handle to one PostgreSQL ledger. Cheap to clone; its connections close when the last
 /// handle is dropped.
 #[derive(Clone)]
 pub struct PgStore {
@@ -486,13 +593,20 @@ fn parse_config(url: &str, opts: &PgOptions) -> Result<tokio_postgres::Config, S
     Ok(config)
 }
 
+fn worker_loop(receiver: crossbeam_channel::Receiver<Job>, mut slot: Slot) {
+    while let Ok(job) = receiver.recv() {
+        job(&mut slot);
+    }
+}
+
 impl PgStore {
     /// Connects to `url` (`postgres://user@host:port/db?options`), creates or checks the
     /// schema and binds it to a backend id. Migrations run in one transaction under an
     /// advisory lock.
     pub fn open(url: &str, opts: PgOptions) -> Result<Self, StoreError> {
         let mut store = Self::open_unchecked(url, opts.clone())?;
-        let backend_id = store.bootstrap_on_thread(&opts)?;
+        let o = opts.clone();
+        let backend_id = store.run_blocking(move |slot| bootstrap(slot, &o))?;
         match Arc::get_mut(&mut store.inner) {
             Some(inner) => inner.backend_id = backend_id,
             None => return Err(StoreError::Database("store handle shared too early".into())),
@@ -500,40 +614,26 @@ impl PgStore {
         Ok(store)
     }
 
-    /// A pool for `url` without creating or checking any schema (maintenance and tests, e.g.
-    /// [`PgStore::drop_schema_blocking`]); its backend id is empty.
+    /// A store for `url` without creating or checking any schema (maintenance and tests, e.g.
+    /// [`PgStore::drop_schema_blocking`]); its backend id is empty. Connections are made on
+    /// first use.
     pub fn open_unchecked(url: &str, opts: PgOptions) -> Result<Self, StoreError> {
-        let config = parse_config(url, &opts)?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("toolledger-postgres")
-            .enable_all()
-            .build()
-            .map_err(|_| StoreError::Unavailable("cannot start the database runtime".into()))?;
-        let handle = runtime.handle().clone();
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = {
-            let _guard = handle.enter();
-            Pool::builder(manager)
-                .max_size(opts.max_connections.max(1))
-                .runtime(deadpool_postgres::Runtime::Tokio1)
-                .wait_timeout(Some(opts.connect_timeout * 2))
-                .create_timeout(Some(opts.connect_timeout))
-                .recycle_timeout(Some(opts.connect_timeout))
-                .build()
-                .map_err(|_| StoreError::Database("cannot build the connection pool".into()))?
-        };
+        let config = Arc::new(parse_config(url, &opts)?);
+        let (sender, receiver) = crossbeam_channel::unbounded::<Job>();
+        let mut threads = Vec::new();
+        for i in 0..opts.max_connections.max(1) {
+            let slot = Slot::new(config.clone())?;
+            let receiver = receiver.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("toolledger-pg-{i}"))
+                .spawn(move || worker_loop(receiver, slot))
+                .map_err(|_| StoreError::Unavailable("cannot start a database thread".into()))?;
+            threads.push(t);
+        }
         Ok(PgStore {
             inner: Arc::new(Inner {
-                runtime: Mutex::new(Some(runtime)),
-                handle,
-                pool,
+                sender: Mutex::new(Some(sender)),
+                threads: Mutex::new(threads),
                 backend_id: String::new(),
                 schema: opts.schema.clone(),
             }),
@@ -550,220 +650,71 @@ impl PgStore {
         self.inner.schema.as_deref()
     }
 
-    /// Runs `f` on a thread where blocking on the store's runtime is allowed: the calling
-    /// thread when it is not inside an async runtime, otherwise a fresh thread.
-    fn off_runtime<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        if Handle::try_current().is_ok() {
-            std::thread::scope(|s| match s.spawn(f).join() {
-                Ok(v) => v,
-                Err(p) => std::panic::resume_unwind(p),
-            })
-        } else {
-            f()
+    fn submit(&self, job: Job) -> Result<(), StoreError> {
+        let guard = self
+            .inner
+            .sender
+            .lock()
+            .map_err(|_| StoreError::Unavailable("store poisoned".into()))?;
+        match guard.as_ref() {
+            Some(s) => s
+                .send(job)
+                .map_err(|_| StoreError::Unavailable("store closed".into())),
+            None => Err(StoreError::Unavailable("store closed".into())),
         }
     }
 
-    fn bootstrap_on_thread(&self, opts: &PgOptions) -> Result<String, StoreError> {
-        self.off_runtime(|| self.bootstrap(opts))
+    /// Runs `f` on a connection thread and waits for it (any thread, async or not).
+    fn run_blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Slot) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.submit(Box::new(move |slot| {
+            let _ = tx.send(f(slot));
+        }))?;
+        rx.recv()
+            .unwrap_or_else(|_| Err(StoreError::Unavailable("database thread stopped".into())))
     }
 
-    fn bootstrap(&self, opts: &PgOptions) -> Result<String, StoreError> {
-        let h = &self.inner.handle;
-        let mut client = h.block_on(self.inner.pool.get()).map_err(pool_error)?;
-        let e = |e: tokio_postgres::Error| map_pg_error(&e);
-        if let Some(schema) = &opts.schema {
-            // Validated by parse_config: a plain identifier. Concurrent `CREATE SCHEMA IF NOT
-            // EXISTS` can collide in the catalog, so creators serialize on an advisory lock.
-            let tx = h.block_on(client.transaction()).map_err(e)?;
-            h.block_on(tx.execute(
-                "SELECT 1 FROM (SELECT pg_advisory_xact_lock(hashtextextended('toolledger.schema.' || $1, 0))) AS l",
-                &[schema],
-            ))
-            .map_err(e)?;
-            h.block_on(tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}")))
-                .map_err(e)?;
-            h.block_on(tx.commit()).map_err(e)?;
-        }
-        let tx = h.block_on(client.transaction()).map_err(e)?;
-        h.block_on(tx.execute(
-            "SELECT 1 FROM (SELECT pg_advisory_xact_lock(hashtextextended('toolledger.migrate.' || current_schema(), 0))) AS l",
-            &[],
-        ))
-        .map_err(e)?;
-
-        let mut all: Vec<Migration> = CORE_MIGRATIONS.to_vec();
-        all.extend(opts.migrations.iter().copied());
-        let mut known: BTreeMap<&str, u32> = BTreeMap::new();
-        for m in &all {
-            let k = known.entry(m.namespace).or_insert(0);
-            *k = (*k).max(m.version);
-        }
-        let mut backend_id = opts
-            .backend_id
-            .clone()
-            .unwrap_or_else(|| DEFAULT_BACKEND_ID.to_string());
-        let has_meta: bool = h
-            .block_on(tx.query_one("SELECT to_regclass('store_metadata') IS NOT NULL", &[]))
-            .map_err(e)?
-            .get(0);
-        let is_new = if has_meta {
-            let bound: Option<String> = h
-                .block_on(tx.query_opt(
-                    "SELECT value FROM store_metadata WHERE key = 'backend_id'",
-                    &[],
-                ))
-                .map_err(e)?
-                .map(|r| r.get(0));
-            backend_id = match (bound, &opts.backend_id) {
-                (Some(b), Some(want)) if &b == want => b,
-                (Some(b), None) => b,
-                (Some(_), Some(_)) => return Err(StoreError::BackendMismatch),
-                (None, _) => return Err(StoreError::Corrupt("missing backend id".into())),
-            };
-            false
-        } else {
-            let others: i64 = h
-                .block_on(tx.query_one(
-                    "SELECT count(*) FROM information_schema.tables
-                     WHERE table_schema = current_schema()",
-                    &[],
-                ))
-                .map_err(e)?
-                .get(0);
-            if others > 0 {
-                return Err(StoreError::Corrupt("not a toolledger database".into()));
-            }
-            h.block_on(tx.batch_execute(
-                "CREATE TABLE store_metadata(
-                     key TEXT PRIMARY KEY NOT NULL,
-                     value TEXT NOT NULL
-                 );
-                 CREATE TABLE schema_migrations(
-                     namespace TEXT NOT NULL CHECK (length(namespace) BETWEEN 1 AND 64),
-                     version BIGINT NOT NULL CHECK (version > 0),
-                     PRIMARY KEY (namespace, version)
-                 );",
-            ))
-            .map_err(e)?;
-            h.block_on(tx.execute(
-                "INSERT INTO store_metadata(key, value) VALUES ('backend_id', $1), ('backend', 'postgres')",
-                &[&backend_id],
-            ))
-            .map_err(e)?;
-            true
-        };
-        let mut applied: BTreeMap<String, u32> = BTreeMap::new();
-        for row in h
-            .block_on(tx.query(
-                "SELECT namespace, max(version) FROM schema_migrations GROUP BY namespace",
-                &[],
-            ))
-            .map_err(e)?
-        {
-            let ns: String = row.get(0);
-            let v: i64 = row.get(1);
-            applied.insert(ns, v as u32);
-        }
-        for (ns, &have) in &applied {
-            if let Some(&max) = known.get(ns.as_str()) {
-                if have > max {
-                    return Err(StoreError::SchemaTooNew {
-                        namespace: ns.clone(),
-                        found: have,
-                        supported: max,
-                    });
-                }
-            }
-        }
-        for (ns, &max) in &known {
-            let have = applied.get(*ns).copied().unwrap_or(0);
-            if have > 0 && have < max && !is_new && !opts.migrate {
-                return Err(StoreError::SchemaOutdated {
-                    namespace: (*ns).to_string(),
-                    found: have,
-                    current: max,
-                });
-            }
-        }
-        all.sort_by_key(|m| (m.namespace != "toolledger", m.namespace, m.version));
-        for m in &all {
-            let have = applied.get(m.namespace).copied().unwrap_or(0);
-            if m.version > have {
-                h.block_on(tx.batch_execute(m.sql)).map_err(e)?;
-                h.block_on(tx.execute(
-                    "INSERT INTO schema_migrations(namespace, version) VALUES ($1, $2)",
-                    &[&m.namespace, &i64::from(m.version)],
-                ))
-                .map_err(e)?;
-            }
-        }
-        h.block_on(tx.commit()).map_err(e)?;
-        Ok(backend_id)
-    }
-
-    /// Blocking form of [`PgStore::write`]. Call it from a thread that is not driving async
-    /// tasks (a plain thread or a blocking-pool thread).
-    pub fn write_blocking<T, E, F>(&self, mut f: F) -> Result<T, E>
+    fn write_job<T, E, F>(mut f: F, reply: oneshot::Sender<Result<T, E>>) -> Job
     where
-        F: FnMut(&mut dyn EffectTx) -> Result<T, E>,
-        E: From<StoreError>,
+        F: FnMut(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
     {
-        let h = &self.inner.handle;
-        let mut attempt = 0u32;
-        let mut stale_retried = false;
-        loop {
-            attempt += 1;
-            let mut client = h
-                .block_on(self.inner.pool.get())
-                .map_err(|e| E::from(pool_error(e)))?;
-            let begun = h.block_on(
-                client
-                    .build_transaction()
-                    .isolation_level(IsolationLevel::ReadCommitted)
-                    .start(),
-            );
-            let tx = match begun {
-                Ok(tx) => tx,
-                Err(err) => {
-                    // Nothing ran yet: a pooled connection that died with the server is
-                    // replaced once, without counting as an attempt.
-                    if !stale_retried {
-                        stale_retried = true;
-                        attempt -= 1;
-                        continue;
-                    }
-                    return Err(E::from(map_pg_error(&err)));
-                }
-            };
-            let mut ptx = PgTx {
-                tx: &tx,
-                handle: h,
-                last_error: None,
-                retry: false,
-            };
-            let out = f(&mut ptx);
-            let retry = ptx.retry && attempt < MAX_WRITE_ATTEMPTS;
-            match out {
-                Ok(v) => match h.block_on(tx.commit()) {
-                    Ok(()) => return Ok(v),
-                    Err(err) => {
-                        if err.code().is_some_and(is_retryable) && attempt < MAX_WRITE_ATTEMPTS {
-                            backoff(attempt);
-                            continue;
-                        }
-                        return Err(E::from(map_pg_error(&err)));
-                    }
-                },
-                Err(err) => {
-                    let _ = h.block_on(tx.rollback());
-                    if retry {
-                        backoff(attempt);
-                        continue;
-                    }
-                    return Err(err);
-                }
-            }
-        }
+        Box::new(move |slot: &mut Slot| {
+            let out = write_on(slot, &mut f);
+            let _ = reply.send(out);
+        })
+    }
+
+    fn read_job<T, E, F>(f: F, reply: oneshot::Sender<Result<T, E>>) -> Job
+    where
+        F: FnOnce(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        Box::new(move |slot: &mut Slot| {
+            let out = read_on(slot, f);
+            let _ = reply.send(out);
+        })
+    }
+
+    /// Blocking form of [`PgStore::write`] (never call it from async code).
+    pub fn write_blocking<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        F: FnMut(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        self.submit(Self::write_job(f, tx)).map_err(E::from)?;
+        rx.blocking_recv().unwrap_or_else(|_| {
+            Err(E::from(StoreError::Unavailable(
+                "database thread stopped".into(),
+            )))
+        })
     }
 
     /// Runs `f` in one `READ COMMITTED` write transaction and commits it; `Err` rolls it back.
@@ -774,74 +725,29 @@ impl PgStore {
         T: Send + 'static,
         E: From<StoreError> + Send + 'static,
     {
-        let this = self.clone();
-        self.inner
-            .handle
-            .spawn_blocking(move || this.write_blocking(f))
-            .await
-            .unwrap_or_else(|_| Err(E::from(StoreError::Database("write job panicked".into()))))
+        let (tx, rx) = oneshot::channel();
+        self.submit(Self::write_job(f, tx)).map_err(E::from)?;
+        rx.await.unwrap_or_else(|_| {
+            Err(E::from(StoreError::Unavailable(
+                "database thread stopped".into(),
+            )))
+        })
     }
 
-    /// Blocking form of [`PgStore::read`].
+    /// Blocking form of [`PgStore::read`] (never call it from async code).
     pub fn read_blocking<T, E, F>(&self, f: F) -> Result<T, E>
     where
-        F: FnOnce(&mut dyn EffectTx) -> Result<T, E>,
-        E: From<StoreError>,
+        F: FnOnce(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
     {
-        let h = &self.inner.handle;
-        let mut client = h
-            .block_on(self.inner.pool.get())
-            .map_err(|e| E::from(pool_error(e)))?;
-        match self.read_on(&mut client, f) {
-            Ok(out) => out,
-            Err((f, err)) => {
-                // A pooled connection that died with the server: once more on a new one.
-                drop(client);
-                let mut fresh = h
-                    .block_on(self.inner.pool.get())
-                    .map_err(|e| E::from(pool_error(e)))?;
-                match self.read_on(&mut fresh, f) {
-                    Ok(out) => out,
-                    Err((_, again)) => {
-                        let _ = err;
-                        Err(E::from(map_pg_error(&again)))
-                    }
-                }
-            }
-        }
-    }
-
-    /// Runs `f` in a read-only snapshot on `client`; hands `f` back if the transaction could
-    /// not even begin.
-    #[allow(clippy::type_complexity)]
-    fn read_on<T, E, F>(
-        &self,
-        client: &mut deadpool_postgres::Object,
-        f: F,
-    ) -> Result<Result<T, E>, (F, tokio_postgres::Error)>
-    where
-        F: FnOnce(&mut dyn EffectTx) -> Result<T, E>,
-    {
-        let h = &self.inner.handle;
-        let tx = match h.block_on(
-            client
-                .build_transaction()
-                .isolation_level(IsolationLevel::RepeatableRead)
-                .read_only(true)
-                .start(),
-        ) {
-            Ok(tx) => tx,
-            Err(e) => return Err((f, e)),
-        };
-        let mut ptx = PgTx {
-            tx: &tx,
-            handle: h,
-            last_error: None,
-            retry: false,
-        };
-        let out = f(&mut ptx);
-        let _ = h.block_on(tx.commit());
-        Ok(out)
+        let (tx, rx) = oneshot::channel();
+        self.submit(Self::read_job(f, tx)).map_err(E::from)?;
+        rx.blocking_recv().unwrap_or_else(|_| {
+            Err(E::from(StoreError::Unavailable(
+                "database thread stopped".into(),
+            )))
+        })
     }
 
     /// Runs `f` in one `REPEATABLE READ READ ONLY` transaction: every read sees one snapshot.
@@ -851,12 +757,13 @@ impl PgStore {
         T: Send + 'static,
         E: From<StoreError> + Send + 'static,
     {
-        let this = self.clone();
-        self.inner
-            .handle
-            .spawn_blocking(move || this.read_blocking(f))
-            .await
-            .unwrap_or_else(|_| Err(E::from(StoreError::Database("read job panicked".into()))))
+        let (tx, rx) = oneshot::channel();
+        self.submit(Self::read_job(f, tx)).map_err(E::from)?;
+        rx.await.unwrap_or_else(|_| {
+            Err(E::from(StoreError::Unavailable(
+                "database thread stopped".into(),
+            )))
+        })
     }
 
     /// Drops the schema this store lives in (with everything in it). For tests that create a
@@ -865,13 +772,216 @@ impl PgStore {
         let Some(schema) = self.inner.schema.clone() else {
             return Err(StoreError::Database("no schema of its own to drop".into()));
         };
-        self.off_runtime(|| {
-            let h = &self.inner.handle;
-            let client = h.block_on(self.inner.pool.get()).map_err(pool_error)?;
-            h.block_on(client.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")))
+        self.run_blocking(move |slot| {
+            slot.connect()?;
+            slot.simple(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
                 .map_err(|e| map_pg_error(&e))
         })
     }
+}
+
+/// Begins a transaction on `slot`; a dead pooled connection is replaced once (nothing ran yet).
+fn begin(slot: &mut Slot, sql: &str) -> Result<(), StoreError> {
+    match slot.begin(sql) {
+        Ok(()) => Ok(()),
+        Err(_) if slot.client.is_none() => slot.begin(sql),
+        Err(e) => Err(e),
+    }
+}
+
+fn end(slot: &mut Slot, sql: &str) -> Result<(), tokio_postgres::Error> {
+    let out = slot.simple(sql);
+    if out.is_err() {
+        slot.check_closed();
+    }
+    out
+}
+
+fn write_on<T, E, F>(slot: &mut Slot, f: &mut F) -> Result<T, E>
+where
+    F: FnMut(&mut dyn EffectTx) -> Result<T, E>,
+    E: From<StoreError>,
+{
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        begin(slot, "BEGIN ISOLATION LEVEL READ COMMITTED").map_err(E::from)?;
+        let (out, retry) = {
+            let mut tx = slot.tx();
+            let out = f(&mut tx);
+            (out, tx.retry)
+        };
+        match out {
+            Ok(v) => match end(slot, "COMMIT") {
+                Ok(()) => return Ok(v),
+                Err(err) => {
+                    if err.code().is_some_and(is_retryable) && attempt < MAX_WRITE_ATTEMPTS {
+                        backoff(attempt);
+                        continue;
+                    }
+                    return Err(E::from(map_pg_error(&err)));
+                }
+            },
+            Err(err) => {
+                let _ = end(slot, "ROLLBACK");
+                slot.check_closed();
+                if retry && attempt < MAX_WRITE_ATTEMPTS {
+                    backoff(attempt);
+                    continue;
+                }
+                return Err(err);
+            }
+        }
+    }
+}
+
+fn read_on<T, E, F>(slot: &mut Slot, f: F) -> Result<T, E>
+where
+    F: FnOnce(&mut dyn EffectTx) -> Result<T, E>,
+    E: From<StoreError>,
+{
+    begin(slot, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").map_err(E::from)?;
+    let out = {
+        let mut tx = slot.tx();
+        f(&mut tx)
+    };
+    let _ = end(slot, if out.is_ok() { "COMMIT" } else { "ROLLBACK" });
+    out
+}
+
+fn bootstrap(slot: &mut Slot, opts: &PgOptions) -> Result<String, StoreError> {
+    slot.connect()?;
+    let e = |e: tokio_postgres::Error| map_pg_error(&e);
+    let rt = &slot.rt;
+    let client = slot.client.as_mut().expect("connected");
+    if let Some(schema) = &opts.schema {
+        // Validated by parse_config: a plain identifier. Concurrent `CREATE SCHEMA IF NOT
+        // EXISTS` can collide in the catalog, so creators serialize on an advisory lock.
+        let tx = rt.block_on(client.transaction()).map_err(e)?;
+        rt.block_on(tx.execute(
+            "SELECT 1 FROM (SELECT pg_advisory_xact_lock(hashtextextended('toolledger.schema.' || $1, 0))) AS l",
+            &[schema],
+        ))
+        .map_err(e)?;
+        rt.block_on(tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}")))
+            .map_err(e)?;
+        rt.block_on(tx.commit()).map_err(e)?;
+    }
+    let tx = rt.block_on(client.transaction()).map_err(e)?;
+    rt.block_on(tx.execute(
+        "SELECT 1 FROM (SELECT pg_advisory_xact_lock(hashtextextended('toolledger.migrate.' || current_schema(), 0))) AS l",
+        &[],
+    ))
+    .map_err(e)?;
+
+    let mut all: Vec<Migration> = CORE_MIGRATIONS.to_vec();
+    all.extend(opts.migrations.iter().copied());
+    let mut known: BTreeMap<&str, u32> = BTreeMap::new();
+    for m in &all {
+        let k = known.entry(m.namespace).or_insert(0);
+        *k = (*k).max(m.version);
+    }
+    let mut backend_id = opts
+        .backend_id
+        .clone()
+        .unwrap_or_else(|| DEFAULT_BACKEND_ID.to_string());
+    let has_meta: bool = rt
+        .block_on(tx.query_one("SELECT to_regclass('store_metadata') IS NOT NULL", &[]))
+        .map_err(e)?
+        .get(0);
+    let is_new = if has_meta {
+        let bound: Option<String> = rt
+            .block_on(tx.query_opt(
+                "SELECT value FROM store_metadata WHERE key = 'backend_id'",
+                &[],
+            ))
+            .map_err(e)?
+            .map(|r| r.get(0));
+        backend_id = match (bound, &opts.backend_id) {
+            (Some(b), Some(want)) if &b == want => b,
+            (Some(b), None) => b,
+            (Some(_), Some(_)) => return Err(StoreError::BackendMismatch),
+            (None, _) => return Err(StoreError::Corrupt("missing backend id".into())),
+        };
+        false
+    } else {
+        let others: i64 = rt
+            .block_on(tx.query_one(
+                "SELECT count(*) FROM information_schema.tables
+                 WHERE table_schema = current_schema()",
+                &[],
+            ))
+            .map_err(e)?
+            .get(0);
+        if others > 0 {
+            return Err(StoreError::Corrupt("not a toolledger database".into()));
+        }
+        rt.block_on(tx.batch_execute(
+            "CREATE TABLE store_metadata(
+                 key TEXT PRIMARY KEY NOT NULL,
+                 value TEXT NOT NULL
+             );
+             CREATE TABLE schema_migrations(
+                 namespace TEXT NOT NULL CHECK (length(namespace) BETWEEN 1 AND 64),
+                 version BIGINT NOT NULL CHECK (version > 0),
+                 PRIMARY KEY (namespace, version)
+             );",
+        ))
+        .map_err(e)?;
+        rt.block_on(tx.execute(
+            "INSERT INTO store_metadata(key, value) VALUES ('backend_id', $1), ('backend', 'postgres')",
+            &[&backend_id],
+        ))
+        .map_err(e)?;
+        true
+    };
+    let mut applied: BTreeMap<String, u32> = BTreeMap::new();
+    for row in rt
+        .block_on(tx.query(
+            "SELECT namespace, max(version) FROM schema_migrations GROUP BY namespace",
+            &[],
+        ))
+        .map_err(e)?
+    {
+        let ns: String = row.get(0);
+        let v: i64 = row.get(1);
+        applied.insert(ns, v as u32);
+    }
+    for (ns, &have) in &applied {
+        if let Some(&max) = known.get(ns.as_str()) {
+            if have > max {
+                return Err(StoreError::SchemaTooNew {
+                    namespace: ns.clone(),
+                    found: have,
+                    supported: max,
+                });
+            }
+        }
+    }
+    for (ns, &max) in &known {
+        let have = applied.get(*ns).copied().unwrap_or(0);
+        if have > 0 && have < max && !is_new && !opts.migrate {
+            return Err(StoreError::SchemaOutdated {
+                namespace: (*ns).to_string(),
+                found: have,
+                current: max,
+            });
+        }
+    }
+    all.sort_by_key(|m| (m.namespace != "toolledger", m.namespace, m.version));
+    for m in &all {
+        let have = applied.get(m.namespace).copied().unwrap_or(0);
+        if m.version > have {
+            rt.block_on(tx.batch_execute(m.sql)).map_err(e)?;
+            rt.block_on(tx.execute(
+                "INSERT INTO schema_migrations(namespace, version) VALUES ($1, $2)",
+                &[&m.namespace, &i64::from(m.version)],
+            ))
+            .map_err(e)?;
+        }
+    }
+    rt.block_on(tx.commit()).map_err(e)?;
+    Ok(backend_id)
 }
 
 fn backoff(attempt: u32) {
