@@ -327,6 +327,11 @@ impl Slot {
 
     /// The live connection, (re)connecting when there is none or it has closed.
     fn connect(&mut self) -> Result<(), StoreError> {
+        if self.client.is_some() {
+            // Let the connection task read what arrived while the thread was idle (a server
+            // that shut down has closed the socket), without a round trip.
+            self.rt.block_on(tokio::task::yield_now());
+        }
         if self.client.as_ref().is_some_and(|c| !c.is_closed()) {
             return Ok(());
         }
@@ -361,19 +366,9 @@ impl Slot {
         self.rt.block_on(client.batch_execute(sql))
     }
 
-    /// Starts a transaction; `false` when the connection turned out to be dead.
-    fn begin(&mut self, sql: &str) -> Result<(), StoreError> {
-        self.connect()?;
-        match self.simple(sql) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                self.check_closed();
-                Err(map_pg_error(&e))
-            }
-        }
-    }
-
-    fn tx(&mut self) -> PgTx<'_> {
+    /// A transaction handle whose `BEGIN` (`begin`) goes out together with its first
+    /// statement, saving a round trip.
+    fn tx(&mut self, begin: &'static str) -> PgTx<'_> {
         let Slot {
             rt,
             client,
@@ -384,6 +379,9 @@ impl Slot {
             rt,
             client: client.as_ref().expect("connected"),
             statements,
+            begin: Some(begin),
+            began: false,
+            succeeded: false,
             last_error: None,
             retry: false,
         }
@@ -395,13 +393,21 @@ struct PgTx<'a> {
     rt: &'a Runtime,
     client: &'a Client,
     statements: &'a mut HashMap<String, Statement>,
+    /// The `BEGIN …` not sent yet.
+    begin: Option<&'static str>,
+    /// Whether `BEGIN` was sent (so the transaction must be ended).
+    began: bool,
+    /// Whether any statement succeeded.
+    succeeded: bool,
     last_error: Option<StoreError>,
     retry: bool,
 }
 
 impl PgTx<'_> {
     fn fail(&mut self, e: tokio_postgres::Error) -> Error {
-        if e.code().is_some_and(is_retryable) {
+        // A deadlock, a serialization failure, a lost insert race — or a connection found dead
+        // before anything ran: the transaction can simply run again.
+        if e.code().is_some_and(is_retryable) || (!self.succeeded && self.client.is_closed()) {
             self.retry = true;
         }
         let mapped = map_pg_error(&e);
@@ -453,8 +459,24 @@ impl EffectTx for PgTx<'_> {
         let bound: Vec<Param<'_>> = params.iter().map(Param).collect();
         let refs: Vec<&(dyn ToSql + Sync)> =
             bound.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-        match self.rt.block_on(self.client.execute(&stmt, &refs)) {
-            Ok(n) => Ok(n as usize),
+        let begin = self.begin.take();
+        self.began |= begin.is_some();
+        let client = self.client;
+        let out = self.rt.block_on(async {
+            match begin {
+                Some(b) => {
+                    let (began, out) =
+                        tokio::join!(client.batch_execute(b), client.execute(&stmt, &refs));
+                    began.and(out)
+                }
+                None => client.execute(&stmt, &refs).await,
+            }
+        });
+        match out {
+            Ok(n) => {
+                self.succeeded = true;
+                Ok(n as usize)
+            }
             Err(e) => Err(self.fail(e)),
         }
     }
@@ -464,8 +486,24 @@ impl EffectTx for PgTx<'_> {
         let bound: Vec<Param<'_>> = params.iter().map(Param).collect();
         let refs: Vec<&(dyn ToSql + Sync)> =
             bound.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-        let rows = match self.rt.block_on(self.client.query(&stmt, &refs)) {
-            Ok(rows) => rows,
+        let begin = self.begin.take();
+        self.began |= begin.is_some();
+        let client = self.client;
+        let out = self.rt.block_on(async {
+            match begin {
+                Some(b) => {
+                    let (began, out) =
+                        tokio::join!(client.batch_execute(b), client.query(&stmt, &refs));
+                    began.and(out)
+                }
+                None => client.query(&stmt, &refs).await,
+            }
+        });
+        let rows = match out {
+            Ok(rows) => {
+                self.succeeded = true;
+                rows
+            }
             Err(e) => return Err(self.fail(e)),
         };
         let mut out = Vec::with_capacity(rows.len());
@@ -492,8 +530,19 @@ impl EffectTx for PgTx<'_> {
 
     fn execute_batch(&mut self, sql: &str) -> Result<(), Error> {
         refuse_transaction_control(sql)?;
+        if let Some(b) = self.begin.take() {
+            self.began = true;
+            let out = self.rt.block_on(self.client.batch_execute(b));
+            out.map_err(|e| self.fail(e))?;
+        }
         let out = self.rt.block_on(self.client.batch_execute(sql));
-        out.map_err(|e| self.fail(e))
+        match out {
+            Ok(()) => {
+                self.succeeded = true;
+                Ok(())
+            }
+            Err(e) => Err(self.fail(e)),
+        }
     }
 
     fn lock_key(&mut self, key: &str) -> Result<(), Error> {
@@ -780,15 +829,6 @@ impl PgStore {
     }
 }
 
-/// Begins a transaction on `slot`; a dead pooled connection is replaced once (nothing ran yet).
-fn begin(slot: &mut Slot, sql: &str) -> Result<(), StoreError> {
-    match slot.begin(sql) {
-        Ok(()) => Ok(()),
-        Err(_) if slot.client.is_none() => slot.begin(sql),
-        Err(e) => Err(e),
-    }
-}
-
 fn end(slot: &mut Slot, sql: &str) -> Result<(), tokio_postgres::Error> {
     let out = slot.simple(sql);
     if out.is_err() {
@@ -796,6 +836,9 @@ fn end(slot: &mut Slot, sql: &str) -> Result<(), tokio_postgres::Error> {
     }
     out
 }
+
+const BEGIN_WRITE: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+const BEGIN_READ: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
 
 fn write_on<T, E, F>(slot: &mut Slot, f: &mut F) -> Result<T, E>
 where
@@ -805,13 +848,14 @@ where
     let mut attempt = 0u32;
     loop {
         attempt += 1;
-        begin(slot, "BEGIN ISOLATION LEVEL READ COMMITTED").map_err(E::from)?;
-        let (out, retry) = {
-            let mut tx = slot.tx();
+        slot.connect().map_err(E::from)?;
+        let (out, retry, began) = {
+            let mut tx = slot.tx(BEGIN_WRITE);
             let out = f(&mut tx);
-            (out, tx.retry)
+            (out, tx.retry, tx.began)
         };
         match out {
+            Ok(v) if !began => return Ok(v),
             Ok(v) => match end(slot, "COMMIT") {
                 Ok(()) => return Ok(v),
                 Err(err) => {
@@ -823,7 +867,9 @@ where
                 }
             },
             Err(err) => {
-                let _ = end(slot, "ROLLBACK");
+                if began {
+                    let _ = end(slot, "ROLLBACK");
+                }
                 slot.check_closed();
                 if retry && attempt < MAX_WRITE_ATTEMPTS {
                     backoff(attempt);
@@ -840,12 +886,16 @@ where
     F: FnOnce(&mut dyn EffectTx) -> Result<T, E>,
     E: From<StoreError>,
 {
-    begin(slot, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").map_err(E::from)?;
-    let out = {
-        let mut tx = slot.tx();
-        f(&mut tx)
+    slot.connect().map_err(E::from)?;
+    let (out, began) = {
+        let mut tx = slot.tx(BEGIN_READ);
+        let out = f(&mut tx);
+        (out, tx.began)
     };
-    let _ = end(slot, if out.is_ok() { "COMMIT" } else { "ROLLBACK" });
+    if began {
+        let _ = end(slot, if out.is_ok() { "COMMIT" } else { "ROLLBACK" });
+    }
+    slot.check_closed();
     out
 }
 
