@@ -17,12 +17,16 @@
 //!   two lines, `mcp-stdio-fresh` and `mcp-stdio-replay` (see [`mcp`]).
 //! - `outbox-drain`: accepted deferred operations delivered by worker calls (see [`outbox`]).
 //!
-//! Only the SQLite backend exists today; `--backend` is an explicit choice so a PostgreSQL
-//! backend can be added without changing the command line or the output.
+//! With `--backend postgres --database-url URL` the `ceiling`, `fresh`, `replay` and
+//! `conflict` workloads run against PostgreSQL, each in a fresh schema of that database
+//! (dropped afterwards); `ceiling` is then a raw one-row `INSERT … ON CONFLICT DO NOTHING` +
+//! `COMMIT` loop through the same store (compare it with `pgbench` on the same server). The
+//! `mcp-stdio` and `outbox-drain` workloads are SQLite-only.
 
 mod ack;
 mod mcp;
 mod outbox;
+mod pg;
 mod report;
 mod run;
 
@@ -93,7 +97,7 @@ impl Workload {
 pub enum Backend {
     /// The embedded SQLite store.
     Sqlite,
-    /// PostgreSQL (not built yet: refused with a clear error).
+    /// PostgreSQL (needs `--database-url`).
     Postgres,
 }
 
@@ -112,6 +116,9 @@ pub struct BenchArgs {
     /// Storage backend.
     #[arg(long, value_enum, default_value = "sqlite")]
     pub backend: Backend,
+    /// PostgreSQL database for `--backend postgres` (each workload gets a fresh schema in it).
+    #[arg(long, env = "TOOLLEDGER_DATABASE_URL", value_name = "URL")]
+    pub database_url: Option<String>,
     /// Directory for the benchmark databases (default: the system temporary directory). Use
     /// the disk you want to measure; the ceiling line runs on the same directory.
     #[arg(long)]
@@ -128,12 +135,26 @@ pub struct BenchArgs {
 /// Runs `toolledger bench`.
 pub fn run(args: BenchArgs) -> ExitCode {
     if args.backend == Backend::Postgres {
-        eprintln!(
-            "{}",
-            json!({"error": {"code": "BACKEND_UNAVAILABLE",
-                "message": "the postgres backend is not part of this build"}})
-        );
-        return ExitCode::from(2);
+        if args.database_url.is_none() {
+            eprintln!(
+                "{}",
+                json!({"error": {"code": "BACKEND_UNAVAILABLE",
+                    "message": "--backend postgres needs --database-url"}})
+            );
+            return ExitCode::from(2);
+        }
+        if args
+            .workloads
+            .iter()
+            .any(|w| matches!(w, Workload::McpStdio | Workload::OutboxDrain))
+        {
+            eprintln!(
+                "{}",
+                json!({"error": {"code": "WORKLOAD_UNAVAILABLE",
+                    "message": "mcp-stdio and outbox-drain run on SQLite only"}})
+            );
+            return ExitCode::from(2);
+        }
     }
     if args.ops == 0 || args.concurrency.contains(&0) || args.readers == Some(0) {
         eprintln!(
@@ -195,7 +216,10 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
             .tempdir(),
     }
     .map_err(|_| "DATABASE_IO_ERROR")?;
-    let (workloads, concurrency) = plan(args);
+    let (mut workloads, concurrency) = plan(args);
+    if args.backend == Backend::Postgres {
+        workloads.retain(|w| !matches!(w, Workload::McpStdio | Workload::OutboxDrain));
+    }
     let mut ceiling: Option<f64> = None;
     let mut seq = 0usize;
     for workload in workloads {
@@ -210,13 +234,40 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                 .path()
                 .join(format!("{seq:02}-{}-c{c}.sqlite", workload.name()));
             report::reset_peak_rss();
-            let reports = match workload {
-                Workload::Ceiling => vec![ceiling_loop(db, args.ops).await?],
-                Workload::Fresh => vec![fresh(db, c, args.ops, args.readers).await?],
-                Workload::Replay => vec![replay(db, c, args.ops, args.readers).await?],
-                Workload::Conflict => vec![conflict(db, c, args.ops, args.readers).await?],
-                Workload::McpStdio => mcp::run(db, c, args.ops).await?,
-                Workload::OutboxDrain => vec![outbox::run(db, c, args.ops, args.readers).await?],
+            let reports = match (args.backend, &args.database_url) {
+                (Backend::Postgres, Some(url)) => {
+                    let pg = pg::BenchSchema::open(url)?;
+                    let reports = match workload {
+                        Workload::Ceiling => vec![pg::ceiling(&pg, args.ops).await?],
+                        Workload::Fresh => vec![fresh_on(pg.engine(), c, args.ops).await?],
+                        Workload::Replay => vec![replay_on(pg.engine(), c, args.ops).await?],
+                        Workload::Conflict => {
+                            vec![conflict_on(pg.engine(), c, args.ops).await?]
+                        }
+                        Workload::McpStdio | Workload::OutboxDrain => Vec::new(),
+                    };
+                    tokio::task::spawn_blocking(move || pg.drop_schema())
+                        .await
+                        .map_err(|_| "BENCH_FAILED")?;
+                    reports
+                        .into_iter()
+                        .map(|mut r| {
+                            r.backend = "postgres";
+                            r.synchronous = "on";
+                            r
+                        })
+                        .collect()
+                }
+                _ => match workload {
+                    Workload::Ceiling => vec![ceiling_loop(db, args.ops).await?],
+                    Workload::Fresh => vec![fresh(db, c, args.ops, args.readers).await?],
+                    Workload::Replay => vec![replay(db, c, args.ops, args.readers).await?],
+                    Workload::Conflict => vec![conflict(db, c, args.ops, args.readers).await?],
+                    Workload::McpStdio => mcp::run(db, c, args.ops).await?,
+                    Workload::OutboxDrain => {
+                        vec![outbox::run(db, c, args.ops, args.readers).await?]
+                    }
+                },
             };
             for mut r in reports {
                 if workload == Workload::Ceiling {
@@ -250,9 +301,9 @@ impl BenchEffect {
 impl InlineEffect for BenchEffect {
     fn apply(&self, tx: &mut dyn EffectTx, _principal: &Principal) -> Result<Value, Error> {
         let rows = tx.query(
-            "INSERT INTO bench_effects(operation_key, n, created_at) VALUES (?1, ?2, unixepoch())
+            "INSERT INTO bench_effects(operation_key, n, created_at) VALUES (?1, ?2, ?3)
              RETURNING id",
-            &[self.key.as_str().into(), self.n.into()],
+            &[self.key.as_str().into(), self.n.into(), unix_now().into()],
         )?;
         let id = rows
             .first()
@@ -261,6 +312,13 @@ impl InlineEffect for BenchEffect {
             .ok_or_else(|| Error::unavailable("effect row id missing"))?;
         Ok(json!({"effect_id": id, "n": self.n}))
     }
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
 }
 
 /// Opens a benchmark database with the bench table.
@@ -371,7 +429,10 @@ async fn fresh(
     ops: usize,
     readers: Option<usize>,
 ) -> Result<Report, &'static str> {
-    let engine = bench_engine(&db, readers)?;
+    fresh_on(bench_engine(&db, readers)?, concurrency, ops).await
+}
+
+async fn fresh_on(engine: Engine, concurrency: usize, ops: usize) -> Result<Report, &'static str> {
     let measured = drive("fresh", concurrency, ops, move |i| {
         let engine = engine.clone();
         async move {
@@ -412,7 +473,10 @@ async fn replay(
     ops: usize,
     readers: Option<usize>,
 ) -> Result<Report, &'static str> {
-    let engine = bench_engine(&db, readers)?;
+    replay_on(bench_engine(&db, readers)?, concurrency, ops).await
+}
+
+async fn replay_on(engine: Engine, concurrency: usize, ops: usize) -> Result<Report, &'static str> {
     let k = seeded(ops);
     seed(&engine, k).await?;
     let measured = drive("replay", concurrency, ops, move |i| {
@@ -439,7 +503,14 @@ async fn conflict(
     ops: usize,
     readers: Option<usize>,
 ) -> Result<Report, &'static str> {
-    let engine = bench_engine(&db, readers)?;
+    conflict_on(bench_engine(&db, readers)?, concurrency, ops).await
+}
+
+async fn conflict_on(
+    engine: Engine,
+    concurrency: usize,
+    ops: usize,
+) -> Result<Report, &'static str> {
     let k = seeded(ops);
     seed(&engine, k).await?;
     let measured = drive("conflict", concurrency, ops, move |i| {

@@ -198,3 +198,58 @@ fn demo_lost_reply_reads_back_the_same_on_postgres_as_on_sqlite() {
     assert_eq!(postgres["status"]["backend"], "postgres:guarded-matrix");
     assert_eq!(strip_volatile(&sqlite), strip_volatile(&postgres));
 }
+
+#[test]
+fn bench_runs_the_ledger_workloads_on_postgres() {
+    let Some(url) = test_database_url() else {
+        return;
+    };
+    let out = Command::new(bin())
+        .args(["bench", "--backend", "postgres", "--database-url", &url])
+        .args(["--ops", "60", "--concurrency", "1", "--concurrency", "4"])
+        .env_remove("TOOLLEDGER_DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let names: Vec<(String, u64)> = lines
+        .iter()
+        .map(|v| {
+            (
+                v["workload"].as_str().unwrap().to_string(),
+                v["concurrency"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("ceiling".to_string(), 1),
+            ("fresh".to_string(), 1),
+            ("fresh".to_string(), 4),
+            ("replay".to_string(), 1),
+            ("replay".to_string(), 4),
+            ("conflict".to_string(), 1),
+            ("conflict".to_string(), 4),
+        ]
+    );
+    for v in &lines {
+        assert_eq!(v["backend"], "postgres", "{v}");
+        assert_eq!(v["succeeded"], 60, "{v}");
+        assert_eq!(v["failed"], 0, "{v}");
+    }
+    let refused = Command::new(bin())
+        .args(["bench", "--backend", "postgres", "--workload", "mcp-stdio"])
+        .args(["--database-url", &url])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+}
