@@ -384,3 +384,58 @@ fn automations_replay_and_refuse_stale_versions() {
         1
     );
 }
+
+#[test]
+fn approved_draft_is_written_once_and_its_approval_consumed_once() {
+    let Some(db) = db() else { return };
+    let out = Command::new(bin())
+        .args([
+            "principal",
+            "add",
+            "ed",
+            "--tenant",
+            "acme",
+            "--role",
+            "approver",
+        ])
+        .args(["--database-url", &db.url])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let payload = json!({"slug": "new-draft", "title": "New draft", "text": "secret body text",
+                         "kind": "article"});
+    let out = Command::new(bin())
+        .args(["approve", "--approver", "ed", "--tool", "create_draft"])
+        .args(["--requester", "alice", "--key", "draft-17"])
+        .args(["--arguments", &payload.to_string()])
+        .args(["--ttl", "600", "--now", EPOCH, "--database-url", &db.url])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let approval: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut call = payload.clone();
+    call["operation"] = json!("draft-17");
+    call["approval"] = approval["approval_id"].clone();
+    let mut s = db.serve("alice", &["--clock-epoch", "1800000010"]);
+    let first = s.call("create_draft", call.clone());
+    assert_eq!(
+        first["structuredContent"],
+        json!({"slug": "new-draft", "draft": true, "replayed": false})
+    );
+    let again = s.call("create_draft", call.clone());
+    assert_eq!(again["structuredContent"]["replayed"], true);
+    assert!(!again.to_string().contains("secret body text"));
+    let mut other = call.clone();
+    other["operation"] = json!("draft-18");
+    assert_eq!(code(&s.call("create_draft", other)), "approval_invalid");
+    assert_eq!(s.finish(), 0);
+    assert_eq!(db.scalar("SELECT count(*) FROM drafts"), 1);
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM approvals WHERE consumed_at IS NOT NULL"),
+        1
+    );
+}
