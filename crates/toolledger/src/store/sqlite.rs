@@ -914,6 +914,64 @@ mod tests {
     }
 
     #[test]
+    fn state_checks_refuse_values_outside_their_lists() {
+        let (_d, path) = temp();
+        drop(SqliteStore::open(&path, OpenOptions::new("c")).unwrap());
+        let c = connect(&path).unwrap();
+        let insert = |state: &str, result: Option<&str>, key: &str| {
+            c.execute(
+                "INSERT INTO operations(tenant, subject, tool, idempotency_key, request_digest,
+                     input_rev, output_rev, effect_rev, handler_rev, producer_rev, policy_rev,
+                     arguments, effect_kind, state, result, result_digest, status_ref,
+                     created_at, updated_at)
+                 VALUES ('t', 's', 'tool', ?1, ?2, '1', '1', '1', '1', '1', '1', '{}',
+                     'inline', ?3, ?4, ?5, ?6, 0, 0)",
+                rusqlite::params![
+                    key,
+                    "a".repeat(64),
+                    state,
+                    result,
+                    result.map(|_| "b".repeat(64)),
+                    format!("op_{key}_ref"),
+                ],
+            )
+        };
+        assert!(insert("bogus", None, "k1").is_err());
+        assert!(
+            insert("applied", None, "k2").is_err(),
+            "applied needs a result"
+        );
+        assert!(
+            insert("failed", None, "k3").is_err(),
+            "failed needs a result"
+        );
+        insert("in_progress", None, "k4").unwrap();
+        insert("outcome_unknown", None, "k5").unwrap();
+        insert("applied", Some("{}"), "k6").unwrap();
+        let n: i64 = c
+            .query_row("SELECT count(*) FROM operations", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 3);
+        let id: i64 = c
+            .query_row(
+                "SELECT id FROM operations WHERE idempotency_key = 'k4'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        let outbox = |state: &str| {
+            c.execute(
+                "INSERT INTO outbox(operation_id, state, fencing_token, attempt_count,
+                     max_attempts, created_at, updated_at)
+                 VALUES (?1, ?2, 0, 0, 5, 0, 0)",
+                rusqlite::params![id, state],
+            )
+        };
+        assert!(outbox("bogus").is_err());
+        outbox("pending").unwrap();
+    }
+
+    #[test]
     fn network_filesystems_are_recognised_and_local_disks_are_not() {
         assert_eq!(network_filesystem_name(0x6969), Some("nfs"));
         assert_eq!(network_filesystem_name(0xff53_4d42), Some("cifs"));

@@ -54,7 +54,9 @@ CREATE TABLE deferred_intents (
 CREATE TABLE outbox (
     id             INTEGER PRIMARY KEY,
     operation_id   INTEGER NOT NULL UNIQUE REFERENCES operations(id),
-    state          TEXT    NOT NULL CHECK (state IN ('pending', 'processing', 'delivered', 'dead')),
+    -- An OR chain, not IN: see the operations table in sqlite_0001_core.sql.
+    state          TEXT    NOT NULL CHECK (state = 'pending' OR state = 'processing'
+                                           OR state = 'delivered' OR state = 'dead'),
     fencing_token  INTEGER NOT NULL CHECK (fencing_token >= 0),
     lease_owner    TEXT    CHECK (lease_owner IS NULL OR length(lease_owner) BETWEEN 1 AND 128),
     lease_until    INTEGER,
