@@ -1319,6 +1319,136 @@ pub async fn worker_pass_delivers_the_backlog(h: &Harness) {
     ));
 }
 
+/// Claims beyond `max_attempts` move the event and its operation to `dead`.
+pub async fn attempts_exhausted_go_dead(h: &Harness) {
+    let w = World::new(h).await;
+    let rt = w.runtime(h).with_config(crate::runtime::RuntimeConfig {
+        lease_seconds: 10,
+        max_attempts: 2,
+    });
+    let Accepted::New {
+        event_id,
+        status_ref,
+        ..
+    } = rt.accept(&ship("k1", "p1")).await.unwrap()
+    else {
+        panic!("expected a new intent");
+    };
+    for round in 1..=2 {
+        let ClaimOutcome::Claimed(lease) = rt.claim(event_id, "w").await.unwrap() else {
+            panic!("claim {round}");
+        };
+        assert_eq!(lease.attempt, round);
+        w.clock.set(lease.until);
+    }
+    assert_eq!(
+        rt.claim(event_id, "w").await.unwrap(),
+        ClaimOutcome::Exhausted
+    );
+    let rec = rt.inspect(&status_ref).await.unwrap().unwrap();
+    assert_eq!(rec.state, OperationState::Dead);
+    assert!(matches!(
+        rt.claim(event_id, "w").await.unwrap(),
+        ClaimOutcome::Finished { .. }
+    ));
+    assert_eq!(w.downstream.submits(), 0);
+}
+
+/// Before the downstream effect the worker re-reads the principal: after revocation there is
+/// no downstream call, no receipt, and the refusal is recorded.
+pub async fn worker_rechecks_the_principal_before_the_downstream(h: &Harness) {
+    let w = World::new(h).await;
+    let rt = w.runtime(h);
+    let Accepted::New {
+        event_id,
+        status_ref,
+        ..
+    } = rt.accept(&ship("k1", "p1")).await.unwrap()
+    else {
+        panic!("expected a new intent");
+    };
+    crate::authz::PrincipalStore::new(h.open())
+        .revoke("alice", &[], &[], true)
+        .await
+        .unwrap();
+    let err = rt.process(event_id, "w", None).await.unwrap_err();
+    assert_eq!(refused(err), ErrorCode::PermissionDenied);
+    assert_eq!(w.downstream.submits(), 0);
+    assert_eq!(count(rt.store(), "local_receipts").await, 0);
+    let rec = rt.inspect(&status_ref).await.unwrap().unwrap();
+    assert_eq!(rec.state, OperationState::Processing);
+    let refusals = rt
+        .store()
+        .read(|tx: &mut dyn EffectTx| {
+            tx.query_opt(
+                "SELECT count(*) FROM operation_events WHERE kind = 'attempt_refused'",
+                &[],
+            )?
+            .expect("row")
+            .int(0)
+        })
+        .await
+        .unwrap();
+    assert_eq!(refusals, 1);
+}
+
+/// Eight handles consuming one approval at once: exactly one consumption.
+pub async fn an_approval_is_consumed_once_under_contention(h: &Harness) {
+    let store = h.open();
+    let ps = crate::authz::PrincipalStore::new(store.clone());
+    ps.add("alice", "t1", &[], &[], false).await.unwrap();
+    ps.add(
+        "bob",
+        "t1",
+        &[crate::approval::APPROVER_ROLE.to_string()],
+        &[],
+        false,
+    )
+    .await
+    .unwrap();
+    let target = crate::approval::ApprovalTarget {
+        tenant: "t1".into(),
+        subject: "alice".into(),
+        tool: "ship_parcel".into(),
+        idempotency_key: "k1".into(),
+        binding: json!({"request_digest": "d"}),
+    };
+    crate::approval::grant(&store, "approval-0001", &target, "bob", T0, T0 + 600)
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let s = h.open();
+        let target = target.clone();
+        tasks.push(tokio::spawn(async move {
+            s.write(move |tx: &mut dyn EffectTx| {
+                crate::approval::consume(
+                    tx,
+                    Some("approval-0001"),
+                    &target,
+                    T0 + 1,
+                    None,
+                    &mut |tx, name| crate::authz::resolve_in(tx, name),
+                )
+            })
+            .await
+        }));
+    }
+    let mut consumed = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(_) => consumed += 1,
+            Err(e) => assert_eq!(e.code, ErrorCode::ApprovalInvalid, "{e:?}"),
+        }
+    }
+    assert_eq!(consumed, 1);
+    let a = crate::approval::fetch(&store, "approval-0001")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.consumed_at, Some(T0 + 1));
+}
+
 /// Expands to one `#[tokio::test]` per conformance behaviour. The argument is an expression
 /// of type `Option<Harness>` evaluated afresh for each test (`None` skips).
 #[macro_export]
@@ -1345,6 +1475,9 @@ macro_rules! conformance_suite {
             eight_handles_accept_one_intent,
             eight_workers_claim_one_event,
             worker_pass_delivers_the_backlog,
+            attempts_exhausted_go_dead,
+            worker_rechecks_the_principal_before_the_downstream,
+            an_approval_is_consumed_once_under_contention,
         );
     };
     (@each $harness:expr; $($name:ident),* $(,)?) => {
