@@ -22,7 +22,8 @@
 //!
 //! # Replay fast path
 //!
-//! Every call first runs steps 1–3 on a pooled read connection inside one read snapshot. A
+//! On SQLite every call first runs steps 1–3 on a pooled read connection inside one read
+//! snapshot (on PostgreSQL the write transaction does it directly, see below). A
 //! replay, a conflict, an expired deadline or a refused authorization is answered from that
 //! snapshot without touching the writer: none of them writes anything, and all checks see one
 //! consistent state. Only when the scope is absent does the call go to the writer, which runs
@@ -49,7 +50,7 @@ use serde_json::Value;
 
 use crate::clock::SharedClock;
 use crate::digest::sha256_hex;
-use crate::effect::{EffectTx, RowExt, SqlValue};
+use crate::effect::{Dialect, EffectTx, RowExt, SqlValue};
 use crate::model::{Error, ErrorCode, OperationState, Principal, ToolContract};
 use crate::store::{Store, StoreError};
 
@@ -258,6 +259,15 @@ impl Engine {
         &self.clock
     }
 
+    /// Whether a call first looks for its scope in a read snapshot. On SQLite it does: all
+    /// writes share one writer thread, and replays, conflicts and refusals must not queue
+    /// behind it. On PostgreSQL writers run in parallel and the write transaction's `BEGIN`,
+    /// key lock and scope lookup go out in one round trip, so a separate read transaction
+    /// would only add round trips to every fresh call without making replays cheaper.
+    fn reads_first(&self) -> bool {
+        self.store.dialect() == Dialect::Sqlite
+    }
+
     fn fire(&self, point: FaultPoint) {
         if let Some(h) = &self.fault {
             h(point);
@@ -273,8 +283,10 @@ impl Engine {
         effect: Arc<dyn InlineEffect>,
     ) -> Result<Outcome, Error> {
         let prepared = Arc::new(Prepared::new(call)?);
-        if let Some(found) = self.examine_on_reader(&prepared, &effect).await? {
-            return Ok(found);
+        if self.reads_first() {
+            if let Some(found) = self.examine_on_reader(&prepared, &effect).await? {
+                return Ok(found);
+            }
         }
         let fault = self.fault.clone();
         let clock = self.clock.clone();
@@ -338,8 +350,10 @@ impl Engine {
         first: Arc<dyn InlineEffect>,
     ) -> Result<Begun, Error> {
         let prepared = Arc::new(Prepared::new(call)?);
-        if let Some(found) = self.examine_on_reader(&prepared, &first).await? {
-            return Ok(Begun::Replayed(found));
+        if self.reads_first() {
+            if let Some(found) = self.examine_on_reader(&prepared, &first).await? {
+                return Ok(Begun::Replayed(found));
+            }
         }
         let fault = self.fault.clone();
         let clock = self.clock.clone();

@@ -380,6 +380,7 @@ impl Slot {
             client: client.as_ref().expect("connected"),
             statements,
             begin: Some(begin),
+            lock: None,
             began: false,
             succeeded: false,
             last_error: None,
@@ -395,6 +396,8 @@ struct PgTx<'a> {
     statements: &'a mut HashMap<String, Statement>,
     /// The `BEGIN …` not sent yet.
     begin: Option<&'static str>,
+    /// A key lock not sent yet: it goes out, in order, with the next statement.
+    lock: Option<(Statement, SqlValue)>,
     /// Whether `BEGIN` was sent (so the transaction must be ended).
     began: bool,
     /// Whether any statement succeeded.
@@ -453,25 +456,61 @@ fn refuse_transaction_control(sql: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// Sends `BEGIN` (if pending) and a pending key lock ahead of `main` in one flight: the server
+/// runs them in order, so this costs one round trip instead of three.
+async fn pipelined<R>(
+    client: &Client,
+    begin: Option<&'static str>,
+    lock: Option<&(Statement, SqlValue)>,
+    main: impl std::future::Future<Output = Result<R, tokio_postgres::Error>>,
+) -> Result<R, tokio_postgres::Error> {
+    let begin = async {
+        match begin {
+            Some(b) => client.batch_execute(b).await,
+            None => Ok(()),
+        }
+    };
+    let lock = async {
+        match lock {
+            Some((stmt, key)) => {
+                let p = Param(key);
+                client
+                    .execute(stmt, &[&p as &(dyn ToSql + Sync)])
+                    .await
+                    .map(|_| ())
+            }
+            None => Ok(()),
+        }
+    };
+    let (began, locked, out) = tokio::join!(begin, lock, main);
+    began?;
+    locked?;
+    out
+}
+
+impl PgTx<'_> {
+    /// Takes what must precede the next statement.
+    fn preamble(&mut self) -> (Option<&'static str>, Option<(Statement, SqlValue)>) {
+        let begin = self.begin.take();
+        self.began |= begin.is_some();
+        (begin, self.lock.take())
+    }
+}
+
 impl EffectTx for PgTx<'_> {
     fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<usize, Error> {
         let stmt = self.statement(sql)?;
         let bound: Vec<Param<'_>> = params.iter().map(Param).collect();
         let refs: Vec<&(dyn ToSql + Sync)> =
             bound.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-        let begin = self.begin.take();
-        self.began |= begin.is_some();
+        let (begin, lock) = self.preamble();
         let client = self.client;
-        let out = self.rt.block_on(async {
-            match begin {
-                Some(b) => {
-                    let (began, out) =
-                        tokio::join!(client.batch_execute(b), client.execute(&stmt, &refs));
-                    began.and(out)
-                }
-                None => client.execute(&stmt, &refs).await,
-            }
-        });
+        let out = self.rt.block_on(pipelined(
+            client,
+            begin,
+            lock.as_ref(),
+            client.execute(&stmt, &refs),
+        ));
         match out {
             Ok(n) => {
                 self.succeeded = true;
@@ -486,19 +525,14 @@ impl EffectTx for PgTx<'_> {
         let bound: Vec<Param<'_>> = params.iter().map(Param).collect();
         let refs: Vec<&(dyn ToSql + Sync)> =
             bound.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-        let begin = self.begin.take();
-        self.began |= begin.is_some();
+        let (begin, lock) = self.preamble();
         let client = self.client;
-        let out = self.rt.block_on(async {
-            match begin {
-                Some(b) => {
-                    let (began, out) =
-                        tokio::join!(client.batch_execute(b), client.query(&stmt, &refs));
-                    began.and(out)
-                }
-                None => client.query(&stmt, &refs).await,
-            }
-        });
+        let out = self.rt.block_on(pipelined(
+            client,
+            begin,
+            lock.as_ref(),
+            client.query(&stmt, &refs),
+        ));
         let rows = match out {
             Ok(rows) => {
                 self.succeeded = true;
@@ -530,12 +564,14 @@ impl EffectTx for PgTx<'_> {
 
     fn execute_batch(&mut self, sql: &str) -> Result<(), Error> {
         refuse_transaction_control(sql)?;
-        if let Some(b) = self.begin.take() {
-            self.began = true;
-            let out = self.rt.block_on(self.client.batch_execute(b));
-            out.map_err(|e| self.fail(e))?;
-        }
-        let out = self.rt.block_on(self.client.batch_execute(sql));
+        let (begin, lock) = self.preamble();
+        let client = self.client;
+        let out = self.rt.block_on(pipelined(
+            client,
+            begin,
+            lock.as_ref(),
+            client.batch_execute(sql),
+        ));
         match out {
             Ok(()) => {
                 self.succeeded = true;
@@ -546,11 +582,15 @@ impl EffectTx for PgTx<'_> {
     }
 
     fn lock_key(&mut self, key: &str) -> Result<(), Error> {
-        self.execute(
+        if self.lock.is_some() {
+            // Two locks before any statement: send the first one now.
+            self.execute("SELECT 1 WHERE false", &[])?;
+        }
+        let stmt = self.statement(
             "SELECT 1 FROM (SELECT pg_advisory_xact_lock(hashtextextended(?1, 0))) AS l",
-            &[SqlValue::Text(format!("toolledger.key\u{1f}{key}"))],
-        )
-        .map(|_| ())
+        )?;
+        self.lock = Some((stmt, SqlValue::Text(format!("toolledger.key\u{1f}{key}"))));
+        Ok(())
     }
 
     fn take_store_error(&mut self) -> Option<StoreError> {
