@@ -288,6 +288,14 @@ pub fn connect(path: &Path) -> Result<Connection, StoreError> {
         }
     }
     conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;")?;
+    // Query planner stability: without it SQLite may mark a cached statement for
+    // re-preparation whenever a newly bound value could change its plan (it did so on every
+    // execution of the runtime's operation/intent join, most of a delivery's CPU). The ledger
+    // has no statistics or partial indexes for bound values to matter.
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
 }
@@ -911,6 +919,31 @@ mod tests {
         assert_eq!(ok, rows.len());
         assert!(rows.iter().all(|x| x % 7 != 0));
         assert_eq!(rows.len(), 200 - 29);
+    }
+
+    #[test]
+    fn cached_statements_are_not_re_prepared_for_new_bindings() {
+        let (_d, path) = temp();
+        drop(SqliteStore::open(&path, OpenOptions::new("q")).unwrap());
+        let c = connect(&path).unwrap();
+        c.execute_batch(
+            "CREATE TABLE side(op INTEGER PRIMARY KEY REFERENCES operations(id), v TEXT) STRICT;",
+        )
+        .unwrap();
+        let sql = "SELECT o.id, s.v FROM operations o LEFT JOIN side s ON s.op = o.id
+                   WHERE o.id = ?1";
+        for id in 1..=20i64 {
+            let mut stmt = c.prepare_cached(sql).unwrap();
+            let mut rows = stmt.query([id]).unwrap();
+            while rows.next().unwrap().is_some() {}
+        }
+        let stmt = c.prepare_cached(sql).unwrap();
+        assert_eq!(stmt.get_status(rusqlite::StatementStatus::Run), 20);
+        assert_eq!(
+            stmt.get_status(rusqlite::StatementStatus::RePrepare),
+            0,
+            "a new binding must not re-plan the statement"
+        );
     }
 
     #[test]
