@@ -29,11 +29,12 @@
 //!   and must not keep side effects outside the transaction.
 //! - Reads run in one `REPEATABLE READ READ ONLY` transaction: one snapshot, like SQLite's
 //!   `BEGIN … COMMIT` on a read connection.
-//! - Connection loss, a server shutting down or a pool timeout is
+//! - A transaction's `BEGIN` and a pending key lock go out pipelined with its first statement.
+//! - Connection loss, a server shutting down or a connect timeout is
 //!   [`StoreError::Unavailable`] (`unavailable` to callers, retryable); a write whose `COMMIT`
 //!   was interrupted may or may not have committed, and a retry replays or redoes it under
-//!   the same idempotency key. A thread whose connection broke connects again for its next job
-//!   (a transaction that cannot even begin on a dead connection is retried once on a new one).
+//!   the same idempotency key. A thread whose connection broke connects again for its next job;
+//!   a write whose first statement finds the connection dead runs again on a new one.
 //! - Every session runs with `statement_timeout` (default 30 s); a statement that hits it
 //!   fails with a clean `unavailable` error and its transaction rolls back.
 //!
@@ -51,12 +52,10 @@
 //! `sslmode=require` is refused at open). Run PostgreSQL on the same host or a private
 //! network, or put a TLS tunnel in front of it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-use std::collections::HashMap;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::runtime::Runtime;
