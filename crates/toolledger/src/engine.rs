@@ -436,7 +436,7 @@ impl Engine {
                 for (kind, detail) in &encoded {
                     insert_event(tx, operation_id, now, kind, detail)?;
                 }
-                tx.execute(
+                let changed = tx.execute(
                     "UPDATE operations SET state = ?1, result = ?2, result_digest = ?3,
                          updated_at = ?4
                      WHERE id = ?5 AND state = 'in_progress'",
@@ -448,6 +448,11 @@ impl Engine {
                         operation_id.into(),
                     ],
                 )?;
+                if changed != 1 {
+                    // Finished by a concurrent caller between the check and this update
+                    // (possible where writers run in parallel): this finish changes nothing.
+                    return Err(Error::conflict("operation is not in progress"));
+                }
                 Ok(Outcome {
                     result: result.clone(),
                     replayed: false,

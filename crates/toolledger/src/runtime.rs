@@ -743,6 +743,12 @@ fn insert_event(
     Ok(())
 }
 
+/// The key transaction C locks, so a worker's completion and a status query's
+/// reconciliation of one operation never interleave.
+fn operation_lock(operation_id: i64) -> String {
+    format!("deferred-operation\u{1f}{operation_id}")
+}
+
 /// Any authorization refusal becomes the generic `not_found`; a store failure stays what it is.
 fn hide_refusal(e: Error) -> Error {
     if e.code == ErrorCode::Unavailable {
@@ -1636,6 +1642,10 @@ impl Runtime {
             .write(
                 move |tx: &mut dyn EffectTx| -> Result<Answer, RuntimeError> {
                     let now = this.clock.now();
+                    // Transaction C of a worker and of a status query serialize on the
+                    // operation (a no-op where writes are already serialized).
+                    tx.lock_key(&operation_lock(lease.operation_id))
+                        .map_err(|e| stored(tx, e))?;
                     outbox::complete(tx, &lease, now)?.map_err(RuntimeError::Fenced)?;
                     let record = load_id(tx, lease.operation_id)?;
                     let (tool, _) = this.tool(&record.scope.tool)?;
@@ -1867,6 +1877,8 @@ impl Runtime {
             .write(
                 move |tx: &mut dyn EffectTx| -> Result<Answer, RuntimeError> {
                     let now = this.clock.now();
+                    tx.lock_key(&operation_lock(record.id))
+                        .map_err(|e| stored(tx, e))?;
                     let current = load_id(tx, record.id)?;
                     if current.state == OperationState::Succeeded {
                         // Reconciled meanwhile (worker or another query): replay.

@@ -1449,6 +1449,123 @@ pub async fn an_approval_is_consumed_once_under_contention(h: &Harness) {
     assert_eq!(a.consumed_at, Some(T0 + 1));
 }
 
+/// Two handles finishing one multi-step operation at once: one finishes it, the other gets
+/// `operation_conflict` and records nothing.
+pub async fn racing_finishes_of_one_operation_have_one_winner(h: &Harness) {
+    let (e, clock) = engine(h);
+    let p = principal("t1", "alice");
+    let Begun::Started { operation_id, .. } = e
+        .begin_steps(widget_call(&p, "k1", "a"), widget("a"))
+        .await
+        .unwrap()
+    else {
+        panic!("expected a fresh start");
+    };
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let other = Engine::new(h.open(), Arc::new(clock.clone()));
+        tasks.push(tokio::spawn(async move {
+            other
+                .finish_steps(
+                    operation_id,
+                    OperationState::Applied,
+                    json!({"finisher": i}),
+                    vec![("finished".into(), json!({"by": i}))],
+                )
+                .await
+        }));
+    }
+    let mut won = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(o) => won.push(o.result),
+            Err(err) => assert_eq!(err.code, ErrorCode::OperationConflict, "{err:?}"),
+        }
+    }
+    assert_eq!(won.len(), 1);
+    let events = e.events(operation_id).await.unwrap();
+    let finished: Vec<_> = events.iter().filter(|ev| ev.kind == "finished").collect();
+    assert_eq!(finished.len(), 1);
+    assert_eq!(finished[0].detail["by"], won[0]["finisher"]);
+    let rec = e
+        .lookup("t1", "alice", "make_widget", "k1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.result.as_ref(), Some(&won[0]));
+}
+
+/// A worker's transaction C and an explicit status query racing for one operation: one local
+/// receipt; the status query answers succeeded either way.
+pub async fn worker_and_status_query_reconcile_once(h: &Harness) {
+    let w = World::new(h).await;
+    let rt = w.runtime(h);
+    for round in 1..=4 {
+        let key = format!("race-{round}");
+        let call = ship(&key, &format!("p{round}"));
+        let Accepted::New {
+            event_id,
+            status_ref,
+            ..
+        } = rt.accept(&call).await.unwrap()
+        else {
+            panic!("expected a new intent");
+        };
+        let ClaimOutcome::Claimed(lease) = rt.claim(event_id, "w").await.unwrap() else {
+            panic!("claim");
+        };
+        let rec = rt.inspect(&status_ref).await.unwrap().unwrap();
+        let receipt = w
+            .downstream
+            .inner
+            .submit_blocking(&rec.scope, &crate::runtime::downstream_request(&rec))
+            .unwrap();
+        let query = StatusQuery {
+            principal: "alice".into(),
+            tool: "ship_parcel".into(),
+            key: key.clone(),
+            arguments: call.arguments.clone(),
+            provider: call.provider.clone(),
+            status_ref: status_ref.clone(),
+        };
+        let worker = w.runtime(h);
+        let observer = w.runtime(h);
+        let (done, answered) = tokio::join!(
+            tokio::spawn(async move { worker.complete(&lease, receipt).await }),
+            tokio::spawn(async move { observer.status(&query).await })
+        );
+        match done.unwrap() {
+            Ok(_) | Err(RuntimeError::Fenced(_)) => {}
+            Err(other) => panic!("worker: {other:?}"),
+        }
+        let answered = answered.unwrap().unwrap();
+        assert!(
+            matches!(
+                answered,
+                Answer::Done {
+                    state: OperationState::Succeeded,
+                    ..
+                }
+            ),
+            "{answered:?}"
+        );
+        let receipts = rt
+            .store()
+            .read(move |tx: &mut dyn EffectTx| {
+                tx.query_opt(
+                    "SELECT count(*) FROM local_receipts r JOIN operations o ON o.id = r.operation_id
+                     WHERE o.status_ref = ?1",
+                    &[status_ref.as_str().into()],
+                )?
+                .expect("row")
+                .int(0)
+            })
+            .await
+            .unwrap();
+        assert_eq!(receipts, 1);
+    }
+}
+
 /// Expands to one `#[tokio::test]` per conformance behaviour. The argument is an expression
 /// of type `Option<Harness>` evaluated afresh for each test (`None` skips).
 #[macro_export]
@@ -1478,6 +1595,8 @@ macro_rules! conformance_suite {
             attempts_exhausted_go_dead,
             worker_rechecks_the_principal_before_the_downstream,
             an_approval_is_consumed_once_under_contention,
+            racing_finishes_of_one_operation_have_one_winner,
+            worker_and_status_query_reconcile_once,
         );
     };
     (@each $harness:expr; $($name:ident),* $(,)?) => {
