@@ -99,6 +99,11 @@ fn decode_set(text: &str) -> Result<BTreeSet<String>, Error> {
     Ok(out)
 }
 
+/// The key writers of one principal serialize on.
+fn principal_lock(name: &str) -> String {
+    format!("principal\u{1f}{name}")
+}
+
 /// SHA-256 hex of a bearer token, as stored.
 pub fn token_hash(token: &str) -> String {
     use sha2::{Digest, Sha256};
@@ -208,6 +213,7 @@ impl PrincipalStore {
         self.store
             .write(move |tx: &mut dyn EffectTx| -> Result<(), Error> {
                 let now = clock.now();
+                tx.lock_key(&principal_lock(&name))?;
                 tx.execute(
                     "INSERT INTO principals(name, tenant, roles, scopes, active, created_at,
                          updated_at)
@@ -258,6 +264,9 @@ impl PrincipalStore {
             .write(
                 move |tx: &mut dyn EffectTx| -> Result<PrincipalEntry, Error> {
                     let now = clock.now();
+                    // Read-modify-write of the sets: concurrent revocations of one principal
+                    // must not lose each other's removals where writers run in parallel.
+                    tx.lock_key(&principal_lock(&name))?;
                     let Some(entry) = entry_in(tx, &name)? else {
                         return Err(Error::not_found());
                     };

@@ -1566,6 +1566,27 @@ pub async fn worker_and_status_query_reconcile_once(h: &Harness) {
     }
 }
 
+/// Eight handles each revoking a different scope of one principal at once: every scope is
+/// gone afterwards (no lost update).
+pub async fn concurrent_revocations_lose_nothing(h: &Harness) {
+    let ps = crate::authz::PrincipalStore::new(h.open());
+    let scopes: Vec<String> = (0..8).map(|i| format!("s{i}")).collect();
+    ps.add("alice", "t1", &[], &scopes, false).await.unwrap();
+    let mut tasks = Vec::new();
+    for scope in scopes {
+        let other = crate::authz::PrincipalStore::new(h.open());
+        tasks.push(tokio::spawn(async move {
+            other.revoke("alice", &[], &[scope], false).await
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let entry = ps.entry("alice").await.unwrap().unwrap();
+    assert!(entry.scopes.is_empty(), "{:?}", entry.scopes);
+    assert!(entry.active);
+}
+
 /// Expands to one `#[tokio::test]` per conformance behaviour. The argument is an expression
 /// of type `Option<Harness>` evaluated afresh for each test (`None` skips).
 #[macro_export]
@@ -1597,6 +1618,7 @@ macro_rules! conformance_suite {
             an_approval_is_consumed_once_under_contention,
             racing_finishes_of_one_operation_have_one_winner,
             worker_and_status_query_reconcile_once,
+            concurrent_revocations_lose_nothing,
         );
     };
     (@each $harness:expr; $($name:ident),* $(,)?) => {
