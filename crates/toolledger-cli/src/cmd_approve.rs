@@ -81,7 +81,7 @@ pub fn run(args: ApproveArgs) -> ExitCode {
         let principals = PrincipalStore::new(store.clone());
         let (target, approval_id, now): (ApprovalTarget, String, i64) = match &fixture {
             Some(f) => {
-                if let Err(code) = apply_setup(&store, &f.setup, f.now).await {
+                if let Err(code) = apply_setup(&store, &f.setup, f.now, None).await {
                     return code;
                 }
                 let parsed = match refunds::parse_tool_arguments(&f.arguments) {

@@ -47,7 +47,12 @@ const RULES: &[(&str, &str)] = &[
     (
         "delivered_event_without_succeeded_operation",
         "SELECT o.status_ref FROM outbox e JOIN operations o ON o.id = e.operation_id
-         WHERE e.state = 'delivered' AND o.state <> 'succeeded'",
+         WHERE e.state = 'delivered' AND o.state <> 'succeeded' AND o.state <> 'failed'",
+    ),
+    (
+        "failed_operation_not_closed",
+        "SELECT o.status_ref FROM operations o JOIN outbox e ON e.operation_id = o.id
+         WHERE o.effect_kind = 'deferred' AND o.state = 'failed' AND e.state <> 'delivered'",
     ),
     (
         "succeeded_operation_not_delivered",

@@ -14,8 +14,10 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 use toolledger::authz::PrincipalStore;
 use toolledger::clock::{ManualClock, SharedClock};
-use toolledger::downstream::BoxFuture;
-use toolledger::runtime::{Answer, CrashPoint, DeferredCall, PointHook, Runtime, RuntimeError};
+use toolledger::downstream::{BoxFuture, SqliteDownstream};
+use toolledger::runtime::{
+    Answer, CrashPoint, Deadlines, DeferredCall, PointHook, Runtime, RuntimeError,
+};
 use toolledger::store::Store;
 use toolledger::{Error, OperationState};
 use toolledger_cli::common::{self, StoreArgs};
@@ -34,6 +36,29 @@ pub struct RuntimeStoreArgs {
     /// The payments stand-in's own SQLite file (default: `<db>.downstream.sqlite`).
     #[arg(long)]
     pub downstream_db: Option<PathBuf>,
+}
+
+/// Deadlines new operations get at acceptance (seconds; unset: no deadline).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct DeadlineArgs {
+    /// Seconds from acceptance until the authority deadline: after it no write, not even an
+    /// exact replay.
+    #[arg(long)]
+    pub authority_ttl: Option<i64>,
+    /// Seconds from acceptance until the retention deadline: after it a replay is refused and
+    /// the row stays as a tombstone.
+    #[arg(long)]
+    pub replay_ttl: Option<i64>,
+}
+
+impl DeadlineArgs {
+    /// The runtime's deadlines.
+    pub fn deadlines(&self) -> Deadlines {
+        Deadlines {
+            authority_ttl: self.authority_ttl,
+            retention_ttl: self.replay_ttl,
+        }
+    }
 }
 
 impl RuntimeStoreArgs {
@@ -84,6 +109,8 @@ pub struct DispatchArgs {
     /// `after_claim`, `after_downstream_commit`); the answer is `OUTCOME_UNKNOWN`.
     #[arg(long, value_parser = parse_point)]
     pub failure: Option<CrashPoint>,
+    #[command(flatten)]
+    pub deadlines: DeadlineArgs,
 }
 
 /// The hook installed when [`HOLD_ENV`] names a crash point.
@@ -122,7 +149,12 @@ pub fn load_fixture(path: &Path) -> Result<Fixture, ExitCode> {
 
 /// Creates the fixture's principals and orders that do not exist yet. Existing rows (revoked
 /// or not) are never changed.
-pub async fn apply_setup(store: &Store, setup: &Setup, now: i64) -> Result<(), ExitCode> {
+pub async fn apply_setup(
+    store: &Store,
+    setup: &Setup,
+    now: i64,
+    downstream: Option<&SqliteDownstream>,
+) -> Result<(), ExitCode> {
     let principals = PrincipalStore::new(store.clone()).with_clock(Arc::new(ManualClock::new(now)));
     for p in &setup.principals {
         match principals.entry(&p.name).await {
@@ -137,6 +169,11 @@ pub async fn apply_setup(store: &Store, setup: &Setup, now: i64) -> Result<(), E
         }
     }
     for o in &setup.orders {
+        // The payments stand-in learns what it captured for the order (existing amounts stay).
+        if let Some(d) = downstream {
+            d.set_captured(&o.tenant, &o.id, o.amount_cents)
+                .map_err(|_| common::fail("DOWNSTREAM_IO_ERROR"))?;
+        }
         refunds::ensure_order(
             store,
             &o.tenant,
@@ -192,6 +229,7 @@ pub fn print_answer(answer: &Answer) -> ExitCode {
             common::print_json(&json!({
                 "code": "FAILED",
                 "delivery": delivery.as_str(),
+                "error": result,
                 "gate": "BLOCK",
                 "result": result,
                 "status": state.as_str(),
@@ -244,18 +282,21 @@ pub fn run(args: DispatchArgs) -> ExitCode {
             Ok(s) => s,
             Err(code) => return code,
         };
-        if let Err(code) = apply_setup(&store, &f.setup, f.now).await {
+        let clock: SharedClock = Arc::new(ManualClock::new(f.now));
+        let downstream = match SqliteDownstream::open(args.store.downstream_path(), clock.clone()) {
+            Ok(d) => d,
+            Err(_) => return common::fail("DOWNSTREAM_IO_ERROR"),
+        };
+        if let Err(code) = apply_setup(&store, &f.setup, f.now, Some(&downstream)).await {
             return code;
         }
+        drop(downstream);
         let call = match call_of(&f) {
             Ok(c) => c,
             Err(code) => return code,
         };
-        let rt = match args
-            .store
-            .runtime(&store, Arc::new(ManualClock::new(f.now)))
-        {
-            Ok(rt) => rt,
+        let rt = match args.store.runtime(&store, clock) {
+            Ok(rt) => rt.with_deadlines(args.deadlines.deadlines()),
             Err(code) => return code,
         };
         finish(rt.dispatch(&call, args.failure).await)

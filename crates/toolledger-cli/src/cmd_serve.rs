@@ -110,7 +110,11 @@ async fn serve(args: ServeArgs) -> Result<(), i32> {
     let guard = Guard::new(engine, &keys, config).map_err(|_| fail_code("KEY_ERROR"))?;
     let downstream = crate::reference::refunds::default_downstream_path(&args.store.db);
     let runtime = crate::reference::refunds::runtime(&store, &downstream, clock.clone())
-        .map_err(|_| fail_code("DOWNSTREAM_UNAVAILABLE"))?;
+        .map_err(|_| fail_code("DOWNSTREAM_UNAVAILABLE"))?
+        .with_deadlines(toolledger::runtime::Deadlines {
+            authority_ttl: Some(args.authority_ttl),
+            retention_ttl: Some(args.replay_ttl),
+        });
     let principals = PrincipalStore::new(store.clone()).with_clock(clock);
     let env = ToolEnv {
         runtime: Some(runtime),

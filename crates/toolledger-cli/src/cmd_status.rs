@@ -13,7 +13,9 @@ use std::sync::Arc;
 use toolledger::clock::ManualClock;
 use toolledger::runtime::StatusQuery;
 
-use crate::cmd_dispatch::{block_on, call_of, finish, load_fixture, RuntimeStoreArgs};
+use crate::cmd_dispatch::{
+    block_on, call_of, finish, load_fixture, DeadlineArgs, RuntimeStoreArgs,
+};
 
 /// `status` options.
 #[derive(clap::Args, Debug)]
@@ -26,6 +28,9 @@ pub struct StatusArgs {
     /// The opaque reference `dispatch` returned.
     #[arg(long)]
     pub status_ref: String,
+    /// Accepted for symmetry with `dispatch`; a status query never checks deadlines.
+    #[command(flatten)]
+    pub deadlines: DeadlineArgs,
 }
 
 /// Runs `status`.
@@ -47,7 +52,7 @@ pub fn run(args: StatusArgs) -> ExitCode {
             .store
             .runtime(&store, Arc::new(ManualClock::new(f.now)))
         {
-            Ok(rt) => rt,
+            Ok(rt) => rt.with_deadlines(args.deadlines.deadlines()),
             Err(code) => return code,
         };
         let query = StatusQuery {

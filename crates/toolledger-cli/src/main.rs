@@ -9,6 +9,7 @@ mod cmd_demo;
 mod cmd_dispatch;
 mod cmd_fingerprint;
 mod cmd_principal;
+mod cmd_resolve;
 mod cmd_serve;
 mod cmd_status;
 mod cmd_worker;
@@ -53,6 +54,8 @@ enum Command {
     Dispatch(cmd_dispatch::DispatchArgs),
     /// Explicit status query for a dispatched operation; reconciles a downstream receipt.
     Status(cmd_status::StatusArgs),
+    /// Operator: settle an outcome_unknown (or dead) operation as succeeded or failed.
+    Resolve(cmd_resolve::ResolveArgs),
     /// Deliver pending outbox events and reclaim expired leases.
     Worker(cmd_worker::WorkerArgs),
     /// Create a ledger database or migrate an existing one forward.
@@ -76,6 +79,7 @@ fn main() -> ExitCode {
         Command::Audit(args) => cmd_audit::run(args),
         Command::Dispatch(args) => cmd_dispatch::run(args),
         Command::Status(args) => cmd_status::run(args),
+        Command::Resolve(args) => cmd_resolve::run(args),
         Command::Worker(args) => cmd_worker::run(args),
         Command::Migrate { store } => match store.open_with(true) {
             Ok(s) => {

@@ -37,6 +37,16 @@ pub enum DownstreamError {
     /// The request is malformed for this downstream.
     #[error("downstream rejected the request: {0}")]
     Rejected(String),
+    /// A definitive business refusal: the downstream did not apply the request and never
+    /// will under this idempotency scope (a repeat gets the same refusal). The runtime records
+    /// the operation as `failed` with `{code, message}` as its stored result.
+    #[error("downstream refused the request: {code}")]
+    Refused {
+        /// Stable snake_case reason, e.g. `refund_exceeds_captured`.
+        code: String,
+        /// Human-readable explanation (no secrets, no paths).
+        message: String,
+    },
 }
 
 /// A downstream system that applies an effect and gives a receipt.
@@ -84,9 +94,40 @@ const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS downstream_receipts (
     receipt_id     TEXT    NOT NULL UNIQUE CHECK (length(receipt_id) BETWEEN 8 AND 128),
     receipt        TEXT    NOT NULL CHECK (json_valid(receipt) AND json_type(receipt) = 'object'),
     committed_at   INTEGER NOT NULL
+) STRICT;
+CREATE TABLE IF NOT EXISTS downstream_captures (
+    tenant         TEXT    NOT NULL CHECK (length(tenant) BETWEEN 1 AND 128),
+    order_id       TEXT    NOT NULL CHECK (length(order_id) BETWEEN 1 AND 128),
+    captured_cents INTEGER NOT NULL CHECK (captured_cents >= 0),
+    PRIMARY KEY (tenant, order_id)
+) STRICT;
+CREATE TABLE IF NOT EXISTS downstream_refunds (
+    scope_digest   TEXT    PRIMARY KEY NOT NULL REFERENCES downstream_receipts(scope_digest),
+    tenant         TEXT    NOT NULL,
+    order_id       TEXT    NOT NULL,
+    amount_cents   INTEGER NOT NULL CHECK (amount_cents > 0)
+) STRICT;
+CREATE INDEX IF NOT EXISTS downstream_refunds_by_order ON downstream_refunds(tenant, order_id);
+CREATE TABLE IF NOT EXISTS downstream_refusals (
+    scope_digest   TEXT    PRIMARY KEY NOT NULL CHECK (length(scope_digest) = 64),
+    status_ref     TEXT    NOT NULL UNIQUE CHECK (length(status_ref) BETWEEN 8 AND 128),
+    request_sha256 TEXT    NOT NULL CHECK (length(request_sha256) = 64),
+    code           TEXT    NOT NULL CHECK (length(code) BETWEEN 1 AND 64),
+    message        TEXT    NOT NULL CHECK (length(message) BETWEEN 1 AND 256),
+    refused_at     INTEGER NOT NULL
 ) STRICT;";
 
+/// The refusal code of the stand-in when a refund would exceed what was captured.
+pub const REFUND_EXCEEDS_CAPTURED: &str = "refund_exceeds_captured";
+
 /// The offline stand-in: a payments service whose receipts live in their own SQLite file.
+///
+/// It knows what it captured per order ([`SqliteDownstream::set_captured`]) and what it has
+/// refunded under every key, which the ledger's order row does not: a refund request
+/// `{arguments: {order_id, amount_cents}}` that would take an order's refunded total above its
+/// captured amount is refused definitively ([`DownstreamError::Refused`] with code
+/// [`REFUND_EXCEEDS_CAPTURED`]); the refusal is stored, so the same scope gets it again.
+/// Orders without a captured amount are not limited.
 #[derive(Clone)]
 pub struct SqliteDownstream {
     conn: Arc<Mutex<Connection>>,
@@ -182,6 +223,68 @@ impl SqliteDownstream {
                 return serde_json::from_str(&receipt)
                     .map_err(|_| DownstreamError::Unavailable("stored receipt unreadable".into()));
             }
+            let refused: Option<(String, String, String)> = tx
+                .query_row(
+                    "SELECT request_sha256, code, message FROM downstream_refusals
+                     WHERE scope_digest = ?1",
+                    [&key],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )
+                .optional()
+                .map_err(unavailable)?;
+            if let Some((sha, code, message)) = refused {
+                if sha != request_sha {
+                    return Err(DownstreamError::Conflict);
+                }
+                return Err(DownstreamError::Refused { code, message });
+            }
+            let refund = request.get("arguments").and_then(|a| {
+                Some((
+                    a.get("order_id")?.as_str()?.to_string(),
+                    a.get("amount_cents")?.as_i64()?,
+                ))
+            });
+            if let Some((order_id, amount)) = &refund {
+                let captured: Option<i64> = tx
+                    .query_row(
+                        "SELECT captured_cents FROM downstream_captures
+                         WHERE tenant = ?1 AND order_id = ?2",
+                        rusqlite::params![scope.tenant, order_id],
+                        |r| r.get(0),
+                    )
+                    .optional()
+                    .map_err(unavailable)?;
+                let refunded: i64 = tx
+                    .query_row(
+                        "SELECT coalesce(sum(amount_cents), 0) FROM downstream_refunds
+                         WHERE tenant = ?1 AND order_id = ?2",
+                        rusqlite::params![scope.tenant, order_id],
+                        |r| r.get(0),
+                    )
+                    .map_err(unavailable)?;
+                if captured.is_some_and(|c| refunded.saturating_add(*amount) > c) {
+                    let message = "the refund would exceed the amount captured for the order";
+                    tx.execute(
+                        "INSERT INTO downstream_refusals (scope_digest, status_ref,
+                             request_sha256, code, message, refused_at)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                        rusqlite::params![
+                            key,
+                            status_ref,
+                            request_sha,
+                            REFUND_EXCEEDS_CAPTURED,
+                            message,
+                            now
+                        ],
+                    )
+                    .map_err(unavailable)?;
+                    tx.commit().map_err(unavailable)?;
+                    return Err(DownstreamError::Refused {
+                        code: REFUND_EXCEEDS_CAPTURED.into(),
+                        message: message.into(),
+                    });
+                }
+            }
             let receipt_id = format!(
                 "rcpt_{}",
                 &sha256_hex(format!("{key}:{request_sha}").as_bytes())[..32]
@@ -218,6 +321,17 @@ impl SqliteDownstream {
                 }
                 other => unavailable(other),
             })?;
+            if let Some((order_id, amount)) = &refund {
+                if *amount > 0 {
+                    tx.execute(
+                        "INSERT INTO downstream_refunds (scope_digest, tenant, order_id,
+                             amount_cents)
+                         VALUES (?1, ?2, ?3, ?4)",
+                        rusqlite::params![key, scope.tenant, order_id, amount],
+                    )
+                    .map_err(unavailable)?;
+                }
+            }
             tx.commit().map_err(unavailable)?;
             Ok(receipt)
         })
@@ -240,6 +354,34 @@ impl SqliteDownstream {
                     .map(Some)
                     .map_err(|_| DownstreamError::Unavailable("stored receipt unreadable".into())),
             }
+        })
+    }
+
+    /// Records that `captured_cents` were captured for `order_id` in `tenant`, unless a
+    /// captured amount is already recorded (existing rows are never changed). From then on
+    /// refunds of that order are limited to it in total, across idempotency keys.
+    pub fn set_captured(
+        &self,
+        tenant: &str,
+        order_id: &str,
+        captured_cents: i64,
+    ) -> Result<(), DownstreamError> {
+        self.with_conn(|conn| {
+            conn.execute(
+                "INSERT INTO downstream_captures (tenant, order_id, captured_cents)
+                 VALUES (?1, ?2, ?3) ON CONFLICT (tenant, order_id) DO NOTHING",
+                rusqlite::params![tenant, order_id, captured_cents],
+            )
+            .map_err(unavailable)?;
+            Ok(())
+        })
+    }
+
+    /// Number of refusals the stand-in has stored.
+    pub fn refusal_count(&self) -> Result<i64, DownstreamError> {
+        self.with_conn(|conn| {
+            conn.query_row("SELECT count(*) FROM downstream_refusals", [], |r| r.get(0))
+                .map_err(unavailable)
         })
     }
 
@@ -337,6 +479,48 @@ mod tests {
         assert_eq!(d.receipt_count().unwrap(), 1);
         assert_eq!(d.status_blocking("op_00000001").unwrap(), Some(first));
         assert_eq!(d.status_blocking("op_00000002").unwrap(), None);
+    }
+
+    #[test]
+    fn a_refund_above_the_captured_amount_is_refused_once_and_for_good() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = SqliteDownstream::open(dir.path().join("d.sqlite"), Arc::new(ManualClock::new(5)))
+            .unwrap();
+        d.set_captured("t", "ord-1", 1000).unwrap();
+        let req = |sr: &str, amount: i64| json!({"status_ref": sr, "arguments": {"order_id": "ord-1", "amount_cents": amount}});
+        d.submit_blocking(&scope("k1"), &req("op_00000001", 600))
+            .unwrap();
+        let refused = DownstreamError::Refused {
+            code: REFUND_EXCEEDS_CAPTURED.into(),
+            message: "the refund would exceed the amount captured for the order".into(),
+        };
+        let second = req("op_00000002", 500);
+        assert_eq!(
+            d.submit_blocking(&scope("k2"), &second).unwrap_err(),
+            refused
+        );
+        // The same scope gets the same refusal; another request under it is a conflict.
+        assert_eq!(
+            d.submit_blocking(&scope("k2"), &second).unwrap_err(),
+            refused
+        );
+        assert_eq!(
+            d.submit_blocking(&scope("k2"), &req("op_00000002", 400))
+                .unwrap_err(),
+            DownstreamError::Conflict
+        );
+        assert_eq!(d.receipt_count().unwrap(), 1);
+        assert_eq!(d.refusal_count().unwrap(), 1);
+        assert_eq!(d.status_blocking("op_00000002").unwrap(), None);
+        // Within the captured amount another key still succeeds; other tenants are unlimited.
+        d.submit_blocking(&scope("k3"), &req("op_00000003", 400))
+            .unwrap();
+        let other = Scope {
+            tenant: "u".into(),
+            ..scope("k4")
+        };
+        d.submit_blocking(&other, &req("op_00000004", 5000))
+            .unwrap();
     }
 
     #[test]

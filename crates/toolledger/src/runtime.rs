@@ -479,10 +479,126 @@ impl Default for RuntimeConfig {
     }
 }
 
+/// Deadlines a deferred operation gets at acceptance (transaction A), as lengths in seconds
+/// from the acceptance time. `None` leaves the deadline unset (no limit).
+///
+/// On a replay by `dispatch`/`accept` the order is: scope lookup and conflict check first, then
+/// the authority deadline (`operation_authority_expired`: no write, not even an exact replay),
+/// then the retention deadline (`operation_retention_expired`; the row stays as a tombstone, so
+/// the key can never be reused). A deadline has passed when `now >= deadline`. The worker does
+/// not call the downstream after the authority deadline. An explicit status query never checks
+/// deadlines.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Deadlines {
+    /// Seconds from acceptance to the authority deadline.
+    pub authority_ttl: Option<i64>,
+    /// Seconds from acceptance to the retention deadline.
+    pub retention_ttl: Option<i64>,
+}
+
+/// Longest deadline length accepted: ten years.
+pub const MAX_TTL_SECONDS: i64 = 10 * 366 * 86_400;
+
+impl Deadlines {
+    /// The absolute deadlines for an operation accepted at `now`.
+    fn at(&self, now: i64) -> Result<(Option<i64>, Option<i64>), Error> {
+        let one = |ttl: Option<i64>, what: &str| -> Result<Option<i64>, Error> {
+            match ttl {
+                None => Ok(None),
+                Some(t) if (1..=MAX_TTL_SECONDS).contains(&t) => match now.checked_add(t) {
+                    Some(d) if d <= MAX_PORTABLE_TIMESTAMP => Ok(Some(d)),
+                    _ => Err(Error::invalid(format!(
+                        "the {what} deadline would fall outside the portable time range"
+                    ))),
+                },
+                Some(_) => Err(Error::invalid(format!(
+                    "the {what} TTL must be 1 to {MAX_TTL_SECONDS} seconds"
+                ))),
+            }
+        };
+        Ok((
+            one(self.authority_ttl, "authority")?,
+            one(self.retention_ttl, "retention")?,
+        ))
+    }
+}
+
+/// Refuses a replay whose deadlines have passed: authority first, then retention.
+fn check_deadlines(record: &DeferredRecord, now: i64) -> Result<(), Error> {
+    if record.authority_deadline.is_some_and(|d| now >= d) {
+        return Err(Error::new(
+            ErrorCode::OperationAuthorityExpired,
+            "the operation's authority deadline has passed",
+        ));
+    }
+    if record.retention_deadline.is_some_and(|d| now >= d) {
+        return Err(Error::new(
+            ErrorCode::OperationRetentionExpired,
+            "the operation's retention deadline has passed; the key cannot be reused",
+        ));
+    }
+    Ok(())
+}
+
+/// How an operator settles an unknown outcome with [`Runtime::resolve`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResolveAs {
+    /// The effect happened: requires the downstream's receipt, reconciled like a status query.
+    Succeeded,
+    /// The effect did not happen: refused when the downstream holds a receipt.
+    Failed,
+}
+
+impl ResolveAs {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResolveAs::Succeeded => "succeeded",
+            ResolveAs::Failed => "failed",
+        }
+    }
+}
+
+/// An operator's resolution of an `outcome_unknown` (or `dead`) operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resolution {
+    /// The operation's opaque reference.
+    pub status_ref: String,
+    /// The outcome the operator asserts.
+    pub outcome: ResolveAs,
+    /// Why (recorded in the operation's events).
+    pub reason: String,
+    /// The operator's principal name: must currently hold [`OPERATOR_ROLE`] in the
+    /// operation's tenant.
+    pub operator: String,
+}
+
+/// The role a principal needs to resolve unknown outcomes.
+pub const OPERATOR_ROLE: &str = "operator";
+
+/// The stored result of an operation an operator resolved as failed.
+pub const RESOLVED_FAILED_CODE: &str = "resolved_failed";
+
+/// The stored result of a `failed` operation: `{code, message}`.
+pub fn failure_result(code: &str, message: &str) -> Value {
+    json!({"code": code, "message": message})
+}
+
+fn valid_refusal(code: &str, message: &str) -> bool {
+    (1..=64).contains(&code.len())
+        && code
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && (1..=256).contains(&message.len())
+        && !message.chars().any(char::is_control)
+}
+
 /// What [`Runtime::process`] did with one event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Processed {
-    /// The effect is reconciled: transaction C committed.
+    /// The event is closed: transaction C committed (`succeeded`), or the downstream refused
+    /// definitively and the operation is `failed` with its stored refusal.
     Delivered(Answer),
     /// The attempt stopped where the outcome is unknown (crash point, downstream unavailable).
     Unknown(Answer),
@@ -497,6 +613,8 @@ pub struct PassSummary {
     pub ready: usize,
     /// Delivered in this pass.
     pub delivered: usize,
+    /// Refused definitively by the downstream in this pass (now `failed`).
+    pub failed: usize,
     /// Stopped with an unknown outcome.
     pub unknown: usize,
     /// Refused before the downstream call, by error code.
@@ -550,6 +668,10 @@ pub struct DeferredRecord {
     pub downstream_key: String,
     /// Approval binding, if the intent was approved.
     pub approval: Option<IntentApproval>,
+    /// First second at which no write is allowed any more (not even an exact replay).
+    pub authority_deadline: Option<i64>,
+    /// First second at which a replay is refused; the row stays as a tombstone.
+    pub retention_deadline: Option<i64>,
 }
 
 const SELECT_DEFERRED: &str = "SELECT o.id, o.tenant, o.subject, o.tool, o.idempotency_key,
@@ -557,7 +679,7 @@ const SELECT_DEFERRED: &str = "SELECT o.id, o.tenant, o.subject, o.tool, o.idemp
     o.policy_rev, o.arguments, o.effect_kind, o.state, o.result, o.result_digest, o.status_ref,
     d.operation_id, d.provider, d.api_family, d.adapter_revision, d.turn_id, d.call_id,
     d.response_id, d.downstream_key, d.approval_id, d.approver, d.approval_digest,
-    d.approved_at, d.approval_expires_at
+    d.approved_at, d.approval_expires_at, o.authority_deadline, o.retention_deadline
     FROM operations o LEFT JOIN deferred_intents d ON d.operation_id = o.id";
 
 type RawRow = (Vec<Option<String>>, Vec<Option<i64>>);
@@ -568,7 +690,7 @@ fn raw_row(r: &[SqlValue]) -> Result<RawRow, Error> {
         1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 19, 20, 21, 22, 23, 24, 25, 26,
         27, 28,
     ];
-    let int_cols = [0, 18, 29, 30];
+    let int_cols = [0, 18, 29, 30, 31, 32];
     let mut texts = Vec::with_capacity(text_cols.len());
     for i in text_cols {
         texts.push(r.opt_text(i)?);
@@ -672,6 +794,8 @@ fn check_record((t, i): RawRow) -> Result<Option<DeferredRecord>, RuntimeError> 
         },
         downstream_key: req(23)?,
         approval,
+        authority_deadline: i[4],
+        retention_deadline: i[5],
     }))
 }
 
@@ -858,6 +982,7 @@ pub struct Runtime {
     clock: SharedClock,
     registry: Arc<Registry>,
     config: RuntimeConfig,
+    deadlines: Deadlines,
     hook: Option<PointHook>,
 }
 
@@ -884,6 +1009,7 @@ impl Runtime {
             clock,
             registry: Arc::new(registry),
             config: RuntimeConfig::default(),
+            deadlines: Deadlines::default(),
             hook: None,
         }
     }
@@ -892,6 +1018,17 @@ impl Runtime {
     pub fn with_config(mut self, config: RuntimeConfig) -> Self {
         self.config = config;
         self
+    }
+
+    /// Sets the deadlines new operations get at acceptance.
+    pub fn with_deadlines(mut self, deadlines: Deadlines) -> Self {
+        self.deadlines = deadlines;
+        self
+    }
+
+    /// The deadlines new operations get at acceptance.
+    pub fn deadlines(&self) -> Deadlines {
+        self.deadlines
     }
 
     /// Installs a hook awaited at each [`CrashPoint`].
@@ -1081,6 +1218,7 @@ impl Runtime {
                         .into()),
                         Loaded::Deferred(record) => {
                             Self::compare(&record, &p)?;
+                            check_deadlines(&record, this.clock.now())?;
                             let answer = Self::answer_existing(&record)?;
                             Ok((p, Some(answer)))
                         }
@@ -1136,6 +1274,7 @@ impl Runtime {
                 move |tx: &mut dyn EffectTx| -> Result<Accepted, RuntimeError> {
                     let now = this.clock.now();
                     check_now(now)?;
+                    let (authority_deadline, retention_deadline) = this.deadlines.at(now)?;
                     // A lease taken right after acceptance must end inside the portable range.
                     outbox::lease_until(now, this.config.lease_seconds).map_err(|_| {
                         Error::invalid("a lease would end outside the portable time range")
@@ -1154,9 +1293,10 @@ impl Runtime {
                             "INSERT INTO operations (tenant, subject, tool, idempotency_key,
                              request_digest, input_rev, output_rev, effect_rev, handler_rev,
                              producer_rev, policy_rev, arguments, effect_kind, state,
-                             status_ref, created_at, updated_at)
+                             status_ref, authority_deadline, retention_deadline, created_at,
+                             updated_at)
                          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, 'deferred',
-                             'accepted', ?13, ?14, ?14)
+                             'accepted', ?13, ?15, ?16, ?14, ?14)
                          ON CONFLICT (tenant, subject, tool, idempotency_key) DO NOTHING
                          RETURNING id",
                             &[
@@ -1174,6 +1314,8 @@ impl Runtime {
                                 p.arguments_text.as_str().into(),
                                 status_ref.as_str().into(),
                                 now.into(),
+                                authority_deadline.into(),
+                                retention_deadline.into(),
                             ],
                         )
                         .map_err(|e| stored(tx, e))?;
@@ -1407,6 +1549,16 @@ impl Runtime {
             .read(move |tx: &mut dyn EffectTx| {
                 snapshot(tx, |tx| {
                     let record = load_id(tx, operation_id)?;
+                    if record
+                        .authority_deadline
+                        .is_some_and(|d| this.clock.now() >= d)
+                    {
+                        return Err(Error::new(
+                            ErrorCode::OperationAuthorityExpired,
+                            "the operation's authority deadline has passed",
+                        )
+                        .into());
+                    }
                     let Some(tool) = this.registry.tool(&record.scope.tool).cloned() else {
                         return Err(Error::new(
                             ErrorCode::ContractDrift,
@@ -1672,6 +1824,251 @@ impl Runtime {
             .await
     }
 
+    /// Writes the `failed` result of a definitive refusal (part of the closing transaction).
+    fn write_failure(
+        tx: &mut dyn EffectTx,
+        record: &DeferredRecord,
+        result: &Value,
+        detail: &Value,
+        now: i64,
+    ) -> Result<(), RuntimeError> {
+        let result_text = json::canonical_string(result)
+            .map_err(|_| contract_violation("result not canonical"))?;
+        let result_digest = digest::sha256_hex(result_text.as_bytes());
+        let n = tx
+            .execute(
+                "UPDATE operations SET state = 'failed', result = ?1, result_digest = ?2,
+                     updated_at = ?3
+                 WHERE id = ?4 AND state IN ('accepted', 'processing', 'outcome_unknown', 'dead')",
+                &[
+                    result_text.into(),
+                    result_digest.into(),
+                    now.into(),
+                    record.id.into(),
+                ],
+            )
+            .map_err(|e| stored(tx, e))?;
+        if n != 1 {
+            return Err(contract_violation("operation left the failable states"));
+        }
+        insert_event(tx, record.id, now, "failed", detail)
+    }
+
+    /// The closing transaction of a definitive downstream refusal, for a worker holding
+    /// `lease`: event `delivered` (closed) + operation `failed` with `result` (`{code,
+    /// message}`), conditional on the fencing token. A stale lease gets
+    /// [`RuntimeError::Fenced`] and nothing changes.
+    pub async fn fail(&self, lease: &Lease, result: Value) -> Result<Answer, RuntimeError> {
+        let this = self.clone();
+        let lease = lease.clone();
+        self.store
+            .write(
+                move |tx: &mut dyn EffectTx| -> Result<Answer, RuntimeError> {
+                    let now = this.clock.now();
+                    tx.lock_key(&operation_lock(lease.operation_id))
+                        .map_err(|e| stored(tx, e))?;
+                    outbox::complete(tx, &lease, now)?.map_err(RuntimeError::Fenced)?;
+                    let record = load_id(tx, lease.operation_id)?;
+                    Self::write_failure(
+                        tx,
+                        &record,
+                        &result,
+                        &json!({"code": result["code"], "fencing_token": lease.token,
+                            "via": "worker"}),
+                        now,
+                    )?;
+                    Ok(Answer::Done {
+                        status_ref: record.status_ref,
+                        state: OperationState::Failed,
+                        delivery: Delivery::Fresh,
+                        result: result.clone(),
+                    })
+                },
+            )
+            .await
+    }
+
+    /// An operator settles an `outcome_unknown` or `dead` operation.
+    ///
+    /// The operator must currently hold [`OPERATOR_ROLE`] in the operation's tenant
+    /// (`permission_denied` otherwise; a reference outside the tenant is `not_found`). Only
+    /// `outcome_unknown` and `dead` operations without a live lease can be resolved
+    /// (`operation_in_progress` for `accepted`/`processing` or a live lease, `invalid_arguments`
+    /// for a finished one). The downstream is asked first: with a receipt, `failed` is refused
+    /// (`operation_conflict`: the evidence says it happened) and `succeeded` reconciles it like a
+    /// status query (transaction C, delivery `receipt_reconciled`); without one, `succeeded` is
+    /// refused (`outcome_unknown`: no result to record) and `failed` stores
+    /// `{code: "resolved_failed", message}`. Every resolution appends a `resolved` operation
+    /// event with the operator and the reason; the event closes as `delivered` with a new
+    /// fencing token, so a worker still holding an old lease changes nothing.
+    pub async fn resolve(&self, resolution: &Resolution) -> Result<Answer, RuntimeError> {
+        let r = resolution.clone();
+        let n = r.reason.chars().count();
+        if n == 0 || n > 512 || r.reason.chars().any(|c| c.is_control() && c != '\n') {
+            return Err(Error::invalid("reason must be 1 to 512 characters").into());
+        }
+        check_id("operator", &r.operator, 128)?;
+        check_id("status_ref", &r.status_ref, 128).map_err(|_| Error::not_found())?;
+        let this = self.clone();
+        let q = r.clone();
+        let (record, token) = self
+            .store
+            .read(
+                move |tx: &mut dyn EffectTx| -> Result<(DeferredRecord, i64), RuntimeError> {
+                    let now = this.clock.now();
+                    let Some(operator) = resolve(tx, &q.operator)? else {
+                        return Err(Error::denied("unknown or inactive operator").into());
+                    };
+                    if !operator.has_role(OPERATOR_ROLE) {
+                        return Err(
+                            Error::denied("the principal does not hold the role operator").into(),
+                        );
+                    }
+                    let record = match load_status_ref(tx, &q.status_ref)? {
+                        Loaded::Deferred(rec) if rec.scope.tenant == operator.tenant => *rec,
+                        _ => return Err(Error::not_found().into()),
+                    };
+                    Self::resolvable(&record)?;
+                    let ev = outbox::for_operation(tx, record.id)?.ok_or_else(|| {
+                        contract_violation("deferred operation without outbox event")
+                    })?;
+                    if ev.lease_until.is_some_and(|until| now < until) {
+                        return Err(Error::new(
+                        ErrorCode::OperationInProgress,
+                        "a worker holds a live lease on the operation; resolve after it expires",
+                    )
+                    .into());
+                    }
+                    Ok((record, ev.fencing_token))
+                },
+            )
+            .await?;
+        let (tool, downstream) = self.tool(&record.scope.tool)?;
+        let receipt = downstream
+            .status(&record.status_ref)
+            .await
+            .map_err(|_| Error::unavailable("the downstream status query failed"))?;
+        let checked = match (&receipt, r.outcome) {
+            (Some(_), ResolveAs::Failed) => {
+                return Err(Error::conflict(
+                    "the downstream holds a receipt for this operation: it happened;                      resolve it as succeeded",
+                )
+                .into())
+            }
+            (None, ResolveAs::Succeeded) => {
+                return Err(Error::new(
+                    ErrorCode::OutcomeUnknown,
+                    "the downstream holds no receipt: success cannot be recorded without one",
+                )
+                .into())
+            }
+            (Some(receipt), ResolveAs::Succeeded) => {
+                Some(Self::check_receipt(tool.as_ref(), &record, receipt)?)
+            }
+            (None, ResolveAs::Failed) => None,
+        };
+        let identity = query_identity(&record.provider, &record.status_ref);
+        let this = self.clone();
+        self.store
+            .write(
+                move |tx: &mut dyn EffectTx| -> Result<Answer, RuntimeError> {
+                    let now = this.clock.now();
+                    tx.lock_key(&operation_lock(record.id))
+                        .map_err(|e| stored(tx, e))?;
+                    let current = load_id(tx, record.id)?;
+                    Self::resolvable(&current)?;
+                    let ev = outbox::for_operation(tx, current.id)?.ok_or_else(|| {
+                        contract_violation("deferred operation without outbox event")
+                    })?;
+                    if ev.fencing_token != token {
+                        return Err(Error::new(
+                            ErrorCode::OperationInProgress,
+                            "a worker claimed the operation meanwhile; nothing was changed",
+                        )
+                        .into());
+                    }
+                    outbox::complete_by_reconciliation(tx, ev.id, token, now)?
+                        .map_err(RuntimeError::Fenced)?;
+                    let mut detail = json!({
+                        "as": r.outcome.as_str(),
+                        "operator": r.operator,
+                        "reason": r.reason,
+                        "previous_state": current.state.as_str(),
+                    });
+                    let answer = match &checked {
+                        Some((result, receipt_id)) => {
+                            let provider = ProviderContext {
+                                call_id: identity.clone(),
+                                response_id: identity.clone(),
+                                ..current.provider.clone()
+                            };
+                            Self::write_success(
+                                tx,
+                                &current,
+                                &provider,
+                                receipt.as_ref().unwrap_or(&Value::Null),
+                                receipt_id,
+                                result,
+                                ("status_query", None, Some(&identity)),
+                                now,
+                            )?;
+                            detail["evidence"] = json!("receipt");
+                            detail["receipt_id"] = json!(receipt_id);
+                            Answer::Done {
+                                status_ref: current.status_ref.clone(),
+                                state: OperationState::Succeeded,
+                                delivery: Delivery::ReceiptReconciled,
+                                result: result.clone(),
+                            }
+                        }
+                        None => {
+                            let result = failure_result(
+                                RESOLVED_FAILED_CODE,
+                                "an operator resolved the unknown outcome as failed",
+                            );
+                            Self::write_failure(
+                                tx,
+                                &current,
+                                &result,
+                                &json!({"code": RESOLVED_FAILED_CODE, "via": "operator"}),
+                                now,
+                            )?;
+                            detail["evidence"] = json!("no_receipt");
+                            Answer::Done {
+                                status_ref: current.status_ref.clone(),
+                                state: OperationState::Failed,
+                                delivery: Delivery::Fresh,
+                                result,
+                            }
+                        }
+                    };
+                    insert_event(tx, current.id, now, "resolved", &detail)?;
+                    Ok(answer)
+                },
+            )
+            .await
+    }
+
+    /// Only `outcome_unknown` and `dead` operations can be resolved.
+    fn resolvable(record: &DeferredRecord) -> Result<(), RuntimeError> {
+        match record.state {
+            OperationState::OutcomeUnknown | OperationState::Dead => Ok(()),
+            OperationState::Accepted | OperationState::Processing => Err(Error::new(
+                ErrorCode::OperationInProgress,
+                format!(
+                    "the operation is {}: only outcome_unknown or dead operations can be resolved",
+                    record.state.as_str()
+                ),
+            )
+            .into()),
+            state => Err(Error::invalid(format!(
+                "the operation is {}: only outcome_unknown or dead operations can be resolved",
+                state.as_str()
+            ))
+            .into()),
+        }
+    }
+
     /// Runs one claimed lease: preflight, heartbeat, downstream submit, transaction C.
     pub async fn execute(
         &self,
@@ -1723,11 +2120,16 @@ impl Runtime {
         };
         let receipt = match submitted {
             Ok(r) => r,
+            Err(DownstreamError::Refused { code, message }) if valid_refusal(&code, &message) => {
+                let answer = self.fail(&lease, failure_result(&code, &message)).await?;
+                return Ok(Processed::Delivered(answer));
+            }
             Err(e) => {
                 let code = match e {
                     DownstreamError::Conflict => "downstream_conflict",
                     DownstreamError::Unavailable(_) => "downstream_unavailable",
                     DownstreamError::Rejected(_) => "downstream_rejected",
+                    DownstreamError::Refused { .. } => "downstream_refusal_invalid",
                 };
                 self.record_attempt(&lease, code, Some(OperationState::OutcomeUnknown))
                     .await?;
@@ -1793,6 +2195,10 @@ impl Runtime {
         };
         for id in ids {
             match self.process(id, owner, None).await {
+                Ok(Processed::Delivered(Answer::Done {
+                    state: OperationState::Failed,
+                    ..
+                })) => summary.failed += 1,
                 Ok(Processed::Delivered(_)) => summary.delivered += 1,
                 Ok(Processed::Unknown(_)) => summary.unknown += 1,
                 Ok(Processed::NotClaimed(ClaimOutcome::Exhausted)) => summary.dead += 1,

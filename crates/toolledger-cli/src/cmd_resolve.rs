@@ -1,0 +1,104 @@
+//! `toolledger resolve --status-ref REF --as succeeded|failed --reason TEXT --operator NAME`:
+//! an operator settles an `outcome_unknown` (or `dead`) deferred operation.
+//!
+//! The operator must currently hold the role `operator` in the operation's tenant. The
+//! payments service is asked first: with a receipt, `--as failed` is refused and `--as
+//! succeeded` reconciles it (transaction C); without one, `--as succeeded` is refused and
+//! `--as failed` stores the failure result `{code: "resolved_failed", message}`. Every
+//! resolution appends a `resolved` operation event (operator, reason, time). Exit 0 when the
+//! resolution was recorded, 1 for a refusal (BLOCK, nothing changed), 2 for database failures.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use serde_json::json;
+use toolledger::clock::{ManualClock, SharedClock, SystemClock};
+use toolledger::runtime::{Answer, Resolution, ResolveAs, RuntimeError};
+use toolledger::Error;
+use toolledger_cli::common;
+
+use crate::cmd_dispatch::{block_on, print_refusal, RuntimeStoreArgs};
+
+fn parse_as(s: &str) -> Result<ResolveAs, String> {
+    match s {
+        "succeeded" => Ok(ResolveAs::Succeeded),
+        "failed" => Ok(ResolveAs::Failed),
+        _ => Err("expected succeeded or failed".into()),
+    }
+}
+
+/// `resolve` options.
+#[derive(clap::Args, Debug)]
+pub struct ResolveArgs {
+    #[command(flatten)]
+    pub store: RuntimeStoreArgs,
+    /// The operation's opaque reference.
+    #[arg(long)]
+    pub status_ref: String,
+    /// The outcome to record: `succeeded` (needs the downstream's receipt) or `failed`
+    /// (refused when the downstream holds a receipt).
+    #[arg(long = "as", value_parser = parse_as)]
+    pub outcome: ResolveAs,
+    /// Why; recorded in the operation's events.
+    #[arg(long)]
+    pub reason: String,
+    /// The operator's principal name (role `operator` in the operation's tenant).
+    #[arg(long)]
+    pub operator: String,
+    /// Use this Unix time instead of the wall clock (tests).
+    #[arg(long)]
+    pub clock_epoch: Option<i64>,
+}
+
+/// Runs `resolve`.
+pub fn run(args: ResolveArgs) -> ExitCode {
+    block_on(async move {
+        let store = match args.store.open(false) {
+            Ok(s) => s,
+            Err(code) => return code,
+        };
+        let clock: SharedClock = match args.clock_epoch {
+            Some(t) => Arc::new(ManualClock::new(t)),
+            None => Arc::new(SystemClock),
+        };
+        let rt = match args.store.runtime(&store, clock) {
+            Ok(rt) => rt,
+            Err(code) => return code,
+        };
+        let resolution = Resolution {
+            status_ref: args.status_ref,
+            outcome: args.outcome,
+            reason: args.reason,
+            operator: args.operator,
+        };
+        match rt.resolve(&resolution).await {
+            Ok(Answer::Done {
+                status_ref,
+                state,
+                delivery,
+                result,
+            }) => {
+                common::print_json(&json!({
+                    "code": "OK",
+                    "delivery": delivery.as_str(),
+                    "gate": "PASS",
+                    "resolved_as": resolution.outcome.as_str(),
+                    "result": result,
+                    "status": state.as_str(),
+                    "status_ref": status_ref,
+                }));
+                ExitCode::SUCCESS
+            }
+            Ok(Answer::Unknown { .. }) => print_refusal(&Error::new(
+                toolledger::ErrorCode::OutcomeUnknown,
+                "the operation is still unresolved",
+            )),
+            Err(RuntimeError::Refused(e)) => print_refusal(&e),
+            Err(RuntimeError::Store(s)) => common::fail_store(&s),
+            Err(RuntimeError::Fenced(_)) => print_refusal(&Error::new(
+                toolledger::ErrorCode::OperationInProgress,
+                "a worker claimed the operation meanwhile; nothing was changed",
+            )),
+        }
+    })
+}
