@@ -135,8 +135,11 @@ async fn serve(args: ServeArgs) -> Result<(), i32> {
                 principals,
                 CallerSource::Configured(name),
             );
+            // Pipes (how MCP clients launch a server) are driven by the IO reactor instead of
+            // a blocking-pool thread hand-off per read and write; other streams fall back to
+            // the blocking handles.
             let running = server
-                .serve(rmcp::transport::stdio())
+                .serve(rmcp::transport::stdio_pipes())
                 .await
                 .map_err(|_| 0)?;
             let _ = running.waiting().await;
