@@ -48,9 +48,12 @@
 //!
 //! # TLS
 //!
-//! This build connects without TLS (`sslmode=disable` or `prefer` fall back to plain TCP;
-//! `sslmode=require` is refused at open). Run PostgreSQL on the same host or a private
-//! network, or put a TLS tunnel in front of it.
+//! TLS is rustls (ring) and follows libpq's `sslmode` in the URL: `disable`; `prefer` (the
+//! default: TLS when the server offers it); `require` (always TLS, the certificate not
+//! checked); `verify-ca` and `verify-full` (the chain, and for `verify-full` the host name,
+//! checked against `sslrootcert` or, without it, the Mozilla roots). See `tls.rs`.
+
+mod tls;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -63,6 +66,7 @@ use tokio::sync::oneshot;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{IsNull, ToSql, Type};
 use tokio_postgres::{Client, NoTls, Statement};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::{Migration, StoreError};
 use crate::effect::{Dialect, EffectTx, SqlValue};
@@ -306,12 +310,16 @@ fn column_value(row: &tokio_postgres::Row, i: usize) -> Result<SqlValue, tokio_p
 struct Slot {
     rt: Runtime,
     config: Arc<tokio_postgres::Config>,
+    tls: Option<MakeRustlsConnect>,
     client: Option<Client>,
     statements: HashMap<String, Statement>,
 }
 
 impl Slot {
-    fn new(config: Arc<tokio_postgres::Config>) -> Result<Slot, StoreError> {
+    fn new(
+        config: Arc<tokio_postgres::Config>,
+        tls: Option<MakeRustlsConnect>,
+    ) -> Result<Slot, StoreError> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -319,6 +327,7 @@ impl Slot {
         Ok(Slot {
             rt,
             config,
+            tls,
             client: None,
             statements: HashMap::new(),
         })
@@ -336,18 +345,34 @@ impl Slot {
         }
         self.client = None;
         self.statements.clear();
-        let (client, connection) =
-            self.rt
-                .block_on(self.config.connect(NoTls))
-                .map_err(|e| match map_pg_error(&e) {
-                    StoreError::Database(_) => {
-                        StoreError::Unavailable("cannot connect to the database".into())
-                    }
-                    other => other,
-                })?;
-        self.rt.spawn(async move {
-            let _ = connection.await;
-        });
+        let unavailable = |e: tokio_postgres::Error| match map_pg_error(&e) {
+            StoreError::Database(_) => {
+                StoreError::Unavailable("cannot connect to the database".into())
+            }
+            other => other,
+        };
+        let client = match self.tls.clone() {
+            None => {
+                let (client, connection) = self
+                    .rt
+                    .block_on(self.config.connect(NoTls))
+                    .map_err(unavailable)?;
+                self.rt.spawn(async move {
+                    let _ = connection.await;
+                });
+                client
+            }
+            Some(tls) => {
+                let (client, connection) = self
+                    .rt
+                    .block_on(self.config.connect(tls))
+                    .map_err(unavailable)?;
+                self.rt.spawn(async move {
+                    let _ = connection.await;
+                });
+                client
+            }
+        };
         self.client = Some(client);
         Ok(())
     }
@@ -644,20 +669,22 @@ pub fn is_postgres_url(url: &str) -> bool {
     url.starts_with("postgres://") || url.starts_with("postgresql://")
 }
 
-fn parse_config(url: &str, opts: &PgOptions) -> Result<tokio_postgres::Config, StoreError> {
+fn parse_config(
+    url: &str,
+    opts: &PgOptions,
+) -> Result<(tokio_postgres::Config, Option<MakeRustlsConnect>), StoreError> {
     if !is_postgres_url(url) {
         return Err(StoreError::Database(
             "the database URL must start with postgres://".into(),
         ));
     }
-    let mut config: tokio_postgres::Config = url
+    let tls_url = tls::split_url(url)?;
+    let mut config: tokio_postgres::Config = tls_url
+        .url
         .parse()
         .map_err(|_| StoreError::Database("the database URL is malformed".into()))?;
-    if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-        return Err(StoreError::Database(
-            "sslmode=require needs TLS, which this build does not include".into(),
-        ));
-    }
+    config.ssl_mode(tls_url.mode.negotiation());
+    let tls = tls::connector(tls_url.mode, tls_url.root_cert.as_deref())?;
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(opts.connect_timeout);
     }
@@ -678,7 +705,7 @@ fn parse_config(url: &str, opts: &PgOptions) -> Result<tokio_postgres::Config, S
     if config.get_application_name().is_none() {
         config.application_name("toolledger");
     }
-    Ok(config)
+    Ok((config, tls))
 }
 
 fn worker_loop(receiver: crossbeam_channel::Receiver<Job>, mut slot: Slot) {
@@ -706,11 +733,12 @@ impl PgStore {
     /// [`PgStore::drop_schema_blocking`]); its backend id is empty. Connections are made on
     /// first use.
     pub fn open_unchecked(url: &str, opts: PgOptions) -> Result<Self, StoreError> {
-        let config = Arc::new(parse_config(url, &opts)?);
+        let (config, tls) = parse_config(url, &opts)?;
+        let config = Arc::new(config);
         let (sender, receiver) = crossbeam_channel::unbounded::<Job>();
         let mut threads = Vec::new();
         for i in 0..opts.max_connections.max(1) {
-            let slot = Slot::new(config.clone())?;
+            let slot = Slot::new(config.clone(), tls.clone())?;
             let receiver = receiver.clone();
             let t = std::thread::Builder::new()
                 .name(format!("toolledger-pg-{i}"))
@@ -1117,7 +1145,7 @@ mod tests {
         let err = PgStore::open("mysql://x", PgOptions::any_backend()).unwrap_err();
         assert!(matches!(err, StoreError::Database(_)), "{err:?}");
         let err = PgStore::open(
-            "postgres://u@127.0.0.1/db?sslmode=require",
+            "postgres://u@127.0.0.1/db?sslmode=allow",
             PgOptions::any_backend(),
         )
         .unwrap_err();
