@@ -1,5 +1,6 @@
 //! Seed 003's matrix over real stdio: raw JSON-RPC lines against the built `toolledger serve`,
-//! MCP 2026-07-28 (no initialize), with the database read back after every case.
+//! MCP 2026-07-28 (no initialize), with the database read back after every case, on SQLite and
+//! on PostgreSQL.
 
 mod mcp_support;
 
@@ -7,6 +8,61 @@ use mcp_support::*;
 use serde_json::{json, Value};
 
 const EPOCH: &str = "1800000000";
+
+/// Every case below runs twice: on a fresh SQLite file (`sqlite::…`) and on a fresh schema of
+/// the test PostgreSQL database (`postgres::…`; skipped with one loud line without
+/// `TOOLLEDGER_TEST_DATABASE_URL`, failing in CI).
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[test]
+                fn $name() {
+                    super::$name(super::Db::sqlite());
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[test]
+                fn $name() {
+                    if let Some(db) = super::Db::postgres() {
+                        super::$name(db);
+                    }
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    first_round_is_input_required_with_a_sealed_state_and_writes_nothing,
+    identical_retry_replays_the_stored_result_and_creates_one_issue,
+    lost_reply_then_restart_status_and_exact_replay,
+    recovery_by_status_alone_never_resends_the_continuation,
+    changed_input_responses_under_the_same_token_conflict,
+    a_second_token_on_a_committed_id_conflicts_and_a_tampered_token_is_invalid,
+    another_principal_cannot_use_alices_token_see_her_status_or_reuse_her_id,
+    after_the_authority_deadline_even_an_exact_replay_is_refused_but_status_reads,
+    after_retention_a_replay_is_refused_and_the_tombstone_blocks_a_fresh_token,
+    an_expired_request_state_is_refused_generically,
+    input_responses_without_request_state_are_continuation_unsupported,
+    bad_arguments_and_declined_input_write_nothing,
+    a_revoked_principal_is_refused_and_sees_nothing,
+    watcher_step_adds_a_watcher_and_applies,
+    watcher_failure_with_failed_compensation_ends_partial_with_every_attempt_recorded,
+    watcher_failure_with_compensation_records_the_compensation,
+    exit_after_partial_first_commit_leaves_an_in_progress_row,
+    a_fault_never_fires_on_a_replay,
+    two_processes_sending_the_same_continuation_at_once_make_one_issue,
+    legacy_initialize_lifecycle_lists_tools_and_refuses_the_second_round_clearly,
+    tool_annotations_are_honest,
+    continuations_survive_a_restart_with_environment_keys_and_fail_with_other_keys,
+    legacy_lifecycle_asks_for_the_body_by_elicitation_and_a_retried_call_replays,
+    the_same_continuation_twice_in_flight_on_one_connection_makes_one_issue,
+    exit_after_ledger_insert_leaves_no_rows,
+    exit_after_effect_insert_leaves_no_rows,
+);
 
 fn args(op: &str) -> Value {
     json!({"operation_id": op, "title": "spec"})
@@ -20,9 +76,7 @@ fn create(server: &mut Server, op: &str, text: &str) -> (String, Value) {
     (token, done)
 }
 
-#[test]
-fn first_round_is_input_required_with_a_sealed_state_and_writes_nothing() {
-    let (_d, db) = fresh_db();
+fn first_round_is_input_required_with_a_sealed_state_and_writes_nothing(db: Db) {
     let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
     let reply = s.call_raw(json!({"name": "create_issue", "arguments": args("case-01")}));
     let token = reply["result"]["requestState"]
@@ -53,9 +107,7 @@ fn first_round_is_input_required_with_a_sealed_state_and_writes_nothing() {
     assert_eq!(count(&db, "operations"), 0);
 }
 
-#[test]
-fn identical_retry_replays_the_stored_result_and_creates_one_issue() {
-    let (_d, db) = fresh_db();
+fn identical_retry_replays_the_stored_result_and_creates_one_issue(db: Db) {
     let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
     let (token, first) = create(&mut s, "case-02", "alpha");
     let expected = |replayed: bool| {
@@ -75,9 +127,7 @@ fn identical_retry_replays_the_stored_result_and_creates_one_issue() {
     assert_eq!(count(&db, "operations"), 1);
 }
 
-#[test]
-fn lost_reply_then_restart_status_and_exact_replay() {
-    let (_d, db) = fresh_db();
+fn lost_reply_then_restart_status_and_exact_replay(db: Db) {
     let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
     let token = request_state(&s.call("create_issue", args("case-03")));
     assert_eq!(s.finish(), 0);
@@ -102,10 +152,10 @@ fn lost_reply_then_restart_status_and_exact_replay() {
     assert_eq!(
         st,
         json!({
-            "operationId": "case-03", "principal": "alice", "backend": BACKEND,
+            "operationId": "case-03", "principal": "alice", "backend": db.backend(),
             "observedAt": 1_800_000_000i64, "authoritative": true,
             "freshWriteAuthorized": false,
-            "scopeBinding": {"operationId": "case-03", "principal": "alice", "backend": BACKEND},
+            "scopeBinding": {"operationId": "case-03", "principal": "alice", "backend": db.backend()},
             "state": "applied", "matchingIds": [1],
             "detail": "ledger row applied and its effect rows agree",
             "storedResult": "created 1",
@@ -122,9 +172,7 @@ fn lost_reply_then_restart_status_and_exact_replay() {
     assert_eq!(count(&db, "operations"), 1);
 }
 
-#[test]
-fn recovery_by_status_alone_never_resends_the_continuation() {
-    let (_d, db) = fresh_db();
+fn recovery_by_status_alone_never_resends_the_continuation(db: Db) {
     let mut s = Server::start(
         &db,
         "alice",
@@ -149,9 +197,7 @@ fn recovery_by_status_alone_never_resends_the_continuation() {
     assert_eq!(count(&db, "operations"), 1);
 }
 
-#[test]
-fn changed_input_responses_under_the_same_token_conflict() {
-    let (_d, db) = fresh_db();
+fn changed_input_responses_under_the_same_token_conflict(db: Db) {
     let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
     let (token, first) = create(&mut s, "case-04", "alpha");
     assert_eq!(first["structuredContent"]["replayed"], false);
@@ -169,9 +215,7 @@ fn changed_input_responses_under_the_same_token_conflict() {
     assert_eq!(count(&db, "operations"), 1);
 }
 
-#[test]
-fn a_second_token_on_a_committed_id_conflicts_and_a_tampered_token_is_invalid() {
-    let (_d, db) = fresh_db();
+fn a_second_token_on_a_committed_id_conflicts_and_a_tampered_token_is_invalid(db: Db) {
     let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
     let t1 = request_state(&s.call("create_issue", args("case-05")));
     let t2 = request_state(&s.call("create_issue", args("case-05")));
@@ -202,9 +246,7 @@ fn a_second_token_on_a_committed_id_conflicts_and_a_tampered_token_is_invalid() 
     assert_eq!(count(&db, "operations"), 1);
 }
 
-#[test]
-fn another_principal_cannot_use_alices_token_see_her_status_or_reuse_her_id() {
-    let (_d, db) = fresh_db();
+fn another_principal_cannot_use_alices_token_see_her_status_or_reuse_her_id(db: Db) {
     let mut a = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
     let (token, _) = create(&mut a, "case-06", "alpha");
     assert_eq!(a.finish(), 0);
@@ -227,9 +269,7 @@ fn another_principal_cannot_use_alices_token_see_her_status_or_reuse_her_id() {
     assert_eq!(count(&db, "operations"), 1);
 }
 
-#[test]
-fn after_the_authority_deadline_even_an_exact_replay_is_refused_but_status_reads() {
-    let (_d, db) = fresh_db();
+fn after_the_authority_deadline_even_an_exact_replay_is_refused_but_status_reads(db: Db) {
     let flags = ["--authority-ttl", "60", "--request-state-ttl", "100000"];
     let mut s = Server::start(
         &db,
@@ -254,9 +294,7 @@ fn after_the_authority_deadline_even_an_exact_replay_is_refused_but_status_reads
     assert_eq!(count(&db, "operations"), 1);
 }
 
-#[test]
-fn after_retention_a_replay_is_refused_and_the_tombstone_blocks_a_fresh_token() {
-    let (_d, db) = fresh_db();
+fn after_retention_a_replay_is_refused_and_the_tombstone_blocks_a_fresh_token(db: Db) {
     let flags = [
         "--authority-ttl",
         "100000",
@@ -288,9 +326,7 @@ fn after_retention_a_replay_is_refused_and_the_tombstone_blocks_a_fresh_token() 
     assert_eq!(count(&db, "operations"), 1);
 }
 
-#[test]
-fn an_expired_request_state_is_refused_generically() {
-    let (_d, db) = fresh_db();
+fn an_expired_request_state_is_refused_generically(db: Db) {
     let mut s = Server::start(
         &db,
         "alice",
@@ -310,9 +346,7 @@ fn an_expired_request_state_is_refused_generically() {
     assert_eq!(count(&db, "operations"), 0);
 }
 
-#[test]
-fn input_responses_without_request_state_are_continuation_unsupported() {
-    let (_d, db) = fresh_db();
+fn input_responses_without_request_state_are_continuation_unsupported(db: Db) {
     let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
     let r = s.call_raw(json!({"name": "create_issue", "arguments": args("case-11"),
                               "inputResponses": body("alpha")}));
@@ -322,9 +356,7 @@ fn input_responses_without_request_state_are_continuation_unsupported() {
     assert_eq!(count(&db, "operations"), 0);
 }
 
-#[test]
-fn bad_arguments_and_declined_input_write_nothing() {
-    let (_d, db) = fresh_db();
+fn bad_arguments_and_declined_input_write_nothing(db: Db) {
     let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
     for bad in [
         json!({"title": "spec"}),
@@ -353,16 +385,13 @@ fn bad_arguments_and_declined_input_write_nothing() {
     assert_eq!(count(&db, "operations"), 0);
 }
 
-#[test]
-fn a_revoked_principal_is_refused_and_sees_nothing() {
-    let (_d, db) = fresh_db();
+fn a_revoked_principal_is_refused_and_sees_nothing(db: Db) {
     let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
     let (token, _) = create(&mut s, "case-rev", "alpha");
     assert_eq!(s.finish(), 0);
     let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = db.store();
     rt.block_on(async {
-        let store =
-            toolledger_cli::common::open_store(&db, Some(BACKEND.to_string()), false).unwrap();
         toolledger::authz::PrincipalStore::new(store)
             .revoke("alice", &[], &[], true)
             .await
@@ -377,9 +406,7 @@ fn a_revoked_principal_is_refused_and_sees_nothing() {
     assert_eq!(count(&db, "issues"), 1);
 }
 
-#[test]
-fn watcher_step_adds_a_watcher_and_applies() {
-    let (_d, db) = fresh_db();
+fn watcher_step_adds_a_watcher_and_applies(db: Db) {
     let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
     let a = json!({"operation_id": "case-w", "title": "spec", "watcher": "bob"});
     let token = request_state(&s.call("create_issue", a.clone()));
@@ -392,9 +419,7 @@ fn watcher_step_adds_a_watcher_and_applies() {
     assert_eq!(kinds, ["first_step", "watcher_added"]);
 }
 
-#[test]
-fn watcher_failure_with_failed_compensation_ends_partial_with_every_attempt_recorded() {
-    let (_d, db) = fresh_db();
+fn watcher_failure_with_failed_compensation_ends_partial_with_every_attempt_recorded(db: Db) {
     let flags = [
         "--clock-epoch",
         EPOCH,
@@ -431,9 +456,7 @@ fn watcher_failure_with_failed_compensation_ends_partial_with_every_attempt_reco
     assert_eq!(ev[1].1["watcher"], "bob");
 }
 
-#[test]
-fn watcher_failure_with_compensation_records_the_compensation() {
-    let (_d, db) = fresh_db();
+fn watcher_failure_with_compensation_records_the_compensation(db: Db) {
     let mut s = Server::start(
         &db,
         "alice",
@@ -452,8 +475,7 @@ fn watcher_failure_with_compensation_records_the_compensation() {
     );
 }
 
-fn crash_before_commit(fault: &str, code: i32) {
-    let (_d, db) = fresh_db();
+fn crash_before_commit(db: Db, fault: &str, code: i32) {
     let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH, "--fault", fault]);
     let token = request_state(&s.call("create_issue", args("case-f")));
     s.send(
@@ -474,19 +496,15 @@ fn crash_before_commit(fault: &str, code: i32) {
     assert_eq!(count(&db, "issues"), 1);
 }
 
-#[test]
-fn exit_after_ledger_insert_leaves_no_rows() {
-    crash_before_commit("exit-after-ledger-insert", 71);
+fn exit_after_ledger_insert_leaves_no_rows(db: Db) {
+    crash_before_commit(db, "exit-after-ledger-insert", 71);
 }
 
-#[test]
-fn exit_after_effect_insert_leaves_no_rows() {
-    crash_before_commit("exit-after-effect-insert", 72);
+fn exit_after_effect_insert_leaves_no_rows(db: Db) {
+    crash_before_commit(db, "exit-after-effect-insert", 72);
 }
 
-#[test]
-fn exit_after_partial_first_commit_leaves_an_in_progress_row() {
-    let (_d, db) = fresh_db();
+fn exit_after_partial_first_commit_leaves_an_in_progress_row(db: Db) {
     let a = json!({"operation_id": "case-73", "title": "spec", "watcher": "bob"});
     let mut s = Server::start(
         &db,
@@ -525,9 +543,7 @@ fn exit_after_partial_first_commit_leaves_an_in_progress_row() {
     assert_eq!(count(&db, "issue_watchers"), 0);
 }
 
-#[test]
-fn a_fault_never_fires_on_a_replay() {
-    let (_d, db) = fresh_db();
+fn a_fault_never_fires_on_a_replay(db: Db) {
     let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
     let (token, _) = create(&mut s, "case-nf", "alpha");
     assert_eq!(s.finish(), 0);
@@ -544,9 +560,7 @@ fn a_fault_never_fires_on_a_replay() {
     assert_eq!(count(&db, "issues"), 1);
 }
 
-#[test]
-fn two_processes_sending_the_same_continuation_at_once_make_one_issue() {
-    let (_d, db) = fresh_db();
+fn two_processes_sending_the_same_continuation_at_once_make_one_issue(db: Db) {
     let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
     let token = request_state(&s.call("create_issue", args("case-08")));
     assert_eq!(s.finish(), 0);
@@ -583,9 +597,7 @@ fn two_processes_sending_the_same_continuation_at_once_make_one_issue() {
     assert_eq!(count(&db, "operations"), 1);
 }
 
-#[test]
-fn legacy_initialize_lifecycle_lists_tools_and_refuses_the_second_round_clearly() {
-    let (_d, db) = fresh_db();
+fn legacy_initialize_lifecycle_lists_tools_and_refuses_the_second_round_clearly(db: Db) {
     let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
     s.send(
         &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
@@ -622,9 +634,7 @@ fn legacy_initialize_lifecycle_lists_tools_and_refuses_the_second_round_clearly(
     assert_eq!(count(&db, "issues"), 0);
 }
 
-#[test]
-fn tool_annotations_are_honest() {
-    let (_d, db) = fresh_db();
+fn tool_annotations_are_honest(db: Db) {
     for (flags, idempotent) in [(vec![], true), (vec!["--unguarded"], false)] {
         let mut s = Server::start(&db, "alice", &flags);
         s.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list",
@@ -672,9 +682,7 @@ fn serve_refuses_to_start_without_a_principal_or_with_a_short_key() {
     assert!(!String::from_utf8_lossy(&out.stderr).contains(db.to_str().unwrap()));
 }
 
-#[test]
-fn continuations_survive_a_restart_with_environment_keys_and_fail_with_other_keys() {
-    let (_d, db) = fresh_db();
+fn continuations_survive_a_restart_with_environment_keys_and_fail_with_other_keys(db: Db) {
     let fp = "cd".repeat(32);
     let start = |state_key: &str| {
         Server::start_with_env(
@@ -705,9 +713,7 @@ fn continuations_survive_a_restart_with_environment_keys_and_fail_with_other_key
     assert_eq!(count(&db, "issues"), 1);
 }
 
-#[test]
-fn legacy_lifecycle_asks_for_the_body_by_elicitation_and_a_retried_call_replays() {
-    let (_d, db) = fresh_db();
+fn legacy_lifecycle_asks_for_the_body_by_elicitation_and_a_retried_call_replays(db: Db) {
     let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
     s.send(
         &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
@@ -749,9 +755,7 @@ fn legacy_lifecycle_asks_for_the_body_by_elicitation_and_a_retried_call_replays(
     assert_eq!(count(&db, "operations"), 1);
 }
 
-#[test]
-fn the_same_continuation_twice_in_flight_on_one_connection_makes_one_issue() {
-    let (_d, db) = fresh_db();
+fn the_same_continuation_twice_in_flight_on_one_connection_makes_one_issue(db: Db) {
     let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
     let token = request_state(&s.call("create_issue", args("case-inflight")));
     for id in [100, 101] {

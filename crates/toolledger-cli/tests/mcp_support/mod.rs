@@ -10,59 +10,249 @@ use std::sync::mpsc::{channel, Receiver};
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use toolledger::effect::{EffectTx, RowExt};
+use toolledger::store::conformance::Harness;
+use toolledger::store::Store;
 
 /// The built binary.
 pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_toolledger"))
 }
 
-/// Backend id every wire test binds its database to.
+/// Backend id every SQLite wire test binds its database to.
 pub const BACKEND: &str = "sqlite:mcp-wire";
 
-/// A fresh database with principals `alice` and `bob` (tenant `acme`, role editor, scope
-/// automation:write) and `carol` in tenant `other`. Returns the temp dir and the db path.
+/// Backend id every PostgreSQL wire test binds its schema to.
+pub const PG_BACKEND: &str = "postgres:mcp-wire";
+
+/// Continuation-state key the servers of a PostgreSQL test share (no key file there).
+pub const PG_STATE_KEY: &str =
+    "6d63702077697265206d61747269782073746174652d6b657920706f737467726573";
+/// Fingerprint key the servers of a PostgreSQL test share.
+pub const PG_FP_KEY: &str = "6d63702077697265206d617472697820666970722d6b657920706f7374677265";
+
+/// A ledger the wire tests run against: a SQLite file (read back with a fresh rusqlite
+/// connection, exactly as before) or a PostgreSQL schema (read back through the library's
+/// `Store`).
+pub trait Ledger {
+    /// The `serve`/`migrate` flags that select this database.
+    fn store_args(&self) -> Vec<String>;
+    /// Key variables every server of this ledger gets (PostgreSQL has no key file).
+    fn key_env(&self) -> Vec<(&'static str, &'static str)>;
+    /// The backend id the database is bound to.
+    fn backend(&self) -> &str;
+    /// A library handle on the database (reference tables, bound backend id).
+    fn store(&self) -> Store;
+    /// Runs one query returning a single i64.
+    fn scalar(&self, sql: &str) -> i64;
+    /// Text rows of a query returning two columns.
+    fn pairs(&self, sql: &str) -> Vec<(String, String)>;
+}
+
+impl Ledger for Path {
+    fn store_args(&self) -> Vec<String> {
+        vec![
+            "--db".into(),
+            self.display().to_string(),
+            "--backend-id".into(),
+            BACKEND.into(),
+        ]
+    }
+
+    fn key_env(&self) -> Vec<(&'static str, &'static str)> {
+        Vec::new()
+    }
+
+    fn backend(&self) -> &str {
+        BACKEND
+    }
+
+    fn store(&self) -> Store {
+        Store::from(
+            toolledger_cli::common::open_store(self, Some(BACKEND.to_string()), false).unwrap(),
+        )
+    }
+
+    fn scalar(&self, sql: &str) -> i64 {
+        let conn = rusqlite::Connection::open(self).unwrap();
+        conn.query_row(sql, [], |r| r.get(0)).unwrap()
+    }
+
+    fn pairs(&self, sql: &str) -> Vec<(String, String)> {
+        let conn = rusqlite::Connection::open(self).unwrap();
+        let mut stmt = conn.prepare(sql).unwrap();
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+}
+
+impl Ledger for PathBuf {
+    fn store_args(&self) -> Vec<String> {
+        self.as_path().store_args()
+    }
+    fn key_env(&self) -> Vec<(&'static str, &'static str)> {
+        Vec::new()
+    }
+    fn backend(&self) -> &str {
+        BACKEND
+    }
+    fn store(&self) -> Store {
+        self.as_path().store()
+    }
+    fn scalar(&self, sql: &str) -> i64 {
+        self.as_path().scalar(sql)
+    }
+    fn pairs(&self, sql: &str) -> Vec<(String, String)> {
+        self.as_path().pairs(sql)
+    }
+}
+
+/// A fresh wire-test database of either backend, with principals `alice` and `bob` (tenant
+/// `acme`, role editor, scope automation:write) and `carol` in tenant `other`.
+pub enum Db {
+    /// A temporary SQLite file.
+    Sqlite(tempfile::TempDir, PathBuf),
+    /// A fresh schema of the test PostgreSQL database (dropped with the harness).
+    Postgres {
+        /// Owns (and at the end drops) the schema.
+        h: Harness,
+        /// The URL other processes use to reach the schema.
+        url: String,
+        /// A handle for reading back and for principals.
+        store: Store,
+    },
+}
+
+impl Db {
+    /// A fresh SQLite database.
+    pub fn sqlite() -> Db {
+        let (dir, path) = fresh_db();
+        Db::Sqlite(dir, path)
+    }
+
+    /// A fresh PostgreSQL schema; `None` when PostgreSQL tests are skipped (one loud line;
+    /// in CI they fail instead).
+    pub fn postgres() -> Option<Db> {
+        let h = Harness::postgres()?;
+        // Creates the schema; the reference tables come with the CLI's own migrations.
+        drop(h.open_with(Some(PG_BACKEND), (&[], &[]), false).unwrap());
+        let url = h.database_url().unwrap();
+        let store =
+            toolledger_cli::common::open_postgres(&url, Some(PG_BACKEND.into()), true).unwrap();
+        let db = Db::Postgres { h, url, store };
+        add_principals(&db);
+        Some(db)
+    }
+}
+
+impl Ledger for Db {
+    fn store_args(&self) -> Vec<String> {
+        match self {
+            Db::Sqlite(_, p) => p.store_args(),
+            Db::Postgres { url, .. } => vec![
+                "--database-url".into(),
+                url.clone(),
+                "--backend-id".into(),
+                PG_BACKEND.into(),
+            ],
+        }
+    }
+
+    fn key_env(&self) -> Vec<(&'static str, &'static str)> {
+        match self {
+            Db::Sqlite(..) => Vec::new(),
+            Db::Postgres { .. } => vec![
+                ("TOOLLEDGER_STATE_KEY_HEX", PG_STATE_KEY),
+                ("TOOLLEDGER_FINGERPRINT_KEY_HEX", PG_FP_KEY),
+            ],
+        }
+    }
+
+    fn backend(&self) -> &str {
+        match self {
+            Db::Sqlite(..) => BACKEND,
+            Db::Postgres { .. } => PG_BACKEND,
+        }
+    }
+
+    fn store(&self) -> Store {
+        match self {
+            Db::Sqlite(_, p) => p.store(),
+            Db::Postgres { store, .. } => store.clone(),
+        }
+    }
+
+    fn scalar(&self, sql: &str) -> i64 {
+        match self {
+            Db::Sqlite(_, p) => p.scalar(sql),
+            Db::Postgres { store, h, .. } => {
+                let _ = h;
+                let (store, sql) = (store.clone(), sql.to_string());
+                std::thread::spawn(move || {
+                    store
+                        .read_blocking(move |tx: &mut dyn EffectTx| {
+                            tx.query_opt(&sql, &[])?.expect("a row").int(0)
+                        })
+                        .unwrap()
+                })
+                .join()
+                .unwrap()
+            }
+        }
+    }
+
+    fn pairs(&self, sql: &str) -> Vec<(String, String)> {
+        match self {
+            Db::Sqlite(_, p) => p.pairs(sql),
+            Db::Postgres { store, .. } => {
+                let (store, sql) = (store.clone(), sql.to_string());
+                std::thread::spawn(move || {
+                    store
+                        .read_blocking(move |tx: &mut dyn EffectTx| {
+                            tx.query(&sql, &[])?
+                                .iter()
+                                .map(|r| Ok((r.text(0)?, r.text(1)?)))
+                                .collect::<Result<Vec<_>, toolledger::Error>>()
+                        })
+                        .unwrap()
+                })
+                .join()
+                .unwrap()
+            }
+        }
+    }
+}
+
+fn add_principals<L: Ledger + ?Sized>(db: &L) {
+    for (name, tenant) in [("alice", "acme"), ("bob", "acme"), ("carol", "other")] {
+        add_principal(db, name, tenant, &["editor"], &["automation:write"], false);
+    }
+}
+
+/// A fresh SQLite database with principals `alice` and `bob` (tenant `acme`, role editor,
+/// scope automation:write) and `carol` in tenant `other`. Returns the temp dir and the db path.
 pub fn fresh_db() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("ledger.sqlite");
-    add_principal(
-        &db,
-        "alice",
-        "acme",
-        &["editor"],
-        &["automation:write"],
-        false,
-    );
-    add_principal(
-        &db,
-        "bob",
-        "acme",
-        &["editor"],
-        &["automation:write"],
-        false,
-    );
-    add_principal(
-        &db,
-        "carol",
-        "other",
-        &["editor"],
-        &["automation:write"],
-        false,
-    );
+    add_principals(db.as_path());
     (dir, db)
 }
 
 /// Adds (or replaces) a principal; returns its bearer token when `token` is set.
-pub fn add_principal(
-    db: &Path,
+pub fn add_principal<L: Ledger + ?Sized>(
+    db: &L,
     name: &str,
     tenant: &str,
     roles: &[&str],
     scopes: &[&str],
     token: bool,
 ) -> Option<String> {
-    let (db, name, tenant) = (db.to_path_buf(), name.to_string(), tenant.to_string());
+    let (name, tenant) = (name.to_string(), tenant.to_string());
     let roles: Vec<String> = roles.iter().map(|s| s.to_string()).collect();
     let scopes: Vec<String> = scopes.iter().map(|s| s.to_string()).collect();
+    let store = db.store();
     // A thread of its own, so callers inside a tokio runtime can use it too.
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -70,8 +260,6 @@ pub fn add_principal(
             .build()
             .unwrap();
         rt.block_on(async {
-            let store =
-                toolledger_cli::common::open_store(&db, Some(BACKEND.to_string()), false).unwrap();
             toolledger::authz::PrincipalStore::new(store)
                 .add(&name, &tenant, &roles, &scopes, token)
                 .await
@@ -82,34 +270,22 @@ pub fn add_principal(
     .unwrap()
 }
 
-/// Counts rows of `table` (read on a fresh connection).
-pub fn count(db: &Path, table: &str) -> i64 {
-    let conn = rusqlite::Connection::open(db).unwrap();
-    conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
-        .unwrap()
+/// Counts rows of `table` (read on a fresh connection on SQLite, one snapshot on PostgreSQL).
+pub fn count<L: Ledger + ?Sized>(db: &L, table: &str) -> i64 {
+    db.scalar(&format!("SELECT count(*) FROM {table}"))
 }
 
 /// Runs one query returning a single i64.
-pub fn scalar(db: &Path, sql: &str) -> i64 {
-    let conn = rusqlite::Connection::open(db).unwrap();
-    conn.query_row(sql, [], |r| r.get(0)).unwrap()
+pub fn scalar<L: Ledger + ?Sized>(db: &L, sql: &str) -> i64 {
+    db.scalar(sql)
 }
 
 /// Operation events of the first ledger row, as (kind, detail JSON).
-pub fn events(db: &Path) -> Vec<(String, Value)> {
-    let conn = rusqlite::Connection::open(db).unwrap();
-    let mut stmt = conn
-        .prepare("SELECT kind, detail FROM operation_events ORDER BY id")
-        .unwrap();
-    stmt.query_map([], |r| {
-        Ok((
-            r.get::<_, String>(0)?,
-            serde_json::from_str(&r.get::<_, String>(1)?).unwrap(),
-        ))
-    })
-    .unwrap()
-    .collect::<Result<_, _>>()
-    .unwrap()
+pub fn events<L: Ledger + ?Sized>(db: &L) -> Vec<(String, Value)> {
+    db.pairs("SELECT kind, detail FROM operation_events ORDER BY id")
+        .into_iter()
+        .map(|(k, d)| (k, serde_json::from_str(&d).unwrap()))
+        .collect()
 }
 
 /// One running `toolledger serve` on stdio.
@@ -121,29 +297,23 @@ pub struct Server {
 }
 
 /// Extra `serve` flags.
-pub fn serve_args(db: &Path, principal: &str, extra: &[&str]) -> Vec<String> {
-    let mut a = vec![
-        "serve".to_string(),
-        "--db".into(),
-        db.display().to_string(),
-        "--backend-id".into(),
-        BACKEND.into(),
-        "--principal".into(),
-        principal.into(),
-    ];
+pub fn serve_args<L: Ledger + ?Sized>(db: &L, principal: &str, extra: &[&str]) -> Vec<String> {
+    let mut a = vec!["serve".to_string()];
+    a.extend(db.store_args());
+    a.extend(["--principal".to_string(), principal.into()]);
     a.extend(extra.iter().map(|s| s.to_string()));
     a
 }
 
 impl Server {
     /// Starts the server as `principal` with `extra` flags.
-    pub fn start(db: &Path, principal: &str, extra: &[&str]) -> Server {
+    pub fn start<L: Ledger + ?Sized>(db: &L, principal: &str, extra: &[&str]) -> Server {
         Server::start_with_env(db, principal, extra, &[])
     }
 
     /// Starts the server with key variables from `env` (others from the key file).
-    pub fn start_with_env(
-        db: &Path,
+    pub fn start_with_env<L: Ledger + ?Sized>(
+        db: &L,
         principal: &str,
         extra: &[&str],
         env: &[(&str, &str)],
@@ -153,7 +323,7 @@ impl Server {
             .args(serve_args(db, principal, extra))
             .env_remove("TOOLLEDGER_STATE_KEY_HEX")
             .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX");
-        for (k, v) in env {
+        for (k, v) in db.key_env().into_iter().chain(env.iter().copied()) {
             command.env(k, v);
         }
         let mut child = command
