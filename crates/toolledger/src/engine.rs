@@ -312,7 +312,9 @@ impl Engine {
                 if let Some(h) = &fault {
                     h(FaultPoint::AfterEffect);
                 }
-                tx.execute(
+                // Nothing reads this row back in the transaction: on PostgreSQL the update
+                // goes out together with COMMIT.
+                tx.execute_before_commit(
                     "UPDATE operations SET state = 'applied', result = ?1, result_digest = ?2,
                          updated_at = ?3
                      WHERE id = ?4 AND state = 'in_progress'",
