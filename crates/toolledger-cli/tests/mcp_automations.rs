@@ -1,14 +1,19 @@
 //! Seed 000's automation tools over the MCP wire: `create_automation` and `set_interval`,
 //! replay by request id, version conflict, scope checks, and nothing written on refusal.
 
+#[macro_use]
 mod mcp_support;
 
 use mcp_support::*;
 use serde_json::json;
 
-#[test]
-fn create_then_set_interval_replays_and_refuses_stale_versions() {
-    let (_d, db) = fresh_db();
+on_both_backends!(
+    create_then_set_interval_replays_and_refuses_stale_versions,
+    without_automation_write_scope_nothing_is_written,
+    a_lost_set_interval_reply_is_recovered_by_the_same_request_id,
+);
+
+fn create_then_set_interval_replays_and_refuses_stale_versions(db: Db) {
     let mut s = Server::start(&db, "alice", &["--clock-epoch", "1800000000"]);
     let created = s.call(
         "create_automation",
@@ -70,9 +75,7 @@ fn create_then_set_interval_replays_and_refuses_stale_versions() {
     );
 }
 
-#[test]
-fn without_automation_write_scope_nothing_is_written() {
-    let (_d, db) = fresh_db();
+fn without_automation_write_scope_nothing_is_written(db: Db) {
     add_principal(&db, "dave", "acme", &["editor"], &[], false);
     let mut s = Server::start(&db, "dave", &[]);
     let r = s.call(
@@ -85,9 +88,7 @@ fn without_automation_write_scope_nothing_is_written() {
     assert_eq!(count(&db, "operations"), 0);
 }
 
-#[test]
-fn a_lost_set_interval_reply_is_recovered_by_the_same_request_id() {
-    let (_d, db) = fresh_db();
+fn a_lost_set_interval_reply_is_recovered_by_the_same_request_id(db: Db) {
     let mut s = Server::start(&db, "alice", &[]);
     let id = s.call(
         "create_automation",

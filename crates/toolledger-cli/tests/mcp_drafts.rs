@@ -2,9 +2,9 @@
 //! `toolledger approve`, consumed once in the draft's transaction; the operation id decides
 //! redelivery (replay never returns the text), the slug decides the document.
 
+#[macro_use]
 mod mcp_support;
 
-use std::path::Path;
 use std::process::Command;
 
 use mcp_support::*;
@@ -12,11 +12,17 @@ use serde_json::{json, Value};
 
 const NOW: i64 = 1_800_000_000;
 
-fn setup() -> (tempfile::TempDir, std::path::PathBuf) {
-    let (d, db) = fresh_db();
-    add_principal(&db, "ed", "acme", &["approver"], &[], false);
-    add_principal(&db, "viewer", "acme", &["reader"], &[], false);
-    (d, db)
+on_both_backends!(
+    approved_draft_is_written_once_and_a_replay_never_returns_the_text,
+    same_operation_with_changed_text_conflicts_and_keeps_the_original,
+    another_operation_for_the_same_slug_is_refused_and_overwrites_nothing,
+    missing_unknown_expired_changed_or_used_approvals_are_refused_without_writes,
+    only_editors_may_create_drafts_even_on_replay,
+);
+
+fn setup(db: &Db) {
+    add_principal(db, "ed", "acme", &["approver"], &[], false);
+    add_principal(db, "viewer", "acme", &["reader"], &[], false);
 }
 
 fn payload(slug: &str, text: &str) -> Value {
@@ -24,18 +30,12 @@ fn payload(slug: &str, text: &str) -> Value {
 }
 
 /// `toolledger approve` for alice's `operation` with `payload`; returns the approval id.
-fn approve(db: &Path, operation: &str, payload: &Value, ttl: i64) -> String {
+fn approve(db: &Db, operation: &str, payload: &Value, ttl: i64) -> String {
     let out = Command::new(bin())
-        .args(["approve", "--db"])
-        .arg(db)
-        .args([
-            "--backend-id",
-            BACKEND,
-            "--approver",
-            "ed",
-            "--tool",
-            "create_draft",
-        ])
+        .arg("approve")
+        .args(db.store_args())
+        .envs(db.key_env())
+        .args(["--approver", "ed", "--tool", "create_draft"])
         .args(["--requester", "alice", "--key", operation])
         .args(["--arguments", &payload.to_string()])
         .args(["--ttl", &ttl.to_string(), "--now", &NOW.to_string()])
@@ -59,13 +59,12 @@ fn call_args(operation: &str, payload: &Value, approval: Option<&str>) -> Value 
     a
 }
 
-fn server(db: &Path, who: &str, at: i64) -> Server {
+fn server(db: &Db, who: &str, at: i64) -> Server {
     Server::start(db, who, &["--clock-epoch", &at.to_string()])
 }
 
-#[test]
-fn approved_draft_is_written_once_and_a_replay_never_returns_the_text() {
-    let (_d, db) = setup();
+fn approved_draft_is_written_once_and_a_replay_never_returns_the_text(db: Db) {
+    setup(&db);
     let p = payload("new-draft", "secret body text");
     let id = approve(&db, "draft-request-17", &p, 600);
     let mut s = server(&db, "alice", NOW + 10);
@@ -102,9 +101,8 @@ fn approved_draft_is_written_once_and_a_replay_never_returns_the_text() {
     );
 }
 
-#[test]
-fn same_operation_with_changed_text_conflicts_and_keeps_the_original() {
-    let (_d, db) = setup();
+fn same_operation_with_changed_text_conflicts_and_keeps_the_original(db: Db) {
+    setup(&db);
     let p = payload("d1", "first text");
     let id = approve(&db, "op-a", &p, 600);
     let mut s = server(&db, "alice", NOW + 1);
@@ -116,16 +114,14 @@ fn same_operation_with_changed_text_conflicts_and_keeps_the_original() {
     assert_eq!(error_code(&changed), "operation_conflict");
     assert_eq!(s.finish(), 0);
     assert_eq!(count(&db, "drafts"), 1);
-    let conn = rusqlite::Connection::open(&db).unwrap();
-    let text: String = conn
-        .query_row("SELECT text FROM drafts", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(text, "first text");
+    assert_eq!(
+        db.pairs("SELECT slug, text FROM drafts"),
+        [("d1".to_string(), "first text".to_string())]
+    );
 }
 
-#[test]
-fn another_operation_for_the_same_slug_is_refused_and_overwrites_nothing() {
-    let (_d, db) = setup();
+fn another_operation_for_the_same_slug_is_refused_and_overwrites_nothing(db: Db) {
+    setup(&db);
     let p = payload("shared-slug", "text A");
     let a = approve(&db, "op-a", &p, 600);
     let b = approve(&db, "op-b", &p, 600);
@@ -146,9 +142,8 @@ fn another_operation_for_the_same_slug_is_refused_and_overwrites_nothing() {
     );
 }
 
-#[test]
-fn missing_unknown_expired_changed_or_used_approvals_are_refused_without_writes() {
-    let (_d, db) = setup();
+fn missing_unknown_expired_changed_or_used_approvals_are_refused_without_writes(db: Db) {
+    setup(&db);
     let p = payload("d2", "text");
     let good = approve(&db, "op-1", &p, 600);
     let mut s = server(&db, "alice", NOW + 1);
@@ -184,9 +179,8 @@ fn missing_unknown_expired_changed_or_used_approvals_are_refused_without_writes(
     assert_eq!(count(&db, "drafts"), 1);
 }
 
-#[test]
-fn only_editors_may_create_drafts_even_on_replay() {
-    let (_d, db) = setup();
+fn only_editors_may_create_drafts_even_on_replay(db: Db) {
+    setup(&db);
     let p = payload("d4", "text");
     let id = approve(&db, "op-e", &p, 600);
     let mut s = server(&db, "viewer", NOW + 1);

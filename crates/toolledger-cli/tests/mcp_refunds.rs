@@ -1,24 +1,27 @@
 //! Seed 001's `refund_order` over the MCP wire: approval from `toolledger approve`, delivery
 //! through the outbox to the payments stand-in, replay by idempotency key, owner-only access.
 
+#[macro_use]
 mod mcp_support;
 
-use std::path::Path;
 use std::process::Command;
 
 use mcp_support::*;
 use serde_json::{json, Value};
 
-fn add_order(db: &Path, id: &str, owner: &str, amount: i64) {
-    let (db, id, owner) = (db.to_path_buf(), id.to_string(), owner.to_string());
+on_both_backends!(
+    an_approved_refund_is_delivered_once_and_replayed_by_key,
+    refunds_need_an_approval_and_the_owner,
+);
+
+fn add_order(db: &Db, id: &str, owner: &str, amount: i64) {
+    let (store, id, owner) = (db.store(), id.to_string(), owner.to_string());
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         rt.block_on(async {
-            let store =
-                toolledger_cli::common::open_store(&db, Some(BACKEND.to_string()), false).unwrap();
             toolledger_cli::reference::refunds::ensure_order(
                 &store, "acme", &id, &owner, amount, true,
             )
@@ -30,18 +33,12 @@ fn add_order(db: &Path, id: &str, owner: &str, amount: i64) {
     .unwrap();
 }
 
-fn approve(db: &Path, key: &str, business: &Value) -> String {
+fn approve(db: &Db, key: &str, business: &Value) -> String {
     let out = Command::new(bin())
-        .args(["approve", "--db"])
-        .arg(db)
-        .args([
-            "--backend-id",
-            BACKEND,
-            "--approver",
-            "ed",
-            "--tool",
-            "refund_order",
-        ])
+        .arg("approve")
+        .args(db.store_args())
+        .envs(db.key_env())
+        .args(["--approver", "ed", "--tool", "refund_order"])
         .args(["--requester", "alice", "--key", key])
         .args(["--arguments", &business.to_string()])
         .output()
@@ -55,9 +52,7 @@ fn approve(db: &Path, key: &str, business: &Value) -> String {
     v["approval_id"].as_str().unwrap().to_string()
 }
 
-#[test]
-fn an_approved_refund_is_delivered_once_and_replayed_by_key() {
-    let (_d, db) = fresh_db();
+fn an_approved_refund_is_delivered_once_and_replayed_by_key(db: Db) {
     add_principal(&db, "ed", "acme", &["approver"], &[], false);
     add_order(&db, "o-1", "alice", 5000);
     let business = json!({"order_id": "o-1", "amount_cents": 1200});
@@ -88,9 +83,7 @@ fn an_approved_refund_is_delivered_once_and_replayed_by_key() {
     assert_eq!(count(&db, "operations"), 1);
 }
 
-#[test]
-fn refunds_need_an_approval_and_the_owner() {
-    let (_d, db) = fresh_db();
+fn refunds_need_an_approval_and_the_owner(db: Db) {
     add_principal(&db, "ed", "acme", &["approver"], &[], false);
     add_order(&db, "o-2", "alice", 5000);
     let mut s = Server::start(&db, "alice", &[]);

@@ -122,10 +122,45 @@ pub enum Db {
         url: String,
         /// A handle for reading back and for principals.
         store: Store,
+        /// Holds `--db`, which with `--database-url` only places the payments stand-in's own
+        /// SQLite file (a separate system) in a temporary directory.
+        dir: tempfile::TempDir,
     },
 }
 
+/// Runs each named case (a `fn(Db)`) twice: on a fresh SQLite file (`sqlite::…`) and on a
+/// fresh schema of the test PostgreSQL database (`postgres::…`; skipped with one loud line
+/// without `TOOLLEDGER_TEST_DATABASE_URL`, failing in CI).
+#[allow(unused_macros)]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[test]
+                fn $name() {
+                    super::$name(super::Db::sqlite());
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[test]
+                fn $name() {
+                    if let Some(db) = super::Db::postgres() {
+                        super::$name(db);
+                    }
+                }
+            )*
+        }
+    };
+}
+
 impl Db {
+    /// Whether this is the PostgreSQL backend.
+    pub fn is_postgres(&self) -> bool {
+        matches!(self, Db::Postgres { .. })
+    }
+
     /// A fresh SQLite database.
     pub fn sqlite() -> Db {
         let (dir, path) = fresh_db();
@@ -141,7 +176,8 @@ impl Db {
         let url = h.database_url().unwrap();
         let store =
             toolledger_cli::common::open_postgres(&url, Some(PG_BACKEND.into()), true).unwrap();
-        let db = Db::Postgres { h, url, store };
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::Postgres { h, url, store, dir };
         add_principals(&db);
         Some(db)
     }
@@ -151,11 +187,13 @@ impl Ledger for Db {
     fn store_args(&self) -> Vec<String> {
         match self {
             Db::Sqlite(_, p) => p.store_args(),
-            Db::Postgres { url, .. } => vec![
+            Db::Postgres { url, dir, .. } => vec![
                 "--database-url".into(),
                 url.clone(),
                 "--backend-id".into(),
                 PG_BACKEND.into(),
+                "--db".into(),
+                dir.path().join("ledger.sqlite").display().to_string(),
             ],
         }
     }
