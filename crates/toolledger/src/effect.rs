@@ -136,16 +136,6 @@ pub trait EffectTx {
     /// "not yet taken" check across rows no unique constraint covers).
     fn lock_key(&mut self, key: &str) -> Result<(), Error>;
 
-    /// Runs one write statement whose row count the caller does not need, at the latest just
-    /// before the transaction commits, and before any later statement of this transaction.
-    /// SQLite runs it at once. PostgreSQL sends it together with the next statement or with
-    /// `COMMIT`, saving a round trip; if it fails there, the transaction is rolled back and
-    /// the write as a whole fails with that error (or runs again when it is retryable), so
-    /// nothing the closure returned is kept.
-    fn execute_before_commit(&mut self, sql: &str, params: &[SqlValue]) -> Result<(), Error> {
-        self.execute(sql, params).map(|_| ())
-    }
-
     /// The storage-level error behind the last failed statement, if the backend kept it
     /// (taken once). Lets store-level code report storage failures apart from refusals.
     fn take_store_error(&mut self) -> Option<StoreError> {

@@ -312,9 +312,7 @@ impl Engine {
                 if let Some(h) = &fault {
                     h(FaultPoint::AfterEffect);
                 }
-                // Nothing reads this row back in the transaction: on PostgreSQL the update
-                // goes out together with COMMIT.
-                tx.execute_before_commit(
+                tx.execute(
                     "UPDATE operations SET state = 'applied', result = ?1, result_digest = ?2,
                          updated_at = ?3
                      WHERE id = ?4 AND state = 'in_progress'",

@@ -30,8 +30,6 @@
 //! - Reads run in one `REPEATABLE READ READ ONLY` transaction: one snapshot, like SQLite's
 //!   `BEGIN … COMMIT` on a read connection.
 //! - A transaction's `BEGIN` and a pending key lock go out pipelined with its first statement.
-//! - A write queued with [`EffectTx::execute_before_commit`] goes out with the next statement
-//!   or with `COMMIT` (the engine's final update of a fresh operation).
 //! - Connection loss, a server shutting down or a connect timeout is
 //!   [`StoreError::Unavailable`] (`unavailable` to callers, retryable); a write whose `COMMIT`
 //!   was interrupted may or may not have committed, and a retry replays or redoes it under
@@ -407,7 +405,6 @@ impl Slot {
             statements,
             begin: Some(begin),
             lock: None,
-            deferred: None,
             began: false,
             succeeded: false,
             last_error: None,
@@ -425,9 +422,6 @@ struct PgTx<'a> {
     begin: Option<&'static str>,
     /// A key lock not sent yet: it goes out, in order, with the next statement.
     lock: Option<(Statement, SqlValue)>,
-    /// A write queued by [`EffectTx::execute_before_commit`]: it goes out with the next
-    /// statement or with `COMMIT`.
-    deferred: Option<(Statement, Vec<SqlValue>)>,
     /// Whether `BEGIN` was sent (so the transaction must be ended).
     began: bool,
     /// Whether any statement succeeded.
@@ -486,47 +480,22 @@ fn refuse_transaction_control(sql: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// What must go out ahead of a transaction's next statement, in this order: the `BEGIN` not
-/// sent yet, a write queued by [`EffectTx::execute_before_commit`], a pending key lock.
-#[derive(Default)]
-struct Preamble {
-    begin: Option<&'static str>,
-    deferred: Option<(Statement, Vec<SqlValue>)>,
-    lock: Option<(Statement, SqlValue)>,
-}
-
-/// Runs one prepared statement with owned parameters.
-async fn execute_owned(
-    client: &Client,
-    stmt: &Statement,
-    params: &[SqlValue],
-) -> Result<u64, tokio_postgres::Error> {
-    let bound: Vec<Param<'_>> = params.iter().map(Param).collect();
-    let refs: Vec<&(dyn ToSql + Sync)> = bound.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-    client.execute(stmt, &refs).await
-}
-
-/// Sends the preamble ahead of `main` in one flight: the server runs them in order, so this
-/// costs one round trip instead of one per statement.
+/// Sends `BEGIN` (if pending) and a pending key lock ahead of `main` in one flight: the server
+/// runs them in order, so this costs one round trip instead of three.
 async fn pipelined<R>(
     client: &Client,
-    pre: &Preamble,
+    begin: Option<&'static str>,
+    lock: Option<&(Statement, SqlValue)>,
     main: impl std::future::Future<Output = Result<R, tokio_postgres::Error>>,
 ) -> Result<R, tokio_postgres::Error> {
     let begin = async {
-        match pre.begin {
+        match begin {
             Some(b) => client.batch_execute(b).await,
             None => Ok(()),
         }
     };
-    let deferred = async {
-        match &pre.deferred {
-            Some((stmt, params)) => execute_owned(client, stmt, params).await.map(|_| ()),
-            None => Ok(()),
-        }
-    };
     let lock = async {
-        match &pre.lock {
+        match lock {
             Some((stmt, key)) => {
                 let p = Param(key);
                 client
@@ -537,23 +506,18 @@ async fn pipelined<R>(
             None => Ok(()),
         }
     };
-    let (began, wrote, locked, out) = tokio::join!(begin, deferred, lock, main);
+    let (began, locked, out) = tokio::join!(begin, lock, main);
     began?;
-    wrote?;
     locked?;
     out
 }
 
 impl PgTx<'_> {
     /// Takes what must precede the next statement.
-    fn preamble(&mut self) -> Preamble {
+    fn preamble(&mut self) -> (Option<&'static str>, Option<(Statement, SqlValue)>) {
         let begin = self.begin.take();
         self.began |= begin.is_some();
-        Preamble {
-            begin,
-            deferred: self.deferred.take(),
-            lock: self.lock.take(),
-        }
+        (begin, self.lock.take())
     }
 }
 
@@ -563,11 +527,14 @@ impl EffectTx for PgTx<'_> {
         let bound: Vec<Param<'_>> = params.iter().map(Param).collect();
         let refs: Vec<&(dyn ToSql + Sync)> =
             bound.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-        let pre = self.preamble();
+        let (begin, lock) = self.preamble();
         let client = self.client;
-        let out = self
-            .rt
-            .block_on(pipelined(client, &pre, client.execute(&stmt, &refs)));
+        let out = self.rt.block_on(pipelined(
+            client,
+            begin,
+            lock.as_ref(),
+            client.execute(&stmt, &refs),
+        ));
         match out {
             Ok(n) => {
                 self.succeeded = true;
@@ -582,11 +549,14 @@ impl EffectTx for PgTx<'_> {
         let bound: Vec<Param<'_>> = params.iter().map(Param).collect();
         let refs: Vec<&(dyn ToSql + Sync)> =
             bound.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-        let pre = self.preamble();
+        let (begin, lock) = self.preamble();
         let client = self.client;
-        let out = self
-            .rt
-            .block_on(pipelined(client, &pre, client.query(&stmt, &refs)));
+        let out = self.rt.block_on(pipelined(
+            client,
+            begin,
+            lock.as_ref(),
+            client.query(&stmt, &refs),
+        ));
         let rows = match out {
             Ok(rows) => {
                 self.succeeded = true;
@@ -618,11 +588,14 @@ impl EffectTx for PgTx<'_> {
 
     fn execute_batch(&mut self, sql: &str) -> Result<(), Error> {
         refuse_transaction_control(sql)?;
-        let pre = self.preamble();
+        let (begin, lock) = self.preamble();
         let client = self.client;
-        let out = self
-            .rt
-            .block_on(pipelined(client, &pre, client.batch_execute(sql)));
+        let out = self.rt.block_on(pipelined(
+            client,
+            begin,
+            lock.as_ref(),
+            client.batch_execute(sql),
+        ));
         match out {
             Ok(()) => {
                 self.succeeded = true;
@@ -641,16 +614,6 @@ impl EffectTx for PgTx<'_> {
             "SELECT 1 FROM (SELECT pg_advisory_xact_lock(hashtextextended(?1, 0))) AS l",
         )?;
         self.lock = Some((stmt, SqlValue::Text(format!("toolledger.key\u{1f}{key}"))));
-        Ok(())
-    }
-
-    fn execute_before_commit(&mut self, sql: &str, params: &[SqlValue]) -> Result<(), Error> {
-        if self.begin.is_some() || self.lock.is_some() || self.deferred.is_some() {
-            // Something must go out before it anyway: send it now, in order.
-            return self.execute(sql, params).map(|_| ());
-        }
-        let stmt = self.statement(sql)?;
-        self.deferred = Some((stmt, params.to_vec()));
         Ok(())
     }
 
@@ -941,30 +904,6 @@ fn end(slot: &mut Slot, sql: &str) -> Result<(), tokio_postgres::Error> {
     out
 }
 
-/// `COMMIT`, with a write queued by [`EffectTx::execute_before_commit`] sent ahead of it in
-/// the same flight. If that write fails the server has aborted the transaction and answers
-/// the `COMMIT` with a rollback; its error is returned.
-fn commit(
-    slot: &mut Slot,
-    deferred: Option<(Statement, Vec<SqlValue>)>,
-) -> Result<(), tokio_postgres::Error> {
-    let Some((stmt, params)) = deferred else {
-        return end(slot, "COMMIT");
-    };
-    let client = slot.client.as_ref().expect("connected");
-    let (wrote, committed) = slot.rt.block_on(async {
-        tokio::join!(
-            execute_owned(client, &stmt, &params),
-            client.batch_execute("COMMIT")
-        )
-    });
-    let out = wrote.map(|_| ()).and(committed);
-    if out.is_err() {
-        slot.check_closed();
-    }
-    out
-}
-
 const BEGIN_WRITE: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 const BEGIN_READ: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
 
@@ -977,14 +916,14 @@ where
     loop {
         attempt += 1;
         slot.connect().map_err(E::from)?;
-        let (out, retry, began, deferred) = {
+        let (out, retry, began) = {
             let mut tx = slot.tx(BEGIN_WRITE);
             let out = f(&mut tx);
-            (out, tx.retry, tx.began, tx.deferred.take())
+            (out, tx.retry, tx.began)
         };
         match out {
             Ok(v) if !began => return Ok(v),
-            Ok(v) => match commit(slot, deferred) {
+            Ok(v) => match end(slot, "COMMIT") {
                 Ok(()) => return Ok(v),
                 Err(err) => {
                     if err.code().is_some_and(is_retryable) && attempt < MAX_WRITE_ATTEMPTS {
@@ -1015,23 +954,13 @@ where
     E: From<StoreError>,
 {
     slot.connect().map_err(E::from)?;
-    let (out, began, deferred) = {
+    let (out, began) = {
         let mut tx = slot.tx(BEGIN_READ);
         let out = f(&mut tx);
-        (out, tx.began, tx.deferred.take())
+        (out, tx.began)
     };
     if began {
-        match (&out, deferred) {
-            (Ok(_), Some(d)) => {
-                if let Err(e) = commit(slot, Some(d)) {
-                    slot.check_closed();
-                    return Err(E::from(map_pg_error(&e)));
-                }
-            }
-            _ => {
-                let _ = end(slot, if out.is_ok() { "COMMIT" } else { "ROLLBACK" });
-            }
-        }
+        let _ = end(slot, if out.is_ok() { "COMMIT" } else { "ROLLBACK" });
     }
     slot.check_closed();
     out
