@@ -1,11 +1,11 @@
 //! Streamable HTTP: bearer tokens from the principal store (stored hashed), 401 before any
 //! dispatch, two principals isolated exactly as on stdio, and both lifecycles.
 
+#[macro_use]
 mod mcp_support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use mcp_support::*;
@@ -23,11 +23,20 @@ impl Drop for HttpServer {
     }
 }
 
-fn start_http(db: &Path) -> HttpServer {
+on_both_backends!(
+    missing_unknown_or_malformed_tokens_get_401_before_dispatch,
+    two_principals_over_http_are_isolated_as_on_stdio,
+    legacy_initialize_lifecycle_over_http_lists_and_calls_tools,
+);
+
+fn start_http(db: &Db) -> HttpServer {
     let mut child = Command::new(bin())
-        .args(["serve", "--db"])
-        .arg(db)
-        .args(["--backend-id", BACKEND, "--http", "127.0.0.1:0"])
+        .arg("serve")
+        .args(db.store_args())
+        .env_remove("TOOLLEDGER_STATE_KEY_HEX")
+        .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX")
+        .envs(db.key_env())
+        .args(["--http", "127.0.0.1:0"])
         .args(["--clock-epoch", "1800000000"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -159,9 +168,7 @@ fn args(op: &str) -> Value {
     json!({"operation_id": op, "title": "spec"})
 }
 
-#[test]
-fn missing_unknown_or_malformed_tokens_get_401_before_dispatch() {
-    let (_d, db) = fresh_db();
+fn missing_unknown_or_malformed_tokens_get_401_before_dispatch(db: Db) {
     let alice = add_principal(&db, "alice", "acme", &["editor"], &[], true).unwrap();
     let server = start_http(&db);
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
@@ -189,20 +196,21 @@ fn missing_unknown_or_malformed_tokens_get_401_before_dispatch() {
         "SELECT count(*) FROM principal_tokens WHERE length(token_sha256) = 64",
     );
     assert_eq!(stored, 1);
-    let conn = rusqlite::Connection::open(&db).unwrap();
-    let leaked: i64 = conn
-        .query_row(
-            "SELECT count(*) FROM principal_tokens WHERE token_sha256 = ?1",
-            [&alice],
-            |r| r.get(0),
-        )
-        .unwrap();
+    // The token is an opaque ASCII word, so it can stand in the query text as a literal.
+    assert!(
+        alice
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'),
+        "{alice}"
+    );
+    let leaked = scalar(
+        &db,
+        &format!("SELECT count(*) FROM principal_tokens WHERE token_sha256 = '{alice}'"),
+    );
     assert_eq!(leaked, 0);
 }
 
-#[test]
-fn two_principals_over_http_are_isolated_as_on_stdio() {
-    let (_d, db) = fresh_db();
+fn two_principals_over_http_are_isolated_as_on_stdio(db: Db) {
     let alice = add_principal(&db, "alice", "acme", &["editor"], &[], true).unwrap();
     let bob = add_principal(&db, "bob", "acme", &["editor"], &[], true).unwrap();
     let server = start_http(&db);
@@ -259,9 +267,7 @@ fn two_principals_over_http_are_isolated_as_on_stdio() {
     assert_eq!(count(&db, "operations"), 1);
 }
 
-#[test]
-fn legacy_initialize_lifecycle_over_http_lists_and_calls_tools() {
-    let (_d, db) = fresh_db();
+fn legacy_initialize_lifecycle_over_http_lists_and_calls_tools(db: Db) {
     let alice = add_principal(&db, "alice", "acme", &["editor"], &[], true).unwrap();
     let server = start_http(&db);
     let auth = format!("Bearer {alice}");
