@@ -1,6 +1,7 @@
 //! The control: the same wire sequences against `serve --unguarded` (no ledger) produce the
 //! duplicate effects the guard exists to prevent.
 
+#[macro_use]
 mod mcp_support;
 
 use mcp_support::*;
@@ -8,11 +9,19 @@ use serde_json::{json, Value};
 
 const EPOCH: &str = "1800000000";
 
+on_both_backends!(
+    identical_retry_creates_a_second_issue,
+    lost_reply_then_blind_replay_duplicates_and_status_knows_nothing,
+    changed_input_and_second_tokens_are_accepted_as_new_effects,
+    two_processes_sending_the_same_continuation_make_two_issues,
+    the_control_offers_only_create_issue_and_status,
+);
+
 fn args(op: &str) -> Value {
     json!({"operation_id": op, "title": "spec"})
 }
 
-fn unguarded(db: &std::path::Path, extra: &[&str]) -> Server {
+fn unguarded(db: &Db, extra: &[&str]) -> Server {
     Server::start(
         db,
         "alice",
@@ -20,9 +29,7 @@ fn unguarded(db: &std::path::Path, extra: &[&str]) -> Server {
     )
 }
 
-#[test]
-fn identical_retry_creates_a_second_issue() {
-    let (_d, db) = fresh_db();
+fn identical_retry_creates_a_second_issue(db: Db) {
     let mut s = unguarded(&db, &[]);
     let token = request_state(&s.call("create_issue", args("u-1")));
     let a = s.resume("create_issue", args("u-1"), &token, body("alpha"));
@@ -35,9 +42,7 @@ fn identical_retry_creates_a_second_issue() {
     assert_eq!(count(&db, "operations"), 0);
 }
 
-#[test]
-fn lost_reply_then_blind_replay_duplicates_and_status_knows_nothing() {
-    let (_d, db) = fresh_db();
+fn lost_reply_then_blind_replay_duplicates_and_status_knows_nothing(db: Db) {
     let mut s = unguarded(&db, &["--fault", "drop-after-commit"]);
     let token = request_state(&s.call("create_issue", args("u-3")));
     s.send(
@@ -58,9 +63,7 @@ fn lost_reply_then_blind_replay_duplicates_and_status_knows_nothing() {
     assert_eq!(count(&db, "operations"), 0);
 }
 
-#[test]
-fn changed_input_and_second_tokens_are_accepted_as_new_effects() {
-    let (_d, db) = fresh_db();
+fn changed_input_and_second_tokens_are_accepted_as_new_effects(db: Db) {
     let mut s = unguarded(&db, &[]);
     let t1 = request_state(&s.call("create_issue", args("u-4")));
     let t2 = request_state(&s.call("create_issue", args("u-4")));
@@ -74,9 +77,7 @@ fn changed_input_and_second_tokens_are_accepted_as_new_effects() {
     assert_eq!(count(&db, "operations"), 0);
 }
 
-#[test]
-fn two_processes_sending_the_same_continuation_make_two_issues() {
-    let (_d, db) = fresh_db();
+fn two_processes_sending_the_same_continuation_make_two_issues(db: Db) {
     let mut s = unguarded(&db, &[]);
     let token = request_state(&s.call("create_issue", args("u-8")));
     assert_eq!(s.finish(), 0);
@@ -136,9 +137,7 @@ fn the_demo_reads_back_one_guarded_issue_and_two_unguarded() {
     assert_eq!(v["ok"], true);
 }
 
-#[test]
-fn the_control_offers_only_create_issue_and_status() {
-    let (_d, db) = fresh_db();
+fn the_control_offers_only_create_issue_and_status(db: Db) {
     let mut s = unguarded(&db, &[]);
     s.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list",
                    "params": {"_meta": meta()}}));
