@@ -7,7 +7,7 @@
 //! `TOOLLEDGER_TEST_DATABASE_URL`. [`conformance_suite!`](crate::conformance_suite) turns the
 //! list into `#[tokio::test]`s for one backend:
 //!
-//! ```ignore
+//! ```text
 //! mod sqlite { toolledger::conformance_suite!(Some(toolledger::store::conformance::Harness::sqlite())); }
 //! mod postgres { toolledger::conformance_suite!(toolledger::store::conformance::Harness::postgres()); }
 //! ```
