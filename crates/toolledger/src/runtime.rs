@@ -1759,22 +1759,14 @@ impl Runtime {
             ],
         )
         .map_err(|e| stored(tx, e))?;
-        let n = tx
-            .execute(
-                "UPDATE operations SET state = 'succeeded', result = ?1, result_digest = ?2,
-                     updated_at = ?3
-                 WHERE id = ?4 AND state IN ('accepted', 'processing', 'outcome_unknown', 'dead')",
-                &[
-                    result_text.into(),
-                    result_digest.into(),
-                    now.into(),
-                    record.id.into(),
-                ],
-            )
-            .map_err(|e| stored(tx, e))?;
-        if n != 1 {
-            return Err(contract_violation("operation left the reconcilable states"));
-        }
+        Self::settle_row(
+            tx,
+            record.id,
+            OperationState::Succeeded,
+            result_text,
+            result_digest,
+            now,
+        )?;
         insert_event(
             tx,
             record.id,
@@ -1835,23 +1827,45 @@ impl Runtime {
         let result_text = json::canonical_string(result)
             .map_err(|_| contract_violation("result not canonical"))?;
         let result_digest = digest::sha256_hex(result_text.as_bytes());
+        Self::settle_row(
+            tx,
+            record.id,
+            OperationState::Failed,
+            result_text,
+            result_digest,
+            now,
+        )?;
+        insert_event(tx, record.id, now, "failed", detail)
+    }
+
+    /// Moves an unfinished deferred operation to its terminal `state` with its canonical
+    /// result; a row that already left the unfinished states is a storage-contract violation.
+    fn settle_row(
+        tx: &mut dyn EffectTx,
+        operation_id: i64,
+        state: OperationState,
+        result_text: String,
+        result_digest: String,
+        now: i64,
+    ) -> Result<(), RuntimeError> {
         let n = tx
             .execute(
-                "UPDATE operations SET state = 'failed', result = ?1, result_digest = ?2,
-                     updated_at = ?3
-                 WHERE id = ?4 AND state IN ('accepted', 'processing', 'outcome_unknown', 'dead')",
+                "UPDATE operations SET state = ?1, result = ?2, result_digest = ?3,
+                     updated_at = ?4
+                 WHERE id = ?5 AND state IN ('accepted', 'processing', 'outcome_unknown', 'dead')",
                 &[
+                    state.as_str().into(),
                     result_text.into(),
                     result_digest.into(),
                     now.into(),
-                    record.id.into(),
+                    operation_id.into(),
                 ],
             )
             .map_err(|e| stored(tx, e))?;
         if n != 1 {
-            return Err(contract_violation("operation left the failable states"));
+            return Err(contract_violation("operation left the unfinished states"));
         }
-        insert_event(tx, record.id, now, "failed", detail)
+        Ok(())
     }
 
     /// The closing transaction of a definitive downstream refusal, for a worker holding
