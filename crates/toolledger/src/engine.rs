@@ -20,6 +20,13 @@
 //!
 //! Any error rolls the whole call back: no ledger row, no effect row.
 //!
+//! On PostgreSQL concurrent calls share transactions (group commit, `engine/pg_batch.rs`):
+//! each call runs the same checks in the same order inside its own savepoint, and its ledger
+//! row is written once after the effect, already `applied`, in one multi-row insert for the
+//! batch (inside the same uncommitted transaction, so nobody can tell the difference);
+//! [`FaultPoint::AfterLedgerInsert`] then marks the point where the call's scope is locked and
+//! known to be free, just before the effect.
+//!
 //! # Replay fast path
 //!
 //! On SQLite every call first runs steps 1–3 on a pooled read connection inside one read
@@ -31,7 +38,8 @@
 //! there (and across processes, on SQLite's write lock plus `UNIQUE(scope)`). On PostgreSQL the
 //! write transaction first takes an advisory lock on `(tool, key)` ([`EffectTx::lock_key`]),
 //! which serializes racing writers of one key the same way; the reservation itself is
-//! `INSERT … ON CONFLICT DO NOTHING` followed by reading the row back. Consequently
+//! `INSERT … ON CONFLICT DO NOTHING` followed by reading the row back (in batches: one insert
+//! of every fresh row, see above). Consequently
 //! [`InlineEffect::authorize`] and [`InlineEffect::check_replay`] must only read.
 //!
 //! The engine runs on any [`Store`] backend; it knows no SQL dialect.
@@ -57,7 +65,8 @@ use crate::store::{Store, StoreError};
 /// A named point on the fresh path where a test or `--fault` may crash the process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FaultPoint {
-    /// The ledger row is inserted (`in_progress`), the effect has not run; not committed.
+    /// The ledger row is inserted (`in_progress`), the effect has not run; not committed. (In a
+    /// PostgreSQL batch: the scope is locked and free, the effect has not run.)
     AfterLedgerInsert,
     /// The effect ran, the ledger row is not yet updated; not committed.
     AfterEffect,
@@ -208,6 +217,9 @@ pub struct Engine {
     store: Store,
     clock: SharedClock,
     fault: Option<FaultHook>,
+    /// Group commit of inline calls on PostgreSQL.
+    #[cfg(feature = "postgres")]
+    batcher: Option<Arc<pg_batch::Batcher>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -236,17 +248,33 @@ impl Engine {
     /// An engine over `store` (a [`Store`], or a backend handle such as a
     /// [`crate::store::sqlite::SqliteStore`]) using `clock` for deadlines and timestamps.
     pub fn new(store: impl Into<Store>, clock: SharedClock) -> Self {
-        Engine {
+        let mut engine = Engine {
             store: store.into(),
             clock,
             fault: None,
-        }
+            #[cfg(feature = "postgres")]
+            batcher: None,
+        };
+        engine.make_batcher();
+        engine
     }
 
     /// Installs a hook called at each [`FaultPoint`] of a fresh call.
     pub fn with_fault_hook(mut self, hook: FaultHook) -> Self {
         self.fault = Some(hook);
+        self.make_batcher();
         self
+    }
+
+    fn make_batcher(&mut self) {
+        #[cfg(feature = "postgres")]
+        if let Store::Postgres(pg) = &self.store {
+            self.batcher = Some(Arc::new(pg_batch::Batcher::new(
+                pg.clone(),
+                self.clock.clone(),
+                self.fault.clone(),
+            )));
+        }
     }
 
     /// The underlying store.
@@ -283,6 +311,16 @@ impl Engine {
         effect: Arc<dyn InlineEffect>,
     ) -> Result<Outcome, Error> {
         let prepared = Arc::new(Prepared::new(call)?);
+        #[cfg(feature = "postgres")]
+        if let Some(batcher) = &self.batcher {
+            return match batcher.run(prepared, effect).await? {
+                Written::Replayed(o) => Ok(o),
+                Written::Fresh(o) => {
+                    self.fire(FaultPoint::AfterCommit);
+                    Ok(o)
+                }
+            };
+        }
         if self.reads_first() {
             if let Some(found) = self.examine_on_reader(&prepared, &effect).await? {
                 return Ok(found);
@@ -698,6 +736,9 @@ macro_rules! select_record {
     };
 }
 
+#[cfg(feature = "postgres")]
+mod pg_batch;
+
 const BY_SCOPE: &str =
     select_record!("WHERE tenant = ?1 AND subject = ?2 AND tool = ?3 AND idempotency_key = ?4");
 const BY_TOOL_KEY: &str = select_record!("WHERE tool = ?1 AND idempotency_key = ?2 ORDER BY id");
@@ -821,6 +862,17 @@ fn examine(
     let Some(record) = load_records(tx, BY_SCOPE, &args)?.pop() else {
         return Ok(None);
     };
+    judge(tx, p, effect, record, now).map(Some)
+}
+
+/// Step 3 for an existing row of the call's scope: conflict, deadlines, state, replay.
+fn judge(
+    tx: &mut dyn EffectTx,
+    p: &Prepared,
+    effect: &dyn InlineEffect,
+    record: OperationRecord,
+    now: i64,
+) -> Result<Outcome, Error> {
     if record.request_digest != p.request_digest || record.fingerprint != p.fingerprint {
         return Err(Error::conflict(
             "this key was already used for a different request",
@@ -834,13 +886,13 @@ fn examine(
                 .result
                 .clone()
                 .ok_or_else(|| contract_error("finished operation without a result"))?;
-            Ok(Some(Outcome {
+            Ok(Outcome {
                 result,
                 replayed: true,
                 state: record.state,
                 status_ref: record.status_ref,
                 operation_id: record.id,
-            }))
+            })
         }
         OperationState::OutcomeUnknown | OperationState::Dead => Err(Error::new(
             ErrorCode::OutcomeUnknown,

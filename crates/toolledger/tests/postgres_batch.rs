@@ -775,3 +775,53 @@ async fn a_deadlocked_call_is_retried_and_commits() {
         .unwrap();
     assert_eq!(v, vec![2, 2], "each call's two updates landed once");
 }
+
+/// An effect whose statement no other effect of these tests uses, so it is not yet prepared.
+struct Unprepared(String);
+
+impl InlineEffect for Unprepared {
+    fn apply(&self, tx: &mut dyn EffectTx, _p: &Principal) -> Result<Value, Error> {
+        tx.execute(
+            "INSERT INTO effects(amount, op_key) VALUES (2, ?1)",
+            &[self.0.as_str().into()],
+        )?;
+        Ok(json!({"key": self.0}))
+    }
+}
+
+/// Fails today: "oth" answers `unavailable "database error"` (25P02 on Parse).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_neighbour_after_a_database_error_runs_its_own_statements() {
+    let Some(db) = Db::new() else { return };
+    let (store, engine) = db.open("tl_batch_parse1", 1);
+    let calls: Vec<(InlineCall, Arc<dyn InlineEffect>)> = vec![
+        (call("chk", json!({})), Probe::new("chk", Fate::Check)),
+        (call("oth", json!({})), Arc::new(Unprepared("oth".into()))),
+    ];
+    let (_gate, outs) = behind_gate(&engine, "gate", calls).await;
+    assert_eq!(
+        outs[0].as_ref().unwrap_err().message,
+        "write refused by the database"
+    );
+    let o = outs[1].as_ref().expect("the neighbour commits");
+    assert_own_row(&store, "oth", o).await;
+}
+
+/// Fails today: ok1 and ok2 answer `unavailable "database error"` (the 2-row ledger INSERT is
+/// prepared while the transaction is aborted), the whole batch is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_database_error_in_the_last_call_keeps_the_batch() {
+    let Some(db) = Db::new() else { return };
+    let (store, engine) = db.open("tl_batch_parse2", 1);
+    let calls: Vec<(InlineCall, Arc<dyn InlineEffect>)> = vec![
+        (call("ok1", json!({})), Probe::new("ok1", Fate::Ok)),
+        (call("ok2", json!({})), Probe::new("ok2", Fate::Ok)),
+        (call("chk", json!({})), Probe::new("chk", Fate::Check)),
+    ];
+    let (_gate, outs) = behind_gate(&engine, "gate", calls).await;
+    for (key, out) in ["ok1", "ok2"].iter().zip(&outs) {
+        let o = out.as_ref().expect("the neighbour commits");
+        assert_own_row(&store, key, o).await;
+    }
+    assert!(outs[2].is_err());
+}

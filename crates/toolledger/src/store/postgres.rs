@@ -112,6 +112,10 @@ pub struct PgOptions {
     pub statement_timeout: Duration,
     /// How long to wait for a connection (connect or pool) before answering `unavailable`.
     pub connect_timeout: Duration,
+    /// Connection threads that run batched inline calls (group commit: concurrent
+    /// [`crate::engine::Engine::execute_inline`] calls share one transaction, one round
+    /// trip for their lookups and one multi-row ledger insert). At least 1.
+    pub batch_writers: usize,
 }
 
 impl PgOptions {
@@ -133,6 +137,7 @@ impl PgOptions {
             schema: None,
             statement_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
+            batch_writers: 2,
         }
     }
 
@@ -403,7 +408,8 @@ impl Slot {
             rt,
             client: client.as_ref().expect("connected"),
             statements,
-            begin: Some(begin),
+            pending: vec![begin],
+            savepoint: Savepoint::None,
             lock: None,
             began: false,
             succeeded: false,
@@ -413,13 +419,30 @@ impl Slot {
     }
 }
 
+/// Where the one call savepoint of a batched write stands ([`PgTx::savepoint`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Savepoint {
+    None,
+    /// `SAVEPOINT` is queued in `pending`, not sent.
+    Queued,
+    /// `SAVEPOINT` was sent.
+    Open,
+}
+
+const SAVEPOINT: &str = "SAVEPOINT toolledger_call";
+const RELEASE: &str = "RELEASE SAVEPOINT toolledger_call";
+const ROLLBACK_TO: &str =
+    "ROLLBACK TO SAVEPOINT toolledger_call; RELEASE SAVEPOINT toolledger_call";
+
 /// [`EffectTx`] over the open transaction of one [`Slot`].
-struct PgTx<'a> {
+pub(crate) struct PgTx<'a> {
     rt: &'a Runtime,
     client: &'a Client,
     statements: &'a mut HashMap<String, Statement>,
-    /// The `BEGIN …` not sent yet.
-    begin: Option<&'static str>,
+    /// Transaction control not sent yet (`BEGIN …`, savepoints): it goes out, in order, in
+    /// one flight with the next statement (or with `COMMIT`).
+    pending: Vec<&'static str>,
+    savepoint: Savepoint,
     /// A key lock not sent yet: it goes out, in order, with the next statement.
     lock: Option<(Statement, SqlValue)>,
     /// Whether `BEGIN` was sent (so the transaction must be ended).
@@ -449,7 +472,16 @@ impl PgTx<'_> {
             return Ok(s.clone());
         }
         let translated = translate_placeholders(sql);
-        match self.rt.block_on(self.client.prepare(&translated)) {
+        // Pending transaction control goes first: after a failed call a `ROLLBACK TO
+        // SAVEPOINT` may be queued, and an aborted transaction refuses even to prepare.
+        let (control, lock) = self.preamble();
+        let client = self.client;
+        match self.rt.block_on(pipelined(
+            client,
+            control,
+            lock.as_ref(),
+            client.prepare(&translated),
+        )) {
             Ok(stmt) => {
                 if self.statements.len() >= 512 {
                     self.statements.clear();
@@ -480,17 +512,18 @@ fn refuse_transaction_control(sql: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// Sends `BEGIN` (if pending) and a pending key lock ahead of `main` in one flight: the server
-/// runs them in order, so this costs one round trip instead of three.
+/// Sends pending transaction control (`BEGIN`, savepoints) and a pending key lock ahead of
+/// `main` in one flight: the server runs them in order, so this costs one round trip instead
+/// of three.
 async fn pipelined<R>(
     client: &Client,
-    begin: Option<&'static str>,
+    begin: Option<String>,
     lock: Option<&(Statement, SqlValue)>,
     main: impl std::future::Future<Output = Result<R, tokio_postgres::Error>>,
 ) -> Result<R, tokio_postgres::Error> {
     let begin = async {
         match begin {
-            Some(b) => client.batch_execute(b).await,
+            Some(b) => client.batch_execute(&b).await,
             None => Ok(()),
         }
     };
@@ -514,10 +547,79 @@ async fn pipelined<R>(
 
 impl PgTx<'_> {
     /// Takes what must precede the next statement.
-    fn preamble(&mut self) -> (Option<&'static str>, Option<(Statement, SqlValue)>) {
-        let begin = self.begin.take();
-        self.began |= begin.is_some();
-        (begin, self.lock.take())
+    fn preamble(&mut self) -> (Option<String>, Option<(Statement, SqlValue)>) {
+        let control = if self.pending.is_empty() {
+            None
+        } else {
+            self.began = true;
+            if self.savepoint == Savepoint::Queued {
+                self.savepoint = Savepoint::Open;
+            }
+            let joined = self.pending.join("; ");
+            self.pending.clear();
+            Some(joined)
+        };
+        (control, self.lock.take())
+    }
+
+    /// Takes the advisory locks of [`EffectTx::lock_key`] for every key of `keys`, in the
+    /// order given, in one statement sent with the next one. Writers that lock several keys
+    /// must give them in one global order (sorted) so two of them cannot deadlock.
+    pub(crate) fn lock_keys(&mut self, keys: &[String]) -> Result<(), Error> {
+        if self.lock.is_some() {
+            self.execute("SELECT 1 WHERE false", &[])?;
+        }
+        let stmt = self.statement(
+            "SELECT count(pg_advisory_xact_lock(hashtextextended(k, 0))) FROM (
+                 SELECT 'toolledger.key' || chr(31) || k AS k
+                 FROM jsonb_array_elements_text(?1::text::jsonb) WITH ORDINALITY AS a(k, n)
+                 ORDER BY n) AS s",
+        )?;
+        let list = serde_json::to_string(keys)
+            .map_err(|_| Error::unavailable("lock keys are not encodable"))?;
+        self.lock = Some((stmt, SqlValue::Text(list)));
+        Ok(())
+    }
+
+    /// Opens the call savepoint of a batched write (queued: it goes out with the next
+    /// statement, so a call that runs no statement costs nothing). One at a time.
+    pub(crate) fn savepoint(&mut self) -> Result<(), Error> {
+        if self.savepoint != Savepoint::None {
+            return Err(Error::unavailable("a call savepoint is already open"));
+        }
+        self.pending.push(SAVEPOINT);
+        self.savepoint = Savepoint::Queued;
+        Ok(())
+    }
+
+    /// Keeps what the call wrote since [`PgTx::savepoint`].
+    pub(crate) fn release_savepoint(&mut self) {
+        match self.savepoint {
+            Savepoint::None => {}
+            Savepoint::Queued => {
+                self.pending.retain(|s| *s != SAVEPOINT);
+            }
+            Savepoint::Open => self.pending.push(RELEASE),
+        }
+        self.savepoint = Savepoint::None;
+    }
+
+    /// Undoes what the call wrote since [`PgTx::savepoint`] (the transaction stays usable,
+    /// and locks taken since then are released). Returns whether the undone work failed on a
+    /// transient conflict (deadlock, serialization failure, lost insert race) and may simply
+    /// run again.
+    pub(crate) fn rollback_to_savepoint(&mut self) -> bool {
+        match self.savepoint {
+            Savepoint::None => {}
+            Savepoint::Queued => {
+                self.pending.retain(|s| *s != SAVEPOINT);
+            }
+            Savepoint::Open => self.pending.push(ROLLBACK_TO),
+        }
+        self.savepoint = Savepoint::None;
+        self.lock = None;
+        self.last_error = None;
+        std::mem::take(&mut self.retry)
     }
 }
 
@@ -629,6 +731,7 @@ struct Inner {
     threads: Mutex<Vec<JoinHandle<()>>>,
     backend_id: String,
     schema: Option<String>,
+    batch_writers: usize,
 }
 
 impl Drop for Inner {
@@ -752,6 +855,7 @@ impl PgStore {
                 threads: Mutex::new(threads),
                 backend_id: String::new(),
                 schema: opts.schema.clone(),
+                batch_writers: opts.batch_writers.clamp(1, opts.max_connections.max(1)),
             }),
         })
     }
@@ -759,6 +863,11 @@ impl PgStore {
     /// The backend id the database is bound to.
     pub fn backend_id(&self) -> &str {
         &self.inner.backend_id
+    }
+
+    /// How many connection threads may run batched inline calls at once.
+    pub(crate) fn batch_writers(&self) -> usize {
+        self.inner.batch_writers
     }
 
     /// The schema the ledger lives in, if one was named.
@@ -800,7 +909,7 @@ impl PgStore {
         E: From<StoreError> + Send + 'static,
     {
         Box::new(move |slot: &mut Slot| {
-            let out = write_on(slot, &mut f);
+            let out = write_on(slot, &mut |tx: &mut PgTx<'_>| f(tx));
             let _ = reply.send(out);
         })
     }
@@ -815,6 +924,15 @@ impl PgStore {
             let out = read_on(slot, f);
             let _ = reply.send(out);
         })
+    }
+
+    /// Runs `job` on a connection thread without waiting for it. The job may run any number
+    /// of write transactions through its [`PgWriter`]; it must answer its own callers.
+    pub(crate) fn spawn_job(
+        &self,
+        job: impl FnOnce(&mut PgWriter<'_>) + Send + 'static,
+    ) -> Result<(), StoreError> {
+        self.submit(Box::new(move |slot: &mut Slot| job(&mut PgWriter { slot })))
     }
 
     /// Blocking form of [`PgStore::write`] (never call it from async code).
@@ -896,6 +1014,22 @@ impl PgStore {
     }
 }
 
+/// A connection thread, lent to a job of [`PgStore::spawn_job`].
+pub(crate) struct PgWriter<'a> {
+    slot: &'a mut Slot,
+}
+
+impl PgWriter<'_> {
+    /// Runs `f` in one `READ COMMITTED` write transaction, like [`PgStore::write`], with the
+    /// transaction's savepoint controls available.
+    pub(crate) fn write<T, F>(&mut self, mut f: F) -> Result<T, Error>
+    where
+        F: FnMut(&mut PgTx<'_>) -> Result<T, Error>,
+    {
+        write_on(self.slot, &mut f)
+    }
+}
+
 fn end(slot: &mut Slot, sql: &str) -> Result<(), tokio_postgres::Error> {
     let out = slot.simple(sql);
     if out.is_err() {
@@ -909,21 +1043,28 @@ const BEGIN_READ: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
 
 fn write_on<T, E, F>(slot: &mut Slot, f: &mut F) -> Result<T, E>
 where
-    F: FnMut(&mut dyn EffectTx) -> Result<T, E>,
+    F: FnMut(&mut PgTx<'_>) -> Result<T, E>,
     E: From<StoreError>,
 {
     let mut attempt = 0u32;
     loop {
         attempt += 1;
         slot.connect().map_err(E::from)?;
-        let (out, retry, began) = {
+        let (out, retry, began, mut commit) = {
             let mut tx = slot.tx(BEGIN_WRITE);
             let out = f(&mut tx);
-            (out, tx.retry, tx.began)
+            (out, tx.retry, tx.began, tx.pending.join("; "))
         };
         match out {
             Ok(v) if !began => return Ok(v),
-            Ok(v) => match end(slot, "COMMIT") {
+            Ok(v) => match end(slot, {
+                // Savepoint releases still queued go out with the COMMIT.
+                if !commit.is_empty() {
+                    commit.push_str("; ");
+                }
+                commit.push_str("COMMIT");
+                &commit
+            }) {
                 Ok(()) => return Ok(v),
                 Err(err) => {
                     if err.code().is_some_and(is_retryable) && attempt < MAX_WRITE_ATTEMPTS {

@@ -1,0 +1,458 @@
+//! Group commit for inline calls on PostgreSQL.
+//!
+//! Concurrent [`Engine::execute_inline`](super::Engine::execute_inline) calls wait in one
+//! queue; up to [`PgOptions::batch_writers`](crate::store::postgres::PgOptions) connection
+//! threads each take up to [`MAX_BATCH`] of them and run them in one `READ COMMITTED`
+//! transaction:
+//!
+//! 1. the advisory locks of every call's `(tool, key)` (the same locks a single writer takes,
+//!    in sorted order, so two batches never deadlock on them) go out in one statement,
+//!    pipelined with one lookup of every row of those `(tool, key)` pairs;
+//! 2. each call then runs, in order, inside its own savepoint: authorize, the shared-namespace
+//!    check, the scope row from the lookup (conflict, deadlines, state, replay), and for a
+//!    fresh scope its deadlines and the effect. A call that fails rolls back to its savepoint
+//!    and alone gets its error; a call that met a deadlock or another transient conflict
+//!    goes back to the queue;
+//! 3. one multi-row `INSERT` writes the ledger rows of every fresh call, already `applied`
+//!    with their canonical results (written once, never inserted and then updated), and the
+//!    batch commits. Callers are answered only after `COMMIT` returned.
+//!
+//! A lone call is not delayed: a free batch writer takes it at once. While a batch runs, the
+//! calls that arrive queue up and form the next one. Two calls of one `(tool, key)` never
+//! share a batch (the second waits for the next one, and then sees the first's row).
+//!
+//! The order of checks and every answer are those of the single-call path in the parent
+//! module; only the ledger row is written after the effect instead of before it, inside the
+//! same transaction, which nobody can observe. [`FaultPoint::AfterLedgerInsert`] fires when
+//! the call's scope is known to be free and locked, just before the effect.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::oneshot;
+
+use super::{
+    check_deadlines, check_raw, encode_result, judge, new_status_ref, FaultHook, FaultPoint,
+    InlineEffect, Outcome, Prepared, Written,
+};
+use crate::clock::SharedClock;
+use crate::effect::{EffectTx, RowExt, SqlValue};
+use crate::model::{Error, OperationState};
+use crate::store::postgres::{PgStore, PgTx, PgWriter};
+
+/// The most calls one batch holds. PostgreSQL keeps up to 64 subtransaction ids per
+/// transaction in shared memory; more makes every other session's snapshot checks slower.
+pub(crate) const MAX_BATCH: usize = 32;
+
+/// Times one call may go back to the queue after a transient conflict before its error is
+/// the answer.
+const MAX_CALL_ATTEMPTS: u32 = 5;
+
+/// Every row of the batch's `(tool, key)` pairs, in the column order of `select_record!`.
+const LOOKUP: &str = concat!(
+    "SELECT o.* FROM jsonb_to_recordset(?1::text::jsonb) AS q(tool text, k text)
+     CROSS JOIN LATERAL (",
+    select_record!("WHERE tool = q.tool AND idempotency_key = q.k"),
+    ") AS o"
+);
+
+/// Columns of one ledger row in the batch insert; `effect_kind` and `state` are literals.
+const INSERT_HEAD: &str = "INSERT INTO operations(tenant, subject, tool, idempotency_key,
+    request_digest, input_rev, output_rev, effect_rev, handler_rev, producer_rev, policy_rev,
+    arguments, fingerprint, status_ref, authority_deadline, retention_deadline, created_at,
+    updated_at, result, result_digest, effect_kind, state) VALUES ";
+const INSERT_PARAMS: usize = 20;
+
+/// One queued call.
+struct Pending {
+    prepared: Arc<Prepared>,
+    effect: Arc<dyn InlineEffect>,
+    reply: oneshot::Sender<Result<Written, Error>>,
+    attempts: u32,
+}
+
+struct State {
+    queue: VecDeque<Pending>,
+    /// Batch writers started and not yet finished.
+    running: usize,
+}
+
+/// The queue of one engine's inline calls and its batch writers.
+pub(crate) struct Batcher {
+    store: PgStore,
+    clock: SharedClock,
+    fault: Option<FaultHook>,
+    writers: usize,
+    state: Mutex<State>,
+}
+
+/// How one call of a batch ended inside the transaction.
+enum CallEnd {
+    /// Answered from the ledger: a replay, or an error (nothing of it is kept).
+    Done(Result<Written, Error>),
+    /// Fresh: its ledger row is in the batch insert; the outcome lacks the row id. With the
+    /// canonical result and its digest.
+    Fresh(Outcome, Option<(String, String)>),
+    /// A transient conflict: queue it again.
+    Again(Error),
+}
+
+impl std::fmt::Debug for Batcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batcher")
+            .field("writers", &self.writers)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Batcher {
+    pub(crate) fn new(store: PgStore, clock: SharedClock, fault: Option<FaultHook>) -> Self {
+        Batcher {
+            writers: store.batch_writers(),
+            store,
+            clock,
+            fault,
+            state: Mutex::new(State {
+                queue: VecDeque::new(),
+                running: 0,
+            }),
+        }
+    }
+
+    /// Queues one call and waits until the batch holding it has committed.
+    pub(crate) async fn run(
+        self: &Arc<Self>,
+        prepared: Arc<Prepared>,
+        effect: Arc<dyn InlineEffect>,
+    ) -> Result<Written, Error> {
+        let (reply, answer) = oneshot::channel();
+        self.enqueue(Pending {
+            prepared,
+            effect,
+            reply,
+            attempts: 0,
+        });
+        answer
+            .await
+            .unwrap_or_else(|_| Err(Error::unavailable("the database writer stopped")))
+    }
+
+    fn enqueue(self: &Arc<Self>, pending: Pending) {
+        let start = {
+            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            st.queue.push_back(pending);
+            claim_writer(&mut st, self.writers)
+        };
+        if start {
+            self.start_writer();
+        }
+    }
+
+    /// Starts a batch writer whose place in `running` is already counted.
+    fn start_writer(self: &Arc<Self>) {
+        let me = self.clone();
+        if self.store.spawn_job(move |w| me.work(w)).is_err() {
+            // No thread to run it: answer whatever no running writer will take.
+            let orphans = {
+                let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                st.running -= 1;
+                if st.running == 0 {
+                    st.queue.drain(..).collect()
+                } else {
+                    Vec::new()
+                }
+            };
+            for p in orphans {
+                let _ = p.reply.send(Err(Error::unavailable("store closed")));
+            }
+        }
+    }
+
+    /// A batch writer: runs batches until the queue is empty.
+    fn work(self: Arc<Self>, w: &mut PgWriter<'_>) {
+        loop {
+            let batch = {
+                let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                if st.queue.is_empty() {
+                    st.running -= 1;
+                    return;
+                }
+                take_batch(&mut st.queue)
+            };
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.run_batch(w, batch);
+            }));
+            if let Err(panic) = run {
+                // A panic outside any call's effect (a call's own panic is caught inside the
+                // transaction). The batch's replies were dropped with it (its callers answer
+                // `unavailable`); the panic goes on and ends this connection thread, whose
+                // connection closes, so the server rolls the batch back. Another writer takes
+                // what is still queued.
+                let restart = {
+                    let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                    st.running -= 1;
+                    !st.queue.is_empty() && claim_writer(&mut st, self.writers)
+                };
+                if restart {
+                    self.start_writer();
+                }
+                std::panic::resume_unwind(panic);
+            }
+        }
+    }
+
+    fn run_batch(&self, w: &mut PgWriter<'_>, batch: Vec<Pending>) {
+        let calls: Vec<(&Prepared, &dyn InlineEffect)> = batch
+            .iter()
+            .map(|p| (p.prepared.as_ref(), p.effect.as_ref()))
+            .collect();
+        let out = w.write(|tx| self.transaction(tx, &calls));
+        let ends = match out {
+            Ok(ends) => ends,
+            Err(e) => {
+                for p in batch {
+                    let _ = p.reply.send(Err(e.clone()));
+                }
+                return;
+            }
+        };
+        let mut again = Vec::new();
+        for (p, end) in batch.into_iter().zip(ends) {
+            match end {
+                CallEnd::Done(r) => {
+                    let _ = p.reply.send(r);
+                }
+                CallEnd::Fresh(o, _) => {
+                    let _ = p.reply.send(Ok(Written::Fresh(o)));
+                }
+                CallEnd::Again(e) if p.attempts + 1 >= MAX_CALL_ATTEMPTS => {
+                    let _ = p.reply.send(Err(e));
+                }
+                CallEnd::Again(_) => again.push(Pending {
+                    attempts: p.attempts + 1,
+                    ..p
+                }),
+            }
+        }
+        if !again.is_empty() {
+            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            for p in again.into_iter().rev() {
+                st.queue.push_front(p);
+            }
+        }
+    }
+
+    fn fire(&self, point: FaultPoint) {
+        if let Some(h) = &self.fault {
+            h(point);
+        }
+    }
+
+    /// One attempt at the batch's transaction (run again whole after a deadlock).
+    fn transaction(
+        &self,
+        tx: &mut PgTx<'_>,
+        calls: &[(&Prepared, &dyn InlineEffect)],
+    ) -> Result<Vec<CallEnd>, Error> {
+        let now = self.clock.now();
+        let mut keys: Vec<String> = calls.iter().map(|(p, _)| p.lock_key()).collect();
+        keys.sort_unstable();
+        tx.lock_keys(&keys)?;
+        let pairs: Vec<serde_json::Value> = calls
+            .iter()
+            .map(|(p, _)| serde_json::json!({"tool": p.contract.name, "k": p.key}))
+            .collect();
+        let list = serde_json::to_string(&pairs)
+            .map_err(|_| Error::unavailable("lookup keys are not encodable"))?;
+        let mut rows: HashMap<(String, String), Vec<Vec<SqlValue>>> = HashMap::new();
+        for row in tx.query(LOOKUP, &[list.into()])? {
+            rows.entry((row.text(3)?, row.text(4)?))
+                .or_default()
+                .push(row);
+        }
+
+        let mut ends = Vec::with_capacity(calls.len());
+        let mut fresh: Vec<(usize, String, String, String)> = Vec::new();
+        for (i, (p, effect)) in calls.iter().enumerate() {
+            let found = rows
+                .remove(&(p.contract.name.clone(), p.key.clone()))
+                .unwrap_or_default();
+            tx.savepoint()?;
+            // A panicking effect fails alone, like any other failing call (as on SQLite's
+            // writer): its savepoint is rolled back and the batch goes on.
+            let ended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.call(tx, p, *effect, found, now)
+            }))
+            .unwrap_or_else(|_| {
+                Err(Error::from(crate::store::StoreError::Database(
+                    "write job panicked".into(),
+                )))
+            });
+            match ended {
+                Ok(CallEnd::Fresh(outcome, encoded)) => {
+                    tx.release_savepoint();
+                    let (text, digest) = encoded.unwrap_or_default();
+                    fresh.push((i, outcome.status_ref.clone(), text, digest));
+                    ends.push(CallEnd::Fresh(outcome, None));
+                }
+                Ok(end) => {
+                    tx.release_savepoint();
+                    ends.push(end);
+                }
+                Err(e) => {
+                    if tx.rollback_to_savepoint() {
+                        ends.push(CallEnd::Again(e));
+                    } else {
+                        ends.push(CallEnd::Done(Err(e)));
+                    }
+                }
+            }
+        }
+        if !fresh.is_empty() {
+            let ids = insert_rows(tx, calls, &fresh, now)?;
+            for (i, status_ref, _, _) in &fresh {
+                let id = ids
+                    .get(status_ref)
+                    .copied()
+                    .ok_or_else(|| super::contract_error("a ledger row was not written"))?;
+                if let CallEnd::Fresh(o, _) = &mut ends[*i] {
+                    o.operation_id = id;
+                }
+            }
+        }
+        Ok(ends)
+    }
+
+    /// One call inside its savepoint: the checks of `examine` on the batch's lookup, then
+    /// (fresh scope) the effect.
+    fn call(
+        &self,
+        tx: &mut PgTx<'_>,
+        p: &Prepared,
+        effect: &dyn InlineEffect,
+        found: Vec<Vec<SqlValue>>,
+        now: i64,
+    ) -> Result<CallEnd, Error> {
+        let etx: &mut dyn EffectTx = tx;
+        effect.authorize(etx, &p.principal)?;
+        let mut own = None;
+        for row in found {
+            let mine = row.text(1)? == p.principal.tenant && row.text(2)? == p.principal.subject;
+            if mine {
+                own = Some(row);
+            } else if p.shared_key_namespace {
+                return Err(Error::conflict(
+                    "this operation id is already used for another request",
+                ));
+            }
+        }
+        if let Some(row) = own {
+            let record = check_raw(row)?;
+            let outcome = judge(etx, p, effect, record, now)?;
+            return Ok(CallEnd::Done(Ok(Written::Replayed(outcome))));
+        }
+        check_deadlines(p.authority_deadline, p.retention_deadline, now)?;
+        let status_ref = new_status_ref()?;
+        self.fire(FaultPoint::AfterLedgerInsert);
+        let result = effect.apply(etx, &p.principal)?;
+        let encoded = encode_result(&result)?;
+        self.fire(FaultPoint::AfterEffect);
+        Ok(CallEnd::Fresh(
+            Outcome {
+                result,
+                replayed: false,
+                state: OperationState::Applied,
+                status_ref,
+                operation_id: 0,
+            },
+            Some(encoded),
+        ))
+    }
+}
+
+/// Counts one more running batch writer if fewer than `writers` run.
+fn claim_writer(st: &mut State, writers: usize) -> bool {
+    if st.running < writers {
+        st.running += 1;
+        true
+    } else {
+        false
+    }
+}
+
+/// Takes up to [`MAX_BATCH`] calls from the front of `queue`, at most one per `(tool, key)`;
+/// the rest keep their order.
+fn take_batch(queue: &mut VecDeque<Pending>) -> Vec<Pending> {
+    let mut batch = Vec::new();
+    let mut keys = HashSet::new();
+    let mut rest = VecDeque::new();
+    while let Some(p) = queue.pop_front() {
+        if batch.len() < MAX_BATCH && keys.insert(p.prepared.lock_key()) {
+            batch.push(p);
+        } else if batch.len() >= MAX_BATCH {
+            rest.push_back(p);
+            rest.extend(queue.drain(..));
+            break;
+        } else {
+            rest.push_back(p);
+        }
+    }
+    *queue = rest;
+    batch
+}
+
+/// The ledger rows of the fresh calls, `applied`, in one statement. Returns each row's id
+/// by status reference.
+fn insert_rows(
+    tx: &mut PgTx<'_>,
+    calls: &[(&Prepared, &dyn InlineEffect)],
+    fresh: &[(usize, String, String, String)],
+    now: i64,
+) -> Result<HashMap<String, i64>, Error> {
+    let mut sql = String::with_capacity(INSERT_HEAD.len() + fresh.len() * 120);
+    sql.push_str(INSERT_HEAD);
+    let mut params: Vec<SqlValue> = Vec::with_capacity(fresh.len() * INSERT_PARAMS);
+    for (n, (i, status_ref, result_text, digest)) in fresh.iter().enumerate() {
+        let p = calls[*i].0;
+        let c = &p.contract;
+        let base = n * INSERT_PARAMS;
+        if n > 0 {
+            sql.push_str(", ");
+        }
+        sql.push('(');
+        for k in 1..=INSERT_PARAMS {
+            let _ = write!(sql, "?{}, ", base + k);
+        }
+        sql.push_str("'inline', 'applied')");
+        params.extend([
+            p.principal.tenant.as_str().into(),
+            p.principal.subject.as_str().into(),
+            c.name.as_str().into(),
+            p.key.as_str().into(),
+            p.request_digest.as_str().into(),
+            c.input_rev.as_str().into(),
+            c.output_rev.as_str().into(),
+            c.effect_rev.as_str().into(),
+            c.handler_rev.as_str().into(),
+            c.producer_rev.as_str().into(),
+            c.policy_rev.as_str().into(),
+            p.arguments_text.as_str().into(),
+            p.fingerprint.clone().into(),
+            status_ref.as_str().into(),
+            p.authority_deadline.into(),
+            p.retention_deadline.into(),
+            now.into(),
+            now.into(),
+            result_text.as_str().into(),
+            digest.as_str().into(),
+        ]);
+    }
+    sql.push_str(" RETURNING id, status_ref");
+    let etx: &mut dyn EffectTx = tx;
+    let mut ids = HashMap::with_capacity(fresh.len());
+    for row in etx.query(&sql, &params)? {
+        ids.insert(row.text(1)?, row.int(0)?);
+    }
+    Ok(ids)
+}
