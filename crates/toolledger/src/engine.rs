@@ -637,6 +637,10 @@ fn check_len(what: &str, s: &str, max: usize) -> Result<(), Error> {
             "{what} must be 1 to {max} characters"
         )));
     }
+    // PostgreSQL text cannot hold U+0000; refused on every backend alike.
+    if s.contains('\0') {
+        return Err(Error::invalid(format!("{what} must not contain U+0000")));
+    }
     Ok(())
 }
 

@@ -674,6 +674,8 @@ async fn malformed_calls_are_invalid_arguments_and_write_nothing() {
     let mut bad = Vec::new();
     bad.push(call(&alice, "", "gear"));
     bad.push(call(&alice, &"k".repeat(257), "gear"));
+    bad.push(call(&alice, "k\u{0}1", "gear"));
+    bad.push(call(&principal("team\u{0}a", "alice"), "k1", "gear"));
     let mut c = call(&alice, "k1", "gear");
     c.arguments = json!({"name": 1.5});
     bad.push(c);

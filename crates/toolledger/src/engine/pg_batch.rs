@@ -27,7 +27,6 @@
 //! the call's scope is known to be free and locked, just before the effect.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
@@ -50,19 +49,33 @@ pub(crate) const MAX_BATCH: usize = 32;
 const MAX_CALL_ATTEMPTS: u32 = 5;
 
 /// Every row of the batch's `(tool, key)` pairs, in the column order of `select_record!`.
+/// `OFFSET 0` keeps the lateral subquery from being pulled up into a plain join: planned
+/// while the table is new and small (and the plan then cached for the connection), that
+/// join became a hash join over a sequential scan of `operations`, whose cost grew with the
+/// table. As written it is always a nested loop over the `(tool, idempotency_key)` index.
 const LOOKUP: &str = concat!(
     "SELECT o.* FROM jsonb_to_recordset(?1::text::jsonb) AS q(tool text, k text)
      CROSS JOIN LATERAL (",
-    select_record!("WHERE tool = q.tool AND idempotency_key = q.k"),
+    select_record!("WHERE tool = q.tool AND idempotency_key = q.k OFFSET 0"),
     ") AS o"
 );
 
-/// Columns of one ledger row in the batch insert; `effect_kind` and `state` are literals.
-const INSERT_HEAD: &str = "INSERT INTO operations(tenant, subject, tool, idempotency_key,
+/// The ledger rows of a batch, given as one JSON array of objects: one statement text for
+/// any number of rows, so every connection prepares and plans it once (a `VALUES` list per row
+/// count was a new statement to plan for each batch size on each connection).
+const INSERT_ROWS: &str = "INSERT INTO operations(tenant, subject, tool, idempotency_key,
     request_digest, input_rev, output_rev, effect_rev, handler_rev, producer_rev, policy_rev,
     arguments, fingerprint, status_ref, authority_deadline, retention_deadline, created_at,
-    updated_at, result, result_digest, effect_kind, state) VALUES ";
-const INSERT_PARAMS: usize = 20;
+    updated_at, result, result_digest, effect_kind, state)
+  SELECT r.tenant, r.subject, r.tool, r.k, r.request_digest, r.input_rev, r.output_rev,
+    r.effect_rev, r.handler_rev, r.producer_rev, r.policy_rev, r.arguments, r.fingerprint,
+    r.status_ref, r.authority_deadline, r.retention_deadline, ?2, ?2, r.result,
+    r.result_digest, 'inline', 'applied'
+  FROM jsonb_to_recordset(?1::text::jsonb) AS r(tenant text, subject text, tool text, k text,
+    request_digest text, input_rev text, output_rev text, effect_rev text, handler_rev text,
+    producer_rev text, policy_rev text, arguments text, fingerprint text, status_ref text,
+    authority_deadline bigint, retention_deadline bigint, result text, result_digest text)
+  RETURNING id, status_ref";
 
 /// One queued call.
 struct Pending {
@@ -74,8 +87,8 @@ struct Pending {
 
 struct State {
     queue: VecDeque<Pending>,
-    /// Batch writers started and not yet finished.
-    running: usize,
+    /// Which batch writers are started and not yet finished.
+    running: Vec<bool>,
 }
 
 /// The queue of one engine's inline calls and its batch writers.
@@ -108,14 +121,15 @@ impl std::fmt::Debug for Batcher {
 
 impl Batcher {
     pub(crate) fn new(store: PgStore, clock: SharedClock, fault: Option<FaultHook>) -> Self {
+        let writers = store.batch_writers();
         Batcher {
-            writers: store.batch_writers(),
+            writers,
             store,
             clock,
             fault,
             state: Mutex::new(State {
                 queue: VecDeque::new(),
-                running: 0,
+                running: vec![false; writers],
             }),
         }
     }
@@ -142,25 +156,30 @@ impl Batcher {
         let start = {
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
             st.queue.push_back(pending);
-            claim_writer(&mut st, self.writers)
+            claim_writer(&mut st)
         };
-        if start {
-            self.start_writer();
+        if let Some(writer) = start {
+            self.start_writer(writer);
         }
     }
 
-    /// Starts a batch writer whose place in `running` is already counted.
-    fn start_writer(self: &Arc<Self>) {
+    /// Starts batch writer `writer`, already marked running.
+    fn start_writer(self: &Arc<Self>, writer: usize) {
         let me = self.clone();
-        if self.store.spawn_job(move |w| me.work(w)).is_err() {
-            // No thread to run it: answer whatever no running writer will take.
+        if self
+            .store
+            .spawn_batch_job(writer, move |w| me.work(writer, w))
+            .is_err()
+        {
+            // No thread to run it (the store is closing): answer whatever no running writer
+            // will take.
             let orphans = {
                 let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-                st.running -= 1;
-                if st.running == 0 {
-                    st.queue.drain(..).collect()
-                } else {
+                st.running[writer] = false;
+                if st.running.iter().any(|r| *r) {
                     Vec::new()
+                } else {
+                    st.queue.drain(..).collect()
                 }
             };
             for p in orphans {
@@ -169,13 +188,13 @@ impl Batcher {
         }
     }
 
-    /// A batch writer: runs batches until the queue is empty.
-    fn work(self: Arc<Self>, w: &mut PgWriter<'_>) {
+    /// Batch writer `writer`: runs batches until the queue is empty.
+    fn work(self: Arc<Self>, writer: usize, w: &mut PgWriter<'_>) {
         loop {
             let batch = {
                 let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
                 if st.queue.is_empty() {
-                    st.running -= 1;
+                    st.running[writer] = false;
                     return;
                 }
                 take_batch(&mut st.queue)
@@ -183,21 +202,12 @@ impl Batcher {
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 self.run_batch(w, batch);
             }));
-            if let Err(panic) = run {
+            if run.is_err() {
                 // A panic outside any call's effect (a call's own panic is caught inside the
                 // transaction). The batch's replies were dropped with it (its callers answer
-                // `unavailable`); the panic goes on and ends this connection thread, whose
-                // connection closes, so the server rolls the batch back. Another writer takes
-                // what is still queued.
-                let restart = {
-                    let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-                    st.running -= 1;
-                    !st.queue.is_empty() && claim_writer(&mut st, self.writers)
-                };
-                if restart {
-                    self.start_writer();
-                }
-                std::panic::resume_unwind(panic);
+                // `unavailable`); the connection is closed, so the server rolls back whatever
+                // the batch had written, and the writer goes on with a new one.
+                w.discard_connection();
             }
         }
     }
@@ -371,14 +381,11 @@ impl Batcher {
     }
 }
 
-/// Counts one more running batch writer if fewer than `writers` run.
-fn claim_writer(st: &mut State, writers: usize) -> bool {
-    if st.running < writers {
-        st.running += 1;
-        true
-    } else {
-        false
-    }
+/// Marks a batch writer that is not running as running, and names it.
+fn claim_writer(st: &mut State) -> Option<usize> {
+    let free = st.running.iter().position(|r| !*r)?;
+    st.running[free] = true;
+    Some(free)
 }
 
 /// Takes up to [`MAX_BATCH`] calls from the front of `queue`, at most one per `(tool, key)`;
@@ -410,48 +417,38 @@ fn insert_rows(
     fresh: &[(usize, String, String, String)],
     now: i64,
 ) -> Result<HashMap<String, i64>, Error> {
-    let mut sql = String::with_capacity(INSERT_HEAD.len() + fresh.len() * 120);
-    sql.push_str(INSERT_HEAD);
-    let mut params: Vec<SqlValue> = Vec::with_capacity(fresh.len() * INSERT_PARAMS);
-    for (n, (i, status_ref, result_text, digest)) in fresh.iter().enumerate() {
-        let p = calls[*i].0;
-        let c = &p.contract;
-        let base = n * INSERT_PARAMS;
-        if n > 0 {
-            sql.push_str(", ");
-        }
-        sql.push('(');
-        for k in 1..=INSERT_PARAMS {
-            let _ = write!(sql, "?{}, ", base + k);
-        }
-        sql.push_str("'inline', 'applied')");
-        params.extend([
-            p.principal.tenant.as_str().into(),
-            p.principal.subject.as_str().into(),
-            c.name.as_str().into(),
-            p.key.as_str().into(),
-            p.request_digest.as_str().into(),
-            c.input_rev.as_str().into(),
-            c.output_rev.as_str().into(),
-            c.effect_rev.as_str().into(),
-            c.handler_rev.as_str().into(),
-            c.producer_rev.as_str().into(),
-            c.policy_rev.as_str().into(),
-            p.arguments_text.as_str().into(),
-            p.fingerprint.clone().into(),
-            status_ref.as_str().into(),
-            p.authority_deadline.into(),
-            p.retention_deadline.into(),
-            now.into(),
-            now.into(),
-            result_text.as_str().into(),
-            digest.as_str().into(),
-        ]);
-    }
-    sql.push_str(" RETURNING id, status_ref");
+    let rows: Vec<serde_json::Value> = fresh
+        .iter()
+        .map(|(i, status_ref, result_text, digest)| {
+            let p = calls[*i].0;
+            let c = &p.contract;
+            serde_json::json!({
+                "tenant": p.principal.tenant,
+                "subject": p.principal.subject,
+                "tool": c.name,
+                "k": p.key,
+                "request_digest": p.request_digest,
+                "input_rev": c.input_rev,
+                "output_rev": c.output_rev,
+                "effect_rev": c.effect_rev,
+                "handler_rev": c.handler_rev,
+                "producer_rev": c.producer_rev,
+                "policy_rev": c.policy_rev,
+                "arguments": p.arguments_text,
+                "fingerprint": p.fingerprint,
+                "status_ref": status_ref,
+                "authority_deadline": p.authority_deadline,
+                "retention_deadline": p.retention_deadline,
+                "result": result_text,
+                "result_digest": digest,
+            })
+        })
+        .collect();
+    let list = serde_json::to_string(&rows)
+        .map_err(|_| Error::unavailable("ledger rows are not encodable"))?;
     let etx: &mut dyn EffectTx = tx;
     let mut ids = HashMap::with_capacity(fresh.len());
-    for row in etx.query(&sql, &params)? {
+    for row in etx.query(INSERT_ROWS, &[list.into(), now.into()])? {
         ids.insert(row.text(1)?, row.int(0)?);
     }
     Ok(ids)

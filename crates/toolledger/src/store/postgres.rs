@@ -114,7 +114,9 @@ pub struct PgOptions {
     pub connect_timeout: Duration,
     /// Connection threads that run batched inline calls (group commit: concurrent
     /// [`crate::engine::Engine::execute_inline`] calls share one transaction, one round
-    /// trip for their lookups and one multi-row ledger insert). At least 1.
+    /// trip for their lookups and one multi-row ledger insert). At least 1. They come in
+    /// addition to `max_connections`, so a store holds at most `max_connections +
+    /// batch_writers` connections (each made on first use).
     pub batch_writers: usize,
 }
 
@@ -728,6 +730,8 @@ type Job = Box<dyn FnOnce(&mut Slot) + Send>;
 
 struct Inner {
     sender: Mutex<Option<crossbeam_channel::Sender<Job>>>,
+    /// One channel per batch writer thread (see [`PgOptions::batch_writers`]).
+    batch_senders: Mutex<Vec<crossbeam_channel::Sender<Job>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     backend_id: String,
     schema: Option<String>,
@@ -738,6 +742,9 @@ impl Drop for Inner {
     fn drop(&mut self) {
         if let Ok(mut s) = self.sender.lock() {
             s.take();
+        }
+        if let Ok(mut s) = self.batch_senders.lock() {
+            s.clear();
         }
         if let Ok(mut threads) = self.threads.lock() {
             let me = std::thread::current().id();
@@ -849,13 +856,28 @@ impl PgStore {
                 .map_err(|_| StoreError::Unavailable("cannot start a database thread".into()))?;
             threads.push(t);
         }
+        // The batch writers have threads (and connections, made on first use) of their own:
+        // their statements stay prepared, and no other job can delay a batch.
+        let batch_writers = opts.batch_writers.max(1);
+        let mut batch_senders = Vec::with_capacity(batch_writers);
+        for i in 0..batch_writers {
+            let slot = Slot::new(config.clone(), tls.clone())?;
+            let (sender, receiver) = crossbeam_channel::unbounded::<Job>();
+            let t = std::thread::Builder::new()
+                .name(format!("toolledger-pg-batch-{i}"))
+                .spawn(move || worker_loop(receiver, slot))
+                .map_err(|_| StoreError::Unavailable("cannot start a database thread".into()))?;
+            threads.push(t);
+            batch_senders.push(sender);
+        }
         Ok(PgStore {
             inner: Arc::new(Inner {
                 sender: Mutex::new(Some(sender)),
+                batch_senders: Mutex::new(batch_senders),
                 threads: Mutex::new(threads),
                 backend_id: String::new(),
                 schema: opts.schema.clone(),
-                batch_writers: opts.batch_writers.clamp(1, opts.max_connections.max(1)),
+                batch_writers,
             }),
         })
     }
@@ -926,13 +948,24 @@ impl PgStore {
         })
     }
 
-    /// Runs `job` on a connection thread without waiting for it. The job may run any number
-    /// of write transactions through its [`PgWriter`]; it must answer its own callers.
-    pub(crate) fn spawn_job(
+    /// Runs `job` on the thread of batch writer `writer` (below [`PgStore::batch_writers`])
+    /// without waiting for it. The job may run any number of write transactions through its
+    /// [`PgWriter`]; it must answer its own callers.
+    pub(crate) fn spawn_batch_job(
         &self,
+        writer: usize,
         job: impl FnOnce(&mut PgWriter<'_>) + Send + 'static,
     ) -> Result<(), StoreError> {
-        self.submit(Box::new(move |slot: &mut Slot| job(&mut PgWriter { slot })))
+        let closed = || StoreError::Unavailable("store closed".into());
+        let senders = self
+            .inner
+            .batch_senders
+            .lock()
+            .map_err(|_| StoreError::Unavailable("store poisoned".into()))?;
+        let sender = senders.get(writer).ok_or_else(closed)?;
+        sender
+            .send(Box::new(move |slot: &mut Slot| job(&mut PgWriter { slot })))
+            .map_err(|_| closed())
     }
 
     /// Blocking form of [`PgStore::write`] (never call it from async code).
@@ -1027,6 +1060,13 @@ impl PgWriter<'_> {
         F: FnMut(&mut PgTx<'_>) -> Result<T, Error>,
     {
         write_on(self.slot, &mut f)
+    }
+
+    /// Closes the connection (the server rolls back whatever is open on it); the next write
+    /// connects again.
+    pub(crate) fn discard_connection(&mut self) {
+        self.slot.client = None;
+        self.slot.statements.clear();
     }
 }
 
