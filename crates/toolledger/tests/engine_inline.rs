@@ -671,11 +671,12 @@ async fn effect_failure_and_ledger_write_failure_roll_back_everything() {
 async fn malformed_calls_are_invalid_arguments_and_write_nothing() {
     let f = fixture();
     let alice = principal("team-a", "alice");
-    let mut bad = Vec::new();
-    bad.push(call(&alice, "", "gear"));
-    bad.push(call(&alice, &"k".repeat(257), "gear"));
-    bad.push(call(&alice, "k\u{0}1", "gear"));
-    bad.push(call(&principal("team\u{0}a", "alice"), "k1", "gear"));
+    let mut bad = vec![
+        call(&alice, "", "gear"),
+        call(&alice, &"k".repeat(257), "gear"),
+        call(&alice, "k\u{0}1", "gear"),
+        call(&principal("team\u{0}a", "alice"), "k1", "gear"),
+    ];
     let mut c = call(&alice, "k1", "gear");
     c.arguments = json!({"name": 1.5});
     bad.push(c);
