@@ -446,9 +446,9 @@ fn insert_rows(
         .collect();
     let list = serde_json::to_string(&rows)
         .map_err(|_| Error::unavailable("ledger rows are not encodable"))?;
-    let etx: &mut dyn EffectTx = tx;
     let mut ids = HashMap::with_capacity(fresh.len());
-    for row in etx.query(INSERT_ROWS, &[list.into(), now.into()])? {
+    // The batch ends here: the insert and COMMIT go out together.
+    for row in tx.query_then_commit(INSERT_ROWS, &[list.into(), now.into()])? {
         ids.insert(row.text(1)?, row.int(0)?);
     }
     Ok(ids)

@@ -417,6 +417,7 @@ impl Slot {
             succeeded: false,
             last_error: None,
             retry: false,
+            committed: false,
         }
     }
 }
@@ -453,6 +454,8 @@ pub(crate) struct PgTx<'a> {
     succeeded: bool,
     last_error: Option<StoreError>,
     retry: bool,
+    /// Whether [`PgTx::query_then_commit`] ended the transaction (committed).
+    committed: bool,
 }
 
 impl PgTx<'_> {
@@ -581,6 +584,48 @@ impl PgTx<'_> {
             .map_err(|_| Error::unavailable("lock keys are not encodable"))?;
         self.lock = Some((stmt, SqlValue::Text(list)));
         Ok(())
+    }
+
+    /// Runs a last query and `COMMIT` in one flight (one round trip less than a query
+    /// followed by the commit). On success the transaction is committed and the closure must
+    /// return `Ok` without running anything else; on failure the server has rolled it back
+    /// (a `COMMIT` after a failed statement rolls back), or the connection broke and the
+    /// outcome is unknown, as with any interrupted `COMMIT`.
+    pub(crate) fn query_then_commit(
+        &mut self,
+        sql: &str,
+        params: &[SqlValue],
+    ) -> Result<Vec<Vec<SqlValue>>, Error> {
+        let stmt = self.statement(sql)?;
+        let bound: Vec<Param<'_>> = params.iter().map(Param).collect();
+        let refs: Vec<&(dyn ToSql + Sync)> =
+            bound.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
+        let (control, lock) = self.preamble();
+        let client = self.client;
+        let out = self.rt.block_on(async {
+            let (rows, commit) = tokio::join!(
+                pipelined(client, control, lock.as_ref(), client.query(&stmt, &refs)),
+                client.batch_execute("COMMIT")
+            );
+            let rows = rows?;
+            commit.map(|()| rows)
+        });
+        let rows = match out {
+            Ok(rows) => rows,
+            Err(e) => return Err(self.fail(e)),
+        };
+        self.committed = true;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let mut cols = Vec::with_capacity(row.len());
+            for i in 0..row.len() {
+                cols.push(column_value(row, i).map_err(|_| {
+                    Error::unavailable("a column type is outside the effect contract")
+                })?);
+            }
+            out.push(cols);
+        }
+        Ok(out)
     }
 
     /// Opens the call savepoint of a batched write (queued: it goes out with the next
@@ -1090,13 +1135,13 @@ where
     loop {
         attempt += 1;
         slot.connect().map_err(E::from)?;
-        let (out, retry, began, mut commit) = {
+        let (out, retry, began, mut commit, committed) = {
             let mut tx = slot.tx(BEGIN_WRITE);
             let out = f(&mut tx);
-            (out, tx.retry, tx.began, tx.pending.join("; "))
+            (out, tx.retry, tx.began, tx.pending.join("; "), tx.committed)
         };
         match out {
-            Ok(v) if !began => return Ok(v),
+            Ok(v) if !began || committed => return Ok(v),
             Ok(v) => match end(slot, {
                 // Savepoint releases still queued go out with the COMMIT.
                 if !commit.is_empty() {
