@@ -13,19 +13,19 @@
 //! 3. Scope lookup `(tenant, subject, tool, key)`. Same request digest and fingerprint →
 //!    deadlines (authority before retention), then state → replay of the stored result.
 //!    Different digest or fingerprint → `operation_conflict` (before any deadline).
-//! 4. Fresh scope: the call's deadlines, insert the ledger row (`in_progress`),
-//!    [`FaultPoint::AfterLedgerInsert`], [`InlineEffect::apply`], [`FaultPoint::AfterEffect`],
-//!    store state, canonical result and result digest.
+//! 4. Fresh scope: the call's deadlines, [`FaultPoint::AfterLedgerInsert`] (the scope is
+//!    reserved: free, and every other writer of it waits for this transaction),
+//!    [`InlineEffect::apply`], [`FaultPoint::AfterEffect`], then the ledger row, written once
+//!    with its state (`applied`), canonical result and result digest. Nobody can see the
+//!    difference to inserting an `in_progress` row first and updating it: both happen inside
+//!    one uncommitted transaction, and it saves a write per call.
 //! 5. After `COMMIT`: [`FaultPoint::AfterCommit`] (fresh calls only, never on a replay).
 //!
 //! Any error rolls the whole call back: no ledger row, no effect row.
 //!
 //! On PostgreSQL concurrent calls share transactions (group commit, `engine/pg_batch.rs`):
-//! each call runs the same checks in the same order inside its own savepoint, and its ledger
-//! row is written once after the effect, already `applied`, in one multi-row insert for the
-//! batch (inside the same uncommitted transaction, so nobody can tell the difference);
-//! [`FaultPoint::AfterLedgerInsert`] then marks the point where the call's scope is locked and
-//! known to be free, just before the effect.
+//! each call runs the same checks in the same order inside its own savepoint, and the ledger
+//! rows of a batch's fresh calls go out in one multi-row insert.
 //!
 //! # Replay fast path
 //!
@@ -37,9 +37,7 @@
 //! the whole sequence again inside `BEGIN IMMEDIATE`, so two racing first attempts serialize
 //! there (and across processes, on SQLite's write lock plus `UNIQUE(scope)`). On PostgreSQL the
 //! write transaction first takes an advisory lock on `(tool, key)` ([`EffectTx::lock_key`]),
-//! which serializes racing writers of one key the same way; the reservation itself is
-//! `INSERT … ON CONFLICT DO NOTHING` followed by reading the row back (in batches: one insert
-//! of every fresh row, see above). Consequently
+//! which serializes racing writers of one key the same way. Consequently
 //! [`InlineEffect::authorize`] and [`InlineEffect::check_replay`] must only read.
 //!
 //! The engine runs on any [`Store`] backend; it knows no SQL dialect.
@@ -65,10 +63,11 @@ use crate::store::{Store, StoreError};
 /// A named point on the fresh path where a test or `--fault` may crash the process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FaultPoint {
-    /// The ledger row is inserted (`in_progress`), the effect has not run; not committed. (In a
-    /// PostgreSQL batch: the scope is locked and free, the effect has not run.)
+    /// The scope is reserved (free, and its other writers wait for this transaction); the
+    /// effect has not run; nothing is committed. (The ledger row itself is written with the
+    /// result, after the effect, in the same transaction.)
     AfterLedgerInsert,
-    /// The effect ran, the ledger row is not yet updated; not committed.
+    /// The effect ran, the ledger row is not yet written; not committed.
     AfterEffect,
     /// The transaction committed; the caller has not been answered.
     AfterCommit,
@@ -336,12 +335,15 @@ impl Engine {
                 if let Some(found) = examine(tx, &prepared, effect.as_ref(), now)? {
                     return Ok(Written::Replayed(found));
                 }
-                let Some((id, status_ref)) = reserve(tx, &prepared, now)? else {
-                    // Another transaction reserved the scope first: read it back and compare.
-                    return examine(tx, &prepared, effect.as_ref(), now)?
-                        .map(Written::Replayed)
-                        .ok_or_else(|| contract_error("the reserved scope is not readable"));
-                };
+                // The scope is free and every writer of it waits for this transaction (the
+                // key lock; SQLite's single writer): the effect runs, then the ledger row is
+                // written once, already `applied`.
+                check_deadlines(
+                    prepared.authority_deadline,
+                    prepared.retention_deadline,
+                    now,
+                )?;
+                let status_ref = new_status_ref()?;
                 if let Some(h) = &fault {
                     h(FaultPoint::AfterLedgerInsert);
                 }
@@ -350,12 +352,7 @@ impl Engine {
                 if let Some(h) = &fault {
                     h(FaultPoint::AfterEffect);
                 }
-                tx.execute(
-                    "UPDATE operations SET state = 'applied', result = ?1, result_digest = ?2,
-                         updated_at = ?3
-                     WHERE id = ?4 AND state = 'in_progress'",
-                    &[text.into(), digest.into(), now.into(), id.into()],
-                )?;
+                let id = insert_applied(tx, &prepared, &status_ref, &text, &digest, now)?;
                 Ok(Written::Fresh(Outcome {
                     result,
                     replayed: false,
@@ -953,6 +950,55 @@ fn reserve(tx: &mut dyn EffectTx, p: &Prepared, now: i64) -> Result<Option<(i64,
     match row {
         Some(row) => Ok(Some((row.int(0)?, status_ref))),
         None => Ok(None),
+    }
+}
+
+/// Inserts the ledger row of a fresh inline call, `applied` with its canonical result. The
+/// scope was checked free under the key lock in the same transaction, so a row already there
+/// means the lock was bypassed: a storage-contract error, and the transaction rolls back.
+fn insert_applied(
+    tx: &mut dyn EffectTx,
+    p: &Prepared,
+    status_ref: &str,
+    result_text: &str,
+    result_digest: &str,
+    now: i64,
+) -> Result<i64, Error> {
+    let c = &p.contract;
+    let row = tx.query_opt(
+        "INSERT INTO operations(tenant, subject, tool, idempotency_key, request_digest,
+             input_rev, output_rev, effect_rev, handler_rev, producer_rev, policy_rev,
+             arguments, fingerprint, effect_kind, state, status_ref, authority_deadline,
+             retention_deadline, created_at, updated_at, result, result_digest)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 'inline',
+             'applied', ?14, ?15, ?16, ?17, ?17, ?18, ?19)
+         ON CONFLICT (tenant, subject, tool, idempotency_key) DO NOTHING
+         RETURNING id",
+        &[
+            p.principal.tenant.as_str().into(),
+            p.principal.subject.as_str().into(),
+            c.name.as_str().into(),
+            p.key.as_str().into(),
+            p.request_digest.as_str().into(),
+            c.input_rev.as_str().into(),
+            c.output_rev.as_str().into(),
+            c.effect_rev.as_str().into(),
+            c.handler_rev.as_str().into(),
+            c.producer_rev.as_str().into(),
+            c.policy_rev.as_str().into(),
+            p.arguments_text.as_str().into(),
+            p.fingerprint.clone().into(),
+            status_ref.into(),
+            p.authority_deadline.into(),
+            p.retention_deadline.into(),
+            now.into(),
+            result_text.into(),
+            result_digest.into(),
+        ],
+    )?;
+    match row {
+        Some(row) => row.int(0),
+        None => Err(contract_error("the scope was taken under the key lock")),
     }
 }
 

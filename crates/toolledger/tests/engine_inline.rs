@@ -639,10 +639,10 @@ async fn effect_failure_and_ledger_write_failure_roll_back_everything() {
     assert_eq!(err.code, ErrorCode::Unavailable);
     assert!(!err.message.contains("length"), "{}", err.message);
 
-    // The ledger's own update refused after the effect ran.
+    // The ledger's own write (after the effect ran) refused.
     side(&f.path)
         .execute_batch(
-            "CREATE TRIGGER fail_ledger BEFORE UPDATE ON operations
+            "CREATE TRIGGER fail_ledger BEFORE INSERT ON operations
              BEGIN SELECT RAISE(ABORT, 'ledger unavailable'); END;",
         )
         .unwrap();
