@@ -130,6 +130,10 @@ pub struct BenchArgs {
     /// as soon as its operation is acknowledged (durable), instead of measuring.
     #[arg(long, hide = true)]
     pub ack_db: Option<PathBuf>,
+    /// Testing aid: the same against this schema of `--database-url` (with `--backend
+    /// postgres`; created if missing, never dropped).
+    #[arg(long, hide = true, value_name = "NAME")]
+    pub ack_schema: Option<String>,
 }
 
 /// Runs `toolledger bench`.
@@ -156,6 +160,24 @@ pub fn run(args: BenchArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     }
+    if let Some(schema) = &args.ack_schema {
+        if args.backend != Backend::Postgres {
+            eprintln!(
+                "{}",
+                json!({"error": {"code": "INVALID_ARGUMENTS",
+                    "message": "--ack-schema needs --backend postgres"}})
+            );
+            return ExitCode::from(2);
+        }
+        if !toolledger::store::postgres::valid_schema_name(schema) {
+            eprintln!(
+                "{}",
+                json!({"error": {"code": "INVALID_ARGUMENTS",
+                    "message": "schema names are lowercase letters, digits and underscores"}})
+            );
+            return ExitCode::from(2);
+        }
+    }
     if args.ops == 0 || args.concurrency.contains(&0) || args.readers == Some(0) {
         eprintln!(
             "{}",
@@ -171,6 +193,10 @@ pub fn run(args: BenchArgs) -> ExitCode {
         Ok(rt) => rt,
         Err(_) => return crate::common::fail("RUNTIME_ERROR"),
     };
+    if let (Some(schema), Some(url)) = (&args.ack_schema, &args.database_url) {
+        let concurrency = args.concurrency.first().copied().unwrap_or(64);
+        return runtime.block_on(ack::run_pg(url, schema, concurrency, args.ops));
+    }
     if let Some(path) = args.ack_db.clone() {
         let concurrency = args.concurrency.first().copied().unwrap_or(64);
         return runtime.block_on(ack::run(path, concurrency, args.ops, args.readers));

@@ -6,10 +6,18 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
+use toolledger::clock::{SharedClock, SystemClock};
+use toolledger::engine::Engine;
+use toolledger::store::postgres::{PgOptions, PgStore};
+
+use super::pg::BENCH_PG_MIGRATIONS;
 use super::{bench_engine, fresh_op, key_of};
 
-/// Runs `ops` fresh operations with `concurrency` callers against `path`.
+/// Runs `ops` fresh operations with `concurrency` callers against the SQLite file `path`,
+/// under the keys `ack-00000000`, `ack-00000001`, … (a second run on the same file replays
+/// the keys the first one committed).
 pub async fn run(
     path: PathBuf,
     concurrency: usize,
@@ -20,10 +28,49 @@ pub async fn run(
         Ok(e) => e,
         Err(code) => return crate::common::fail(code),
     };
+    stream(engine, "ack".to_string(), concurrency, ops).await
+}
+
+/// Runs `ops` fresh operations with `concurrency` callers against the PostgreSQL schema
+/// `schema` of the database at `url` (created with the bench tables if missing, and left in
+/// place afterwards for the caller to inspect). The keys are `ack-<run>-00000000`, … with
+/// `<run>` random per process, so every run on the same schema applies new operations.
+pub async fn run_pg(url: &str, schema: &str, concurrency: usize, ops: usize) -> ExitCode {
+    let run = match run_id() {
+        Ok(r) => r,
+        Err(code) => return crate::common::fail(code),
+    };
+    let mut opts = PgOptions::new("postgres:bench")
+        .with_migrations(BENCH_PG_MIGRATIONS)
+        .in_schema(schema);
+    opts.max_connections = 64;
+    let store = match PgStore::open(url, opts) {
+        Ok(s) => s,
+        Err(e) => return crate::common::fail_store(&e),
+    };
+    let clock: SharedClock = Arc::new(SystemClock);
+    let engine = Engine::new(store, clock);
+    stream(engine, format!("ack-{run}"), concurrency, ops).await
+}
+
+/// Eight random hex digits naming one run's keys.
+fn run_id() -> Result<String, &'static str> {
+    use std::io::Read;
+    let mut b = [0u8; 4];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|_| "DATABASE_IO_ERROR")?;
+    Ok(hex::encode(b))
+}
+
+/// The stream itself: operation `i` runs under `<prefix>-<i>` and its key is printed (and
+/// flushed) as soon as the call returns `Ok`, applied now or replayed.
+async fn stream(engine: Engine, prefix: String, concurrency: usize, ops: usize) -> ExitCode {
+    let prefix = Arc::new(prefix);
     let measured = super::run::drive("ack", concurrency, ops, move |i| {
         let engine = engine.clone();
+        let key = key_of(&prefix, i);
         async move {
-            let key = key_of("ack", i);
             match fresh_op(&engine, key.clone(), i as i64).await {
                 Ok(_) => {
                     let mut out = std::io::stdout().lock();
