@@ -160,6 +160,14 @@ pub fn run(args: BenchArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     }
+    if args.ack_db.is_some() && args.backend == Backend::Postgres {
+        eprintln!(
+            "{}",
+            json!({"error": {"code": "INVALID_ARGUMENTS",
+                "message": "--ack-db is a SQLite file; on PostgreSQL use --ack-schema"}})
+        );
+        return ExitCode::from(2);
+    }
     if let Some(schema) = &args.ack_schema {
         if args.backend != Backend::Postgres {
             eprintln!(

@@ -99,9 +99,19 @@ fn sigkill_during_group_commit_loses_no_acknowledged_operation() {
     let committed = check_consistent(&db, &first);
     assert!(committed >= first.len());
 
-    // The second run starts from the crashed file: earlier keys replay, new ones commit.
+    // The second run starts from the crashed file with keys of its own, so its operations
+    // are all new ones committed by group commit on top of the crashed state.
     let second = run_and_kill(&db);
+    assert!(
+        second.is_disjoint(&first),
+        "each run acknowledges new operations"
+    );
     let mut all = first.clone();
     all.extend(second);
-    check_consistent(&db, &all);
+    let committed_now = check_consistent(&db, &all);
+    assert!(committed_now >= all.len());
+    assert!(
+        committed_now > committed,
+        "the second run committed new operations"
+    );
 }

@@ -115,6 +115,29 @@ fn bad_options_are_refused_with_a_stable_code() {
         (&["--backend", "postgres"][..], "BACKEND_UNAVAILABLE"),
         (&["--ops", "0"][..], "INVALID_ARGUMENTS"),
         (&["--concurrency", "0"][..], "INVALID_ARGUMENTS"),
+        (
+            &[
+                "--backend",
+                "postgres",
+                "--database-url",
+                "postgres://u@127.0.0.1:1/db",
+                "--ack-db",
+                "/nonexistent/x.sqlite",
+            ][..],
+            "INVALID_ARGUMENTS",
+        ),
+        (
+            &[
+                "--backend",
+                "postgres",
+                "--database-url",
+                "postgres://u@127.0.0.1:1/db",
+                "--ack-schema",
+                "Bad;Name",
+            ][..],
+            "INVALID_ARGUMENTS",
+        ),
+        (&["--ack-schema", "tl_x"][..], "INVALID_ARGUMENTS"),
     ] {
         let out = bench(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");

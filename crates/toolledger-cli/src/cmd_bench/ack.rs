@@ -16,19 +16,23 @@ use super::pg::BENCH_PG_MIGRATIONS;
 use super::{bench_engine, fresh_op, key_of};
 
 /// Runs `ops` fresh operations with `concurrency` callers against the SQLite file `path`,
-/// under the keys `ack-00000000`, `ack-00000001`, … (a second run on the same file replays
-/// the keys the first one committed).
+/// under the keys `ack-<run>-00000000`, … with `<run>` random per process, so every run on
+/// the same file applies new operations.
 pub async fn run(
     path: PathBuf,
     concurrency: usize,
     ops: usize,
     readers: Option<usize>,
 ) -> ExitCode {
+    let run = match run_id() {
+        Ok(r) => r,
+        Err(code) => return crate::common::fail(code),
+    };
     let engine = match bench_engine(&path, readers) {
         Ok(e) => e,
         Err(code) => return crate::common::fail(code),
     };
-    stream(engine, "ack".to_string(), concurrency, ops).await
+    stream(engine, format!("ack-{run}"), concurrency, ops).await
 }
 
 /// Runs `ops` fresh operations with `concurrency` callers against the PostgreSQL schema
