@@ -917,7 +917,6 @@ fn judge(
 fn reserve(tx: &mut dyn EffectTx, p: &Prepared, now: i64) -> Result<Option<(i64, String)>, Error> {
     check_deadlines(p.authority_deadline, p.retention_deadline, now)?;
     let status_ref = new_status_ref()?;
-    let c = &p.contract;
     let row = tx.query_opt(
         "INSERT INTO operations(tenant, subject, tool, idempotency_key, request_digest,
              input_rev, output_rev, effect_rev, handler_rev, producer_rev, policy_rev,
@@ -927,30 +926,37 @@ fn reserve(tx: &mut dyn EffectTx, p: &Prepared, now: i64) -> Result<Option<(i64,
              'in_progress', ?14, ?15, ?16, ?17, ?17)
          ON CONFLICT (tenant, subject, tool, idempotency_key) DO NOTHING
          RETURNING id",
-        &[
-            p.principal.tenant.as_str().into(),
-            p.principal.subject.as_str().into(),
-            c.name.as_str().into(),
-            p.key.as_str().into(),
-            p.request_digest.as_str().into(),
-            c.input_rev.as_str().into(),
-            c.output_rev.as_str().into(),
-            c.effect_rev.as_str().into(),
-            c.handler_rev.as_str().into(),
-            c.producer_rev.as_str().into(),
-            c.policy_rev.as_str().into(),
-            p.arguments_text.as_str().into(),
-            p.fingerprint.clone().into(),
-            status_ref.as_str().into(),
-            p.authority_deadline.into(),
-            p.retention_deadline.into(),
-            now.into(),
-        ],
+        &ledger_row_params(p, &status_ref, now),
     )?;
     match row {
         Some(row) => Ok(Some((row.int(0)?, status_ref))),
         None => Ok(None),
     }
+}
+
+/// Parameters `?1`–`?17` of a new ledger row: scope, digest, revisions, arguments,
+/// fingerprint, status reference, deadlines, time.
+fn ledger_row_params(p: &Prepared, status_ref: &str, now: i64) -> Vec<SqlValue> {
+    let c = &p.contract;
+    vec![
+        p.principal.tenant.as_str().into(),
+        p.principal.subject.as_str().into(),
+        c.name.as_str().into(),
+        p.key.as_str().into(),
+        p.request_digest.as_str().into(),
+        c.input_rev.as_str().into(),
+        c.output_rev.as_str().into(),
+        c.effect_rev.as_str().into(),
+        c.handler_rev.as_str().into(),
+        c.producer_rev.as_str().into(),
+        c.policy_rev.as_str().into(),
+        p.arguments_text.as_str().into(),
+        p.fingerprint.clone().into(),
+        status_ref.into(),
+        p.authority_deadline.into(),
+        p.retention_deadline.into(),
+        now.into(),
+    ]
 }
 
 /// Inserts the ledger row of a fresh inline call, `applied` with its canonical result. The
@@ -964,7 +970,9 @@ fn insert_applied(
     result_digest: &str,
     now: i64,
 ) -> Result<i64, Error> {
-    let c = &p.contract;
+    let mut params = ledger_row_params(p, status_ref, now);
+    params.push(result_text.into());
+    params.push(result_digest.into());
     let row = tx.query_opt(
         "INSERT INTO operations(tenant, subject, tool, idempotency_key, request_digest,
              input_rev, output_rev, effect_rev, handler_rev, producer_rev, policy_rev,
@@ -974,27 +982,7 @@ fn insert_applied(
              'applied', ?14, ?15, ?16, ?17, ?17, ?18, ?19)
          ON CONFLICT (tenant, subject, tool, idempotency_key) DO NOTHING
          RETURNING id",
-        &[
-            p.principal.tenant.as_str().into(),
-            p.principal.subject.as_str().into(),
-            c.name.as_str().into(),
-            p.key.as_str().into(),
-            p.request_digest.as_str().into(),
-            c.input_rev.as_str().into(),
-            c.output_rev.as_str().into(),
-            c.effect_rev.as_str().into(),
-            c.handler_rev.as_str().into(),
-            c.producer_rev.as_str().into(),
-            c.policy_rev.as_str().into(),
-            p.arguments_text.as_str().into(),
-            p.fingerprint.clone().into(),
-            status_ref.into(),
-            p.authority_deadline.into(),
-            p.retention_deadline.into(),
-            now.into(),
-            result_text.into(),
-            result_digest.into(),
-        ],
+        &params,
     )?;
     match row {
         Some(row) => row.int(0),

@@ -311,6 +311,21 @@ fn column_value(row: &tokio_postgres::Row, i: usize) -> Result<SqlValue, tokio_p
     })
 }
 
+/// Every column of every row as [`SqlValue`]s.
+fn row_values(rows: &[tokio_postgres::Row]) -> Result<Vec<Vec<SqlValue>>, Error> {
+    rows.iter()
+        .map(|row| {
+            (0..row.len())
+                .map(|i| {
+                    column_value(row, i).map_err(|_| {
+                        Error::unavailable("a column type is outside the effect contract")
+                    })
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// One connection, owned by one worker thread together with the current-thread runtime that
 /// drives it: a statement's request, the connection task and the reply all run on that thread,
 /// with no cross-thread wake-up per statement.
@@ -615,17 +630,7 @@ impl PgTx<'_> {
             Err(e) => return Err(self.fail(e)),
         };
         self.committed = true;
-        let mut out = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let mut cols = Vec::with_capacity(row.len());
-            for i in 0..row.len() {
-                cols.push(column_value(row, i).map_err(|_| {
-                    Error::unavailable("a column type is outside the effect contract")
-                })?);
-            }
-            out.push(cols);
-        }
-        Ok(out)
+        row_values(&rows)
     }
 
     /// Opens the call savepoint of a batched write (queued: it goes out with the next
@@ -706,29 +711,13 @@ impl EffectTx for PgTx<'_> {
             lock.as_ref(),
             client.query(&stmt, &refs),
         ));
-        let rows = match out {
+        match out {
             Ok(rows) => {
                 self.succeeded = true;
-                rows
+                row_values(&rows)
             }
-            Err(e) => return Err(self.fail(e)),
-        };
-        let mut out = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let mut cols = Vec::with_capacity(row.len());
-            for i in 0..row.len() {
-                match column_value(row, i) {
-                    Ok(v) => cols.push(v),
-                    Err(_) => {
-                        return Err(Error::unavailable(
-                            "a column type is outside the effect contract",
-                        ))
-                    }
-                }
-            }
-            out.push(cols);
+            Err(e) => Err(self.fail(e)),
         }
-        Ok(out)
     }
 
     fn dialect(&self) -> Dialect {
