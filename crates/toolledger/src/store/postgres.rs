@@ -565,6 +565,30 @@ async fn pipelined<R>(
     out
 }
 
+/// How [`PgTx::send`] runs its statement.
+#[derive(Clone, Copy)]
+enum Mode {
+    Execute,
+    Query,
+    /// The query, then `COMMIT`, in one flight.
+    QueryThenCommit,
+}
+
+/// What [`PgTx::send`] got back.
+enum Reply {
+    Count(u64),
+    Rows(Vec<tokio_postgres::Row>),
+}
+
+impl Reply {
+    fn rows(self) -> Vec<tokio_postgres::Row> {
+        match self {
+            Reply::Rows(rows) => rows,
+            Reply::Count(_) => Vec::new(),
+        }
+    }
+}
+
 impl PgTx<'_> {
     /// Takes what must precede the next statement.
     fn preamble(&mut self) -> (Option<String>, Option<(Statement, SqlValue)>) {
@@ -611,26 +635,46 @@ impl PgTx<'_> {
         sql: &str,
         params: &[SqlValue],
     ) -> Result<Vec<Vec<SqlValue>>, Error> {
+        let rows = self.send(sql, params, Mode::QueryThenCommit)?.rows();
+        self.committed = true;
+        row_values(&rows)
+    }
+
+    /// Sends one statement (after pending transaction control and a pending key lock, in one
+    /// flight) and waits for its reply.
+    fn send(&mut self, sql: &str, params: &[SqlValue], mode: Mode) -> Result<Reply, Error> {
         let stmt = self.statement(sql)?;
         let bound: Vec<Param<'_>> = params.iter().map(Param).collect();
         let refs: Vec<&(dyn ToSql + Sync)> =
             bound.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
         let (control, lock) = self.preamble();
         let client = self.client;
+        let lock = lock.as_ref();
         let out = self.rt.block_on(async {
-            let (rows, commit) = tokio::join!(
-                pipelined(client, control, lock.as_ref(), client.query(&stmt, &refs)),
-                client.batch_execute("COMMIT")
-            );
-            let rows = rows?;
-            commit.map(|()| rows)
+            match mode {
+                Mode::Execute => pipelined(client, control, lock, client.execute(&stmt, &refs))
+                    .await
+                    .map(Reply::Count),
+                Mode::Query => pipelined(client, control, lock, client.query(&stmt, &refs))
+                    .await
+                    .map(Reply::Rows),
+                Mode::QueryThenCommit => {
+                    let (rows, commit) = tokio::join!(
+                        pipelined(client, control, lock, client.query(&stmt, &refs)),
+                        client.batch_execute("COMMIT")
+                    );
+                    let rows = rows?;
+                    commit.map(|()| Reply::Rows(rows))
+                }
+            }
         });
-        let rows = match out {
-            Ok(rows) => rows,
-            Err(e) => return Err(self.fail(e)),
-        };
-        self.committed = true;
-        row_values(&rows)
+        match out {
+            Ok(reply) => {
+                self.succeeded = true;
+                Ok(reply)
+            }
+            Err(e) => Err(self.fail(e)),
+        }
     }
 
     /// Opens the call savepoint of a batched write (queued: it goes out with the next
@@ -677,47 +721,14 @@ impl PgTx<'_> {
 
 impl EffectTx for PgTx<'_> {
     fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<usize, Error> {
-        let stmt = self.statement(sql)?;
-        let bound: Vec<Param<'_>> = params.iter().map(Param).collect();
-        let refs: Vec<&(dyn ToSql + Sync)> =
-            bound.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-        let (begin, lock) = self.preamble();
-        let client = self.client;
-        let out = self.rt.block_on(pipelined(
-            client,
-            begin,
-            lock.as_ref(),
-            client.execute(&stmt, &refs),
-        ));
-        match out {
-            Ok(n) => {
-                self.succeeded = true;
-                Ok(n as usize)
-            }
-            Err(e) => Err(self.fail(e)),
+        match self.send(sql, params, Mode::Execute)? {
+            Reply::Count(n) => Ok(n as usize),
+            Reply::Rows(rows) => Ok(rows.len()),
         }
     }
 
     fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<Vec<Vec<SqlValue>>, Error> {
-        let stmt = self.statement(sql)?;
-        let bound: Vec<Param<'_>> = params.iter().map(Param).collect();
-        let refs: Vec<&(dyn ToSql + Sync)> =
-            bound.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-        let (begin, lock) = self.preamble();
-        let client = self.client;
-        let out = self.rt.block_on(pipelined(
-            client,
-            begin,
-            lock.as_ref(),
-            client.query(&stmt, &refs),
-        ));
-        match out {
-            Ok(rows) => {
-                self.succeeded = true;
-                row_values(&rows)
-            }
-            Err(e) => Err(self.fail(e)),
-        }
+        row_values(&self.send(sql, params, Mode::Query)?.rows())
     }
 
     fn dialect(&self) -> Dialect {
