@@ -334,15 +334,11 @@ impl BenchEffect {
 
 impl InlineEffect for BenchEffect {
     fn apply(&self, tx: &mut dyn EffectTx, _principal: &Principal) -> Result<Value, Error> {
-        let rows = tx.query(
-            "INSERT INTO bench_effects(operation_key, n, created_at) VALUES (?1, ?2, ?3)
-             RETURNING id",
-            &[self.key.as_str().into(), self.n.into(), unix_now().into()],
-        )?;
-        let id = rows
-            .first()
-            .and_then(|r| r.first())
-            .and_then(|v| v.as_i64())
+        let id = tx
+            .insert_id(
+                "INSERT INTO bench_effects(operation_key, n, created_at) VALUES (?1, ?2, ?3)",
+                &[self.key.as_str().into(), self.n.into(), unix_now().into()],
+            )?
             .ok_or_else(|| Error::unavailable("effect row id missing"))?;
         Ok(json!({"effect_id": id, "n": self.n}))
     }
@@ -467,6 +463,8 @@ async fn fresh(
 }
 
 async fn fresh_on(engine: Engine, concurrency: usize, ops: usize) -> Result<Report, &'static str> {
+    let writer = engine.store().as_sqlite().cloned();
+    let before = writer.as_ref().map(|s| s.writer_stats());
     let measured = drive("fresh", concurrency, ops, move |i| {
         let engine = engine.clone();
         async move {
@@ -477,7 +475,11 @@ async fn fresh_on(engine: Engine, concurrency: usize, ops: usize) -> Result<Repo
         }
     })
     .await;
-    Ok(Report::new("fresh", concurrency, ops, measured))
+    let report = Report::new("fresh", concurrency, ops, measured);
+    Ok(match (writer, before) {
+        (Some(s), Some(before)) => report.with_writer(before, s.writer_stats()),
+        _ => report,
+    })
 }
 
 /// Applies `count` operations (untimed) so replays and conflicts have something to find.

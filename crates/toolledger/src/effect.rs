@@ -111,8 +111,9 @@ impl Dialect {
 /// The statements an inline effect may run inside the ledger's transaction.
 ///
 /// Placeholders are numbered (`?1`, `?2`, …); PostgreSQL receives them as `$1`, `$2`, ….
-/// Write SQL both backends accept: `INSERT … RETURNING`, `ON CONFLICT … DO NOTHING/UPDATE`,
-/// `coalesce`, integer (64-bit) and text columns, no `last_insert_rowid()`, no `INSERT OR …`,
+/// Write SQL both backends accept: `INSERT … RETURNING` (or [`EffectTx::insert_id`] for the
+/// new row's id), `ON CONFLICT … DO NOTHING/UPDATE`, `coalesce`, integer (64-bit) and text
+/// columns, no `last_insert_rowid()`, no `INSERT OR …`,
 /// and give every parameter a typed context (a column comparison or an insert target).
 /// Never run `BEGIN`, `COMMIT`, `ROLLBACK` or `SAVEPOINT` through it: the engine owns the
 /// transaction.
@@ -140,6 +141,19 @@ pub trait EffectTx {
     /// (taken once). Lets store-level code report storage failures apart from refusals.
     fn take_store_error(&mut self) -> Option<StoreError> {
         None
+    }
+
+    /// Runs one single-row `INSERT` (written without `RETURNING`) into a table whose key is
+    /// an integer column `id`, and returns that row's `id`, or `None` when no row was inserted
+    /// (`ON CONFLICT … DO NOTHING`). PostgreSQL runs it with `RETURNING id` appended; SQLite
+    /// (where `id` must be the `INTEGER PRIMARY KEY`) reads the connection's last rowid
+    /// instead, since a `RETURNING` clause there builds a temporary table for each statement.
+    fn insert_id(&mut self, sql: &str, params: &[SqlValue]) -> Result<Option<i64>, Error> {
+        let sql = format!("{sql} RETURNING id");
+        match self.query_opt(&sql, params)? {
+            Some(row) => row.int(0).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// Runs a query expected to return at most one row.
@@ -314,6 +328,16 @@ impl EffectTx for SqliteEffectTx<'_> {
             .prepare_cached(sql)
             .and_then(|mut stmt| stmt.execute(rusqlite::params_from_iter(params.iter())));
         out.map_err(|e| self.fail(e))
+    }
+
+    fn insert_id(&mut self, sql: &str, params: &[SqlValue]) -> Result<Option<i64>, Error> {
+        match self.execute(sql, params)? {
+            0 => Ok(None),
+            1 => Ok(Some(self.conn.last_insert_rowid())),
+            _ => Err(Error::from(StoreError::Contract(
+                "insert_id inserted more than one row".into(),
+            ))),
+        }
     }
 
     fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<Vec<Vec<SqlValue>>, Error> {

@@ -327,6 +327,8 @@ impl Engine {
         }
         let fault = self.fault.clone();
         let clock = self.clock.clone();
+        // Drawn before the write so the writer does not wait for it (unused on a replay).
+        let status_ref = new_status_ref()?;
         let written = self
             .store
             .write(move |tx: &mut dyn EffectTx| -> Result<Written, Error> {
@@ -343,7 +345,6 @@ impl Engine {
                     prepared.retention_deadline,
                     now,
                 )?;
-                let status_ref = new_status_ref()?;
                 if let Some(h) = &fault {
                     h(FaultPoint::AfterLedgerInsert);
                 }
@@ -357,7 +358,7 @@ impl Engine {
                     result,
                     replayed: false,
                     state: OperationState::Applied,
-                    status_ref,
+                    status_ref: status_ref.clone(),
                     operation_id: id,
                 }))
             })
@@ -926,21 +927,17 @@ fn judge(
 fn reserve(tx: &mut dyn EffectTx, p: &Prepared, now: i64) -> Result<Option<(i64, String)>, Error> {
     check_deadlines(p.authority_deadline, p.retention_deadline, now)?;
     let status_ref = new_status_ref()?;
-    let row = tx.query_opt(
+    let id = tx.insert_id(
         "INSERT INTO operations(tenant, subject, tool, idempotency_key, request_digest,
              input_rev, output_rev, effect_rev, handler_rev, producer_rev, policy_rev,
              arguments, fingerprint, effect_kind, state, status_ref, authority_deadline,
              retention_deadline, created_at, updated_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 'inline',
              'in_progress', ?14, ?15, ?16, ?17, ?17)
-         ON CONFLICT (tenant, subject, tool, idempotency_key) DO NOTHING
-         RETURNING id",
+         ON CONFLICT (tenant, subject, tool, idempotency_key) DO NOTHING",
         &ledger_row_params(p, &status_ref, now),
     )?;
-    match row {
-        Some(row) => Ok(Some((row.int(0)?, status_ref))),
-        None => Ok(None),
-    }
+    Ok(id.map(|id| (id, status_ref)))
 }
 
 /// Parameters `?1`–`?17` of a new ledger row: scope, digest, revisions, arguments,
@@ -982,21 +979,17 @@ fn insert_applied(
     let mut params = ledger_row_params(p, status_ref, now);
     params.push(result_text.into());
     params.push(result_digest.into());
-    let row = tx.query_opt(
+    tx.insert_id(
         "INSERT INTO operations(tenant, subject, tool, idempotency_key, request_digest,
              input_rev, output_rev, effect_rev, handler_rev, producer_rev, policy_rev,
              arguments, fingerprint, effect_kind, state, status_ref, authority_deadline,
              retention_deadline, created_at, updated_at, result, result_digest)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 'inline',
              'applied', ?14, ?15, ?16, ?17, ?17, ?18, ?19)
-         ON CONFLICT (tenant, subject, tool, idempotency_key) DO NOTHING
-         RETURNING id",
+         ON CONFLICT (tenant, subject, tool, idempotency_key) DO NOTHING",
         &params,
-    )?;
-    match row {
-        Some(row) => row.int(0),
-        None => Err(contract_error("the scope was taken under the key lock")),
-    }
+    )?
+    .ok_or_else(|| contract_error("the scope was taken under the key lock"))
 }
 
 fn insert_event(

@@ -190,17 +190,14 @@ pub fn enqueue(
     now: i64,
     max_attempts: i64,
 ) -> Result<i64, StoreError> {
-    let row = tx
-        .query_opt(
-            "INSERT INTO outbox (operation_id, state, fencing_token, attempt_count, max_attempts,
-                 created_at, updated_at)
-             VALUES (?1, 'pending', 0, 0, ?2, ?3, ?3)
-             RETURNING id",
-            &[operation_id.into(), max_attempts.into(), now.into()],
-        )
-        .map_err(|e| store_error(tx, e))?
-        .ok_or_else(|| StoreError::Contract("outbox insert returned no id".into()))?;
-    row.int(0).map_err(|e| StoreError::Contract(e.message))
+    tx.insert_id(
+        "INSERT INTO outbox (operation_id, state, fencing_token, attempt_count, max_attempts,
+             created_at, updated_at)
+         VALUES (?1, 'pending', 0, 0, ?2, ?3, ?3)",
+        &[operation_id.into(), max_attempts.into(), now.into()],
+    )
+    .map_err(|e| store_error(tx, e))?
+    .ok_or_else(|| StoreError::Contract("outbox insert returned no id".into()))
 }
 
 /// Loads one event.

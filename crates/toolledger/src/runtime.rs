@@ -1289,7 +1289,7 @@ impl Runtime {
                     let (tool, _) = this.tool(&p.scope.tool)?;
                     tool.check(tx, &principal, &p.arguments)?;
                     let inserted = tx
-                        .query_opt(
+                        .insert_id(
                             "INSERT INTO operations (tenant, subject, tool, idempotency_key,
                              request_digest, input_rev, output_rev, effect_rev, handler_rev,
                              producer_rev, policy_rev, arguments, effect_kind, state,
@@ -1297,8 +1297,7 @@ impl Runtime {
                              updated_at)
                          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, 'deferred',
                              'accepted', ?13, ?15, ?16, ?14, ?14)
-                         ON CONFLICT (tenant, subject, tool, idempotency_key) DO NOTHING
-                         RETURNING id",
+                         ON CONFLICT (tenant, subject, tool, idempotency_key) DO NOTHING",
                             &[
                                 p.scope.tenant.as_str().into(),
                                 p.scope.subject.as_str().into(),
@@ -1319,9 +1318,7 @@ impl Runtime {
                             ],
                         )
                         .map_err(|e| stored(tx, e))?;
-                    let operation_id = if let Some(row) = inserted {
-                        let operation_id =
-                            row.int(0).map_err(|e| contract_violation(&e.message))?;
+                    let operation_id = if let Some(operation_id) = inserted {
                         let approval = if tool.requires_approval() {
                             let target = approval_target(
                                 &p.scope,

@@ -39,6 +39,13 @@ pub struct Report {
     /// The server child's CPU time per operation (µs), for workloads that run one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_cpu_us_per_op: Option<f64>,
+    /// Write transactions the SQLite writer committed during the workload, for workloads whose
+    /// writes go through it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub commits: Option<u64>,
+    /// Jobs per write transaction (group-commit batch size) over the workload.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mean_batch: Option<f64>,
     /// `ops_per_sec` divided by the ceiling line's, when the ceiling ran in this invocation.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ratio_to_ceiling: Option<f64>,
@@ -74,9 +81,26 @@ impl Report {
             peak_rss_mb: peak_rss_mb("self").unwrap_or(0.0),
             server_peak_rss_mb: None,
             server_cpu_us_per_op: None,
+            commits: None,
+            mean_batch: None,
             ratio_to_ceiling: None,
             synchronous: "full",
         }
+    }
+
+    /// Adds what the SQLite writer did between `before` and `after`.
+    pub fn with_writer(
+        mut self,
+        before: toolledger::store::sqlite::WriterStats,
+        after: toolledger::store::sqlite::WriterStats,
+    ) -> Report {
+        let commits = after.batches.saturating_sub(before.batches);
+        let jobs = after.jobs.saturating_sub(before.jobs);
+        self.commits = Some(commits);
+        if commits > 0 {
+            self.mean_batch = Some((jobs as f64 / commits as f64 * 10.0).round() / 10.0);
+        }
+        self
     }
 
     /// Prints the line on stdout.

@@ -404,11 +404,16 @@ impl InlineEffect for AutomationEffect {
 
     fn apply(&self, tx: &mut dyn EffectTx, principal: &Principal) -> Result<Value, Error> {
         let rows = match self.action {
-            Action::Create { interval } => tx.query(
-                "INSERT INTO automations(tenant, interval_minutes, version) VALUES (?1, ?2, 1)
-                 RETURNING id, interval_minutes, version",
-                &[principal.tenant.as_str().into(), interval.into()],
-            )?,
+            Action::Create { interval } => {
+                let id = tx
+                    .insert_id(
+                        "INSERT INTO automations(tenant, interval_minutes, version)
+                         VALUES (?1, ?2, 1)",
+                        &[principal.tenant.as_str().into(), interval.into()],
+                    )?
+                    .ok_or_else(|| Error::unavailable("automation row is missing"))?;
+                return result_of(&[id.into(), interval.into(), 1.into()]);
+            }
             Action::SetInterval {
                 automation_id,
                 expected_version,

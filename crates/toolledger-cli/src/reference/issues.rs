@@ -14,8 +14,8 @@ use rmcp::model::{
 };
 use rmcp::service::ElicitationMode;
 use serde_json::{json, Map, Value};
+use toolledger::effect::EffectTx;
 use toolledger::effect::RowExt;
-use toolledger::effect::{EffectTx, SqlValue};
 use toolledger::engine::{Begun, InlineEffect, OperationRecord, Outcome};
 use toolledger::model::{Error, ErrorCode, OperationState, Principal, ToolContract};
 use toolledger::store::Migration;
@@ -195,9 +195,9 @@ fn insert_issue(
     body: &str,
     now: i64,
 ) -> Result<i64, Error> {
-    let rows = tx.query(
+    tx.insert_id(
         "INSERT INTO issues(tenant, subject, operation_key, title, body, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6) RETURNING id",
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         &[
             principal.tenant.clone().into(),
             principal.subject.clone().into(),
@@ -206,11 +206,8 @@ fn insert_issue(
             body.into(),
             now.into(),
         ],
-    )?;
-    rows.first()
-        .and_then(|r| r.first())
-        .and_then(SqlValue::as_i64)
-        .ok_or_else(|| Error::unavailable("issue id missing"))
+    )?
+    .ok_or_else(|| Error::unavailable("issue id missing"))
 }
 
 fn created(id: i64) -> Value {

@@ -400,6 +400,51 @@ fn code<T: std::fmt::Debug>(r: Result<T, Error>) -> ErrorCode {
     r.expect_err("expected an error").code
 }
 
+/// `EffectTx::insert_id` answers the id of the row it inserted (the same id a read finds),
+/// and `None` when `ON CONFLICT … DO NOTHING` inserted nothing.
+pub async fn insert_id_returns_the_inserted_rows_id(h: &Harness) {
+    let store = h.open();
+    let ids = store
+        .write(|tx: &mut dyn EffectTx| -> Result<_, Error> {
+            let insert = "INSERT INTO widgets(tenant, name) VALUES (?1, ?2)";
+            let a = tx.insert_id(insert, &["t".into(), "a".into()])?;
+            let b = tx.insert_id(insert, &["t".into(), "b".into()])?;
+            let taken = tx.insert_id(
+                "INSERT INTO widgets(id, tenant, name) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (id) DO NOTHING",
+                &[a.unwrap_or(0).into(), "t".into(), "c".into()],
+            )?;
+            let chosen = tx.insert_id(
+                "INSERT INTO widgets(id, tenant, name) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (id) DO NOTHING",
+                &[1_000_000.into(), "t".into(), "d".into()],
+            )?;
+            Ok((a, b, taken, chosen))
+        })
+        .await
+        .expect("inserts");
+    let (Some(a), Some(b), taken, chosen) = ids else {
+        panic!("no id for a plain insert: {ids:?}");
+    };
+    assert_ne!(a, b);
+    assert_eq!(taken, None, "a conflicting insert reports no id");
+    assert_eq!(chosen, Some(1_000_000));
+    let names = store
+        .read(|tx: &mut dyn EffectTx| -> Result<_, Error> {
+            tx.query("SELECT id, name FROM widgets ORDER BY id", &[])
+        })
+        .await
+        .expect("read back");
+    let found: Vec<(i64, String)> = names
+        .iter()
+        .map(|r| (r.int(0).unwrap(), r.text(1).unwrap()))
+        .collect();
+    assert_eq!(
+        found,
+        vec![(a, "a".into()), (b, "b".into()), (1_000_000, "d".into())]
+    );
+}
+
 /// A fresh call commits the effect row and the ledger row together; the result is stored.
 pub async fn reservation_commits_effect_and_ledger_together(h: &Harness) {
     let (e, _) = engine(h);
@@ -1593,6 +1638,7 @@ pub async fn concurrent_revocations_lose_nothing(h: &Harness) {
 macro_rules! conformance_suite {
     ($harness:expr) => {
         $crate::conformance_suite!(@each $harness;
+            insert_id_returns_the_inserted_rows_id,
             reservation_commits_effect_and_ledger_together,
             replay_returns_the_stored_result_across_handles,
             conflict_writes_nothing,
