@@ -8,11 +8,17 @@
 //! 1. the advisory locks of every call's `(tool, key)` (the same locks a single writer takes,
 //!    in sorted order, so two batches never deadlock on them) go out in one statement,
 //!    pipelined with one lookup of every row of those `(tool, key)` pairs;
-//! 2. each call then runs, in order, inside its own savepoint: authorize, the shared-namespace
-//!    check, the scope row from the lookup (conflict, deadlines, state, replay), and for a
-//!    fresh scope its deadlines and the effect. A call that fails rolls back to its savepoint
-//!    and alone gets its error; a call that met a deadlock or another transient conflict
-//!    goes back to the queue;
+//! 2. each call then runs, in order: authorize, the shared-namespace check, the scope row from
+//!    the lookup (conflict, deadlines, state, replay), and for a fresh scope its deadlines and
+//!    the effect. A call that fails before sending any statement (a conflict, a deadline, a
+//!    refusal of its checks) has changed nothing and alone gets its error. A call that fails
+//!    after sending statements may have written, or left the transaction aborted: the batch
+//!    is rolled back and run again in *careful* mode, each call inside its own savepoint, where
+//!    a failing call rolls back to its savepoint and alone gets its error, and a call that met
+//!    a deadlock or another transient conflict goes back to the queue. (Savepoints on every
+//!    call cost two more statements and a subtransaction per call; effects rarely fail after
+//!    writing, so batches run without them first. After a batch that needed them, the
+//!    writer's next batch starts careful.);
 //! 3. one multi-row `INSERT` writes the ledger rows of every fresh call, already `applied`
 //!    with their canonical results (written once, never inserted and then updated), and the
 //!    batch commits. Callers are answered only after `COMMIT` returned.
@@ -190,6 +196,7 @@ impl Batcher {
 
     /// Batch writer `writer`: runs batches until the queue is empty.
     fn work(self: Arc<Self>, writer: usize, w: &mut PgWriter<'_>) {
+        let mut careful = false;
         loop {
             let batch = {
                 let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -200,8 +207,9 @@ impl Batcher {
                 take_batch(&mut st.queue)
             };
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.run_batch(w, batch);
+                self.run_batch(w, batch, careful)
             }));
+            careful = run.as_ref().is_ok_and(|undone| *undone);
             if run.is_err() {
                 // A panic outside any call's effect (a call's own panic is caught inside the
                 // transaction). The batch's replies were dropped with it (its callers answer
@@ -212,19 +220,33 @@ impl Batcher {
         }
     }
 
-    fn run_batch(&self, w: &mut PgWriter<'_>, batch: Vec<Pending>) {
+    /// Runs one batch and answers its calls (or queues them again). Returns whether a call
+    /// failed after sending statements, so that its writes had to be undone.
+    fn run_batch(&self, w: &mut PgWriter<'_>, batch: Vec<Pending>, careful: bool) -> bool {
         let calls: Vec<(&Prepared, &dyn InlineEffect)> = batch
             .iter()
             .map(|p| (p.prepared.as_ref(), p.effect.as_ref()))
             .collect();
-        let out = w.write(|tx| self.transaction(tx, &calls));
+        let mut careful = careful;
+        let (out, undone) = loop {
+            let mut undone = false;
+            let out = w.write(|tx| {
+                undone = false;
+                self.transaction(tx, &calls, careful, &mut undone)
+            });
+            if undone && !careful {
+                careful = true;
+                continue;
+            }
+            break (out, undone);
+        };
         let ends = match out {
             Ok(ends) => ends,
             Err(e) => {
                 for p in batch {
                     let _ = p.reply.send(Err(e.clone()));
                 }
-                return;
+                return undone;
             }
         };
         let mut again = Vec::new();
@@ -251,6 +273,7 @@ impl Batcher {
                 st.queue.push_front(p);
             }
         }
+        undone
     }
 
     fn fire(&self, point: FaultPoint) {
@@ -259,11 +282,17 @@ impl Batcher {
         }
     }
 
-    /// One attempt at the batch's transaction (run again whole after a deadlock).
+    /// One attempt at the batch's transaction (run again whole after a deadlock). Without
+    /// `careful`, calls run without savepoints, and the first call that fails after sending a
+    /// statement ends the attempt with an error and `undone` set (the caller runs the batch
+    /// again, careful). With `careful`, each call runs in its own savepoint, and `undone` tells
+    /// whether one of them was rolled back after sending statements.
     fn transaction(
         &self,
         tx: &mut PgTx<'_>,
         calls: &[(&Prepared, &dyn InlineEffect)],
+        careful: bool,
+        undone: &mut bool,
     ) -> Result<Vec<CallEnd>, Error> {
         let now = self.clock.now();
         let mut keys: Vec<String> = calls.iter().map(|(p, _)| p.lock_key()).collect();
@@ -288,9 +317,12 @@ impl Batcher {
             let found = rows
                 .remove(&(p.contract.name.clone(), p.key.clone()))
                 .unwrap_or_default();
-            tx.savepoint()?;
+            let flights = tx.flights();
+            if careful {
+                tx.savepoint()?;
+            }
             // A panicking effect fails alone, like any other failing call (as on SQLite's
-            // writer): its savepoint is rolled back and the batch goes on.
+            // writer): what it did is undone and the batch goes on.
             let ended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 self.call(tx, p, *effect, found, now)
             }))
@@ -301,21 +333,41 @@ impl Batcher {
             });
             match ended {
                 Ok(CallEnd::Fresh(outcome, encoded)) => {
-                    tx.release_savepoint();
+                    if careful {
+                        tx.release_savepoint();
+                    }
                     let (text, digest) = encoded.unwrap_or_default();
                     fresh.push((i, outcome.status_ref.clone(), text, digest));
                     ends.push(CallEnd::Fresh(outcome, None));
                 }
                 Ok(end) => {
-                    tx.release_savepoint();
+                    if careful {
+                        tx.release_savepoint();
+                    }
                     ends.push(end);
                 }
-                Err(e) => {
+                Err(e) if tx.flights() == flights => {
+                    // Nothing of the call reached the server: nothing to undo.
+                    if careful {
+                        tx.release_savepoint();
+                    }
+                    tx.drop_unsent_lock();
+                    ends.push(CallEnd::Done(Err(e)));
+                }
+                Err(e) if careful => {
+                    *undone = true;
                     if tx.rollback_to_savepoint() {
                         ends.push(CallEnd::Again(e));
                     } else {
                         ends.push(CallEnd::Done(Err(e)));
                     }
+                }
+                Err(e) => {
+                    // What the call wrote, or the aborted transaction it left, can only be
+                    // undone with the whole transaction: roll back and run the batch careful.
+                    tx.take_retry();
+                    *undone = true;
+                    return Err(e);
                 }
             }
         }

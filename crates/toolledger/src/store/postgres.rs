@@ -433,6 +433,7 @@ impl Slot {
             last_error: None,
             retry: false,
             committed: false,
+            flights: 0,
         }
     }
 }
@@ -471,6 +472,8 @@ pub(crate) struct PgTx<'a> {
     retry: bool,
     /// Whether [`PgTx::query_then_commit`] ended the transaction (committed).
     committed: bool,
+    /// Flights sent to the server (each statement, with what went out ahead of it).
+    flights: u64,
 }
 
 impl PgTx<'_> {
@@ -592,6 +595,7 @@ impl Reply {
 impl PgTx<'_> {
     /// Takes what must precede the next statement.
     fn preamble(&mut self) -> (Option<String>, Option<(Statement, SqlValue)>) {
+        self.flights += 1;
         let control = if self.pending.is_empty() {
             None
         } else {
@@ -686,6 +690,25 @@ impl PgTx<'_> {
         self.pending.push(SAVEPOINT);
         self.savepoint = Savepoint::Queued;
         Ok(())
+    }
+
+    /// How many flights of statements this transaction has sent so far (a batched call that
+    /// sent none has changed nothing on the server).
+    pub(crate) fn flights(&self) -> u64 {
+        self.flights
+    }
+
+    /// Forgets a key lock that was asked for and not sent yet (the call that asked for it
+    /// ended without running a statement).
+    pub(crate) fn drop_unsent_lock(&mut self) {
+        self.lock = None;
+    }
+
+    /// Whether the last failure was transient (deadlock, serialization failure, lost insert
+    /// race), clearing the mark: the caller handles it, and [`PgWriter::write`] does not run
+    /// the transaction again by itself.
+    pub(crate) fn take_retry(&mut self) -> bool {
+        std::mem::take(&mut self.retry)
     }
 
     /// Keeps what the call wrote since [`PgTx::savepoint`].
