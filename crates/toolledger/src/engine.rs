@@ -100,6 +100,11 @@ pub struct InlineCall {
 }
 
 /// A side effect that commits in the same transaction as its ledger row.
+///
+/// Everything it does must go through the [`EffectTx`] it is given: a transaction may be rolled
+/// back and run again (a deadlock; on PostgreSQL also a batch in which another call failed
+/// after writing, see `engine/pg_batch.rs`), so `apply` may run more than once for one call,
+/// while only the run that commits leaves a trace.
 pub trait InlineEffect: Send + Sync + 'static {
     /// The current access check, run inside the call's transaction *before* the ledger lookup
     /// (fresh calls and replays alike). Must only read. Default: allow.
