@@ -33,7 +33,9 @@ pub const HOLD_ENV: &str = "TOOLLEDGER_TEST_HOLD_AT";
 pub struct RuntimeStoreArgs {
     #[command(flatten)]
     pub store: StoreArgs,
-    /// The payments stand-in's own SQLite file (default: `<db>.downstream.sqlite`).
+    /// The payments stand-in's own SQLite file (default: `<db>.downstream.sqlite`; with
+    /// `--database-url` that is `toolledger.sqlite.downstream.sqlite` in the working
+    /// directory unless `--db` or this option says otherwise).
     #[arg(long)]
     pub downstream_db: Option<PathBuf>,
 }

@@ -19,14 +19,15 @@ use toolledger::clock::{ManualClock, SharedClock, SystemClock};
 use toolledger::engine::Engine;
 use toolledger_mcp::{bearer_auth, CallerSource, Guard, GuardConfig, KeyMaterial, LedgerServer};
 
-use crate::common::{self, StoreArgs};
+use crate::cmd_dispatch::RuntimeStoreArgs;
+use crate::common;
 use crate::reference::tools::{registry, Fault, Faults, ToolEnv};
 
 /// Options of `toolledger serve`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
     #[command(flatten)]
-    pub store: StoreArgs,
+    pub store: RuntimeStoreArgs,
     /// Principal the stdio caller acts as (resolved from the principal store on each call).
     #[arg(long)]
     pub principal: Option<String>,
@@ -80,11 +81,12 @@ fn fail_code(code: &str) -> i32 {
 async fn serve(args: ServeArgs) -> Result<(), i32> {
     let store = args
         .store
+        .store
         .open_with(false)
         .map_err(|e| fail_code(e.cli_code()))?;
     // With PostgreSQL the servers of a deployment share their keys through the environment;
     // the key file beside a SQLite database has no counterpart there.
-    let key_file = (!args.store.is_postgres()).then_some(args.store.db.as_path());
+    let key_file = (!args.store.store.is_postgres()).then_some(args.store.store.db.as_path());
     let keys = KeyMaterial::load(key_file).map_err(|e| {
         eprintln!(
             "{}",
@@ -108,7 +110,7 @@ async fn serve(args: ServeArgs) -> Result<(), i32> {
         shared_key_namespace: true,
     };
     let guard = Guard::new(engine, &keys, config).map_err(|_| fail_code("KEY_ERROR"))?;
-    let downstream = crate::reference::refunds::default_downstream_path(&args.store.db);
+    let downstream = args.store.downstream_path();
     let runtime = crate::reference::refunds::runtime(&store, &downstream, clock.clone())
         .map_err(|_| fail_code("DOWNSTREAM_UNAVAILABLE"))?
         .with_deadlines(toolledger::runtime::Deadlines {

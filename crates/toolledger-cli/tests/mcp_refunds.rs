@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 on_both_backends!(
     an_approved_refund_is_delivered_once_and_replayed_by_key,
     refunds_need_an_approval_and_the_owner,
+    the_payments_stand_in_keeps_its_receipts_where_downstream_db_says,
 );
 
 fn add_order(db: &Db, id: &str, owner: &str, amount: i64) {
@@ -107,4 +108,41 @@ fn refunds_need_an_approval_and_the_owner(db: Db) {
     assert_eq!(error_code(&bad), "invalid_arguments");
     assert_eq!(s.finish(), 0);
     assert_eq!(count(&db, "operations"), 0);
+}
+
+/// `serve --downstream-db FILE` puts the payments stand-in's receipts in FILE, not beside
+/// `--db` (with `--database-url` that default would be a file in the working directory).
+fn the_payments_stand_in_keeps_its_receipts_where_downstream_db_says(db: Db) {
+    add_principal(&db, "ed", "acme", &["approver"], &[], false);
+    add_order(&db, "o-9", "alice", 5000);
+    let business = json!({"order_id": "o-9", "amount_cents": 700});
+    let approval = approve(&db, "refund-9", &business);
+    let elsewhere = tempfile::tempdir().unwrap();
+    let payments = elsewhere.path().join("payments.sqlite");
+    let payments_arg = payments.display().to_string();
+    let mut s = Server::start(&db, "alice", &["--downstream-db", &payments_arg]);
+    let out = s.call(
+        "refund_order",
+        json!({"idempotency_key": "refund-9", "order_id": "o-9", "amount_cents": 700,
+               "approval": approval}),
+    );
+    assert_eq!(out["structuredContent"]["status"], "succeeded", "{out}");
+    assert_eq!(s.finish(), 0);
+
+    let conn = rusqlite::Connection::open(&payments).unwrap();
+    let receipts: i64 = conn
+        .query_row("SELECT count(*) FROM downstream_receipts", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(receipts, 1, "the delivery's receipt is in the named file");
+    let args = db.store_args();
+    let ledger = args
+        .iter()
+        .position(|a| a == "--db")
+        .map(|i| args[i + 1].clone())
+        .expect("a --db argument");
+    let default = format!("{ledger}.downstream.sqlite");
+    assert!(
+        !std::path::Path::new(&default).exists(),
+        "nothing was written at the default place {default}"
+    );
 }
