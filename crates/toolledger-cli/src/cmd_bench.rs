@@ -40,7 +40,7 @@ use serde_json::{json, Value};
 use toolledger::clock::{SharedClock, SystemClock};
 use toolledger::effect::EffectTx;
 use toolledger::engine::{Engine, InlineCall, InlineEffect};
-use toolledger::store::sqlite::{OpenOptions, SqliteStore};
+use toolledger::store::sqlite::{OpenOptions, SqliteStore, Synchronous};
 use toolledger::store::Migration;
 use toolledger::{Error, ErrorCode, Principal, ToolContract};
 
@@ -126,6 +126,10 @@ pub struct BenchArgs {
     /// Read connections (and reader threads) of the store; default: the store's default.
     #[arg(long)]
     pub readers: Option<usize>,
+    /// SQLite `synchronous` mode of every benchmark database, the ceiling's included (`full`
+    /// by default; `normal` gives up durability on power failure, see BENCHMARKS.md).
+    #[arg(long, value_enum, default_value = "full")]
+    pub sqlite_synchronous: crate::common::SyncMode,
     /// Testing aid: run fresh operations against this database and print each key on stdout
     /// as soon as its operation is acknowledged (durable), instead of measuring.
     #[arg(long, hide = true)]
@@ -159,6 +163,15 @@ pub fn run(args: BenchArgs) -> ExitCode {
             );
             return ExitCode::from(2);
         }
+    }
+    if args.sqlite_synchronous != crate::common::SyncMode::Full && args.backend == Backend::Postgres
+    {
+        eprintln!(
+            "{}",
+            json!({"error": {"code": "INVALID_ARGUMENTS",
+                "message": "--sqlite-synchronous applies to SQLite only"}})
+        );
+        return ExitCode::from(2);
     }
     if args.ack_db.is_some() && args.backend == Backend::Postgres {
         eprintln!(
@@ -207,11 +220,27 @@ pub fn run(args: BenchArgs) -> ExitCode {
     }
     if let Some(path) = args.ack_db.clone() {
         let concurrency = args.concurrency.first().copied().unwrap_or(64);
-        return runtime.block_on(ack::run(path, concurrency, args.ops, args.readers));
+        return runtime.block_on(ack::run(path, concurrency, args.ops, tuning(&args)));
     }
     match runtime.block_on(run_all(&args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(code) => crate::common::fail(code),
+    }
+}
+
+/// How the benchmark's SQLite stores are opened.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Tuning {
+    /// Read connections; `None` for the store's default.
+    pub readers: Option<usize>,
+    /// The write connection's `synchronous` mode.
+    pub synchronous: Synchronous,
+}
+
+fn tuning(args: &BenchArgs) -> Tuning {
+    Tuning {
+        readers: args.readers,
+        synchronous: args.sqlite_synchronous.into(),
     }
 }
 
@@ -256,6 +285,7 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
     }
     let mut ceiling: Option<f64> = None;
     let mut seq = 0usize;
+    let tune = tuning(args);
     for workload in workloads {
         let levels: &[usize] = if workload == Workload::Ceiling {
             &[1]
@@ -268,7 +298,7 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                 .path()
                 .join(format!("{seq:02}-{}-c{c}.sqlite", workload.name()));
             report::reset_peak_rss();
-            let reports = match (args.backend, &args.database_url) {
+            let reports: Vec<Report> = match (args.backend, &args.database_url) {
                 (Backend::Postgres, Some(url)) => {
                     let pg = pg::BenchSchema::open(url)?;
                     let reports = match workload {
@@ -293,15 +323,19 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                         .collect()
                 }
                 _ => match workload {
-                    Workload::Ceiling => vec![ceiling_loop(db, args.ops).await?],
-                    Workload::Fresh => vec![fresh(db, c, args.ops, args.readers).await?],
-                    Workload::Replay => vec![replay(db, c, args.ops, args.readers).await?],
-                    Workload::Conflict => vec![conflict(db, c, args.ops, args.readers).await?],
-                    Workload::McpStdio => mcp::run(db, c, args.ops).await?,
-                    Workload::OutboxDrain => {
-                        vec![outbox::run(db, c, args.ops, args.readers).await?]
-                    }
-                },
+                    Workload::Ceiling => vec![ceiling_loop(db, args.ops, tune.synchronous).await?],
+                    Workload::Fresh => vec![fresh(db, c, args.ops, tune).await?],
+                    Workload::Replay => vec![replay(db, c, args.ops, tune).await?],
+                    Workload::Conflict => vec![conflict(db, c, args.ops, tune).await?],
+                    Workload::McpStdio => mcp::run(db, c, args.ops, tune.synchronous).await?,
+                    Workload::OutboxDrain => vec![outbox::run(db, c, args.ops, tune).await?],
+                }
+                .into_iter()
+                .map(|mut r| {
+                    r.synchronous = tune.synchronous.as_str();
+                    r
+                })
+                .collect(),
             };
             for mut r in reports {
                 if workload == Workload::Ceiling {
@@ -354,22 +388,21 @@ fn unix_now() -> i64 {
 /// Opens a benchmark database with the bench table.
 pub fn open_bench_store(
     path: &std::path::Path,
-    readers: Option<usize>,
+    tuning: Tuning,
 ) -> Result<SqliteStore, &'static str> {
-    let mut opts = OpenOptions::new("sqlite:bench").with_migrations(BENCH_MIGRATIONS);
-    if let Some(n) = readers {
+    let mut opts = OpenOptions::new("sqlite:bench")
+        .with_migrations(BENCH_MIGRATIONS)
+        .with_synchronous(tuning.synchronous);
+    if let Some(n) = tuning.readers {
         opts.readers = n;
     }
     SqliteStore::open(path, opts).map_err(|e| e.cli_code())
 }
 
 /// An engine over a benchmark database.
-pub fn bench_engine(
-    path: &std::path::Path,
-    readers: Option<usize>,
-) -> Result<Engine, &'static str> {
+pub fn bench_engine(path: &std::path::Path, tuning: Tuning) -> Result<Engine, &'static str> {
     let clock: SharedClock = Arc::new(SystemClock);
-    Ok(Engine::new(open_bench_store(path, readers)?, clock))
+    Ok(Engine::new(open_bench_store(path, tuning)?, clock))
 }
 
 fn principal() -> Principal {
@@ -413,11 +446,19 @@ fn key_of(prefix: &str, i: usize) -> String {
     format!("{prefix}-{i:08}")
 }
 
-async fn ceiling_loop(db: PathBuf, ops: usize) -> Result<Report, &'static str> {
+async fn ceiling_loop(
+    db: PathBuf,
+    ops: usize,
+    synchronous: Synchronous,
+) -> Result<Report, &'static str> {
     let progress = run::progress("ceiling", 1, ops);
     let bar = progress.clone();
     let measured = tokio::task::spawn_blocking(move || -> Result<Measured, &'static str> {
         let conn = toolledger::store::sqlite::connect(&db).map_err(|e| e.cli_code())?;
+        if synchronous == Synchronous::Normal {
+            conn.execute_batch("PRAGMA synchronous=NORMAL;")
+                .map_err(|_| "SQLITE_ERROR")?;
+        }
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS ceiling (
                  id INTEGER PRIMARY KEY,
@@ -457,9 +498,9 @@ async fn fresh(
     db: PathBuf,
     concurrency: usize,
     ops: usize,
-    readers: Option<usize>,
+    tuning: Tuning,
 ) -> Result<Report, &'static str> {
-    fresh_on(bench_engine(&db, readers)?, concurrency, ops).await
+    fresh_on(bench_engine(&db, tuning)?, concurrency, ops).await
 }
 
 async fn fresh_on(engine: Engine, concurrency: usize, ops: usize) -> Result<Report, &'static str> {
@@ -507,9 +548,9 @@ async fn replay(
     db: PathBuf,
     concurrency: usize,
     ops: usize,
-    readers: Option<usize>,
+    tuning: Tuning,
 ) -> Result<Report, &'static str> {
-    replay_on(bench_engine(&db, readers)?, concurrency, ops).await
+    replay_on(bench_engine(&db, tuning)?, concurrency, ops).await
 }
 
 async fn replay_on(engine: Engine, concurrency: usize, ops: usize) -> Result<Report, &'static str> {
@@ -537,9 +578,9 @@ async fn conflict(
     db: PathBuf,
     concurrency: usize,
     ops: usize,
-    readers: Option<usize>,
+    tuning: Tuning,
 ) -> Result<Report, &'static str> {
-    conflict_on(bench_engine(&db, readers)?, concurrency, ops).await
+    conflict_on(bench_engine(&db, tuning)?, concurrency, ops).await
 }
 
 async fn conflict_on(

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use serde_json::{json, Value};
 use toolledger::store::postgres::{PgOptions, PgStore};
-use toolledger::store::sqlite::{OpenOptions, SqliteStore};
+use toolledger::store::sqlite::{OpenOptions, SqliteStore, Synchronous};
 use toolledger::store::{Store, StoreError};
 
 /// Options every command that opens a store accepts.
@@ -23,6 +23,37 @@ pub struct StoreArgs {
     /// database is bound to `sqlite:default` or `postgres:default`).
     #[arg(long)]
     pub backend_id: Option<String>,
+    /// How far a SQLite commit waits for the disk. `full` (default): an answered operation
+    /// survives power failure. `normal`: faster commits; an answered operation survives a
+    /// crash of the process but may be lost on power failure or an operating-system crash
+    /// (see BENCHMARKS.md, "Durability"). SQLite only.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "full",
+        env = "TOOLLEDGER_SQLITE_SYNCHRONOUS",
+        conflicts_with = "database_url"
+    )]
+    pub sqlite_synchronous: SyncMode,
+}
+
+/// `--sqlite-synchronous` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SyncMode {
+    /// `synchronous=FULL`: every commit is flushed to the disk.
+    #[default]
+    Full,
+    /// `synchronous=NORMAL`: commits are flushed at checkpoints only.
+    Normal,
+}
+
+impl From<SyncMode> for Synchronous {
+    fn from(m: SyncMode) -> Self {
+        match m {
+            SyncMode::Full => Synchronous::Full,
+            SyncMode::Normal => Synchronous::Normal,
+        }
+    }
 }
 
 impl StoreArgs {
@@ -32,7 +63,13 @@ impl StoreArgs {
     pub fn open_with(&self, migrate: bool) -> Result<Store, StoreError> {
         match &self.database_url {
             Some(url) => open_postgres(url, self.backend_id.clone(), migrate),
-            None => open_store(&self.db, self.backend_id.clone(), migrate).map(Store::from),
+            None => open_store_with(
+                &self.db,
+                self.backend_id.clone(),
+                migrate,
+                self.sqlite_synchronous.into(),
+            )
+            .map(Store::from),
         }
     }
 
@@ -70,13 +107,24 @@ pub fn open_store(
     backend_id: Option<String>,
     migrate: bool,
 ) -> Result<SqliteStore, StoreError> {
+    open_store_with(db, backend_id, migrate, Synchronous::Full)
+}
+
+/// [`open_store`] with the write connection's `synchronous` mode.
+pub fn open_store_with(
+    db: &Path,
+    backend_id: Option<String>,
+    migrate: bool,
+    synchronous: Synchronous,
+) -> Result<SqliteStore, StoreError> {
     let mut opts = match backend_id {
         Some(id) => OpenOptions::new(id),
         None => OpenOptions::any_backend(),
     };
     opts = opts
         .with_migrations(crate::reference::MIGRATIONS)
-        .allow_migrate(migrate);
+        .allow_migrate(migrate)
+        .with_synchronous(synchronous);
     SqliteStore::open(db, opts)
 }
 

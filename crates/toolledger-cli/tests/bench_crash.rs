@@ -2,7 +2,9 @@
 //! concurrent fresh operations and prints each key the moment its call returns (after its
 //! batch's COMMIT); the test SIGKILLs it mid-run, then checks that every acknowledged key is in
 //! the database with its effect, and that the database is consistent. Done twice on one file,
-//! so the second run also starts from a crashed database.
+//! so the second run also starts from a crashed database; and once more with the opt-in
+//! `--sqlite-synchronous normal`, which gives up durability on power failure but not on a
+//! crash of the process.
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
@@ -15,9 +17,11 @@ const ACKS_BEFORE_KILL: usize = 400;
 
 /// Runs the acknowledgement stream, kills it after `ACKS_BEFORE_KILL` acknowledgements, and
 /// returns every key it acknowledged (including lines already in the pipe at the kill).
-fn run_and_kill(db: &Path) -> HashSet<String> {
+fn run_and_kill(db: &Path, extra: &[&str]) -> HashSet<String> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_toolledger"))
-        .args(["bench", "--concurrency", "64", "--ops", OPS, "--ack-db"])
+        .args(["bench", "--concurrency", "64", "--ops", OPS])
+        .args(extra)
+        .arg("--ack-db")
         .arg(db)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -94,14 +98,14 @@ fn sigkill_during_group_commit_loses_no_acknowledged_operation() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("crash.sqlite");
 
-    let first = run_and_kill(&db);
+    let first = run_and_kill(&db, &[]);
     assert!(first.len() >= ACKS_BEFORE_KILL);
     let committed = check_consistent(&db, &first);
     assert!(committed >= first.len());
 
     // The second run starts from the crashed file with keys of its own, so its operations
     // are all new ones committed by group commit on top of the crashed state.
-    let second = run_and_kill(&db);
+    let second = run_and_kill(&db, &[]);
     assert!(
         second.is_disjoint(&first),
         "each run acknowledges new operations"
@@ -114,4 +118,14 @@ fn sigkill_during_group_commit_loses_no_acknowledged_operation() {
         committed_now > committed,
         "the second run committed new operations"
     );
+}
+
+#[test]
+fn sigkill_with_synchronous_normal_loses_no_acknowledged_operation() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("crash-normal.sqlite");
+    let acked = run_and_kill(&db, &["--sqlite-synchronous", "normal"]);
+    assert!(acked.len() >= ACKS_BEFORE_KILL);
+    let committed = check_consistent(&db, &acked);
+    assert!(committed >= acked.len());
 }

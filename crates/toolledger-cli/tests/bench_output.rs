@@ -110,6 +110,50 @@ fn selected_workloads_and_concurrency_only() {
 }
 
 #[test]
+fn synchronous_normal_is_opt_in_and_reported_on_every_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = bench(&[
+        "--workload",
+        "ceiling",
+        "--workload",
+        "fresh",
+        "--workload",
+        "mcp-stdio",
+        "--concurrency",
+        "4",
+        "--ops",
+        "40",
+        "--sqlite-synchronous",
+        "normal",
+        "--db-dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let names: Vec<&str> = lines
+        .iter()
+        .map(|l| l["workload"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["ceiling", "fresh", "mcp-stdio-fresh", "mcp-stdio-replay"]
+    );
+    for line in &lines {
+        assert_eq!(line["synchronous"], "normal", "{line}");
+        assert_eq!(line["failed"], 0, "{line}");
+        assert_eq!(line["succeeded"], line["ops"], "{line}");
+    }
+}
+
+#[test]
 fn bad_options_are_refused_with_a_stable_code() {
     for (args, code) in [
         (&["--backend", "postgres"][..], "BACKEND_UNAVAILABLE"),
@@ -138,6 +182,17 @@ fn bad_options_are_refused_with_a_stable_code() {
             "INVALID_ARGUMENTS",
         ),
         (&["--ack-schema", "tl_x"][..], "INVALID_ARGUMENTS"),
+        (
+            &[
+                "--backend",
+                "postgres",
+                "--database-url",
+                "postgres://u@127.0.0.1:1/db",
+                "--sqlite-synchronous",
+                "normal",
+            ][..],
+            "INVALID_ARGUMENTS",
+        ),
     ] {
         let out = bench(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");

@@ -13,22 +13,17 @@ use toolledger::engine::Engine;
 use toolledger::store::postgres::{PgOptions, PgStore};
 
 use super::pg::BENCH_PG_MIGRATIONS;
-use super::{bench_engine, fresh_op, key_of};
+use super::{bench_engine, fresh_op, key_of, Tuning};
 
 /// Runs `ops` fresh operations with `concurrency` callers against the SQLite file `path`,
 /// under the keys `ack-<run>-00000000`, … with `<run>` random per process, so every run on
 /// the same file applies new operations.
-pub async fn run(
-    path: PathBuf,
-    concurrency: usize,
-    ops: usize,
-    readers: Option<usize>,
-) -> ExitCode {
+pub async fn run(path: PathBuf, concurrency: usize, ops: usize, tuning: Tuning) -> ExitCode {
     let run = match run_id() {
         Ok(r) => r,
         Err(code) => return crate::common::fail(code),
     };
-    let engine = match bench_engine(&path, readers) {
+    let engine = match bench_engine(&path, tuning) {
         Ok(e) => e,
         Err(code) => return crate::common::fail(code),
     };

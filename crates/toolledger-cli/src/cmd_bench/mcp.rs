@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::process::{Child, ChildStdin};
 use tokio::sync::{mpsc, oneshot};
+use toolledger::store::sqlite::Synchronous;
 
 use super::report::{peak_rss_mb, Report};
 use super::run::{drive, Measured};
@@ -37,13 +38,14 @@ struct McpClient {
 }
 
 impl McpClient {
-    async fn start(db: &Path) -> Result<Arc<McpClient>, &'static str> {
+    async fn start(db: &Path, synchronous: Synchronous) -> Result<Arc<McpClient>, &'static str> {
         let exe = std::env::current_exe().map_err(|_| "BENCH_SERVER_UNAVAILABLE")?;
         let mut child = tokio::process::Command::new(exe)
             .arg("serve")
             .arg("--db")
             .arg(db)
             .args(["--backend-id", BACKEND_ID, "--principal", PRINCIPAL])
+            .args(["--sqlite-synchronous", synchronous.as_str()])
             .env_remove("TOOLLEDGER_STATE_KEY_HEX")
             .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX")
             .stdin(Stdio::piped())
@@ -234,11 +236,16 @@ async fn measure(
 
 /// Runs `mcp-stdio` fresh and replay at `concurrency` with `ops` calls each; `db` names the
 /// database of this line (the replay line uses a second file beside it).
-pub async fn run(db: PathBuf, concurrency: usize, ops: usize) -> Result<Vec<Report>, &'static str> {
+pub async fn run(
+    db: PathBuf,
+    concurrency: usize,
+    ops: usize,
+    synchronous: Synchronous,
+) -> Result<Vec<Report>, &'static str> {
     let mut reports = Vec::with_capacity(2);
 
     prepare_db(&db).await?;
-    let client = McpClient::start(&db).await?;
+    let client = McpClient::start(&db, synchronous).await?;
     let fresh = measure(
         &client,
         "mcp-stdio-fresh",
@@ -253,7 +260,7 @@ pub async fn run(db: PathBuf, concurrency: usize, ops: usize) -> Result<Vec<Repo
 
     let replay_db = db.with_extension("replay.sqlite");
     prepare_db(&replay_db).await?;
-    let client = McpClient::start(&replay_db).await?;
+    let client = McpClient::start(&replay_db, synchronous).await?;
     let distinct = ops.clamp(1, 1000);
     let seeded = drive("mcp-seed", 64, distinct, {
         let c = client.clone();

@@ -140,9 +140,9 @@ pub async fn run(
     db: PathBuf,
     concurrency: usize,
     ops: usize,
-    readers: Option<usize>,
+    tuning: super::Tuning,
 ) -> Result<Report, &'static str> {
-    let store = super::open_bench_store(&db, readers)?;
+    let store = super::open_bench_store(&db, tuning)?;
     let clock: SharedClock = Arc::new(SystemClock);
     PrincipalStore::new(store.clone())
         .add(PRINCIPAL, "bench", &[], &[], false)

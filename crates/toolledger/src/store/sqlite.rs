@@ -7,7 +7,8 @@
 //! only after the batch's `COMMIT` has returned.
 //!
 //! Every connection runs with `journal_mode=WAL`, `synchronous=FULL`, `foreign_keys=ON` and
-//! `busy_timeout=5000`. The file is bound to a backend id in `store_metadata`; opening it with
+//! `busy_timeout=5000`; the write connection may be opened with `synchronous=NORMAL` instead
+//! ([`Synchronous::Normal`], an opt-in that gives up durability on power failure). The file is bound to a backend id in `store_metadata`; opening it with
 //! another id, or with a schema newer than this program knows, is refused.
 
 use std::collections::BTreeMap;
@@ -43,6 +44,34 @@ pub const DEFAULT_BACKEND_ID: &str = "sqlite:default";
 /// Most jobs committed in one group-commit transaction.
 pub const MAX_BATCH: usize = 128;
 
+/// How far a commit of the write connection waits for the disk (SQLite's `synchronous`
+/// pragma in WAL mode).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Synchronous {
+    /// `synchronous=FULL`, the default: the write-ahead log is flushed to the disk (`fsync`)
+    /// at every commit, so an operation answered as committed survives a crash of the process,
+    /// of the operating system and a power failure.
+    #[default]
+    Full,
+    /// `synchronous=NORMAL`: commits only write the log; it is flushed at checkpoints. An
+    /// operation answered as committed survives a crash of the process (the log is in the
+    /// operating system's cache), but a power failure or an operating-system crash may lose
+    /// the operations committed since the last checkpoint — the database stays consistent, as
+    /// if they had never been called, and a retry of one of them runs its effect again. Opt-in
+    /// only; see BENCHMARKS.md ("Durability").
+    Normal,
+}
+
+impl Synchronous {
+    /// The pragma's value: `full` or `normal`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Synchronous::Full => "full",
+            Synchronous::Normal => "normal",
+        }
+    }
+}
+
 /// How to open a [`SqliteStore`].
 #[derive(Clone, Debug)]
 pub struct OpenOptions {
@@ -56,6 +85,8 @@ pub struct OpenOptions {
     pub migrate: bool,
     /// Number of read connections kept in the pool.
     pub readers: usize,
+    /// The write connection's `synchronous` mode ([`Synchronous::Full`] unless opted out).
+    pub synchronous: Synchronous,
 }
 
 impl OpenOptions {
@@ -66,6 +97,7 @@ impl OpenOptions {
             migrations: Vec::new(),
             migrate: false,
             readers: 4,
+            synchronous: Synchronous::Full,
         }
     }
 
@@ -76,6 +108,7 @@ impl OpenOptions {
             migrations: Vec::new(),
             migrate: false,
             readers: 4,
+            synchronous: Synchronous::Full,
         }
     }
 
@@ -88,6 +121,12 @@ impl OpenOptions {
     /// Allows forward migration of an existing database.
     pub fn allow_migrate(mut self, migrate: bool) -> Self {
         self.migrate = migrate;
+        self
+    }
+
+    /// Sets the write connection's `synchronous` mode.
+    pub fn with_synchronous(mut self, synchronous: Synchronous) -> Self {
+        self.synchronous = synchronous;
         self
     }
 }
@@ -425,6 +464,9 @@ impl SqliteStore {
         }
         let mut conn = connect(&path)?;
         let backend_id = bootstrap(&mut conn, &opts)?;
+        if opts.synchronous == Synchronous::Normal {
+            conn.execute_batch("PRAGMA synchronous=NORMAL;")?;
+        }
 
         let (sender, receiver) = crossbeam_channel::unbounded::<Job>();
         let stats = Arc::new(StatCounters::default());
@@ -797,6 +839,49 @@ mod tests {
         assert_eq!(mode, "wal");
         assert_eq!(sync, 2, "synchronous=FULL");
         assert_eq!(fk, 1);
+    }
+
+    #[test]
+    fn synchronous_normal_is_opt_in_and_only_on_the_write_connection() {
+        let (_d, path) = temp();
+        let read_mode = |store: &SqliteStore| -> (i64, i64) {
+            let write: i64 = store
+                .write_blocking(|c| {
+                    c.query_row("PRAGMA synchronous", [], |r| r.get(0))
+                        .map_err(StoreError::from)
+                })
+                .unwrap();
+            let read: i64 = store
+                .read_blocking(|c| {
+                    c.query_row("PRAGMA synchronous", [], |r| r.get(0))
+                        .map_err(StoreError::from)
+                })
+                .unwrap();
+            (write, read)
+        };
+        let full = SqliteStore::open(&path, OpenOptions::new("s")).unwrap();
+        assert_eq!(read_mode(&full), (2, 2), "FULL unless asked");
+        drop(full);
+        let normal = SqliteStore::open(
+            &path,
+            OpenOptions::new("s").with_synchronous(Synchronous::Normal),
+        )
+        .unwrap();
+        assert_eq!(read_mode(&normal), (1, 2), "NORMAL on the writer only");
+        // A write still commits and is read back.
+        normal
+            .write_blocking(|c| {
+                c.execute_batch("CREATE TABLE t(x INTEGER) STRICT; INSERT INTO t VALUES (1);")
+                    .map_err(StoreError::from)
+            })
+            .unwrap();
+        let n: i64 = normal
+            .read_blocking(|c| {
+                c.query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+                    .map_err(StoreError::from)
+            })
+            .unwrap();
+        assert_eq!(n, 1);
     }
 
     #[test]

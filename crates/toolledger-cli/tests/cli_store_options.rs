@@ -1,0 +1,68 @@
+//! Store options every command shares: `--sqlite-synchronous` is a SQLite setting, refused with
+//! `--database-url`, and a server opened with `normal` serves calls.
+
+#[macro_use]
+mod mcp_support;
+
+use std::process::{Command, Stdio};
+
+use mcp_support::*;
+use serde_json::json;
+
+fn toolledger() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_toolledger"));
+    c.env_remove("TOOLLEDGER_DATABASE_URL")
+        .env_remove("TOOLLEDGER_SQLITE_SYNCHRONOUS");
+    c
+}
+
+#[test]
+fn sqlite_synchronous_is_refused_with_a_database_url() {
+    for args in [
+        &["serve", "--sqlite-synchronous", "normal"][..],
+        &["worker", "--once", "--sqlite-synchronous", "normal"][..],
+        &["audit", "--sqlite-synchronous", "normal"][..],
+    ] {
+        let out = toolledger()
+            .args(args)
+            .args(["--database-url", "postgres://u@127.0.0.1:1/db"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("cannot be used with"), "{args:?}: {err}");
+        assert!(!err.contains("u@127.0.0.1"), "no URL in the message: {err}");
+    }
+}
+
+#[test]
+fn an_unknown_synchronous_mode_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = toolledger()
+        .args(["audit", "--sqlite-synchronous", "off", "--db"])
+        .arg(dir.path().join("x.sqlite"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!dir.path().join("x.sqlite").exists(), "nothing was created");
+}
+
+#[test]
+fn a_server_with_synchronous_normal_answers_and_replays_calls() {
+    let db = Db::sqlite();
+    let mut s = Server::start(&db, "alice", &["--sqlite-synchronous", "normal"]);
+    let args = json!({"request_id": "req-n1", "interval_minutes": 30});
+    let created = s.call("create_automation", args.clone());
+    assert_eq!(created["isError"], false, "{created}");
+    assert_eq!(created["structuredContent"]["replayed"], false);
+    let again = s.call("create_automation", args);
+    assert_eq!(again["structuredContent"]["replayed"], true, "{again}");
+    assert_eq!(
+        again["structuredContent"]["id"],
+        created["structuredContent"]["id"]
+    );
+    assert_eq!(s.finish(), 0);
+    assert_eq!(count(&db, "operations"), 1);
+    assert_eq!(count(&db, "automations"), 1);
+}
