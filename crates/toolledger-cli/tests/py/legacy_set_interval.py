@@ -1,7 +1,9 @@
 """set_interval and create_issue through the official MCP Python SDK (mcp==2.3.0) in legacy
 mode (initialize lifecycle, 2025-11-25); create_issue's body is asked for by elicitation.
 
-Usage: legacy_set_interval.py TOOLLEDGER_BIN DB_PATH BACKEND_ID
+Usage: legacy_set_interval.py SPEC_JSON
+where SPEC_JSON is {"binary": TOOLLEDGER_BIN, "store_args": [serve flags selecting the
+ledger], "env": {variables the server needs, e.g. key variables}}.
 Prints one JSON object with the negotiated version, the tool names and both replies.
 """
 
@@ -11,6 +13,7 @@ import sys
 
 from mcp import Client, StdioServerParameters
 from mcp import types
+from mcp.client.stdio import get_default_environment
 
 
 async def answer_body(context, params):
@@ -18,10 +21,13 @@ async def answer_body(context, params):
 
 
 async def main():
-    binary, db, backend = sys.argv[1], sys.argv[2], sys.argv[3]
+    spec = json.loads(sys.argv[1])
+    # The SDK hands the server only a small default environment, so the key variables
+    # (PostgreSQL has no key file) must be passed explicitly.
     server = StdioServerParameters(
-        command=binary,
-        args=["serve", "--db", db, "--backend-id", backend, "--principal", "alice"],
+        command=spec["binary"],
+        args=["serve", *spec["store_args"], "--principal", "alice"],
+        env={**get_default_environment(), **spec["env"]},
     )
     out = {}
     async with Client(server, mode="legacy", elicitation_callback=answer_body) as client:

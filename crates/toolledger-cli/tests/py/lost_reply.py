@@ -1,27 +1,32 @@
 """Seed 003's lost-reply story driven by the official MCP Python SDK (mcp==2.3.0).
 
-Usage: lost_reply.py TOOLLEDGER_BIN DB_PATH BACKEND_ID
+Usage: lost_reply.py SPEC_JSON
+where SPEC_JSON is {"binary": TOOLLEDGER_BIN, "store_args": [serve flags selecting the
+ledger], "env": {variables the server needs, e.g. key variables}}.
 
 Mode 2026-07-28 (no initialize): first round -> input_required with requestState; the
 continuation commits and the server exits before replying (--fault drop-after-commit);
 a restarted server answers get_operation_status with the stored result; the exact
-continuation replays it. Prints one JSON object with what the client saw and the rows read
-back with sqlite3.
+continuation replays it. Prints one JSON object with what the client saw; the caller reads
+the rows back itself.
 """
 
 import asyncio
 import json
-import sqlite3
 import sys
 
 from mcp import Client, StdioServerParameters
 from mcp import types
+from mcp.client.stdio import get_default_environment
 
 
-def params(binary, db, backend, *extra):
+def params(spec, *extra):
+    # The SDK hands the server only a small default environment, so the key variables
+    # (PostgreSQL has no key file) must be passed explicitly.
     return StdioServerParameters(
-        command=binary,
-        args=["serve", "--db", db, "--backend-id", backend, "--principal", "alice", *extra],
+        command=spec["binary"],
+        args=["serve", *spec["store_args"], "--principal", "alice", *extra],
+        env={**get_default_environment(), **spec["env"]},
     )
 
 
@@ -30,10 +35,10 @@ BODY = {"body": {"action": "accept", "content": {"body": "alpha"}}}
 
 
 async def main():
-    binary, db, backend = sys.argv[1], sys.argv[2], sys.argv[3]
+    spec = json.loads(sys.argv[1])
     out = {}
 
-    async with Client(params(binary, db, backend), mode="2026-07-28") as client:
+    async with Client(params(spec), mode="2026-07-28") as client:
         first = await client.session.call_tool("create_issue", ARGS, allow_input_required=True)
         out["first_round"] = type(first).__name__
         assert isinstance(first, types.InputRequiredResult), first
@@ -43,7 +48,7 @@ async def main():
     transport = "reply received"
     try:
         async with Client(
-            params(binary, db, backend, "--fault", "drop-after-commit"),
+            params(spec, "--fault", "drop-after-commit"),
             mode="2026-07-28",
             read_timeout_seconds=30,
         ) as client:
@@ -55,7 +60,7 @@ async def main():
         out["transport_error"] = type(e).__name__
     out["transport_after_commit"] = transport
 
-    async with Client(params(binary, db, backend), mode="2026-07-28") as client:
+    async with Client(params(spec), mode="2026-07-28") as client:
         status = await client.call_tool("get_operation_status", {"operation_id": "py-case-03"})
         out["status"] = status.structured_content
         replay = await client.session.call_tool(
@@ -63,10 +68,6 @@ async def main():
         )
         out["replay"] = replay.structured_content
 
-    conn = sqlite3.connect(db)
-    out["physical_issue_rows"] = conn.execute("SELECT count(*) FROM issues").fetchone()[0]
-    out["physical_operation_rows"] = conn.execute("SELECT count(*) FROM operations").fetchone()[0]
-    conn.close()
     print(json.dumps(out, sort_keys=True))
 
 
