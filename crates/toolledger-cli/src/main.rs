@@ -17,6 +17,11 @@ mod demo_lost_reply;
 
 use toolledger_cli::{common, reference};
 
+/// Records travel between threads (built on a store thread, dropped on the async runtime's),
+/// where glibc's allocator serializes frees on the arena that made them.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::process::ExitCode;
 
 use clap::Parser;
