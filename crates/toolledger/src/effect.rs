@@ -148,7 +148,11 @@ pub trait EffectTx {
     /// (`ON CONFLICT … DO NOTHING`). PostgreSQL runs it with `RETURNING id` appended; SQLite
     /// (where `id` must be the `INTEGER PRIMARY KEY`) reads the connection's last rowid
     /// instead, since a `RETURNING` clause there builds a temporary table for each statement.
+    /// Not for upserts (`ON CONFLICT … DO UPDATE`): SQLite's last rowid does not name an
+    /// updated row; use `query` with `RETURNING` for those. (Debug builds assert it; checking
+    /// the statement text on every call cost more than the `RETURNING` it saves.)
     fn insert_id(&mut self, sql: &str, params: &[SqlValue]) -> Result<Option<i64>, Error> {
+        debug_assert!(!is_upsert(sql), "insert_id takes plain inserts only");
         let sql = format!("{sql} RETURNING id");
         match self.query_opt(&sql, params)? {
             Some(row) => row.int(0).map(Some),
@@ -164,6 +168,14 @@ pub trait EffectTx {
     ) -> Result<Option<Vec<SqlValue>>, Error> {
         Ok(self.query(sql, params)?.into_iter().next())
     }
+}
+
+/// Whether `sql` has `DO UPDATE` in it ([`EffectTx::insert_id`] takes plain inserts only,
+/// `… DO NOTHING` included).
+fn is_upsert(sql: &str) -> bool {
+    sql.split_ascii_whitespace()
+        .zip(sql.split_ascii_whitespace().skip(1))
+        .any(|(a, b)| a.eq_ignore_ascii_case("DO") && b.eq_ignore_ascii_case("UPDATE"))
 }
 
 /// Typed access to a row returned by [`EffectTx::query`]. A missing column or a value of
@@ -331,6 +343,7 @@ impl EffectTx for SqliteEffectTx<'_> {
     }
 
     fn insert_id(&mut self, sql: &str, params: &[SqlValue]) -> Result<Option<i64>, Error> {
+        debug_assert!(!is_upsert(sql), "insert_id takes plain inserts only");
         match self.execute(sql, params)? {
             0 => Ok(None),
             1 => Ok(Some(self.conn.last_insert_rowid())),
@@ -394,6 +407,20 @@ impl EffectTx for SqliteEffectTx<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn upserts_are_recognised_for_insert_id() {
+        assert!(is_upsert(
+            "INSERT INTO t(id, v) VALUES (?1, ?2) ON CONFLICT (id) DO UPDATE SET v = excluded.v"
+        ));
+        assert!(is_upsert(
+            "insert into t values (1)\n on conflict do\n  update set v = 2"
+        ));
+        assert!(!is_upsert(
+            "INSERT INTO t(id) VALUES (?1) ON CONFLICT (id) DO NOTHING"
+        ));
+        assert!(!is_upsert("INSERT INTO updates(do_update) VALUES (1)"));
+    }
 
     #[test]
     fn values_round_trip_and_errors_carry_no_sql() {
