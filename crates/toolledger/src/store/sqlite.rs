@@ -841,33 +841,36 @@ mod tests {
         assert_eq!(fk, 1);
     }
 
+    /// One integer from `sql` on the writer's connection and on a reader's.
+    fn on_writer_and_reader(store: &SqliteStore, sql: &'static str) -> (i64, i64) {
+        let query =
+            move |c: &Connection| c.query_row(sql, [], |r| r.get(0)).map_err(StoreError::from);
+        (
+            store.write_blocking(query).unwrap(),
+            store.read_blocking(query).unwrap(),
+        )
+    }
+
     #[test]
     fn synchronous_normal_is_opt_in_and_only_on_the_write_connection() {
         let (_d, path) = temp();
-        let read_mode = |store: &SqliteStore| -> (i64, i64) {
-            let write: i64 = store
-                .write_blocking(|c| {
-                    c.query_row("PRAGMA synchronous", [], |r| r.get(0))
-                        .map_err(StoreError::from)
-                })
-                .unwrap();
-            let read: i64 = store
-                .read_blocking(|c| {
-                    c.query_row("PRAGMA synchronous", [], |r| r.get(0))
-                        .map_err(StoreError::from)
-                })
-                .unwrap();
-            (write, read)
-        };
         let full = SqliteStore::open(&path, OpenOptions::new("s")).unwrap();
-        assert_eq!(read_mode(&full), (2, 2), "FULL unless asked");
+        assert_eq!(
+            on_writer_and_reader(&full, "PRAGMA synchronous"),
+            (2, 2),
+            "FULL unless asked"
+        );
         drop(full);
         let normal = SqliteStore::open(
             &path,
             OpenOptions::new("s").with_synchronous(Synchronous::Normal),
         )
         .unwrap();
-        assert_eq!(read_mode(&normal), (1, 2), "NORMAL on the writer only");
+        assert_eq!(
+            on_writer_and_reader(&normal, "PRAGMA synchronous"),
+            (1, 2),
+            "NORMAL on the writer only"
+        );
         // A write still commits and is read back.
         normal
             .write_blocking(|c| {
@@ -875,13 +878,10 @@ mod tests {
                     .map_err(StoreError::from)
             })
             .unwrap();
-        let n: i64 = normal
-            .read_blocking(|c| {
-                c.query_row("SELECT count(*) FROM t", [], |r| r.get(0))
-                    .map_err(StoreError::from)
-            })
-            .unwrap();
-        assert_eq!(n, 1);
+        assert_eq!(
+            on_writer_and_reader(&normal, "SELECT count(*) FROM t"),
+            (1, 1)
+        );
     }
 
     #[test]
