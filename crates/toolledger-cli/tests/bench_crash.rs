@@ -6,11 +6,14 @@
 //! `--sqlite-synchronous normal`, which gives up durability on power failure but not on a
 //! crash of the process.
 
+mod ack_support;
+
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
+
+use ack_support::read_acks;
 
 const OPS: &str = "1000000";
 const ACKS_BEFORE_KILL: usize = 400;
@@ -28,26 +31,10 @@ fn run_and_kill(db: &Path, extra: &[&str]) -> HashSet<String> {
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn toolledger bench --ack-db");
-    let mut reader = BufReader::new(child.stdout.take().unwrap());
-    let mut acked = HashSet::new();
-    let mut line = String::new();
-    let mut killed = false;
-    loop {
-        line.clear();
-        let n = reader.read_line(&mut line).unwrap();
-        if n == 0 {
-            break;
-        }
-        // A line cut by the kill was never fully acknowledged.
-        if let Some(key) = line.strip_suffix('\n') {
-            assert!(key.starts_with("ack-"), "unexpected output {key:?}");
-            acked.insert(key.to_string());
-        }
-        if !killed && acked.len() >= ACKS_BEFORE_KILL {
-            child.kill().unwrap(); // SIGKILL
-            killed = true;
-        }
-    }
+    let stdout = child.stdout.take().unwrap();
+    let (acked, killed) = read_acks(stdout, ACKS_BEFORE_KILL, || {
+        child.kill().unwrap(); // SIGKILL
+    });
     let status = child.wait().unwrap();
     assert!(killed, "the child ended before it was killed: {status:?}");
     assert_eq!(status.signal(), Some(9), "killed by SIGKILL mid-run");

@@ -7,13 +7,16 @@
 //! crashed state and applies new keys. (`TOOLLEDGER_TEST_DATABASE_URL`; skipped with one loud
 //! line when unset, failing in CI.) The SQLite run of the same test is `bench_crash.rs`.
 
+mod ack_support;
+
 use std::collections::{HashMap, HashSet};
-use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use ack_support::read_acks;
 
 use toolledger::effect::{EffectTx, RowExt, SqlValue};
 use toolledger::store::conformance::{fresh_schema_name, test_database_url, ServerLock};
@@ -152,32 +155,15 @@ fn run_and_kill(db: &Db, app: &str) -> HashSet<String> {
         })
     };
 
-    let mut reader = BufReader::new(stdout);
-    let mut acked = HashSet::new();
-    let mut line = String::new();
-    let mut killed = false;
-    loop {
-        line.clear();
-        let n = reader.read_line(&mut line).unwrap();
-        if n == 0 {
-            break;
-        }
-        // A line cut by the kill was never fully acknowledged.
-        if let Some(key) = line.strip_suffix('\n') {
-            assert!(key.starts_with("ack-"), "unexpected output {key:?}");
-            acked.insert(key.to_string());
-        }
-        if !killed && acked.len() >= ACKS_BEFORE_KILL {
-            // The filter below sees the process's sessions while it runs, so its finding
-            // nothing after the kill means they ended.
-            assert!(
-                !db.sessions_of(app).is_empty(),
-                "the running child has no sessions named {app}"
-            );
-            child.lock().unwrap().kill().unwrap(); // SIGKILL
-            killed = true;
-        }
-    }
+    let (acked, killed) = read_acks(stdout, ACKS_BEFORE_KILL, || {
+        // The filter below sees the process's sessions while it runs, so its finding
+        // nothing after the kill means they ended.
+        assert!(
+            !db.sessions_of(app).is_empty(),
+            "the running child has no sessions named {app}"
+        );
+        child.lock().unwrap().kill().unwrap(); // SIGKILL
+    });
     let _ = done.send(());
     guard.join().unwrap();
     let status = child.lock().unwrap().wait().unwrap();
