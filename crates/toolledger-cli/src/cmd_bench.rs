@@ -1,4 +1,4 @@
-//! `toolledger bench`: throughput and latency of the ledger's hot paths (DESIGN §8).
+//! `toolledger bench`: throughput and latency of the ledger's hot paths.
 //!
 //! Every workload runs against its own fresh database file in `--db-dir` (default: the system
 //! temporary directory), with the store's production pragmas (`journal_mode=WAL`,

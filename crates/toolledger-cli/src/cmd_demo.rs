@@ -41,10 +41,10 @@ pub struct DemoArgs {
 /// The demos.
 #[derive(clap::Subcommand, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DemoCmd {
-    /// Seed 000: a committed edit whose reply is lost, the retry through a new store handle
+    /// Automations: a committed edit whose reply is lost, the retry through a new store handle
     /// (replayed), a later edit, and the old retry again (historical result, row unchanged).
     Receipts,
-    /// Seed 003: a multi-round create_issue whose reply is lost after commit, recovered by
+    /// Issues: a multi-round create_issue whose reply is lost after commit, recovered by
     /// status and an exact replay through the server binary; then the unguarded control.
     LostReply,
 }
@@ -145,7 +145,7 @@ impl Handles {
     }
 }
 
-/// Seed 000's story on a fresh temporary SQLite file.
+/// The automations receipt story on a fresh temporary SQLite file.
 pub fn receipts() -> Result<DemoReport, &'static str> {
     let dir = tempfile::tempdir().map_err(|_| "DEMO_IO_ERROR")?;
     let path = dir.path().join("receipts.sqlite");

@@ -1,4 +1,4 @@
-//! `toolledger dispatch --fixture CASE.json [--failure POINT]`: the seed 001 write path.
+//! `toolledger dispatch --fixture CASE.json [--failure POINT]`: the deferred write path.
 //!
 //! A new intent is accepted (transaction A) and processed at once; an existing finished one is
 //! replayed after current re-authorization; an existing unfinished one only answers

@@ -1,4 +1,4 @@
-//! `toolledger fingerprint` (DESIGN §6): one JSON request per line on stdin, one lowercase hex
+//! `toolledger fingerprint`: one JSON request per line on stdin, one lowercase hex
 //! fingerprint per line on stdout.
 //!
 //! - The key comes from `TOOLLEDGER_FINGERPRINT_KEY_HEX` (hex, at least 32 bytes, no default).

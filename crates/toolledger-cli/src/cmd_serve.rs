@@ -1,4 +1,4 @@
-//! `toolledger serve`: the reference MCP server (DESIGN §5), on stdio or streamable HTTP.
+//! `toolledger serve`: the reference MCP server, on stdio or streamable HTTP.
 //!
 //! stdio by default, with the caller named by `--principal` and re-resolved from the principal
 //! store on every call. `--http ADDR` serves streamable HTTP at `/mcp`, mapping

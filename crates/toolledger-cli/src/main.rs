@@ -48,14 +48,14 @@ enum Command {
     Call(cmd_call::CallArgs),
     /// Run self-checking demos on a fresh temporary database.
     Demo(cmd_demo::DemoArgs),
-    /// Print the DESIGN §6 fingerprint of each JSON request line on stdin, one lowercase hex
+    /// Print the keyed fingerprint of each JSON request line on stdin, one lowercase hex
     /// digest per line; the key is read from TOOLLEDGER_FINGERPRINT_KEY_HEX.
     Fingerprint,
     /// Approve one exact intent (the approver must hold the role `approver`).
     Approve(cmd_approve::ApproveArgs),
     /// Audit a ledger: integrity, foreign keys, WAL + FULL, runtime invariants, counts.
     Audit(cmd_audit::AuditArgs),
-    /// Dispatch the deferred call a runtime fixture describes (seed 001).
+    /// Dispatch the deferred call a runtime fixture describes.
     Dispatch(cmd_dispatch::DispatchArgs),
     /// Explicit status query for a dispatched operation; reconciles a downstream receipt.
     Status(cmd_status::StatusArgs),

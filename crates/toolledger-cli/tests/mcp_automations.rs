@@ -1,4 +1,4 @@
-//! Seed 000's automation tools over the MCP wire: `create_automation` and `set_interval`,
+//! The automation tools over the MCP wire: `create_automation` and `set_interval`,
 //! replay by request id, version conflict, scope checks, and nothing written on refusal.
 
 #[macro_use]

@@ -1,4 +1,4 @@
-//! Seed 004 over the MCP wire: `create_draft` needs the role editor and an approval from
+//! Drafts over the MCP wire: `create_draft` needs the role editor and an approval from
 //! `toolledger approve`, consumed once in the draft's transaction; the operation id decides
 //! redelivery (replay never returns the text), the slug decides the document.
 

@@ -1,4 +1,4 @@
-//! Seed 001's `refund_order` over the MCP wire: approval from `toolledger approve`, delivery
+//! `refund_order` over the MCP wire: approval from `toolledger approve`, delivery
 //! through the outbox to the payments stand-in, replay by idempotency key, owner-only access.
 
 #[macro_use]

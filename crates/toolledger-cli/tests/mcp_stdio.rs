@@ -1,4 +1,4 @@
-//! Seed 003's matrix over real stdio: raw JSON-RPC lines against the built `toolledger serve`,
+//! The guarded-call matrix over real stdio: raw JSON-RPC lines against the built `toolledger serve`,
 //! MCP 2026-07-28 (no initialize), with the database read back after every case, on SQLite and
 //! on PostgreSQL.
 

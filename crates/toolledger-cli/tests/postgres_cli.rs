@@ -1,4 +1,4 @@
-//! The `toolledger` commands with `--database-url`: migrate, principal, the seed 001 runtime
+//! The `toolledger` commands with `--database-url`: migrate, principal, the deferred runtime
 //! path (approve → dispatch with a crash → status → replay → audit) and `demo lost-reply`,
 //! whose read-back must equal the SQLite run's. (`TOOLLEDGER_TEST_DATABASE_URL`; skipped with
 //! one loud line when unset, failing in CI.)

@@ -1,6 +1,6 @@
 //! Real process deaths: `toolledger dispatch` is held at each crash point (the testing aid
 //! `TOOLLEDGER_TEST_HOLD_AT`), killed with SIGKILL, and both SQLite files are inspected
-//! afterwards. Then recovery runs exactly as the seed says. Also: the worker's graceful stop on
+//! afterwards. Then recovery runs exactly as the runtime's contract says. Also: the worker's graceful stop on
 //! SIGTERM.
 
 #![cfg(unix)]

@@ -1,4 +1,4 @@
-//! The seed's CLI paths: PASS, BLOCK → status → PASS, audit, replay across processes,
+//! The runtime's CLI paths: PASS, BLOCK → status → PASS, audit, replay across processes,
 //! crash points injected in process, worker passes and revocation.
 
 mod runtime_cli_support;

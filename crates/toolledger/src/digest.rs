@@ -1,10 +1,10 @@
-//! The digests that bind an operation (DESIGN §2 and §6): the request digest (business intent,
+//! The digests that bind an operation: the request digest (business intent,
 //! excludes the idempotency key), the call binding digest (provider call identity, key,
 //! contract and downstream evidence), the result digest, and the keyed fingerprint of one
 //! logical MCP request.
 //!
 //! Every digest is lowercase hex of SHA-256 over canonical JSON (see [`crate::json`]), so
-//! another implementation that follows DESIGN §6 computes the same bytes. The exact object
+//! another implementation that follows these rules (docs/contract.md) computes the same bytes. The exact object
 //! hashed is written down on each function; the test vectors in
 //! `tests/vectors/digests.json` were produced by an independent implementation.
 
@@ -313,7 +313,7 @@ impl FingerprintKey {
     }
 
     /// `H(name, v) = hex(HMAC-SHA256(key, utf8(name) ‖ 0x00 ‖ canonical(v)))`, with an absent
-    /// `v` hashed as `null` (DESIGN §6).
+    /// `v` hashed as `null`.
     pub fn keyed_digest(&self, name: &str, value: Option<&Value>) -> Result<String, JsonError> {
         let mut text = String::with_capacity(64);
         match value {
@@ -334,7 +334,7 @@ impl fmt::Debug for FingerprintKey {
     }
 }
 
-/// One logical MCP request, as `toolledger fingerprint` reads it (DESIGN §6):
+/// One logical MCP request, as `toolledger fingerprint` reads it:
 /// `{"principal":S,"tool_id":S,"tool_version":S,"arguments":V,"continuation_state":V?,
 /// "input_responses":V?}`. Unknown fields are refused; an absent or `null`
 /// `continuation_state`/`input_responses` is `None` and hashed as `null`.
@@ -429,7 +429,7 @@ impl FingerprintInput {
     }
 }
 
-/// The fingerprint of DESIGN §6:
+/// The keyed fingerprint:
 /// `hex(SHA-256(canonical({principal, tool_id, tool_version, arguments,
 /// continuation_state: H("continuation_state", cs), input_responses: H("input_responses", ir)})))`
 /// with `H` = [`FingerprintKey::keyed_digest`]. Fails when a value lies outside the canonical

@@ -44,7 +44,7 @@
 //!
 //! # Stored JSON
 //!
-//! Arguments and results are stored as canonical JSON (DESIGN §6). On every read they are
+//! Arguments and results are stored as canonical JSON (see [`crate::json`]). On every read they are
 //! parsed strictly and re-encoded; stored text that is not byte-identical to its canonical
 //! form, or a result whose digest does not match, is a storage-contract error and never
 //! reaches a caller.
@@ -691,7 +691,7 @@ impl Prepared {
     }
 }
 
-/// The request digest of DESIGN §2 (see [`crate::digest::request_digest`]).
+/// The request digest (see [`crate::digest::request_digest`]).
 fn request_digest(
     principal: &Principal,
     contract: &ToolContract,

@@ -1,4 +1,4 @@
-//! Strict JSON: the canonical form of DESIGN §6.
+//! Strict JSON and its canonical form.
 //!
 //! Values are `serde_json::Value` so they move freely between the ledger, rmcp and handlers, but
 //! only values inside the canonical domain can be encoded: integers with |n| ≤ 2^53−1 (an
@@ -28,7 +28,7 @@ impl JsonError {
     }
 }
 
-/// Encodes `value` in canonical form (DESIGN §6).
+/// Encodes `value` in canonical form.
 pub fn canonical_string(value: &Value) -> Result<String, JsonError> {
     let mut out = String::with_capacity(64);
     write_canonical(value, &mut out)?;
@@ -189,7 +189,7 @@ pub struct Limits {
 pub const MAX_DEPTH_CEILING: usize = 512;
 
 impl Limits {
-    /// Fixture files (DESIGN §7): at most 65,536 bytes and nesting depth 32.
+    /// Fixture files: at most 65,536 bytes and nesting depth 32.
     pub const FIXTURE: Limits = Limits {
         max_bytes: 65_536,
         max_depth: 32,

@@ -215,7 +215,7 @@ impl ToolContract {
     }
 }
 
-/// The state of one operation row. See DESIGN §3.
+/// The state of one operation row (docs/contract.md has the transitions).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OperationState {

@@ -1,4 +1,4 @@
-//! The deferred-effect runtime (seed 001): durable intent + outbox, leases with fencing tokens,
+//! The deferred-effect runtime: durable intent + outbox, leases with fencing tokens,
 //! honest `outcome_unknown`, and reconciliation by an explicit status query.
 //!
 //! # Three commit points
@@ -1406,7 +1406,7 @@ impl Runtime {
             .await
     }
 
-    /// The seed's `dispatch`: a new intent is accepted (transaction A) and processed at once by
+    /// `dispatch`: a new intent is accepted (transaction A) and processed at once by
     /// this caller acting as a worker; an existing finished one is replayed (`local_replay`,
     /// after current re-authorization); an existing unfinished one answers `outcome_unknown`
     /// with its status ref and nothing else happens. `failure` stops the fresh path at a crash
@@ -2228,7 +2228,7 @@ impl Runtime {
         Ok(summary)
     }
 
-    /// An explicit status query in the seed's secure order: current principal → registry and
+    /// An explicit status query in the secure order: current principal → registry and
     /// input schema → current resource authorization → purpose-bound query identity →
     /// status ref within the caller's scope → recomputed request digest → key, revisions and
     /// provider path → (if unfinished) downstream receipt + output contract → transaction C

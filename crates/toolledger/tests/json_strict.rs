@@ -1,5 +1,5 @@
 //! The strict parser: every refused class has its stable code, and the accepted forms parse to
-//! the values DESIGN §6 says they stand for.
+//! the values the canonical form says they stand for.
 
 use serde_json::{json, Value};
 use toolledger::json::{

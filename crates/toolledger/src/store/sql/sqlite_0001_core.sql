@@ -1,5 +1,5 @@
 -- toolledger core schema, version 1 (SQLite).
--- Timestamps are whole Unix seconds. JSON columns hold canonical JSON (DESIGN §6).
+-- Timestamps are whole Unix seconds. JSON columns hold canonical JSON.
 
 -- The principal store: the current-principal resolver re-reads it at every check.
 CREATE TABLE principals (

@@ -1,4 +1,4 @@
-//! Seed 000 across separate OS processes: `toolledger call` invocations racing on one SQLite
+//! Automations across separate OS processes: `toolledger call` invocations racing on one SQLite
 //! file, lost replies recovered by a new process, the command's output contract, and
 //! `toolledger demo receipts`.
 

@@ -1,6 +1,6 @@
-//! Seed 000's twelve behaviours, against the real engine, principal store and SQLite file.
+//! The twelve automation-receipt behaviours, against the real engine, principal store and SQLite file.
 //!
-//! The seed's `receipts` table is the ledger's `operations` table; a receipt is keyed by
+//! The automations' `receipts` table is the ledger's `operations` table; a receipt is keyed by
 //! (tenant = workspace, subject = principal, tool, request_id).
 
 use std::path::{Path, PathBuf};
@@ -28,7 +28,7 @@ struct Handle {
 }
 
 fn handle(path: &Path) -> Handle {
-    let store: SqliteStore = open_store(path, Some("seed000".into()), false).unwrap();
+    let store: SqliteStore = open_store(path, Some("automations".into()), false).unwrap();
     let clock: SharedClock = Arc::new(SystemClock);
     Handle {
         engine: Engine::new(store.clone(), clock),
@@ -69,7 +69,7 @@ fn world() -> World {
     }
 }
 
-/// The seed's `call(key, who, target, version, minutes)`, with raw JSON values so invalid
+/// The automations' `call(key, who, target, version, minutes)`, with raw JSON values so invalid
 /// input can be expressed.
 fn args(key: Value, target: Value, version: Value, minutes: Value) -> Value {
     json!({"request_id": key, "automation_id": target, "expected_version": version,
