@@ -504,7 +504,7 @@ async fn fresh(
 }
 
 async fn fresh_on(engine: Engine, concurrency: usize, ops: usize) -> Result<Report, &'static str> {
-    let writer = engine.store().as_sqlite().cloned();
+    let writer = engine.store().driver_as::<SqliteStore>().cloned();
     let before = writer.as_ref().map(|s| s.writer_stats());
     let measured = drive("fresh", concurrency, ops, move |i| {
         let engine = engine.clone();

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 use toolledger::authz::PrincipalStore;
 use toolledger::clock::{ManualClock, SharedClock};
-use toolledger::downstream::{BoxFuture, SqliteDownstream};
+use toolledger::downstream::BoxFuture;
 use toolledger::runtime::{
     Answer, CrashPoint, Deadlines, DeferredCall, PointHook, Runtime, RuntimeError,
 };
@@ -23,6 +23,7 @@ use toolledger::{Error, OperationState};
 use toolledger_cli::common::{self, StoreArgs};
 use toolledger_cli::fixture::{self, Fixture, Setup};
 use toolledger_cli::reference::refunds;
+use toolledger_testkit::downstream::SqliteDownstream;
 
 /// Environment variable naming a crash point at which the process stops and waits to be killed
 /// (a testing aid for real SIGKILL tests): it prints `{"held_at":POINT}` on stderr first.

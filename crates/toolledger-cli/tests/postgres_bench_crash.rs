@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 use ack_support::read_acks;
 
 use toolledger::effect::{EffectTx, RowExt, SqlValue};
-use toolledger::store::conformance::{fresh_schema_name, test_database_url, ServerLock};
 use toolledger::store::postgres::{PgOptions, PgStore};
 use toolledger::store::Store;
+use toolledger_testkit::conformance::{fresh_schema_name, test_database_url, ServerLock};
 
 const OPS: &str = "1000000";
 const ACKS_BEFORE_KILL: usize = 400;

@@ -8,7 +8,7 @@ use std::process::Command;
 
 use serde_json::Value;
 use toolledger::effect::EffectTx;
-use toolledger::store::conformance::{test_database_url, Harness};
+use toolledger_testkit::conformance::{test_database_url, Harness};
 
 fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_toolledger"))

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use toolledger::effect::{EffectTx, RowExt};
-use toolledger::store::conformance::Harness;
 use toolledger::store::Store;
+use toolledger_testkit::conformance::Harness;
 
 const STATE_KEY: &str = "7374617465206b657920666f7220746865206d756c74692d686f73742074657374";
 const FP_KEY: &str = "66696e6765727072696e74206b657920666f7220746865206d756c74692d686f7374";

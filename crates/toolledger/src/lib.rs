@@ -2,21 +2,42 @@
 //!
 //! A retry replays, it never repeats. A lost reply becomes a status query, never a second
 //! effect. An effect that may have happened without a receipt is `outcome_unknown` until it is
-//! reconciled. See `ARCHITECTURE.md` for the map of this crate.
+//! reconciled.
+//!
+//! This is the crate applications depend on. It re-exports the ledger (`toolledger-core`) and
+//! the database drivers behind cargo features — `sqlite` (default, the embedded store) and
+//! `postgres` — and opens either from one string with [`Ledger::open`]:
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), toolledger::store::StoreError> {
+//! let ledger = toolledger::Ledger::open("ledger.sqlite")?; // or "postgres://…"
+//! let clock = std::sync::Arc::new(toolledger::clock::SystemClock);
+//! let engine = toolledger::engine::Engine::new(ledger.store(), clock);
+//! # let _ = engine; Ok(()) }
+//! ```
+//!
+//! See `ARCHITECTURE.md` for the map of the workspace.
 
 #![warn(missing_docs)]
 
-pub mod approval;
-pub mod authz;
-pub mod clock;
-pub mod digest;
-pub mod downstream;
-pub mod effect;
-pub mod engine;
-pub mod json;
-pub mod model;
-pub mod outbox;
-pub mod runtime;
-pub mod store;
+pub use toolledger_core::{
+    approval, authz, clock, digest, downstream, effect, engine, json, model, outbox, runtime,
+};
+pub use toolledger_core::{Error, ErrorCode, OperationState, Principal, Scope, ToolContract};
 
-pub use model::{Error, ErrorCode, OperationState, Principal, Scope, ToolContract};
+/// Durable storage: the backend-neutral [`Store`](store::Store) and the drivers.
+pub mod store {
+    pub use toolledger_core::store::*;
+
+    /// The embedded SQLite driver (feature `sqlite`, on by default).
+    #[cfg(feature = "sqlite")]
+    pub use toolledger_sqlite as sqlite;
+
+    /// The PostgreSQL driver (feature `postgres`).
+    #[cfg(feature = "postgres")]
+    pub use toolledger_postgres as postgres;
+}
+
+mod ledger;
+
+pub use ledger::{Ledger, LedgerOptions};

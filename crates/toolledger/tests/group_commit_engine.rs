@@ -13,7 +13,7 @@ use toolledger::clock::{SharedClock, SystemClock};
 use toolledger::effect::EffectTx;
 use toolledger::engine::{Engine, InlineCall, InlineEffect};
 use toolledger::store::sqlite::{OpenOptions, SqliteStore, MAX_BATCH};
-use toolledger::store::{Migration, StoreError};
+use toolledger::store::{Migration, Store, StoreError};
 use toolledger::{Error, ErrorCode, Principal, ToolContract};
 
 const ITEMS: &[Migration] = &[Migration {
@@ -136,14 +136,12 @@ async fn failing_operations_in_one_batch_roll_back_alone() {
     const { assert!(CALLS <= MAX_BATCH, "all calls must fit one batch") };
     let (_dir, path) = temp();
     let store = open(&path);
-    store
-        .write(|c| {
-            c.execute(
+    Store::from(store.clone())
+        .write(|tx| {
+            tx.execute(
                 "INSERT INTO items(name, operation_key) VALUES ('taken', 'seed')",
-                [],
+                &[],
             )
-            .map(|_| ())
-            .map_err(StoreError::from)
         })
         .await
         .unwrap();

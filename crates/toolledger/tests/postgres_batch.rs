@@ -22,10 +22,10 @@ use tokio::task::JoinHandle;
 use toolledger::clock::{SharedClock, SystemClock};
 use toolledger::effect::{EffectTx, RowExt};
 use toolledger::engine::{Engine, InlineCall, InlineEffect, Outcome};
-use toolledger::store::conformance::{fresh_schema_name, test_database_url, ServerLock};
 use toolledger::store::postgres::{PgOptions, PgStore};
 use toolledger::store::{Migration, Store};
 use toolledger::{Error, ErrorCode, OperationState, Principal, ToolContract};
+use toolledger_testkit::conformance::{fresh_schema_name, test_database_url, ServerLock};
 
 const T: &[Migration] = &[Migration {
     namespace: "batch",

@@ -8,10 +8,10 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use toolledger::effect::{EffectTx, RowExt};
-use toolledger::store::conformance::{count, fresh_schema_name, test_database_url, ServerLock};
 use toolledger::store::postgres::{PgOptions, PgStore};
 use toolledger::store::{Migration, Store};
 use toolledger::{Error, ErrorCode};
+use toolledger_testkit::conformance::{count, fresh_schema_name, test_database_url, ServerLock};
 
 const T: &[Migration] = &[Migration {
     namespace: "faults",

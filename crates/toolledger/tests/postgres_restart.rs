@@ -14,10 +14,10 @@ use serde_json::json;
 use toolledger::clock::ManualClock;
 use toolledger::effect::EffectTx;
 use toolledger::engine::Engine;
-use toolledger::store::conformance::{
+use toolledger::ErrorCode;
+use toolledger_testkit::conformance::{
     count, principal, test_database_url, widget_call, Harness, ServerLock, WidgetEffect,
 };
-use toolledger::ErrorCode;
 
 fn cluster_version() -> String {
     let out = std::fs::read_dir("/etc/postgresql")

@@ -7,9 +7,9 @@
 //! these tests; locally they are skipped with one loud line.
 
 use toolledger::effect::{EffectTx, RowExt};
-use toolledger::store::conformance::{test_database_url, ServerLock, CI_ENV};
 use toolledger::store::postgres::{PgOptions, PgStore};
 use toolledger::store::StoreError;
+use toolledger_testkit::conformance::{test_database_url, ServerLock, CI_ENV};
 
 fn with_param(url: &str, param: &str) -> String {
     let sep = if url.contains('?') { '&' } else { '?' };
@@ -76,7 +76,7 @@ fn a_whole_ledger_runs_over_tls() {
     let Some((url, _, _lock)) = tls_server() else {
         return;
     };
-    let schema = toolledger::store::conformance::fresh_schema_name();
+    let schema = toolledger_testkit::conformance::fresh_schema_name();
     let url = with_param(&url, "sslmode=require");
     let store = PgStore::open(&url, PgOptions::new("tls").in_schema(schema.clone())).unwrap();
     assert_eq!(store.backend_id(), "tls");

@@ -215,7 +215,7 @@ async fn a_worker_pass_enumerates_pending_events_and_expired_leases() {
 /// its downstream call.
 #[derive(Debug)]
 struct Gated {
-    inner: toolledger::downstream::SqliteDownstream,
+    inner: toolledger_testkit::downstream::SqliteDownstream,
     gate: std::sync::Arc<tokio::sync::Semaphore>,
     waiting: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }

@@ -7,15 +7,14 @@ use std::sync::Arc;
 
 use runtime_support::*;
 use serde_json::{json, Value};
-use toolledger::downstream::{
-    BoxFuture, Downstream, DownstreamError, SqliteDownstream, REFUND_EXCEEDS_CAPTURED,
-};
+use toolledger::downstream::{BoxFuture, Downstream, DownstreamError};
 use toolledger::outbox::ClaimOutcome;
 use toolledger::runtime::{
     Accepted, Answer, Deadlines, Delivery, Registry, Resolution, ResolveAs, Runtime, RuntimeConfig,
     RuntimeError,
 };
 use toolledger::{ErrorCode, OperationState, Scope};
+use toolledger_testkit::downstream::{SqliteDownstream, REFUND_EXCEEDS_CAPTURED};
 
 fn code(r: Result<Answer, RuntimeError>) -> ErrorCode {
     match r {

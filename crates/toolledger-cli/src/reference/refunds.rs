@@ -22,7 +22,7 @@ use std::sync::Arc;
 use serde_json::{json, Map, Value};
 use toolledger::approval::ApprovalTarget;
 use toolledger::clock::SharedClock;
-use toolledger::downstream::{Downstream, SqliteDownstream};
+use toolledger::downstream::Downstream;
 use toolledger::effect::{EffectTx, SqlValue};
 use toolledger::runtime::{
     approval_target, Answer, DeferredCall, DeferredTool, ProviderContext, ProviderProfile,
@@ -31,6 +31,7 @@ use toolledger::runtime::{
 use toolledger::store::Migration;
 use toolledger::store::Store;
 use toolledger::{Error, ErrorCode, OperationState, Principal, Scope, ToolContract};
+use toolledger_testkit::downstream::SqliteDownstream;
 
 /// Migration namespace of this domain.
 pub const NAMESPACE: &str = "reference.refunds";

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use toolledger::effect::{EffectTx, RowExt};
-use toolledger::store::conformance::Harness;
 use toolledger::store::Store;
+use toolledger_testkit::conformance::Harness;
 
 /// The built binary.
 pub fn bin() -> PathBuf {

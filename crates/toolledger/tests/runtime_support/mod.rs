@@ -11,15 +11,16 @@ use serde_json::{json, Value};
 use toolledger::approval::{self, Approval};
 use toolledger::authz::PrincipalStore;
 use toolledger::clock::{ManualClock, SharedClock};
-use toolledger::downstream::{BoxFuture, Downstream, DownstreamError, SqliteDownstream};
-use toolledger::effect::{EffectTx, SqlValue};
+use toolledger::downstream::{BoxFuture, Downstream, DownstreamError};
+use toolledger::effect::{EffectTx, RowExt, SqlValue};
 use toolledger::runtime::{
     approval_target, DeferredCall, DeferredTool, ProviderContext, ProviderProfile, Registry,
     Runtime, RuntimeConfig, RuntimeError, StatusQuery,
 };
 use toolledger::store::sqlite::{OpenOptions, SqliteStore};
-use toolledger::store::{Migration, StoreError};
+use toolledger::store::{Migration, Store};
 use toolledger::{Error, ErrorCode, Principal, Scope, ToolContract};
+use toolledger_testkit::downstream::SqliteDownstream;
 
 pub const T0: i64 = 1_767_225_600; // 2026-01-01T00:00:00Z
 
@@ -221,14 +222,13 @@ impl Harness {
                 .await
                 .unwrap();
         }
-        store
-            .write(|c| {
-                c.execute_batch(
+        Store::from(store.clone())
+            .write(|tx| {
+                tx.execute_batch(
                     "INSERT INTO test_orders VALUES ('acme', 'ord-1', 'alice', 5000, 1);
                      INSERT INTO test_orders VALUES ('acme', 'ord-2', 'erin', 7000, 1);
                      INSERT INTO test_orders VALUES ('globex', 'ord-9', 'dave', 100, 1);",
-                )?;
-                Ok::<_, StoreError>(())
+                )
             })
             .await
             .unwrap();
@@ -342,23 +342,18 @@ impl Harness {
 
     pub async fn count(&self, table: &str) -> i64 {
         let sql = format!("SELECT count(*) FROM {table}");
-        self.store
-            .read(move |c| {
-                c.query_row(&sql, [], |r| r.get(0))
-                    .map_err(StoreError::from)
-            })
+        Store::from(self.store.clone())
+            .read(move |tx| tx.query(&sql, &[])?.remove(0).int(0))
             .await
             .unwrap()
     }
 
     pub async fn scalar_text(&self, sql: &str) -> Option<String> {
         let sql = sql.to_string();
-        self.store
-            .read(move |c| {
-                use rusqlite::OptionalExtension;
-                c.query_row(&sql, [], |r| r.get(0))
-                    .optional()
-                    .map_err(StoreError::from)
+        Store::from(self.store.clone())
+            .read(move |tx| match tx.query_opt(&sql, &[])? {
+                Some(row) => row.opt_text(0),
+                None => Ok(None),
             })
             .await
             .unwrap()
@@ -366,12 +361,10 @@ impl Harness {
 
     pub async fn scalar_int(&self, sql: &str) -> Option<i64> {
         let sql = sql.to_string();
-        self.store
-            .read(move |c| {
-                use rusqlite::OptionalExtension;
-                c.query_row(&sql, [], |r| r.get(0))
-                    .optional()
-                    .map_err(StoreError::from)
+        Store::from(self.store.clone())
+            .read(move |tx| match tx.query_opt(&sql, &[])? {
+                Some(row) => row.opt_int(0),
+                None => Ok(None),
             })
             .await
             .unwrap()

@@ -1,5 +1,5 @@
-//! The PostgreSQL backend (cargo feature `postgres`), for many server and worker processes on
-//! many hosts sharing one database.
+//! The PostgreSQL driver of toolledger, for many server and worker processes on many hosts
+//! sharing one database.
 //!
 //! # Threads and the async client
 //!
@@ -53,6 +53,7 @@
 //! checked); `verify-ca` and `verify-full` (the chain, and for `verify-full` the host name,
 //! checked against `sslrootcert` or, without it, the Mozilla roots). See `tls.rs`.
 
+mod driver;
 mod tls;
 
 use std::collections::{BTreeMap, HashMap};
@@ -68,9 +69,12 @@ use tokio_postgres::types::{IsNull, ToSql, Type};
 use tokio_postgres::{Client, NoTls, Statement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use super::{Migration, StoreError};
-use crate::effect::{Dialect, EffectTx, SqlValue};
-use crate::model::{Error, ErrorCode};
+use toolledger_core::effect::{refuse_transaction_control, Dialect, EffectTx, RowExt, SqlValue};
+use toolledger_core::model::{Error, ErrorCode};
+use toolledger_core::store::{
+    BatchDriver, BatchJob, BatchTx, BatchWriter, Driver, Migration, ReadJob, Store, StoreError,
+    WriteJob,
+};
 
 /// The migrations of the library's own tables in PostgreSQL dialect (namespace `toolledger`);
 /// the same versions as [`super::sqlite::CORE_MIGRATIONS`].
@@ -113,7 +117,7 @@ pub struct PgOptions {
     /// How long to wait for a connection (connect or pool) before answering `unavailable`.
     pub connect_timeout: Duration,
     /// Connection threads that run batched inline calls (group commit: concurrent
-    /// [`crate::engine::Engine::execute_inline`] calls share one transaction, one round
+    /// [`toolledger_core::engine::Engine::execute_inline`] calls share one transaction, one round
     /// trip for their lookups and one multi-row ledger insert). At least 1. They come in
     /// addition to `max_connections`, so a store holds at most `max_connections +
     /// batch_writers` connections (each made on first use).
@@ -211,7 +215,7 @@ fn is_retryable(state: &SqlState) -> bool {
 }
 
 /// Maps a PostgreSQL error to a [`StoreError`] without SQL text, values or host names.
-pub fn map_pg_error(e: &tokio_postgres::Error) -> StoreError {
+pub(crate) fn map_pg_error(e: &tokio_postgres::Error) -> StoreError {
     let Some(state) = e.code() else {
         // No SQLSTATE: the connection broke, or a parameter could not be encoded.
         if e.is_closed() || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>()) {
@@ -515,24 +519,6 @@ impl PgTx<'_> {
             Err(e) => Err(self.fail(e)),
         }
     }
-}
-
-fn refuse_transaction_control(sql: &str) -> Result<(), Error> {
-    let head = sql
-        .trim_start()
-        .split(|c: char| !c.is_ascii_alphabetic())
-        .next()
-        .unwrap_or("")
-        .to_ascii_uppercase();
-    if matches!(
-        head.as_str(),
-        "BEGIN" | "COMMIT" | "END" | "ROLLBACK" | "SAVEPOINT" | "RELEASE" | "START" | "ABORT"
-    ) {
-        return Err(Error::unavailable(
-            "effects may not control the ledger's transaction",
-        ));
-    }
-    Ok(())
 }
 
 /// Sends pending transaction control (`BEGIN`, savepoints) and a pending key lock ahead of

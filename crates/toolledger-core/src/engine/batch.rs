@@ -1,9 +1,8 @@
-//! Group commit for inline calls on PostgreSQL.
+//! Group commit for inline calls on a driver whose writers run in parallel (PostgreSQL).
 //!
 //! Concurrent [`Engine::execute_inline`](super::Engine::execute_inline) calls wait in one
-//! queue; up to [`PgOptions::batch_writers`](crate::store::postgres::PgOptions) connection
-//! threads each take up to [`MAX_BATCH`] of them and run them in one `READ COMMITTED`
-//! transaction:
+//! queue; up to [`BatchDriver::batch_writers`] batch writers each take up to [`MAX_BATCH`]
+//! of them and run them in one transaction (`READ COMMITTED` on PostgreSQL):
 //!
 //! 1. the advisory locks of every call's `(tool, key)` (the same locks a single writer takes,
 //!    in sorted order, so two batches never deadlock on them) go out in one statement,
@@ -44,7 +43,7 @@ use super::{
 use crate::clock::SharedClock;
 use crate::effect::{EffectTx, RowExt, SqlValue};
 use crate::model::{Error, OperationState};
-use crate::store::postgres::{PgStore, PgTx, PgWriter};
+use crate::store::{BatchDriver, BatchTx, BatchWriter, StoreError};
 
 /// The most calls one batch holds. PostgreSQL keeps up to 64 subtransaction ids per
 /// transaction in shared memory; more makes every other session's snapshot checks slower.
@@ -53,35 +52,6 @@ pub(crate) const MAX_BATCH: usize = 32;
 /// Times one call may go back to the queue after a transient conflict before its error is
 /// the answer.
 const MAX_CALL_ATTEMPTS: u32 = 5;
-
-/// Every row of the batch's `(tool, key)` pairs, in the column order of `select_record!`.
-/// `OFFSET 0` keeps the lateral subquery from being pulled up into a plain join: planned
-/// while the table is new and small (and the plan then cached for the connection), that
-/// join became a hash join over a sequential scan of `operations`, whose cost grew with the
-/// table. As written it is always a nested loop over the `(tool, idempotency_key)` index.
-const LOOKUP: &str = concat!(
-    "SELECT o.* FROM jsonb_to_recordset(?1::text::jsonb) AS q(tool text, k text)
-     CROSS JOIN LATERAL (",
-    select_record!("WHERE tool = q.tool AND idempotency_key = q.k OFFSET 0"),
-    ") AS o"
-);
-
-/// The ledger rows of a batch, given as one JSON array of objects: one statement text for
-/// any number of rows, so every connection prepares and plans it once (a `VALUES` list per row
-/// count was a new statement to plan for each batch size on each connection).
-const INSERT_ROWS: &str = "INSERT INTO operations(tenant, subject, tool, idempotency_key,
-    request_digest, input_rev, output_rev, effect_rev, handler_rev, producer_rev, policy_rev,
-    arguments, fingerprint, status_ref, authority_deadline, retention_deadline, created_at,
-    updated_at, result, result_digest, effect_kind, state)
-  SELECT r.tenant, r.subject, r.tool, r.k, r.request_digest, r.input_rev, r.output_rev,
-    r.effect_rev, r.handler_rev, r.producer_rev, r.policy_rev, r.arguments, r.fingerprint,
-    r.status_ref, r.authority_deadline, r.retention_deadline, ?2, ?2, r.result,
-    r.result_digest, 'inline', 'applied'
-  FROM jsonb_to_recordset(?1::text::jsonb) AS r(tenant text, subject text, tool text, k text,
-    request_digest text, input_rev text, output_rev text, effect_rev text, handler_rev text,
-    producer_rev text, policy_rev text, arguments text, fingerprint text, status_ref text,
-    authority_deadline bigint, retention_deadline bigint, result text, result_digest text)
-  RETURNING id, status_ref";
 
 /// One queued call.
 struct Pending {
@@ -99,7 +69,7 @@ struct State {
 
 /// The queue of one engine's inline calls and its batch writers.
 pub(crate) struct Batcher {
-    store: PgStore,
+    store: Arc<dyn BatchDriver>,
     clock: SharedClock,
     fault: Option<FaultHook>,
     writers: usize,
@@ -126,7 +96,11 @@ impl std::fmt::Debug for Batcher {
 }
 
 impl Batcher {
-    pub(crate) fn new(store: PgStore, clock: SharedClock, fault: Option<FaultHook>) -> Self {
+    pub(crate) fn new(
+        store: Arc<dyn BatchDriver>,
+        clock: SharedClock,
+        fault: Option<FaultHook>,
+    ) -> Self {
         let writers = store.batch_writers();
         Batcher {
             writers,
@@ -174,7 +148,7 @@ impl Batcher {
         let me = self.clone();
         if self
             .store
-            .spawn_batch_job(writer, move |w| me.work(writer, w))
+            .spawn_batch_job(writer, Box::new(move |w| me.work(writer, w)))
             .is_err()
         {
             // No thread to run it (the store is closing): answer whatever no running writer
@@ -195,7 +169,7 @@ impl Batcher {
     }
 
     /// Batch writer `writer`: runs batches until the queue is empty.
-    fn work(self: Arc<Self>, writer: usize, w: &mut PgWriter<'_>) {
+    fn work(self: Arc<Self>, writer: usize, w: &mut dyn BatchWriter) {
         let mut careful = false;
         loop {
             let batch = {
@@ -222,7 +196,7 @@ impl Batcher {
 
     /// Runs one batch and answers its calls (or queues them again). Returns whether a call
     /// failed after sending statements, so that its writes had to be undone.
-    fn run_batch(&self, w: &mut PgWriter<'_>, batch: Vec<Pending>, careful: bool) -> bool {
+    fn run_batch(&self, w: &mut dyn BatchWriter, batch: Vec<Pending>, careful: bool) -> bool {
         let calls: Vec<(&Prepared, &dyn InlineEffect)> = batch
             .iter()
             .map(|p| (p.prepared.as_ref(), p.effect.as_ref()))
@@ -230,10 +204,17 @@ impl Batcher {
         let mut careful = careful;
         let (out, undone) = loop {
             let mut undone = false;
-            let out = w.write(|tx| {
-                undone = false;
-                self.transaction(tx, &calls, careful, &mut undone)
-            });
+            let mut ends = None;
+            let out = w
+                .write(&mut |tx| {
+                    undone = false;
+                    ends = Some(self.transaction(tx, &calls, careful, &mut undone)?);
+                    Ok(())
+                })
+                .and_then(|()| {
+                    ends.take()
+                        .ok_or_else(|| Error::unavailable("the batch did not run"))
+                });
             if undone && !careful {
                 careful = true;
                 continue;
@@ -289,7 +270,7 @@ impl Batcher {
     /// whether one of them was rolled back after sending statements.
     fn transaction(
         &self,
-        tx: &mut PgTx<'_>,
+        tx: &mut dyn BatchTx,
         calls: &[(&Prepared, &dyn InlineEffect)],
         careful: bool,
         undone: &mut bool,
@@ -305,7 +286,7 @@ impl Batcher {
         let list = serde_json::to_string(&pairs)
             .map_err(|_| Error::unavailable("lookup keys are not encodable"))?;
         let mut rows: HashMap<(String, String), Vec<Vec<SqlValue>>> = HashMap::new();
-        for row in tx.query(LOOKUP, &[list.into()])? {
+        for row in tx.lookup_scopes(&list)? {
             rows.entry((row.text(3)?, row.text(4)?))
                 .or_default()
                 .push(row);
@@ -327,7 +308,7 @@ impl Batcher {
                 self.call(tx, p, *effect, found, now)
             }))
             .unwrap_or_else(|_| {
-                Err(Error::from(crate::store::StoreError::Database(
+                Err(Error::from(StoreError::Database(
                     "write job panicked".into(),
                 )))
             });
@@ -390,13 +371,13 @@ impl Batcher {
     /// (fresh scope) the effect.
     fn call(
         &self,
-        tx: &mut PgTx<'_>,
+        tx: &mut dyn BatchTx,
         p: &Prepared,
         effect: &dyn InlineEffect,
         found: Vec<Vec<SqlValue>>,
         now: i64,
     ) -> Result<CallEnd, Error> {
-        let etx: &mut dyn EffectTx = tx;
+        let etx: &mut dyn EffectTx = tx.effect_tx();
         effect.authorize(etx, &p.principal)?;
         let mut own = None;
         for row in found {
@@ -464,7 +445,7 @@ fn take_batch(queue: &mut VecDeque<Pending>) -> Vec<Pending> {
 /// The ledger rows of the fresh calls, `applied`, in one statement. Returns each row's id
 /// by status reference.
 fn insert_rows(
-    tx: &mut PgTx<'_>,
+    tx: &mut dyn BatchTx,
     calls: &[(&Prepared, &dyn InlineEffect)],
     fresh: &[(usize, String, String, String)],
     now: i64,
@@ -500,8 +481,8 @@ fn insert_rows(
         .map_err(|_| Error::unavailable("ledger rows are not encodable"))?;
     let mut ids = HashMap::with_capacity(fresh.len());
     // The batch ends here: the insert and COMMIT go out together.
-    for row in tx.query_then_commit(INSERT_ROWS, &[list.into(), now.into()])? {
-        ids.insert(row.text(1)?, row.int(0)?);
+    for (id, status_ref) in tx.insert_applied_then_commit(&list, now)? {
+        ids.insert(status_ref, id);
     }
     Ok(ids)
 }

@@ -22,7 +22,7 @@ use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureSc
 use tokio_postgres::config::SslMode as PgSslMode;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use crate::store::StoreError;
+use toolledger_core::store::StoreError;
 
 /// libpq's `sslmode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

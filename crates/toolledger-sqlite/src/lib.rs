@@ -22,7 +22,13 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use tokio::sync::oneshot;
 
-use super::{Migration, StoreError};
+use toolledger_core::effect::{Dialect, EffectTx};
+use toolledger_core::store::{Driver, Migration, ReadJob, Store, StoreError, WriteJob};
+
+mod driver;
+mod effect_tx;
+
+use effect_tx::SqliteEffectTx;
 
 /// The migrations of the library's own tables (namespace `toolledger`).
 pub const CORE_MIGRATIONS: &[Migration] = &[
@@ -141,12 +147,12 @@ struct Pending {
 type Job = Box<dyn FnOnce(Option<&Connection>) -> Pending + Send>;
 
 /// A read job for a reader thread: the thread's connection, or why it has none.
-type ReadJob = Box<dyn FnOnce(Result<&Connection, StoreError>) + Send>;
+type ReadJobFn = Box<dyn FnOnce(Result<&Connection, StoreError>) + Send>;
 
 /// The reader threads behind [`SqliteStore::read`], started on the first async read.
 #[derive(Default)]
 struct ReaderThreads {
-    sender: Option<crossbeam_channel::Sender<ReadJob>>,
+    sender: Option<crossbeam_channel::Sender<ReadJobFn>>,
     handles: Vec<JoinHandle<()>>,
 }
 
@@ -244,12 +250,6 @@ pub(crate) fn map_err(e: rusqlite::Error) -> StoreError {
     }
 }
 
-impl From<rusqlite::Error> for StoreError {
-    fn from(e: rusqlite::Error) -> Self {
-        map_err(e)
-    }
-}
-
 /// Names the network filesystem a filesystem magic number (from `statfs`) belongs to, if any.
 pub fn network_filesystem_name(magic: i64) -> Option<&'static str> {
     match magic {
@@ -308,7 +308,8 @@ pub fn connect(path: &Path) -> Result<Connection, StoreError> {
         StoreError::Database(_) => StoreError::Io,
         other => other,
     })?;
-    conn.busy_timeout(Duration::from_millis(5000))?;
+    conn.busy_timeout(Duration::from_millis(5000))
+        .map_err(map_err)?;
     // Switching to WAL can itself meet a busy file when several processes create it at once.
     let mut tries = 0;
     loop {
@@ -326,7 +327,8 @@ pub fn connect(path: &Path) -> Result<Connection, StoreError> {
             }
         }
     }
-    conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;")?;
+    conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;")
+        .map_err(map_err)?;
     // Query planner stability: without it SQLite may mark a cached statement for
     // re-preparation whenever a newly bound value could change its plan (it did so on every
     // execution of the runtime's operation/intent join, most of a delivery's CPU). The ledger
@@ -334,7 +336,8 @@ pub fn connect(path: &Path) -> Result<Connection, StoreError> {
     conn.set_db_config(
         rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
         true,
-    )?;
+    )
+    .map_err(map_err)?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
 }
@@ -348,7 +351,9 @@ fn bootstrap(conn: &mut Connection, opts: &OpenOptions) -> Result<String, StoreE
         *e = (*e).max(m.version);
     }
 
-    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let tx = conn
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(map_err)?;
     let mut backend_id = opts
         .backend_id
         .clone()
@@ -370,7 +375,8 @@ fn bootstrap(conn: &mut Connection, opts: &OpenOptions) -> Result<String, StoreE
                 [],
                 |r| r.get(0),
             )
-            .optional()?;
+            .optional()
+            .map_err(map_err)?;
         backend_id = match (bound, &opts.backend_id) {
             (Some(b), Some(want)) if &b == want => b,
             (Some(b), None) => b,
@@ -379,11 +385,13 @@ fn bootstrap(conn: &mut Connection, opts: &OpenOptions) -> Result<String, StoreE
         };
         false
     } else {
-        let other_tables: i64 = tx.query_row(
-            "SELECT count(*) FROM sqlite_schema WHERE type='table'",
-            [],
-            |r| r.get(0),
-        )?;
+        let other_tables: i64 = tx
+            .query_row(
+                "SELECT count(*) FROM sqlite_schema WHERE type='table'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(map_err)?;
         if other_tables > 0 {
             return Err(StoreError::Corrupt("not a toolledger database".into()));
         }
@@ -397,22 +405,26 @@ fn bootstrap(conn: &mut Connection, opts: &OpenOptions) -> Result<String, StoreE
                  version INTEGER NOT NULL CHECK (version > 0),
                  PRIMARY KEY (namespace, version)
              ) STRICT;",
-        )?;
+        )
+        .map_err(map_err)?;
         tx.execute(
             "INSERT INTO store_metadata(key, value) VALUES ('backend_id', ?1), ('backend', 'sqlite')",
             [&backend_id],
-        )?;
+        ).map_err(map_err)?;
         true
     };
 
     // Current versions per namespace.
     let mut applied: BTreeMap<String, u32> = BTreeMap::new();
     {
-        let mut stmt =
-            tx.prepare("SELECT namespace, max(version) FROM schema_migrations GROUP BY namespace")?;
-        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+        let mut stmt = tx
+            .prepare("SELECT namespace, max(version) FROM schema_migrations GROUP BY namespace")
+            .map_err(map_err)?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
+            .map_err(map_err)?;
         for row in rows {
-            let (ns, v) = row?;
+            let (ns, v) = row.map_err(map_err)?;
             applied.insert(ns, v as u32);
         }
     }
@@ -443,14 +455,15 @@ fn bootstrap(conn: &mut Connection, opts: &OpenOptions) -> Result<String, StoreE
     for m in &all {
         let have = applied.get(m.namespace).copied().unwrap_or(0);
         if m.version > have {
-            tx.execute_batch(m.sql)?;
+            tx.execute_batch(m.sql).map_err(map_err)?;
             tx.execute(
                 "INSERT INTO schema_migrations(namespace, version) VALUES (?1, ?2)",
                 rusqlite::params![m.namespace, m.version],
-            )?;
+            )
+            .map_err(map_err)?;
         }
     }
-    tx.commit()?;
+    tx.commit().map_err(map_err)?;
     Ok(backend_id)
 }
 
@@ -465,7 +478,8 @@ impl SqliteStore {
         let mut conn = connect(&path)?;
         let backend_id = bootstrap(&mut conn, &opts)?;
         if opts.synchronous == Synchronous::Normal {
-            conn.execute_batch("PRAGMA synchronous=NORMAL;")?;
+            conn.execute_batch("PRAGMA synchronous=NORMAL;")
+                .map_err(map_err)?;
         }
 
         let (sender, receiver) = crossbeam_channel::unbounded::<Job>();
@@ -520,16 +534,19 @@ impl SqliteStore {
     }
 
     fn submit(&self, job: Job) -> Result<(), StoreError> {
-        let guard = self
-            .inner
-            .sender
-            .lock()
-            .map_err(|_| StoreError::Unavailable("writer poisoned".into()))?;
+        self.submit_job(job).map_err(|(e, _)| e)
+    }
+
+    /// Sends `job` to the writer; on failure hands it back with the reason.
+    fn submit_job(&self, job: Job) -> Result<(), (StoreError, Job)> {
+        let Ok(guard) = self.inner.sender.lock() else {
+            return Err((StoreError::Unavailable("writer poisoned".into()), job));
+        };
         match guard.as_ref() {
-            Some(s) => s
-                .send(job)
-                .map_err(|_| StoreError::Unavailable("writer stopped".into())),
-            None => Err(StoreError::Unavailable("store closed".into())),
+            Some(s) => s.send(job).map_err(|crossbeam_channel::SendError(job)| {
+                (StoreError::Unavailable("writer stopped".into()), job)
+            }),
+            None => Err((StoreError::Unavailable("store closed".into()), job)),
         }
     }
 
@@ -617,30 +634,39 @@ impl SqliteStore {
         }
     }
 
-    fn submit_read(&self, job: ReadJob) -> Result<(), StoreError> {
-        let mut threads = self
-            .inner
-            .reader_threads
-            .lock()
-            .map_err(|_| StoreError::Unavailable("reader pool poisoned".into()))?;
+    fn submit_read(&self, job: ReadJobFn) -> Result<(), StoreError> {
+        self.submit_read_job(job).map_err(|(e, _)| e)
+    }
+
+    /// Sends `job` to the reader threads (started on first use); on failure hands it back
+    /// with the reason.
+    fn submit_read_job(&self, job: ReadJobFn) -> Result<(), (StoreError, ReadJobFn)> {
+        let Ok(mut threads) = self.inner.reader_threads.lock() else {
+            return Err((StoreError::Unavailable("reader pool poisoned".into()), job));
+        };
         if threads.sender.is_none() {
-            let (sender, receiver) = crossbeam_channel::unbounded::<ReadJob>();
+            let (sender, receiver) = crossbeam_channel::unbounded::<ReadJobFn>();
             for i in 0..self.inner.max_readers {
                 let receiver = receiver.clone();
                 let path = self.inner.path.clone();
-                let handle = std::thread::Builder::new()
+                let spawned = std::thread::Builder::new()
                     .name(format!("toolledger-sqlite-reader-{i}"))
-                    .spawn(move || reader_loop(&path, receiver))
-                    .map_err(|_| StoreError::Unavailable("cannot start reader thread".into()))?;
-                threads.handles.push(handle);
+                    .spawn(move || reader_loop(&path, receiver));
+                match spawned {
+                    Ok(handle) => threads.handles.push(handle),
+                    Err(_) => {
+                        let err = StoreError::Unavailable("cannot start reader thread".into());
+                        return Err((err, job));
+                    }
+                }
             }
             threads.sender = Some(sender);
         }
         match threads.sender.as_ref() {
-            Some(s) => s
-                .send(job)
-                .map_err(|_| StoreError::Unavailable("readers stopped".into())),
-            None => Err(StoreError::Unavailable("store closed".into())),
+            Some(s) => s.send(job).map_err(|crossbeam_channel::SendError(job)| {
+                (StoreError::Unavailable("readers stopped".into()), job)
+            }),
+            None => Err((StoreError::Unavailable("store closed".into()), job)),
         }
     }
 
@@ -655,7 +681,7 @@ impl SqliteStore {
         E: From<StoreError> + Send + 'static,
     {
         let (tx, rx) = oneshot::channel();
-        let job: ReadJob = Box::new(move |conn| {
+        let job: ReadJobFn = Box::new(move |conn| {
             let out = match conn {
                 Ok(conn) => catch_unwind(AssertUnwindSafe(|| f(conn))).unwrap_or_else(|_| {
                     Err(E::from(StoreError::Database("read job panicked".into())))
@@ -687,11 +713,12 @@ impl SqliteStore {
 /// Opens a read-only connection with the ledger's pragmas.
 fn connect_reader(path: &Path) -> Result<Connection, StoreError> {
     let conn = connect(path)?;
-    conn.execute_batch("PRAGMA query_only=ON;")?;
+    conn.execute_batch("PRAGMA query_only=ON;")
+        .map_err(map_err)?;
     Ok(conn)
 }
 
-fn reader_loop(path: &Path, receiver: crossbeam_channel::Receiver<ReadJob>) {
+fn reader_loop(path: &Path, receiver: crossbeam_channel::Receiver<ReadJobFn>) {
     let mut conn: Option<Connection> = None;
     while let Ok(job) = receiver.recv() {
         if conn.is_none() {
@@ -830,9 +857,12 @@ mod tests {
         let (mode, sync, fk): (String, i64, i64) = store
             .read_blocking(|c| {
                 Ok::<_, StoreError>((
-                    c.query_row("PRAGMA journal_mode", [], |r| r.get(0))?,
-                    c.query_row("PRAGMA synchronous", [], |r| r.get(0))?,
-                    c.query_row("PRAGMA foreign_keys", [], |r| r.get(0))?,
+                    c.query_row("PRAGMA journal_mode", [], |r| r.get(0))
+                        .map_err(map_err)?,
+                    c.query_row("PRAGMA synchronous", [], |r| r.get(0))
+                        .map_err(map_err)?,
+                    c.query_row("PRAGMA foreign_keys", [], |r| r.get(0))
+                        .map_err(map_err)?,
                 ))
             })
             .unwrap();
@@ -843,8 +873,7 @@ mod tests {
 
     /// One integer from `sql` on the writer's connection and on a reader's.
     fn on_writer_and_reader(store: &SqliteStore, sql: &'static str) -> (i64, i64) {
-        let query =
-            move |c: &Connection| c.query_row(sql, [], |r| r.get(0)).map_err(StoreError::from);
+        let query = move |c: &Connection| c.query_row(sql, [], |r| r.get(0)).map_err(map_err);
         (
             store.write_blocking(query).unwrap(),
             store.read_blocking(query).unwrap(),
@@ -875,7 +904,7 @@ mod tests {
         normal
             .write_blocking(|c| {
                 c.execute_batch("CREATE TABLE t(x INTEGER) STRICT; INSERT INTO t VALUES (1);")
-                    .map_err(StoreError::from)
+                    .map_err(map_err)
             })
             .unwrap();
         assert_eq!(
@@ -940,7 +969,7 @@ mod tests {
         let n: i64 = store
             .read_blocking(|c| {
                 c.query_row("SELECT count(*) FROM app_b", [], |r| r.get(0))
-                    .map_err(StoreError::from)
+                    .map_err(map_err)
             })
             .unwrap();
         assert_eq!(n, 0);
@@ -975,7 +1004,8 @@ mod tests {
             let s = store.clone();
             handles.push(tokio::spawn(async move {
                 s.write(move |c| {
-                    c.execute("INSERT INTO t(x) VALUES (?1)", [i])?;
+                    c.execute("INSERT INTO t(x) VALUES (?1)", [i])
+                        .map_err(map_err)?;
                     if i % 7 == 0 {
                         // Fails after writing: its own insert must vanish.
                         return Err(StoreError::Refused("deliberate".into()));
@@ -993,10 +1023,12 @@ mod tests {
         }
         let rows: Vec<i64> = store
             .read(|c| {
-                let mut st = c.prepare("SELECT x FROM t ORDER BY x")?;
+                let mut st = c.prepare("SELECT x FROM t ORDER BY x").map_err(map_err)?;
                 let v = st
-                    .query_map([], |r| r.get(0))?
-                    .collect::<Result<Vec<i64>, _>>()?;
+                    .query_map([], |r| r.get(0))
+                    .map_err(map_err)?
+                    .collect::<Result<Vec<i64>, _>>()
+                    .map_err(map_err)?;
                 Ok::<_, StoreError>(v)
             })
             .await

@@ -8,8 +8,8 @@
 //! list into `#[tokio::test]`s for one backend:
 //!
 //! ```text
-//! mod sqlite { toolledger::conformance_suite!(Some(toolledger::store::conformance::Harness::sqlite())); }
-//! mod postgres { toolledger::conformance_suite!(toolledger::store::conformance::Harness::postgres()); }
+//! mod sqlite { toolledger_testkit::conformance_suite!(Some(toolledger_testkit::conformance::Harness::sqlite())); }
+//! mod postgres { toolledger_testkit::conformance_suite!(toolledger_testkit::conformance::Harness::postgres()); }
 //! ```
 //!
 //! Without `TOOLLEDGER_TEST_DATABASE_URL` the PostgreSQL tests are skipped with one loud line
@@ -21,11 +21,11 @@ use std::sync::{Arc, Once};
 
 use serde_json::{json, Value};
 
-use super::{Migration, Store, StoreError};
-use crate::clock::{ManualClock, SharedClock};
-use crate::effect::{Dialect, EffectTx, RowExt, SqlValue};
-use crate::engine::{Begun, Engine, InlineCall, InlineEffect, Outcome};
-use crate::model::{Error, ErrorCode, OperationState, Principal, ToolContract};
+use toolledger::clock::{ManualClock, SharedClock};
+use toolledger::effect::{Dialect, EffectTx, RowExt, SqlValue};
+use toolledger::engine::{Begun, Engine, InlineCall, InlineEffect, Outcome};
+use toolledger::model::{Error, ErrorCode, OperationState, Principal, ToolContract};
+use toolledger::store::{Migration, Store, StoreError};
 
 /// The environment variable naming the PostgreSQL server tests use.
 pub const DATABASE_URL_ENV: &str = "TOOLLEDGER_TEST_DATABASE_URL";
@@ -76,11 +76,7 @@ pub const PG_MIGRATIONS: &[Migration] = &[Migration {
 #[derive(Clone, Debug)]
 enum Kind {
     Sqlite(Arc<tempfile::TempDir>),
-    #[cfg(feature = "postgres")]
-    Postgres {
-        url: String,
-        schema: String,
-    },
+    Postgres { url: String, schema: String },
 }
 
 /// Opens databases of one backend for one test. Each harness is its own database; every
@@ -169,7 +165,6 @@ impl Harness {
 
     /// A harness over a fresh schema in the test PostgreSQL database; `None` when PostgreSQL
     /// tests are skipped (see [`test_database_url`]).
-    #[cfg(feature = "postgres")]
     pub fn postgres() -> Option<Harness> {
         let url = test_database_url()?;
         Some(Harness {
@@ -183,7 +178,6 @@ impl Harness {
 
     /// Like [`Harness::postgres`], for a test that already holds the server lock exclusively
     /// (it restarts the server).
-    #[cfg(feature = "postgres")]
     pub fn postgres_while_holding(_exclusive: &ServerLock) -> Option<Harness> {
         let url = test_database_url()?;
         Some(Harness {
@@ -195,17 +189,10 @@ impl Harness {
         })
     }
 
-    /// Without the `postgres` feature there is no PostgreSQL harness.
-    #[cfg(not(feature = "postgres"))]
-    pub fn postgres() -> Option<Harness> {
-        None
-    }
-
     /// The backend's dialect.
     pub fn dialect(&self) -> Dialect {
         match &self.kind {
             Kind::Sqlite(_) => Dialect::Sqlite,
-            #[cfg(feature = "postgres")]
             Kind::Postgres { .. } => Dialect::Postgres,
         }
     }
@@ -220,21 +207,20 @@ impl Harness {
         match &self.kind {
             Kind::Sqlite(dir) => {
                 let mut opts = match backend_id {
-                    Some(id) => super::sqlite::OpenOptions::new(id),
-                    None => super::sqlite::OpenOptions::any_backend(),
+                    Some(id) => toolledger::store::sqlite::OpenOptions::new(id),
+                    None => toolledger::store::sqlite::OpenOptions::any_backend(),
                 };
                 opts = opts
                     .with_migrations(SQLITE_MIGRATIONS)
                     .with_migrations(extra.0)
                     .allow_migrate(migrate);
-                super::sqlite::SqliteStore::open(dir.path().join("ledger.sqlite"), opts)
+                toolledger::store::sqlite::SqliteStore::open(dir.path().join("ledger.sqlite"), opts)
                     .map(Store::from)
             }
-            #[cfg(feature = "postgres")]
             Kind::Postgres { url, schema } => {
                 let mut opts = match backend_id {
-                    Some(id) => super::postgres::PgOptions::new(id),
-                    None => super::postgres::PgOptions::any_backend(),
+                    Some(id) => toolledger::store::postgres::PgOptions::new(id),
+                    None => toolledger::store::postgres::PgOptions::any_backend(),
                 };
                 opts = opts
                     .with_migrations(PG_MIGRATIONS)
@@ -242,7 +228,7 @@ impl Harness {
                     .allow_migrate(migrate)
                     .in_schema(schema.clone());
                 opts.max_connections = 12;
-                super::postgres::PgStore::open(url, opts).map(Store::from)
+                toolledger::store::postgres::PgStore::open(url, opts).map(Store::from)
             }
         }
     }
@@ -252,7 +238,6 @@ impl Harness {
     pub fn database_url(&self) -> Option<String> {
         match &self.kind {
             Kind::Sqlite(_) => None,
-            #[cfg(feature = "postgres")]
             Kind::Postgres { url, schema } => {
                 let sep = if url.contains('?') { '&' } else { '?' };
                 Some(format!("{url}{sep}options=-c%20search_path%3D{schema}"))
@@ -264,7 +249,6 @@ impl Harness {
     pub fn sqlite_path(&self) -> Option<std::path::PathBuf> {
         match &self.kind {
             Kind::Sqlite(dir) => Some(dir.path().join("ledger.sqlite")),
-            #[cfg(feature = "postgres")]
             Kind::Postgres { .. } => None,
         }
     }
@@ -312,10 +296,10 @@ impl Harness {
 
 impl Drop for Harness {
     fn drop(&mut self) {
-        #[cfg(feature = "postgres")]
         if let Kind::Postgres { url, schema } = &self.kind {
-            let opts = super::postgres::PgOptions::any_backend().in_schema(schema.clone());
-            if let Ok(s) = super::postgres::PgStore::open_unchecked(url, opts) {
+            let opts =
+                toolledger::store::postgres::PgOptions::any_backend().in_schema(schema.clone());
+            if let Ok(s) = toolledger::store::postgres::PgStore::open_unchecked(url, opts) {
                 let _ = s.drop_schema_blocking();
             }
         }
@@ -876,7 +860,7 @@ pub async fn concurrent_first_opens_do_not_race(h: &Harness) {
 
 /// The principal store re-reads every check: revocation takes effect at the next call.
 pub async fn principal_store_is_reread(h: &Harness) {
-    let ps = crate::authz::PrincipalStore::new(h.open());
+    let ps = toolledger::authz::PrincipalStore::new(h.open());
     let token = ps
         .add(
             "alice",
@@ -888,7 +872,7 @@ pub async fn principal_store_is_reread(h: &Harness) {
         .await
         .unwrap()
         .unwrap();
-    let other = crate::authz::PrincipalStore::new(h.open());
+    let other = toolledger::authz::PrincipalStore::new(h.open());
     assert!(other
         .resolve("alice")
         .await
@@ -917,14 +901,15 @@ pub async fn principal_store_is_reread(h: &Harness) {
 // ---------------------------------------------------------------------------------------------
 // The deferred-effect runtime.
 
-use crate::downstream::{BoxFuture, Downstream, DownstreamError, SqliteDownstream};
-use crate::model::Scope;
-use crate::outbox::ClaimOutcome;
-use crate::runtime::{
+use crate::downstream::SqliteDownstream;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use toolledger::downstream::{BoxFuture, Downstream, DownstreamError};
+use toolledger::model::Scope;
+use toolledger::outbox::ClaimOutcome;
+use toolledger::runtime::{
     Accepted, Answer, DeferredCall, DeferredTool, Delivery, Processed, ProviderContext,
     ProviderProfile, Registry, Runtime, RuntimeError, StatusQuery,
 };
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The suite's deferred tool: ship a parcel the caller owns while it is shippable.
 #[derive(Debug)]
@@ -1041,7 +1026,7 @@ impl World {
         )
         .expect("downstream");
         let store = h.open();
-        crate::authz::PrincipalStore::new(store.clone())
+        toolledger::authz::PrincipalStore::new(store.clone())
             .add("alice", "t1", &[], &[], false)
             .await
             .expect("principal");
@@ -1166,7 +1151,7 @@ pub async fn claims_leases_and_fencing(h: &Harness) {
     let receipt = w
         .downstream
         .inner
-        .submit_blocking(&rec.scope, &crate::runtime::downstream_request(&rec))
+        .submit_blocking(&rec.scope, &toolledger::runtime::downstream_request(&rec))
         .unwrap();
     assert!(matches!(
         rt.complete(&first, receipt.clone()).await,
@@ -1198,7 +1183,7 @@ pub async fn dispatch_of_unfinished_only_observes_and_status_reconciles(h: &Harn
     let first = rt
         .dispatch(
             &call,
-            Some(crate::runtime::CrashPoint::AfterDownstreamCommit),
+            Some(toolledger::runtime::CrashPoint::AfterDownstreamCommit),
         )
         .await
         .unwrap();
@@ -1367,10 +1352,12 @@ pub async fn worker_pass_delivers_the_backlog(h: &Harness) {
 /// Claims beyond `max_attempts` move the event and its operation to `dead`.
 pub async fn attempts_exhausted_go_dead(h: &Harness) {
     let w = World::new(h).await;
-    let rt = w.runtime(h).with_config(crate::runtime::RuntimeConfig {
-        lease_seconds: 10,
-        max_attempts: 2,
-    });
+    let rt = w
+        .runtime(h)
+        .with_config(toolledger::runtime::RuntimeConfig {
+            lease_seconds: 10,
+            max_attempts: 2,
+        });
     let Accepted::New {
         event_id,
         status_ref,
@@ -1412,7 +1399,7 @@ pub async fn worker_rechecks_the_principal_before_the_downstream(h: &Harness) {
     else {
         panic!("expected a new intent");
     };
-    crate::authz::PrincipalStore::new(h.open())
+    toolledger::authz::PrincipalStore::new(h.open())
         .revoke("alice", &[], &[], true)
         .await
         .unwrap();
@@ -1440,25 +1427,25 @@ pub async fn worker_rechecks_the_principal_before_the_downstream(h: &Harness) {
 /// Eight handles consuming one approval at once: exactly one consumption.
 pub async fn an_approval_is_consumed_once_under_contention(h: &Harness) {
     let store = h.open();
-    let ps = crate::authz::PrincipalStore::new(store.clone());
+    let ps = toolledger::authz::PrincipalStore::new(store.clone());
     ps.add("alice", "t1", &[], &[], false).await.unwrap();
     ps.add(
         "bob",
         "t1",
-        &[crate::approval::APPROVER_ROLE.to_string()],
+        &[toolledger::approval::APPROVER_ROLE.to_string()],
         &[],
         false,
     )
     .await
     .unwrap();
-    let target = crate::approval::ApprovalTarget {
+    let target = toolledger::approval::ApprovalTarget {
         tenant: "t1".into(),
         subject: "alice".into(),
         tool: "ship_parcel".into(),
         idempotency_key: "k1".into(),
         binding: json!({"request_digest": "d"}),
     };
-    crate::approval::grant(&store, "approval-0001", &target, "bob", T0, T0 + 600)
+    toolledger::approval::grant(&store, "approval-0001", &target, "bob", T0, T0 + 600)
         .await
         .unwrap();
     let mut tasks = Vec::new();
@@ -1467,13 +1454,13 @@ pub async fn an_approval_is_consumed_once_under_contention(h: &Harness) {
         let target = target.clone();
         tasks.push(tokio::spawn(async move {
             s.write(move |tx: &mut dyn EffectTx| {
-                crate::approval::consume(
+                toolledger::approval::consume(
                     tx,
                     Some("approval-0001"),
                     &target,
                     T0 + 1,
                     None,
-                    &mut |tx, name| crate::authz::resolve_in(tx, name),
+                    &mut |tx, name| toolledger::authz::resolve_in(tx, name),
                 )
             })
             .await
@@ -1487,7 +1474,7 @@ pub async fn an_approval_is_consumed_once_under_contention(h: &Harness) {
         }
     }
     assert_eq!(consumed, 1);
-    let a = crate::approval::fetch(&store, "approval-0001")
+    let a = toolledger::approval::fetch(&store, "approval-0001")
         .await
         .unwrap()
         .unwrap();
@@ -1563,7 +1550,7 @@ pub async fn worker_and_status_query_reconcile_once(h: &Harness) {
         let receipt = w
             .downstream
             .inner
-            .submit_blocking(&rec.scope, &crate::runtime::downstream_request(&rec))
+            .submit_blocking(&rec.scope, &toolledger::runtime::downstream_request(&rec))
             .unwrap();
         let query = StatusQuery {
             principal: "alice".into(),
@@ -1614,12 +1601,12 @@ pub async fn worker_and_status_query_reconcile_once(h: &Harness) {
 /// Eight handles each revoking a different scope of one principal at once: every scope is
 /// gone afterwards (no lost update).
 pub async fn concurrent_revocations_lose_nothing(h: &Harness) {
-    let ps = crate::authz::PrincipalStore::new(h.open());
+    let ps = toolledger::authz::PrincipalStore::new(h.open());
     let scopes: Vec<String> = (0..8).map(|i| format!("s{i}")).collect();
     ps.add("alice", "t1", &[], &scopes, false).await.unwrap();
     let mut tasks = Vec::new();
     for scope in scopes {
-        let other = crate::authz::PrincipalStore::new(h.open());
+        let other = toolledger::authz::PrincipalStore::new(h.open());
         tasks.push(tokio::spawn(async move {
             other.revoke("alice", &[], &[scope], false).await
         }));
@@ -1671,9 +1658,9 @@ macro_rules! conformance_suite {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $name() {
-                let harness: Option<$crate::store::conformance::Harness> = $harness;
+                let harness: Option<$crate::conformance::Harness> = $harness;
                 if let Some(h) = harness {
-                    $crate::store::conformance::$name(&h).await;
+                    $crate::conformance::$name(&h).await;
                 }
             }
         )*

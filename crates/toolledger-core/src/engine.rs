@@ -23,7 +23,7 @@
 //!
 //! Any error rolls the whole call back: no ledger row, no effect row.
 //!
-//! On PostgreSQL concurrent calls share transactions (group commit, `engine/pg_batch.rs`):
+//! On PostgreSQL concurrent calls share transactions (group commit, `engine/batch.rs`):
 //! each call runs the same checks in the same order inside its own savepoint, and the ledger
 //! rows of a batch's fresh calls go out in one multi-row insert.
 //!
@@ -56,7 +56,7 @@ use serde_json::Value;
 
 use crate::clock::SharedClock;
 use crate::digest::sha256_hex;
-use crate::effect::{Dialect, EffectTx, RowExt, SqlValue};
+use crate::effect::{EffectTx, RowExt, SqlValue};
 use crate::model::{Error, ErrorCode, OperationState, Principal, ToolContract};
 use crate::store::{Store, StoreError};
 
@@ -103,7 +103,7 @@ pub struct InlineCall {
 ///
 /// Everything it does must go through the [`EffectTx`] it is given: a transaction may be rolled
 /// back and run again (a deadlock; on PostgreSQL also a batch in which another call failed
-/// after writing, see `engine/pg_batch.rs`), so `apply` may run more than once for one call,
+/// after writing, see `engine/batch.rs`), so `apply` may run more than once for one call,
 /// while only the run that commits leaves a trace.
 pub trait InlineEffect: Send + Sync + 'static {
     /// The current access check, run inside the call's transaction *before* the ledger lookup
@@ -221,9 +221,8 @@ pub struct Engine {
     store: Store,
     clock: SharedClock,
     fault: Option<FaultHook>,
-    /// Group commit of inline calls on PostgreSQL.
-    #[cfg(feature = "postgres")]
-    batcher: Option<Arc<pg_batch::Batcher>>,
+    /// Group commit of inline calls, when the driver offers it.
+    batcher: Option<Arc<batch::Batcher>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -250,13 +249,12 @@ enum WrittenBegin {
 
 impl Engine {
     /// An engine over `store` (a [`Store`], or a backend handle such as a
-    /// [`crate::store::sqlite::SqliteStore`]) using `clock` for deadlines and timestamps.
+    /// SQLite or PostgreSQL store handle) using `clock` for deadlines and timestamps.
     pub fn new(store: impl Into<Store>, clock: SharedClock) -> Self {
         let mut engine = Engine {
             store: store.into(),
             clock,
             fault: None,
-            #[cfg(feature = "postgres")]
             batcher: None,
         };
         engine.make_batcher();
@@ -271,10 +269,9 @@ impl Engine {
     }
 
     fn make_batcher(&mut self) {
-        #[cfg(feature = "postgres")]
-        if let Store::Postgres(pg) = &self.store {
-            self.batcher = Some(Arc::new(pg_batch::Batcher::new(
-                pg.clone(),
+        if let Some(driver) = self.store.driver().batching() {
+            self.batcher = Some(Arc::new(batch::Batcher::new(
+                driver,
                 self.clock.clone(),
                 self.fault.clone(),
             )));
@@ -297,7 +294,7 @@ impl Engine {
     /// key lock and scope lookup go out in one round trip, so a separate read transaction
     /// would only add round trips to every fresh call without making replays cheaper.
     fn reads_first(&self) -> bool {
-        self.store.dialect() == Dialect::Sqlite
+        self.store.driver().reads_first()
     }
 
     fn fire(&self, point: FaultPoint) {
@@ -315,7 +312,6 @@ impl Engine {
         effect: Arc<dyn InlineEffect>,
     ) -> Result<Outcome, Error> {
         let prepared = Arc::new(Prepared::new(call)?);
-        #[cfg(feature = "postgres")]
         if let Some(batcher) = &self.batcher {
             return match batcher.run(prepared, effect).await? {
                 Written::Replayed(o) => Ok(o),
@@ -738,22 +734,32 @@ fn new_status_ref() -> Result<String, Error> {
     Ok(format!("op_{}", hex::encode(bytes)))
 }
 
+/// The columns of a ledger row, in the order the ledger's row decoder reads them, as one
+/// string literal (for `concat!`): what a driver's own lookup of ledger rows (a batch's
+/// [`crate::store::BatchTx::lookup_scopes`]) must select.
+#[macro_export]
+macro_rules! operation_columns {
+    () => {
+        "id, tenant, subject, tool, idempotency_key, request_digest,
+    input_rev, output_rev, effect_rev, handler_rev, producer_rev, policy_rev, arguments,
+    fingerprint, effect_kind, state, result, result_digest, status_ref, authority_deadline,
+    retention_deadline, created_at, updated_at"
+    };
+}
+
 /// The columns of an [`OperationRecord`], followed by a `WHERE` clause given as a literal.
 macro_rules! select_record {
     ($where:literal) => {
         concat!(
-            "SELECT id, tenant, subject, tool, idempotency_key, request_digest,
-    input_rev, output_rev, effect_rev, handler_rev, producer_rev, policy_rev, arguments,
-    fingerprint, effect_kind, state, result, result_digest, status_ref, authority_deadline,
-    retention_deadline, created_at, updated_at FROM operations",
-            " ",
+            "SELECT ",
+            $crate::operation_columns!(),
+            " FROM operations ",
             $where
         )
     };
 }
 
-#[cfg(feature = "postgres")]
-mod pg_batch;
+mod batch;
 
 const BY_SCOPE: &str =
     select_record!("WHERE tenant = ?1 AND subject = ?2 AND tool = ?3 AND idempotency_key = ?4");

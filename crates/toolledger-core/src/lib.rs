@@ -1,0 +1,29 @@
+//! toolledger-core: the ledger without a database driver.
+//!
+//! A retry replays, it never repeats. A lost reply becomes a status query, never a second
+//! effect. An effect that may have happened without a receipt is `outcome_unknown` until it is
+//! reconciled.
+//!
+//! This crate holds the vocabulary ([`model`], [`clock`]), strict JSON and its canonical form
+//! ([`json`]), the digests ([`digest`]), the inline path ([`engine`]), the deferred path
+//! ([`runtime`], [`outbox`], [`approval`], [`downstream`]), the principal store ([`authz`]) and
+//! the seam every database driver implements ([`store::Driver`], [`effect::EffectTx`]). It
+//! knows no database library: the drivers are the `toolledger-sqlite` and
+//! `toolledger-postgres` crates, and applications depend on the `toolledger` facade.
+
+#![warn(missing_docs)]
+
+pub mod approval;
+pub mod authz;
+pub mod clock;
+pub mod digest;
+pub mod downstream;
+pub mod effect;
+pub mod engine;
+pub mod json;
+pub mod model;
+pub mod outbox;
+pub mod runtime;
+pub mod store;
+
+pub use model::{Error, ErrorCode, OperationState, Principal, Scope, ToolContract};

@@ -1,0 +1,74 @@
+//! How the SQLite store serves the ledger: [`Driver`] over its writer thread (each job in
+//! its own savepoint of a group-commit batch) and its reader threads (one snapshot per read).
+
+use super::*;
+
+/// Runs `f` inside `BEGIN` … `COMMIT` on a read connection (one snapshot).
+fn snapshot(conn: &Connection, job: Box<dyn ReadJob>) {
+    // Cached statements: a replay is a handful of statements, and parsing `BEGIN`/`COMMIT`
+    // again on every call was a measurable share of it.
+    let run = |sql: &str| conn.prepare_cached(sql).and_then(|mut s| s.execute([]));
+    if let Err(e) = run("BEGIN") {
+        job.run(Err(map_err(e)));
+        return;
+    }
+    job.run(Ok(&mut SqliteEffectTx::new(conn)));
+    let _ = run("COMMIT");
+    if !conn.is_autocommit() {
+        let _ = run("ROLLBACK");
+    }
+}
+
+impl Driver for SqliteStore {
+    fn backend_id(&self) -> &str {
+        SqliteStore::backend_id(self)
+    }
+
+    fn dialect(&self) -> Dialect {
+        Dialect::Sqlite
+    }
+
+    fn submit_write(&self, job: Box<dyn WriteJob>) {
+        let job: Job = Box::new(move |conn: Option<&Connection>| {
+            let mut job = job;
+            let keep = match conn {
+                Some(conn) => job.run(&mut SqliteEffectTx::new(conn) as &mut dyn EffectTx),
+                None => false,
+            };
+            let ran = conn.is_some();
+            Pending {
+                keep,
+                deliver: Box::new(move |err| {
+                    let err = match (ran, err) {
+                        (false, None) => Some(StoreError::Unavailable("batch failed".into())),
+                        (_, err) => err,
+                    };
+                    job.finish(err)
+                }),
+            }
+        });
+        if let Err((err, job)) = self.submit_job(job) {
+            (job(None).deliver)(Some(err));
+        }
+    }
+
+    fn submit_read(&self, job: Box<dyn ReadJob>) {
+        let read: ReadJobFn = Box::new(move |conn| match conn {
+            Ok(conn) => snapshot(conn, job),
+            Err(e) => job.run(Err(e)),
+        });
+        if let Err((err, read)) = self.submit_read_job(read) {
+            read(Err(err));
+        }
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl From<SqliteStore> for Store {
+    fn from(s: SqliteStore) -> Self {
+        Store::new(s)
+    }
+}
