@@ -1,13 +1,13 @@
-//! Seed 001's `refund_order` over the MCP wire: approval from `toolledger approve`, delivery
+//! `refund_order` over the MCP wire: approval from `toolledger approve`, delivery
 //! through the outbox to the payments stand-in, replay by idempotency key, owner-only access.
 
 #[macro_use]
-mod mcp_support;
+mod support;
 
 use std::process::Command;
 
-use mcp_support::*;
 use serde_json::{json, Value};
+use support::wire::*;
 
 on_both_backends!(
     an_approved_refund_is_delivered_once_and_replayed_by_key,

@@ -1,4 +1,4 @@
-//! Seed 000: automations with a versioned interval, changed through request-id receipts.
+//! Automations with a versioned interval, changed through request-id receipts.
 //!
 //! Two tools, `create_automation {request_id, interval_minutes}` and
 //! `set_interval {request_id, automation_id, expected_version, interval_minutes}`, run through
@@ -501,7 +501,7 @@ mod tests {
 
     proptest::proptest! {
         /// Any JSON in any field: never a panic; accepted exactly when every field satisfies
-        /// seed 000's rules (checked here independently of the parser).
+        /// the automation rules (checked here independently of the parser).
         #[test]
         fn set_interval_validation_matches_the_rules(
             id in field_value(), target in field_value(), version in field_value(),

@@ -1,4 +1,4 @@
-//! Seed 004's editorial drafts: `create_draft {operation, slug, title, text, kind, approval}`.
+//! Editorial drafts: `create_draft {operation, slug, title, text, kind, approval}`.
 //!
 //! - The caller must hold the role `editor` now (checked first, on every call, replays too).
 //! - A new draft needs a human approval issued by `toolledger approve --tool create_draft`,

@@ -1,4 +1,4 @@
-//! Seed 003's issue tracker: `create_issue`, a multi-round tool (MCP 2026-07-28
+//! An issue tracker: `create_issue`, a multi-round tool (MCP 2026-07-28
 //! `input_required`; under the initialize lifecycle the body is asked for by elicitation)
 //! whose continuation commits the ledger row and the issue row in one transaction. With a
 //! `watcher`, adding the watcher is a second step; if it fails the issue stays, a compensation

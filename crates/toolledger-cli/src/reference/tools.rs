@@ -103,7 +103,7 @@ pub struct ToolEnv {
     pub runtime: Option<Runtime>,
 }
 
-/// `refund_order` (seed 001): a deferred effect through the outbox to the payments service;
+/// `refund_order`: a deferred effect through the outbox to the payments service;
 /// the runtime owns the rules, this only carries the call over MCP.
 pub struct RefundTool {
     runtime: Runtime,
@@ -175,7 +175,7 @@ impl McpTool for RefundTool {
     }
 }
 
-/// A seed 000 automation tool (`create_automation`, `set_interval`) served over MCP; the
+/// An automation tool (`create_automation`, `set_interval`) served over MCP; the
 /// domain rules live in [`automations`].
 pub struct AutomationTool {
     name: &'static str,
