@@ -19,7 +19,7 @@ use toolledger::authz::PrincipalStore;
 use toolledger::clock::{Clock, SystemClock};
 use toolledger::json::{self, Limits};
 use toolledger::Error;
-use toolledger_cli::common::{self, DownstreamArgs, StoreArgs, StoreConfig};
+use toolledger_cli::common::{self, RuntimeStoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
 use toolledger_cli::reference::{self, refunds};
 
@@ -29,9 +29,7 @@ use crate::cmd_dispatch::{apply_setup, block_on, load_fixture};
 #[derive(clap::Args, Debug)]
 pub struct ApproveArgs {
     #[command(flatten)]
-    pub store: StoreArgs,
-    #[command(flatten)]
-    pub downstream: DownstreamArgs,
+    pub store: RuntimeStoreArgs,
     /// The approving principal (must hold the role `approver` now).
     #[arg(long)]
     pub approver: String,

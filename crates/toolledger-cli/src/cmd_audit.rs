@@ -24,7 +24,7 @@ use toolledger::digest::sha256_hex;
 use toolledger::effect::{Dialect, EffectTx, RowExt};
 use toolledger::json as strict;
 use toolledger::store::StoreError;
-use toolledger_cli::common::{self, DownstreamArgs, StoreArgs, StoreConfig};
+use toolledger_cli::common::{self, RuntimeStoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
 
 use crate::cmd_dispatch::block_on;
@@ -33,9 +33,7 @@ use crate::cmd_dispatch::block_on;
 #[derive(clap::Args, Debug)]
 pub struct AuditArgs {
     #[command(flatten)]
-    pub store: StoreArgs,
-    #[command(flatten)]
-    pub downstream: DownstreamArgs,
+    pub store: RuntimeStoreArgs,
 }
 
 /// The semantic rules, by name, with the query returning the offending rows' opaque references.

@@ -7,15 +7,15 @@
 //! answers `OUTCOME_UNKNOWN` with its `status_ref`. Exit 0 PASS, 1 BLOCK, 2 fixture/database
 //! failure (stderr carries only a stable `{"error":{"code":…}}`).
 //!
-//! **The hub.** `approve`, `audit`, `status`, `resolve`, `worker` and `serve` share what is
-//! here: the runtime over an opened ledger and its payments stand-in ([`runtime`]), with the
+//! **The hub.** `approve`, `audit`, `status`, `resolve` and `worker` share what is here: the
+//! runtime over an opened ledger and its payments stand-in ([`runtime`]), with the
 //! [`HOLD_ENV`] testing hook installed ([`hold_hook`]); the deadline flags ([`DeadlineArgs`])
-//! and the `--failure` parser ([`parse_point`]); a current-thread async runtime for a
+//! and the `--failure` value parser ([`parse_point`]); a current-thread async runtime for a
 //! command's body ([`block_on`]); fixtures ([`load_fixture`], [`apply_setup`], [`call_of`]);
-//! and the PASS/BLOCK answer objects ([`print_answer`], [`finish`]). Every function answers
+//! and the PASS/BLOCK answer objects ([`print_answer`], [`finish`]). Each fallible step answers
 //! `Result<_, Failure>`, so a command's errors leave through the binary's one exit path
-//! (`toolledger_cli::exit::finish`); the ledger itself is opened from the command's resolved
-//! `StoreConfig`.
+//! (`toolledger_cli::exit::finish`). The ledger is opened from the command's `StoreConfig`,
+//! which `main` resolves from its `RuntimeStoreArgs` before the command runs.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,7 +29,7 @@ use toolledger::runtime::{
 };
 use toolledger::store::Store;
 use toolledger::{Error, OperationState};
-use toolledger_cli::common::{self, DownstreamArgs, StoreArgs, StoreConfig};
+use toolledger_cli::common::{self, RuntimeStoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
 use toolledger_cli::fixture::{self, Fixture, Setup};
 use toolledger_cli::reference::refunds;
@@ -86,10 +86,9 @@ pub fn parse_point(s: &str) -> Result<CrashPoint, String> {
 /// `dispatch` options.
 #[derive(clap::Args, Debug)]
 pub struct DispatchArgs {
+    /// The ledger and the payments stand-in's file.
     #[command(flatten)]
-    pub store: StoreArgs,
-    #[command(flatten)]
-    pub downstream: DownstreamArgs,
+    pub store: RuntimeStoreArgs,
     /// The fixture describing the call (format `toolledger.fixture/v1`).
     #[arg(long)]
     pub fixture: PathBuf,
@@ -97,6 +96,7 @@ pub struct DispatchArgs {
     /// `after_claim`, `after_downstream_commit`); the answer is `OUTCOME_UNKNOWN`.
     #[arg(long, value_parser = parse_point)]
     pub failure: Option<CrashPoint>,
+    /// Deadlines the operation gets if this call accepts it.
     #[command(flatten)]
     pub deadlines: DeadlineArgs,
 }

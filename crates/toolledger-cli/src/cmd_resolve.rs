@@ -14,7 +14,7 @@ use serde_json::json;
 use toolledger::clock::{ManualClock, SharedClock, SystemClock};
 use toolledger::runtime::{Answer, Resolution, ResolveAs, RuntimeError};
 use toolledger::Error;
-use toolledger_cli::common::{self, DownstreamArgs, StoreArgs, StoreConfig};
+use toolledger_cli::common::{self, RuntimeStoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
 
 use crate::cmd_dispatch::{block_on, runtime};
@@ -31,9 +31,7 @@ fn parse_as(s: &str) -> Result<ResolveAs, String> {
 #[derive(clap::Args, Debug)]
 pub struct ResolveArgs {
     #[command(flatten)]
-    pub store: StoreArgs,
-    #[command(flatten)]
-    pub downstream: DownstreamArgs,
+    pub store: RuntimeStoreArgs,
     /// The operation's opaque reference.
     #[arg(long)]
     pub status_ref: String,

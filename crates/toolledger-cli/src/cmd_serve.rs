@@ -18,7 +18,7 @@ use toolledger::clock::{ManualClock, SharedClock, SystemClock};
 use toolledger::engine::Engine;
 use toolledger_mcp::{bearer_auth, CallerSource, Guard, GuardConfig, KeyMaterial, LedgerServer};
 
-use crate::common::{DownstreamArgs, StoreArgs, StoreConfig};
+use crate::common::{RuntimeStoreArgs, StoreConfig};
 use crate::exit::{Failure, Outcome};
 use crate::reference::tools::{registry, Fault, Faults, ToolEnv};
 
@@ -26,9 +26,7 @@ use crate::reference::tools::{registry, Fault, Faults, ToolEnv};
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
     #[command(flatten)]
-    pub store: StoreArgs,
-    #[command(flatten)]
-    pub downstream: DownstreamArgs,
+    pub store: RuntimeStoreArgs,
     /// Principal the stdio caller acts as (resolved from the principal store on each call).
     #[arg(long)]
     pub principal: Option<String>,

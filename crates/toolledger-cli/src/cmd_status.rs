@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use toolledger::clock::ManualClock;
 use toolledger::runtime::StatusQuery;
-use toolledger_cli::common::{DownstreamArgs, StoreArgs, StoreConfig};
+use toolledger_cli::common::{RuntimeStoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
 
 use crate::cmd_dispatch::{block_on, call_of, finish, load_fixture, runtime, DeadlineArgs};
@@ -20,9 +20,7 @@ use crate::cmd_dispatch::{block_on, call_of, finish, load_fixture, runtime, Dead
 #[derive(clap::Args, Debug)]
 pub struct StatusArgs {
     #[command(flatten)]
-    pub store: StoreArgs,
-    #[command(flatten)]
-    pub downstream: DownstreamArgs,
+    pub store: RuntimeStoreArgs,
     /// The fixture of the original call.
     #[arg(long)]
     pub fixture: PathBuf,

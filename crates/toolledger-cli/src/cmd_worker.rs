@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::json;
 use toolledger::clock::{ManualClock, SharedClock, SystemClock};
 use toolledger::runtime::{RuntimeConfig, RuntimeError};
-use toolledger_cli::common::{self, DownstreamArgs, StoreArgs, StoreConfig};
+use toolledger_cli::common::{self, RuntimeStoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
 
 use crate::cmd_dispatch::{block_on, runtime};
@@ -25,9 +25,7 @@ use crate::cmd_dispatch::{block_on, runtime};
 #[derive(clap::Args, Debug)]
 pub struct WorkerArgs {
     #[command(flatten)]
-    pub store: StoreArgs,
-    #[command(flatten)]
-    pub downstream: DownstreamArgs,
+    pub store: RuntimeStoreArgs,
     /// Run one pass and exit.
     #[arg(long)]
     pub once: bool,

@@ -1,5 +1,6 @@
-//! Which ledger a command opens: the store flags every such command shares ([`StoreArgs`],
-//! and [`DownstreamArgs`] for the commands that reach the payments stand-in), resolved once by
+//! Which ledger a command opens: the store flags every such command shares ([`StoreArgs`];
+//! with [`DownstreamArgs`] as [`RuntimeStoreArgs`] for the commands that reach the payments
+//! stand-in), resolved once by
 //! [`resolve`] into a [`StoreConfig`] that the command opens; and printing one JSON object.
 //!
 //! The flags are checked in two steps. The command-line parser refuses what can be said about
@@ -54,6 +55,24 @@ pub struct DownstreamArgs {
     /// directory unless `--db` or this option says otherwise).
     #[arg(long)]
     pub downstream_db: Option<PathBuf>,
+}
+
+/// The flags of the deferred runtime's commands: the ledger and the payments stand-in's file.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RuntimeStoreArgs {
+    /// The ledger.
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// The payments stand-in's file.
+    #[command(flatten)]
+    pub downstream: DownstreamArgs,
+}
+
+impl RuntimeStoreArgs {
+    /// [`resolve`] for a command of the deferred runtime.
+    pub fn resolve(&self, access: Access) -> Result<StoreConfig, Failure> {
+        resolve(&self.store, Some(&self.downstream), access)
+    }
 }
 
 /// `--sqlite-synchronous` values.

@@ -92,27 +92,27 @@ fn run(cli: Cli) -> Result<Outcome, Failure> {
         Command::Demo(args) => cmd_demo::run(args),
         Command::Fingerprint => cmd_fingerprint::run(),
         Command::Approve(args) => {
-            let store = common::resolve(&args.store, Some(&args.downstream), Access::OpenOrCreate)?;
+            let store = args.store.resolve(Access::OpenOrCreate)?;
             cmd_approve::run(args, store)
         }
         Command::Audit(args) => {
-            let store = common::resolve(&args.store, Some(&args.downstream), Access::Existing)?;
+            let store = args.store.resolve(Access::Existing)?;
             cmd_audit::run(store)
         }
         Command::Dispatch(args) => {
-            let store = common::resolve(&args.store, Some(&args.downstream), Access::OpenOrCreate)?;
+            let store = args.store.resolve(Access::OpenOrCreate)?;
             cmd_dispatch::run(args, store)
         }
         Command::Status(args) => {
-            let store = common::resolve(&args.store, Some(&args.downstream), Access::Existing)?;
+            let store = args.store.resolve(Access::Existing)?;
             cmd_status::run(args, store)
         }
         Command::Resolve(args) => {
-            let store = common::resolve(&args.store, Some(&args.downstream), Access::Existing)?;
+            let store = args.store.resolve(Access::Existing)?;
             cmd_resolve::run(args, store)
         }
         Command::Worker(args) => {
-            let store = common::resolve(&args.store, Some(&args.downstream), Access::Existing)?;
+            let store = args.store.resolve(Access::Existing)?;
             cmd_worker::run(args, store)
         }
         Command::Migrate { store } => {
@@ -124,7 +124,7 @@ fn run(cli: Cli) -> Result<Outcome, Failure> {
             Ok(Outcome::Pass)
         }
         Command::Serve(args) => {
-            let store = common::resolve(&args.store, Some(&args.downstream), Access::OpenOrCreate)?;
+            let store = args.store.resolve(Access::OpenOrCreate)?;
             cmd_serve::run(args, store)
         }
     }
