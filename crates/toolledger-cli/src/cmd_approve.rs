@@ -12,7 +12,6 @@
 //! `[approved_at, approved_at + ttl)` and is consumed once by the call it approves.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use serde_json::json;
 use toolledger::approval::{self, ApprovalTarget};
@@ -20,12 +19,11 @@ use toolledger::authz::PrincipalStore;
 use toolledger::clock::{Clock, SystemClock};
 use toolledger::json::{self, Limits};
 use toolledger::Error;
-use toolledger_cli::common;
+use toolledger_cli::common::{self, RuntimeStoreArgs, StoreConfig};
+use toolledger_cli::exit::{Failure, Outcome};
 use toolledger_cli::reference::{self, refunds};
 
-use crate::cmd_dispatch::{
-    apply_setup, block_on, load_fixture, print_refusal, print_value, RuntimeStoreArgs,
-};
+use crate::cmd_dispatch::{apply_setup, block_on, load_fixture};
 
 /// `approve` options.
 #[derive(clap::Args, Debug)]
@@ -61,84 +59,68 @@ pub struct ApproveArgs {
     pub now: Option<i64>,
 }
 
-/// Runs `approve`.
-pub fn run(args: ApproveArgs) -> ExitCode {
+/// Runs `approve` on the ledger `store` resolves to.
+pub fn run(args: ApproveArgs, store: StoreConfig) -> Result<Outcome, Failure> {
     let fixture = match &args.fixture {
-        Some(path) => match load_fixture(path) {
-            Ok(f) => Some(f),
-            Err(code) => return code,
-        },
+        Some(path) => Some(load_fixture(path)?),
         None => None,
     };
     if fixture.is_none() && args.tool.is_none() {
-        return common::fail("USAGE_ERROR");
+        return Err(Failure::code("USAGE_ERROR"));
     }
     block_on(async move {
-        let store = match args.store.open(true) {
-            Ok(s) => s,
-            Err(code) => return code,
-        };
+        let store = store.open()?;
         let principals = PrincipalStore::new(store.clone());
         let (target, approval_id, now): (ApprovalTarget, String, i64) = match &fixture {
             Some(f) => {
-                if let Err(code) = apply_setup(&store, &f.setup, f.now, None).await {
-                    return code;
-                }
-                let parsed = match refunds::parse_tool_arguments(&f.arguments) {
-                    Ok(p) => p,
-                    Err(e) => return print_refusal(&e),
-                };
+                apply_setup(&store, &f.setup, f.now, None).await?;
+                let parsed =
+                    refunds::parse_tool_arguments(&f.arguments).map_err(Failure::Refused)?;
                 let Some(id) = args.approval_id.clone().or(parsed.approval.clone()) else {
-                    return common::fail("FIXTURE_CONTRACT_ERROR");
+                    return Err(Failure::code("FIXTURE_CONTRACT_ERROR"));
                 };
                 let requester = match principals.resolve(&f.principal).await {
                     Ok(Some(p)) => p,
-                    Ok(None) => return print_refusal(&Error::invalid("unknown requester")),
-                    Err(e) => return print_refusal(&e),
+                    Ok(None) => return Err(Failure::Refused(Error::invalid("unknown requester"))),
+                    Err(e) => return Err(Failure::Refused(e)),
                 };
-                match refunds::approval_target_for(
+                let target = refunds::approval_target_for(
                     &requester,
                     &parsed.key,
                     &parsed.business,
                     &f.provider,
-                ) {
-                    Ok(t) => (t, id, args.now.unwrap_or(f.now)),
-                    Err(e) => return print_refusal(&e),
-                }
+                )
+                .map_err(Failure::Refused)?;
+                (target, id, args.now.unwrap_or(f.now))
             }
             None => {
                 let (Some(tool), Some(requester), Some(key), Some(arguments)) =
                     (&args.tool, &args.requester, &args.key, &args.arguments)
                 else {
-                    return common::fail("USAGE_ERROR");
+                    return Err(Failure::code("USAGE_ERROR"));
                 };
-                let arguments = match json::parse(arguments.as_bytes(), &Limits::DEFAULT) {
-                    Ok(v) => v,
-                    Err(_) => return common::fail("ARGUMENTS_INVALID_JSON"),
-                };
+                let arguments = json::parse(arguments.as_bytes(), &Limits::DEFAULT)
+                    .map_err(|_| Failure::code("ARGUMENTS_INVALID_JSON"))?;
                 let requester = match principals.resolve(requester).await {
                     Ok(Some(p)) => p,
-                    Ok(None) => return print_refusal(&Error::invalid("unknown requester")),
-                    Err(e) => return print_refusal(&e),
+                    Ok(None) => return Err(Failure::Refused(Error::invalid("unknown requester"))),
+                    Err(e) => return Err(Failure::Refused(e)),
                 };
-                let target = match reference::approval_target(tool, &requester, key, &arguments) {
-                    Ok(t) => t,
-                    Err(e) => return print_refusal(&e),
-                };
+                let target = reference::approval_target(tool, &requester, key, &arguments)
+                    .map_err(Failure::Refused)?;
                 let id = match args.approval_id.clone() {
                     Some(id) => id,
-                    None => match approval::new_approval_id() {
-                        Ok(id) => id,
-                        Err(e) => return print_refusal(&e),
-                    },
+                    None => approval::new_approval_id().map_err(Failure::Refused)?,
                 };
                 (target, id, args.now.unwrap_or_else(|| SystemClock.now()))
             }
         };
         let Some(expires_at) = now.checked_add(args.ttl) else {
-            return print_refusal(&Error::invalid("the approval window overflows"));
+            return Err(Failure::Refused(Error::invalid(
+                "the approval window overflows",
+            )));
         };
-        match approval::grant(
+        let a = approval::grant(
             &store,
             &approval_id,
             &target,
@@ -147,19 +129,18 @@ pub fn run(args: ApproveArgs) -> ExitCode {
             expires_at,
         )
         .await
-        {
-            Ok(a) => print_value(&json!({
-                "approval_id": a.approval_id,
-                "approved_at": a.approved_at,
-                "approver": a.approver,
-                "binding_digest": a.binding_digest,
-                "expires_at": a.expires_at,
-                "idempotency_key": a.target.idempotency_key,
-                "subject": a.target.subject,
-                "tenant": a.target.tenant,
-                "tool": a.target.tool,
-            })),
-            Err(e) => print_refusal(&e),
-        }
+        .map_err(Failure::Refused)?;
+        common::print_json(&json!({
+            "approval_id": a.approval_id,
+            "approved_at": a.approved_at,
+            "approver": a.approver,
+            "binding_digest": a.binding_digest,
+            "expires_at": a.expires_at,
+            "idempotency_key": a.target.idempotency_key,
+            "subject": a.target.subject,
+            "tenant": a.target.tenant,
+            "tool": a.target.tool,
+        }));
+        Ok(Outcome::Pass)
     })
 }

@@ -17,7 +17,6 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::ExitCode;
 
 use rusqlite::{Connection, OpenFlags};
 use serde_json::{json, Value};
@@ -25,9 +24,10 @@ use toolledger::digest::sha256_hex;
 use toolledger::effect::{Dialect, EffectTx, RowExt};
 use toolledger::json as strict;
 use toolledger::store::StoreError;
-use toolledger_cli::common;
+use toolledger_cli::common::{self, RuntimeStoreArgs, StoreConfig};
+use toolledger_cli::exit::{Failure, Outcome};
 
-use crate::cmd_dispatch::{block_on, RuntimeStoreArgs};
+use crate::cmd_dispatch::block_on;
 
 /// `audit` options.
 #[derive(clap::Args, Debug)]
@@ -291,26 +291,16 @@ fn downstream_counts(path: &Path) -> Option<Value> {
     Some(json!({"receipts": n}))
 }
 
-/// Runs `audit`.
-pub fn run(args: AuditArgs) -> ExitCode {
+/// Runs `audit` on the ledger `store` resolves to.
+pub fn run(store: StoreConfig) -> Result<Outcome, Failure> {
     block_on(async move {
-        let store = match args.store.open(false) {
-            Ok(s) => s,
-            Err(code) => return code,
-        };
-        let mut report = match store.read(snapshot).await {
-            Ok(v) => v,
-            Err(e) => return common::fail_store(&e),
-        };
-        if let Some(d) = downstream_counts(&args.store.downstream_path()) {
+        let ledger = store.open()?;
+        let mut report = ledger.read(snapshot).await?;
+        if let Some(d) = downstream_counts(&store.downstream) {
             report["downstream"] = d;
         }
         let pass = report["gate"] == "PASS";
         common::print_json(&report);
-        if pass {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::from(1)
-        }
+        Ok(Outcome::pass_if(pass))
     })
 }

@@ -32,7 +32,6 @@ mod run;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -43,6 +42,9 @@ use toolledger::engine::{Engine, InlineCall, InlineEffect};
 use toolledger::store::sqlite::{OpenOptions, SqliteStore, Synchronous};
 use toolledger::store::Migration;
 use toolledger::{Error, ErrorCode, Principal, ToolContract};
+
+use crate::common::SyncMode;
+use crate::exit::{Failure, Outcome};
 
 pub use report::Report;
 use run::{drive, Measured};
@@ -129,7 +131,7 @@ pub struct BenchArgs {
     /// SQLite `synchronous` mode of every benchmark database, the ceiling's included (`full`
     /// by default; `normal` gives up durability on power failure, see BENCHMARKS.md).
     #[arg(long, value_enum, default_value = "full")]
-    pub sqlite_synchronous: crate::common::SyncMode,
+    pub sqlite_synchronous: SyncMode,
     /// Testing aid: run fresh operations against this database and print each key on stdout
     /// as soon as its operation is acknowledged (durable), instead of measuring.
     #[arg(long, hide = true)]
@@ -140,80 +142,66 @@ pub struct BenchArgs {
     pub ack_schema: Option<String>,
 }
 
-/// Runs `toolledger bench`.
-pub fn run(args: BenchArgs) -> ExitCode {
-    if args.backend == Backend::Postgres {
-        if args.database_url.is_none() {
-            eprintln!(
-                "{}",
-                json!({"error": {"code": "BACKEND_UNAVAILABLE",
-                    "message": "--backend postgres needs --database-url"}})
-            );
-            return ExitCode::from(2);
-        }
-        if args
+/// Refuses the flag combinations a benchmark cannot run with, before anything is opened.
+fn validate(args: &BenchArgs) -> Result<(), Failure> {
+    let refuse = |code, message: &str| Err(Failure::explained(code, message));
+    let postgres = args.backend == Backend::Postgres;
+    if postgres && args.database_url.is_none() {
+        return refuse(
+            "BACKEND_UNAVAILABLE",
+            "--backend postgres needs --database-url",
+        );
+    }
+    if postgres
+        && args
             .workloads
             .iter()
             .any(|w| matches!(w, Workload::McpStdio | Workload::OutboxDrain))
-        {
-            eprintln!(
-                "{}",
-                json!({"error": {"code": "WORKLOAD_UNAVAILABLE",
-                    "message": "mcp-stdio and outbox-drain run on SQLite only"}})
-            );
-            return ExitCode::from(2);
-        }
-    }
-    if args.sqlite_synchronous != crate::common::SyncMode::Full && args.backend == Backend::Postgres
     {
-        eprintln!(
-            "{}",
-            json!({"error": {"code": "INVALID_ARGUMENTS",
-                "message": "--sqlite-synchronous applies to SQLite only"}})
+        return refuse(
+            "WORKLOAD_UNAVAILABLE",
+            "mcp-stdio and outbox-drain run on SQLite only",
         );
-        return ExitCode::from(2);
     }
-    if args.ack_db.is_some() && args.backend == Backend::Postgres {
-        eprintln!(
-            "{}",
-            json!({"error": {"code": "INVALID_ARGUMENTS",
-                "message": "--ack-db is a SQLite file; on PostgreSQL use --ack-schema"}})
+    if postgres && args.sqlite_synchronous != SyncMode::Full {
+        return refuse(
+            "INVALID_ARGUMENTS",
+            "--sqlite-synchronous applies to SQLite only",
         );
-        return ExitCode::from(2);
+    }
+    if postgres && args.ack_db.is_some() {
+        return refuse(
+            "INVALID_ARGUMENTS",
+            "--ack-db is a SQLite file; on PostgreSQL use --ack-schema",
+        );
     }
     if let Some(schema) = &args.ack_schema {
-        if args.backend != Backend::Postgres {
-            eprintln!(
-                "{}",
-                json!({"error": {"code": "INVALID_ARGUMENTS",
-                    "message": "--ack-schema needs --backend postgres"}})
-            );
-            return ExitCode::from(2);
+        if !postgres {
+            return refuse("INVALID_ARGUMENTS", "--ack-schema needs --backend postgres");
         }
         if !toolledger::store::postgres::valid_schema_name(schema) {
-            eprintln!(
-                "{}",
-                json!({"error": {"code": "INVALID_ARGUMENTS",
-                    "message": "schema names are lowercase letters, digits and underscores"}})
+            return refuse(
+                "INVALID_ARGUMENTS",
+                "schema names are lowercase letters, digits and underscores",
             );
-            return ExitCode::from(2);
         }
     }
     if args.ops == 0 || args.concurrency.contains(&0) || args.readers == Some(0) {
-        eprintln!(
-            "{}",
-            json!({"error": {"code": "INVALID_ARGUMENTS",
-                "message": "--ops, --concurrency and --readers must be at least 1"}})
+        return refuse(
+            "INVALID_ARGUMENTS",
+            "--ops, --concurrency and --readers must be at least 1",
         );
-        return ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    Ok(())
+}
+
+/// Runs `toolledger bench`.
+pub fn run(args: BenchArgs) -> Result<Outcome, Failure> {
+    validate(&args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-    {
-        Ok(rt) => rt,
-        Err(_) => return crate::common::fail("RUNTIME_ERROR"),
-    };
+        .map_err(|_| Failure::code("RUNTIME_ERROR"))?;
     if let (Some(schema), Some(url)) = (&args.ack_schema, &args.database_url) {
         let concurrency = args.concurrency.first().copied().unwrap_or(64);
         return runtime.block_on(ack::run_pg(url, schema, concurrency, args.ops));
@@ -222,10 +210,8 @@ pub fn run(args: BenchArgs) -> ExitCode {
         let concurrency = args.concurrency.first().copied().unwrap_or(64);
         return runtime.block_on(ack::run(path, concurrency, args.ops, tuning(&args)));
     }
-    match runtime.block_on(run_all(&args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(code) => crate::common::fail(code),
-    }
+    runtime.block_on(run_all(&args)).map_err(Failure::code)?;
+    Ok(Outcome::Pass)
 }
 
 /// How the benchmark's SQLite stores are opened.

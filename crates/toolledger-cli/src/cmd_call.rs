@@ -4,7 +4,6 @@
 //! Prints the tool's reply (exit 0) or `{"error":{"code","message"}}` (exit 1) on stdout. A
 //! database that cannot be opened exits 2 with the stable error shape on stderr.
 
-use std::process::ExitCode;
 use std::sync::Arc;
 
 use serde_json::json;
@@ -14,7 +13,8 @@ use toolledger::engine::Engine;
 use toolledger::json::{parse, Limits};
 use toolledger::Error;
 
-use crate::common::{self, StoreArgs};
+use crate::common::{self, StoreArgs, StoreConfig};
+use crate::exit::{Failure, Outcome};
 use crate::reference::automations;
 
 /// Arguments of `toolledger call`.
@@ -41,34 +41,35 @@ pub struct CallArgs {
     pub store: StoreArgs,
 }
 
-fn tool_error(e: &Error) -> ExitCode {
+/// The tool's in-band error on stdout (exit 1).
+fn tool_error(e: &Error) -> Outcome {
     common::print_json(&json!({"error": {"code": e.code.as_str(), "message": e.message}}));
-    ExitCode::from(1)
+    Outcome::Block
 }
 
-/// Runs `toolledger call`.
-pub fn run(args: CallArgs) -> ExitCode {
-    let store = match args.store.open_with(false) {
-        Ok(s) => s,
-        Err(e) => return common::fail_store(&e),
-    };
+/// Runs `toolledger call` on the ledger `store` resolves to.
+pub fn run(args: CallArgs, store: &StoreConfig) -> Result<Outcome, Failure> {
+    let store = store.open()?;
     let clock: SharedClock = match args.clock_epoch {
         Some(epoch) => Arc::new(ManualClock::new(epoch)),
         None => Arc::new(SystemClock),
     };
     let tool_args = match parse(args.args.as_bytes(), &Limits::DEFAULT) {
         Ok(v) => v,
-        Err(e) => return tool_error(&Error::invalid(format!("--args: {}", e.message))),
+        Err(e) => {
+            return Ok(tool_error(&Error::invalid(format!(
+                "--args: {}",
+                e.message
+            ))))
+        }
     };
     if !automations::is_tool(&args.tool) {
-        return tool_error(&Error::invalid("unknown tool"));
+        return Ok(tool_error(&Error::invalid("unknown tool")));
     }
-    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-    else {
-        return common::fail("RUNTIME_ERROR");
-    };
+        .map_err(|_| Failure::code("RUNTIME_ERROR"))?;
     let engine = Engine::new(store.clone(), clock.clone());
     let principals = PrincipalStore::new(store).with_clock(clock);
     let options = automations::ToolOptions {
@@ -83,11 +84,11 @@ pub fn run(args: CallArgs) -> ExitCode {
         tool_args,
         &options,
     ));
-    match reply {
+    Ok(match reply {
         Ok(v) => {
             common::print_json(&v);
-            ExitCode::SUCCESS
+            Outcome::Pass
         }
         Err(e) => tool_error(&e),
-    }
+    })
 }

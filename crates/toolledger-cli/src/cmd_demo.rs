@@ -9,7 +9,6 @@
 //! and one entry in [`DEMOS`].
 
 use std::path::Path;
-use std::process::ExitCode;
 use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
@@ -19,6 +18,7 @@ use toolledger::engine::Engine;
 use toolledger::Error;
 
 use crate::common;
+use crate::exit::{Failure, Outcome};
 use crate::reference::automations;
 
 /// Arguments of `toolledger demo`.
@@ -41,10 +41,11 @@ pub struct DemoArgs {
 /// The demos.
 #[derive(clap::Subcommand, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DemoCmd {
-    /// Automations: a committed edit whose reply is lost, the retry through a new store handle
-    /// (replayed), a later edit, and the old retry again (historical result, row unchanged).
+    /// Request-id receipts: a committed edit whose reply is lost, the retry through a new
+    /// store handle (replayed), a later edit, and the old retry again (historical result, row
+    /// unchanged).
     Receipts,
-    /// Issues: a multi-round create_issue whose reply is lost after commit, recovered by
+    /// A lost reply: a multi-round create_issue whose reply is lost after commit, recovered by
     /// status and an exact replay through the server binary; then the unguarded control.
     LostReply,
 }
@@ -77,7 +78,7 @@ pub const DEMOS: &[(&str, DemoFn)] = &[
 ];
 
 /// Runs `toolledger demo`.
-pub fn run(args: DemoArgs) -> ExitCode {
+pub fn run(args: DemoArgs) -> Result<Outcome, Failure> {
     let selected: Vec<&(&str, DemoFn)> = match args.which {
         Some(cmd) => DEMOS.iter().filter(|(n, _)| *n == cmd.name()).collect(),
         None => DEMOS.iter().collect(),
@@ -89,13 +90,9 @@ pub fn run(args: DemoArgs) -> ExitCode {
             (Some(url), "lost-reply") => crate::demo_lost_reply::run_on(Some(url)),
             _ => demo(),
         };
-        match outcome {
-            Ok(r) => {
-                all_ok &= r.ok;
-                reports.insert((*name).to_string(), r.summary);
-            }
-            Err(code) => return common::fail(code),
-        }
+        let r = outcome.map_err(Failure::code)?;
+        all_ok &= r.ok;
+        reports.insert((*name).to_string(), r.summary);
     }
     let out = if args.which.is_some() && reports.len() == 1 {
         reports
@@ -107,11 +104,7 @@ pub fn run(args: DemoArgs) -> ExitCode {
         json!({"demos": reports, "ok": all_ok})
     };
     common::print_json(&out);
-    if all_ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    }
+    Ok(Outcome::pass_if(all_ok))
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, &'static str> {
@@ -145,7 +138,7 @@ impl Handles {
     }
 }
 
-/// The automations receipt story on a fresh temporary SQLite file.
+/// The request-id receipts story on a fresh temporary SQLite file.
 pub fn receipts() -> Result<DemoReport, &'static str> {
     let dir = tempfile::tempdir().map_err(|_| "DEMO_IO_ERROR")?;
     let path = dir.path().join("receipts.sqlite");

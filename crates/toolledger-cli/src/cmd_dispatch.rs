@@ -1,17 +1,26 @@
-//! `toolledger dispatch --fixture CASE.json [--failure POINT]`: the deferred write path.
+//! `toolledger dispatch --fixture CASE.json [--failure POINT]`, and the hub the commands of
+//! the deferred runtime share.
 //!
-//! A new intent is accepted (transaction A) and processed at once; an existing finished one is
-//! replayed after current re-authorization; an existing unfinished one only answers
-//! `OUTCOME_UNKNOWN` with its `status_ref`. Exit 0 PASS, 1 BLOCK, 2 fixture/database failure
-//! (stderr carries only a stable `{"error":{"code":…}}`).
+//! **`dispatch`** runs the write path of a deferred call (a refund delivered through the
+//! outbox): a new intent is accepted (transaction A) and processed at once; an existing
+//! finished one is replayed after current re-authorization; an existing unfinished one only
+//! answers `OUTCOME_UNKNOWN` with its `status_ref`. Exit 0 PASS, 1 BLOCK, 2 fixture/database
+//! failure (stderr carries only a stable `{"error":{"code":…}}`).
 //!
-//! Also the shared plumbing of the runtime commands (`status`, `approve`, `worker`).
+//! **The hub.** `approve`, `audit`, `status`, `resolve` and `worker` share what is here: the
+//! runtime over an opened ledger and its payments stand-in ([`runtime`]), with the
+//! [`HOLD_ENV`] testing hook installed ([`hold_hook`]); the deadline flags ([`DeadlineArgs`])
+//! and the `--failure` value parser ([`parse_point`]); a current-thread async runtime for a
+//! command's body ([`block_on`]); fixtures ([`load_fixture`], [`apply_setup`], [`call_of`]);
+//! and the PASS/BLOCK answer objects ([`print_answer`], [`finish`]). Each fallible step answers
+//! `Result<_, Failure>`, so a command's errors leave through the binary's one exit path
+//! (`toolledger_cli::exit::finish`). The ledger is opened from the command's `StoreConfig`,
+//! which `main` resolves from its `RuntimeStoreArgs` before the command runs.
 
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 use std::sync::Arc;
 
-use serde_json::{json, Value};
+use serde_json::json;
 use toolledger::authz::PrincipalStore;
 use toolledger::clock::{ManualClock, SharedClock};
 use toolledger::downstream::BoxFuture;
@@ -20,7 +29,8 @@ use toolledger::runtime::{
 };
 use toolledger::store::Store;
 use toolledger::{Error, OperationState};
-use toolledger_cli::common::{self, StoreArgs};
+use toolledger_cli::common::{self, RuntimeStoreArgs, StoreConfig};
+use toolledger_cli::exit::{Failure, Outcome};
 use toolledger_cli::fixture::{self, Fixture, Setup};
 use toolledger_cli::reference::refunds;
 use toolledger_testkit::downstream::SqliteDownstream;
@@ -28,18 +38,6 @@ use toolledger_testkit::downstream::SqliteDownstream;
 /// Environment variable naming a crash point at which the process stops and waits to be killed
 /// (a testing aid for real SIGKILL tests): it prints `{"held_at":POINT}` on stderr first.
 pub const HOLD_ENV: &str = "TOOLLEDGER_TEST_HOLD_AT";
-
-/// Store options of the runtime commands.
-#[derive(clap::Args, Debug, Clone)]
-pub struct RuntimeStoreArgs {
-    #[command(flatten)]
-    pub store: StoreArgs,
-    /// The payments stand-in's own SQLite file (default: `<db>.downstream.sqlite`; with
-    /// `--database-url` that is `toolledger.sqlite.downstream.sqlite` in the working
-    /// directory unless `--db` or this option says otherwise).
-    #[arg(long)]
-    pub downstream_db: Option<PathBuf>,
-}
 
 /// Deadlines new operations get at acceptance (seconds; unset: no deadline).
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -64,33 +62,19 @@ impl DeadlineArgs {
     }
 }
 
-impl RuntimeStoreArgs {
-    /// The downstream file to use.
-    pub fn downstream_path(&self) -> PathBuf {
-        self.downstream_db
-            .clone()
-            .unwrap_or_else(|| refunds::default_downstream_path(&self.store.db))
-    }
-
-    /// Opens the ledger (creating it when `create`, otherwise refusing a missing file).
-    pub fn open(&self, create: bool) -> Result<Store, ExitCode> {
-        if !create && !self.store.exists() {
-            return Err(common::fail("DATABASE_NOT_FOUND"));
-        }
-        self.store
-            .open_with(false)
-            .map_err(|e| common::fail_store(&e))
-    }
-
-    /// The runtime over the opened store, its payments stand-in and `clock`.
-    pub fn runtime(&self, store: &Store, clock: SharedClock) -> Result<Runtime, ExitCode> {
-        let rt = refunds::runtime(store, &self.downstream_path(), clock)
-            .map_err(|_| common::fail("DOWNSTREAM_IO_ERROR"))?;
-        Ok(match hold_hook() {
-            Some(h) => rt.with_hook(h),
-            None => rt,
-        })
-    }
+/// The runtime over the opened `store`, the payments stand-in the config names and `clock`,
+/// with the [`HOLD_ENV`] hook when it names a crash point.
+pub fn runtime(
+    config: &StoreConfig,
+    store: &Store,
+    clock: SharedClock,
+) -> Result<Runtime, Failure> {
+    let rt = refunds::runtime(store, &config.downstream, clock)
+        .map_err(|_| Failure::code("DOWNSTREAM_IO_ERROR"))?;
+    Ok(match hold_hook() {
+        Some(h) => rt.with_hook(h),
+        None => rt,
+    })
 }
 
 /// Parses a crash point name for `--failure`.
@@ -103,6 +87,7 @@ pub fn parse_point(s: &str) -> Result<CrashPoint, String> {
 /// `dispatch` options.
 #[derive(clap::Args, Debug)]
 pub struct DispatchArgs {
+    /// The ledger and the payments stand-in's file.
     #[command(flatten)]
     pub store: RuntimeStoreArgs,
     /// The fixture describing the call (format `toolledger.fixture/v1`).
@@ -112,6 +97,7 @@ pub struct DispatchArgs {
     /// `after_claim`, `after_downstream_commit`); the answer is `OUTCOME_UNKNOWN`.
     #[arg(long, value_parser = parse_point)]
     pub failure: Option<CrashPoint>,
+    /// Deadlines the operation gets if this call accepts it.
     #[command(flatten)]
     pub deadlines: DeadlineArgs,
 }
@@ -135,19 +121,19 @@ pub fn hold_hook() -> Option<PointHook> {
 }
 
 /// Runs `fut` on a fresh current-thread runtime.
-pub fn block_on(fut: impl std::future::Future<Output = ExitCode>) -> ExitCode {
-    match tokio::runtime::Builder::new_current_thread()
+pub fn block_on<T>(
+    fut: impl std::future::Future<Output = Result<T, Failure>>,
+) -> Result<T, Failure> {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-    {
-        Ok(rt) => rt.block_on(fut),
-        Err(_) => common::fail("RUNTIME_ERROR"),
-    }
+        .map_err(|_| Failure::code("RUNTIME_ERROR"))?
+        .block_on(fut)
 }
 
-/// Loads a fixture or answers exit 2 with its code.
-pub fn load_fixture(path: &Path) -> Result<Fixture, ExitCode> {
-    fixture::load(path).map_err(|e| common::fail(e.code))
+/// Loads a fixture; a bad one fails with its stable code.
+pub fn load_fixture(path: &Path) -> Result<Fixture, Failure> {
+    fixture::load(path).map_err(|e| Failure::code(e.code))
 }
 
 /// Creates the fixture's principals and orders that do not exist yet. Existing rows (revoked
@@ -157,7 +143,7 @@ pub async fn apply_setup(
     setup: &Setup,
     now: i64,
     downstream: Option<&SqliteDownstream>,
-) -> Result<(), ExitCode> {
+) -> Result<(), Failure> {
     let principals = PrincipalStore::new(store.clone()).with_clock(Arc::new(ManualClock::new(now)));
     for p in &setup.principals {
         match principals.entry(&p.name).await {
@@ -166,16 +152,16 @@ pub async fn apply_setup(
                 principals
                     .add(&p.name, &p.tenant, &p.roles, &p.scopes, false)
                     .await
-                    .map_err(|_| common::fail("FIXTURE_CONTRACT_ERROR"))?;
+                    .map_err(|_| Failure::code("FIXTURE_CONTRACT_ERROR"))?;
             }
-            Err(_) => return Err(common::fail("SQLITE_ERROR")),
+            Err(_) => return Err(Failure::code("SQLITE_ERROR")),
         }
     }
     for o in &setup.orders {
         // The payments stand-in learns what it captured for the order (existing amounts stay).
         if let Some(d) = downstream {
             d.set_captured(&o.tenant, &o.id, o.amount_cents)
-                .map_err(|_| common::fail("DOWNSTREAM_IO_ERROR"))?;
+                .map_err(|_| Failure::code("DOWNSTREAM_IO_ERROR"))?;
         }
         refunds::ensure_order(
             store,
@@ -185,15 +171,14 @@ pub async fn apply_setup(
             o.amount_cents,
             o.refundable,
         )
-        .await
-        .map_err(|e| common::fail_store(&e))?;
+        .await?;
     }
     Ok(())
 }
 
-/// The call a fixture describes, or the BLOCK answer for invalid tool arguments.
-pub fn call_of(f: &Fixture) -> Result<DeferredCall, ExitCode> {
-    let parsed = refunds::parse_tool_arguments(&f.arguments).map_err(|e| print_refusal(&e))?;
+/// The call a fixture describes; invalid tool arguments are refused (BLOCK).
+pub fn call_of(f: &Fixture) -> Result<DeferredCall, Failure> {
+    let parsed = refunds::parse_tool_arguments(&f.arguments).map_err(Failure::Refused)?;
     Ok(DeferredCall {
         principal: f.principal.clone(),
         tool: f.tool.clone(),
@@ -204,8 +189,8 @@ pub fn call_of(f: &Fixture) -> Result<DeferredCall, ExitCode> {
     })
 }
 
-/// Prints the PASS or BLOCK object for an answer and returns its exit code.
-pub fn print_answer(answer: &Answer) -> ExitCode {
+/// Prints the PASS or BLOCK object for an answer.
+pub fn print_answer(answer: &Answer) -> Outcome {
     match answer {
         Answer::Done {
             status_ref,
@@ -221,7 +206,7 @@ pub fn print_answer(answer: &Answer) -> ExitCode {
                 "status": "succeeded",
                 "status_ref": status_ref,
             }));
-            ExitCode::SUCCESS
+            Outcome::Pass
         }
         Answer::Done {
             status_ref,
@@ -238,7 +223,7 @@ pub fn print_answer(answer: &Answer) -> ExitCode {
                 "status": state.as_str(),
                 "status_ref": status_ref,
             }));
-            ExitCode::from(1)
+            Outcome::Block
         }
         Answer::Unknown { status_ref, state } => {
             common::print_json(&json!({
@@ -247,67 +232,35 @@ pub fn print_answer(answer: &Answer) -> ExitCode {
                 "status": state.as_str(),
                 "status_ref": status_ref,
             }));
-            ExitCode::from(1)
+            Outcome::Block
         }
     }
 }
 
-/// Prints the BLOCK object for a typed refusal and returns exit 1.
-pub fn print_refusal(e: &Error) -> ExitCode {
-    common::print_json(&json!({
-        "code": e.code.as_str().to_ascii_uppercase(),
-        "error": {"code": e.code.as_str(), "message": e.message},
-        "gate": "BLOCK",
-    }));
-    ExitCode::from(1)
-}
-
-/// The exit for a runtime result: PASS/BLOCK on stdout, or exit 2 for store failures.
-pub fn finish(result: Result<Answer, RuntimeError>) -> ExitCode {
+/// A runtime result as the command's answer: PASS/BLOCK on stdout, or a store failure.
+pub fn finish(result: Result<Answer, RuntimeError>) -> Result<Outcome, Failure> {
     match result {
-        Ok(a) => print_answer(&a),
-        Err(RuntimeError::Refused(e)) => print_refusal(&e),
-        Err(RuntimeError::Store(s)) => common::fail_store(&s),
-        Err(RuntimeError::Fenced(_)) => print_refusal(&Error::unavailable(
+        Ok(a) => Ok(print_answer(&a)),
+        Err(RuntimeError::Refused(e)) => Err(Failure::Refused(e)),
+        Err(RuntimeError::Store(s)) => Err(s.into()),
+        Err(RuntimeError::Fenced(_)) => Err(Failure::Refused(Error::unavailable(
             "the lease was taken over; observe with status",
-        )),
+        ))),
     }
 }
 
-/// Runs `dispatch`.
-pub fn run(args: DispatchArgs) -> ExitCode {
-    let f = match load_fixture(&args.fixture) {
-        Ok(f) => f,
-        Err(code) => return code,
-    };
+/// Runs `dispatch` on the ledger `store` resolves to.
+pub fn run(args: DispatchArgs, store: StoreConfig) -> Result<Outcome, Failure> {
+    let f = load_fixture(&args.fixture)?;
     block_on(async move {
-        let store = match args.store.open(true) {
-            Ok(s) => s,
-            Err(code) => return code,
-        };
+        let ledger = store.open()?;
         let clock: SharedClock = Arc::new(ManualClock::new(f.now));
-        let downstream = match SqliteDownstream::open(args.store.downstream_path(), clock.clone()) {
-            Ok(d) => d,
-            Err(_) => return common::fail("DOWNSTREAM_IO_ERROR"),
-        };
-        if let Err(code) = apply_setup(&store, &f.setup, f.now, Some(&downstream)).await {
-            return code;
-        }
+        let downstream = SqliteDownstream::open(&store.downstream, clock.clone())
+            .map_err(|_| Failure::code("DOWNSTREAM_IO_ERROR"))?;
+        apply_setup(&ledger, &f.setup, f.now, Some(&downstream)).await?;
         drop(downstream);
-        let call = match call_of(&f) {
-            Ok(c) => c,
-            Err(code) => return code,
-        };
-        let rt = match args.store.runtime(&store, clock) {
-            Ok(rt) => rt.with_deadlines(args.deadlines.deadlines()),
-            Err(code) => return code,
-        };
+        let call = call_of(&f)?;
+        let rt = runtime(&store, &ledger, clock)?.with_deadlines(args.deadlines.deadlines());
         finish(rt.dispatch(&call, args.failure).await)
     })
-}
-
-/// `{"status_ref": …}`-style JSON for values that are not answers (used by `approve`).
-pub fn print_value(v: &Value) -> ExitCode {
-    common::print_json(v);
-    ExitCode::SUCCESS
 }

@@ -1,5 +1,5 @@
-//! `toolledger fingerprint`: one JSON request per line on stdin, one lowercase hex
-//! fingerprint per line on stdout.
+//! `toolledger fingerprint`: one JSON request per line on stdin, one lowercase hex keyed
+//! request fingerprint per line on stdout.
 //!
 //! - The key comes from `TOOLLEDGER_FINGERPRINT_KEY_HEX` (hex, at least 32 bytes, no default).
 //!   A missing, non-hex or short key prints one line
@@ -12,45 +12,43 @@
 //!   is a bad line. Empty input prints nothing and exits 0.
 
 use std::io::{self, BufRead, BufWriter, Read, Write};
-use std::process::ExitCode;
 
 use toolledger::digest::{fingerprint, FingerprintInput, FingerprintKey};
 use toolledger::json::Limits;
 
+use crate::exit::{Failure, Outcome};
+
 /// The environment variable that holds the hex key.
 pub const KEY_ENV: &str = "TOOLLEDGER_FINGERPRINT_KEY_HEX";
 
-/// Runs the command on the process's stdin and stdout.
-pub fn run() -> ExitCode {
+/// Runs the command on the process's stdin and stdout; a failure is one plain line on
+/// stderr (exit 2).
+pub fn run() -> Result<Outcome, Failure> {
     let key = match std::env::var_os(KEY_ENV) {
         None => {
-            return fail(&format!(
+            return Err(Failure::Line(format!(
                 "{KEY_ENV}: missing_key: not set; there is no default key"
-            ))
+            )))
         }
         Some(v) => match v.into_string() {
             Ok(hex) => FingerprintKey::from_hex(&hex),
-            Err(_) => return fail(&format!("{KEY_ENV}: invalid_key_hex: not valid hex")),
+            Err(_) => {
+                return Err(Failure::Line(format!(
+                    "{KEY_ENV}: invalid_key_hex: not valid hex"
+                )))
+            }
         },
     };
-    let key = match key {
-        Ok(k) => k,
-        Err(e) => return fail(&format!("{KEY_ENV}: {e}")),
-    };
+    let key = key.map_err(|e| Failure::Line(format!("{KEY_ENV}: {e}")))?;
     let stdin = io::stdin().lock();
     let mut stdout = BufWriter::new(io::stdout().lock());
     let outcome = fingerprint_lines(&key, stdin, &mut stdout);
     let flushed = stdout.flush();
     match outcome {
-        Err(message) => fail(&message),
-        Ok(()) if flushed.is_err() => fail("stdout: write failed"),
-        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => Err(Failure::Line(message)),
+        Ok(()) if flushed.is_err() => Err(Failure::Line("stdout: write failed".into())),
+        Ok(()) => Ok(Outcome::Pass),
     }
-}
-
-fn fail(message: &str) -> ExitCode {
-    eprintln!("{message}");
-    ExitCode::from(2)
 }
 
 fn is_blank(line: &[u8]) -> bool {

@@ -3,13 +3,12 @@
 //! Output is one JSON object on stdout. Bad input or an unusable database exits 2 with a
 //! stable, path-free `{"error":{"code":…}}` on stderr, and writes nothing.
 
-use std::process::ExitCode;
-
 use serde_json::json;
 use toolledger::authz::PrincipalStore;
 use toolledger::Error;
 
-use crate::common::{self, StoreArgs};
+use crate::common::{self, StoreArgs, StoreConfig};
+use crate::exit::{Failure, Outcome};
 
 /// The `principal` subcommands.
 #[derive(clap::Subcommand, Debug)]
@@ -57,88 +56,70 @@ pub enum PrincipalCmd {
     },
 }
 
-fn fail_error(e: &Error) -> ExitCode {
-    common::fail(&e.code.as_str().to_ascii_uppercase())
+impl PrincipalCmd {
+    /// The ledger flags of the subcommand.
+    pub fn store(&self) -> &StoreArgs {
+        match self {
+            PrincipalCmd::Add { store, .. }
+            | PrincipalCmd::Revoke { store, .. }
+            | PrincipalCmd::List { store } => store,
+        }
+    }
 }
 
-fn open(store: &StoreArgs) -> Result<PrincipalStore, ExitCode> {
-    store
-        .open_with(false)
-        .map(PrincipalStore::new)
-        .map_err(|e| common::fail_store(&e))
+/// A refusal of the principal store, as its upper-case code (exit 2).
+fn refused(e: Error) -> Failure {
+    Failure::Code(e.code.as_str().to_ascii_uppercase().into())
 }
 
-/// Runs one `principal` subcommand.
-pub fn run(cmd: PrincipalCmd) -> ExitCode {
-    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+/// Runs one `principal` subcommand on the ledger `store` resolves to.
+pub fn run(cmd: PrincipalCmd, store: &StoreConfig) -> Result<Outcome, Failure> {
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-    else {
-        return common::fail("RUNTIME_ERROR");
-    };
+        .map_err(|_| Failure::code("RUNTIME_ERROR"))?;
     rt.block_on(async move {
-        match cmd {
+        let ps = PrincipalStore::new(store.open()?);
+        let out = match cmd {
             PrincipalCmd::Add {
                 name,
                 tenant,
                 roles,
                 scopes,
                 token,
-                store,
+                ..
             } => {
-                let ps = match open(&store) {
-                    Ok(ps) => ps,
-                    Err(code) => return code,
-                };
-                let issued = match ps.add(&name, &tenant, &roles, &scopes, token).await {
-                    Ok(t) => t,
-                    Err(e) => return fail_error(&e),
-                };
-                match ps.entry(&name).await {
-                    Ok(Some(entry)) => {
-                        let mut out = json!({ "principal": entry });
-                        if let Some(t) = issued {
-                            out["token"] = json!(t);
-                        }
-                        common::print_json(&out);
-                        ExitCode::SUCCESS
-                    }
-                    Ok(None) => common::fail("NOT_FOUND"),
-                    Err(e) => fail_error(&e),
+                let issued = ps
+                    .add(&name, &tenant, &roles, &scopes, token)
+                    .await
+                    .map_err(refused)?;
+                let entry = ps
+                    .entry(&name)
+                    .await
+                    .map_err(refused)?
+                    .ok_or(Failure::code("NOT_FOUND"))?;
+                let mut out = json!({ "principal": entry });
+                if let Some(t) = issued {
+                    out["token"] = json!(t);
                 }
+                out
             }
             PrincipalCmd::Revoke {
                 name,
                 roles,
                 scopes,
                 all,
-                store,
+                ..
             } => {
-                let ps = match open(&store) {
-                    Ok(ps) => ps,
-                    Err(code) => return code,
-                };
-                match ps.revoke(&name, &roles, &scopes, all).await {
-                    Ok(entry) => {
-                        common::print_json(&json!({ "principal": entry }));
-                        ExitCode::SUCCESS
-                    }
-                    Err(e) => fail_error(&e),
-                }
+                let entry = ps
+                    .revoke(&name, &roles, &scopes, all)
+                    .await
+                    .map_err(refused)?;
+                json!({ "principal": entry })
             }
-            PrincipalCmd::List { store } => {
-                let ps = match open(&store) {
-                    Ok(ps) => ps,
-                    Err(code) => return code,
-                };
-                match ps.list().await {
-                    Ok(list) => {
-                        common::print_json(&json!({ "principals": list }));
-                        ExitCode::SUCCESS
-                    }
-                    Err(e) => fail_error(&e),
-                }
-            }
-        }
+            PrincipalCmd::List { .. } => json!({ "principals": ps.list().await.map_err(refused)? }),
+        };
+        common::print_json(&out);
+        Ok(Outcome::Pass)
     })
 }

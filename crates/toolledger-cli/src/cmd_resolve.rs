@@ -8,16 +8,16 @@
 //! resolution appends a `resolved` operation event (operator, reason, time). Exit 0 when the
 //! resolution was recorded, 1 for a refusal (BLOCK, nothing changed), 2 for database failures.
 
-use std::process::ExitCode;
 use std::sync::Arc;
 
 use serde_json::json;
 use toolledger::clock::{ManualClock, SharedClock, SystemClock};
 use toolledger::runtime::{Answer, Resolution, ResolveAs, RuntimeError};
 use toolledger::Error;
-use toolledger_cli::common;
+use toolledger_cli::common::{self, RuntimeStoreArgs, StoreConfig};
+use toolledger_cli::exit::{Failure, Outcome};
 
-use crate::cmd_dispatch::{block_on, print_refusal, RuntimeStoreArgs};
+use crate::cmd_dispatch::{block_on, runtime};
 
 fn parse_as(s: &str) -> Result<ResolveAs, String> {
     match s {
@@ -50,21 +50,15 @@ pub struct ResolveArgs {
     pub clock_epoch: Option<i64>,
 }
 
-/// Runs `resolve`.
-pub fn run(args: ResolveArgs) -> ExitCode {
+/// Runs `resolve` on the ledger `store` resolves to.
+pub fn run(args: ResolveArgs, store: StoreConfig) -> Result<Outcome, Failure> {
     block_on(async move {
-        let store = match args.store.open(false) {
-            Ok(s) => s,
-            Err(code) => return code,
-        };
+        let ledger = store.open()?;
         let clock: SharedClock = match args.clock_epoch {
             Some(t) => Arc::new(ManualClock::new(t)),
             None => Arc::new(SystemClock),
         };
-        let rt = match args.store.runtime(&store, clock) {
-            Ok(rt) => rt,
-            Err(code) => return code,
-        };
+        let rt = runtime(&store, &ledger, clock)?;
         let resolution = Resolution {
             status_ref: args.status_ref,
             outcome: args.outcome,
@@ -87,18 +81,18 @@ pub fn run(args: ResolveArgs) -> ExitCode {
                     "status": state.as_str(),
                     "status_ref": status_ref,
                 }));
-                ExitCode::SUCCESS
+                Ok(Outcome::Pass)
             }
-            Ok(Answer::Unknown { .. }) => print_refusal(&Error::new(
+            Ok(Answer::Unknown { .. }) => Err(Failure::Refused(Error::new(
                 toolledger::ErrorCode::OutcomeUnknown,
                 "the operation is still unresolved",
-            )),
-            Err(RuntimeError::Refused(e)) => print_refusal(&e),
-            Err(RuntimeError::Store(s)) => common::fail_store(&s),
-            Err(RuntimeError::Fenced(_)) => print_refusal(&Error::new(
+            ))),
+            Err(RuntimeError::Refused(e)) => Err(Failure::Refused(e)),
+            Err(RuntimeError::Store(s)) => Err(s.into()),
+            Err(RuntimeError::Fenced(_)) => Err(Failure::Refused(Error::new(
                 toolledger::ErrorCode::OperationInProgress,
                 "a worker claimed the operation meanwhile; nothing was changed",
-            )),
+            ))),
         }
     })
 }

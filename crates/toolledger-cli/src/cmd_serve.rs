@@ -8,7 +8,6 @@
 //! answers `continuation_unsupported` to a client that declared no form elicitation).
 
 use std::net::SocketAddr;
-use std::process::ExitCode;
 use std::sync::Arc;
 
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -19,8 +18,8 @@ use toolledger::clock::{ManualClock, SharedClock, SystemClock};
 use toolledger::engine::Engine;
 use toolledger_mcp::{bearer_auth, CallerSource, Guard, GuardConfig, KeyMaterial, LedgerServer};
 
-use crate::cmd_dispatch::RuntimeStoreArgs;
-use crate::common;
+use crate::common::{RuntimeStoreArgs, StoreConfig};
+use crate::exit::{Failure, Outcome};
 use crate::reference::tools::{registry, Fault, Faults, ToolEnv};
 
 /// Options of `toolledger serve`.
@@ -55,45 +54,26 @@ pub struct ServeArgs {
     pub fault: Vec<Fault>,
 }
 
-/// Runs the server until stdin closes (stdio) or the process is stopped (HTTP).
-pub fn run(args: ServeArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+/// Runs the server on the ledger `config` resolves to, until stdin closes (stdio) or the
+/// process is stopped (HTTP).
+pub fn run(args: ServeArgs, config: StoreConfig) -> Result<Outcome, Failure> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-    {
-        Ok(r) => r,
-        Err(_) => return common::fail("RUNTIME_ERROR"),
-    };
-    let code = runtime.block_on(serve(args));
+        .map_err(|_| Failure::code("RUNTIME_ERROR"))?;
+    let result = runtime.block_on(serve(args, config));
     // A pending stdin read cannot be cancelled; do not wait for it.
-    std::process::exit(match code {
-        Ok(()) => 0,
-        Err(code) => code,
-    });
+    runtime.shutdown_background();
+    result.map(|()| Outcome::Pass)
 }
 
-fn fail_code(code: &str) -> i32 {
-    eprintln!("{}", serde_json::json!({"error": {"code": code}}));
-    2
-}
-
-async fn serve(args: ServeArgs) -> Result<(), i32> {
-    let store = args
-        .store
-        .store
-        .open_with(false)
-        .map_err(|e| fail_code(e.cli_code()))?;
+async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
+    let store = config.open()?;
     // With PostgreSQL the servers of a deployment share their keys through the environment;
     // the key file beside a SQLite database has no counterpart there.
-    let key_file = (!args.store.store.is_postgres()).then_some(args.store.store.db.as_path());
-    let keys = KeyMaterial::load(key_file).map_err(|e| {
-        eprintln!(
-            "{}",
-            serde_json::json!({"error": {"code": "KEY_ERROR", "message": e.to_string()}})
-        );
-        2
-    })?;
+    let keys = KeyMaterial::load(config.sqlite_path())
+        .map_err(|e| Failure::explained("KEY_ERROR", e.to_string()))?;
     let clock: SharedClock = match args.clock_epoch {
         Some(epoch) => Arc::new(ManualClock::new(epoch)),
         None => Arc::new(SystemClock),
@@ -103,16 +83,15 @@ async fn serve(args: ServeArgs) -> Result<(), i32> {
     if let Some(hook) = faults.engine_hook() {
         engine = engine.with_fault_hook(hook);
     }
-    let config = GuardConfig {
+    let guard_config = GuardConfig {
         authority_ttl: args.authority_ttl,
         retention_ttl: args.replay_ttl,
         request_state_ttl: args.request_state_ttl,
         shared_key_namespace: true,
     };
-    let guard = Guard::new(engine, &keys, config).map_err(|_| fail_code("KEY_ERROR"))?;
-    let downstream = args.store.downstream_path();
-    let runtime = crate::reference::refunds::runtime(&store, &downstream, clock.clone())
-        .map_err(|_| fail_code("DOWNSTREAM_UNAVAILABLE"))?
+    let guard = Guard::new(engine, &keys, guard_config).map_err(|_| Failure::code("KEY_ERROR"))?;
+    let runtime = crate::reference::refunds::runtime(&store, &config.downstream, clock.clone())
+        .map_err(|_| Failure::code("DOWNSTREAM_UNAVAILABLE"))?
         .with_deadlines(toolledger::runtime::Deadlines {
             authority_ttl: Some(args.authority_ttl),
             retention_ttl: Some(args.replay_ttl),
@@ -129,7 +108,7 @@ async fn serve(args: ServeArgs) -> Result<(), i32> {
     match args.http {
         None => {
             let Some(name) = args.principal.clone() else {
-                return Err(fail_code("PRINCIPAL_REQUIRED"));
+                return Err(Failure::code("PRINCIPAL_REQUIRED"));
             };
             let server = LedgerServer::new(
                 "toolledger",
@@ -139,12 +118,11 @@ async fn serve(args: ServeArgs) -> Result<(), i32> {
             );
             // Pipes (how MCP clients launch a server) are driven by the IO reactor instead of
             // a blocking-pool thread hand-off per read and write; other streams fall back to
-            // the blocking handles.
-            let running = server
-                .serve(rmcp::transport::stdio_pipes())
-                .await
-                .map_err(|_| 0)?;
-            let _ = running.waiting().await;
+            // the blocking handles. A client that leaves before the session starts ends it
+            // (exit 0).
+            if let Ok(running) = server.serve(rmcp::transport::stdio_pipes()).await {
+                let _ = running.waiting().await;
+            }
             Ok(())
         }
         Some(addr) => serve_http(addr, tools, principals).await,
@@ -155,7 +133,7 @@ async fn serve_http(
     addr: SocketAddr,
     tools: Vec<Arc<dyn toolledger_mcp::McpTool>>,
     principals: PrincipalStore,
-) -> Result<(), i32> {
+) -> Result<(), Failure> {
     let server = LedgerServer::new(
         "toolledger",
         tools,
@@ -175,13 +153,15 @@ async fn serve_http(
     );
     let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .map_err(|_| fail_code("BIND_ERROR"))?;
-    let local = listener.local_addr().map_err(|_| fail_code("BIND_ERROR"))?;
+        .map_err(|_| Failure::code("BIND_ERROR"))?;
+    let local = listener
+        .local_addr()
+        .map_err(|_| Failure::code("BIND_ERROR"))?;
     eprintln!(
         "{}",
         serde_json::json!({"listening": format!("http://{local}/mcp")})
     );
     axum::serve(listener, app)
         .await
-        .map_err(|_| fail_code("SERVE_ERROR"))
+        .map_err(|_| Failure::code("SERVE_ERROR"))
 }

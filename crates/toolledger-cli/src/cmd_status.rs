@@ -7,15 +7,14 @@
 //! reference that does not exist.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::sync::Arc;
 
 use toolledger::clock::ManualClock;
 use toolledger::runtime::StatusQuery;
+use toolledger_cli::common::{RuntimeStoreArgs, StoreConfig};
+use toolledger_cli::exit::{Failure, Outcome};
 
-use crate::cmd_dispatch::{
-    block_on, call_of, finish, load_fixture, DeadlineArgs, RuntimeStoreArgs,
-};
+use crate::cmd_dispatch::{block_on, call_of, finish, load_fixture, runtime, DeadlineArgs};
 
 /// `status` options.
 #[derive(clap::Args, Debug)]
@@ -33,28 +32,14 @@ pub struct StatusArgs {
     pub deadlines: DeadlineArgs,
 }
 
-/// Runs `status`.
-pub fn run(args: StatusArgs) -> ExitCode {
-    let f = match load_fixture(&args.fixture) {
-        Ok(f) => f,
-        Err(code) => return code,
-    };
+/// Runs `status` on the ledger `store` resolves to.
+pub fn run(args: StatusArgs, store: StoreConfig) -> Result<Outcome, Failure> {
+    let f = load_fixture(&args.fixture)?;
     block_on(async move {
-        let store = match args.store.open(false) {
-            Ok(s) => s,
-            Err(code) => return code,
-        };
-        let call = match call_of(&f) {
-            Ok(c) => c,
-            Err(code) => return code,
-        };
-        let rt = match args
-            .store
-            .runtime(&store, Arc::new(ManualClock::new(f.now)))
-        {
-            Ok(rt) => rt.with_deadlines(args.deadlines.deadlines()),
-            Err(code) => return code,
-        };
+        let ledger = store.open()?;
+        let call = call_of(&f)?;
+        let rt = runtime(&store, &ledger, Arc::new(ManualClock::new(f.now)))?
+            .with_deadlines(args.deadlines.deadlines());
         let query = StatusQuery {
             principal: call.principal,
             tool: call.tool,

@@ -10,16 +10,16 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
 use toolledger::clock::{ManualClock, SharedClock, SystemClock};
 use toolledger::runtime::{RuntimeConfig, RuntimeError};
-use toolledger_cli::common;
+use toolledger_cli::common::{self, RuntimeStoreArgs, StoreConfig};
+use toolledger_cli::exit::{Failure, Outcome};
 
-use crate::cmd_dispatch::{block_on, RuntimeStoreArgs};
+use crate::cmd_dispatch::{block_on, runtime};
 
 /// `worker` options.
 #[derive(clap::Args, Debug)]
@@ -76,30 +76,24 @@ fn shutdown_signal() -> Pin<Box<dyn Future<Output = &'static str>>> {
     })
 }
 
-/// Runs `worker`.
-pub fn run(args: WorkerArgs) -> ExitCode {
+/// Runs `worker` on the ledger `store` resolves to.
+pub fn run(args: WorkerArgs, store: StoreConfig) -> Result<Outcome, Failure> {
     if !(1..=86_400).contains(&args.lease_seconds)
         || !(1..=1000).contains(&args.max_attempts)
         || !(1..=10_000).contains(&args.batch)
     {
-        return common::fail("USAGE_ERROR");
+        return Err(Failure::code("USAGE_ERROR"));
     }
     block_on(async move {
-        let store = match args.store.open(false) {
-            Ok(s) => s,
-            Err(code) => return code,
-        };
+        let ledger = store.open()?;
         let clock: SharedClock = match args.clock_epoch {
             Some(t) => Arc::new(ManualClock::new(t)),
             None => Arc::new(SystemClock),
         };
-        let rt = match args.store.runtime(&store, clock) {
-            Ok(rt) => rt.with_config(RuntimeConfig {
-                lease_seconds: args.lease_seconds,
-                max_attempts: args.max_attempts,
-            }),
-            Err(code) => return code,
-        };
+        let rt = runtime(&store, &ledger, clock)?.with_config(RuntimeConfig {
+            lease_seconds: args.lease_seconds,
+            max_attempts: args.max_attempts,
+        });
         let owner = args
             .worker_id
             .clone()
@@ -122,8 +116,8 @@ pub fn run(args: WorkerArgs) -> ExitCode {
                             *totals.refused.entry(code).or_default() += n;
                         }
                     }
-                    Err(RuntimeError::Store(e)) if args.once => return common::fail_store(&e),
-                    Err(_) if args.once => return common::fail("WORKER_ERROR"),
+                    Err(RuntimeError::Store(e)) if args.once => return Err(e.into()),
+                    Err(_) if args.once => return Err(Failure::code("WORKER_ERROR")),
                     // A long-running worker rides out a busy or briefly unavailable store.
                     Err(_) => {}
                 },
@@ -148,6 +142,6 @@ pub fn run(args: WorkerArgs) -> ExitCode {
             "unknown": totals.unknown,
             "worker": owner,
         }));
-        ExitCode::SUCCESS
+        Ok(Outcome::Pass)
     })
 }

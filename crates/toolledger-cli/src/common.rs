@@ -1,15 +1,25 @@
-//! Shared plumbing for the commands: opening the store, printing one JSON object, and the
-//! stable exit-2 error shape.
+//! Which ledger a command opens: the store flags every such command shares ([`StoreArgs`];
+//! with [`DownstreamArgs`] as [`RuntimeStoreArgs`] for the commands that reach the payments
+//! stand-in), resolved once by
+//! [`resolve`] into a [`StoreConfig`] that the command opens; and printing one JSON object.
+//!
+//! The flags are checked in two steps. The command-line parser refuses what can be said about
+//! the flags alone (an unknown `--sqlite-synchronous` value; `--sqlite-synchronous` given, on
+//! the command line or through its environment variable, together with `--database-url`),
+//! with its usual message and exit 2. [`resolve`] then decides everything that depends on the
+//! combination, without touching the disk or the network, and [`StoreConfig::open`] does the
+//! I/O (and refuses a missing ledger when the command needs an existing one).
 
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use toolledger::store::postgres::{PgOptions, PgStore};
 use toolledger::store::sqlite::{OpenOptions, SqliteStore, Synchronous};
 use toolledger::store::{Store, StoreError};
 
-/// Options every command that opens a store accepts.
+use crate::exit::Failure;
+
+/// The ledger flags of every command that opens the ledger.
 #[derive(clap::Args, Debug, Clone)]
 pub struct StoreArgs {
     /// SQLite database file (ignored with --database-url).
@@ -37,6 +47,34 @@ pub struct StoreArgs {
     pub sqlite_synchronous: SyncMode,
 }
 
+/// Where the payments stand-in keeps its receipts (the commands of the deferred runtime).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct DownstreamArgs {
+    /// The payments stand-in's own SQLite file (default: `<db>.downstream.sqlite`; with
+    /// `--database-url` that is `toolledger.sqlite.downstream.sqlite` in the working
+    /// directory unless `--db` or this option says otherwise).
+    #[arg(long)]
+    pub downstream_db: Option<PathBuf>,
+}
+
+/// The flags of the deferred runtime's commands: the ledger and the payments stand-in's file.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RuntimeStoreArgs {
+    /// The ledger.
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// The payments stand-in's file.
+    #[command(flatten)]
+    pub downstream: DownstreamArgs,
+}
+
+impl RuntimeStoreArgs {
+    /// [`resolve`] for a command of the deferred runtime.
+    pub fn resolve(&self, access: Access) -> Result<StoreConfig, Failure> {
+        resolve(&self.store, Some(&self.downstream), access)
+    }
+}
+
 /// `--sqlite-synchronous` values.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SyncMode {
@@ -56,32 +94,125 @@ impl From<SyncMode> for Synchronous {
     }
 }
 
+/// What a command needs of the ledger when it opens it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Open it, creating a new ledger when there is none; an older schema is refused
+    /// (`SCHEMA_OUTDATED`).
+    OpenOrCreate,
+    /// Open an existing ledger only: a missing SQLite file is `DATABASE_NOT_FOUND` (a
+    /// PostgreSQL server answers for itself); an older schema is refused.
+    Existing,
+    /// Create the ledger, or migrate an existing one forward (`toolledger migrate`).
+    Migrate,
+}
+
+/// The database behind a [`StoreConfig`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// A SQLite file.
+    Sqlite {
+        /// The ledger file.
+        path: PathBuf,
+        /// The write connection's `synchronous` mode.
+        synchronous: Synchronous,
+    },
+    /// A PostgreSQL database (its server's default schema).
+    Postgres {
+        /// The connection URL. It may carry a password: never print it.
+        url: String,
+    },
+}
+
+/// One command's resolved ledger: which database, bound to which backend id, opened how, and
+/// where the files kept beside it are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// The database.
+    pub backend: Backend,
+    /// The backend id the database must be bound to; `None` adopts the existing binding.
+    pub backend_id: Option<String>,
+    /// What the command needs of the ledger.
+    pub access: Access,
+    /// `--db`: the SQLite ledger, and with PostgreSQL still the place the defaults of the
+    /// files kept beside the ledger derive from.
+    pub db: PathBuf,
+    /// The payments stand-in's own SQLite file.
+    pub downstream: PathBuf,
+}
+
+/// Resolves the store flags of one command into its [`StoreConfig`]; `downstream` is `None`
+/// for the commands without `--downstream-db` (their stand-in file is the default one).
+///
+/// Pure: nothing is opened or created. Refuses `--sqlite-synchronous normal` with
+/// `--database-url` (`INVALID_ARGUMENTS`), which the command line already refuses when parsed.
+pub fn resolve(
+    store: &StoreArgs,
+    downstream: Option<&DownstreamArgs>,
+    access: Access,
+) -> Result<StoreConfig, Failure> {
+    let backend = match &store.database_url {
+        Some(url) => {
+            if store.sqlite_synchronous != SyncMode::Full {
+                return Err(Failure::explained(
+                    "INVALID_ARGUMENTS",
+                    "--sqlite-synchronous applies to SQLite only",
+                ));
+            }
+            Backend::Postgres { url: url.clone() }
+        }
+        None => Backend::Sqlite {
+            path: store.db.clone(),
+            synchronous: store.sqlite_synchronous.into(),
+        },
+    };
+    let downstream = downstream
+        .and_then(|d| d.downstream_db.clone())
+        .unwrap_or_else(|| crate::reference::refunds::default_downstream_path(&store.db));
+    Ok(StoreConfig {
+        backend,
+        backend_id: store.backend_id.clone(),
+        access,
+        db: store.db.clone(),
+        downstream,
+    })
+}
+
 impl StoreArgs {
-    /// Opens the store (SQLite file, or PostgreSQL with `--database-url`) with the reference
-    /// tables; an older existing schema is migrated only when `migrate` is set (the `migrate`
-    /// command), otherwise refused.
-    pub fn open_with(&self, migrate: bool) -> Result<Store, StoreError> {
-        match &self.database_url {
-            Some(url) => open_postgres(url, self.backend_id.clone(), migrate),
-            None => open_store_with(
-                &self.db,
-                self.backend_id.clone(),
-                migrate,
-                self.sqlite_synchronous.into(),
-            )
-            .map(Store::from),
+    /// [`resolve`] for a command without `--downstream-db`.
+    pub fn resolve(&self, access: Access) -> Result<StoreConfig, Failure> {
+        resolve(self, None, access)
+    }
+}
+
+impl StoreConfig {
+    /// Whether the ledger is PostgreSQL.
+    pub fn is_postgres(&self) -> bool {
+        matches!(self.backend, Backend::Postgres { .. })
+    }
+
+    /// The SQLite ledger file, which the server's key file sits beside; `None` on
+    /// PostgreSQL, where the servers of a deployment share their keys through the
+    /// environment.
+    pub fn sqlite_path(&self) -> Option<&Path> {
+        match &self.backend {
+            Backend::Sqlite { path, .. } => Some(path),
+            Backend::Postgres { .. } => None,
         }
     }
 
-    /// Whether the store is PostgreSQL (`--database-url` given).
-    pub fn is_postgres(&self) -> bool {
-        self.database_url.is_some()
-    }
-
-    /// Whether the store exists: always for PostgreSQL (the server answers for itself),
-    /// otherwise whether the SQLite file does.
-    pub fn exists(&self) -> bool {
-        self.is_postgres() || self.db.exists()
+    /// Opens the ledger with the reference tables, as [`StoreConfig::access`] says.
+    pub fn open(&self) -> Result<Store, Failure> {
+        let migrate = self.access == Access::Migrate;
+        match &self.backend {
+            Backend::Postgres { url } => Ok(open_postgres(url, self.backend_id.clone(), migrate)?),
+            Backend::Sqlite { path, synchronous } => {
+                if self.access == Access::Existing && !path.exists() {
+                    return Err(Failure::code("DATABASE_NOT_FOUND"));
+                }
+                Ok(open_sqlite(path, self.backend_id.clone(), migrate, *synchronous)?.into())
+            }
+        }
     }
 }
 
@@ -101,17 +232,16 @@ pub fn open_postgres(
     PgStore::open(url, opts).map(Store::from)
 }
 
-/// Opens `db` with the core and reference migrations.
+/// Opens the SQLite ledger `db` with the core and reference migrations (`synchronous=FULL`).
 pub fn open_store(
     db: &Path,
     backend_id: Option<String>,
     migrate: bool,
 ) -> Result<SqliteStore, StoreError> {
-    open_store_with(db, backend_id, migrate, Synchronous::Full)
+    open_sqlite(db, backend_id, migrate, Synchronous::Full)
 }
 
-/// [`open_store`] with the write connection's `synchronous` mode.
-pub fn open_store_with(
+fn open_sqlite(
     db: &Path,
     backend_id: Option<String>,
     migrate: bool,
@@ -133,14 +263,82 @@ pub fn print_json(value: &Value) {
     println!("{value}");
 }
 
-/// Prints `{"error":{"code":CODE}}` on stderr and returns exit code 2. `code` must be a stable,
-/// path-free identifier.
-pub fn fail(code: &str) -> ExitCode {
-    eprintln!("{}", json!({"error": {"code": code}}));
-    ExitCode::from(2)
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// [`fail`] for a store error.
-pub fn fail_store(e: &StoreError) -> ExitCode {
-    fail(e.cli_code())
+    fn args(url: Option<&str>, sync: SyncMode) -> StoreArgs {
+        StoreArgs {
+            db: PathBuf::from("dir/ledger.sqlite"),
+            database_url: url.map(str::to_string),
+            backend_id: Some("sqlite:x".into()),
+            sqlite_synchronous: sync,
+        }
+    }
+
+    #[test]
+    fn sqlite_is_the_default_and_carries_its_synchronous_mode() {
+        let c = args(None, SyncMode::Normal)
+            .resolve(Access::Existing)
+            .unwrap();
+        assert_eq!(
+            c.backend,
+            Backend::Sqlite {
+                path: "dir/ledger.sqlite".into(),
+                synchronous: Synchronous::Normal
+            }
+        );
+        assert_eq!(c.sqlite_path(), Some(Path::new("dir/ledger.sqlite")));
+        assert_eq!(c.backend_id.as_deref(), Some("sqlite:x"));
+        assert_eq!(c.access, Access::Existing);
+        assert_eq!(
+            c.downstream,
+            PathBuf::from("dir/ledger.sqlite.downstream.sqlite")
+        );
+    }
+
+    #[test]
+    fn a_database_url_selects_postgres_and_the_stand_in_still_follows_db() {
+        let d = DownstreamArgs {
+            downstream_db: Some("pay.sqlite".into()),
+        };
+        let a = args(Some("postgres://u@h/db"), SyncMode::Full);
+        let c = resolve(&a, Some(&d), Access::Migrate).unwrap();
+        assert!(c.is_postgres());
+        assert_eq!(c.sqlite_path(), None);
+        assert_eq!(c.downstream, PathBuf::from("pay.sqlite"));
+        let c = resolve(&a, None, Access::OpenOrCreate).unwrap();
+        assert_eq!(
+            c.downstream,
+            PathBuf::from("dir/ledger.sqlite.downstream.sqlite")
+        );
+    }
+
+    #[test]
+    fn a_sqlite_synchronous_mode_with_a_database_url_is_refused_without_the_url() {
+        let a = args(Some("postgres://secret@h/db"), SyncMode::Normal);
+        match a.resolve(Access::OpenOrCreate) {
+            Err(Failure::Explained { code, message }) => {
+                assert_eq!(code, "INVALID_ARGUMENTS");
+                assert!(!message.contains("secret"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_existing_ledger_is_required_when_the_command_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = args(None, SyncMode::Full);
+        a.db = dir.path().join("missing.sqlite");
+        a.backend_id = None;
+        match a.resolve(Access::Existing).unwrap().open() {
+            Err(Failure::Code(c)) => assert_eq!(c, "DATABASE_NOT_FOUND"),
+            Err(other) => panic!("{other:?}"),
+            Ok(_) => panic!("opened a missing ledger"),
+        }
+        assert!(!a.db.exists(), "nothing was created");
+        a.resolve(Access::OpenOrCreate).unwrap().open().unwrap();
+        assert!(a.db.exists());
+    }
 }

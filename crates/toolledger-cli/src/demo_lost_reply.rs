@@ -1,4 +1,5 @@
-//! `toolledger demo lost-reply`: the lost-reply story of `create_issue` against the real server binary.
+//! `toolledger demo lost-reply`: a multi-round call's lost reply, against the real server
+//! binary.
 //!
 //! On a fresh temporary SQLite file: the first round of `create_issue` returns
 //! `input_required`; the continuation commits issue #1 and the server exits before replying

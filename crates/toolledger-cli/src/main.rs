@@ -15,6 +15,7 @@ mod cmd_status;
 mod cmd_worker;
 mod demo_lost_reply;
 
+use toolledger_cli::exit::{self, Failure, Outcome};
 use toolledger_cli::{common, reference};
 
 /// Records travel between threads (built on a store thread, dropped on the async runtime's),
@@ -25,7 +26,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::process::ExitCode;
 
 use clap::Parser;
-use common::StoreArgs;
+use common::{Access, StoreArgs};
 
 /// A durable ledger for side-effecting tool calls.
 #[derive(Parser, Debug)]
@@ -48,14 +49,14 @@ enum Command {
     Call(cmd_call::CallArgs),
     /// Run self-checking demos on a fresh temporary database.
     Demo(cmd_demo::DemoArgs),
-    /// Print the keyed fingerprint of each JSON request line on stdin, one lowercase hex
-    /// digest per line; the key is read from TOOLLEDGER_FINGERPRINT_KEY_HEX.
+    /// Print the keyed request fingerprint of each JSON request line on stdin, one lowercase
+    /// hex digest per line; the key is read from TOOLLEDGER_FINGERPRINT_KEY_HEX.
     Fingerprint,
     /// Approve one exact intent (the approver must hold the role `approver`).
     Approve(cmd_approve::ApproveArgs),
     /// Audit a ledger: integrity, foreign keys, WAL + FULL, runtime invariants, counts.
     Audit(cmd_audit::AuditArgs),
-    /// Dispatch the deferred call a runtime fixture describes.
+    /// Dispatch the deferred call a runtime fixture describes (the refund write path).
     Dispatch(cmd_dispatch::DispatchArgs),
     /// Explicit status query for a dispatched operation; reconciles a downstream receipt.
     Status(cmd_status::StatusArgs),
@@ -73,29 +74,58 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    exit::finish(Cli::try_parse().map_err(Failure::from).and_then(run))
+}
+
+/// Resolves the ledger flags of the command (once, before anything is opened) and runs it.
+fn run(cli: Cli) -> Result<Outcome, Failure> {
     match cli.command {
-        Command::Principal { cmd } => cmd_principal::run(cmd),
+        Command::Principal { cmd } => {
+            let store = cmd.store().resolve(Access::OpenOrCreate)?;
+            cmd_principal::run(cmd, &store)
+        }
         Command::Bench(args) => cmd_bench::run(args),
-        Command::Call(args) => cmd_call::run(args),
+        Command::Call(args) => {
+            let store = args.store.resolve(Access::OpenOrCreate)?;
+            cmd_call::run(args, &store)
+        }
         Command::Demo(args) => cmd_demo::run(args),
         Command::Fingerprint => cmd_fingerprint::run(),
-        Command::Approve(args) => cmd_approve::run(args),
-        Command::Audit(args) => cmd_audit::run(args),
-        Command::Dispatch(args) => cmd_dispatch::run(args),
-        Command::Status(args) => cmd_status::run(args),
-        Command::Resolve(args) => cmd_resolve::run(args),
-        Command::Worker(args) => cmd_worker::run(args),
-        Command::Migrate { store } => match store.open_with(true) {
-            Ok(s) => {
-                common::print_json(&serde_json::json!({
-                    "migrated": true,
-                    "backend_id": s.backend_id(),
-                }));
-                ExitCode::SUCCESS
-            }
-            Err(e) => common::fail_store(&e),
-        },
-        Command::Serve(args) => cmd_serve::run(args),
+        Command::Approve(args) => {
+            let store = args.store.resolve(Access::OpenOrCreate)?;
+            cmd_approve::run(args, store)
+        }
+        Command::Audit(args) => {
+            let store = args.store.resolve(Access::Existing)?;
+            cmd_audit::run(store)
+        }
+        Command::Dispatch(args) => {
+            let store = args.store.resolve(Access::OpenOrCreate)?;
+            cmd_dispatch::run(args, store)
+        }
+        Command::Status(args) => {
+            let store = args.store.resolve(Access::Existing)?;
+            cmd_status::run(args, store)
+        }
+        Command::Resolve(args) => {
+            let store = args.store.resolve(Access::Existing)?;
+            cmd_resolve::run(args, store)
+        }
+        Command::Worker(args) => {
+            let store = args.store.resolve(Access::Existing)?;
+            cmd_worker::run(args, store)
+        }
+        Command::Migrate { store } => {
+            let store = store.resolve(Access::Migrate)?.open()?;
+            common::print_json(&serde_json::json!({
+                "migrated": true,
+                "backend_id": store.backend_id(),
+            }));
+            Ok(Outcome::Pass)
+        }
+        Command::Serve(args) => {
+            let store = args.store.resolve(Access::OpenOrCreate)?;
+            cmd_serve::run(args, store)
+        }
     }
 }

@@ -1,6 +1,8 @@
-//! Automations across separate OS processes: `toolledger call` invocations racing on one SQLite
+//! Request-id receipts across separate OS processes: `toolledger call` invocations racing on one SQLite
 //! file, lost replies recovered by a new process, the command's output contract, and
 //! `toolledger demo receipts`.
+
+mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -9,7 +11,7 @@ use serde_json::{json, Value};
 use toolledger_cli::common::open_store;
 use toolledger_cli::reference::automations::{self, SCOPE};
 
-const BIN: &str = env!("CARGO_BIN_EXE_toolledger");
+use support::BIN;
 
 struct World {
     _dir: tempfile::TempDir,

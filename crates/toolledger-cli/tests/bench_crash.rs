@@ -6,14 +6,14 @@
 //! `--sqlite-synchronous normal`, which gives up durability on power failure but not on a
 //! crash of the process.
 
-mod ack_support;
+mod support;
 
 use std::collections::HashSet;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
-use ack_support::read_acks;
+use support::ack::read_acks;
 
 const OPS: &str = "1000000";
 const ACKS_BEFORE_KILL: usize = 400;
@@ -21,7 +21,7 @@ const ACKS_BEFORE_KILL: usize = 400;
 /// Runs the acknowledgement stream, kills it after `ACKS_BEFORE_KILL` acknowledgements, and
 /// returns every key it acknowledged (including lines already in the pipe at the kill).
 fn run_and_kill(db: &Path, extra: &[&str]) -> HashSet<String> {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_toolledger"))
+    let mut child = support::toolledger()
         .args(["bench", "--concurrency", "64", "--ops", OPS])
         .args(extra)
         .arg("--ack-db")

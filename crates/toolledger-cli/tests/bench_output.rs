@@ -2,13 +2,14 @@
 //! operation ends as the workload expects, and bad options are refused with a stable code.
 //! Correctness only: no figure is asserted.
 
+mod support;
+
 use std::collections::BTreeSet;
-use std::process::Command;
 
 use serde_json::Value;
 
 fn bench(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_toolledger"))
+    support::toolledger()
         .arg("bench")
         .args(args)
         .output()

@@ -1,9 +1,11 @@
 //! `toolledger fingerprint` as a user runs it: the built binary, stdin lines, the key in the
 //! environment.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use serde_json::Value;
 
@@ -20,7 +22,7 @@ struct Run {
 }
 
 fn run(key_hex: Option<&str>, stdin: &[u8]) -> Run {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_toolledger"));
+    let mut cmd = support::toolledger();
     cmd.arg("fingerprint")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

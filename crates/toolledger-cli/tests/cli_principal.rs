@@ -1,12 +1,14 @@
 //! `toolledger principal add|revoke|list` through the built binary.
 
+mod support;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
 use serde_json::{json, Value};
 use sha2::Digest;
 
-const BIN: &str = env!("CARGO_BIN_EXE_toolledger");
+use support::BIN;
 
 fn run(db: &Path, args: &[&str]) -> Output {
     Command::new(BIN)

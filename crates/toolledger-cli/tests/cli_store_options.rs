@@ -2,15 +2,15 @@
 //! `--database-url`, and a server opened with `normal` serves calls.
 
 #[macro_use]
-mod mcp_support;
+mod support;
 
 use std::process::{Command, Stdio};
 
-use mcp_support::*;
 use serde_json::json;
+use support::wire::*;
 
 fn toolledger() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_toolledger"));
+    let mut c = support::toolledger();
     c.env_remove("TOOLLEDGER_DATABASE_URL")
         .env_remove("TOOLLEDGER_SQLITE_SYNCHRONOUS");
     c

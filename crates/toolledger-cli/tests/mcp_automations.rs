@@ -2,10 +2,10 @@
 //! replay by request id, version conflict, scope checks, and nothing written on refusal.
 
 #[macro_use]
-mod mcp_support;
+mod support;
 
-use mcp_support::*;
 use serde_json::json;
+use support::wire::*;
 
 on_both_backends!(
     create_then_set_interval_replays_and_refuses_stale_versions,

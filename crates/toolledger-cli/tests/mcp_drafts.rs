@@ -1,14 +1,14 @@
-//! Drafts over the MCP wire: `create_draft` needs the role editor and an approval from
+//! Editorial drafts over the MCP wire: `create_draft` needs the role editor and an approval from
 //! `toolledger approve`, consumed once in the draft's transaction; the operation id decides
 //! redelivery (replay never returns the text), the slug decides the document.
 
 #[macro_use]
-mod mcp_support;
+mod support;
 
 use std::process::Command;
 
-use mcp_support::*;
 use serde_json::{json, Value};
+use support::wire::*;
 
 const NOW: i64 = 1_800_000_000;
 

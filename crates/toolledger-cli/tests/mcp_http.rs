@@ -2,14 +2,14 @@
 //! dispatch, two principals isolated exactly as on stdio, and both lifecycles.
 
 #[macro_use]
-mod mcp_support;
+mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 
-use mcp_support::*;
 use serde_json::{json, Value};
+use support::wire::*;
 
 struct HttpServer {
     child: Child,
@@ -30,14 +30,8 @@ on_both_backends!(
 );
 
 fn start_http(db: &Db) -> HttpServer {
-    let mut child = Command::new(bin())
-        .arg("serve")
-        .args(db.store_args())
-        .env_remove("TOOLLEDGER_STATE_KEY_HEX")
-        .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX")
-        .envs(db.key_env())
-        .args(["--http", "127.0.0.1:0"])
-        .args(["--clock-epoch", "1800000000"])
+    let args = ["--http", "127.0.0.1:0", "--clock-epoch", "1800000000"].map(String::from);
+    let mut child = serve_command(db, &args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

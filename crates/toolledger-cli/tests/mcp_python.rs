@@ -11,13 +11,13 @@
 //! (`TOOLLEDGER_CI` set), where a missing interpreter is a failure.
 
 #[macro_use]
-mod mcp_support;
+mod support;
 
 use std::path::PathBuf;
 use std::process::Command;
 
-use mcp_support::*;
 use serde_json::{json, Value};
+use support::wire::*;
 
 on_both_backends!(
     python_sdk_lost_reply_story_in_2026_07_28_mode,

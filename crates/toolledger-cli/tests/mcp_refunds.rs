@@ -2,12 +2,12 @@
 //! through the outbox to the payments stand-in, replay by idempotency key, owner-only access.
 
 #[macro_use]
-mod mcp_support;
+mod support;
 
 use std::process::Command;
 
-use mcp_support::*;
 use serde_json::{json, Value};
+use support::wire::*;
 
 on_both_backends!(
     an_approved_refund_is_delivered_once_and_replayed_by_key,

@@ -5,11 +5,10 @@
 //! loudly without `TOOLLEDGER_TEST_DATABASE_URL`, failing in CI).
 
 #[macro_use]
-mod mcp_support;
+mod support;
 
 use std::future::Future;
 
-use mcp_support::*;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ElicitRequestParams, ElicitResult, ElicitationAction,
     ErrorData, ProtocolVersion,
@@ -18,6 +17,7 @@ use rmcp::service::RequestContext;
 use rmcp::transport::TokioChildProcess;
 use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient, ServiceExt};
 use serde_json::{json, Map, Value};
+use support::wire::*;
 
 on_both_backends!(
     rmcp_client_in_2026_07_28_mode_fulfils_the_body_round_and_replays,
@@ -40,12 +40,7 @@ impl ClientHandler for BodyWriter {
 /// `serve` as alice on `db`, with exactly the key variables the ledger's servers share
 /// (none on SQLite, whose keys come from its key file).
 fn command(db: &Db) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(bin());
-    cmd.args(serve_args(db, "alice", &[]))
-        .env_remove("TOOLLEDGER_STATE_KEY_HEX")
-        .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX")
-        .envs(db.key_env());
-    cmd
+    serve_command(db, &["--principal".into(), "alice".into()]).into()
 }
 
 /// Runs one case's client on a runtime of its own (the cases are plain `fn(Db)`).

@@ -1,40 +1,18 @@
-//! The guarded-call matrix over real stdio: raw JSON-RPC lines against the built `toolledger serve`,
-//! MCP 2026-07-28 (no initialize), with the database read back after every case, on SQLite and
-//! on PostgreSQL.
+//! The multi-round `create_issue` matrix over real stdio: raw JSON-RPC lines against the
+//! built `toolledger serve`, MCP 2026-07-28 (no initialize), with the database read back after
+//! every case, on SQLite and on PostgreSQL.
 
-mod mcp_support;
+#[macro_use]
+mod support;
 
-use mcp_support::*;
 use serde_json::{json, Value};
+use support::wire::*;
 
 const EPOCH: &str = "1800000000";
 
-/// Every case below runs twice: on a fresh SQLite file (`sqlite::…`) and on a fresh schema of
-/// the test PostgreSQL database (`postgres::…`; skipped with one loud line without
-/// `TOOLLEDGER_TEST_DATABASE_URL`, failing in CI).
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[test]
-                fn $name() {
-                    super::$name(super::Db::sqlite());
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[test]
-                fn $name() {
-                    if let Some(db) = super::Db::postgres() {
-                        super::$name(db);
-                    }
-                }
-            )*
-        }
-    };
-}
-
+// Every case below runs twice: on a fresh SQLite file (`sqlite::…`) and on a fresh schema of
+// the test PostgreSQL database (`postgres::…`; skipped with one loud line without
+// `TOOLLEDGER_TEST_DATABASE_URL`, failing in CI).
 on_both_backends!(
     first_round_is_input_required_with_a_sealed_state_and_writes_nothing,
     identical_retry_replays_the_stored_result_and_creates_one_issue,

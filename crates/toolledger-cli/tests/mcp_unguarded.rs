@@ -2,10 +2,10 @@
 //! duplicate effects the guard exists to prevent.
 
 #[macro_use]
-mod mcp_support;
+mod support;
 
-use mcp_support::*;
 use serde_json::{json, Value};
+use support::wire::*;
 
 const EPOCH: &str = "1800000000";
 

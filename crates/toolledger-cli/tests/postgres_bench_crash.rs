@@ -7,16 +7,16 @@
 //! crashed state and applies new keys. (`TOOLLEDGER_TEST_DATABASE_URL`; skipped with one loud
 //! line when unset, failing in CI.) The SQLite run of the same test is `bench_crash.rs`.
 
-mod ack_support;
+mod support;
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ack_support::read_acks;
+use support::ack::read_acks;
 
 use toolledger::effect::{EffectTx, RowExt, SqlValue};
 use toolledger::store::postgres::{PgOptions, PgStore};
@@ -125,7 +125,7 @@ impl Drop for Reaper {
 /// acknowledgements, waits until its server sessions are gone, and returns every key it
 /// acknowledged (including lines already in the pipe at the kill).
 fn run_and_kill(db: &Db, app: &str) -> HashSet<String> {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_toolledger"))
+    let mut child = support::toolledger()
         .args(["bench", "--backend", "postgres", "--database-url"])
         .arg(db.url_for(app))
         .args(["--ack-schema", &db.schema])

@@ -1,18 +1,17 @@
-//! The `toolledger` commands with `--database-url`: migrate, principal, the deferred runtime
+//! The `toolledger` commands with `--database-url`: migrate, principal, the deferred refund
 //! path (approve → dispatch with a crash → status → replay → audit) and `demo lost-reply`,
 //! whose read-back must equal the SQLite run's. (`TOOLLEDGER_TEST_DATABASE_URL`; skipped with
 //! one loud line when unset, failing in CI.)
 
-use std::path::{Path, PathBuf};
+mod support;
+
+use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
+use support::bin;
 use toolledger::effect::EffectTx;
 use toolledger_testkit::conformance::{test_database_url, Harness};
-
-fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_toolledger"))
-}
 
 struct Out {
     code: i32,

@@ -5,13 +5,15 @@
 //! per operation, every delivery reconciled once, no lost intent.
 //! (`TOOLLEDGER_TEST_DATABASE_URL`; skipped with one loud line when unset, failing in CI.)
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
+mod support;
+
+use std::path::Path;
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use support::toolledger;
+use support::wire::Server;
 use toolledger::effect::{EffectTx, RowExt};
 use toolledger::store::Store;
 use toolledger_testkit::conformance::Harness;
@@ -19,12 +21,8 @@ use toolledger_testkit::conformance::Harness;
 const STATE_KEY: &str = "7374617465206b657920666f7220746865206d756c74692d686f73742074657374";
 const FP_KEY: &str = "66696e6765727072696e74206b657920666f7220746865206d756c74692d686f7374";
 
-fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_toolledger"))
-}
-
 fn run(url: &str, args: &[&str]) -> (i32, Value) {
-    let out = Command::new(bin())
+    let out = toolledger()
         .args(args)
         .args(["--database-url", url])
         .output()
@@ -35,75 +33,13 @@ fn run(url: &str, args: &[&str]) -> (i32, Value) {
 }
 
 /// One `toolledger serve` on stdio acting for `alice`.
-struct Server {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Receiver<String>,
-}
-
-impl Server {
-    fn start(url: &str) -> Server {
-        let mut child = Command::new(bin())
-            .args(["serve", "--principal", "alice", "--database-url", url])
-            .env("TOOLLEDGER_STATE_KEY_HEX", STATE_KEY)
-            .env("TOOLLEDGER_FINGERPRINT_KEY_HEX", FP_KEY)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Server {
-            stdin: child.stdin.take(),
-            child,
-            lines: rx,
-        }
-    }
-
-    fn send(&mut self, id: i64, params: Value) {
-        let mut params = params;
-        params["_meta"] = json!({
-            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}},
-            "io.modelcontextprotocol/clientInfo": {"name": "multihost", "version": "1.0.0"},
-        });
-        let line = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params})
-            .to_string();
-        let stdin = self.stdin.as_mut().unwrap();
-        stdin.write_all(line.as_bytes()).unwrap();
-        stdin.write_all(b"\n").unwrap();
-        stdin.flush().unwrap();
-    }
-
-    fn recv(&mut self, id: i64) -> Value {
-        let line = self
-            .lines
-            .recv_timeout(Duration::from_secs(60))
-            .expect("no reply from the server");
-        let v: Value = serde_json::from_str(&line).unwrap();
-        assert_eq!(v["id"], id, "{v}");
-        v["result"].clone()
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill();
-    }
+fn start_server(url: &str) -> Server {
+    let mut command = toolledger();
+    command
+        .args(["serve", "--principal", "alice", "--database-url", url])
+        .env("TOOLLEDGER_STATE_KEY_HEX", STATE_KEY)
+        .env("TOOLLEDGER_FINGERPRINT_KEY_HEX", FP_KEY);
+    Server::spawn(command)
 }
 
 struct Worker(Child);
@@ -111,7 +47,7 @@ struct Worker(Child);
 impl Worker {
     fn start(url: &str, downstream: &Path, name: &str) -> Worker {
         Worker(
-            Command::new(bin())
+            toolledger()
                 .args(["worker", "--database-url", url, "--downstream-db"])
                 .arg(downstream)
                 .args(["--worker-id", name, "--poll-interval", "50", "--batch", "4"])
@@ -241,8 +177,8 @@ async fn two_servers_and_two_workers_share_one_postgres_ledger() {
     let _ = w1.0.wait();
 
     // --- Inline effects: the same continuation to both servers at once; one server killed. ---
-    let mut a = Server::start(&url);
-    let mut b = Server::start(&url);
+    let mut a = start_server(&url);
+    let mut b = start_server(&url);
     const M: usize = 8;
     let mut a_alive = true;
     let mut id = 0;
@@ -251,8 +187,8 @@ async fn two_servers_and_two_workers_share_one_postgres_ledger() {
         let args = json!({"operation_id": op, "title": format!("title {i}")});
         id += 1;
         let first = if a_alive { &mut a } else { &mut b };
-        first.send(id, json!({"name": "create_issue", "arguments": args}));
-        let r = first.recv(id);
+        first.send_call(id, json!({"name": "create_issue", "arguments": args}));
+        let r = first.recv_result(id);
         assert_eq!(r["resultType"], "input_required", "{r}");
         let state = r["requestState"].as_str().unwrap().to_string();
         let cont = json!({
@@ -263,21 +199,21 @@ async fn two_servers_and_two_workers_share_one_postgres_ledger() {
         });
         id += 1;
         if a_alive {
-            a.send(id, cont.clone());
+            a.send_call(id, cont.clone());
         }
-        b.send(id, cont);
+        b.send_call(id, cont);
         if a_alive && i == M / 2 {
             // The reply of A is lost with A; B's answer stands.
             a.kill();
             a_alive = false;
-            let rb = b.recv(id);
+            let rb = b.recv_result(id);
             assert_eq!(rb["isError"], false, "{rb}");
             continue;
         }
-        let rb = b.recv(id);
+        let rb = b.recv_result(id);
         assert_eq!(rb["isError"], false, "{rb}");
         if a_alive {
-            let ra = a.recv(id);
+            let ra = a.recv_result(id);
             assert_eq!(ra["isError"], false, "{ra}");
             let (sa, sb) = (&ra["structuredContent"], &rb["structuredContent"]);
             assert_eq!(
@@ -306,11 +242,11 @@ async fn two_servers_and_two_workers_share_one_postgres_ledger() {
     );
     for i in 0..M {
         id += 1;
-        b.send(
+        b.send_call(
             id,
             json!({"name": "get_operation_status", "arguments": {"operation_id": format!("issue-{i}")}}),
         );
-        let st = b.recv(id);
+        let st = b.recv_result(id);
         assert_eq!(st["structuredContent"]["state"], "applied", "{st}");
         assert_eq!(
             st["structuredContent"]["matchingIds"]

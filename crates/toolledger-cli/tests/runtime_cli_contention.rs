@@ -2,12 +2,12 @@
 //! among different intents under one key, one claim among eight workers. This shows local
 //! uniqueness across processes on one host; it does not show distributed exactly-once.
 
-mod runtime_cli_support;
+mod support;
 
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Barrier};
 
-use runtime_cli_support::*;
+use support::runtime::*;
 
 const T0: i64 = 1_767_225_600;
 

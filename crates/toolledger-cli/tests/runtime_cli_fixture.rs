@@ -1,9 +1,9 @@
 //! Strict fixtures through the binary: every rejected class exits 2 with its stable, path-free
 //! code on stderr, prints nothing on stdout and touches no database.
 
-mod runtime_cli_support;
+mod support;
 
-use runtime_cli_support::*;
+use support::runtime::*;
 
 fn refused(name: &str, bytes: &[u8], expected: &str) {
     let d = Db::new();

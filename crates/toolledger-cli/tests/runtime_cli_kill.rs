@@ -1,16 +1,16 @@
 //! Real process deaths: `toolledger dispatch` is held at each crash point (the testing aid
 //! `TOOLLEDGER_TEST_HOLD_AT`), killed with SIGKILL, and both SQLite files are inspected
-//! afterwards. Then recovery runs exactly as the runtime's contract says. Also: the worker's graceful stop on
-//! SIGTERM.
+//! afterwards. Then recovery runs: the worker delivers or status reconciles, and nothing is
+//! paid twice. Also: the worker's graceful stop on SIGTERM.
 
 #![cfg(unix)]
 
-mod runtime_cli_support;
+mod support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
-use runtime_cli_support::*;
+use support::runtime::*;
 
 const T0: i64 = 1_767_225_600;
 

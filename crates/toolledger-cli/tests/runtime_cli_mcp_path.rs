@@ -2,12 +2,12 @@
 //! the approval, `refunds::mcp_call` + `Runtime::dispatch` run the call, `answer_json` is the
 //! tool result.
 
-mod runtime_cli_support;
+mod support;
 
 use std::sync::Arc;
 
-use runtime_cli_support::*;
 use serde_json::json;
+use support::runtime::*;
 use toolledger::clock::SystemClock;
 use toolledger::runtime::Answer;
 use toolledger_cli::common::open_store;

@@ -1,10 +1,10 @@
-//! The runtime's CLI paths: PASS, BLOCK → status → PASS, audit, replay across processes,
+//! The deferred runtime's CLI paths: PASS, BLOCK → status → PASS, audit, replay across processes,
 //! crash points injected in process, worker passes and revocation.
 
-mod runtime_cli_support;
+mod support;
 
-use runtime_cli_support::*;
 use serde_json::json;
+use support::runtime::*;
 
 const T0: i64 = 1_767_225_600;
 

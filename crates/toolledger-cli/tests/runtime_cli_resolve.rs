@@ -1,9 +1,9 @@
 //! `dispatch` of a refund the payments service refuses (`failed`, replayed), `toolledger
 //! resolve` of a dead operation, and deadlines from `--authority-ttl` / `--replay-ttl`.
 
-mod runtime_cli_support;
+mod support;
 
-use runtime_cli_support::*;
+use support::runtime::*;
 
 const NOW: i64 = 1_767_225_600;
 

@@ -5,7 +5,6 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::sync::Arc;
 
 use toolledger::clock::{SharedClock, SystemClock};
@@ -14,19 +13,19 @@ use toolledger::store::postgres::{PgOptions, PgStore};
 
 use super::pg::BENCH_PG_MIGRATIONS;
 use super::{bench_engine, fresh_op, key_of, Tuning};
+use crate::exit::{Failure, Outcome};
 
 /// Runs `ops` fresh operations with `concurrency` callers against the SQLite file `path`,
 /// under the keys `ack-<run>-00000000`, … with `<run>` random per process, so every run on
 /// the same file applies new operations.
-pub async fn run(path: PathBuf, concurrency: usize, ops: usize, tuning: Tuning) -> ExitCode {
-    let run = match run_id() {
-        Ok(r) => r,
-        Err(code) => return crate::common::fail(code),
-    };
-    let engine = match bench_engine(&path, tuning) {
-        Ok(e) => e,
-        Err(code) => return crate::common::fail(code),
-    };
+pub async fn run(
+    path: PathBuf,
+    concurrency: usize,
+    ops: usize,
+    tuning: Tuning,
+) -> Result<Outcome, Failure> {
+    let run = run_id().map_err(Failure::code)?;
+    let engine = bench_engine(&path, tuning).map_err(Failure::code)?;
     stream(engine, format!("ack-{run}"), concurrency, ops).await
 }
 
@@ -34,19 +33,18 @@ pub async fn run(path: PathBuf, concurrency: usize, ops: usize, tuning: Tuning) 
 /// `schema` of the database at `url` (created with the bench tables if missing, and left in
 /// place afterwards for the caller to inspect). The keys are `ack-<run>-00000000`, … with
 /// `<run>` random per process, so every run on the same schema applies new operations.
-pub async fn run_pg(url: &str, schema: &str, concurrency: usize, ops: usize) -> ExitCode {
-    let run = match run_id() {
-        Ok(r) => r,
-        Err(code) => return crate::common::fail(code),
-    };
+pub async fn run_pg(
+    url: &str,
+    schema: &str,
+    concurrency: usize,
+    ops: usize,
+) -> Result<Outcome, Failure> {
+    let run = run_id().map_err(Failure::code)?;
     let mut opts = PgOptions::new("postgres:bench")
         .with_migrations(BENCH_PG_MIGRATIONS)
         .in_schema(schema);
     opts.max_connections = 64;
-    let store = match PgStore::open(url, opts) {
-        Ok(s) => s,
-        Err(e) => return crate::common::fail_store(&e),
-    };
+    let store = PgStore::open(url, opts)?;
     let clock: SharedClock = Arc::new(SystemClock);
     let engine = Engine::new(store, clock);
     stream(engine, format!("ack-{run}"), concurrency, ops).await
@@ -64,7 +62,12 @@ fn run_id() -> Result<String, &'static str> {
 
 /// The stream itself: operation `i` runs under `<prefix>-<i>` and its key is printed (and
 /// flushed) as soon as the call returns `Ok`, applied now or replayed.
-async fn stream(engine: Engine, prefix: String, concurrency: usize, ops: usize) -> ExitCode {
+async fn stream(
+    engine: Engine,
+    prefix: String,
+    concurrency: usize,
+    ops: usize,
+) -> Result<Outcome, Failure> {
     let prefix = Arc::new(prefix);
     let measured = super::run::drive("ack", concurrency, ops, move |i| {
         let engine = engine.clone();
@@ -81,7 +84,7 @@ async fn stream(engine: Engine, prefix: String, concurrency: usize, ops: usize) 
     })
     .await;
     if measured.failed > 0 {
-        return crate::common::fail("BENCH_FAILED");
+        return Err(Failure::code("BENCH_FAILED"));
     }
-    ExitCode::SUCCESS
+    Ok(Outcome::Pass)
 }

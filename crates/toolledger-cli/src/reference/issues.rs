@@ -1,4 +1,4 @@
-//! The issue tracker: `create_issue`, a multi-round tool (MCP 2026-07-28
+//! An issue tracker: `create_issue`, a multi-round tool (MCP 2026-07-28
 //! `input_required`; under the initialize lifecycle the body is asked for by elicitation)
 //! whose continuation commits the ledger row and the issue row in one transaction. With a
 //! `watcher`, adding the watcher is a second step; if it fails the issue stays, a compensation
@@ -334,7 +334,7 @@ impl CreateIssue {
                         ..
                     } => {
                         if self.faults.exit_after_partial_first_commit {
-                            std::process::exit(73);
+                            crate::exit::crash(73);
                         }
                         self.watcher_steps(operation_id, first_result, watcher)
                             .await?
@@ -488,13 +488,13 @@ impl CreateIssue {
                     .and_then(|row| row.ok_or_else(Error::not_found)?.int(0))
                     .map_err(|_| Error::unavailable("the issue could not be stored"))?;
                 if exit_72 {
-                    std::process::exit(72);
+                    crate::exit::crash(72);
                 }
                 Ok(id)
             })
             .await?;
         if self.faults.drop_after_commit {
-            std::process::exit(70);
+            crate::exit::crash(70);
         }
         let mut out = created(id);
         out["operationId"] = json!(args.operation_id);

@@ -1,4 +1,4 @@
-//! `refund_order`, a deferred effect delivered through the outbox to a downstream
+//! `refund_order`: a deferred effect delivered through the outbox to a downstream
 //! payments service.
 //!
 //! `refund_order {idempotency_key, order_id, amount_cents, approval}`:

@@ -79,10 +79,10 @@ impl Faults {
         }
         Some(Arc::new(move |point| match point {
             FaultPoint::AfterLedgerInsert if self.exit_after_ledger_insert => {
-                std::process::exit(71)
+                crate::exit::crash(71)
             }
-            FaultPoint::AfterEffect if self.exit_after_effect_insert => std::process::exit(72),
-            FaultPoint::AfterCommit if self.drop_after_commit => std::process::exit(70),
+            FaultPoint::AfterEffect if self.exit_after_effect_insert => crate::exit::crash(72),
+            FaultPoint::AfterCommit if self.drop_after_commit => crate::exit::crash(70),
             _ => {}
         }))
     }

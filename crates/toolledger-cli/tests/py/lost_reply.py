@@ -1,4 +1,4 @@
-"""The lost-reply story of create_issue driven by the official MCP Python SDK (mcp==2.3.0).
+"""The lost-reply story of `create_issue` driven by the official MCP Python SDK (mcp==2.3.0).
 
 Usage: lost_reply.py SPEC_JSON
 where SPEC_JSON is {"binary": TOOLLEDGER_BIN, "store_args": [serve flags selecting the

@@ -1,50 +1,22 @@
-//! Helpers for the runtime CLI tests: run the built `toolledger` binary, parse its one JSON
-//! object, and read both SQLite files (ledger and payments stand-in) directly.
-
-#![allow(dead_code)]
+//! The deferred runtime's commands through the built binary: runs of `approve`, `dispatch`,
+//! `status`, … on a [`Db`] (one JSON object each), both SQLite files (ledger and payments
+//! stand-in) read directly, and fixtures.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Stdio;
 
-use serde_json::Value;
+pub use super::{bin, toolledger, Db, Run, BIN};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_toolledger");
-
+/// A runtime example fixture of the repository.
 pub fn example(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../examples/fixtures")
         .join(name)
 }
 
-pub struct Run {
-    pub code: i32,
-    pub stdout: String,
-    pub stderr: String,
-}
-
-impl Run {
-    pub fn json(&self) -> Value {
-        serde_json::from_str(self.stdout.trim()).unwrap_or_else(|e| {
-            panic!(
-                "stdout is not one JSON object ({e}): {:?} / {:?}",
-                self.stdout, self.stderr
-            )
-        })
-    }
-}
-
-impl From<Output> for Run {
-    fn from(o: Output) -> Self {
-        Run {
-            code: o.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-        }
-    }
-}
-
+/// Runs the binary with `args` (no stdin, no crash-point hold) and waits for it.
 pub fn run(args: &[&str]) -> Run {
-    Command::new(BIN)
+    toolledger()
         .args(args)
         .env_remove("TOOLLEDGER_TEST_HOLD_AT")
         .stdin(Stdio::null())
@@ -53,35 +25,15 @@ pub fn run(args: &[&str]) -> Run {
         .into()
 }
 
-/// A temporary directory with a ledger path and the default downstream path beside it.
-pub struct Db {
-    pub dir: tempfile::TempDir,
-    pub db: PathBuf,
-}
-
 impl Db {
-    pub fn new() -> Db {
-        let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join("ledger.sqlite");
-        Db { dir, db }
-    }
-
-    pub fn db(&self) -> &str {
-        self.db.to_str().unwrap()
-    }
-
-    pub fn downstream(&self) -> PathBuf {
-        let mut s = self.db.as_os_str().to_os_string();
-        s.push(".downstream.sqlite");
-        PathBuf::from(s)
-    }
-
+    /// Runs `cmd --db <ledger> extra…`.
     pub fn run(&self, cmd: &str, extra: &[&str]) -> Run {
         let mut args = vec![cmd, "--db", self.db()];
         args.extend_from_slice(extra);
         run(&args)
     }
 
+    /// `approve --fixture FIXTURE --approver APPROVER`.
     pub fn approve(&self, fixture: &Path, approver: &str) -> Run {
         self.run(
             "approve",
@@ -94,12 +46,14 @@ impl Db {
         )
     }
 
+    /// `dispatch --fixture FIXTURE extra…`.
     pub fn dispatch(&self, fixture: &Path, extra: &[&str]) -> Run {
         let mut args = vec!["--fixture", fixture.to_str().unwrap()];
         args.extend_from_slice(extra);
         self.run("dispatch", &args)
     }
 
+    /// `status --fixture FIXTURE --status-ref REF`.
     pub fn status(&self, fixture: &Path, status_ref: &str) -> Run {
         self.run(
             "status",
@@ -112,16 +66,19 @@ impl Db {
         )
     }
 
+    /// A fresh connection to the ledger file (waiting up to 5 s on a busy database).
     pub fn ledger(&self) -> rusqlite::Connection {
         let c = rusqlite::Connection::open(&self.db).unwrap();
         c.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
         c
     }
 
+    /// One integer a query on the ledger returns.
     pub fn int(&self, sql: &str) -> i64 {
         self.ledger().query_row(sql, [], |r| r.get(0)).unwrap()
     }
 
+    /// One text a query on the ledger returns.
     pub fn text(&self, sql: &str) -> String {
         self.ledger().query_row(sql, [], |r| r.get(0)).unwrap()
     }

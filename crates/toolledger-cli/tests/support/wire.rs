@@ -1,7 +1,6 @@
-//! Shared helpers for the MCP wire tests: spawn the built `toolledger serve`, speak raw
-//! JSON-RPC lines over its stdio, and read the database back.
-
-#![allow(dead_code)]
+//! The MCP wire tests' helpers: a fresh ledger of either backend ([`Db`]), the built
+//! `toolledger serve` spawned on it ([`serve_command`], [`Server`]) speaking raw JSON-RPC
+//! lines over its stdio, and reading the database back.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -14,10 +13,7 @@ use toolledger::effect::{EffectTx, RowExt};
 use toolledger::store::Store;
 use toolledger_testkit::conformance::Harness;
 
-/// The built binary.
-pub fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_toolledger"))
-}
+pub use super::{bin, toolledger};
 
 /// Backend id every SQLite wire test binds its database to.
 pub const BACKEND: &str = "sqlite:mcp-wire";
@@ -113,7 +109,7 @@ impl Ledger for PathBuf {
 /// `acme`, role editor, scope automation:write) and `carol` in tenant `other`.
 pub enum Db {
     /// A temporary SQLite file.
-    Sqlite(tempfile::TempDir, PathBuf),
+    Sqlite(super::Db),
     /// A fresh schema of the test PostgreSQL database (dropped with the harness).
     Postgres {
         /// Owns (and at the end drops) the schema.
@@ -163,8 +159,9 @@ impl Db {
 
     /// A fresh SQLite database.
     pub fn sqlite() -> Db {
-        let (dir, path) = fresh_db();
-        Db::Sqlite(dir, path)
+        let db = super::Db::new();
+        add_principals(db.path());
+        Db::Sqlite(db)
     }
 
     /// A fresh PostgreSQL schema; `None` when PostgreSQL tests are skipped (one loud line;
@@ -186,7 +183,7 @@ impl Db {
 impl Ledger for Db {
     fn store_args(&self) -> Vec<String> {
         match self {
-            Db::Sqlite(_, p) => p.store_args(),
+            Db::Sqlite(d) => d.path().store_args(),
             Db::Postgres { url, dir, .. } => vec![
                 "--database-url".into(),
                 url.clone(),
@@ -217,14 +214,14 @@ impl Ledger for Db {
 
     fn store(&self) -> Store {
         match self {
-            Db::Sqlite(_, p) => p.store(),
+            Db::Sqlite(d) => d.path().store(),
             Db::Postgres { store, .. } => store.clone(),
         }
     }
 
     fn scalar(&self, sql: &str) -> i64 {
         match self {
-            Db::Sqlite(_, p) => p.scalar(sql),
+            Db::Sqlite(d) => d.path().scalar(sql),
             Db::Postgres { store, h, .. } => {
                 let _ = h;
                 let (store, sql) = (store.clone(), sql.to_string());
@@ -243,7 +240,7 @@ impl Ledger for Db {
 
     fn pairs(&self, sql: &str) -> Vec<(String, String)> {
         match self {
-            Db::Sqlite(_, p) => p.pairs(sql),
+            Db::Sqlite(d) => d.path().pairs(sql),
             Db::Postgres { store, .. } => {
                 let (store, sql) = (store.clone(), sql.to_string());
                 std::thread::spawn(move || {
@@ -272,8 +269,7 @@ fn add_principals<L: Ledger + ?Sized>(db: &L) {
 /// A fresh SQLite database with principals `alice` and `bob` (tenant `acme`, role editor,
 /// scope automation:write) and `carol` in tenant `other`. Returns the temp dir and the db path.
 pub fn fresh_db() -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("ledger.sqlite");
+    let super::Db { dir, db } = super::Db::new();
     add_principals(db.as_path());
     (dir, db)
 }
@@ -334,13 +330,27 @@ pub struct Server {
     next_id: i64,
 }
 
-/// Extra `serve` flags.
+/// The `serve` arguments for `db` as `principal`, followed by `extra` flags.
 pub fn serve_args<L: Ledger + ?Sized>(db: &L, principal: &str, extra: &[&str]) -> Vec<String> {
     let mut a = vec!["serve".to_string()];
     a.extend(db.store_args());
     a.extend(["--principal".to_string(), principal.into()]);
     a.extend(extra.iter().map(|s| s.to_string()));
     a
+}
+
+/// `toolledger serve` on `db` with `args` (after the ledger's flags) and exactly the key
+/// variables the ledger's servers share (none on SQLite, whose keys come from its key file).
+pub fn serve_command<L: Ledger + ?Sized>(db: &L, args: &[String]) -> Command {
+    let mut command = toolledger();
+    command
+        .arg("serve")
+        .args(db.store_args())
+        .args(args)
+        .env_remove("TOOLLEDGER_STATE_KEY_HEX")
+        .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX")
+        .envs(db.key_env());
+    command
 }
 
 impl Server {
@@ -356,14 +366,15 @@ impl Server {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Server {
-        let mut command = Command::new(bin());
-        command
-            .args(serve_args(db, principal, extra))
-            .env_remove("TOOLLEDGER_STATE_KEY_HEX")
-            .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX");
-        for (k, v) in db.key_env().into_iter().chain(env.iter().copied()) {
-            command.env(k, v);
-        }
+        let mut args = vec!["--principal".to_string(), principal.into()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut command = serve_command(db, &args);
+        command.envs(env.iter().copied());
+        Server::spawn(command)
+    }
+
+    /// Spawns `command` (a stdio `serve`) with piped stdin and stdout, stderr discarded.
+    pub fn spawn(mut command: Command) -> Server {
         let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -428,12 +439,25 @@ impl Server {
     /// whole JSON-RPC response.
     pub fn call_raw(&mut self, params: Value) -> Value {
         let id = self.id();
-        let mut params = params;
-        params["_meta"] = meta();
-        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}));
+        self.send_call(id, params);
         let reply = self.recv();
         assert_eq!(reply["id"], id, "reply to another request: {reply}");
         reply
+    }
+
+    /// Sends a 2026-07-28 `tools/call` under the caller's request `id` without waiting (for
+    /// the same request to several servers at once); [`Server::recv_result`] reads its reply.
+    pub fn send_call(&mut self, id: i64, params: Value) {
+        let mut params = params;
+        params["_meta"] = meta();
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}));
+    }
+
+    /// The `result` of the next reply, which must answer request `id`.
+    pub fn recv_result(&mut self, id: i64) -> Value {
+        let reply = self.recv();
+        assert_eq!(reply["id"], id, "reply to another request: {reply}");
+        reply["result"].clone()
     }
 
     /// `tools/call` returning the `result` object.
@@ -473,12 +497,17 @@ impl Server {
     pub fn wait_exit(mut self) -> i32 {
         self.child.wait().unwrap().code().unwrap_or(-1)
     }
+
+    /// Kills the process (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill();
     }
 }
 
