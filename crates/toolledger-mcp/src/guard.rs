@@ -1,7 +1,7 @@
 //! The guard: runs a tool's effect under the ledger so a retry replays and never repeats.
 //!
 //! A guarded call is identified by its operation id (the idempotency key) and bound to the
-//! current principal. [`Guard`] computes the request's fingerprint (DESIGN §6, keyed, including
+//! current principal. [`Guard`] computes the request's keyed fingerprint (including
 //! the continuation state and input responses), fixes the operation's deadlines, and hands the
 //! effect to the [`Engine`], which looks up the scope (same id + different fingerprint or intent
 //! → `operation_conflict`, before any deadline), checks deadlines (authority before retention)
@@ -37,7 +37,7 @@ pub struct GuardConfig {
     pub retention_ttl: i64,
     /// Seconds a sealed `requestState` stays valid.
     pub request_state_ttl: i64,
-    /// Whether operation ids share one namespace across principals (seed 003): another
+    /// Whether operation ids share one namespace across principals: another
     /// principal's use of an id is `operation_conflict`.
     pub shared_key_namespace: bool,
 }
@@ -140,7 +140,8 @@ impl Guard {
         self.engine.store().backend_id()
     }
 
-    /// The fingerprint of one logical request (DESIGN §6).
+    /// The keyed fingerprint of one logical request: caller, tool and input revision,
+    /// arguments, continuation state and input responses.
     pub fn fingerprint(
         &self,
         request: &GuardedRequest<'_>,
