@@ -131,6 +131,20 @@ async fn arguments_outside_the_input_schema_are_refused_and_nothing_is_written()
         assert!(message.contains(what), "{args}: {message}");
         assert!(message.chars().count() <= 320, "{message}");
     }
+    // A single-round tool takes no continuation.
+    let mut p = CallToolRequestParams::new("create_note").with_arguments(
+        json!({"operation_id": "c-1", "text": "hi"})
+            .as_object()
+            .cloned()
+            .unwrap(),
+    );
+    p.request_state = Some("forged".into());
+    let r = s.client.call_tool(p).await.unwrap();
+    assert_eq!(r.is_error, Some(true));
+    assert_eq!(
+        r.structured_content.unwrap()["error"]["code"],
+        "continuation_unsupported"
+    );
     let (err, body) = s
         .call(
             "get_operation_status",
