@@ -45,6 +45,12 @@ pub enum OpenError {
     /// The keys could not be loaded.
     #[error(transparent)]
     Keys(#[from] KeyError),
+    /// PostgreSQL has no key file beside it: the keys must come from the environment (or
+    /// [`LedgerGuardBuilder::keys`]).
+    #[error(
+        "a PostgreSQL ledger needs TOOLLEDGER_STATE_KEY_HEX and TOOLLEDGER_FINGERPRINT_KEY_HEX"
+    )]
+    KeysRequired,
     /// The guard refused its keys or configuration.
     #[error("{0}")]
     Guard(Error),
@@ -156,7 +162,17 @@ impl LedgerGuardBuilder {
     /// guard. Blocking: call it before serving (or from `spawn_blocking`).
     pub fn open(self) -> Result<LedgerGuard, OpenError> {
         let database = self.database.ok_or(OpenError::NoDatabase)?;
-        let (store, key_file): (Store, Option<&Path>) = if is_postgres_url(&database) {
+        let postgres = is_postgres_url(&database);
+        // Keys first: a configuration that cannot run must not create or migrate anything.
+        let key_file = (!postgres).then(|| Path::new(&database));
+        let keys = match self.keys {
+            Some(keys) => keys,
+            None => match KeyMaterial::load(key_file) {
+                Err(KeyError::File) if postgres => return Err(OpenError::KeysRequired),
+                other => other?,
+            },
+        };
+        let store: Store = if postgres {
             let mut opts = match self.backend_id {
                 Some(id) => PgOptions::new(id),
                 None => PgOptions::any_backend(),
@@ -164,7 +180,7 @@ impl LedgerGuardBuilder {
             opts = opts
                 .with_migrations(&self.migrations)
                 .allow_migrate(self.migrate);
-            (PgStore::open(&database, opts)?.into(), None)
+            PgStore::open(&database, opts)?.into()
         } else {
             let mut opts = match self.backend_id {
                 Some(id) => OpenOptions::new(id),
@@ -173,12 +189,7 @@ impl LedgerGuardBuilder {
             opts = opts
                 .with_migrations(&self.migrations)
                 .allow_migrate(self.migrate);
-            let path = Path::new(&database);
-            (SqliteStore::open(path, opts)?.into(), Some(path))
-        };
-        let keys = match self.keys {
-            Some(keys) => keys,
-            None => KeyMaterial::load(key_file)?,
+            SqliteStore::open(&database, opts)?.into()
         };
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
         let engine = Engine::new(store.clone(), clock.clone());
