@@ -1,162 +1,116 @@
-//! Guard your own side-effecting rmcp tool.
+//! Guard your own side-effecting tool in an ordinary rmcp server.
 //!
-//! A tiny notes server: `create_note {operation_id, text}` inserts a row into the user's own
-//! `notes` table. Wrapped in a [`GuardedTool`], the insert commits in the same transaction as
-//! the ledger row, so a retry with the same operation id replays the stored result instead of
-//! inserting again, and `get_operation_status` answers after a lost reply.
+//! A tiny notes server: `create_note {operation_id, text}` inserts a row into the
+//! application's own `notes` table. The tool is a plain `#[tool]` method; its `Guarded`
+//! argument commits the insert in the same transaction as the ledger row, so a retry with the
+//! same operation id replays the stored result instead of inserting again, the same id with
+//! other arguments is `operation_conflict`, `get_operation_status` answers after a lost
+//! reply, and a call that does not match the input schema is refused before anything runs.
 //!
-//! Run it with `cargo run -p toolledger-mcp --example guarded_tool`: it serves the tools to an
-//! in-process rmcp client, calls `create_note` twice with one operation id, asks for status,
-//! and prints what it saw (exit 0 when there is exactly one note).
+//! `cargo run -p toolledger-mcp --example guarded_tool -- serve [DATABASE]` serves it over
+//! stdio as principal `alice` (tests/example_guarded_tool.rs drives it in-process, and
+//! tests/python_sdk.rs with the official Python SDK).
+//!
+//! DATABASE is a SQLite file or a `postgres://` URL (default: `$TOOLLEDGER_DATABASE_URL`,
+//! else a temporary SQLite file). PostgreSQL takes its keys from `TOOLLEDGER_STATE_KEY_HEX`
+//! and `TOOLLEDGER_FINGERPRINT_KEY_HEX`; SQLite keeps them in a key file beside the database.
 
-use std::sync::Arc;
-
-use rmcp::model::CallToolRequestParams;
-use rmcp::ServiceExt;
+use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Json, wrapper::Parameters};
+use rmcp::{schemars, tool, tool_handler, tool_router, ServerHandler, ServiceExt};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use toolledger::authz::PrincipalStore;
-use toolledger::clock::SystemClock;
-use toolledger::effect::EffectTx;
-use toolledger::engine::{Engine, InlineEffect};
-use toolledger::model::{Error, Principal, ToolContract};
-use toolledger::store::sqlite::{OpenOptions, SqliteStore};
-use toolledger::store::Migration;
-use toolledger_mcp::tool::{GuardedTool, LedgerResultObserver};
-use toolledger_mcp::{CallerSource, Guard, GuardConfig, KeyMaterial, LedgerServer, StatusTool};
+use toolledger::effect::{EffectTx, RowExt};
+use toolledger::{engine::InlineEffect, model::Error, model::Principal, store::Migration};
+use toolledger_mcp::{status_router, Guarded, LedgerGuard, Receipt, Refusal};
 
-/// The application's own table, migrated beside the ledger's.
-const NOTES: Migration = Migration {
+/// The application's own table, migrated beside the ledger's: SQL both backends accept.
+pub const NOTES: Migration = Migration {
     namespace: "example.notes",
     version: 1,
-    sql: "CREATE TABLE notes (
-              id INTEGER PRIMARY KEY,
-              author TEXT NOT NULL,
-              text TEXT NOT NULL CHECK (length(text) BETWEEN 1 AND 1000)
-          ) STRICT;",
+    sql: "CREATE TABLE notes (id BIGINT PRIMARY KEY, author TEXT NOT NULL,
+              text TEXT NOT NULL CHECK (length(text) BETWEEN 1 AND 1000))",
 };
 
-/// The effect: one note row. It runs inside the ledger's transaction.
-struct InsertNote {
+/// Portable too: no `AUTOINCREMENT`/`SERIAL`, the effect numbers its rows.
+const INSERT_NOTE: &str = "INSERT INTO notes(id, author, text) \
+    SELECT coalesce(max(id), 0) + 1, ?1, ?2 FROM notes RETURNING id";
+
+/// The tool's arguments; the input schema (unknown fields refused) is derived from it.
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewNote {
+    /// Idempotency key: retry with the same one to replay instead of repeating.
+    #[schemars(length(min = 1, max = 256))]
+    operation_id: String,
+    /// The note.
+    #[schemars(length(min = 1, max = 1000))]
     text: String,
 }
 
+/// What the effect returns (and a replay returns again); the output schema is derived from it.
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
+pub struct NoteCreated {
+    /// The new row's id.
+    #[serde(rename = "effectId")]
+    effect_id: i64,
+    /// A human-readable summary.
+    result: String,
+}
+
+/// The effect: one note row, inside the ledger's transaction.
+struct InsertNote(String);
+
 impl InlineEffect for InsertNote {
-    fn apply(&self, tx: &mut dyn EffectTx, principal: &Principal) -> Result<Value, Error> {
-        let rows = tx.query(
-            "INSERT INTO notes(author, text) VALUES (?1, ?2) RETURNING id",
-            &[principal.subject.clone().into(), self.text.clone().into()],
-        )?;
-        let id = rows[0][0].as_i64().unwrap_or_default();
+    fn apply(&self, tx: &mut dyn EffectTx, p: &Principal) -> Result<Value, Error> {
+        let params = [p.subject.clone().into(), self.0.clone().into()];
+        let row = tx.query_opt(INSERT_NOTE, &params)?.unwrap_or_default();
+        let id = row.int(0)?;
         Ok(json!({"effectId": id, "result": format!("note {id}")}))
     }
 }
 
-/// The guarded tool: contract, schema, and how to turn a call into (intent, effect).
-fn create_note(guard: Guard) -> GuardedTool {
-    GuardedTool::new(
-        guard,
-        ToolContract::uniform("create_note", "1"),
-        "Create a note; retry with the same operation_id to replay.",
-        json!({
-            "type": "object",
-            "properties": {
-                "operation_id": {"type": "string", "minLength": 1, "maxLength": 256},
-                "text": {"type": "string", "minLength": 1, "maxLength": 1000},
-            },
-            "required": ["operation_id", "text"],
-            "additionalProperties": false,
-        }),
-        |call| {
-            let text = match call.arguments.get("text") {
-                Some(Value::String(t)) if !t.is_empty() => t.clone(),
-                _ => return Err(Error::invalid("text must be a non-empty string")),
-            };
-            let effect: Arc<dyn InlineEffect> = Arc::new(InsertNote { text: text.clone() });
-            Ok((json!({"text": text}), effect))
-        },
-    )
+/// The server: an ordinary rmcp tool router, wrapped once by the ledger.
+#[derive(Clone)]
+pub struct Notes {
+    tool_router: ToolRouter<Self>,
 }
 
-async fn count_notes(store: &SqliteStore) -> Result<i64, Error> {
-    store
-        .read(|conn| {
-            conn.query_row("SELECT count(*) FROM notes", [], |r| r.get(0))
-                .map_err(|_| Error::unavailable("notes could not be counted"))
-        })
-        .await
+#[tool_router]
+impl Notes {
+    /// Create a note; retry with the same operation_id to replay.
+    #[tool(annotations(destructive_hint = false, idempotent_hint = true))]
+    async fn create_note(
+        &self,
+        g: Guarded,
+        Parameters(note): Parameters<NewNote>,
+    ) -> Result<Json<Receipt<NoteCreated>>, Refusal> {
+        let intent = json!({"text": note.text});
+        g.run(&note.operation_id, intent, InsertNote(note.text))
+            .await
+    }
 }
 
-/// Builds the server, runs one client session against it, and returns the summary.
-pub async fn run(dir: &std::path::Path) -> Result<Value, Box<dyn std::error::Error>> {
-    let db = dir.join("notes.sqlite");
-    let store = SqliteStore::open(
-        &db,
-        OpenOptions::new("sqlite:notes").with_migrations(&[NOTES]),
-    )?;
-    let principals = PrincipalStore::new(store.clone());
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for Notes {}
+
+/// Opens the ledger at `database` (a SQLite file or a `postgres://` URL) and builds the server.
+pub async fn open(database: &str) -> Result<(LedgerGuard, Notes), Box<dyn std::error::Error>> {
+    let builder = LedgerGuard::builder().database(database);
+    let ledger = builder.migrations(&[NOTES]).principal("alice").open()?;
+    let principals = ledger.principals();
     principals.add("alice", "acme", &[], &[], false).await?;
-
-    // Keys from TOOLLEDGER_*_KEY_HEX, else a 0600 key file beside the database.
-    let keys = KeyMaterial::load(Some(&db))?;
-    let engine = Engine::new(store.clone(), Arc::new(SystemClock));
-    let guard = Guard::new(engine, &keys, GuardConfig::default())?;
-
-    let server = LedgerServer::new(
-        "notes",
-        vec![
-            Arc::new(create_note(guard.clone())),
-            Arc::new(StatusTool::new(
-                guard,
-                vec![("create_note".into(), Arc::new(LedgerResultObserver))],
-            )),
-        ],
-        principals,
-        CallerSource::Configured("alice".into()),
-    );
-
-    // Serve in-process; a real server would use `rmcp::transport::stdio()`.
-    let (server_io, client_io) = tokio::io::duplex(64 * 1024);
-    let serving = tokio::spawn(async move {
-        if let Ok(running) = server.serve(server_io).await {
-            let _ = running.waiting().await;
-        }
-    });
-    let client = ().serve(client_io).await?;
-    let args = json!({"operation_id": "note-1", "text": "hello"});
-    let call = || {
-        CallToolRequestParams::new("create_note")
-            .with_arguments(args.as_object().cloned().unwrap_or_default())
-    };
-    let first = client.call_tool(call()).await?.structured_content;
-    let retry = client.call_tool(call()).await?.structured_content;
-    let status = client
-        .call_tool(
-            CallToolRequestParams::new("get_operation_status").with_arguments(
-                json!({"operation_id": "note-1"})
-                    .as_object()
-                    .cloned()
-                    .unwrap_or_default(),
-            ),
-        )
-        .await?
-        .structured_content;
-    client.cancel().await?;
-    serving.abort();
-    Ok(json!({
-        "first": first,
-        "retry": retry,
-        "status_state": status.as_ref().map(|s| s["state"].clone()),
-        "notes": count_notes(&store).await?,
-    }))
+    let tool_router = ledger.router(Notes::tool_router() + status_router())?;
+    Ok((ledger, Notes { tool_router }))
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
-    let summary = run(dir.path()).await?;
-    println!("{summary}");
-    if summary["notes"] != 1 || summary["retry"]["replayed"] != true {
-        std::process::exit(1);
-    }
+    let temporary = dir.path().join("notes.sqlite").display().to_string();
+    let given = std::env::args().skip(1).find(|a| a != "serve");
+    let database = given.or(std::env::var("TOOLLEDGER_DATABASE_URL").ok());
+    let (_ledger, notes) = open(&database.unwrap_or(temporary)).await?;
+    let running = notes.serve(rmcp::transport::stdio()).await?;
+    running.waiting().await?;
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! The guard: runs a tool's effect under the ledger so a retry replays and never repeats.
 //!
 //! A guarded call is identified by its operation id (the idempotency key) and bound to the
-//! current principal. [`Guard`] computes the request's fingerprint (keyed, including
+//! current principal. [`Guard`] computes the request's keyed fingerprint (including
 //! the continuation state and input responses), fixes the operation's deadlines, and hands the
 //! effect to the [`Engine`], which looks up the scope (same id + different fingerprint or intent
 //! → `operation_conflict`, before any deadline), checks deadlines (authority before retention)
@@ -140,7 +140,8 @@ impl Guard {
         self.engine.store().backend_id()
     }
 
-    /// The fingerprint of one logical request (see `toolledger::digest::fingerprint`).
+    /// The keyed fingerprint of one logical request: caller, tool and input revision,
+    /// arguments, continuation state and input responses.
     pub fn fingerprint(
         &self,
         request: &GuardedRequest<'_>,

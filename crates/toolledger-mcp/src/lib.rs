@@ -3,7 +3,20 @@
 //! A retry with the same operation id replays the stored result instead of repeating the
 //! effect; a lost reply becomes a `get_operation_status` query, never a second effect.
 //!
-//! The pieces:
+//! Guarding an ordinary rmcp server:
+//! - [`LedgerGuard`] (built by [`LedgerGuard::builder`]): opens the ledger — a SQLite file, or
+//!   PostgreSQL for a `postgres://` URL — with the application's own portable migrations,
+//!   loads the keys and fixes where callers come from (a configured principal on stdio,
+//!   bearer tokens over HTTP).
+//! - [`Guarded`]: an rmcp extractor. A guarded tool is a plain `#[tool]` method taking typed
+//!   `Parameters<T>` and `g: Guarded`; `g.run(operation_id, intent, effect)` runs the effect
+//!   under the ledger and answers a [`Receipt`] (output schema from its result type) or a
+//!   [`Refusal`] in-band. [`Guarded::ask`]/[`Guarded::run_answered`] make it multi-round.
+//! - [`status_router`]: `get_operation_status` as an rmcp router, added once.
+//! - [`LedgerGuard::router`]: wraps the combined router once; validates every call's
+//!   arguments against the tool's input schema before anything is fingerprinted or written.
+//!
+//! The underlying pieces (also behind the older [`LedgerServer`] and its [`McpTool`]s):
 //! - [`guard::Guard`]: fingerprint, deadlines and the engine call for one guarded request;
 //!   [`guard::Guard::first_round`]/[`guard::Guard::resume`] for multi-round tools whose
 //!   `requestState` is sealed by [`state::StateSealer`] (rmcp's `RequestStateCodec` keyring).
@@ -20,7 +33,9 @@
 
 pub mod caller;
 pub mod guard;
+pub mod guarded;
 pub mod keys;
+pub mod ledger;
 pub mod reply;
 pub mod server;
 pub mod state;
@@ -29,7 +44,9 @@ pub mod tool;
 
 pub use caller::{bearer_auth, AuthenticatedName, Caller, CallerSource};
 pub use guard::{Guard, GuardConfig, GuardedRequest, Resumed};
+pub use guarded::{status_router, Guarded, Receipt, Refusal};
 pub use keys::KeyMaterial;
+pub use ledger::{LedgerGuard, LedgerGuardBuilder, OpenError};
 pub use server::{LedgerServer, McpTool, ToolCall};
 pub use status::{EffectObserver, Observation, StatusTool};
 pub use tool::{GuardedTool, LedgerResultObserver};

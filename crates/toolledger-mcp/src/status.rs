@@ -15,6 +15,7 @@ use serde_json::{json, Map, Value};
 use toolledger::engine::OperationRecord;
 use toolledger::model::{Error, OperationState};
 
+use crate::caller::Caller;
 use crate::guard::{operation_id_from, Guard};
 use crate::reply::{tool_error, tool_ok};
 use crate::server::{BoxFuture, McpTool, ToolCall};
@@ -56,7 +57,13 @@ impl StatusTool {
 
     /// The status object for `operation_id` as seen by `call`'s caller.
     pub async fn status(&self, call: &ToolCall, operation_id: &str) -> Result<Value, Error> {
-        let p = &call.caller.principal;
+        self.status_of(&call.caller, operation_id).await
+    }
+
+    /// The status object for `operation_id` as seen by `caller`: the first of the tools (in
+    /// the order given) under which the caller has a ledger row for this id answers.
+    pub async fn status_of(&self, caller: &Caller, operation_id: &str) -> Result<Value, Error> {
+        let p = &caller.principal;
         let mut found = None;
         for (tool, observer) in &self.tools {
             if let Some(record) = self
@@ -70,7 +77,7 @@ impl StatusTool {
             }
         }
         let backend = self.guard.backend_id().to_string();
-        let principal = call.caller.name.clone();
+        let principal = caller.name.clone();
         let (state, authoritative, matching, detail, stored) = match found {
             None => (
                 "unknown",
@@ -171,7 +178,8 @@ pub fn output_schema() -> Map<String, Value> {
     }
 }
 
-fn schema() -> Map<String, Value> {
+/// The JSON Schema of the status tool's arguments: `{operation_id}` and nothing else.
+pub fn input_schema() -> Map<String, Value> {
     match json!({
         "type": "object",
         "properties": {"operation_id": {"type": "string", "minLength": 1, "maxLength": 256}},
@@ -183,13 +191,14 @@ fn schema() -> Map<String, Value> {
     }
 }
 
-impl McpTool for StatusTool {
-    fn definition(&self) -> Tool {
+impl StatusTool {
+    /// The tool's definition: name, argument and result schemas, read-only annotations.
+    pub fn tool() -> Tool {
         Tool::new(
             Self::NAME,
             "Read-only: what the ledger knows about one of your operations. Never writes, never \
              authorizes a fresh write; absence is `unknown`.",
-            Arc::new(schema()),
+            Arc::new(input_schema()),
         )
         .with_raw_output_schema(Arc::new(output_schema()))
         .with_annotations(
@@ -199,6 +208,12 @@ impl McpTool for StatusTool {
                 .idempotent(true)
                 .open_world(false),
         )
+    }
+}
+
+impl McpTool for StatusTool {
+    fn definition(&self) -> Tool {
+        Self::tool()
     }
 
     fn call(&self, call: ToolCall) -> BoxFuture<'_, CallToolResponse> {

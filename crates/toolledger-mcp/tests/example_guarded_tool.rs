@@ -1,18 +1,192 @@
-//! Runs `examples/guarded_tool.rs`: a user's own guarded tool replays instead of repeating.
+//! Runs `examples/guarded_tool.rs` in-process with an rmcp client: a user's own guarded tool
+//! replays instead of repeating, `get_operation_status` finds the operation without being
+//! told its tool, arguments outside the input schema are refused before anything is written,
+//! and the tool advertises schemas derived from its types.
 
 #[allow(dead_code)]
 #[path = "../examples/guarded_tool.rs"]
 mod example;
 
-#[tokio::test]
-async fn the_example_creates_one_note_and_replays_the_retry() {
+use rmcp::model::CallToolRequestParams;
+use rmcp::service::{RoleClient, RunningService};
+use rmcp::ServiceExt;
+use serde_json::{json, Value};
+use toolledger::effect::{EffectTx, RowExt};
+use toolledger_mcp::LedgerGuard;
+
+struct Session {
+    ledger: LedgerGuard,
+    client: RunningService<RoleClient, ()>,
+    _dir: tempfile::TempDir,
+}
+
+async fn session() -> Session {
     let dir = tempfile::tempdir().unwrap();
-    let summary = example::run(dir.path()).await.unwrap();
-    assert_eq!(summary["notes"], 1, "{summary}");
-    assert_eq!(summary["first"]["replayed"], false);
-    assert_eq!(summary["first"]["operationId"], "note-1");
-    assert_eq!(summary["first"]["result"], "note 1");
-    assert_eq!(summary["retry"]["replayed"], true);
-    assert_eq!(summary["retry"]["effectId"], summary["first"]["effectId"]);
-    assert_eq!(summary["status_state"], "applied");
+    let db = dir.path().join("notes.sqlite");
+    let (ledger, notes) = example::open(db.to_str().unwrap()).await.unwrap();
+    let (server_io, client_io) = tokio::io::duplex(64 * 1024);
+    tokio::spawn(async move {
+        if let Ok(running) = notes.serve(server_io).await {
+            let _ = running.waiting().await;
+        }
+    });
+    let client = ().serve(client_io).await.unwrap();
+    Session {
+        ledger,
+        client,
+        _dir: dir,
+    }
+}
+
+impl Session {
+    /// `(isError, structuredContent)` of one call.
+    async fn call(&self, tool: &str, args: Value) -> (bool, Value) {
+        let call = CallToolRequestParams::new(tool.to_string())
+            .with_arguments(args.as_object().cloned().unwrap());
+        let r = self.client.call_tool(call).await.unwrap();
+        (
+            r.is_error.unwrap_or(false),
+            r.structured_content.unwrap_or(Value::Null),
+        )
+    }
+
+    async fn count(&self, table: &str) -> i64 {
+        let sql = format!("SELECT count(*) FROM {table}");
+        self.ledger
+            .store()
+            .read(move |tx: &mut dyn EffectTx| tx.query_opt(&sql, &[])?.unwrap().int(0))
+            .await
+            .unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_creates_one_note_and_replays_the_retry() {
+    let s = session().await;
+    let args = json!({"operation_id": "note-1", "text": "hello"});
+    let first = s.call("create_note", args.clone()).await;
+    assert_eq!(
+        first,
+        (
+            false,
+            json!({"operationId": "note-1", "effectId": 1, "result": "note 1",
+                   "replayed": false, "state": "applied"})
+        )
+    );
+    let (err, retry) = s.call("create_note", args).await;
+    assert!(!err);
+    assert_eq!(retry["replayed"], true);
+    assert_eq!(retry["effectId"], 1);
+    let (err, conflict) = s
+        .call(
+            "create_note",
+            json!({"operation_id": "note-1", "text": "other"}),
+        )
+        .await;
+    assert!(err);
+    assert_eq!(conflict["error"]["code"], "operation_conflict");
+    let (err, status) = s
+        .call("get_operation_status", json!({"operation_id": "note-1"}))
+        .await;
+    assert!(!err, "{status}");
+    assert_eq!(status["state"], "applied");
+    assert_eq!(status["authoritative"], true);
+    assert_eq!(status["principal"], "alice");
+    assert_eq!(status["matchingIds"], json!([1]));
+    assert_eq!(
+        status["storedResult"],
+        json!({"effectId": 1, "result": "note 1"})
+    );
+    let (_, unknown) = s
+        .call(
+            "get_operation_status",
+            json!({"operation_id": "never-used"}),
+        )
+        .await;
+    assert_eq!(unknown["state"], "unknown");
+    assert_eq!(unknown["authoritative"], false);
+    assert_eq!(s.count("notes").await, 1);
+    assert_eq!(s.count("operations").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arguments_outside_the_input_schema_are_refused_and_nothing_is_written() {
+    let s = session().await;
+    let long = "x".repeat(1001);
+    for (args, what) in [
+        (
+            json!({"operation_id": "bad-1", "text": "hi", "extra": 1}),
+            "extra",
+        ),
+        (json!({"operation_id": "bad-2", "text": 7}), "text"),
+        (json!({"operation_id": "bad-3"}), "text"),
+        (json!({"operation_id": "bad-4", "text": ""}), "text"),
+        (json!({"operation_id": "bad-5", "text": long}), "text"),
+        (json!({"operation_id": "", "text": "hi"}), "operation_id"),
+    ] {
+        let (err, body) = s.call("create_note", args.clone()).await;
+        assert!(err, "{args} was accepted: {body}");
+        assert_eq!(body["error"]["code"], "invalid_arguments", "{args}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(what), "{args}: {message}");
+        assert!(message.chars().count() <= 320, "{message}");
+    }
+    // A single-round tool takes no continuation.
+    let mut p = CallToolRequestParams::new("create_note").with_arguments(
+        json!({"operation_id": "c-1", "text": "hi"})
+            .as_object()
+            .cloned()
+            .unwrap(),
+    );
+    p.request_state = Some("forged".into());
+    let r = s.client.call_tool(p).await.unwrap();
+    assert_eq!(r.is_error, Some(true));
+    assert_eq!(
+        r.structured_content.unwrap()["error"]["code"],
+        "continuation_unsupported"
+    );
+    let (err, body) = s
+        .call(
+            "get_operation_status",
+            json!({"operation_id": "x", "tool": "create_note"}),
+        )
+        .await;
+    assert!(err);
+    assert_eq!(body["error"]["code"], "invalid_arguments");
+    assert_eq!(s.count("notes").await, 0);
+    assert_eq!(s.count("operations").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tool_advertises_schemas_derived_from_its_types() {
+    let s = session().await;
+    let tools = s.client.list_all_tools().await.unwrap();
+    let mut names: Vec<_> = tools.iter().map(|t| t.name.to_string()).collect();
+    names.sort();
+    assert_eq!(names, ["create_note", "get_operation_status"]);
+    let note = tools.iter().find(|t| t.name == "create_note").unwrap();
+    let input = Value::Object(note.input_schema.as_ref().clone());
+    assert_eq!(input["additionalProperties"], false, "{input}");
+    assert_eq!(
+        input["required"],
+        json!(["operation_id", "text"]),
+        "{input}"
+    );
+    assert_eq!(input["properties"]["text"]["maxLength"], 1000, "{input}");
+    let output = Value::Object(note.output_schema.as_ref().unwrap().as_ref().clone());
+    let mut props: Vec<_> = output["properties"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    props.sort();
+    assert_eq!(
+        props,
+        ["effectId", "operationId", "replayed", "result", "state"],
+        "{output}"
+    );
+    let annotations = note.annotations.as_ref().unwrap();
+    assert_eq!(annotations.destructive_hint, Some(false));
+    assert_eq!(annotations.idempotent_hint, Some(true));
 }

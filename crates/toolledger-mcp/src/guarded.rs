@@ -1,0 +1,494 @@
+//! Guarded tools as ordinary rmcp `#[tool]` methods.
+//!
+//! A guarded tool takes typed [`Parameters<T>`](rmcp::handler::server::wrapper::Parameters)
+//! (its input schema comes from `schemars`) and one [`Guarded`] argument, and returns
+//! `Result<Json<Receipt<R>>, Refusal>` (its output schema comes from `R`):
+//!
+//! ```text
+//! #[tool(description = "Create a note; retry with the same operation_id to replay.")]
+//! async fn create_note(&self, g: Guarded, Parameters(p): Parameters<NewNote>)
+//!     -> Result<Json<Receipt<NoteCreated>>, Refusal> {
+//!     g.run(&p.operation_id, json!({"text": p.text}), InsertNote(p.text)).await
+//! }
+//! ```
+//!
+//! The router the tools are served from must pass through [`LedgerGuard::router`], once, with
+//! [`status_router`] added: `ledger.router(Self::tool_router() + status_router())`. For every
+//! call the wrapped router
+//!
+//! 1. validates the wire arguments against the tool's advertised input schema (see
+//!    [`LedgerGuard::router`] for why a JSON Schema validator and not serde alone): a call
+//!    that does not conform is answered in-band with `invalid_arguments` and nothing runs,
+//!    so nothing is fingerprinted and nothing is written;
+//! 2. records what [`Guarded`] needs (the raw arguments, the continuation fields, the
+//!    protocol version) before any extractor consumes them, so `g: Guarded` may come before
+//!    or after `Parameters<T>`;
+//! 3. answers a `Parameters<T>` deserialization failure in-band with `invalid_arguments`
+//!    too, instead of rmcp's text-only error.
+//!
+//! [`Guarded::run`] resolves the caller (re-reading the principal store), fingerprints the
+//! wire arguments and hands the effect to [`crate::Guard`]: a retry with the same operation id
+//! replays (`replayed: true`), the same id with other arguments is `operation_conflict`, and
+//! every refusal is the in-band `{error: {code, message}}` of [`crate::reply`]. Multi-round
+//! tools use [`Guarded::ask`] and [`Guarded::run_answered`] (MCP 2026-07-28 `input_required`).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use rmcp::handler::server::common::FromContextPart;
+use rmcp::handler::server::tool::{IntoCallToolResult, ToolCallContext, ToolRoute, ToolRouter};
+use rmcp::handler::server::wrapper::Json;
+use rmcp::model::{
+    CallToolResponse, CallToolResult, ErrorCode as RpcErrorCode, ErrorData, InputRequest,
+    InputResponses, JsonObject,
+};
+use rmcp::schemars::{self, JsonSchema};
+use rmcp::service::RequestContext;
+use rmcp::RoleServer;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use toolledger::engine::{InlineEffect, Outcome};
+use toolledger::model::{Error, ErrorCode, ToolContract};
+
+use crate::caller::Caller;
+use crate::guard::{outcome_json, GuardedRequest};
+use crate::ledger::LedgerGuard;
+use crate::reply::tool_error;
+use crate::server::is_multi_round;
+use crate::status::StatusTool;
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The longest validation message echoed to the client (instances may be long strings).
+const MAX_MESSAGE: usize = 300;
+
+/// What the wrapped router records for one call, in the request's extensions.
+#[derive(Clone)]
+struct CallScope {
+    ledger: LedgerGuard,
+    status: Arc<StatusTool>,
+    arguments: Arc<JsonObject>,
+    request_state: Option<String>,
+    input_responses: Option<InputResponses>,
+    multi_round: bool,
+}
+
+/// A refused guarded call: answered in-band as `isError: true` with
+/// `structuredContent: {error: {code, message}}` (see [`crate::reply::tool_error`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal(pub Error);
+
+impl Refusal {
+    /// The stable error code.
+    pub fn code(&self) -> ErrorCode {
+        self.0.code
+    }
+}
+
+impl From<Error> for Refusal {
+    fn from(e: Error) -> Self {
+        Refusal(e)
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+impl IntoCallToolResult for Refusal {
+    fn into_call_tool_result(self) -> Result<CallToolResponse, ErrorData> {
+        Ok(CallToolResponse::Complete(tool_error(&self.0)))
+    }
+}
+
+/// The reply of a guarded call: `{operationId, …the stored result's fields, replayed, state}`,
+/// exactly what [`crate::GuardedTool`] answers, typed by the effect's result `R` (an object
+/// whose fields are merged in), so `#[tool]` derives the output schema from it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Receipt<R> {
+    /// The operation id (idempotency key) of the call.
+    #[serde(rename = "operationId")]
+    pub operation_id: String,
+    /// The effect's result: fresh, or the stored one on a replay.
+    #[serde(flatten)]
+    pub result: R,
+    /// Whether the result was replayed from the ledger rather than produced now.
+    pub replayed: bool,
+    /// The operation's ledger state (`applied` for a committed inline effect).
+    pub state: String,
+}
+
+impl<R: Serialize> Receipt<R> {
+    /// The receipt as a complete tool response (for tools that return `CallToolResponse`,
+    /// e.g. multi-round ones).
+    pub fn into_response(self) -> CallToolResponse {
+        match serde_json::to_value(&self) {
+            Ok(v) => CallToolResponse::Complete(CallToolResult::structured(v)),
+            Err(_) => CallToolResponse::Complete(tool_error(&Error::unavailable(
+                "the result could not be encoded",
+            ))),
+        }
+    }
+}
+
+fn receipt<R: DeserializeOwned>(
+    operation_id: &str,
+    outcome: &Outcome,
+) -> Result<Receipt<R>, Refusal> {
+    serde_json::from_value(outcome_json(operation_id, outcome)).map_err(|e| {
+        tracing::error!(error = %e, "a guarded tool's result does not match its declared type");
+        Refusal(Error::unavailable(
+            "the operation's result does not match the tool's result type; ask \
+             get_operation_status",
+        ))
+    })
+}
+
+/// The extractor for a guarded tool: who is calling, which tool, which wire arguments, and
+/// the ledger to run the effect under. See the [module docs](self).
+pub struct Guarded {
+    scope: CallScope,
+    tool: String,
+    context: RequestContext<RoleServer>,
+}
+
+impl std::fmt::Debug for Guarded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guarded")
+            .field("tool", &self.tool)
+            .field("multi_round", &self.scope.multi_round)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> FromContextPart<ToolCallContext<'_, S>> for Guarded {
+    fn from_context_part(context: &mut ToolCallContext<'_, S>) -> Result<Self, ErrorData> {
+        let scope = context
+            .request_context
+            .extensions
+            .get::<CallScope>()
+            .cloned()
+            .ok_or_else(|| {
+                ErrorData::internal_error(
+                    "a guarded tool must be served through LedgerGuard::router",
+                    None,
+                )
+            })?;
+        Ok(Guarded {
+            scope,
+            tool: context.name.to_string(),
+            context: context.request_context.clone(),
+        })
+    }
+}
+
+fn check_operation_id(operation_id: &str) -> Result<(), Refusal> {
+    let n = operation_id.chars().count();
+    if n == 0 || n > 256 {
+        return Err(Refusal(Error::invalid(
+            "the operation id must be 1 to 256 characters",
+        )));
+    }
+    Ok(())
+}
+
+impl Guarded {
+    /// The tool's name (the `#[tool]` method's).
+    pub fn tool(&self) -> &str {
+        &self.tool
+    }
+
+    /// The wire arguments, as validated and as fingerprinted.
+    pub fn arguments(&self) -> &JsonObject {
+        &self.scope.arguments
+    }
+
+    /// The ledger.
+    pub fn ledger(&self) -> &LedgerGuard {
+        &self.scope.ledger
+    }
+
+    /// Whether the session may receive `input_required` (MCP 2026-07-28 or newer).
+    pub fn multi_round(&self) -> bool {
+        self.scope.multi_round
+    }
+
+    /// The client's `inputResponses` when this call is a continuation.
+    pub fn answers(&self) -> Option<&InputResponses> {
+        self.scope.input_responses.as_ref()
+    }
+
+    /// The current caller, re-read from the principal store.
+    pub async fn caller(&self) -> Result<Caller, Refusal> {
+        let ledger = &self.scope.ledger;
+        Ok(ledger
+            .caller_source()
+            .resolve(ledger.principals(), &self.context)
+            .await?)
+    }
+
+    fn contract(&self) -> ToolContract {
+        ToolContract::uniform(self.tool.clone(), self.scope.ledger.revision())
+    }
+
+    /// Runs a single-round effect under the ledger: `intent` is the business intent (without
+    /// the operation id; digested into the request digest, so the same id with another intent
+    /// is `operation_conflict`), `effect` commits at most once per operation id in the
+    /// ledger's transaction. A retry replays the stored result with `replayed: true`.
+    pub async fn run<R: DeserializeOwned>(
+        self,
+        operation_id: &str,
+        intent: Value,
+        effect: impl InlineEffect,
+    ) -> Result<Json<Receipt<R>>, Refusal> {
+        if self.scope.request_state.is_some() || self.scope.input_responses.is_some() {
+            return Err(Refusal(Error::new(
+                ErrorCode::ContinuationUnsupported,
+                "this tool has a single round; it takes no requestState or inputResponses",
+            )));
+        }
+        check_operation_id(operation_id)?;
+        let caller = self.caller().await?;
+        let contract = self.contract();
+        let request = GuardedRequest {
+            caller: &caller,
+            contract: &contract,
+            operation_id,
+            arguments: &self.scope.arguments,
+        };
+        let outcome = self
+            .scope
+            .ledger
+            .guard()
+            .run(&request, intent, Arc::new(effect))
+            .await?;
+        receipt(operation_id, &outcome).map(Json)
+    }
+
+    /// The first round of a multi-round tool: answers `input_required` asking for
+    /// `requests`, with a sealed `requestState` bound to this caller, tool, operation id and
+    /// arguments (the operation's deadlines are fixed now). Needs an MCP 2026-07-28 session.
+    pub async fn ask(
+        &self,
+        operation_id: &str,
+        step: &str,
+        requests: Vec<(String, InputRequest)>,
+    ) -> Result<CallToolResponse, Refusal> {
+        if !self.scope.multi_round {
+            return Err(Refusal(Error::new(
+                ErrorCode::ContinuationUnsupported,
+                "this tool asks for input with input_required, which needs MCP 2026-07-28",
+            )));
+        }
+        check_operation_id(operation_id)?;
+        let caller = self.caller().await?;
+        let contract = self.contract();
+        let request = GuardedRequest {
+            caller: &caller,
+            contract: &contract,
+            operation_id,
+            arguments: &self.scope.arguments,
+        };
+        let ir = self
+            .scope
+            .ledger
+            .guard()
+            .first_round(&request, step, requests)?;
+        Ok(CallToolResponse::InputRequired(ir))
+    }
+
+    /// The continuation of a multi-round tool: verifies `requestState` (this caller, tool,
+    /// operation id and arguments, unexpired) and runs the effect, fingerprinted over the
+    /// arguments, the state and the answers. The exact continuation sent again replays.
+    pub async fn run_answered<R: DeserializeOwned>(
+        self,
+        operation_id: &str,
+        intent: Value,
+        effect: impl InlineEffect,
+    ) -> Result<Json<Receipt<R>>, Refusal> {
+        let (Some(state), Some(answers)) = (&self.scope.request_state, &self.scope.input_responses)
+        else {
+            return Err(Refusal(Error::new(
+                ErrorCode::ContinuationUnsupported,
+                "a continuation needs both requestState and inputResponses",
+            )));
+        };
+        check_operation_id(operation_id)?;
+        let caller = self.caller().await?;
+        let contract = self.contract();
+        let request = GuardedRequest {
+            caller: &caller,
+            contract: &contract,
+            operation_id,
+            arguments: &self.scope.arguments,
+        };
+        let answers = serde_json::to_value(answers)
+            .map_err(|_| Refusal(Error::invalid("inputResponses are not valid JSON")))?;
+        let guard = self.scope.ledger.guard();
+        let resumed = guard.resume(&request, state, &answers)?;
+        let outcome = guard
+            .run_resumed(&request, &resumed, intent, Arc::new(effect))
+            .await?;
+        receipt(operation_id, &outcome).map(Json)
+    }
+}
+
+fn shorten(mut s: String) -> String {
+    if s.chars().count() > MAX_MESSAGE {
+        s = s.chars().take(MAX_MESSAGE).collect();
+        s.push('…');
+    }
+    s
+}
+
+/// Checks `arguments` against a tool's compiled input schema.
+fn check_arguments(validator: &jsonschema::Validator, arguments: &JsonObject) -> Result<(), Error> {
+    let instance = Value::Object(arguments.clone());
+    let Some(first) = validator.iter_errors(&instance).next() else {
+        return Ok(());
+    };
+    let at = first.instance_path().to_string();
+    let at = if at.is_empty() {
+        "arguments".into()
+    } else {
+        format!("argument {at}")
+    };
+    Err(Error::invalid(shorten(format!("{at}: {first}"))))
+}
+
+/// rmcp's `Parameters<T>` refusal (the router turns it into a text-only error).
+fn is_parameters_error(e: &ErrorData) -> bool {
+    e.code == RpcErrorCode::INVALID_PARAMS
+        && e.message.starts_with("failed to deserialize parameters:")
+}
+
+fn complete_error(e: &Error) -> Result<CallToolResponse, ErrorData> {
+    Ok(CallToolResponse::Complete(tool_error(e)))
+}
+
+/// What one wrapped route holds.
+struct Wrapped<S> {
+    inner: Arc<rmcp::handler::server::tool::DynCallToolHandler<S>>,
+    validator: Arc<jsonschema::Validator>,
+    ledger: LedgerGuard,
+    status: Arc<StatusTool>,
+}
+
+fn call_wrapped<'a, S: Send + Sync + 'static>(
+    w: &Wrapped<S>,
+    mut ctx: ToolCallContext<'a, S>,
+) -> BoxFuture<'a, Result<CallToolResponse, ErrorData>> {
+    let arguments = ctx.arguments.clone().unwrap_or_default();
+    if let Err(e) = check_arguments(&w.validator, &arguments) {
+        return Box::pin(std::future::ready(complete_error(&e)));
+    }
+    let scope = CallScope {
+        ledger: w.ledger.clone(),
+        status: w.status.clone(),
+        arguments: Arc::new(arguments),
+        request_state: ctx.request_state.clone(),
+        input_responses: ctx.input_responses.clone(),
+        multi_round: is_multi_round(&ctx.request_context),
+    };
+    ctx.request_context.extensions.insert(scope);
+    let fut = (w.inner)(ctx);
+    Box::pin(async move {
+        match fut.await {
+            Err(e) if is_parameters_error(&e) => {
+                let detail = e
+                    .message
+                    .trim_start_matches("failed to deserialize parameters:");
+                complete_error(&Error::invalid(shorten(format!("arguments:{detail}"))))
+            }
+            other => other,
+        }
+    })
+}
+
+impl LedgerGuard {
+    /// Wraps every route of `router` (the application's `#[tool_router]` plus
+    /// [`status_router`]) so [`Guarded`] tools and `get_operation_status` run under this
+    /// ledger. Call it once, when the server is built, and serve the result (e.g. from a
+    /// `tool_router` field with `#[tool_handler(router = self.tool_router)]`).
+    ///
+    /// Every route's wire arguments are validated against its advertised input schema
+    /// before anything runs. The validator is a real JSON Schema (2020-12) validator, not
+    /// serde alone: the schema `schemars` derives says more than `Deserialize` checks —
+    /// length, range and pattern constraints (`#[schemars(length(min = 1))]`) are only in
+    /// the schema — and a `Deserialize` that accepts something the schema forbids would let
+    /// a non-conforming call be fingerprinted and written. serde still runs afterwards (for
+    /// `Parameters<T>`), and its refusals are answered the same way (`invalid_arguments`).
+    ///
+    /// `get_operation_status` answers for every tool of `router`; fails if a route's input
+    /// schema is not a valid JSON Schema.
+    pub fn router<S: Send + Sync + 'static>(
+        &self,
+        mut router: ToolRouter<S>,
+    ) -> Result<ToolRouter<S>, Error> {
+        let mut names: Vec<String> = router
+            .map
+            .keys()
+            .filter(|n| *n != StatusTool::NAME)
+            .map(|n| n.to_string())
+            .collect();
+        names.sort();
+        let observed = names
+            .iter()
+            .map(|n| (n.clone(), self.observer(n)))
+            .collect();
+        let status = Arc::new(StatusTool::new(self.guard().clone(), observed));
+        for route in router.map.values_mut() {
+            let schema = Value::Object(route.attr.input_schema.as_ref().clone());
+            let validator = jsonschema::validator_for(&schema).map_err(|_| {
+                Error::invalid(format!(
+                    "the input schema of tool {} is not a valid JSON Schema",
+                    route.attr.name
+                ))
+            })?;
+            let wrapped = Wrapped {
+                inner: route.call.clone(),
+                validator: Arc::new(validator),
+                ledger: self.clone(),
+                status: status.clone(),
+            };
+            *route = ToolRoute::new_dyn(route.attr.clone(), move |ctx| call_wrapped(&wrapped, ctx));
+        }
+        Ok(router)
+    }
+}
+
+async fn status_call(mut ctx: ToolCallContext<'_, impl Send + Sync>) -> CallToolResult {
+    let Some(scope) = ctx.request_context.extensions.remove::<CallScope>() else {
+        return tool_error(&Error::unavailable(
+            "get_operation_status must be served through LedgerGuard::router",
+        ));
+    };
+    let result = async {
+        let op = crate::guard::operation_id_from(&scope.arguments, "operation_id")?;
+        let caller = scope
+            .ledger
+            .caller_source()
+            .resolve(scope.ledger.principals(), &ctx.request_context)
+            .await?;
+        scope.status.status_of(&caller, op).await
+    }
+    .await;
+    crate::reply::tool_result(result)
+}
+
+/// The read-only `get_operation_status` tool as an rmcp router to add to the application's
+/// own (`Self::tool_router() + status_router()`, then [`LedgerGuard::router`]). It answers
+/// for every tool of the wrapped router by operation id, with the shape of
+/// [`StatusTool`]: it never writes, never authorizes a fresh write, and absence is `unknown`.
+pub fn status_router<S: Send + Sync + 'static>() -> ToolRouter<S> {
+    ToolRouter::new().with_route(ToolRoute::new_dyn(StatusTool::tool(), |ctx| {
+        Box::pin(async move { Ok(CallToolResponse::Complete(status_call(ctx).await)) })
+            as BoxFuture<'_, _>
+    }))
+}

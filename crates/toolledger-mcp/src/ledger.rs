@@ -1,0 +1,263 @@
+//! [`LedgerGuard`]: everything a guarded rmcp server needs, opened by one builder.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), toolledger_mcp::OpenError> {
+//! let ledger = toolledger_mcp::LedgerGuard::builder()
+//!     .database("notes.sqlite") // or "postgres://user@host:5432/db"
+//!     .principal("alice") // stdio: the trusted caller; HTTP: `.bearer_tokens()`
+//!     .open()?;
+//! # let _ = ledger; Ok(()) }
+//! ```
+//!
+//! The database is a SQLite file unless it is a `postgres://` (or `postgresql://`) URL.
+//! The application's own tables come as [`Migration`]s applied beside the ledger's on either
+//! backend, so their SQL must be portable: `BIGINT`/`TEXT` columns, `PRIMARY KEY`, `NOT NULL`,
+//! `CHECK`, `UNIQUE`, no `STRICT`, no `AUTOINCREMENT`/`SERIAL`/identity columns (compute an id
+//! in the effect, e.g. `coalesce(max(id), 0) + 1`, or use a natural key).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use toolledger::authz::PrincipalStore;
+use toolledger::clock::{SharedClock, SystemClock};
+use toolledger::engine::Engine;
+use toolledger::model::Error;
+use toolledger::store::postgres::is_postgres_url;
+use toolledger::store::{Migration, Store, StoreError};
+use toolledger::{Ledger, LedgerOptions};
+
+use crate::caller::CallerSource;
+use crate::guard::{Guard, GuardConfig};
+use crate::keys::{KeyError, KeyMaterial};
+use crate::status::EffectObserver;
+use crate::tool::LedgerResultObserver;
+
+/// Why [`LedgerGuardBuilder::open`] failed. Messages name no paths, URLs or SQL.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// No database was named.
+    #[error("no database given: name a SQLite file or a postgres:// URL")]
+    NoDatabase,
+    /// The store could not be opened, bound or migrated.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The keys could not be loaded.
+    #[error(transparent)]
+    Keys(#[from] KeyError),
+    /// PostgreSQL has no key file beside it: the keys must come from the environment (or
+    /// [`LedgerGuardBuilder::keys`]).
+    #[error(
+        "a PostgreSQL ledger needs TOOLLEDGER_STATE_KEY_HEX and TOOLLEDGER_FINGERPRINT_KEY_HEX"
+    )]
+    KeysRequired,
+    /// The guard refused its keys or configuration.
+    #[error("{0}")]
+    Guard(Error),
+}
+
+/// Builds a [`LedgerGuard`]; see [`LedgerGuard::builder`].
+#[derive(Default)]
+pub struct LedgerGuardBuilder {
+    database: Option<String>,
+    backend_id: Option<String>,
+    migrations: Vec<Migration>,
+    migrate: bool,
+    keys: Option<KeyMaterial>,
+    caller: Option<CallerSource>,
+    clock: Option<SharedClock>,
+    config: GuardConfig,
+    revision: Option<String>,
+    observers: BTreeMap<String, Arc<dyn EffectObserver>>,
+}
+
+impl std::fmt::Debug for LedgerGuardBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LedgerGuardBuilder")
+            .field("backend_id", &self.backend_id)
+            .field("migrations", &self.migrations.len())
+            .field("caller", &self.caller)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LedgerGuardBuilder {
+    /// The ledger database: a SQLite file path, or a `postgres://` URL for PostgreSQL.
+    pub fn database(mut self, path_or_url: impl Into<String>) -> Self {
+        self.database = Some(path_or_url.into());
+        self
+    }
+
+    /// The backend id the database must be bound to (default: adopt the existing binding; a
+    /// new database is bound to `sqlite:default` or `postgres:default`).
+    pub fn backend_id(mut self, id: impl Into<String>) -> Self {
+        self.backend_id = Some(id.into());
+        self
+    }
+
+    /// The application's own migrations, applied on either backend (portable SQL; see the
+    /// module docs).
+    pub fn migrations(mut self, migrations: &[Migration]) -> Self {
+        self.migrations.extend_from_slice(migrations);
+        self
+    }
+
+    /// Applies pending migrations to an existing database (default: refuse an older schema).
+    pub fn allow_migrate(mut self, migrate: bool) -> Self {
+        self.migrate = migrate;
+        self
+    }
+
+    /// The state and fingerprint keys. Default: [`KeyMaterial::load`], i.e. the environment,
+    /// else (SQLite only) a 0600 key file beside the database.
+    pub fn keys(mut self, keys: KeyMaterial) -> Self {
+        self.keys = Some(keys);
+        self
+    }
+
+    /// Every call is made by principal `name` (trusted configuration, e.g. stdio), re-read
+    /// from the principal store on every call.
+    pub fn principal(mut self, name: impl Into<String>) -> Self {
+        self.caller = Some(CallerSource::Configured(name.into()));
+        self
+    }
+
+    /// Every call is made by the principal its bearer token resolved to (HTTP behind
+    /// [`crate::caller::bearer_auth`]). This is the default: without a bearer layer no call
+    /// has a caller, so nothing runs.
+    pub fn bearer_tokens(mut self) -> Self {
+        self.caller = Some(CallerSource::BearerToken);
+        self
+    }
+
+    /// The clock deadlines and timestamps are measured with (default: wall-clock time).
+    pub fn clock(mut self, clock: SharedClock) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Deadlines and namespace rules (default: [`GuardConfig::default`]).
+    pub fn config(mut self, config: GuardConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The contract revision every guarded tool is bound to (default `"1"`). Change it when a
+    /// tool's arguments, effect or result change meaning: an old operation id then conflicts
+    /// instead of replaying a result of the old contract.
+    pub fn revision(mut self, revision: impl Into<String>) -> Self {
+        self.revision = Some(revision.into());
+        self
+    }
+
+    /// The observer `get_operation_status` asks about `tool`'s effect rows. Default for every
+    /// tool: [`LedgerResultObserver`] (the stored result names its row as `effectId`).
+    pub fn observer(mut self, tool: impl Into<String>, observer: Arc<dyn EffectObserver>) -> Self {
+        self.observers.insert(tool.into(), observer);
+        self
+    }
+
+    /// Opens the database (creating and migrating a new one), loads the keys and builds the
+    /// guard. Blocking: call it before serving (or from `spawn_blocking`).
+    pub fn open(self) -> Result<LedgerGuard, OpenError> {
+        let database = self.database.ok_or(OpenError::NoDatabase)?;
+        let postgres = is_postgres_url(&database);
+        // Keys first: a configuration that cannot run must not create or migrate anything.
+        let key_file = (!postgres).then(|| Path::new(&database));
+        let keys = match self.keys {
+            Some(keys) => keys,
+            None => match KeyMaterial::load(key_file) {
+                Err(KeyError::File) if postgres => return Err(OpenError::KeysRequired),
+                other => other?,
+            },
+        };
+        let opts = LedgerOptions {
+            backend_id: self.backend_id,
+            sqlite_migrations: self.migrations.clone(),
+            postgres_migrations: self.migrations,
+            migrate: self.migrate,
+            schema: None,
+        };
+        let store: Store = Ledger::open_with(&database, opts)?.into();
+        let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
+        let engine = Engine::new(store.clone(), clock.clone());
+        let guard = Guard::new(engine, &keys, self.config).map_err(OpenError::Guard)?;
+        Ok(LedgerGuard {
+            inner: Arc::new(Inner {
+                guard,
+                principals: PrincipalStore::new(store).with_clock(clock),
+                caller: self.caller.unwrap_or(CallerSource::BearerToken),
+                revision: self.revision.unwrap_or_else(|| "1".into()),
+                observers: self.observers,
+            }),
+        })
+    }
+}
+
+struct Inner {
+    guard: Guard,
+    principals: PrincipalStore,
+    caller: CallerSource,
+    revision: String,
+    observers: BTreeMap<String, Arc<dyn EffectObserver>>,
+}
+
+/// An open ledger with its guard, principal store and caller source. Cheap to clone.
+///
+/// Serve tools through it with [`LedgerGuard::router`]; a tool takes a
+/// [`crate::Guarded`] argument to run its effect under the ledger.
+#[derive(Clone)]
+pub struct LedgerGuard {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for LedgerGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LedgerGuard")
+            .field("guard", &self.inner.guard)
+            .field("caller", &self.inner.caller)
+            .field("revision", &self.inner.revision)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LedgerGuard {
+    /// A builder; name at least the database.
+    pub fn builder() -> LedgerGuardBuilder {
+        LedgerGuardBuilder::default()
+    }
+
+    /// The guard (fingerprints, deadlines, the engine).
+    pub fn guard(&self) -> &Guard {
+        &self.inner.guard
+    }
+
+    /// The ledger store (for the application's own reads).
+    pub fn store(&self) -> &Store {
+        self.inner.guard.engine().store()
+    }
+
+    /// The principal store (add principals; the bearer layer's state).
+    pub fn principals(&self) -> &PrincipalStore {
+        &self.inner.principals
+    }
+
+    /// Where callers come from.
+    pub fn caller_source(&self) -> &CallerSource {
+        &self.inner.caller
+    }
+
+    /// The contract revision guarded tools are bound to.
+    pub fn revision(&self) -> &str {
+        &self.inner.revision
+    }
+
+    /// The observer for `tool`'s effect rows.
+    pub fn observer(&self, tool: &str) -> Arc<dyn EffectObserver> {
+        match self.inner.observers.get(tool) {
+            Some(o) => o.clone(),
+            None => Arc::new(LedgerResultObserver),
+        }
+    }
+}

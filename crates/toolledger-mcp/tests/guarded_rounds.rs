@@ -1,0 +1,363 @@
+//! `Guarded` beyond the single-round example, in-process: a multi-round tool
+//! (`input_required` under MCP 2026-07-28) whose exact continuation replays, a tampered
+//! `requestState`, the initialize lifecycle (no `input_required`), extractor order
+//! (`Parameters<T>` first), a revoked caller, and a guarded tool served without
+//! `LedgerGuard::router`.
+
+use std::sync::Arc;
+
+use rmcp::handler::server::tool::schema_for_output;
+use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, ElicitRequest, ElicitRequestParams, InputRequest,
+    InputResponses, ProtocolVersion,
+};
+use rmcp::service::{RoleClient, RunningService};
+use rmcp::{schemars, tool, tool_handler, tool_router};
+use rmcp::{ClientLifecycleMode, ClientServiceExt, ServerHandler, ServiceExt};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use toolledger::clock::ManualClock;
+use toolledger::effect::{EffectTx, RowExt};
+use toolledger::engine::InlineEffect;
+use toolledger::model::{Error, Principal};
+use toolledger::store::Migration;
+use toolledger_mcp::{status_router, GuardConfig, Guarded, LedgerGuard, Receipt, Refusal};
+
+const ISSUES: Migration = Migration {
+    namespace: "test.issues",
+    version: 1,
+    sql: "CREATE TABLE issues (id BIGINT PRIMARY KEY, title TEXT NOT NULL, body TEXT NOT NULL)",
+};
+
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct NewIssue {
+    operation_id: String,
+    title: String,
+}
+
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
+struct Created {
+    #[serde(rename = "effectId")]
+    effect_id: i64,
+    result: String,
+}
+
+struct InsertIssue {
+    title: String,
+    body: String,
+}
+
+impl InlineEffect for InsertIssue {
+    fn apply(&self, tx: &mut dyn EffectTx, _p: &Principal) -> Result<Value, Error> {
+        let row = tx
+            .query_opt(
+                "INSERT INTO issues(id, title, body) SELECT coalesce(max(id), 0) + 1, ?1, ?2 \
+                 FROM issues RETURNING id",
+                &[self.title.clone().into(), self.body.clone().into()],
+            )?
+            .unwrap_or_default();
+        let id = row.int(0)?;
+        Ok(json!({"effectId": id, "result": format!("created {id}")}))
+    }
+}
+
+fn body_request() -> InputRequest {
+    let schema = serde_json::from_value(json!({
+        "type": "object",
+        "properties": {"body": {"type": "string"}},
+        "required": ["body"],
+    }))
+    .unwrap();
+    InputRequest::Elicitation(ElicitRequest::new(
+        ElicitRequestParams::FormElicitationParams {
+            meta: None,
+            message: "Provide the issue body".into(),
+            requested_schema: schema,
+        },
+    ))
+}
+
+#[derive(Clone)]
+struct Issues {
+    tool_router: ToolRouter<Self>,
+}
+
+#[tool_router]
+impl Issues {
+    /// Create an issue; its body is asked for in a second round.
+    #[tool(output_schema = schema_for_output::<Receipt<Created>>())]
+    async fn create_issue(
+        &self,
+        Parameters(p): Parameters<NewIssue>,
+        g: Guarded,
+    ) -> Result<CallToolResponse, Refusal> {
+        let Some(answers) = g.answers() else {
+            let ask = vec![("body".to_string(), body_request())];
+            return g.ask(&p.operation_id, "awaiting-body", ask).await;
+        };
+        let body = answers
+            .get("body")
+            .and_then(|a| a["content"]["body"].as_str())
+            .ok_or_else(|| Refusal(Error::invalid("the body answer is missing")))?
+            .to_string();
+        let intent = json!({"title": p.title, "body": body});
+        let effect = InsertIssue {
+            title: p.title,
+            body,
+        };
+        let receipt = g.run_answered::<Created>(&p.operation_id, intent, effect);
+        Ok(receipt.await?.0.into_response())
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for Issues {}
+
+struct World {
+    ledger: LedgerGuard,
+    clock: ManualClock,
+    _dir: tempfile::TempDir,
+}
+
+async fn world() -> World {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let ledger = LedgerGuard::builder()
+        .database(dir.path().join("l.sqlite").display().to_string())
+        .migrations(&[ISSUES])
+        .principal("alice")
+        .clock(Arc::new(clock.clone()))
+        .config(GuardConfig {
+            authority_ttl: 100,
+            ..GuardConfig::default()
+        })
+        .open()
+        .unwrap();
+    ledger
+        .principals()
+        .add("alice", "acme", &[], &[], false)
+        .await
+        .unwrap();
+    World {
+        ledger,
+        clock,
+        _dir: dir,
+    }
+}
+
+impl World {
+    async fn connect(
+        &self,
+        router: ToolRouter<Issues>,
+        modern: bool,
+    ) -> RunningService<RoleClient, ()> {
+        let server = Issues {
+            tool_router: router,
+        };
+        let (server_io, client_io) = tokio::io::duplex(64 * 1024);
+        tokio::spawn(async move {
+            if let Ok(running) = server.serve(server_io).await {
+                let _ = running.waiting().await;
+            }
+        });
+        if modern {
+            let mode = ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            };
+            ().serve_with_lifecycle(client_io, mode).await.unwrap()
+        } else {
+            ().serve(client_io).await.unwrap()
+        }
+    }
+
+    async fn guarded(&self, modern: bool) -> RunningService<RoleClient, ()> {
+        let router = self
+            .ledger
+            .router(Issues::tool_router() + status_router())
+            .unwrap();
+        self.connect(router, modern).await
+    }
+
+    async fn issues(&self) -> i64 {
+        self.ledger
+            .store()
+            .read(|tx: &mut dyn EffectTx| {
+                tx.query_opt("SELECT count(*) FROM issues", &[])?
+                    .unwrap()
+                    .int(0)
+            })
+            .await
+            .unwrap()
+    }
+}
+
+fn args(op: &str) -> serde_json::Map<String, Value> {
+    json!({"operation_id": op, "title": "spec"})
+        .as_object()
+        .cloned()
+        .unwrap()
+}
+
+fn answers(body: &str) -> InputResponses {
+    let mut r = InputResponses::new();
+    r.insert(
+        "body".into(),
+        json!({"action": "accept", "content": {"body": body}}),
+    );
+    r
+}
+
+fn continuation(op: &str, state: &str, body: &str) -> CallToolRequestParams {
+    let mut p = CallToolRequestParams::new("create_issue")
+        .with_arguments(args(op))
+        .with_input_responses(answers(body));
+    p.request_state = Some(state.to_string());
+    p
+}
+
+fn complete(r: CallToolResponse) -> (bool, Value) {
+    let CallToolResponse::Complete(r) = r else {
+        panic!("expected a complete result, got {r:?}");
+    };
+    (
+        r.is_error.unwrap_or(false),
+        r.structured_content.unwrap_or(Value::Null),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_round_tool_asks_then_commits_once_and_the_exact_continuation_replays() {
+    let w = world().await;
+    let client = w.guarded(true).await;
+    let first = client
+        .call_tool_once(CallToolRequestParams::new("create_issue").with_arguments(args("mr-1")))
+        .await
+        .unwrap();
+    let CallToolResponse::InputRequired(ir) = first else {
+        panic!("expected input_required, got {first:?}");
+    };
+    let keys: Vec<_> = ir.input_requests.unwrap().keys().cloned().collect();
+    assert_eq!(keys, ["body"]);
+    let state = ir.request_state.unwrap();
+    assert_eq!(w.issues().await, 0, "the first round writes nothing");
+
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let r = client
+            .call_tool_once(continuation("mr-1", &state, "alpha"))
+            .await
+            .unwrap();
+        seen.push(complete(r));
+    }
+    assert_eq!(
+        seen[0],
+        (
+            false,
+            json!({"operationId": "mr-1", "effectId": 1, "result": "created 1",
+                   "replayed": false, "state": "applied"})
+        )
+    );
+    assert_eq!(seen[1].1["replayed"], true);
+
+    // Another answer under the same operation id is another request.
+    let other = client
+        .call_tool_once(continuation("mr-1", &state, "beta"))
+        .await
+        .unwrap();
+    let (err, body) = complete(other);
+    assert!(err);
+    assert_eq!(body["error"]["code"], "operation_conflict");
+
+    // A tampered token, or one for another operation id, opens nothing.
+    let mut tampered = state.clone();
+    tampered.pop();
+    tampered.push(if state.ends_with('A') { 'B' } else { 'A' });
+    for p in [
+        continuation("mr-1", &tampered, "alpha"),
+        continuation("mr-2", &state, "alpha"),
+    ] {
+        let (err, body) = complete(client.call_tool_once(p).await.unwrap());
+        assert!(err);
+        assert_eq!(body["error"]["code"], "request_state_invalid", "{body}");
+    }
+
+    // The authority deadline was fixed by the first round: past it, not even the exact
+    // continuation writes (or replays).
+    w.clock.advance(101);
+    let late = client
+        .call_tool_once(continuation("mr-1", &state, "alpha"))
+        .await
+        .unwrap();
+    let (err, body) = complete(late);
+    assert!(err);
+    assert_eq!(
+        body["error"]["code"], "operation_authority_expired",
+        "{body}"
+    );
+    assert_eq!(w.issues().await, 1);
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_initialize_lifecycle_cannot_be_asked_and_nothing_is_written() {
+    let w = world().await;
+    let client = w.guarded(false).await;
+    let r = client
+        .call_tool(CallToolRequestParams::new("create_issue").with_arguments(args("old-1")))
+        .await
+        .unwrap();
+    assert_eq!(r.is_error, Some(true));
+    assert_eq!(
+        r.structured_content.unwrap()["error"]["code"],
+        "continuation_unsupported"
+    );
+    assert_eq!(w.issues().await, 0);
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_caller_is_refused_on_the_next_call() {
+    let w = world().await;
+    let client = w.guarded(true).await;
+    w.ledger
+        .principals()
+        .revoke("alice", &[], &[], true)
+        .await
+        .unwrap();
+    let r = client
+        .call_tool_once(CallToolRequestParams::new("create_issue").with_arguments(args("rv-1")))
+        .await
+        .unwrap();
+    let (err, body) = complete(r);
+    assert!(err);
+    assert_eq!(body["error"]["code"], "permission_denied", "{body}");
+    let status = client
+        .call_tool(
+            CallToolRequestParams::new("get_operation_status").with_arguments(
+                json!({"operation_id": "rv-1"})
+                    .as_object()
+                    .cloned()
+                    .unwrap(),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status.is_error, Some(true));
+    assert_eq!(w.issues().await, 0);
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guarded_tool_served_without_the_ledger_router_fails_loudly() {
+    let w = world().await;
+    let client = w.connect(Issues::tool_router(), true).await;
+    let r = client
+        .call_tool_once(CallToolRequestParams::new("create_issue").with_arguments(args("nr-1")))
+        .await;
+    let e = r.expect_err("an unwrapped guarded tool must not answer");
+    assert!(e.to_string().contains("LedgerGuard::router"), "{e}");
+    assert_eq!(w.issues().await, 0);
+    client.cancel().await.unwrap();
+}

@@ -1,0 +1,216 @@
+//! An independent client: the official MCP Python SDK (`mcp==2.3.0`; its python is named by
+//! `TOOLLEDGER_PYTHON`) drives `examples/guarded_tool.rs` as a stdio server, on a fresh
+//! SQLite file and on a fresh schema of the test PostgreSQL database
+//! (`TOOLLEDGER_TEST_DATABASE_URL`). The rows are read back here.
+//!
+//! Without `TOOLLEDGER_PYTHON`, or for PostgreSQL without `TOOLLEDGER_TEST_DATABASE_URL`, a
+//! test says so loudly and skips — except under CI (`TOOLLEDGER_CI` set), where it fails.
+
+#[allow(dead_code)]
+#[path = "../examples/guarded_tool.rs"]
+mod example;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use serde_json::{json, Value};
+use toolledger::effect::{EffectTx, RowExt};
+use toolledger::store::postgres::{PgOptions, PgStore};
+use toolledger_mcp::{KeyMaterial, LedgerGuard};
+
+const STATE_KEY: &str = "67756172646564207475726e2073746174652d6b65792c20666f722074657374";
+const FP_KEY: &str = "67756172646564207475726e2066696e6765727072696e74206b657920746573";
+
+fn in_ci() -> bool {
+    std::env::var_os("TOOLLEDGER_CI").is_some()
+}
+
+fn skip_or_fail(what: &str) {
+    if in_ci() {
+        panic!("TOOLLEDGER_CI is set but {what} is not: this test must run in CI");
+    }
+    // Straight to the stderr handle: the test harness captures `eprintln!`, not this.
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "!!! SKIPPED: this test needs {what} !!!");
+}
+
+fn python() -> Option<PathBuf> {
+    match std::env::var_os("TOOLLEDGER_PYTHON") {
+        Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
+        _ => {
+            skip_or_fail("TOOLLEDGER_PYTHON (a python with mcp==2.3.0)");
+            None
+        }
+    }
+}
+
+/// The example's executable, built (or found up to date) by cargo once per test binary.
+fn example_binary() -> PathBuf {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| {
+        let out = Command::new(env!("CARGO"))
+            .args(["build", "--quiet", "--message-format=json", "-p"])
+            .arg(env!("CARGO_PKG_NAME"))
+            .args(["--example", "guarded_tool"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("run cargo");
+        assert!(
+            out.status.success(),
+            "building the example failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "guarded_tool")
+            .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+            .expect("cargo names the example's executable")
+    })
+    .clone()
+}
+
+/// Runs the script against the example serving `database`, with `env` for the server.
+fn run_script(python: &PathBuf, database: &str, env: Value) -> Value {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/guarded_tool.py");
+    let exe = example_binary();
+    let spec = json!({
+        "command": [exe, "serve", database],
+        "env": env,
+    });
+    let out = Command::new(python)
+        .arg(script)
+        .arg(spec.to_string())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "guarded_tool.py failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A handle on the database the example served, for reading rows back.
+fn open_ledger(database: &str) -> LedgerGuard {
+    let keys = KeyMaterial::from_values(Some(STATE_KEY.into()), Some(FP_KEY.into()), None).unwrap();
+    LedgerGuard::builder()
+        .database(database)
+        .migrations(&[example::NOTES])
+        .keys(keys)
+        .open()
+        .unwrap()
+}
+
+fn count(ledger: &LedgerGuard, sql: &'static str) -> i64 {
+    let store = ledger.store().clone();
+    std::thread::spawn(move || {
+        store
+            .read_blocking(move |tx: &mut dyn EffectTx| tx.query_opt(sql, &[])?.unwrap().int(0))
+            .unwrap()
+    })
+    .join()
+    .unwrap()
+}
+
+/// What the client must have seen and the database must hold, on either backend.
+fn check(v: &Value, ledger: &LedgerGuard) {
+    assert_eq!(v["tools"], json!(["create_note", "get_operation_status"]));
+    let input = &v["create_note_input_schema"];
+    assert_eq!(input["additionalProperties"], false, "{input}");
+    assert_eq!(v["create_note_has_output_schema"], true);
+
+    let first = &v["first"];
+    assert_eq!(first["is_error"], false, "{first}");
+    assert_eq!(
+        first["structured"],
+        json!({"operationId": "py-note-1", "effectId": 1, "result": "note 1",
+               "replayed": false, "state": "applied"})
+    );
+    let replay = &v["replay"];
+    assert_eq!(replay["is_error"], false, "{replay}");
+    assert_eq!(
+        replay["structured"],
+        json!({"operationId": "py-note-1", "effectId": 1, "result": "note 1",
+               "replayed": true, "state": "applied"})
+    );
+    let conflict = &v["conflict"];
+    assert_eq!(conflict["is_error"], true, "{conflict}");
+    assert_eq!(
+        conflict["structured"]["error"]["code"],
+        "operation_conflict"
+    );
+    let extra = &v["extra_argument"];
+    assert_eq!(extra["is_error"], true, "{extra}");
+    assert_eq!(extra["structured"]["error"]["code"], "invalid_arguments");
+    let message = extra["structured"]["error"]["message"].as_str().unwrap();
+    assert!(message.contains("priority"), "{message}");
+
+    let status = &v["status"];
+    assert_eq!(status["is_error"], false, "{status}");
+    let st = &status["structured"];
+    assert_eq!(st["state"], "applied", "{st}");
+    assert_eq!(st["authoritative"], true);
+    assert_eq!(st["freshWriteAuthorized"], false);
+    assert_eq!(st["principal"], "alice");
+    assert_eq!(st["backend"], ledger.guard().backend_id());
+    assert_eq!(st["matchingIds"], json!([1]));
+    assert_eq!(
+        st["storedResult"],
+        json!({"effectId": 1, "result": "note 1"})
+    );
+    // The refused call left nothing behind: no ledger row to find.
+    assert_eq!(v["status_of_refused"]["structured"]["state"], "unknown");
+
+    // One note and one ledger row although the call was sent twice (and once more with other
+    // arguments); none for the refused call.
+    assert_eq!(count(ledger, "SELECT count(*) FROM notes"), 1);
+    assert_eq!(count(ledger, "SELECT count(*) FROM operations"), 1);
+    assert_eq!(
+        count(
+            ledger,
+            "SELECT count(*) FROM operations WHERE idempotency_key = 'py-note-2'"
+        ),
+        0
+    );
+}
+
+#[test]
+fn python_sdk_drives_the_example_on_sqlite() {
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("notes.sqlite").display().to_string();
+    // SQLite keeps its keys in a key file beside the database; pass the test's keys anyway so
+    // the read-back handle below opens with the same ones.
+    let env =
+        json!({"TOOLLEDGER_STATE_KEY_HEX": STATE_KEY, "TOOLLEDGER_FINGERPRINT_KEY_HEX": FP_KEY});
+    let v = run_script(&py, &db, env);
+    check(&v, &open_ledger(&db));
+}
+
+#[test]
+fn python_sdk_drives_the_example_on_postgres() {
+    let Some(py) = python() else { return };
+    let url = match std::env::var("TOOLLEDGER_TEST_DATABASE_URL") {
+        Ok(url) if !url.trim().is_empty() => url,
+        _ => return skip_or_fail("TOOLLEDGER_TEST_DATABASE_URL (postgres://user@host:port/db)"),
+    };
+    // A schema of its own: created here, named in the URL the server gets, dropped at the end.
+    let schema = format!("tl_guard_{:016x}", rand::random::<u64>());
+    let admin =
+        PgStore::open_unchecked(&url, PgOptions::any_backend().in_schema(schema.clone())).unwrap();
+    let create = format!("CREATE SCHEMA {schema}");
+    admin
+        .write_blocking(move |tx: &mut dyn EffectTx| tx.execute_batch(&create))
+        .unwrap();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let scoped = format!("{url}{sep}options=-c%20search_path%3D{schema}");
+    let env =
+        json!({"TOOLLEDGER_STATE_KEY_HEX": STATE_KEY, "TOOLLEDGER_FINGERPRINT_KEY_HEX": FP_KEY});
+    let v = run_script(&py, &scoped, env);
+    let ledger = open_ledger(&scoped);
+    check(&v, &ledger);
+    drop(ledger);
+    admin.drop_schema_blocking().unwrap();
+}
