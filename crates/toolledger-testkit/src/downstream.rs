@@ -3,6 +3,7 @@
 //! ledger's `outcome_unknown` state exists for.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -373,6 +374,63 @@ impl Downstream for SqliteDownstream {
                     ))
                 })
         })
+    }
+}
+
+/// A [`SqliteDownstream`] that counts the calls made into it, so a test can prove a
+/// downstream was never called (or never queried).
+#[derive(Debug, Clone)]
+pub struct CountingDownstream {
+    /// The stand-in the calls go to (a test may also call it directly, uncounted).
+    pub inner: SqliteDownstream,
+    /// Submissions so far (shared by every clone).
+    pub submits: Arc<AtomicUsize>,
+    /// Status queries so far (shared by every clone).
+    pub statuses: Arc<AtomicUsize>,
+}
+
+impl CountingDownstream {
+    /// Counts the calls into `inner`, from zero.
+    pub fn new(inner: SqliteDownstream) -> CountingDownstream {
+        CountingDownstream {
+            inner,
+            submits: Arc::default(),
+            statuses: Arc::default(),
+        }
+    }
+
+    /// Submissions so far.
+    pub fn submits(&self) -> usize {
+        self.submits.load(Ordering::SeqCst)
+    }
+
+    /// Status queries so far.
+    pub fn statuses(&self) -> usize {
+        self.statuses.load(Ordering::SeqCst)
+    }
+
+    /// Receipts the downstream holds.
+    pub fn receipts(&self) -> i64 {
+        self.inner.receipt_count().expect("downstream receipts")
+    }
+}
+
+impl Downstream for CountingDownstream {
+    fn submit<'a>(
+        &'a self,
+        scope: &'a Scope,
+        request: &'a Value,
+    ) -> BoxFuture<'a, Result<Value, DownstreamError>> {
+        self.submits.fetch_add(1, Ordering::SeqCst);
+        self.inner.submit(scope, request)
+    }
+
+    fn status<'a>(
+        &'a self,
+        status_ref: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Value>, DownstreamError>> {
+        self.statuses.fetch_add(1, Ordering::SeqCst);
+        self.inner.status(status_ref)
     }
 }
 

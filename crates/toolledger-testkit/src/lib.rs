@@ -2,14 +2,19 @@
 //!
 //! - [`conformance`]: the driver conformance suite — every store-level behaviour of the
 //!   ledger, written once, run against every driver ([`conformance_suite!`]);
+//! - [`db`]: test databases — a fresh SQLite file or a fresh PostgreSQL schema, opened with the
+//!   migrations a test needs — and the lock that keeps server restarts away from them;
+//! - [`calls`]: builders for principals and inline calls;
 //! - [`downstream`]: an offline stand-in for a downstream system (a payments service whose
 //!   receipts live in their own SQLite file), idempotent under the ledger's key and able to
-//!   answer status queries.
+//!   answer status queries, and a wrapper counting the calls into it.
 //!
 //! PostgreSQL tests read `TOOLLEDGER_TEST_DATABASE_URL`; without it they are skipped with one
 //! loud line, except under `TOOLLEDGER_CI`, where they fail.
 
 #![warn(missing_docs)]
 
+pub mod calls;
 pub mod conformance;
+pub mod db;
 pub mod downstream;
