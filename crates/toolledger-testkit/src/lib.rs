@@ -1,7 +1,8 @@
 //! toolledger-testkit: what every toolledger driver and server is tested with.
 //!
 //! - [`conformance`]: the driver conformance suite — every store-level behaviour of the
-//!   ledger, written once, run against every driver ([`conformance_suite!`]);
+//!   ledger, written once, run against every driver ([`conformance_suite!`]), one module per
+//!   area;
 //! - [`db`]: test databases — a fresh SQLite file or a fresh PostgreSQL schema, opened with the
 //!   migrations a test needs — and the lock that keeps server restarts away from them;
 //! - [`calls`]: builders for principals and inline calls;

@@ -1,0 +1,240 @@
+//! The deferred-effect runtime end to end: the intent and its outbox event committing together,
+//! dispatch of an unfinished operation, transaction C, racing accepts, and a worker racing a
+//! status query.
+
+use toolledger::effect::{EffectTx, RowExt};
+use toolledger::model::{ErrorCode, OperationState};
+use toolledger::outbox::ClaimOutcome;
+use toolledger::runtime::{Accepted, Answer, Delivery, RuntimeError, StatusQuery};
+
+use super::harness::{refused, ship, Harness, World};
+use crate::db::count;
+
+/// Transaction A writes the operation, its intent context and its outbox event together; an
+/// injected failure on the outbox insert leaves none of them.
+pub async fn intent_and_outbox_commit_together(h: &Harness) {
+    let w = World::new(h).await;
+    let rt = w.runtime(h);
+    h.fail_inserts_into(rt.store(), "outbox").await;
+    let err = rt.accept(&ship("k1", "p1")).await.unwrap_err();
+    assert!(matches!(err, RuntimeError::Store(_)), "{err:?}");
+    for table in [
+        "operations",
+        "deferred_intents",
+        "outbox",
+        "operation_events",
+    ] {
+        assert_eq!(count(rt.store(), table).await, 0, "{table}");
+    }
+    h.allow_inserts_into(rt.store(), "outbox").await;
+    let Accepted::New { status_ref, .. } = rt.accept(&ship("k1", "p1")).await.unwrap() else {
+        panic!("expected a new intent");
+    };
+    let rec = rt.inspect(&status_ref).await.unwrap().unwrap();
+    assert_eq!(rec.state, OperationState::Accepted);
+    assert_eq!(count(rt.store(), "outbox").await, 1);
+    assert!(matches!(
+        rt.accept(&ship("k1", "p1")).await.unwrap(),
+        Accepted::Existing { .. }
+    ));
+    assert_eq!(
+        refused(rt.accept(&ship("k1", "p2")).await.unwrap_err()),
+        ErrorCode::OperationConflict
+    );
+    assert_eq!(count(rt.store(), "outbox").await, 1);
+    assert_eq!(w.downstream.submits(), 0);
+}
+
+/// A crash after the downstream committed leaves `outcome_unknown`; dispatching again only
+/// observes (no worker, no downstream call); an explicit status query reconciles the receipt
+/// (`receipt_reconciled`) and later replays are local.
+pub async fn dispatch_of_unfinished_only_observes_and_status_reconciles(h: &Harness) {
+    let w = World::new(h).await;
+    let rt = w.runtime(h);
+    let call = ship("k1", "p1");
+    let first = rt
+        .dispatch(
+            &call,
+            Some(toolledger::runtime::CrashPoint::AfterDownstreamCommit),
+        )
+        .await
+        .unwrap();
+    let Answer::Unknown { status_ref, .. } = first else {
+        panic!("expected outcome_unknown");
+    };
+    assert_eq!((w.downstream.submits(), w.downstream.receipts()), (1, 1));
+    let again = w.runtime(h).dispatch(&call, None).await.unwrap();
+    assert!(matches!(&again, Answer::Unknown { status_ref: s, .. } if *s == status_ref));
+    assert_eq!((w.downstream.submits(), w.downstream.statuses()), (1, 0));
+    let query = StatusQuery {
+        principal: "alice".into(),
+        tool: "ship_parcel".into(),
+        key: "k1".into(),
+        arguments: call.arguments.clone(),
+        provider: call.provider.clone(),
+        status_ref: status_ref.clone(),
+    };
+    let answer = rt.status(&query).await.unwrap();
+    assert!(matches!(
+        answer,
+        Answer::Done {
+            delivery: Delivery::ReceiptReconciled,
+            state: OperationState::Succeeded,
+            ..
+        }
+    ));
+    assert_eq!(count(rt.store(), "local_receipts").await, 1);
+    let replay = rt.dispatch(&call, None).await.unwrap();
+    assert!(matches!(
+        replay,
+        Answer::Done {
+            delivery: Delivery::LocalReplay,
+            ..
+        }
+    ));
+    assert_eq!(w.downstream.submits(), 1);
+}
+
+/// Transaction C (receipt + succeeded + delivered) rolls back as a unit.
+pub async fn transaction_c_rolls_back_as_a_unit(h: &Harness) {
+    let w = World::new(h).await;
+    let rt = w.runtime(h);
+    let Accepted::New {
+        event_id,
+        status_ref,
+        ..
+    } = rt.accept(&ship("k1", "p1")).await.unwrap()
+    else {
+        panic!("expected a new intent");
+    };
+    h.fail_inserts_into(rt.store(), "local_receipts").await;
+    let err = rt.process(event_id, "w1", None).await.unwrap_err();
+    assert!(matches!(err, RuntimeError::Store(_)), "{err:?}");
+    let rec = rt.inspect(&status_ref).await.unwrap().unwrap();
+    assert_eq!(rec.state, OperationState::Processing);
+    assert_eq!(count(rt.store(), "local_receipts").await, 0);
+    let delivered = rt
+        .store()
+        .read(|tx: &mut dyn EffectTx| {
+            tx.query_opt("SELECT count(*) FROM outbox WHERE state = 'delivered'", &[])?
+                .expect("row")
+                .int(0)
+        })
+        .await
+        .unwrap();
+    assert_eq!(delivered, 0);
+    h.allow_inserts_into(rt.store(), "local_receipts").await;
+}
+
+/// Eight handles accepting one intent: one new intent, the rest see it; different intents
+/// under one key: one winner, the rest conflict. One outbox event each time.
+pub async fn eight_handles_accept_one_intent(h: &Harness) {
+    let w = World::new(h).await;
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let rt = w.runtime(h);
+        tasks.push(tokio::spawn(
+            async move { rt.accept(&ship("same", "p1")).await },
+        ));
+    }
+    let mut new = 0;
+    for t in tasks {
+        if let Accepted::New { .. } = t.await.unwrap().unwrap() {
+            new += 1;
+        }
+    }
+    assert_eq!(new, 1);
+    let mut tasks = Vec::new();
+    for i in 1..=8 {
+        let rt = w.runtime(h);
+        tasks.push(tokio::spawn(async move {
+            rt.accept(&ship("contested", &format!("p{i}"))).await
+        }));
+    }
+    let (mut won, mut conflicts) = (0, 0);
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(Accepted::New { .. }) => won += 1,
+            Ok(other) => panic!("unexpected {other:?}"),
+            Err(e) => {
+                assert_eq!(refused(e), ErrorCode::OperationConflict);
+                conflicts += 1;
+            }
+        }
+    }
+    assert_eq!((won, conflicts), (1, 7));
+    let store = h.open();
+    assert_eq!(count(&store, "outbox").await, 2);
+    assert_eq!(count(&store, "operations").await, 2);
+}
+
+/// A worker's transaction C and an explicit status query racing for one operation: one local
+/// receipt; the status query answers succeeded either way.
+pub async fn worker_and_status_query_reconcile_once(h: &Harness) {
+    let w = World::new(h).await;
+    let rt = w.runtime(h);
+    for round in 1..=4 {
+        let key = format!("race-{round}");
+        let call = ship(&key, &format!("p{round}"));
+        let Accepted::New {
+            event_id,
+            status_ref,
+            ..
+        } = rt.accept(&call).await.unwrap()
+        else {
+            panic!("expected a new intent");
+        };
+        let ClaimOutcome::Claimed(lease) = rt.claim(event_id, "w").await.unwrap() else {
+            panic!("claim");
+        };
+        let rec = rt.inspect(&status_ref).await.unwrap().unwrap();
+        let receipt = w
+            .downstream
+            .inner
+            .submit_blocking(&rec.scope, &toolledger::runtime::downstream_request(&rec))
+            .unwrap();
+        let query = StatusQuery {
+            principal: "alice".into(),
+            tool: "ship_parcel".into(),
+            key: key.clone(),
+            arguments: call.arguments.clone(),
+            provider: call.provider.clone(),
+            status_ref: status_ref.clone(),
+        };
+        let worker = w.runtime(h);
+        let observer = w.runtime(h);
+        let (done, answered) = tokio::join!(
+            tokio::spawn(async move { worker.complete(&lease, receipt).await }),
+            tokio::spawn(async move { observer.status(&query).await })
+        );
+        match done.unwrap() {
+            Ok(_) | Err(RuntimeError::Fenced(_)) => {}
+            Err(other) => panic!("worker: {other:?}"),
+        }
+        let answered = answered.unwrap().unwrap();
+        assert!(
+            matches!(
+                answered,
+                Answer::Done {
+                    state: OperationState::Succeeded,
+                    ..
+                }
+            ),
+            "{answered:?}"
+        );
+        let receipts = rt
+            .store()
+            .read(move |tx: &mut dyn EffectTx| {
+                tx.query_opt(
+                    "SELECT count(*) FROM local_receipts r JOIN operations o ON o.id = r.operation_id
+                     WHERE o.status_ref = ?1",
+                    &[status_ref.as_str().into()],
+                )?
+                .expect("row")
+                .int(0)
+            })
+            .await
+            .unwrap();
+        assert_eq!(receipts, 1);
+    }
+}

@@ -1,0 +1,245 @@
+//! The ledger itself: insert ids, a reservation committing with its effect, replay across
+//! handles, conflicts, deadlines and tombstones, the shared key namespace, and stored JSON that
+//! is not canonical.
+
+use std::sync::Arc;
+
+use toolledger::effect::{EffectTx, RowExt, SqlValue};
+use toolledger::engine::Engine;
+use toolledger::model::{Error, ErrorCode, OperationState};
+
+use super::harness::{code, engine, widget, widget_call, Harness, T0};
+use crate::calls::principal;
+use crate::db::count;
+
+/// `EffectTx::insert_id` answers the id of the row it inserted (the same id a read finds),
+/// and `None` when `ON CONFLICT … DO NOTHING` inserted nothing.
+pub async fn insert_id_returns_the_inserted_rows_id(h: &Harness) {
+    let store = h.open();
+    let ids = store
+        .write(|tx: &mut dyn EffectTx| -> Result<_, Error> {
+            let insert = "INSERT INTO widgets(tenant, name) VALUES (?1, ?2)";
+            let a = tx.insert_id(insert, &["t".into(), "a".into()])?;
+            let b = tx.insert_id(insert, &["t".into(), "b".into()])?;
+            let taken = tx.insert_id(
+                "INSERT INTO widgets(id, tenant, name) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (id) DO NOTHING",
+                &[a.unwrap_or(0).into(), "t".into(), "c".into()],
+            )?;
+            let chosen = tx.insert_id(
+                "INSERT INTO widgets(id, tenant, name) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (id) DO NOTHING",
+                &[1_000_000.into(), "t".into(), "d".into()],
+            )?;
+            Ok((a, b, taken, chosen))
+        })
+        .await
+        .expect("inserts");
+    let (Some(a), Some(b), taken, chosen) = ids else {
+        panic!("no id for a plain insert: {ids:?}");
+    };
+    assert_ne!(a, b);
+    assert_eq!(taken, None, "a conflicting insert reports no id");
+    assert_eq!(chosen, Some(1_000_000));
+    let names = store
+        .read(|tx: &mut dyn EffectTx| -> Result<_, Error> {
+            tx.query("SELECT id, name FROM widgets ORDER BY id", &[])
+        })
+        .await
+        .expect("read back");
+    let found: Vec<(i64, String)> = names
+        .iter()
+        .map(|r| (r.int(0).unwrap(), r.text(1).unwrap()))
+        .collect();
+    assert_eq!(
+        found,
+        vec![(a, "a".into()), (b, "b".into()), (1_000_000, "d".into())]
+    );
+}
+
+/// A fresh call commits the effect row and the ledger row together; the result is stored.
+pub async fn reservation_commits_effect_and_ledger_together(h: &Harness) {
+    let (e, _) = engine(h);
+    let p = principal("t1", "alice");
+    let out = e
+        .execute_inline(widget_call(&p, "k1", "a"), widget("a"))
+        .await
+        .unwrap();
+    assert!(!out.replayed);
+    assert_eq!(out.state, OperationState::Applied);
+    assert_eq!(count(e.store(), "widgets").await, 1);
+    assert_eq!(count(e.store(), "operations").await, 1);
+    let rec = e
+        .lookup("t1", "alice", "make_widget", "k1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.result, Some(out.result));
+    assert_eq!(rec.state, OperationState::Applied);
+    assert_eq!(rec.status_ref, out.status_ref);
+}
+
+/// An exact retry — through the same handle, a new handle, and after the first handle is
+/// gone — returns the stored result with `replayed: true` and never runs the effect again.
+pub async fn replay_returns_the_stored_result_across_handles(h: &Harness) {
+    let (e, clock) = engine(h);
+    let p = principal("t1", "alice");
+    let first = e
+        .execute_inline(widget_call(&p, "k1", "a"), widget("a"))
+        .await
+        .unwrap();
+    let again = e
+        .execute_inline(widget_call(&p, "k1", "a"), widget("a"))
+        .await
+        .unwrap();
+    assert!(again.replayed);
+    assert_eq!(again.result, first.result);
+    drop(e);
+    let other = Engine::new(h.open(), Arc::new(clock));
+    let third = other
+        .execute_inline(widget_call(&p, "k1", "a"), widget("a"))
+        .await
+        .unwrap();
+    assert!(third.replayed);
+    assert_eq!(third.result, first.result);
+    assert_eq!(third.operation_id, first.operation_id);
+    assert_eq!(count(other.store(), "widgets").await, 1);
+}
+
+/// The same scope with a different intent is `operation_conflict` and writes nothing.
+pub async fn conflict_writes_nothing(h: &Harness) {
+    let (e, _) = engine(h);
+    let p = principal("t1", "alice");
+    e.execute_inline(widget_call(&p, "k1", "a"), widget("a"))
+        .await
+        .unwrap();
+    let before = (
+        count(e.store(), "widgets").await,
+        count(e.store(), "operations").await,
+    );
+    let err = e
+        .execute_inline(widget_call(&p, "k1", "b"), widget("b"))
+        .await;
+    assert_eq!(code(err), ErrorCode::OperationConflict);
+    let after = (
+        count(e.store(), "widgets").await,
+        count(e.store(), "operations").await,
+    );
+    assert_eq!(before, after);
+    // The key is per principal: another subject may use it for anything.
+    let q = principal("t1", "bob");
+    assert!(
+        !e.execute_inline(widget_call(&q, "k1", "b"), widget("b"))
+            .await
+            .unwrap()
+            .replayed
+    );
+}
+
+/// Deadlines: authority before retention, `now >= deadline` has passed, a conflict is
+/// reported before any deadline, and an expired row stays as a tombstone whose key can never
+/// carry another intent.
+pub async fn deadlines_and_tombstones(h: &Harness) {
+    let (e, clock) = engine(h);
+    let p = principal("t1", "alice");
+    let mut call = widget_call(&p, "k1", "a");
+    call.authority_deadline = Some(T0 + 10);
+    call.retention_deadline = Some(T0 + 20);
+    e.execute_inline(call.clone(), widget("a")).await.unwrap();
+    clock.set(T0 + 9);
+    assert!(
+        e.execute_inline(call.clone(), widget("a"))
+            .await
+            .unwrap()
+            .replayed
+    );
+    clock.set(T0 + 10);
+    assert_eq!(
+        code(e.execute_inline(call.clone(), widget("a")).await),
+        ErrorCode::OperationAuthorityExpired
+    );
+    let mut other = widget_call(&p, "k1", "b");
+    other.authority_deadline = call.authority_deadline;
+    other.retention_deadline = call.retention_deadline;
+    assert_eq!(
+        code(e.execute_inline(other.clone(), widget("b")).await),
+        ErrorCode::OperationConflict
+    );
+    // Retention alone (no authority deadline).
+    let mut kept = widget_call(&p, "k2", "c");
+    kept.retention_deadline = Some(T0 + 30);
+    clock.set(T0);
+    e.execute_inline(kept.clone(), widget("c")).await.unwrap();
+    clock.set(T0 + 30);
+    assert_eq!(
+        code(e.execute_inline(kept.clone(), widget("c")).await),
+        ErrorCode::OperationRetentionExpired
+    );
+    // Tombstone: the rows stay, the key never carries a new intent.
+    clock.set(T0 + 1_000_000);
+    assert_eq!(
+        code(
+            e.execute_inline(widget_call(&p, "k2", "d"), widget("d"))
+                .await
+        ),
+        ErrorCode::OperationConflict
+    );
+    assert_eq!(count(e.store(), "operations").await, 2);
+    assert_eq!(count(e.store(), "widgets").await, 2);
+    // A fresh call whose own deadline has already passed writes nothing.
+    let mut late = widget_call(&p, "k3", "e");
+    late.authority_deadline = Some(T0);
+    assert_eq!(
+        code(e.execute_inline(late, widget("e")).await),
+        ErrorCode::OperationAuthorityExpired
+    );
+    assert_eq!(count(e.store(), "operations").await, 2);
+}
+
+/// With a shared key namespace, the same `(tool, key)` under another principal conflicts.
+pub async fn shared_key_namespace(h: &Harness) {
+    let (e, _) = engine(h);
+    let mut a = widget_call(&principal("t1", "alice"), "op-1", "a");
+    a.shared_key_namespace = true;
+    e.execute_inline(a.clone(), widget("a")).await.unwrap();
+    let mut b = widget_call(&principal("t2", "bob"), "op-1", "a");
+    b.shared_key_namespace = true;
+    assert_eq!(
+        code(e.execute_inline(b, widget("a")).await),
+        ErrorCode::OperationConflict
+    );
+    assert_eq!(count(e.store(), "operations").await, 1);
+    assert_eq!(
+        e.lookup_by_key_any_principal("make_widget", "op-1")
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+/// Stored JSON that is not canonical never reaches a caller: it is a storage-contract error.
+pub async fn non_canonical_stored_json_is_refused(h: &Harness) {
+    let (e, _) = engine(h);
+    let p = principal("t1", "alice");
+    e.execute_inline(widget_call(&p, "k1", "a"), widget("a"))
+        .await
+        .unwrap();
+    e.store()
+        .write(|tx: &mut dyn EffectTx| {
+            tx.execute(
+                "UPDATE operations SET arguments = ?1",
+                &[SqlValue::from(r#"{ "name":"a"}"#)],
+            )
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        code(
+            e.execute_inline(widget_call(&p, "k1", "a"), widget("a"))
+                .await
+        ),
+        ErrorCode::Unavailable
+    );
+    assert_eq!(count(e.store(), "widgets").await, 1);
+}
