@@ -11,7 +11,7 @@
 //! writer recovers, and a deadlocked call goes back to the queue and commits later.
 //! (`TOOLLEDGER_TEST_DATABASE_URL`; skipped with one loud line when unset, failing in CI.)
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -22,10 +22,10 @@ use tokio::task::JoinHandle;
 use toolledger::clock::{SharedClock, SystemClock};
 use toolledger::effect::{EffectTx, RowExt};
 use toolledger::engine::{Engine, InlineCall, InlineEffect, Outcome};
-use toolledger::store::postgres::{PgOptions, PgStore};
 use toolledger::store::{Migration, Store};
-use toolledger::{Error, ErrorCode, OperationState, Principal, ToolContract};
-use toolledger_testkit::conformance::{fresh_schema_name, test_database_url, ServerLock};
+use toolledger::{Error, ErrorCode, OperationState, Principal};
+use toolledger_testkit::calls::{inline_call, principal};
+use toolledger_testkit::db::PgSchema;
 
 const T: &[Migration] = &[Migration {
     namespace: "batch",
@@ -45,61 +45,18 @@ const TOOL: &str = "batch_probe";
 /// a broken test fails instead of hanging.
 const PATIENCE: Duration = Duration::from_secs(60);
 
-struct Db {
-    url: String,
-    schema: String,
-    _lock: ServerLock,
-}
-
-impl Db {
-    fn new() -> Option<Db> {
-        let url = test_database_url()?;
-        Some(Db {
-            url,
-            schema: fresh_schema_name(),
-            _lock: ServerLock::acquire(false).unwrap(),
-        })
-    }
-
-    /// A store with `writers` batch writers and an engine over it.
-    fn open(&self, app: &str, writers: usize) -> (Store, Engine) {
-        let mut opts = PgOptions::new("batch")
-            .with_migrations(T)
-            .in_schema(self.schema.clone());
-        opts.batch_writers = writers;
-        let sep = if self.url.contains('?') { '&' } else { '?' };
-        let url = format!("{}{sep}application_name={app}", self.url);
-        let store = Store::from(PgStore::open(&url, opts).unwrap());
-        let clock: SharedClock = Arc::new(SystemClock);
-        (store.clone(), Engine::new(store, clock))
-    }
-}
-
-impl Drop for Db {
-    fn drop(&mut self) {
-        let opts = PgOptions::any_backend().in_schema(self.schema.clone());
-        if let Ok(s) = PgStore::open_unchecked(&self.url, opts) {
-            let _ = s.drop_schema_blocking();
-        }
-    }
+/// A store with `writers` batch writers over `db`, whose sessions are named `app`, and an
+/// engine over it.
+fn open(db: &PgSchema, app: &str, writers: usize) -> (Store, Engine) {
+    let mut opts = db.options(Some("batch"), T);
+    opts.batch_writers = writers;
+    let store = db.open_as(app, opts);
+    let clock: SharedClock = Arc::new(SystemClock);
+    (store.clone(), Engine::new(store, clock))
 }
 
 fn call(key: &str, arguments: Value) -> InlineCall {
-    InlineCall {
-        principal: Principal {
-            tenant: "t".into(),
-            subject: "s".into(),
-            roles: BTreeSet::new(),
-            scopes: BTreeSet::new(),
-        },
-        contract: ToolContract::uniform(TOOL, "1"),
-        key: key.into(),
-        arguments,
-        fingerprint: None,
-        authority_deadline: None,
-        retention_deadline: None,
-        shared_key_namespace: false,
-    }
+    inline_call(&principal("t", "s"), TOOL, key, arguments)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -288,8 +245,8 @@ fn fate(i: usize) -> Fate {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failing_call_in_a_batch_rolls_back_alone() {
-    let Some(db) = Db::new() else { return };
-    let (store, engine) = db.open("tl_batch_fail", 1);
+    let Some(db) = PgSchema::new() else { return };
+    let (store, engine) = open(&db, "tl_batch_fail", 1);
     let keys: Vec<String> = (0..12).map(|i| format!("f{i:02}")).collect();
     let runs: Vec<Arc<AtomicUsize>> = keys.iter().map(|_| Arc::default()).collect();
     let calls = keys
@@ -393,8 +350,8 @@ async fn a_failing_call_in_a_batch_rolls_back_alone() {
 /// with savepoints.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failure_after_writing_reruns_the_batch_with_savepoints() {
-    let Some(db) = Db::new() else { return };
-    let (store, engine) = db.open("tl_batch_careful", 1);
+    let Some(db) = PgSchema::new() else { return };
+    let (store, engine) = open(&db, "tl_batch_careful", 1);
     let runs: Vec<Arc<AtomicUsize>> = (0..4).map(|_| Arc::default()).collect();
     // One call per key in a batch: c and d wait for the batches after b's.
     let plan = [
@@ -436,8 +393,8 @@ async fn a_failure_after_writing_reruns_the_batch_with_savepoints() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_same_key_twice_in_flight_runs_once() {
-    let Some(db) = Db::new() else { return };
-    let (store, engine) = db.open("tl_batch_same", 1);
+    let Some(db) = PgSchema::new() else { return };
+    let (store, engine) = open(&db, "tl_batch_same", 1);
     let runs: Arc<AtomicUsize> = Arc::default();
     let mut calls: Vec<(InlineCall, Arc<dyn InlineEffect>)> = Vec::new();
     for _ in 0..6 {
@@ -475,8 +432,8 @@ async fn the_same_key_twice_in_flight_runs_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_conflicting_key_in_a_batch_is_refused_alone() {
-    let Some(db) = Db::new() else { return };
-    let (store, engine) = db.open("tl_batch_conflict", 1);
+    let Some(db) = PgSchema::new() else { return };
+    let (store, engine) = open(&db, "tl_batch_conflict", 1);
     let before = engine
         .execute_inline(call("used", json!({"n": 1})), Probe::new("used", Fate::Ok))
         .await
@@ -526,8 +483,8 @@ async fn a_conflicting_key_in_a_batch_is_refused_alone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fresh_results_carry_their_own_operation_ids() {
-    let Some(db) = Db::new() else { return };
-    let (store, engine) = db.open("tl_batch_ids", 1);
+    let Some(db) = PgSchema::new() else { return };
+    let (store, engine) = open(&db, "tl_batch_ids", 1);
     // More calls than one batch holds (32): two batches, each inserting its ledger rows at
     // once, must still hand every caller its own row.
     let keys: Vec<String> = (0..40).map(|i| format!("id{i:02}")).collect();
@@ -577,8 +534,8 @@ impl InlineEffect for Panics {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_panicking_effect_keeps_nothing_and_the_writer_recovers() {
-    let Some(db) = Db::new() else { return };
-    let (store, engine) = db.open("tl_batch_panic", 1);
+    let Some(db) = PgSchema::new() else { return };
+    let (store, engine) = open(&db, "tl_batch_panic", 1);
     let keys = ["p0", "p1", "p2", "p3"];
     let mut calls: Vec<(InlineCall, Arc<dyn InlineEffect>)> = Vec::new();
     for (i, key) in keys.iter().enumerate() {
@@ -729,8 +686,8 @@ impl InlineEffect for Crossing {
 /// together, and `a` must commit having run once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_deadlocked_call_is_retried_and_commits() {
-    let Some(db) = Db::new() else { return };
-    let (store, engine) = db.open("tl_batch_deadlock", 2);
+    let Some(db) = PgSchema::new() else { return };
+    let (store, engine) = open(&db, "tl_batch_deadlock", 2);
     let (a_holding_tx, mut a_holding_rx) = tokio::sync::mpsc::unbounded_channel();
     let (b_holds_tx, b_holds_rx) = mpsc::channel();
     let a = Arc::new(Crossing {
@@ -845,8 +802,8 @@ impl InlineEffect for Unprepared {
 /// (PostgreSQL refuses even to prepare in an aborted transaction).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_neighbour_after_a_database_error_runs_its_own_statements() {
-    let Some(db) = Db::new() else { return };
-    let (store, engine) = db.open("tl_batch_parse1", 1);
+    let Some(db) = PgSchema::new() else { return };
+    let (store, engine) = open(&db, "tl_batch_parse1", 1);
     let calls: Vec<(InlineCall, Arc<dyn InlineEffect>)> = vec![
         (call("chk", json!({})), Probe::new("chk", Fate::Check)),
         (call("oth", json!({})), Arc::new(Unprepared("oth".into()))),
@@ -864,8 +821,8 @@ async fn a_neighbour_after_a_database_error_runs_its_own_statements() {
 /// sent into an aborted transaction).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_database_error_in_the_last_call_keeps_the_batch() {
-    let Some(db) = Db::new() else { return };
-    let (store, engine) = db.open("tl_batch_parse2", 1);
+    let Some(db) = PgSchema::new() else { return };
+    let (store, engine) = open(&db, "tl_batch_parse2", 1);
     let calls: Vec<(InlineCall, Arc<dyn InlineEffect>)> = vec![
         (call("ok1", json!({})), Probe::new("ok1", Fate::Ok)),
         (call("ok2", json!({})), Probe::new("ok2", Fate::Ok)),

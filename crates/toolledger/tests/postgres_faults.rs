@@ -8,10 +8,10 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use toolledger::effect::{EffectTx, RowExt};
-use toolledger::store::postgres::{PgOptions, PgStore};
+use toolledger::store::postgres::PgOptions;
 use toolledger::store::{Migration, Store};
 use toolledger::{Error, ErrorCode};
-use toolledger_testkit::conformance::{count, fresh_schema_name, test_database_url, ServerLock};
+use toolledger_testkit::db::{count, PgSchema};
 
 const T: &[Migration] = &[Migration {
     namespace: "faults",
@@ -20,46 +20,17 @@ const T: &[Migration] = &[Migration {
           INSERT INTO t(id, v) VALUES (1, 0), (2, 0);",
 }];
 
-struct Db {
-    url: String,
-    schema: String,
-    _lock: ServerLock,
-}
-
-impl Db {
-    fn new() -> Option<Db> {
-        let url = test_database_url()?;
-        Some(Db {
-            url,
-            schema: fresh_schema_name(),
-            _lock: ServerLock::acquire(false).unwrap(),
-        })
-    }
-
-    fn open(&self, app: &str, tune: impl FnOnce(&mut PgOptions)) -> Store {
-        let mut opts = PgOptions::new("faults")
-            .with_migrations(T)
-            .in_schema(self.schema.clone());
-        tune(&mut opts);
-        let sep = if self.url.contains('?') { '&' } else { '?' };
-        let url = format!("{}{sep}application_name={app}", self.url);
-        Store::from(PgStore::open(&url, opts).unwrap())
-    }
-}
-
-impl Drop for Db {
-    fn drop(&mut self) {
-        let opts = PgOptions::any_backend().in_schema(self.schema.clone());
-        if let Ok(s) = PgStore::open_unchecked(&self.url, opts) {
-            let _ = s.drop_schema_blocking();
-        }
-    }
+/// A store over `db` whose sessions are named `app`, its options tuned by `tune`.
+fn open(db: &PgSchema, app: &str, tune: impl FnOnce(&mut PgOptions)) -> Store {
+    let mut opts = db.options(Some("faults"), T);
+    tune(&mut opts);
+    db.open_as(app, opts)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statement_timeout_is_a_clean_unavailable_error() {
-    let Some(db) = Db::new() else { return };
-    let store = db.open("tl_timeout", |o| {
+    let Some(db) = PgSchema::new() else { return };
+    let store = open(&db, "tl_timeout", |o| {
         o.statement_timeout = Duration::from_millis(200)
     });
     let err = store
@@ -89,8 +60,8 @@ async fn statement_timeout_is_a_clean_unavailable_error() {
 
 #[test]
 fn a_deadlock_is_retried_and_both_writers_succeed() {
-    let Some(db) = Db::new() else { return };
-    let store = db.open("tl_deadlock", |_| {});
+    let Some(db) = PgSchema::new() else { return };
+    let store = open(&db, "tl_deadlock", |_| {});
     let runs = Arc::new(AtomicUsize::new(0));
     let barrier = Arc::new(Barrier::new(2));
     let writer = |first: i64, second: i64| {
@@ -133,10 +104,10 @@ fn a_deadlock_is_retried_and_both_writers_succeed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_connections_answer_unavailable_write_nothing_and_the_pool_reconnects() {
-    let Some(db) = Db::new() else { return };
+    let Some(db) = PgSchema::new() else { return };
     let app = format!("tl_victim_{}", std::process::id());
-    let store = db.open(&app, |_| {});
-    let admin = db.open("tl_admin", |_| {});
+    let store = open(&db, &app, |_| {});
+    let admin = open(&db, "tl_admin", |_| {});
     store
         .write(|tx: &mut dyn EffectTx| tx.execute("CREATE TABLE marks(x BIGINT NOT NULL)", &[]))
         .await

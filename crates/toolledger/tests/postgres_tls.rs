@@ -9,12 +9,7 @@
 use toolledger::effect::{EffectTx, RowExt};
 use toolledger::store::postgres::{PgOptions, PgStore};
 use toolledger::store::StoreError;
-use toolledger_testkit::conformance::{test_database_url, ServerLock, CI_ENV};
-
-fn with_param(url: &str, param: &str) -> String {
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}{param}")
-}
+use toolledger_testkit::db::{test_database_url, with_param, ServerLock, CI_ENV};
 
 fn scalar_text(store: &PgStore, sql: &'static str) -> Result<String, StoreError> {
     store.read_blocking(move |tx: &mut dyn EffectTx| {
@@ -76,7 +71,7 @@ fn a_whole_ledger_runs_over_tls() {
     let Some((url, _, _lock)) = tls_server() else {
         return;
     };
-    let schema = toolledger_testkit::conformance::fresh_schema_name();
+    let schema = toolledger_testkit::db::fresh_schema_name();
     let url = with_param(&url, "sslmode=require");
     let store = PgStore::open(&url, PgOptions::new("tls").in_schema(schema.clone())).unwrap();
     assert_eq!(store.backend_id(), "tls");
