@@ -1,17 +1,17 @@
 //! Racing calls on one scope: through one engine (group commit in one writer) and through
 //! separate store handles (separate write connections serialized by SQLite's write lock).
 
-use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 
 use serde_json::{json, Value};
 use toolledger::clock::{SharedClock, SystemClock};
 use toolledger::effect::EffectTx;
 use toolledger::engine::{Engine, InlineCall, InlineEffect, Outcome};
-use toolledger::store::sqlite::{OpenOptions, SqliteStore};
+use toolledger::store::sqlite::SqliteStore;
 use toolledger::store::Migration;
-use toolledger::{Error, ErrorCode, Principal, ToolContract};
+use toolledger::{Error, ErrorCode, Principal};
+use toolledger_testkit::calls::{inline_call, principal};
+use toolledger_testkit::db::SqliteFile;
 
 const WIDGETS: &[Migration] = &[Migration {
     namespace: "test.widgets",
@@ -33,57 +33,41 @@ impl InlineEffect for MakeWidget {
     }
 }
 
-fn temp() -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("race.sqlite");
-    drop(open(&path));
-    (dir, path)
+/// A fresh database file, already created with the widget table.
+fn temp() -> SqliteFile {
+    let db = SqliteFile::new("race.sqlite");
+    drop(open(&db));
+    db
 }
 
-fn open(path: &Path) -> SqliteStore {
-    SqliteStore::open(path, OpenOptions::new("race").with_migrations(WIDGETS)).unwrap()
+fn open(db: &SqliteFile) -> SqliteStore {
+    db.open("race", WIDGETS)
 }
 
-fn engine(path: &Path) -> Engine {
+fn engine(db: &SqliteFile) -> Engine {
     let clock: SharedClock = Arc::new(SystemClock);
-    Engine::new(open(path), clock)
+    Engine::new(open(db), clock)
 }
 
 fn call(name: &str) -> InlineCall {
-    InlineCall {
-        principal: Principal {
-            tenant: "team-a".into(),
-            subject: "alice".into(),
-            roles: BTreeSet::new(),
-            scopes: BTreeSet::new(),
-        },
-        contract: ToolContract::uniform("make_widget", "1"),
-        key: "race-1".into(),
-        arguments: json!({ "name": name }),
-        fingerprint: None,
-        authority_deadline: None,
-        retention_deadline: None,
-        shared_key_namespace: false,
-    }
-}
-
-fn count(path: &Path, sql: &str) -> i64 {
-    rusqlite::Connection::open(path)
-        .unwrap()
-        .query_row(sql, [], |r| r.get(0))
-        .unwrap()
+    inline_call(
+        &principal("team-a", "alice"),
+        "make_widget",
+        "race-1",
+        json!({ "name": name }),
+    )
 }
 
 /// Runs `RACERS` calls from separate OS threads, each with its own store handle, released
 /// together by a barrier.
 fn race_separate_handles(
-    path: &Path,
+    db: &SqliteFile,
     name_of: impl Fn(usize) -> String,
 ) -> Vec<Result<Outcome, Error>> {
     let barrier = Arc::new(Barrier::new(RACERS));
     let threads: Vec<_> = (0..RACERS)
         .map(|i| {
-            let path = path.to_path_buf();
+            let db = db.clone();
             let barrier = barrier.clone();
             let name = name_of(i);
             std::thread::spawn(move || {
@@ -91,7 +75,7 @@ fn race_separate_handles(
                     .enable_all()
                     .build()
                     .unwrap();
-                let engine = engine(&path);
+                let engine = engine(&db);
                 barrier.wait();
                 rt.block_on(engine.execute_inline(call(&name), Arc::new(MakeWidget(name.clone()))))
             })
@@ -102,8 +86,8 @@ fn race_separate_handles(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_tasks_on_one_engine_produce_one_effect() {
-    let (_d, path) = temp();
-    let engine = engine(&path);
+    let db = temp();
+    let engine = engine(&db);
     let barrier = Arc::new(tokio::sync::Barrier::new(RACERS));
     let mut handles = Vec::new();
     for _ in 0..RACERS {
@@ -122,27 +106,27 @@ async fn racing_tasks_on_one_engine_produce_one_effect() {
     }
     assert_eq!(outcomes.iter().filter(|o| !o.replayed).count(), 1);
     assert!(outcomes.iter().all(|o| o.result == outcomes[0].result));
-    assert_eq!(count(&path, "SELECT count(*) FROM widgets"), 1);
-    assert_eq!(count(&path, "SELECT count(*) FROM operations"), 1);
+    assert_eq!(db.scalar("SELECT count(*) FROM widgets"), 1);
+    assert_eq!(db.scalar("SELECT count(*) FROM operations"), 1);
 }
 
 #[test]
 fn racing_threads_with_separate_store_handles_produce_one_effect() {
-    let (_d, path) = temp();
-    let outcomes: Vec<Outcome> = race_separate_handles(&path, |_| "gear".into())
+    let db = temp();
+    let outcomes: Vec<Outcome> = race_separate_handles(&db, |_| "gear".into())
         .into_iter()
         .map(Result::unwrap)
         .collect();
     assert_eq!(outcomes.iter().filter(|o| !o.replayed).count(), 1);
     assert!(outcomes.iter().all(|o| o.result == outcomes[0].result));
-    assert_eq!(count(&path, "SELECT count(*) FROM widgets"), 1);
-    assert_eq!(count(&path, "SELECT count(*) FROM operations"), 1);
+    assert_eq!(db.scalar("SELECT count(*) FROM widgets"), 1);
+    assert_eq!(db.scalar("SELECT count(*) FROM operations"), 1);
 }
 
 #[test]
 fn racing_different_intents_have_one_winner_and_the_rest_conflict() {
-    let (_d, path) = temp();
-    let results = race_separate_handles(&path, |i| format!("gear-{i}"));
+    let db = temp();
+    let results = race_separate_handles(&db, |i| format!("gear-{i}"));
     let winners: Vec<&Outcome> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
     assert_eq!(winners.len(), 1);
     assert!(!winners[0].replayed);
@@ -152,13 +136,12 @@ fn racing_different_intents_have_one_winner_and_the_rest_conflict() {
         }
     }
     let name = winners[0].result["name"].as_str().unwrap().to_string();
-    assert_eq!(count(&path, "SELECT count(*) FROM widgets"), 1);
+    assert_eq!(db.scalar("SELECT count(*) FROM widgets"), 1);
     assert_eq!(
-        count(
-            &path,
-            &format!("SELECT count(*) FROM widgets WHERE name = '{name}'")
-        ),
+        db.scalar(&format!(
+            "SELECT count(*) FROM widgets WHERE name = '{name}'"
+        )),
         1
     );
-    assert_eq!(count(&path, "SELECT count(*) FROM operations"), 1);
+    assert_eq!(db.scalar("SELECT count(*) FROM operations"), 1);
 }

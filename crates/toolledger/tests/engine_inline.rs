@@ -2,8 +2,6 @@
 //! deadlines, shared key namespaces, multi-step operations, fault points, rollback and the
 //! storage contract.
 
-use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
@@ -12,9 +10,11 @@ use toolledger::effect::{EffectTx, SqlValue};
 use toolledger::engine::{
     Begun, Engine, FaultPoint, InlineCall, InlineEffect, OperationRecord, Outcome,
 };
-use toolledger::store::sqlite::{OpenOptions, SqliteStore};
+use toolledger::store::sqlite::SqliteStore;
 use toolledger::store::Migration;
 use toolledger::{Error, ErrorCode, OperationState, Principal, ToolContract};
+use toolledger_testkit::calls::{inline_call, principal};
+use toolledger_testkit::db::SqliteFile;
 
 const WIDGETS: &[Migration] = &[Migration {
     namespace: "test.widgets",
@@ -30,66 +30,29 @@ const WIDGETS: &[Migration] = &[Migration {
 const T0: i64 = 1_700_000_000;
 
 struct Fixture {
-    _dir: tempfile::TempDir,
-    path: PathBuf,
+    db: SqliteFile,
     clock: ManualClock,
     engine: Engine,
 }
 
 fn fixture() -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("engine.sqlite");
-    let store = open(&path);
+    let db = SqliteFile::new("engine.sqlite");
+    let store = open(&db);
     let clock = ManualClock::new(T0);
     let shared: SharedClock = Arc::new(clock.clone());
     Fixture {
-        _dir: dir,
-        path,
+        db,
         clock,
         engine: Engine::new(store, shared),
     }
 }
 
-fn open(path: &Path) -> SqliteStore {
-    SqliteStore::open(
-        path,
-        OpenOptions::new("engine-test").with_migrations(WIDGETS),
-    )
-    .unwrap()
-}
-
-fn side(path: &Path) -> rusqlite::Connection {
-    let c = rusqlite::Connection::open(path).unwrap();
-    c.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
-    c
-}
-
-fn count(path: &Path, table: &str) -> i64 {
-    side(path)
-        .query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
-        .unwrap()
-}
-
-fn principal(tenant: &str, subject: &str) -> Principal {
-    Principal {
-        tenant: tenant.into(),
-        subject: subject.into(),
-        roles: BTreeSet::new(),
-        scopes: BTreeSet::new(),
-    }
+fn open(db: &SqliteFile) -> SqliteStore {
+    db.open("engine-test", WIDGETS)
 }
 
 fn call(who: &Principal, key: &str, name: &str) -> InlineCall {
-    InlineCall {
-        principal: who.clone(),
-        contract: ToolContract::uniform("make_widget", "1"),
-        key: key.into(),
-        arguments: json!({ "name": name }),
-        fingerprint: None,
-        authority_deadline: None,
-        retention_deadline: None,
-        shared_key_namespace: false,
-    }
+    inline_call(who, "make_widget", key, json!({ "name": name }))
 }
 
 /// Inserts one widget; refuses tenants listed in `hidden`; counts replay checks.
@@ -170,7 +133,7 @@ async fn exact_retry_replays_the_stored_result_without_a_second_effect() {
     assert_eq!(*effect.replay_checks.lock().unwrap(), 0);
 
     // Through a new store handle, as after a lost reply.
-    let again = Engine::new(open(&f.path), Arc::new(f.clock.clone()));
+    let again = Engine::new(open(&f.db), Arc::new(f.clock.clone()));
     let second = again
         .execute_inline(call(&alice, "k1", "gear"), effect.clone())
         .await
@@ -180,8 +143,8 @@ async fn exact_retry_replays_the_stored_result_without_a_second_effect() {
     assert_eq!(second.status_ref, first.status_ref);
     assert_eq!(second.operation_id, first.operation_id);
     assert_eq!(*effect.replay_checks.lock().unwrap(), 1);
-    assert_eq!(count(&f.path, "widgets"), 1);
-    assert_eq!(count(&f.path, "operations"), 1);
+    assert_eq!(f.db.count("widgets"), 1);
+    assert_eq!(f.db.count("operations"), 1);
 
     let rec = f
         .engine
@@ -236,8 +199,8 @@ async fn same_key_with_another_intent_is_a_conflict_and_writes_nothing() {
         code(f.engine.execute_inline(c, MakeWidget::new("gear")).await),
         ErrorCode::OperationConflict
     );
-    assert_eq!(count(&f.path, "widgets"), 1);
-    assert_eq!(count(&f.path, "operations"), 1);
+    assert_eq!(f.db.count("widgets"), 1);
+    assert_eq!(f.db.count("operations"), 1);
 
     // The same key under another subject or tenant is a separate scope.
     for who in [principal("team-a", "bob"), principal("team-b", "alice")] {
@@ -248,7 +211,7 @@ async fn same_key_with_another_intent_is_a_conflict_and_writes_nothing() {
             .unwrap();
         assert!(!o.replayed);
     }
-    assert_eq!(count(&f.path, "operations"), 3);
+    assert_eq!(f.db.count("operations"), 3);
 }
 
 #[tokio::test]
@@ -259,7 +222,7 @@ async fn authorization_runs_before_the_ledger_lookup() {
         .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
         .await
         .unwrap();
-    side(&f.path)
+    f.db.side()
         .execute("INSERT INTO hidden(tenant) VALUES ('team-a')", [])
         .unwrap();
     // The saved result is not returned, and a conflicting intent cannot probe the key.
@@ -281,8 +244,8 @@ async fn authorization_runs_before_the_ledger_lookup() {
         ),
         ErrorCode::NotFound
     );
-    assert_eq!(count(&f.path, "widgets"), 1);
-    assert_eq!(count(&f.path, "operations"), 1);
+    assert_eq!(f.db.count("widgets"), 1);
+    assert_eq!(f.db.count("operations"), 1);
 }
 
 #[tokio::test]
@@ -333,7 +296,7 @@ async fn authority_deadline_blocks_even_an_exact_replay_but_not_a_status_read() 
         .unwrap();
     assert_eq!(rec.authority_deadline, Some(T0 + 10));
     assert_eq!(rec.state, OperationState::Applied);
-    assert_eq!(count(&f.path, "widgets"), 1);
+    assert_eq!(f.db.count("widgets"), 1);
 }
 
 #[tokio::test]
@@ -387,8 +350,8 @@ async fn retention_expiry_leaves_a_tombstone_that_keeps_the_key_used() {
         code(f.engine.execute_inline(fresh, MakeWidget::new("cog")).await),
         ErrorCode::OperationConflict
     );
-    assert_eq!(count(&f.path, "operations"), 1);
-    assert_eq!(count(&f.path, "widgets"), 1);
+    assert_eq!(f.db.count("operations"), 1);
+    assert_eq!(f.db.count("widgets"), 1);
 }
 
 #[tokio::test]
@@ -407,8 +370,8 @@ async fn a_fresh_call_past_its_own_deadline_writes_nothing() {
         code(f.engine.execute_inline(c, MakeWidget::new("gear")).await),
         ErrorCode::OperationRetentionExpired
     );
-    assert_eq!(count(&f.path, "operations"), 0);
-    assert_eq!(count(&f.path, "widgets"), 0);
+    assert_eq!(f.db.count("operations"), 0);
+    assert_eq!(f.db.count("widgets"), 0);
 }
 
 #[tokio::test]
@@ -428,7 +391,7 @@ async fn shared_key_namespace_refuses_a_key_held_by_another_principal() {
         code(f.engine.execute_inline(c, MakeWidget::new("gear")).await),
         ErrorCode::OperationConflict
     );
-    assert_eq!(count(&f.path, "operations"), 1);
+    assert_eq!(f.db.count("operations"), 1);
     // Without the shared namespace the key is bob's own.
     f.engine
         .execute_inline(call(&bob, "case-03", "gear"), MakeWidget::new("gear"))
@@ -462,7 +425,7 @@ async fn multi_step_operation_is_in_progress_until_finished_then_replays_partial
     };
     assert_eq!(first_result, json!({"id": 1, "name": "gear"}));
     // Committed: visible from another handle.
-    assert_eq!(count(&f.path, "widgets"), 1);
+    assert_eq!(f.db.count("widgets"), 1);
     let err = f
         .engine
         .begin_steps(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
@@ -541,7 +504,7 @@ async fn multi_step_operation_is_in_progress_until_finished_then_replays_partial
             .code,
         ErrorCode::NotFound
     );
-    assert_eq!(count(&f.path, "widgets"), 1);
+    assert_eq!(f.db.count("widgets"), 1);
 }
 
 fn recording_hook() -> (Arc<Mutex<Vec<FaultPoint>>>, toolledger::engine::FaultHook) {
@@ -599,8 +562,8 @@ async fn a_crash_before_commit_leaves_neither_ledger_row_nor_effect() {
             .await
             .unwrap_err();
         assert_eq!(err.code, ErrorCode::Unavailable, "{point:?}");
-        assert_eq!(count(&f.path, "operations"), 0, "{point:?}");
-        assert_eq!(count(&f.path, "widgets"), 0, "{point:?}");
+        assert_eq!(f.db.count("operations"), 0, "{point:?}");
+        assert_eq!(f.db.count("widgets"), 0, "{point:?}");
         // The retry is a fresh call.
         let o = f
             .engine
@@ -626,8 +589,8 @@ async fn effect_failure_and_ledger_write_failure_roll_back_everything() {
         .await
         .unwrap_err();
     assert_eq!(err.code, ErrorCode::VersionConflict);
-    assert_eq!(count(&f.path, "widgets"), 0);
-    assert_eq!(count(&f.path, "operations"), 0);
+    assert_eq!(f.db.count("widgets"), 0);
+    assert_eq!(f.db.count("operations"), 0);
 
     // A constraint inside the effect.
     let long = "x".repeat(40);
@@ -640,7 +603,7 @@ async fn effect_failure_and_ledger_write_failure_roll_back_everything() {
     assert!(!err.message.contains("length"), "{}", err.message);
 
     // The ledger's own write (after the effect ran) refused.
-    side(&f.path)
+    f.db.side()
         .execute_batch(
             "CREATE TRIGGER fail_ledger BEFORE INSERT ON operations
              BEGIN SELECT RAISE(ABORT, 'ledger unavailable'); END;",
@@ -652,9 +615,9 @@ async fn effect_failure_and_ledger_write_failure_roll_back_everything() {
         .await
         .unwrap_err();
     assert_eq!(err.code, ErrorCode::Unavailable);
-    assert_eq!(count(&f.path, "widgets"), 0);
-    assert_eq!(count(&f.path, "operations"), 0);
-    side(&f.path)
+    assert_eq!(f.db.count("widgets"), 0);
+    assert_eq!(f.db.count("operations"), 0);
+    f.db.side()
         .execute_batch("DROP TRIGGER fail_ledger")
         .unwrap();
     assert!(
@@ -664,7 +627,7 @@ async fn effect_failure_and_ledger_write_failure_roll_back_everything() {
             .unwrap()
             .replayed
     );
-    assert_eq!(count(&f.path, "widgets"), 1);
+    assert_eq!(f.db.count("widgets"), 1);
 }
 
 #[tokio::test]
@@ -695,8 +658,8 @@ async fn malformed_calls_are_invalid_arguments_and_write_nothing() {
             .unwrap_err();
         assert_eq!(err.code, ErrorCode::InvalidArguments, "{err}");
     }
-    assert_eq!(count(&f.path, "operations"), 0);
-    assert_eq!(count(&f.path, "widgets"), 0);
+    assert_eq!(f.db.count("operations"), 0);
+    assert_eq!(f.db.count("widgets"), 0);
 }
 
 #[tokio::test]
@@ -707,7 +670,7 @@ async fn non_canonical_stored_json_never_reaches_a_caller() {
         .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
         .await
         .unwrap();
-    let tamper = |sql: &str| side(&f.path).execute_batch(sql).unwrap();
+    let tamper = |sql: &str| f.db.side().execute_batch(sql).unwrap();
     // A non-canonical result whose digest matches its (altered) bytes.
     let text = r#"{"name":"gear", "id":1}"#;
     use sha2::Digest;
@@ -760,5 +723,5 @@ async fn non_canonical_stored_json_never_reaches_a_caller() {
         .unwrap();
     assert!(o.replayed);
     assert_eq!(o.result, json!({"id": 1, "name": "gear"}));
-    assert_eq!(count(&f.path, "widgets"), 1);
+    assert_eq!(f.db.count("widgets"), 1);
 }

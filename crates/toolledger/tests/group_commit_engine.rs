@@ -3,8 +3,7 @@
 //! run in one batch; the failing ones (a refused effect, a constraint violation, a panic) must
 //! roll back alone and leave their neighbours committed with their effects.
 
-use std::collections::{BTreeSet, HashSet};
-use std::path::{Path, PathBuf};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,9 +11,11 @@ use serde_json::{json, Value};
 use toolledger::clock::{SharedClock, SystemClock};
 use toolledger::effect::EffectTx;
 use toolledger::engine::{Engine, InlineCall, InlineEffect};
-use toolledger::store::sqlite::{OpenOptions, SqliteStore, MAX_BATCH};
+use toolledger::store::sqlite::{SqliteStore, MAX_BATCH};
 use toolledger::store::{Migration, Store, StoreError};
-use toolledger::{Error, ErrorCode, Principal, ToolContract};
+use toolledger::{Error, ErrorCode, Principal};
+use toolledger_testkit::calls::{inline_call, principal};
+use toolledger_testkit::db::SqliteFile;
 
 const ITEMS: &[Migration] = &[Migration {
     namespace: "test.items",
@@ -73,29 +74,15 @@ impl InlineEffect for Item {
 }
 
 fn call(key: &str) -> InlineCall {
-    InlineCall {
-        principal: Principal {
-            tenant: "t".into(),
-            subject: "s".into(),
-            roles: BTreeSet::new(),
-            scopes: BTreeSet::new(),
-        },
-        contract: ToolContract::uniform("make_item", "1"),
-        key: key.into(),
-        arguments: json!({"key": key}),
-        fingerprint: None,
-        authority_deadline: None,
-        retention_deadline: None,
-        shared_key_namespace: false,
-    }
+    inline_call(&principal("t", "s"), "make_item", key, json!({"key": key}))
 }
 
-fn open(path: &Path) -> SqliteStore {
-    SqliteStore::open(path, OpenOptions::new("gc").with_migrations(ITEMS)).unwrap()
+fn open(db: &SqliteFile) -> SqliteStore {
+    db.open("gc", ITEMS)
 }
 
-fn keys_in(path: &Path, sql: &str) -> HashSet<String> {
-    let conn = rusqlite::Connection::open(path).unwrap();
+fn keys_in(db: &SqliteFile, sql: &str) -> HashSet<String> {
+    let conn = db.side();
     let mut stmt = conn.prepare(sql).unwrap();
     let rows = stmt.query_map([], |r| r.get::<_, String>(0)).unwrap();
     rows.collect::<Result<_, _>>().unwrap()
@@ -125,17 +112,11 @@ async fn wait_queued(store: &SqliteStore, n: usize) {
     }
 }
 
-fn temp() -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("gc.sqlite");
-    (dir, path)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn failing_operations_in_one_batch_roll_back_alone() {
     const { assert!(CALLS <= MAX_BATCH, "all calls must fit one batch") };
-    let (_dir, path) = temp();
-    let store = open(&path);
+    let db = SqliteFile::new("gc.sqlite");
+    let store = open(&db);
     Store::from(store.clone())
         .write(|tx| {
             tx.execute(
@@ -196,18 +177,18 @@ async fn failing_operations_in_one_batch_roll_back_alone() {
         .collect();
     assert_eq!(committed, expected);
     assert_eq!(
-        keys_in(&path, "SELECT idempotency_key FROM operations"),
+        keys_in(&db, "SELECT idempotency_key FROM operations"),
         expected,
         "exactly the successful calls have ledger rows"
     );
-    let mut effects = keys_in(&path, "SELECT operation_key FROM items");
+    let mut effects = keys_in(&db, "SELECT operation_key FROM items");
     assert!(effects.remove("seed"));
     assert_eq!(
         effects, expected,
         "exactly the successful calls have effects"
     );
     let applied = keys_in(
-        &path,
+        &db,
         "SELECT idempotency_key FROM operations WHERE state = 'applied'",
     );
     assert_eq!(applied, expected);
@@ -223,8 +204,8 @@ async fn failing_operations_in_one_batch_roll_back_alone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_first_attempts_in_one_batch_apply_once() {
-    let (_dir, path) = temp();
-    let store = open(&path);
+    let db = SqliteFile::new("gc.sqlite");
+    let store = open(&db);
     let clock: SharedClock = Arc::new(SystemClock);
     let engine = Engine::new(store.clone(), clock);
 
@@ -256,5 +237,5 @@ async fn racing_first_attempts_in_one_batch_apply_once() {
         "one call applied, the rest replayed inside the batch"
     );
     assert_eq!(results.len(), 1, "every caller saw the same result");
-    assert_eq!(keys_in(&path, "SELECT operation_key FROM items").len(), 1);
+    assert_eq!(keys_in(&db, "SELECT operation_key FROM items").len(), 1);
 }
