@@ -61,9 +61,9 @@ async fn the_same_intent_replays_locally_across_handles_and_after_restart() {
     assert_eq!(result, r1);
 
     // After a restart: a brand-new store handle and runtime on the same files.
-    let db = h.db.clone();
+    let file = h.file.clone();
     drop(h.runtime.clone());
-    let reopened = Harness::runtime_for(&open_store(&db), &h.clock, &h.downstream, "v1");
+    let reopened = Harness::runtime_for(&open_store(&file), &h.clock, &h.downstream, "v1");
     let third = reopened.dispatch(&call, None).await.unwrap();
     assert_eq!(third, second);
     assert_eq!(

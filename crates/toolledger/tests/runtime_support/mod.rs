@@ -4,23 +4,22 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use serde_json::{json, Value};
 use toolledger::approval::{self, Approval};
 use toolledger::authz::PrincipalStore;
 use toolledger::clock::{ManualClock, SharedClock};
-use toolledger::downstream::{BoxFuture, Downstream, DownstreamError};
 use toolledger::effect::{EffectTx, RowExt, SqlValue};
 use toolledger::runtime::{
     approval_target, DeferredCall, DeferredTool, ProviderContext, ProviderProfile, Registry,
     Runtime, RuntimeConfig, RuntimeError, StatusQuery,
 };
-use toolledger::store::sqlite::{OpenOptions, SqliteStore};
+use toolledger::store::sqlite::SqliteStore;
 use toolledger::store::{Migration, Store};
 use toolledger::{Error, ErrorCode, Principal, Scope, ToolContract};
-use toolledger_testkit::downstream::SqliteDownstream;
+use toolledger_testkit::db::SqliteFile;
+use toolledger_testkit::downstream::{CountingDownstream, SqliteDownstream};
 
 pub const T0: i64 = 1_767_225_600; // 2026-01-01T00:00:00Z
 
@@ -134,40 +133,7 @@ impl DeferredTool for TestRefund {
 }
 
 /// Counts calls into the downstream so tests can prove "never queried".
-#[derive(Debug, Clone)]
-pub struct Counting {
-    pub inner: SqliteDownstream,
-    pub submits: Arc<AtomicUsize>,
-    pub statuses: Arc<AtomicUsize>,
-}
-
-impl Counting {
-    pub fn submits(&self) -> usize {
-        self.submits.load(Ordering::SeqCst)
-    }
-    pub fn statuses(&self) -> usize {
-        self.statuses.load(Ordering::SeqCst)
-    }
-}
-
-impl Downstream for Counting {
-    fn submit<'a>(
-        &'a self,
-        scope: &'a Scope,
-        request: &'a Value,
-    ) -> BoxFuture<'a, Result<Value, DownstreamError>> {
-        self.submits.fetch_add(1, Ordering::SeqCst);
-        self.inner.submit(scope, request)
-    }
-
-    fn status<'a>(
-        &'a self,
-        status_ref: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Value>, DownstreamError>> {
-        self.statuses.fetch_add(1, Ordering::SeqCst);
-        self.inner.status(status_ref)
-    }
-}
+pub type Counting = CountingDownstream;
 
 pub fn openai(call: &str) -> ProviderContext {
     ProviderContext {
@@ -181,8 +147,7 @@ pub fn openai(call: &str) -> ProviderContext {
 }
 
 pub struct Harness {
-    pub dir: tempfile::TempDir,
-    pub db: PathBuf,
+    pub file: SqliteFile,
     pub downstream_db: PathBuf,
     pub store: SqliteStore,
     pub clock: ManualClock,
@@ -191,23 +156,20 @@ pub struct Harness {
     pub principals: PrincipalStore,
 }
 
-pub fn open_store(db: &PathBuf) -> SqliteStore {
-    SqliteStore::open(db, OpenOptions::new("test").with_migrations(MIGRATIONS)).unwrap()
+pub fn open_store(file: &SqliteFile) -> SqliteStore {
+    file.open("test", MIGRATIONS)
 }
 
 impl Harness {
     pub async fn new() -> Harness {
-        let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join("ledger.sqlite");
-        let downstream_db = dir.path().join("ledger.sqlite.downstream.sqlite");
-        let store = open_store(&db);
+        let file = SqliteFile::new("ledger.sqlite");
+        let downstream_db = file.dir().join("ledger.sqlite.downstream.sqlite");
+        let store = open_store(&file);
         let clock = ManualClock::new(T0);
         let shared: SharedClock = Arc::new(clock.clone());
-        let downstream = Counting {
-            inner: SqliteDownstream::open(&downstream_db, shared.clone()).unwrap(),
-            submits: Arc::default(),
-            statuses: Arc::default(),
-        };
+        let downstream = CountingDownstream::new(
+            SqliteDownstream::open(&downstream_db, shared.clone()).unwrap(),
+        );
         let principals = PrincipalStore::new(store.clone()).with_clock(shared.clone());
         for (name, tenant, roles) in [
             ("alice", "acme", vec![]),
@@ -234,8 +196,7 @@ impl Harness {
             .unwrap();
         let runtime = Self::runtime_for(&store, &clock, &downstream, "v1");
         Harness {
-            dir,
-            db,
+            file,
             downstream_db,
             store,
             clock,
@@ -264,7 +225,7 @@ impl Harness {
 
     /// A runtime over a second, independent store handle on the same file.
     pub fn second_runtime(&self, rev: &str) -> Runtime {
-        Self::runtime_for(&open_store(&self.db), &self.clock, &self.downstream, rev)
+        Self::runtime_for(&open_store(&self.file), &self.clock, &self.downstream, rev)
     }
 
     pub fn call(&self, principal: &str, key: &str, order: &str, amount: i64) -> DeferredCall {
@@ -372,9 +333,7 @@ impl Harness {
 
     /// Runs raw SQL on a side connection (tampering, triggers, business-state changes).
     pub fn side_sql(&self, sql: &str) {
-        let c = rusqlite::Connection::open(&self.db).unwrap();
-        c.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
-        c.execute_batch(sql).unwrap();
+        self.file.side().execute_batch(sql).unwrap();
     }
 
     /// Row counts of the ledger's runtime tables: (operations, outbox, deferred_intents,
@@ -392,7 +351,7 @@ impl Harness {
     }
 
     pub fn downstream_receipts(&self) -> i64 {
-        self.downstream.inner.receipt_count().unwrap()
+        self.downstream.receipts()
     }
 }
 
