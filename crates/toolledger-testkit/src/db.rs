@@ -254,11 +254,16 @@ impl SqliteFile {
     }
 }
 
-/// Counts the rows of `table` in one snapshot of `store`.
-pub async fn count(store: &Store, table: &str) -> i64 {
-    let sql = format!("SELECT count(*) FROM {table}");
+/// The integer one query (without parameters) answers, read in one snapshot of `store`.
+pub async fn scalar(store: &Store, sql: &str) -> i64 {
+    let sql = sql.to_string();
     store
         .read(move |tx: &mut dyn EffectTx| tx.query_opt(&sql, &[])?.expect("a row").int(0))
         .await
-        .expect("count rows")
+        .expect("a scalar")
+}
+
+/// Counts the rows of `table` in one snapshot of `store`.
+pub async fn count(store: &Store, table: &str) -> i64 {
+    scalar(store, &format!("SELECT count(*) FROM {table}")).await
 }

@@ -7,8 +7,8 @@ use toolledger::model::{ErrorCode, OperationState};
 use toolledger::outbox::ClaimOutcome;
 use toolledger::runtime::{Accepted, Answer, Delivery, RuntimeError, StatusQuery};
 
-use super::harness::{refused, ship, Harness, World};
-use crate::db::count;
+use super::harness::{accept_new, refused, ship, Harness, World};
+use crate::db::{count, scalar};
 
 /// Transaction A writes the operation, its intent context and its outbox event together; an
 /// injected failure on the outbox insert leaves none of them.
@@ -27,9 +27,7 @@ pub async fn intent_and_outbox_commit_together(h: &Harness) {
         assert_eq!(count(rt.store(), table).await, 0, "{table}");
     }
     h.allow_inserts_into(rt.store(), "outbox").await;
-    let Accepted::New { status_ref, .. } = rt.accept(&ship("k1", "p1")).await.unwrap() else {
-        panic!("expected a new intent");
-    };
+    let (_, status_ref) = accept_new(&rt, &ship("k1", "p1")).await;
     let rec = rt.inspect(&status_ref).await.unwrap().unwrap();
     assert_eq!(rec.state, OperationState::Accepted);
     assert_eq!(count(rt.store(), "outbox").await, 1);
@@ -99,29 +97,18 @@ pub async fn dispatch_of_unfinished_only_observes_and_status_reconciles(h: &Harn
 pub async fn transaction_c_rolls_back_as_a_unit(h: &Harness) {
     let w = World::new(h).await;
     let rt = w.runtime(h);
-    let Accepted::New {
-        event_id,
-        status_ref,
-        ..
-    } = rt.accept(&ship("k1", "p1")).await.unwrap()
-    else {
-        panic!("expected a new intent");
-    };
+    let (event_id, status_ref) = accept_new(&rt, &ship("k1", "p1")).await;
     h.fail_inserts_into(rt.store(), "local_receipts").await;
     let err = rt.process(event_id, "w1", None).await.unwrap_err();
     assert!(matches!(err, RuntimeError::Store(_)), "{err:?}");
     let rec = rt.inspect(&status_ref).await.unwrap().unwrap();
     assert_eq!(rec.state, OperationState::Processing);
     assert_eq!(count(rt.store(), "local_receipts").await, 0);
-    let delivered = rt
-        .store()
-        .read(|tx: &mut dyn EffectTx| {
-            tx.query_opt("SELECT count(*) FROM outbox WHERE state = 'delivered'", &[])?
-                .expect("row")
-                .int(0)
-        })
-        .await
-        .unwrap();
+    let delivered = scalar(
+        rt.store(),
+        "SELECT count(*) FROM outbox WHERE state = 'delivered'",
+    )
+    .await;
     assert_eq!(delivered, 0);
     h.allow_inserts_into(rt.store(), "local_receipts").await;
 }
@@ -176,23 +163,11 @@ pub async fn worker_and_status_query_reconcile_once(h: &Harness) {
     for round in 1..=4 {
         let key = format!("race-{round}");
         let call = ship(&key, &format!("p{round}"));
-        let Accepted::New {
-            event_id,
-            status_ref,
-            ..
-        } = rt.accept(&call).await.unwrap()
-        else {
-            panic!("expected a new intent");
-        };
+        let (event_id, status_ref) = accept_new(&rt, &call).await;
         let ClaimOutcome::Claimed(lease) = rt.claim(event_id, "w").await.unwrap() else {
             panic!("claim");
         };
-        let rec = rt.inspect(&status_ref).await.unwrap().unwrap();
-        let receipt = w
-            .downstream
-            .inner
-            .submit_blocking(&rec.scope, &toolledger::runtime::downstream_request(&rec))
-            .unwrap();
+        let receipt = w.submit_directly(&rt, &status_ref).await;
         let query = StatusQuery {
             principal: "alice".into(),
             tool: "ship_parcel".into(),

@@ -11,7 +11,8 @@ use toolledger::effect::{Dialect, EffectTx, RowExt};
 use toolledger::engine::{Engine, InlineCall, InlineEffect};
 use toolledger::model::{Error, ErrorCode, Principal, ToolContract};
 use toolledger::runtime::{
-    DeferredCall, DeferredTool, ProviderContext, ProviderProfile, Registry, Runtime, RuntimeError,
+    Accepted, DeferredCall, DeferredTool, ProviderContext, ProviderProfile, Registry, Runtime,
+    RuntimeError,
 };
 use toolledger::store::{Migration, Store, StoreError};
 
@@ -335,6 +336,20 @@ impl World {
         }
     }
 
+    /// Submits the operation `status_ref` of `rt` straight to the downstream, as a worker
+    /// would (uncounted), and answers the receipt.
+    pub async fn submit_directly(&self, rt: &Runtime, status_ref: &str) -> Value {
+        let rec = rt
+            .inspect(status_ref)
+            .await
+            .expect("inspect")
+            .expect("the operation");
+        self.downstream
+            .inner
+            .submit_blocking(&rec.scope, &toolledger::runtime::downstream_request(&rec))
+            .expect("a downstream receipt")
+    }
+
     /// A runtime over a new handle of `h`.
     pub fn runtime(&self, h: &Harness) -> Runtime {
         let registry = Registry::new()
@@ -353,6 +368,19 @@ pub fn ship(key: &str, parcel: &str) -> DeferredCall {
         arguments: json!({"parcel": parcel}),
         approval_id: None,
         provider: ProviderContext::mcp(key),
+    }
+}
+
+/// Accepts `call` through `rt`, which must take it as a new intent: its outbox event id and
+/// status reference.
+pub async fn accept_new(rt: &Runtime, call: &DeferredCall) -> (i64, String) {
+    match rt.accept(call).await.expect("accept") {
+        Accepted::New {
+            event_id,
+            status_ref,
+            ..
+        } => (event_id, status_ref),
+        other => panic!("expected a new intent, got {other:?}"),
     }
 }
 

@@ -3,9 +3,9 @@
 
 use toolledger::model::OperationState;
 use toolledger::outbox::ClaimOutcome;
-use toolledger::runtime::{Accepted, Answer, Delivery, Processed, RuntimeError};
+use toolledger::runtime::{Answer, Delivery, Processed, RuntimeError};
 
-use super::harness::{ship, Harness, World};
+use super::harness::{accept_new, ship, Harness, World};
 use crate::db::count;
 
 /// Claims take a lease and a strictly increasing fencing token; an unexpired lease is not
@@ -13,14 +13,7 @@ use crate::db::count;
 pub async fn claims_leases_and_fencing(h: &Harness) {
     let w = World::new(h).await;
     let rt = w.runtime(h);
-    let Accepted::New {
-        event_id,
-        status_ref,
-        ..
-    } = rt.accept(&ship("k1", "p1")).await.unwrap()
-    else {
-        panic!("expected a new intent");
-    };
+    let (event_id, status_ref) = accept_new(&rt, &ship("k1", "p1")).await;
     let ClaimOutcome::Claimed(first) = rt.claim(event_id, "w1").await.unwrap() else {
         panic!("first claim");
     };
@@ -39,12 +32,7 @@ pub async fn claims_leases_and_fencing(h: &Harness) {
         rt.renew(&first).await,
         Err(RuntimeError::Fenced(_))
     ));
-    let rec = rt.inspect(&status_ref).await.unwrap().unwrap();
-    let receipt = w
-        .downstream
-        .inner
-        .submit_blocking(&rec.scope, &toolledger::runtime::downstream_request(&rec))
-        .unwrap();
+    let receipt = w.submit_directly(&rt, &status_ref).await;
     assert!(matches!(
         rt.complete(&first, receipt.clone()).await,
         Err(RuntimeError::Fenced(_))
@@ -69,9 +57,7 @@ pub async fn claims_leases_and_fencing(h: &Harness) {
 pub async fn eight_workers_claim_one_event(h: &Harness) {
     let w = World::new(h).await;
     let rt = w.runtime(h);
-    let Accepted::New { event_id, .. } = rt.accept(&ship("k1", "p1")).await.unwrap() else {
-        panic!("expected a new intent");
-    };
+    let (event_id, _) = accept_new(&rt, &ship("k1", "p1")).await;
     let mut tasks = Vec::new();
     for i in 0..8 {
         let rt = w.runtime(h);
@@ -127,14 +113,7 @@ pub async fn attempts_exhausted_go_dead(h: &Harness) {
             lease_seconds: 10,
             max_attempts: 2,
         });
-    let Accepted::New {
-        event_id,
-        status_ref,
-        ..
-    } = rt.accept(&ship("k1", "p1")).await.unwrap()
-    else {
-        panic!("expected a new intent");
-    };
+    let (event_id, status_ref) = accept_new(&rt, &ship("k1", "p1")).await;
     for round in 1..=2 {
         let ClaimOutcome::Claimed(lease) = rt.claim(event_id, "w").await.unwrap() else {
             panic!("claim {round}");

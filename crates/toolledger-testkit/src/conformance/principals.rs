@@ -1,12 +1,10 @@
 //! The principal store: re-read on every check, revocations that race, and the worker's
 //! recheck of the principal before it calls the downstream.
 
-use toolledger::effect::{EffectTx, RowExt};
 use toolledger::model::{ErrorCode, OperationState};
-use toolledger::runtime::Accepted;
 
-use super::harness::{refused, ship, Harness, World};
-use crate::db::count;
+use super::harness::{accept_new, refused, ship, Harness, World};
+use crate::db::{count, scalar};
 
 /// The principal store re-reads every check: revocation takes effect at the next call.
 pub async fn principal_store_is_reread(h: &Harness) {
@@ -74,14 +72,7 @@ pub async fn concurrent_revocations_lose_nothing(h: &Harness) {
 pub async fn worker_rechecks_the_principal_before_the_downstream(h: &Harness) {
     let w = World::new(h).await;
     let rt = w.runtime(h);
-    let Accepted::New {
-        event_id,
-        status_ref,
-        ..
-    } = rt.accept(&ship("k1", "p1")).await.unwrap()
-    else {
-        panic!("expected a new intent");
-    };
+    let (event_id, status_ref) = accept_new(&rt, &ship("k1", "p1")).await;
     toolledger::authz::PrincipalStore::new(h.open())
         .revoke("alice", &[], &[], true)
         .await
@@ -92,17 +83,10 @@ pub async fn worker_rechecks_the_principal_before_the_downstream(h: &Harness) {
     assert_eq!(count(rt.store(), "local_receipts").await, 0);
     let rec = rt.inspect(&status_ref).await.unwrap().unwrap();
     assert_eq!(rec.state, OperationState::Processing);
-    let refusals = rt
-        .store()
-        .read(|tx: &mut dyn EffectTx| {
-            tx.query_opt(
-                "SELECT count(*) FROM operation_events WHERE kind = 'attempt_refused'",
-                &[],
-            )?
-            .expect("row")
-            .int(0)
-        })
-        .await
-        .unwrap();
+    let refusals = scalar(
+        rt.store(),
+        "SELECT count(*) FROM operation_events WHERE kind = 'attempt_refused'",
+    )
+    .await;
     assert_eq!(refusals, 1);
 }
