@@ -302,11 +302,7 @@ impl Harness {
     }
 
     pub async fn count(&self, table: &str) -> i64 {
-        let sql = format!("SELECT count(*) FROM {table}");
-        Store::from(self.store.clone())
-            .read(move |tx| tx.query(&sql, &[])?.remove(0).int(0))
-            .await
-            .unwrap()
+        toolledger_testkit::db::count(&Store::from(self.store.clone()), table).await
     }
 
     pub async fn scalar_text(&self, sql: &str) -> Option<String> {
