@@ -21,8 +21,10 @@ use toolledger::{Error, ErrorCode, Principal, Scope, ToolContract};
 use toolledger_testkit::db::SqliteFile;
 use toolledger_testkit::downstream::{CountingDownstream, SqliteDownstream};
 
-pub const T0: i64 = 1_767_225_600; // 2026-01-01T00:00:00Z
+/// The start of the tests' clock (2026-01-01T00:00:00Z).
+pub const T0: i64 = 1_767_225_600;
 
+/// The test `test_orders` table the refund tool reads.
 pub const MIGRATIONS: &[Migration] = &[Migration {
     namespace: "test.orders",
     version: 1,
@@ -39,10 +41,12 @@ pub const MIGRATIONS: &[Migration] = &[Migration {
 /// A refund tool over `test_orders`: owner-only, `support_admin` may refund others' orders in
 /// the same tenant; approval required.
 pub struct TestRefund {
+    /// The contract it declares (its revision varies by test).
     pub contract: ToolContract,
 }
 
 impl TestRefund {
+    /// The tool at contract revision `rev`.
     pub fn v(rev: &str) -> Self {
         TestRefund {
             contract: ToolContract::uniform("refund_order", rev),
@@ -135,6 +139,7 @@ impl DeferredTool for TestRefund {
 /// Counts calls into the downstream so tests can prove "never queried".
 pub type Counting = CountingDownstream;
 
+/// An OpenAI Responses provider context for the call `call`.
 pub fn openai(call: &str) -> ProviderContext {
     ProviderContext {
         provider: "openai".into(),
@@ -146,21 +151,32 @@ pub fn openai(call: &str) -> ProviderContext {
     }
 }
 
+/// A ledger with orders and principals, a downstream in its own file, and a runtime over them.
 pub struct Harness {
+    /// The ledger's file.
     pub file: SqliteFile,
+    /// The downstream's file (next to the ledger's).
     pub downstream_db: PathBuf,
+    /// The ledger.
     pub store: SqliteStore,
+    /// The clock every part reads.
     pub clock: ManualClock,
+    /// The downstream, counting calls.
     pub downstream: Counting,
+    /// A runtime with the refund tool at revision `v1`.
     pub runtime: Runtime,
+    /// The principal store.
     pub principals: PrincipalStore,
 }
 
+/// A new handle on the ledger file `file`, with the test orders table.
 pub fn open_store(file: &SqliteFile) -> SqliteStore {
     file.open("test", MIGRATIONS)
 }
 
 impl Harness {
+    /// Principals alice, bob (approver), carol (support admin), erin in `acme`; dave (support
+    /// admin) and gina (approver) in `globex`; orders ord-1, ord-2 and ord-9.
     pub async fn new() -> Harness {
         let file = SqliteFile::new("ledger.sqlite");
         let downstream_db = file.dir().join("ledger.sqlite.downstream.sqlite");
@@ -206,6 +222,7 @@ impl Harness {
         }
     }
 
+    /// A runtime over `store` with the refund tool at revision `rev` and the usual providers.
     pub fn runtime_for(
         store: &SqliteStore,
         clock: &ManualClock,
@@ -228,6 +245,7 @@ impl Harness {
         Self::runtime_for(&open_store(&self.file), &self.clock, &self.downstream, rev)
     }
 
+    /// A refund of `amount` cents on `order` by `principal` under `key`, approval `approval-<key>`.
     pub fn call(&self, principal: &str, key: &str, order: &str, amount: i64) -> DeferredCall {
         DeferredCall {
             principal: principal.into(),
@@ -239,6 +257,7 @@ impl Harness {
         }
     }
 
+    /// The status query for `call`, answered as `status_ref`.
     pub fn query(&self, call: &DeferredCall, status_ref: &str) -> StatusQuery {
         StatusQuery {
             principal: call.principal.clone(),
@@ -256,6 +275,7 @@ impl Harness {
             .await
     }
 
+    /// Issues the approval `call.approval_id` for `call` by `approver`, valid in the window given.
     pub async fn approve_window(
         &self,
         call: &DeferredCall,
@@ -296,15 +316,18 @@ impl Harness {
         .await
     }
 
+    /// The clock's time.
     pub fn clock_now(&self) -> i64 {
         use toolledger::clock::Clock;
         self.clock.now()
     }
 
+    /// The rows of `table` in the ledger.
     pub async fn count(&self, table: &str) -> i64 {
         toolledger_testkit::db::count(&Store::from(self.store.clone()), table).await
     }
 
+    /// The text one ledger query answers (`None`: no row or NULL).
     pub async fn scalar_text(&self, sql: &str) -> Option<String> {
         let sql = sql.to_string();
         Store::from(self.store.clone())
@@ -316,6 +339,7 @@ impl Harness {
             .unwrap()
     }
 
+    /// The integer one ledger query answers (`None`: no row or NULL).
     pub async fn scalar_int(&self, sql: &str) -> Option<i64> {
         let sql = sql.to_string();
         Store::from(self.store.clone())
@@ -346,11 +370,13 @@ impl Harness {
         )
     }
 
+    /// Receipts the downstream holds.
     pub fn downstream_receipts(&self) -> i64 {
         self.downstream.receipts()
     }
 }
 
+/// The error of an expected refusal.
 pub fn refused(r: Result<impl std::fmt::Debug, RuntimeError>) -> Error {
     match r {
         Err(RuntimeError::Refused(e)) => e,
@@ -358,6 +384,7 @@ pub fn refused(r: Result<impl std::fmt::Debug, RuntimeError>) -> Error {
     }
 }
 
+/// The code of an expected refusal.
 pub fn code(r: Result<impl std::fmt::Debug, RuntimeError>) -> ErrorCode {
     refused(r).code
 }
