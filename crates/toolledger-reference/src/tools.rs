@@ -13,13 +13,14 @@ use toolledger_mcp::server::{BoxFuture, McpTool, ToolCall};
 use toolledger_mcp::status::{EffectObserver, StatusTool};
 use toolledger_mcp::Guard;
 
-use super::automations;
-use super::drafts::{CreateDraft, DraftObserver};
-use super::issues::{CreateIssue, IssueObserver};
-use super::refunds;
+use crate::automations;
+use crate::drafts::{CreateDraft, DraftObserver};
+use crate::issues::{CreateIssue, IssueObserver};
+use crate::refunds;
 
 /// A named crash point accepted by `--fault`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Fault {
     /// Exit 70 after COMMIT, before any reply byte.
     DropAfterCommit,
@@ -33,6 +34,13 @@ pub enum Fault {
     WatcherFailure,
     /// The compensation after a failed watcher step fails too.
     CompensationFailure,
+}
+
+/// Ends the process at once with `status`: no unwinding, no destructors, nothing printed. Only
+/// for the simulated crashes of the fault points, whose exit statuses are documented with each
+/// [`Fault`].
+pub fn crash(status: i32) -> ! {
+    std::process::exit(status)
 }
 
 /// The set of faults a server runs with. Faults never fire on a replay.
@@ -78,11 +86,9 @@ impl Faults {
             return None;
         }
         Some(Arc::new(move |point| match point {
-            FaultPoint::AfterLedgerInsert if self.exit_after_ledger_insert => {
-                crate::exit::crash(71)
-            }
-            FaultPoint::AfterEffect if self.exit_after_effect_insert => crate::exit::crash(72),
-            FaultPoint::AfterCommit if self.drop_after_commit => crate::exit::crash(70),
+            FaultPoint::AfterLedgerInsert if self.exit_after_ledger_insert => crash(71),
+            FaultPoint::AfterEffect if self.exit_after_effect_insert => crash(72),
+            FaultPoint::AfterCommit if self.drop_after_commit => crash(70),
             _ => {}
         }))
     }
@@ -254,11 +260,11 @@ pub fn registry(env: &ToolEnv) -> Vec<Arc<dyn McpTool>> {
     let store = env.guard.engine().store().clone();
     let observers: Vec<(String, Arc<dyn EffectObserver>)> = vec![
         (
-            super::issues::TOOL.to_string(),
+            crate::issues::TOOL.to_string(),
             Arc::new(IssueObserver::new(store.clone())),
         ),
         (
-            super::drafts::TOOL.to_string(),
+            crate::drafts::TOOL.to_string(),
             Arc::new(DraftObserver::new(store)),
         ),
     ];
