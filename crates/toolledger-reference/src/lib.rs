@@ -11,7 +11,8 @@
 //!   initialize lifecycle) with a compensated second step.
 //! - [`drafts`]: `create_draft`, an inline effect that needs a human approval.
 //! - [`refunds`]: `refund_order`, a deferred effect delivered through the outbox to a payments
-//!   service, served over MCP by [`tools::RefundTool`].
+//!   service, served over MCP by the deferred-tool adapter of `toolledger-mcp`
+//!   ([`toolledger_mcp::DeferredMcpTool`], see [`tools::refund_tool`]).
 //! - [`tools`]: the registry of tools a reference server offers, and the fault points (a
 //!   testing aid) they honour.
 

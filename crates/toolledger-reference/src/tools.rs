@@ -8,6 +8,7 @@ use serde_json::Value;
 use toolledger::authz::PrincipalStore;
 use toolledger::engine::{FaultHook, FaultPoint};
 use toolledger::runtime::Runtime;
+use toolledger_mcp::deferred::{reply_schema, DeferredMcpTool};
 use toolledger_mcp::reply::tool_result;
 use toolledger_mcp::server::{BoxFuture, McpTool, ToolCall};
 use toolledger_mcp::status::{EffectObserver, StatusTool};
@@ -109,76 +110,38 @@ pub struct ToolEnv {
     pub runtime: Option<Runtime>,
 }
 
-/// `refund_order`: a deferred effect through the outbox to the payments service;
-/// the runtime owns the rules, this only carries the call over MCP.
-pub struct RefundTool {
-    runtime: Runtime,
-}
-
-impl RefundTool {
-    /// The tool over `runtime`.
-    pub fn new(runtime: Runtime) -> Self {
-        RefundTool { runtime }
-    }
-}
-
-impl McpTool for RefundTool {
-    fn definition(&self) -> Tool {
-        Tool::new(
-            refunds::TOOL,
-            "Refund (part of) an order you own; needs an approval from `toolledger approve \
-             --tool refund_order`. Delivered through the outbox to the payments service. \
-             Retrying with the same idempotency_key never refunds twice; an unfinished refund \
-             answers OUTCOME_UNKNOWN with its status_ref.",
-            as_object(serde_json::json!({
-                "type": "object",
-                "properties": {
-                    "idempotency_key": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,128}$"},
-                    "order_id": {"type": "string", "minLength": 1, "maxLength": 64},
-                    "amount_cents": {"type": "integer", "minimum": 1,
-                                     "maximum": refunds::MAX_AMOUNT_CENTS},
-                    "approval": {"type": "string"},
-                },
-                "required": ["idempotency_key", "order_id", "amount_cents"],
-                "additionalProperties": false,
-            })),
-        )
-        .with_raw_output_schema(as_object(serde_json::json!({
+/// `refund_order` as served over MCP: a deferred effect through the outbox to the payments
+/// service, by the deferred-tool adapter of `toolledger-mcp` (the runtime owns the rules; the
+/// adapter carries the call over MCP with the caller the server resolved).
+pub fn refund_tool(runtime: Runtime) -> DeferredMcpTool {
+    let definition = Tool::new(
+        refunds::TOOL,
+        "Refund (part of) an order you own; needs an approval from `toolledger approve \
+         --tool refund_order`. Delivered through the outbox to the payments service. \
+         Retrying with the same idempotency_key never refunds twice; an unfinished refund \
+         answers OUTCOME_UNKNOWN with its status_ref.",
+        as_object(serde_json::json!({
             "type": "object",
             "properties": {
-                "status_ref": {"type": "string"},
-                "code": {"type": "string", "enum": ["OK", "FAILED", "OUTCOME_UNKNOWN"]},
-                "delivery": {"type": ["string", "null"]},
-                "status": {"type": "string"},
-                "result": {},
+                "idempotency_key": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,128}$"},
+                "order_id": {"type": "string", "minLength": 1, "maxLength": 64},
+                "amount_cents": {"type": "integer", "minimum": 1,
+                                 "maximum": refunds::MAX_AMOUNT_CENTS},
+                "approval": {"type": "string"},
             },
-            "required": ["status_ref", "code", "delivery", "status"],
-        })))
-        .with_annotations(
-            ToolAnnotations::new()
-                .read_only(false)
-                .destructive(true)
-                .idempotent(true)
-                .open_world(true),
-        )
-    }
-
-    fn call(&self, call: ToolCall) -> BoxFuture<'_, CallToolResponse> {
-        Box::pin(async move {
-            let result = async {
-                let deferred =
-                    refunds::mcp_call(&call.caller.name, &Value::Object(call.arguments))?;
-                let answer = self
-                    .runtime
-                    .dispatch(&deferred, None)
-                    .await
-                    .map_err(toolledger::Error::from)?;
-                Ok(refunds::answer_json(&answer))
-            }
-            .await;
-            CallToolResponse::Complete(tool_result(result))
-        })
-    }
+            "required": ["idempotency_key", "order_id", "amount_cents"],
+            "additionalProperties": false,
+        })),
+    )
+    .with_raw_output_schema(Arc::new(reply_schema()))
+    .with_annotations(
+        ToolAnnotations::new()
+            .read_only(false)
+            .destructive(true)
+            .idempotent(true)
+            .open_world(true),
+    );
+    DeferredMcpTool::new(runtime, definition, refunds::deferred_arguments)
 }
 
 /// An automation tool (`create_automation`, `set_interval`) served over MCP; the
@@ -290,7 +253,7 @@ pub fn registry(env: &ToolEnv) -> Vec<Arc<dyn McpTool>> {
     )));
     tools.push(Arc::new(CreateDraft::new(env.guard.clone())));
     if let Some(runtime) = &env.runtime {
-        tools.push(Arc::new(RefundTool::new(runtime.clone())));
+        tools.push(Arc::new(refund_tool(runtime.clone())));
     }
     tools
 }
