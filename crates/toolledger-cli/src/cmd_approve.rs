@@ -21,7 +21,7 @@ use toolledger::json::{self, Limits};
 use toolledger::Error;
 use toolledger_cli::common::{self, RuntimeStoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
-use toolledger_cli::reference::{self, refunds};
+use toolledger_reference::{self as reference, refunds};
 
 use crate::cmd_dispatch::{apply_setup, block_on, load_fixture};
 

@@ -15,7 +15,7 @@ use toolledger::Error;
 
 use crate::common::{self, StoreArgs, StoreConfig};
 use crate::exit::{Failure, Outcome};
-use crate::reference::automations;
+use toolledger_reference::automations;
 
 /// Arguments of `toolledger call`.
 #[derive(clap::Args, Debug)]

@@ -19,7 +19,7 @@ use toolledger::Error;
 
 use crate::common;
 use crate::exit::{Failure, Outcome};
-use crate::reference::automations;
+use toolledger_reference::automations;
 
 /// Arguments of `toolledger demo`.
 #[derive(clap::Args, Debug)]

@@ -32,7 +32,7 @@ use toolledger::{Error, OperationState};
 use toolledger_cli::common::{self, RuntimeStoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
 use toolledger_cli::fixture::{self, Fixture, Setup};
-use toolledger_cli::reference::refunds;
+use toolledger_reference::refunds;
 use toolledger_testkit::downstream::SqliteDownstream;
 
 /// Environment variable naming a crash point at which the process stops and waits to be killed

@@ -20,7 +20,7 @@ use toolledger_mcp::{bearer_auth, CallerSource, Guard, GuardConfig, KeyMaterial,
 
 use crate::common::{RuntimeStoreArgs, StoreConfig};
 use crate::exit::{Failure, Outcome};
-use crate::reference::tools::{registry, Fault, Faults, ToolEnv};
+use toolledger_reference::tools::{registry, Fault, Faults, ToolEnv};
 
 /// Options of `toolledger serve`.
 #[derive(clap::Args, Debug, Clone)]
@@ -90,7 +90,7 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
         shared_key_namespace: true,
     };
     let guard = Guard::new(engine, &keys, guard_config).map_err(|_| Failure::code("KEY_ERROR"))?;
-    let runtime = crate::reference::refunds::runtime(&store, &config.downstream, clock.clone())
+    let runtime = toolledger_reference::refunds::runtime(&store, &config.downstream, clock.clone())
         .map_err(|_| Failure::code("DOWNSTREAM_UNAVAILABLE"))?
         .with_deadlines(toolledger::runtime::Deadlines {
             authority_ttl: Some(args.authority_ttl),

@@ -168,7 +168,7 @@ pub fn resolve(
     };
     let downstream = downstream
         .and_then(|d| d.downstream_db.clone())
-        .unwrap_or_else(|| crate::reference::refunds::default_downstream_path(&store.db));
+        .unwrap_or_else(|| toolledger_reference::refunds::default_downstream_path(&store.db));
     Ok(StoreConfig {
         backend,
         backend_id: store.backend_id.clone(),
@@ -227,7 +227,7 @@ pub fn open_postgres(
         None => PgOptions::any_backend(),
     };
     opts = opts
-        .with_migrations(crate::reference::PG_MIGRATIONS)
+        .with_migrations(toolledger_reference::PG_MIGRATIONS)
         .allow_migrate(migrate);
     PgStore::open(url, opts).map(Store::from)
 }
@@ -252,7 +252,7 @@ fn open_sqlite(
         None => OpenOptions::any_backend(),
     };
     opts = opts
-        .with_migrations(crate::reference::MIGRATIONS)
+        .with_migrations(toolledger_reference::MIGRATIONS)
         .allow_migrate(migrate)
         .with_synchronous(synchronous);
     SqliteStore::open(db, opts)

@@ -59,7 +59,7 @@ impl Target {
         let store = PgStore::open(
             url,
             PgOptions::new(PG_BACKEND)
-                .with_migrations(crate::reference::PG_MIGRATIONS)
+                .with_migrations(toolledger_reference::PG_MIGRATIONS)
                 .in_schema(schema.clone()),
         )
         .map_err(|e| e.cli_code())?;

@@ -15,7 +15,7 @@ use toolledger::approval::MAX_PORTABLE_TIMESTAMP;
 use toolledger::json::{self, Limits};
 use toolledger::runtime::ProviderContext;
 
-use crate::reference::refunds;
+use toolledger_reference::refunds;
 
 /// The only format this program reads.
 pub const FORMAT_V1: &str = "toolledger.fixture/v1";

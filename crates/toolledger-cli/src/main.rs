@@ -15,8 +15,8 @@ mod cmd_status;
 mod cmd_worker;
 mod demo_lost_reply;
 
+use toolledger_cli::common;
 use toolledger_cli::exit::{self, Failure, Outcome};
-use toolledger_cli::{common, reference};
 
 /// Records travel between threads (built on a store thread, dropped on the async runtime's),
 /// where glibc's allocator serializes frees on the arena that made them.

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Output, Stdio};
 
 use serde_json::{json, Value};
 use toolledger_cli::common::open_store;
-use toolledger_cli::reference::automations::{self, SCOPE};
+use toolledger_reference::automations::{self, SCOPE};
 
 use support::BIN;
 

@@ -13,7 +13,7 @@ use toolledger::engine::Engine;
 use toolledger::store::sqlite::SqliteStore;
 use toolledger::{Error, ErrorCode};
 use toolledger_cli::common::open_store;
-use toolledger_cli::reference::automations::{self, SCOPE, SET_INTERVAL};
+use toolledger_reference::automations::{self, SCOPE, SET_INTERVAL};
 
 struct World {
     _dir: tempfile::TempDir,

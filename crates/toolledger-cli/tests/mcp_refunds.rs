@@ -23,11 +23,9 @@ fn add_order(db: &Db, id: &str, owner: &str, amount: i64) {
             .build()
             .unwrap();
         rt.block_on(async {
-            toolledger_cli::reference::refunds::ensure_order(
-                &store, "acme", &id, &owner, amount, true,
-            )
-            .await
-            .unwrap();
+            toolledger_reference::refunds::ensure_order(&store, "acme", &id, &owner, amount, true)
+                .await
+                .unwrap();
         })
     })
     .join()

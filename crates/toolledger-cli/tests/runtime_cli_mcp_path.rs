@@ -11,7 +11,7 @@ use support::runtime::*;
 use toolledger::clock::SystemClock;
 use toolledger::runtime::Answer;
 use toolledger_cli::common::open_store;
-use toolledger_cli::reference::refunds;
+use toolledger_reference::refunds;
 
 #[test]
 fn approve_by_flags_then_dispatch_through_the_library() {

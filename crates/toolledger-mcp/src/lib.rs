@@ -13,6 +13,10 @@
 //!   under the ledger and answers a [`Receipt`] (output schema from its result type) or a
 //!   [`Refusal`] in-band. [`Guarded::ask`]/[`Guarded::run_answered`] make it multi-round.
 //! - [`status_router`]: `get_operation_status` as an rmcp router, added once.
+//! - [`Guarded::dispatch`] and [`DeferredMcpTool`]: deferred tools, whose effect is delivered
+//!   through the outbox to a downstream system by the runtime
+//!   ([`toolledger::runtime::Runtime`]), answered in-band as a [`DeferredReply`]; see
+//!   [`deferred`].
 //! - [`LedgerGuard::router`]: wraps the combined router once; validates every call's
 //!   arguments against the tool's input schema before anything is fingerprinted or written.
 //!
@@ -32,6 +36,7 @@
 #![warn(missing_docs)]
 
 pub mod caller;
+pub mod deferred;
 pub mod guard;
 pub mod guarded;
 pub mod keys;
@@ -43,6 +48,7 @@ pub mod status;
 pub mod tool;
 
 pub use caller::{bearer_auth, AuthenticatedName, Caller, CallerSource};
+pub use deferred::{DeferredArguments, DeferredMcpTool, DeferredReply};
 pub use guard::{Guard, GuardConfig, GuardedRequest, Resumed};
 pub use guarded::{status_router, Guarded, Receipt, Refusal};
 pub use keys::KeyMaterial;

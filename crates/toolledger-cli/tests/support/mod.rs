@@ -97,6 +97,6 @@ impl Db {
 
     /// Where the payments stand-in keeps its receipts by default.
     pub fn downstream(&self) -> PathBuf {
-        toolledger_cli::reference::refunds::default_downstream_path(&self.db)
+        toolledger_reference::refunds::default_downstream_path(&self.db)
     }
 }

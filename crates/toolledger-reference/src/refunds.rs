@@ -30,7 +30,8 @@ use toolledger::runtime::{
 };
 use toolledger::store::Migration;
 use toolledger::store::Store;
-use toolledger::{Error, ErrorCode, OperationState, Principal, Scope, ToolContract};
+use toolledger::{Error, ErrorCode, Principal, Scope, ToolContract};
+use toolledger_mcp::DeferredArguments;
 use toolledger_testkit::downstream::SqliteDownstream;
 
 /// Migration namespace of this domain.
@@ -332,15 +333,10 @@ pub fn runtime<S: Clone + Into<Store>>(
 /// The call for `refund_order` arguments from an MCP client: the idempotency key stands for
 /// the provider's turn, call and response ids ([`ProviderContext::mcp`]).
 pub fn mcp_call(principal: &str, arguments: &Value) -> Result<DeferredCall, Error> {
-    let parsed = parse_tool_arguments(arguments)?;
-    Ok(DeferredCall {
-        principal: principal.into(),
-        tool: TOOL.into(),
-        provider: ProviderContext::mcp(&parsed.key),
-        key: parsed.key,
-        arguments: parsed.business,
-        approval_id: parsed.approval,
-    })
+    let arguments = arguments
+        .as_object()
+        .ok_or_else(|| Error::invalid("arguments must be an object"))?;
+    Ok(deferred_arguments(arguments)?.into_call(principal, TOOL))
 }
 
 /// What an approver approves for `refund_order`: the requester's scope, the request digest of
@@ -370,37 +366,16 @@ pub fn approval_target_for(
 }
 
 /// The tool result an MCP client sees: `{status_ref, code, delivery, status}` plus `result`
-/// when the refund completed.
+/// when the refund completed ([`toolledger_mcp::DeferredReply`]).
 pub fn answer_json(answer: &Answer) -> Value {
-    match answer {
-        Answer::Done {
-            status_ref,
-            state,
-            delivery,
-            result,
-        } => {
-            let mut m = Map::new();
-            m.insert("status_ref".into(), json!(status_ref));
-            m.insert(
-                "code".into(),
-                json!(if *state == OperationState::Succeeded {
-                    "OK"
-                } else {
-                    "FAILED"
-                }),
-            );
-            m.insert("delivery".into(), json!(delivery.as_str()));
-            m.insert("status".into(), json!(state.as_str()));
-            m.insert("result".into(), result.clone());
-            Value::Object(m)
-        }
-        Answer::Unknown { status_ref, state } => json!({
-            "status_ref": status_ref,
-            "code": "OUTCOME_UNKNOWN",
-            "delivery": Value::Null,
-            "status": state.as_str(),
-        }),
-    }
+    toolledger_mcp::deferred::answer_json(answer)
+}
+
+/// The wire arguments of one `refund_order` call split for the deferred-tool adapter: the
+/// idempotency key, the business arguments `{order_id, amount_cents}` and the approval.
+pub fn deferred_arguments(arguments: &Map<String, Value>) -> Result<DeferredArguments, Error> {
+    let parsed = parse_tool_arguments(&Value::Object(arguments.clone()))?;
+    Ok(DeferredArguments::new(parsed.key, parsed.business).with_approval(parsed.approval))
 }
 
 /// Inserts an order unless one with the same tenant and id exists (fixtures and demos).

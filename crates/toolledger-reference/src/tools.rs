@@ -8,18 +8,20 @@ use serde_json::Value;
 use toolledger::authz::PrincipalStore;
 use toolledger::engine::{FaultHook, FaultPoint};
 use toolledger::runtime::Runtime;
+use toolledger_mcp::deferred::{reply_schema, DeferredMcpTool};
 use toolledger_mcp::reply::tool_result;
 use toolledger_mcp::server::{BoxFuture, McpTool, ToolCall};
 use toolledger_mcp::status::{EffectObserver, StatusTool};
 use toolledger_mcp::Guard;
 
-use super::automations;
-use super::drafts::{CreateDraft, DraftObserver};
-use super::issues::{CreateIssue, IssueObserver};
-use super::refunds;
+use crate::automations;
+use crate::drafts::{CreateDraft, DraftObserver};
+use crate::issues::{CreateIssue, IssueObserver};
+use crate::refunds;
 
 /// A named crash point accepted by `--fault`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Fault {
     /// Exit 70 after COMMIT, before any reply byte.
     DropAfterCommit,
@@ -33,6 +35,13 @@ pub enum Fault {
     WatcherFailure,
     /// The compensation after a failed watcher step fails too.
     CompensationFailure,
+}
+
+/// Ends the process at once with `status`: no unwinding, no destructors, nothing printed. Only
+/// for the simulated crashes of the fault points, whose exit statuses are documented with each
+/// [`Fault`].
+pub fn crash(status: i32) -> ! {
+    std::process::exit(status)
 }
 
 /// The set of faults a server runs with. Faults never fire on a replay.
@@ -78,11 +87,9 @@ impl Faults {
             return None;
         }
         Some(Arc::new(move |point| match point {
-            FaultPoint::AfterLedgerInsert if self.exit_after_ledger_insert => {
-                crate::exit::crash(71)
-            }
-            FaultPoint::AfterEffect if self.exit_after_effect_insert => crate::exit::crash(72),
-            FaultPoint::AfterCommit if self.drop_after_commit => crate::exit::crash(70),
+            FaultPoint::AfterLedgerInsert if self.exit_after_ledger_insert => crash(71),
+            FaultPoint::AfterEffect if self.exit_after_effect_insert => crash(72),
+            FaultPoint::AfterCommit if self.drop_after_commit => crash(70),
             _ => {}
         }))
     }
@@ -103,76 +110,38 @@ pub struct ToolEnv {
     pub runtime: Option<Runtime>,
 }
 
-/// `refund_order`: a deferred effect through the outbox to the payments service;
-/// the runtime owns the rules, this only carries the call over MCP.
-pub struct RefundTool {
-    runtime: Runtime,
-}
-
-impl RefundTool {
-    /// The tool over `runtime`.
-    pub fn new(runtime: Runtime) -> Self {
-        RefundTool { runtime }
-    }
-}
-
-impl McpTool for RefundTool {
-    fn definition(&self) -> Tool {
-        Tool::new(
-            refunds::TOOL,
-            "Refund (part of) an order you own; needs an approval from `toolledger approve \
-             --tool refund_order`. Delivered through the outbox to the payments service. \
-             Retrying with the same idempotency_key never refunds twice; an unfinished refund \
-             answers OUTCOME_UNKNOWN with its status_ref.",
-            as_object(serde_json::json!({
-                "type": "object",
-                "properties": {
-                    "idempotency_key": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,128}$"},
-                    "order_id": {"type": "string", "minLength": 1, "maxLength": 64},
-                    "amount_cents": {"type": "integer", "minimum": 1,
-                                     "maximum": refunds::MAX_AMOUNT_CENTS},
-                    "approval": {"type": "string"},
-                },
-                "required": ["idempotency_key", "order_id", "amount_cents"],
-                "additionalProperties": false,
-            })),
-        )
-        .with_raw_output_schema(as_object(serde_json::json!({
+/// `refund_order` as served over MCP: a deferred effect through the outbox to the payments
+/// service, by the deferred-tool adapter of `toolledger-mcp` (the runtime owns the rules; the
+/// adapter carries the call over MCP with the caller the server resolved).
+pub fn refund_tool(runtime: Runtime) -> DeferredMcpTool {
+    let definition = Tool::new(
+        refunds::TOOL,
+        "Refund (part of) an order you own; needs an approval from `toolledger approve \
+         --tool refund_order`. Delivered through the outbox to the payments service. \
+         Retrying with the same idempotency_key never refunds twice; an unfinished refund \
+         answers OUTCOME_UNKNOWN with its status_ref.",
+        as_object(serde_json::json!({
             "type": "object",
             "properties": {
-                "status_ref": {"type": "string"},
-                "code": {"type": "string", "enum": ["OK", "FAILED", "OUTCOME_UNKNOWN"]},
-                "delivery": {"type": ["string", "null"]},
-                "status": {"type": "string"},
-                "result": {},
+                "idempotency_key": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,128}$"},
+                "order_id": {"type": "string", "minLength": 1, "maxLength": 64},
+                "amount_cents": {"type": "integer", "minimum": 1,
+                                 "maximum": refunds::MAX_AMOUNT_CENTS},
+                "approval": {"type": "string"},
             },
-            "required": ["status_ref", "code", "delivery", "status"],
-        })))
-        .with_annotations(
-            ToolAnnotations::new()
-                .read_only(false)
-                .destructive(true)
-                .idempotent(true)
-                .open_world(true),
-        )
-    }
-
-    fn call(&self, call: ToolCall) -> BoxFuture<'_, CallToolResponse> {
-        Box::pin(async move {
-            let result = async {
-                let deferred =
-                    refunds::mcp_call(&call.caller.name, &Value::Object(call.arguments))?;
-                let answer = self
-                    .runtime
-                    .dispatch(&deferred, None)
-                    .await
-                    .map_err(toolledger::Error::from)?;
-                Ok(refunds::answer_json(&answer))
-            }
-            .await;
-            CallToolResponse::Complete(tool_result(result))
-        })
-    }
+            "required": ["idempotency_key", "order_id", "amount_cents"],
+            "additionalProperties": false,
+        })),
+    )
+    .with_raw_output_schema(Arc::new(reply_schema()))
+    .with_annotations(
+        ToolAnnotations::new()
+            .read_only(false)
+            .destructive(true)
+            .idempotent(true)
+            .open_world(true),
+    );
+    DeferredMcpTool::new(runtime, definition, refunds::deferred_arguments)
 }
 
 /// An automation tool (`create_automation`, `set_interval`) served over MCP; the
@@ -254,11 +223,11 @@ pub fn registry(env: &ToolEnv) -> Vec<Arc<dyn McpTool>> {
     let store = env.guard.engine().store().clone();
     let observers: Vec<(String, Arc<dyn EffectObserver>)> = vec![
         (
-            super::issues::TOOL.to_string(),
+            crate::issues::TOOL.to_string(),
             Arc::new(IssueObserver::new(store.clone())),
         ),
         (
-            super::drafts::TOOL.to_string(),
+            crate::drafts::TOOL.to_string(),
             Arc::new(DraftObserver::new(store)),
         ),
     ];
@@ -284,7 +253,7 @@ pub fn registry(env: &ToolEnv) -> Vec<Arc<dyn McpTool>> {
     )));
     tools.push(Arc::new(CreateDraft::new(env.guard.clone())));
     if let Some(runtime) = &env.runtime {
-        tools.push(Arc::new(RefundTool::new(runtime.clone())));
+        tools.push(Arc::new(refund_tool(runtime.clone())));
     }
     tools
 }

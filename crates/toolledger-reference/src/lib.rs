@@ -1,5 +1,22 @@
-//! The reference tools: the domains the reference MCP server and the demos use. They use only
-//! the public API of the `toolledger` library, exactly as a user's own server would.
+//! toolledger-reference: the reference tool domains that `toolledger serve`, the demos and the
+//! benchmarks use.
+//!
+//! This crate is built only on the public APIs of `toolledger` and `toolledger-mcp` (plus the
+//! payments service stand-in of `toolledger-testkit`), exactly as a user's own server would be:
+//! nothing here reaches into a private module of the library or of the binary.
+//!
+//! - [`automations`]: `create_automation` and `set_interval`, request-id receipts on the
+//!   inline engine.
+//! - [`issues`]: `create_issue`, a multi-round tool (`input_required`, or elicitation under the
+//!   initialize lifecycle) with a compensated second step.
+//! - [`drafts`]: `create_draft`, an inline effect that needs a human approval.
+//! - [`refunds`]: `refund_order`, a deferred effect delivered through the outbox to a payments
+//!   service, served over MCP by the deferred-tool adapter of `toolledger-mcp`
+//!   ([`toolledger_mcp::DeferredMcpTool`], see [`tools::refund_tool`]).
+//! - [`tools`]: the registry of tools a reference server offers, and the fault points (a
+//!   testing aid) they honour.
+
+#![warn(missing_docs)]
 
 use toolledger::store::Migration;
 

@@ -26,7 +26,7 @@ use toolledger_mcp::server::{BoxFuture, McpTool, ToolCall};
 use toolledger_mcp::status::{EffectObserver, Observation};
 use toolledger_mcp::Guard;
 
-use super::tools::Faults;
+use crate::tools::{crash, Faults};
 
 /// The issue tables.
 pub const MIGRATIONS: &[Migration] = &[Migration {
@@ -334,7 +334,7 @@ impl CreateIssue {
                         ..
                     } => {
                         if self.faults.exit_after_partial_first_commit {
-                            crate::exit::crash(73);
+                            crash(73);
                         }
                         self.watcher_steps(operation_id, first_result, watcher)
                             .await?
@@ -488,13 +488,13 @@ impl CreateIssue {
                     .and_then(|row| row.ok_or_else(Error::not_found)?.int(0))
                     .map_err(|_| Error::unavailable("the issue could not be stored"))?;
                 if exit_72 {
-                    crate::exit::crash(72);
+                    crash(72);
                 }
                 Ok(id)
             })
             .await?;
         if self.faults.drop_after_commit {
-            crate::exit::crash(70);
+            crash(70);
         }
         let mut out = created(id);
         out["operationId"] = json!(args.operation_id);

@@ -1,0 +1,312 @@
+//! Deferred tools over MCP: a tool whose effect is delivered through the outbox to a
+//! downstream system ([`toolledger::runtime::DeferredTool`]), called like any other tool.
+//!
+//! One `tools/call` becomes one [`Runtime::dispatch`]:
+//!
+//! 1. the caller is the one the server resolved for this request ([`crate::CallerSource`]:
+//!    the configured principal on stdio, the bearer token's over HTTP), re-read from the
+//!    principal store by the runtime inside its own transactions;
+//! 2. the tool's wire arguments are split into [`DeferredArguments`]: the operation id (the
+//!    idempotency key, which also stands for the provider's turn, call and response ids, see
+//!    [`ProviderContext::mcp`]), the business arguments and the approval id, if any;
+//! 3. a new intent is accepted together with its outbox event (transaction A) and processed
+//!    at once; a finished operation is replayed (`local_replay`) after current
+//!    re-authorization; an unfinished one answers `OUTCOME_UNKNOWN` with its `status_ref` and
+//!    nothing else happens — dispatch never observes the downstream. Observing is an explicit
+//!    status query ([`DeferredMcpTool::status`], [`Runtime::status`]), which reconciles a
+//!    downstream receipt (`receipt_reconciled`).
+//!
+//! The reply is in-band, `{status_ref, code, delivery, status, result?}` ([`DeferredReply`]);
+//! refusals are the `{error: {code, message}}` of [`crate::reply`].
+//!
+//! Two ways to serve one:
+//! - [`DeferredMcpTool`], an [`McpTool`] for [`crate::LedgerServer`];
+//! - [`Guarded::dispatch`], for an ordinary rmcp `#[tool]` method served through
+//!   [`crate::LedgerGuard::router`]:
+//!
+//! ```text
+//! #[tool(description = "Refund an order; retry with the same idempotency_key.")]
+//! async fn refund_order(&self, g: Guarded, Parameters(p): Parameters<Refund>)
+//!     -> Result<Json<DeferredReply>, Refusal> {
+//!     let call = DeferredArguments::new(p.idempotency_key, json!({"order_id": p.order_id}))
+//!         .with_approval(p.approval);
+//!     g.dispatch(&self.runtime, call).await
+//! }
+//! ```
+
+use std::sync::Arc;
+
+use rmcp::handler::server::wrapper::Json;
+use rmcp::model::{CallToolResponse, JsonObject, Tool};
+use rmcp::schemars::{self, JsonSchema};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use toolledger::model::{Error, ErrorCode, OperationState};
+use toolledger::runtime::{Answer, DeferredCall, ProviderContext, Runtime, StatusQuery};
+
+use crate::caller::Caller;
+use crate::guarded::{Guarded, Refusal};
+use crate::reply::tool_result;
+use crate::server::{BoxFuture, McpTool, ToolCall};
+
+/// One call's wire arguments split into their roles.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeferredArguments {
+    /// The operation id (idempotency key).
+    pub key: String,
+    /// The business arguments (without key and approval), as the tool's
+    /// [`DeferredTool::validate`](toolledger::runtime::DeferredTool::validate) takes them.
+    pub arguments: Value,
+    /// The approval id, if the call carries one.
+    pub approval_id: Option<String>,
+}
+
+impl DeferredArguments {
+    /// The call with operation id `key` and business `arguments`, without an approval.
+    pub fn new(key: impl Into<String>, arguments: Value) -> Self {
+        DeferredArguments {
+            key: key.into(),
+            arguments,
+            approval_id: None,
+        }
+    }
+
+    /// The same call carrying `approval` (if `Some`).
+    pub fn with_approval(mut self, approval: Option<String>) -> Self {
+        self.approval_id = approval;
+        self
+    }
+
+    /// The runtime call of `principal` for tool `tool`, with the MCP provider context of the
+    /// key ([`ProviderContext::mcp`]).
+    pub fn into_call(self, principal: &str, tool: &str) -> DeferredCall {
+        DeferredCall {
+            principal: principal.into(),
+            tool: tool.into(),
+            provider: ProviderContext::mcp(&self.key),
+            key: self.key,
+            arguments: self.arguments,
+            approval_id: self.approval_id,
+        }
+    }
+}
+
+/// The in-band reply of a deferred tool: `{status_ref, code, delivery, status}`, plus `result`
+/// when the operation finished.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct DeferredReply {
+    /// The opaque reference a status query names the operation by.
+    pub status_ref: String,
+    /// `OK` (succeeded), `FAILED` (failed, with its stored refusal as `result`) or
+    /// `OUTCOME_UNKNOWN` (unfinished: the effect may or may not have happened).
+    pub code: String,
+    /// How the result reached the caller (`fresh`, `local_replay`, `receipt_reconciled`);
+    /// `null` while the outcome is unknown.
+    pub delivery: Option<String>,
+    /// The operation's ledger state (`succeeded`, `failed`, `accepted`, `outcome_unknown`, …).
+    pub status: String,
+    /// The stored result of a finished operation; absent while the outcome is unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+}
+
+impl From<&Answer> for DeferredReply {
+    fn from(answer: &Answer) -> Self {
+        match answer {
+            Answer::Done {
+                status_ref,
+                state,
+                delivery,
+                result,
+            } => DeferredReply {
+                status_ref: status_ref.clone(),
+                code: if *state == OperationState::Succeeded {
+                    "OK"
+                } else {
+                    "FAILED"
+                }
+                .into(),
+                delivery: Some(delivery.as_str().into()),
+                status: state.as_str().into(),
+                result: Some(result.clone()),
+            },
+            Answer::Unknown { status_ref, state } => DeferredReply {
+                status_ref: status_ref.clone(),
+                code: "OUTCOME_UNKNOWN".into(),
+                delivery: None,
+                status: state.as_str().into(),
+                result: None,
+            },
+        }
+    }
+}
+
+/// The JSON of [`DeferredReply`] for `answer` (what an MCP client sees as
+/// `structuredContent`).
+pub fn answer_json(answer: &Answer) -> Value {
+    serde_json::to_value(DeferredReply::from(answer)).unwrap_or(Value::Null)
+}
+
+/// The output schema of [`DeferredReply`], as a tool definition's `outputSchema`.
+pub fn reply_schema() -> JsonObject {
+    let mut schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "status_ref": {"type": "string"},
+            "code": {"type": "string", "enum": ["OK", "FAILED", "OUTCOME_UNKNOWN"]},
+            "delivery": {"type": ["string", "null"]},
+            "status": {"type": "string"},
+            "result": {},
+        },
+        "required": ["status_ref", "code", "delivery", "status"],
+    });
+    match schema.take() {
+        Value::Object(m) => m,
+        _ => JsonObject::new(),
+    }
+}
+
+/// Splits one call's wire arguments into [`DeferredArguments`]; refuse malformed ones with
+/// `invalid_arguments`.
+pub type ArgumentParser =
+    Arc<dyn Fn(&JsonObject) -> Result<DeferredArguments, Error> + Send + Sync>;
+
+fn single_round(request_state: bool, answers: bool) -> Result<(), Error> {
+    if request_state || answers {
+        return Err(Error::new(
+            ErrorCode::ContinuationUnsupported,
+            "this tool has a single round; it takes no requestState or inputResponses",
+        ));
+    }
+    Ok(())
+}
+
+async fn dispatch(
+    runtime: &Runtime,
+    caller: &Caller,
+    tool: &str,
+    call: DeferredArguments,
+) -> Result<Answer, Error> {
+    let call = call.into_call(&caller.name, tool);
+    runtime.dispatch(&call, None).await.map_err(Error::from)
+}
+
+/// A deferred tool served by [`crate::LedgerServer`]: the definition it advertises, the
+/// runtime it dispatches to and how its wire arguments split. See the [module docs](self).
+#[derive(Clone)]
+pub struct DeferredMcpTool {
+    runtime: Runtime,
+    definition: Tool,
+    parse: ArgumentParser,
+}
+
+impl std::fmt::Debug for DeferredMcpTool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeferredMcpTool")
+            .field("tool", &self.definition.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DeferredMcpTool {
+    /// The tool advertised as `definition` (whose name is the deferred tool's registered name
+    /// in `runtime`), dispatching every call to `runtime` with the arguments `parse` returns.
+    /// Without an output schema of its own the definition gets [`reply_schema`].
+    pub fn new(
+        runtime: Runtime,
+        definition: Tool,
+        parse: impl Fn(&JsonObject) -> Result<DeferredArguments, Error> + Send + Sync + 'static,
+    ) -> Self {
+        let definition = if definition.output_schema.is_some() {
+            definition
+        } else {
+            definition.with_raw_output_schema(Arc::new(reply_schema()))
+        };
+        DeferredMcpTool {
+            runtime,
+            definition,
+            parse: Arc::new(parse),
+        }
+    }
+
+    /// The tool's name.
+    pub fn name(&self) -> &str {
+        &self.definition.name
+    }
+
+    /// The runtime calls are dispatched to.
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
+    /// Dispatches one call of `caller` with these wire arguments (what [`McpTool::call`]
+    /// does, without the transport).
+    pub async fn dispatch(
+        &self,
+        caller: &Caller,
+        arguments: &JsonObject,
+    ) -> Result<DeferredReply, Error> {
+        let call = (self.parse)(arguments)?;
+        let answer = dispatch(&self.runtime, caller, self.name(), call).await?;
+        Ok(DeferredReply::from(&answer))
+    }
+
+    /// The explicit status query for the operation `status_ref` of `caller`, called with
+    /// these wire arguments: the only path that asks the downstream, and reconciles its
+    /// receipt (`receipt_reconciled`) when the effect happened. Every refusal before the
+    /// caller's own scope matches is `not_found`.
+    pub async fn status(
+        &self,
+        caller: &Caller,
+        arguments: &JsonObject,
+        status_ref: &str,
+    ) -> Result<DeferredReply, Error> {
+        let call = (self.parse)(arguments)?;
+        let query = StatusQuery {
+            principal: caller.name.clone(),
+            tool: self.name().to_string(),
+            provider: ProviderContext::mcp(&call.key),
+            key: call.key,
+            arguments: call.arguments,
+            status_ref: status_ref.into(),
+        };
+        let answer = self.runtime.status(&query).await.map_err(Error::from)?;
+        Ok(DeferredReply::from(&answer))
+    }
+}
+
+impl McpTool for DeferredMcpTool {
+    fn definition(&self) -> Tool {
+        self.definition.clone()
+    }
+
+    fn call(&self, call: ToolCall) -> BoxFuture<'_, CallToolResponse> {
+        Box::pin(async move {
+            let result = async {
+                single_round(call.request_state.is_some(), call.input_responses.is_some())?;
+                let reply = self.dispatch(&call.caller, &call.arguments).await?;
+                serde_json::to_value(reply)
+                    .map_err(|_| Error::unavailable("the reply could not be encoded"))
+            }
+            .await;
+            CallToolResponse::Complete(tool_result(result))
+        })
+    }
+}
+
+impl Guarded {
+    /// Dispatches a deferred effect for this `#[tool]` call: the caller is resolved like every
+    /// guarded tool's, the tool's name is the deferred tool's registered name in `runtime`,
+    /// and `call` carries the operation id, business arguments and approval. The reply is
+    /// [`DeferredReply`] (its output schema derives from it); refusals are in-band.
+    pub async fn dispatch(
+        self,
+        runtime: &Runtime,
+        call: DeferredArguments,
+    ) -> Result<Json<DeferredReply>, Refusal> {
+        single_round(false, self.answers().is_some())?;
+        let caller = self.caller().await?;
+        let answer = dispatch(runtime, &caller, self.tool(), call).await?;
+        Ok(Json(DeferredReply::from(&answer)))
+    }
+}
