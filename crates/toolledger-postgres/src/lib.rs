@@ -60,6 +60,8 @@
 //! checked); `verify-ca` and `verify-full` (the chain, and for `verify-full` the host name,
 //! checked against `sslrootcert` or, without it, the Mozilla roots). See `tls.rs`.
 
+#![warn(missing_docs)]
+
 mod driver;
 mod tls;
 

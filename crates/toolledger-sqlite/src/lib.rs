@@ -16,6 +16,8 @@
 //! escape hatch to a raw `rusqlite` connection, for tools that measure SQLite itself, is
 //! [`raw`].
 
+#![warn(missing_docs)]
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
