@@ -440,7 +440,7 @@ async fn ceiling_loop(
     let progress = run::progress("ceiling", 1, ops);
     let bar = progress.clone();
     let measured = tokio::task::spawn_blocking(move || -> Result<Measured, &'static str> {
-        let conn = toolledger::store::sqlite::connect(&db).map_err(|e| e.cli_code())?;
+        let conn = toolledger::store::sqlite::raw::connect(&db).map_err(|e| e.cli_code())?;
         if synchronous == Synchronous::Normal {
             conn.execute_batch("PRAGMA synchronous=NORMAL;")
                 .map_err(|_| "SQLITE_ERROR")?;

@@ -154,7 +154,10 @@ pub async fn apply_setup(
                     .await
                     .map_err(|_| Failure::code("FIXTURE_CONTRACT_ERROR"))?;
             }
-            Err(_) => return Err(Failure::code("SQLITE_ERROR")),
+            Err(_) => {
+                let code = toolledger::store::database_error_code(store.dialect());
+                return Err(Failure::code(code));
+            }
         }
     }
     for o in &setup.orders {

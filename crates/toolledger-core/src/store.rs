@@ -173,7 +173,7 @@ where
     fn run(&mut self, tx: &mut dyn EffectTx) -> bool {
         let f = &mut self.f;
         let out = catch_unwind(AssertUnwindSafe(|| f(tx)))
-            .unwrap_or_else(|_| Err(E::from(StoreError::Database("write job panicked".into()))));
+            .unwrap_or_else(|_| Err(E::from(panicked(tx.dialect(), "write job panicked"))));
         let keep = out.is_ok();
         self.out = Some(out);
         keep
@@ -209,7 +209,7 @@ where
         let Read { f, reply } = *self;
         let out = match tx {
             Ok(tx) => catch_unwind(AssertUnwindSafe(|| f(tx)))
-                .unwrap_or_else(|_| Err(E::from(StoreError::Database("read job panicked".into())))),
+                .unwrap_or_else(|_| Err(E::from(panicked(tx.dialect(), "read job panicked")))),
             Err(e) => Err(E::from(e)),
         };
         let _ = reply.send(out);
@@ -340,10 +340,19 @@ fn stopped() -> StoreError {
     StoreError::Unavailable("the database thread stopped".into())
 }
 
+/// A job that panicked inside a transaction of `backend` (the transaction's writes of that job
+/// are rolled back).
+fn panicked(backend: Dialect, what: &str) -> StoreError {
+    StoreError::Failed {
+        backend,
+        reason: what.into(),
+    }
+}
+
 /// A numbered schema migration. Migrations are grouped by `namespace` so a library, an
 /// application and its reference tools can each own their tables; within a namespace versions
-/// are applied in order, each exactly once.
-#[derive(Clone, Copy, Debug)]
+/// are applied in order, each exactly once (the policy is [`migrate::run`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Migration {
     /// Owner of the migration, e.g. `toolledger` or `reference.issues`.
     pub namespace: &'static str,
@@ -353,13 +362,60 @@ pub struct Migration {
     pub sql: &'static str,
 }
 
-/// Why a store operation failed. Display strings are safe to show: no paths, no SQL.
-#[derive(Debug, thiserror::Error)]
+#[path = "migrate.rs"]
+pub mod migrate;
+
+/// What kind of failure a [`StoreError`] is. The kind decides whether a caller may simply
+/// retry ([`StoreErrorKind::is_transient`]) and which CLI code it gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StoreErrorKind {
+    /// The database is busy, locked, unreachable, closed or a statement timed out: transient.
+    Unavailable,
+    /// The database is bound to another backend id.
+    Binding,
+    /// The schema is newer or older than this program, or the migration list is malformed.
+    Schema,
+    /// The database is damaged or is not a toolledger database.
+    Corrupt,
+    /// Stored data violates the storage contract.
+    Contract,
+    /// A constraint or trigger refused a write.
+    Refused,
+    /// The database file could not be opened, read or written, or lives where it must not.
+    Io,
+    /// Any other failure.
+    Other,
+}
+
+impl StoreErrorKind {
+    /// Whether the failure may go away by itself, so the same call may simply be retried.
+    pub fn is_transient(self) -> bool {
+        self == StoreErrorKind::Unavailable
+    }
+}
+
+/// The CLI code of a database failure of `backend` that has no code of its own:
+/// `SQLITE_ERROR` or `POSTGRES_ERROR` (what [`StoreError::cli_code`] gives a refused write or
+/// any other failure of that backend's database).
+pub fn database_error_code(backend: Dialect) -> &'static str {
+    match backend {
+        Dialect::Sqlite => "SQLITE_ERROR",
+        Dialect::Postgres => "POSTGRES_ERROR",
+    }
+}
+
+/// Why a store operation failed. Display strings are safe to show: no paths, no SQL, no
+/// values, no host names.
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
     /// The database is busy, locked, unreachable or closed; the call may be retried.
     #[error("store unavailable: {0}")]
     Unavailable(String),
-    /// The database belongs to another backend id.
+    /// A statement ran longer than the store's time limit and was cancelled (its transaction
+    /// rolled back); the call may be retried.
+    #[error("statement timed out")]
+    TimedOut,
+    /// The database is bound to another backend id.
     #[error("database is bound to another backend id")]
     BackendMismatch,
     /// The database has a schema newer than this program knows.
@@ -384,50 +440,204 @@ pub enum StoreError {
         /// Version this program needs.
         current: u32,
     },
+    /// The migrations this program was given are malformed (a gap, a duplicate version with
+    /// other SQL, a version 0); nothing was applied.
+    #[error("migrations of {namespace} are malformed: {reason}")]
+    MigrationsInvalid {
+        /// Namespace of the malformed migrations.
+        namespace: String,
+        /// What is wrong with them.
+        reason: String,
+    },
     /// The file is not a toolledger database (or is damaged).
     #[error("not a toolledger database or damaged: {0}")]
     Corrupt(String),
     /// Stored data violates the storage contract (non-canonical JSON, digest mismatch…).
     #[error("storage contract violated: {0}")]
     Contract(String),
-    /// A constraint or trigger refused the write; the transaction was rolled back.
-    #[error("write refused by the database: {0}")]
-    Refused(String),
+    /// A constraint or trigger of `backend` refused the write; the transaction was rolled
+    /// back.
+    #[error("write refused by the database: {reason}")]
+    Refused {
+        /// The backend whose constraint refused the write.
+        backend: Dialect,
+        /// Which kind of constraint (`unique constraint`, `check constraint`, …), never its
+        /// text.
+        reason: String,
+    },
     /// The file lives on a network filesystem, where SQLite's WAL locking does not coordinate
     /// processes on different hosts. Use PostgreSQL for multi-host deployments.
     #[error("database file is on a network filesystem ({0}); use a local disk or PostgreSQL")]
     NetworkFilesystem(&'static str),
-    /// The file could not be opened or created.
-    #[error("database file could not be opened")]
+    /// The file could not be opened, created, read or written.
+    #[error("database file could not be opened, read or written")]
     Io,
-    /// Any other database error.
+    /// Any other error of `backend`'s database.
+    #[error("database error")]
+    Failed {
+        /// The backend that failed.
+        backend: Dialect,
+        /// A safe description (never shown to callers).
+        reason: String,
+    },
+    /// Any other failure not tied to one backend (a store this build cannot open, an
+    /// unusable database URL, a job that panicked).
     #[error("database error")]
     Database(String),
 }
 
 impl StoreError {
-    /// A stable upper-case code for CLI exit-2 output (`SQLITE_ERROR`, …).
+    /// The kind of failure.
+    pub fn kind(&self) -> StoreErrorKind {
+        match self {
+            StoreError::Unavailable(_) | StoreError::TimedOut => StoreErrorKind::Unavailable,
+            StoreError::BackendMismatch => StoreErrorKind::Binding,
+            StoreError::SchemaTooNew { .. }
+            | StoreError::SchemaOutdated { .. }
+            | StoreError::MigrationsInvalid { .. } => StoreErrorKind::Schema,
+            StoreError::Corrupt(_) => StoreErrorKind::Corrupt,
+            StoreError::Contract(_) => StoreErrorKind::Contract,
+            StoreError::Refused { .. } => StoreErrorKind::Refused,
+            StoreError::NetworkFilesystem(_) | StoreError::Io => StoreErrorKind::Io,
+            StoreError::Failed { .. } | StoreError::Database(_) => StoreErrorKind::Other,
+        }
+    }
+
+    /// Whether the same call may simply be retried (see [`StoreErrorKind::is_transient`]).
+    pub fn is_transient(&self) -> bool {
+        self.kind().is_transient()
+    }
+
+    /// The backend the failure came from, when it came from one backend's database.
+    pub fn backend(&self) -> Option<Dialect> {
+        match self {
+            StoreError::Refused { backend, .. } | StoreError::Failed { backend, .. } => {
+                Some(*backend)
+            }
+            _ => None,
+        }
+    }
+
+    /// A stable upper-case code for CLI exit-2 output. A refused write and any other
+    /// database failure name their backend: `SQLITE_ERROR` or `POSTGRES_ERROR`; a failure
+    /// tied to no backend is `STORE_ERROR`.
     pub fn cli_code(&self) -> &'static str {
         match self {
-            StoreError::Unavailable(_) => "STORE_UNAVAILABLE",
+            StoreError::Unavailable(_) | StoreError::TimedOut => "STORE_UNAVAILABLE",
             StoreError::BackendMismatch => "BACKEND_MISMATCH",
             StoreError::SchemaTooNew { .. } => "SCHEMA_TOO_NEW",
             StoreError::SchemaOutdated { .. } => "SCHEMA_OUTDATED",
+            StoreError::MigrationsInvalid { .. } => "MIGRATIONS_INVALID",
             StoreError::Corrupt(_) => "DATABASE_CORRUPT",
             StoreError::Contract(_) => "PERSISTENCE_CONTRACT_ERROR",
-            StoreError::Refused(_) => "SQLITE_ERROR",
+            StoreError::Refused { backend, .. } | StoreError::Failed { backend, .. } => {
+                database_error_code(*backend)
+            }
             StoreError::Io => "DATABASE_IO_ERROR",
             StoreError::NetworkFilesystem(_) => "NETWORK_FILESYSTEM",
-            StoreError::Database(_) => "SQLITE_ERROR",
+            StoreError::Database(_) => "STORE_ERROR",
         }
+    }
+
+    /// The error a caller sees for this failure: a safe message that keeps the kind
+    /// (`store unavailable`, `statement timed out`, `write refused by the database`,
+    /// `storage contract violated: …`, …).
+    ///
+    /// The code is [`ErrorCode::Unavailable`] for every kind: the contract's code table has no
+    /// code for a damaged store, a violated storage contract or a refused write, and pins
+    /// `unavailable` for them on the wire. Whether a retry can help is
+    /// [`StoreError::is_transient`], for callers that hold the `StoreError`.
+    pub fn caller_error(&self) -> Error {
+        let message = match self {
+            StoreError::Unavailable(_) => "store unavailable".to_string(),
+            StoreError::Refused { .. } => "write refused by the database".to_string(),
+            StoreError::Corrupt(_) => "the database is damaged or not a toolledger database".into(),
+            other => other.to_string(),
+        };
+        Error::new(ErrorCode::Unavailable, message)
     }
 }
 
 impl From<StoreError> for Error {
     fn from(e: StoreError) -> Self {
-        match e {
-            StoreError::Unavailable(_) => Error::new(ErrorCode::Unavailable, "store unavailable"),
-            other => Error::new(ErrorCode::Unavailable, other.to_string()),
+        e.caller_error()
+    }
+}
+
+#[cfg(test)]
+mod error_tests {
+    use super::*;
+
+    #[test]
+    fn codes_name_the_backend_and_keep_the_kind() {
+        let refused = |backend| StoreError::Refused {
+            backend,
+            reason: "check constraint".into(),
+        };
+        let failed = |backend| StoreError::Failed {
+            backend,
+            reason: "x".into(),
+        };
+        assert_eq!(refused(Dialect::Sqlite).cli_code(), "SQLITE_ERROR");
+        assert_eq!(failed(Dialect::Sqlite).cli_code(), "SQLITE_ERROR");
+        assert_eq!(refused(Dialect::Postgres).cli_code(), "POSTGRES_ERROR");
+        assert_eq!(failed(Dialect::Postgres).cli_code(), "POSTGRES_ERROR");
+        assert_eq!(StoreError::Database("x".into()).cli_code(), "STORE_ERROR");
+        assert_eq!(StoreError::TimedOut.cli_code(), "STORE_UNAVAILABLE");
+        assert_eq!(
+            refused(Dialect::Postgres).backend(),
+            Some(Dialect::Postgres)
+        );
+        assert_eq!(StoreError::Io.backend(), None);
+        assert_eq!(refused(Dialect::Sqlite).kind(), StoreErrorKind::Refused);
+        assert_eq!(
+            StoreError::Contract("x".into()).kind(),
+            StoreErrorKind::Contract
+        );
+        assert!(StoreError::Unavailable("busy".into()).is_transient());
+        assert!(StoreError::TimedOut.is_transient());
+        for permanent in [
+            refused(Dialect::Sqlite),
+            StoreError::Contract("x".into()),
+            StoreError::Corrupt("x".into()),
+            StoreError::BackendMismatch,
+            StoreError::Io,
+            failed(Dialect::Postgres),
+        ] {
+            assert!(!permanent.is_transient(), "{permanent:?}");
         }
+    }
+
+    #[test]
+    fn caller_errors_keep_the_kind_in_a_safe_message() {
+        let msg = |e: StoreError| Error::from(e).message;
+        assert_eq!(
+            msg(StoreError::Unavailable("database is busy".into())),
+            "store unavailable"
+        );
+        assert_eq!(msg(StoreError::TimedOut), "statement timed out");
+        assert_eq!(
+            msg(StoreError::Refused {
+                backend: Dialect::Postgres,
+                reason: "check constraint".into()
+            }),
+            "write refused by the database"
+        );
+        assert_eq!(
+            msg(StoreError::Contract("result digest mismatch".into())),
+            "storage contract violated: result digest mismatch"
+        );
+        assert_eq!(
+            msg(StoreError::Failed {
+                backend: Dialect::Sqlite,
+                reason: "near \"SELEC\": syntax error".into()
+            }),
+            "database error"
+        );
+        assert_eq!(msg(StoreError::Database("secret".into())), "database error");
+        assert_eq!(
+            Error::from(StoreError::Corrupt("x".into())).code,
+            ErrorCode::Unavailable
+        );
     }
 }

@@ -43,8 +43,15 @@
 //! Migrations are numbered per namespace like SQLite's, written in PostgreSQL dialect
 //! (`sql/pg_000N_*.sql`), and run in one transaction holding `pg_advisory_xact_lock`, so two
 //! hosts opening a new database at once do not race. `store_metadata` binds the schema to one
-//! backend id; a newer schema is refused and an older one needs `toolledger migrate`.
-//! [`PgOptions::schema`] puts the ledger in a schema of its own (via `search_path`).
+//! backend id; a newer schema is refused and an older one needs `toolledger migrate`. The
+//! policy is core's [`migrate::run`]; this driver gives it the hooks, with its own SQL and
+//! locking. [`PgOptions::schema`] puts the ledger in a schema of its own (via `search_path`).
+//!
+//! # Errors
+//!
+//! Failures keep their kind and name PostgreSQL: a refused write is
+//! [`StoreError::Refused`] and any other database error [`StoreError::Failed`], both
+//! `POSTGRES_ERROR` on the command line; a statement timeout is [`StoreError::TimedOut`].
 //!
 //! # TLS
 //!
@@ -53,10 +60,12 @@
 //! checked); `verify-ca` and `verify-full` (the chain, and for `verify-full` the host name,
 //! checked against `sslrootcert` or, without it, the Mozilla roots). See `tls.rs`.
 
+#![warn(missing_docs)]
+
 mod driver;
 mod tls;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -70,7 +79,8 @@ use tokio_postgres::{Client, NoTls, Statement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use toolledger_core::effect::{refuse_transaction_control, Dialect, EffectTx, RowExt, SqlValue};
-use toolledger_core::model::{Error, ErrorCode};
+use toolledger_core::model::Error;
+use toolledger_core::store::migrate::{self, Binding, MigrationHooks, MigrationRequest};
 use toolledger_core::store::{
     BatchDriver, BatchJob, BatchTx, BatchWriter, Driver, Migration, ReadJob, Store, StoreError,
     WriteJob,
@@ -214,18 +224,27 @@ fn is_retryable(state: &SqlState) -> bool {
         || *state == SqlState::UNIQUE_VIOLATION
 }
 
-/// Maps a PostgreSQL error to a [`StoreError`] without SQL text, values or host names.
+/// Maps a PostgreSQL error to a [`StoreError`] that keeps its kind and names PostgreSQL,
+/// without SQL text, values or host names (a SQLSTATE is the most it says).
 pub(crate) fn map_pg_error(e: &tokio_postgres::Error) -> StoreError {
+    let failed = |reason: String| StoreError::Failed {
+        backend: Dialect::Postgres,
+        reason,
+    };
+    let refused = |reason: &str| StoreError::Refused {
+        backend: Dialect::Postgres,
+        reason: reason.into(),
+    };
     let Some(state) = e.code() else {
         // No SQLSTATE: the connection broke, or a parameter could not be encoded.
         if e.is_closed() || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>()) {
             return StoreError::Unavailable("database connection lost".into());
         }
-        return StoreError::Database("database error".into());
+        return failed("database error".into());
     };
     let code = state.code();
     if *state == SqlState::QUERY_CANCELED {
-        return StoreError::Unavailable("statement timed out".into());
+        return StoreError::TimedOut;
     }
     if code.starts_with("08")
         || code.starts_with("57P")
@@ -236,26 +255,31 @@ pub(crate) fn map_pg_error(e: &tokio_postgres::Error) -> StoreError {
     {
         return StoreError::Unavailable("database unavailable or busy".into());
     }
-    if code.starts_with("23") || *state == SqlState::RAISE_EXCEPTION || code.starts_with("22") {
-        return StoreError::Refused("constraint violation".into());
+    if *state == SqlState::UNIQUE_VIOLATION {
+        return refused("unique constraint");
+    }
+    if *state == SqlState::CHECK_VIOLATION {
+        return refused("check constraint");
+    }
+    if *state == SqlState::FOREIGN_KEY_VIOLATION {
+        return refused("foreign key constraint");
+    }
+    if *state == SqlState::NOT_NULL_VIOLATION {
+        return refused("not-null constraint");
+    }
+    if *state == SqlState::RAISE_EXCEPTION {
+        return refused("refused by a trigger");
+    }
+    if code.starts_with("23") {
+        return refused("constraint violation");
+    }
+    if code.starts_with("22") {
+        return refused("a value out of range or malformed");
     }
     if *state == SqlState::UNDEFINED_TABLE || *state == SqlState::UNDEFINED_COLUMN {
         return StoreError::Corrupt("the database schema is not a toolledger schema".into());
     }
-    StoreError::Database(format!("database error {code}"))
-}
-
-fn safe_error(e: &StoreError) -> Error {
-    match e {
-        StoreError::Unavailable(m) if m == "statement timed out" => {
-            Error::new(ErrorCode::Unavailable, "statement timed out")
-        }
-        StoreError::Unavailable(_) => Error::new(ErrorCode::Unavailable, "store unavailable"),
-        StoreError::Refused(_) => {
-            Error::new(ErrorCode::Unavailable, "write refused by the database")
-        }
-        _ => Error::new(ErrorCode::Unavailable, "database error"),
-    }
+    failed(format!("database error {code}"))
 }
 
 /// One bound parameter.
@@ -372,7 +396,7 @@ impl Slot {
         self.client = None;
         self.statements.clear();
         let unavailable = |e: tokio_postgres::Error| match map_pg_error(&e) {
-            StoreError::Database(_) => {
+            StoreError::Failed { .. } => {
                 StoreError::Unavailable("cannot connect to the database".into())
             }
             other => other,
@@ -488,7 +512,7 @@ impl PgTx<'_> {
             self.retry = true;
         }
         let mapped = map_pg_error(&e);
-        let safe = safe_error(&mapped);
+        let safe = mapped.caller_error();
         self.last_error = Some(mapped);
         safe
     }
@@ -1201,6 +1225,114 @@ where
     out
 }
 
+/// The migration hooks over PostgreSQL's bootstrap transaction (which holds the migration
+/// advisory lock).
+struct PgMigrator<'a, 't> {
+    rt: &'a Runtime,
+    tx: &'a tokio_postgres::Transaction<'t>,
+}
+
+impl MigrationHooks for PgMigrator<'_, '_> {
+    fn binding(&mut self) -> Result<Binding, StoreError> {
+        let e = |e: tokio_postgres::Error| map_pg_error(&e);
+        let has_meta: bool = self
+            .rt
+            .block_on(
+                self.tx
+                    .query_one("SELECT to_regclass('store_metadata') IS NOT NULL", &[]),
+            )
+            .map_err(e)?
+            .get(0);
+        if has_meta {
+            let bound: Option<String> = self
+                .rt
+                .block_on(self.tx.query_opt(
+                    "SELECT value FROM store_metadata WHERE key = 'backend_id'",
+                    &[],
+                ))
+                .map_err(e)?
+                .map(|r| r.get(0));
+            return Ok(Binding::Bound(bound));
+        }
+        let others: i64 = self
+            .rt
+            .block_on(self.tx.query_one(
+                "SELECT count(*) FROM information_schema.tables
+                 WHERE table_schema = current_schema()",
+                &[],
+            ))
+            .map_err(e)?
+            .get(0);
+        Ok(if others > 0 {
+            Binding::Foreign
+        } else {
+            Binding::Empty
+        })
+    }
+
+    fn bind(&mut self, backend_id: &str) -> Result<(), StoreError> {
+        let e = |e: tokio_postgres::Error| map_pg_error(&e);
+        self.rt
+            .block_on(self.tx.batch_execute(
+                "CREATE TABLE store_metadata(
+                     key TEXT PRIMARY KEY NOT NULL,
+                     value TEXT NOT NULL
+                 );
+                 CREATE TABLE schema_migrations(
+                     namespace TEXT NOT NULL CHECK (length(namespace) BETWEEN 1 AND 64),
+                     version BIGINT NOT NULL CHECK (version > 0),
+                     PRIMARY KEY (namespace, version)
+                 );",
+            ))
+            .map_err(e)?;
+        self.rt
+            .block_on(self.tx.execute(
+                "INSERT INTO store_metadata(key, value)
+                 VALUES ('backend_id', $1), ('backend', 'postgres')",
+                &[&backend_id],
+            ))
+            .map_err(e)?;
+        Ok(())
+    }
+
+    fn applied_versions(&mut self) -> Result<Vec<(String, u32)>, StoreError> {
+        self.rt
+            .block_on(
+                self.tx
+                    .query("SELECT namespace, version FROM schema_migrations", &[]),
+            )
+            .map_err(|e| map_pg_error(&e))?
+            .iter()
+            .map(|row| {
+                let version: i64 = row.get(1);
+                let version = u32::try_from(version).map_err(|_| {
+                    StoreError::Corrupt("a recorded migration version is out of range".into())
+                })?;
+                Ok((row.get(0), version))
+            })
+            .collect()
+    }
+
+    fn apply(&mut self, migration: &Migration) -> Result<(), StoreError> {
+        self.rt
+            .block_on(self.tx.batch_execute(migration.sql))
+            .map_err(|e| map_pg_error(&e))
+    }
+
+    fn record(&mut self, migration: &Migration) -> Result<(), StoreError> {
+        self.rt
+            .block_on(self.tx.execute(
+                "INSERT INTO schema_migrations(namespace, version) VALUES ($1, $2)",
+                &[&migration.namespace, &i64::from(migration.version)],
+            ))
+            .map(|_| ())
+            .map_err(|e| map_pg_error(&e))
+    }
+}
+
+/// Creates the ledger's schema if one is named, then binds and migrates the database in one
+/// transaction holding an advisory lock on the schema (so two hosts opening a new database at
+/// once do not race), by the policy of [`migrate::run`].
 fn bootstrap(slot: &mut Slot, opts: &PgOptions) -> Result<String, StoreError> {
     slot.connect()?;
     let e = |e: tokio_postgres::Error| map_pg_error(&e);
@@ -1225,115 +1357,19 @@ fn bootstrap(slot: &mut Slot, opts: &PgOptions) -> Result<String, StoreError> {
         &[],
     ))
     .map_err(e)?;
-
     let mut all: Vec<Migration> = CORE_MIGRATIONS.to_vec();
     all.extend(opts.migrations.iter().copied());
-    let mut known: BTreeMap<&str, u32> = BTreeMap::new();
-    for m in &all {
-        let k = known.entry(m.namespace).or_insert(0);
-        *k = (*k).max(m.version);
-    }
-    let mut backend_id = opts
-        .backend_id
-        .clone()
-        .unwrap_or_else(|| DEFAULT_BACKEND_ID.to_string());
-    let has_meta: bool = rt
-        .block_on(tx.query_one("SELECT to_regclass('store_metadata') IS NOT NULL", &[]))
-        .map_err(e)?
-        .get(0);
-    let is_new = if has_meta {
-        let bound: Option<String> = rt
-            .block_on(tx.query_opt(
-                "SELECT value FROM store_metadata WHERE key = 'backend_id'",
-                &[],
-            ))
-            .map_err(e)?
-            .map(|r| r.get(0));
-        backend_id = match (bound, &opts.backend_id) {
-            (Some(b), Some(want)) if &b == want => b,
-            (Some(b), None) => b,
-            (Some(_), Some(_)) => return Err(StoreError::BackendMismatch),
-            (None, _) => return Err(StoreError::Corrupt("missing backend id".into())),
-        };
-        false
-    } else {
-        let others: i64 = rt
-            .block_on(tx.query_one(
-                "SELECT count(*) FROM information_schema.tables
-                 WHERE table_schema = current_schema()",
-                &[],
-            ))
-            .map_err(e)?
-            .get(0);
-        if others > 0 {
-            return Err(StoreError::Corrupt("not a toolledger database".into()));
-        }
-        rt.block_on(tx.batch_execute(
-            "CREATE TABLE store_metadata(
-                 key TEXT PRIMARY KEY NOT NULL,
-                 value TEXT NOT NULL
-             );
-             CREATE TABLE schema_migrations(
-                 namespace TEXT NOT NULL CHECK (length(namespace) BETWEEN 1 AND 64),
-                 version BIGINT NOT NULL CHECK (version > 0),
-                 PRIMARY KEY (namespace, version)
-             );",
-        ))
-        .map_err(e)?;
-        rt.block_on(tx.execute(
-            "INSERT INTO store_metadata(key, value) VALUES ('backend_id', $1), ('backend', 'postgres')",
-            &[&backend_id],
-        ))
-        .map_err(e)?;
-        true
-    };
-    let mut applied: BTreeMap<String, u32> = BTreeMap::new();
-    for row in rt
-        .block_on(tx.query(
-            "SELECT namespace, max(version) FROM schema_migrations GROUP BY namespace",
-            &[],
-        ))
-        .map_err(e)?
-    {
-        let ns: String = row.get(0);
-        let v: i64 = row.get(1);
-        applied.insert(ns, v as u32);
-    }
-    for (ns, &have) in &applied {
-        if let Some(&max) = known.get(ns.as_str()) {
-            if have > max {
-                return Err(StoreError::SchemaTooNew {
-                    namespace: ns.clone(),
-                    found: have,
-                    supported: max,
-                });
-            }
-        }
-    }
-    for (ns, &max) in &known {
-        let have = applied.get(*ns).copied().unwrap_or(0);
-        if have > 0 && have < max && !is_new && !opts.migrate {
-            return Err(StoreError::SchemaOutdated {
-                namespace: (*ns).to_string(),
-                found: have,
-                current: max,
-            });
-        }
-    }
-    all.sort_by_key(|m| (m.namespace != "toolledger", m.namespace, m.version));
-    for m in &all {
-        let have = applied.get(m.namespace).copied().unwrap_or(0);
-        if m.version > have {
-            rt.block_on(tx.batch_execute(m.sql)).map_err(e)?;
-            rt.block_on(tx.execute(
-                "INSERT INTO schema_migrations(namespace, version) VALUES ($1, $2)",
-                &[&m.namespace, &i64::from(m.version)],
-            ))
-            .map_err(e)?;
-        }
-    }
+    let report = migrate::run(
+        &mut PgMigrator { rt, tx: &tx },
+        &MigrationRequest {
+            backend_id: opts.backend_id.as_deref(),
+            default_backend_id: DEFAULT_BACKEND_ID,
+            migrations: &all,
+            allow_migrate: opts.migrate,
+        },
+    )?;
     rt.block_on(tx.commit()).map_err(e)?;
-    Ok(backend_id)
+    Ok(report.backend_id)
 }
 
 fn backoff(attempt: u32) {

@@ -4,29 +4,8 @@ use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::Connection;
 
 use toolledger_core::effect::{refuse_transaction_control, Dialect, EffectTx, SqlValue};
-use toolledger_core::model::{Error, ErrorCode};
+use toolledger_core::model::Error;
 use toolledger_core::store::StoreError;
-
-/// Maps a database error raised by ledger or effect SQL to a caller-safe [`Error`]: no SQL
-/// text, no paths, no constraint expressions.
-fn db_error_ref(e: &rusqlite::Error) -> Error {
-    use rusqlite::ErrorCode as C;
-    match e {
-        rusqlite::Error::SqliteFailure(f, _) => match f.code {
-            C::DatabaseBusy | C::DatabaseLocked => {
-                Error::new(ErrorCode::Unavailable, "store unavailable")
-            }
-            C::ConstraintViolation => {
-                Error::new(ErrorCode::Unavailable, "write refused by the database")
-            }
-            C::DiskFull | C::SystemIoFailure | C::ReadOnly | C::CannotOpen => {
-                Error::new(ErrorCode::Unavailable, "store unavailable")
-            }
-            _ => Error::new(ErrorCode::Unavailable, "database error"),
-        },
-        _ => Error::new(ErrorCode::Unavailable, "database error"),
-    }
-}
 
 /// Binds a [`SqlValue`] by reference: no copy of text or bytes.
 pub(crate) struct Bind<'a>(pub(crate) &'a SqlValue);
@@ -42,18 +21,22 @@ impl rusqlite::ToSql for Bind<'_> {
     }
 }
 
+fn contract(what: &str) -> Error {
+    StoreError::Contract(what.into()).caller_error()
+}
+
 fn from_ref(v: ValueRef<'_>) -> Result<SqlValue, Error> {
     Ok(match v {
         ValueRef::Null => SqlValue::Null,
         ValueRef::Integer(i) => SqlValue::Integer(i),
         ValueRef::Text(t) => SqlValue::Text(
             std::str::from_utf8(t)
-                .map_err(|_| Error::unavailable("stored text is not UTF-8"))?
+                .map_err(|_| contract("stored text is not UTF-8"))?
                 .to_string(),
         ),
         ValueRef::Blob(b) => SqlValue::Blob(b.to_vec()),
         ValueRef::Real(_) => {
-            return Err(Error::unavailable(
+            return Err(contract(
                 "floating-point columns are outside the effect contract",
             ))
         }
@@ -74,9 +57,12 @@ impl<'c> SqliteEffectTx<'c> {
         }
     }
 
+    /// The caller-safe error of a failed statement; the storage error behind it is kept for
+    /// [`EffectTx::take_store_error`].
     fn fail(&mut self, e: rusqlite::Error) -> Error {
-        let safe = db_error_ref(&e);
-        self.last_error = Some(crate::map_err(e));
+        let mapped = crate::map_err(e);
+        let safe = mapped.caller_error();
+        self.last_error = Some(mapped);
         safe
     }
 }
@@ -159,6 +145,7 @@ impl EffectTx for SqliteEffectTx<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use toolledger_core::model::ErrorCode;
 
     #[test]
     fn values_round_trip_and_errors_carry_no_sql() {
@@ -191,9 +178,16 @@ mod tests {
             .execute("INSERT INTO t(a) VALUES (?1)", &[0.into()])
             .unwrap_err();
         assert_eq!(err.code, ErrorCode::Unavailable);
-        assert!(!err.message.contains("a > 0"), "{}", err.message);
+        assert_eq!(err.message, "write refused by the database");
+        assert!(matches!(
+            tx.take_store_error(),
+            Some(StoreError::Refused { backend: Dialect::Sqlite, ref reason }) if reason == "check constraint"
+        ));
         let err = tx.execute("SELEC nonsense", &[]).unwrap_err();
         assert!(!err.message.contains("SELEC"), "{}", err.message);
+        let kept = tx.take_store_error().unwrap();
+        assert_eq!(kept.cli_code(), "SQLITE_ERROR");
+        assert!(!kept.to_string().contains("SELEC"), "{kept}");
         assert!(tx.execute("  commit", &[]).is_err());
         assert!(tx.query("SELECT 1.5", &[]).is_err());
     }

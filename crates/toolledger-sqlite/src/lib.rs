@@ -9,9 +9,15 @@
 //! Every connection runs with `journal_mode=WAL`, `synchronous=FULL`, `foreign_keys=ON` and
 //! `busy_timeout=5000`; the write connection may be opened with `synchronous=NORMAL` instead
 //! ([`Synchronous::Normal`], an opt-in that gives up durability on power failure). The file is bound to a backend id in `store_metadata`; opening it with
-//! another id, or with a schema newer than this program knows, is refused.
+//! another id, or with a schema newer than this program knows, is refused — the policy is
+//! core's [`migrate::run`], which this driver runs inside one `BEGIN IMMEDIATE` transaction.
+//!
+//! The store's own API takes closures over an [`EffectTx`] like every backend's; the one
+//! escape hatch to a raw `rusqlite` connection, for tools that measure SQLite itself, is
+//! [`raw`].
 
-use std::collections::BTreeMap;
+#![warn(missing_docs)]
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,10 +29,33 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use tokio::sync::oneshot;
 
 use toolledger_core::effect::{Dialect, EffectTx};
+use toolledger_core::store::migrate::{self, Binding, MigrationHooks, MigrationRequest};
 use toolledger_core::store::{Driver, Migration, ReadJob, Store, StoreError, WriteJob};
 
 mod driver;
 mod effect_tx;
+
+/// Direct access to a SQLite file, for driver-specific tools only.
+///
+/// Everything the ledger does goes through [`Store`] (or [`SqliteStore::write`] and
+/// [`SqliteStore::read`]) over an [`EffectTx`], the same on every backend. A few tools measure
+/// or inspect SQLite itself and need a connection of their own: the benchmark that measures
+/// the raw commit ceiling of the file, with the ledger's pragmas and without the ledger. This
+/// module is that escape hatch; it is the only place a `rusqlite` type crosses the driver's
+/// public API, and using it ties the caller to this driver and to `rusqlite`.
+pub mod raw {
+    use std::path::Path;
+
+    use toolledger_core::store::StoreError;
+
+    /// Opens a new connection to the file at `path` with the ledger's pragmas
+    /// (`journal_mode=WAL`, `synchronous=FULL`, `foreign_keys=ON`, `busy_timeout=5000`). It is
+    /// outside the store's writer and readers: its writes serialize with the store's through
+    /// SQLite's file locks only, and it neither creates nor checks the ledger's schema.
+    pub fn connect(path: &Path) -> Result<rusqlite::Connection, StoreError> {
+        super::connect(path)
+    }
+}
 
 use effect_tx::SqliteEffectTx;
 
@@ -224,10 +253,16 @@ impl std::fmt::Debug for SqliteStore {
     }
 }
 
+/// Maps a SQLite error to a [`StoreError`] that keeps its kind and names SQLite, without SQL
+/// text, values, constraint expressions or paths.
 pub(crate) fn map_err(e: rusqlite::Error) -> StoreError {
     use rusqlite::ErrorCode as C;
+    let failed = |reason: &str| StoreError::Failed {
+        backend: Dialect::Sqlite,
+        reason: reason.into(),
+    };
     match &e {
-        rusqlite::Error::SqliteFailure(f, msg) => match f.code {
+        rusqlite::Error::SqliteFailure(f, _) => match f.code {
             C::DatabaseBusy | C::DatabaseLocked => {
                 StoreError::Unavailable("database is busy".into())
             }
@@ -239,14 +274,28 @@ pub(crate) fn map_err(e: rusqlite::Error) -> StoreError {
             C::NotADatabase | C::DatabaseCorrupt => {
                 StoreError::Corrupt("file is not a database".into())
             }
-            C::ConstraintViolation => StoreError::Refused(
-                msg.clone()
-                    .filter(|m| !m.contains('/'))
-                    .unwrap_or_else(|| "constraint violation".into()),
-            ),
-            _ => StoreError::Database(e.to_string()),
+            C::ConstraintViolation => StoreError::Refused {
+                backend: Dialect::Sqlite,
+                reason: constraint_kind(f.extended_code).into(),
+            },
+            C::SchemaChanged => StoreError::Unavailable("the schema changed meanwhile".into()),
+            _ => failed("database error"),
         },
-        _ => StoreError::Database(e.to_string()),
+        _ => failed("database error"),
+    }
+}
+
+/// Which kind of constraint an extended `SQLITE_CONSTRAINT_*` code names.
+fn constraint_kind(extended: std::os::raw::c_int) -> &'static str {
+    use rusqlite::ffi;
+    match extended {
+        ffi::SQLITE_CONSTRAINT_UNIQUE | ffi::SQLITE_CONSTRAINT_PRIMARYKEY => "unique constraint",
+        ffi::SQLITE_CONSTRAINT_CHECK => "check constraint",
+        ffi::SQLITE_CONSTRAINT_FOREIGNKEY => "foreign key constraint",
+        ffi::SQLITE_CONSTRAINT_NOTNULL => "not-null constraint",
+        ffi::SQLITE_CONSTRAINT_TRIGGER => "refused by a trigger",
+        ffi::SQLITE_CONSTRAINT_DATATYPE => "a value of the wrong type",
+        _ => "constraint violation",
     }
 }
 
@@ -296,7 +345,7 @@ pub fn detect_network_filesystem(_path: &Path) -> Option<&'static str> {
 }
 
 /// Opens a connection with the ledger's pragmas.
-pub fn connect(path: &Path) -> Result<Connection, StoreError> {
+pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -305,7 +354,7 @@ pub fn connect(path: &Path) -> Result<Connection, StoreError> {
             | OpenFlags::SQLITE_OPEN_URI,
     )
     .map_err(|e| match map_err(e) {
-        StoreError::Database(_) => StoreError::Io,
+        StoreError::Failed { .. } => StoreError::Io,
         other => other,
     })?;
     conn.busy_timeout(Duration::from_millis(5000))
@@ -342,129 +391,119 @@ pub fn connect(path: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
-fn bootstrap(conn: &mut Connection, opts: &OpenOptions) -> Result<String, StoreError> {
-    let mut all: Vec<Migration> = CORE_MIGRATIONS.to_vec();
-    all.extend(opts.migrations.iter().copied());
-    let mut known: BTreeMap<&str, u32> = BTreeMap::new();
-    for m in &all {
-        let e = known.entry(m.namespace).or_insert(0);
-        *e = (*e).max(m.version);
+/// The migration hooks over SQLite's bootstrap transaction.
+struct SqliteMigrator<'t> {
+    tx: &'t Connection,
+}
+
+impl MigrationHooks for SqliteMigrator<'_> {
+    fn binding(&mut self) -> Result<Binding, StoreError> {
+        let tables = |sql: &str| {
+            self.tx
+                .query_row(sql, [], |r| r.get::<_, i64>(0))
+                .map_err(|e| match map_err(e) {
+                    // A file SQLite cannot read a schema from is not a ledger.
+                    StoreError::Failed { .. } => StoreError::Corrupt("unreadable schema".into()),
+                    other => other,
+                })
+        };
+        if tables(
+            "SELECT count(*) FROM sqlite_schema WHERE type='table' AND name='store_metadata'",
+        )? > 0
+        {
+            let bound = self
+                .tx
+                .query_row(
+                    "SELECT value FROM store_metadata WHERE key='backend_id'",
+                    [],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(map_err)?;
+            return Ok(Binding::Bound(bound));
+        }
+        if tables("SELECT count(*) FROM sqlite_schema WHERE type='table'")? > 0 {
+            return Ok(Binding::Foreign);
+        }
+        Ok(Binding::Empty)
     }
 
-    let tx = conn
-        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-        .map_err(map_err)?;
-    let mut backend_id = opts
-        .backend_id
-        .clone()
-        .unwrap_or_else(|| DEFAULT_BACKEND_ID.to_string());
-    let has_meta: bool =
-        tx.query_row(
-            "SELECT count(*) FROM sqlite_schema WHERE type='table' AND name='store_metadata'",
-            [],
-            |r| r.get::<_, i64>(0),
-        )
-        .map_err(|e| match map_err(e) {
-            StoreError::Database(_) => StoreError::Corrupt("unreadable schema".into()),
-            other => other,
-        })? > 0;
-    let is_new = if has_meta {
-        let bound: Option<String> = tx
-            .query_row(
-                "SELECT value FROM store_metadata WHERE key='backend_id'",
-                [],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(map_err)?;
-        backend_id = match (bound, &opts.backend_id) {
-            (Some(b), Some(want)) if &b == want => b,
-            (Some(b), None) => b,
-            (Some(_), Some(_)) => return Err(StoreError::BackendMismatch),
-            (None, _) => return Err(StoreError::Corrupt("missing backend id".into())),
-        };
-        false
-    } else {
-        let other_tables: i64 = tx
-            .query_row(
-                "SELECT count(*) FROM sqlite_schema WHERE type='table'",
-                [],
-                |r| r.get(0),
+    fn bind(&mut self, backend_id: &str) -> Result<(), StoreError> {
+        self.tx
+            .execute_batch(
+                "CREATE TABLE store_metadata(
+                     key TEXT PRIMARY KEY NOT NULL,
+                     value TEXT NOT NULL
+                 ) STRICT;
+                 CREATE TABLE schema_migrations(
+                     namespace TEXT NOT NULL CHECK (length(namespace) BETWEEN 1 AND 64),
+                     version INTEGER NOT NULL CHECK (version > 0),
+                     PRIMARY KEY (namespace, version)
+                 ) STRICT;",
             )
             .map_err(map_err)?;
-        if other_tables > 0 {
-            return Err(StoreError::Corrupt("not a toolledger database".into()));
-        }
-        tx.execute_batch(
-            "CREATE TABLE store_metadata(
-                 key TEXT PRIMARY KEY NOT NULL,
-                 value TEXT NOT NULL
-             ) STRICT;
-             CREATE TABLE schema_migrations(
-                 namespace TEXT NOT NULL CHECK (length(namespace) BETWEEN 1 AND 64),
-                 version INTEGER NOT NULL CHECK (version > 0),
-                 PRIMARY KEY (namespace, version)
-             ) STRICT;",
-        )
-        .map_err(map_err)?;
-        tx.execute(
-            "INSERT INTO store_metadata(key, value) VALUES ('backend_id', ?1), ('backend', 'sqlite')",
-            [&backend_id],
-        ).map_err(map_err)?;
-        true
-    };
+        self.tx
+            .execute(
+                "INSERT INTO store_metadata(key, value)
+                 VALUES ('backend_id', ?1), ('backend', 'sqlite')",
+                [backend_id],
+            )
+            .map_err(map_err)?;
+        Ok(())
+    }
 
-    // Current versions per namespace.
-    let mut applied: BTreeMap<String, u32> = BTreeMap::new();
-    {
-        let mut stmt = tx
-            .prepare("SELECT namespace, max(version) FROM schema_migrations GROUP BY namespace")
+    fn applied_versions(&mut self) -> Result<Vec<(String, u32)>, StoreError> {
+        let mut stmt = self
+            .tx
+            .prepare("SELECT namespace, version FROM schema_migrations")
             .map_err(map_err)?;
         let rows = stmt
             .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
             .map_err(map_err)?;
-        for row in rows {
+        rows.map(|row| {
             let (ns, v) = row.map_err(map_err)?;
-            applied.insert(ns, v as u32);
-        }
+            let v = u32::try_from(v).map_err(|_| {
+                StoreError::Corrupt("a recorded migration version is out of range".into())
+            })?;
+            Ok((ns, v))
+        })
+        .collect()
     }
-    for (ns, &have) in &applied {
-        if let Some(&max) = known.get(ns.as_str()) {
-            if have > max {
-                return Err(StoreError::SchemaTooNew {
-                    namespace: ns.clone(),
-                    found: have,
-                    supported: max,
-                });
-            }
-        }
+
+    fn apply(&mut self, migration: &Migration) -> Result<(), StoreError> {
+        self.tx.execute_batch(migration.sql).map_err(map_err)
     }
-    // A namespace never seen before (new application tables) is created without ceremony; a
-    // namespace that exists at an older version needs an explicit migrate.
-    for (ns, &max) in &known {
-        let have = applied.get(*ns).copied().unwrap_or(0);
-        if have > 0 && have < max && !is_new && !opts.migrate {
-            return Err(StoreError::SchemaOutdated {
-                namespace: (*ns).to_string(),
-                found: have,
-                current: max,
-            });
-        }
-    }
-    all.sort_by_key(|m| (m.namespace != "toolledger", m.namespace, m.version));
-    for m in &all {
-        let have = applied.get(m.namespace).copied().unwrap_or(0);
-        if m.version > have {
-            tx.execute_batch(m.sql).map_err(map_err)?;
-            tx.execute(
+
+    fn record(&mut self, migration: &Migration) -> Result<(), StoreError> {
+        self.tx
+            .execute(
                 "INSERT INTO schema_migrations(namespace, version) VALUES (?1, ?2)",
-                rusqlite::params![m.namespace, m.version],
+                rusqlite::params![migration.namespace, migration.version],
             )
-            .map_err(map_err)?;
-        }
+            .map(|_| ())
+            .map_err(map_err)
     }
+}
+
+/// Binds and migrates the file in one `BEGIN IMMEDIATE` transaction (so two processes opening
+/// a new file at once do not race), by the policy of [`migrate::run`].
+fn bootstrap(conn: &mut Connection, opts: &OpenOptions) -> Result<String, StoreError> {
+    let mut all: Vec<Migration> = CORE_MIGRATIONS.to_vec();
+    all.extend(opts.migrations.iter().copied());
+    let tx = conn
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(map_err)?;
+    let report = migrate::run(
+        &mut SqliteMigrator { tx: &tx },
+        &MigrationRequest {
+            backend_id: opts.backend_id.as_deref(),
+            default_backend_id: DEFAULT_BACKEND_ID,
+            migrations: &all,
+            allow_migrate: opts.migrate,
+        },
+    )?;
     tx.commit().map_err(map_err)?;
-    Ok(backend_id)
+    Ok(report.backend_id)
 }
 
 impl SqliteStore {
@@ -567,9 +606,8 @@ impl SqliteStore {
                     }),
                 };
             };
-            let outcome = catch_unwind(AssertUnwindSafe(|| f(conn))).unwrap_or_else(|_| {
-                Err(E::from(StoreError::Database("write job panicked".into())))
-            });
+            let outcome = catch_unwind(AssertUnwindSafe(|| f(conn)))
+                .unwrap_or_else(|_| Err(E::from(panicked("write job panicked"))));
             let keep = outcome.is_ok();
             Pending {
                 keep,
@@ -584,10 +622,10 @@ impl SqliteStore {
         })
     }
 
-    /// Runs `f` inside the writer's `BEGIN IMMEDIATE` transaction (in its own savepoint) and
-    /// returns its result once the transaction has committed. If `f` returns `Err`, everything it
-    /// wrote is rolled back and nothing else in the batch is affected.
-    pub async fn write<T, E, F>(&self, f: F) -> Result<T, E>
+    /// Runs `f` on the writer's connection inside its `BEGIN IMMEDIATE` transaction (in its own
+    /// savepoint) and returns its result once the transaction has committed. If `f` returns
+    /// `Err`, everything it wrote is rolled back and nothing else in the batch is affected.
+    pub(crate) async fn write_conn<T, E, F>(&self, f: F) -> Result<T, E>
     where
         F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
         T: Send + 'static,
@@ -599,9 +637,8 @@ impl SqliteStore {
             .unwrap_or_else(|_| Err(E::from(StoreError::Unavailable("writer stopped".into()))))
     }
 
-    /// Blocking form of [`SqliteStore::write`] for synchronous callers (never call it from an
-    /// async task).
-    pub fn write_blocking<T, E, F>(&self, f: F) -> Result<T, E>
+    /// Blocking form of [`SqliteStore::write_conn`] (never call it from an async task).
+    pub(crate) fn write_conn_blocking<T, E, F>(&self, f: F) -> Result<T, E>
     where
         F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
         T: Send + 'static,
@@ -674,7 +711,7 @@ impl SqliteStore {
     /// on the async runtime). At most [`OpenOptions::readers`] reads run at once; more wait
     /// in a queue, so a burst of callers never opens extra connections. Wrap several reads in
     /// `BEGIN`…`COMMIT` for one snapshot; a transaction left open is rolled back.
-    pub async fn read<T, E, F>(&self, f: F) -> Result<T, E>
+    pub(crate) async fn read_conn<T, E, F>(&self, f: F) -> Result<T, E>
     where
         F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
         T: Send + 'static,
@@ -683,9 +720,8 @@ impl SqliteStore {
         let (tx, rx) = oneshot::channel();
         let job: ReadJobFn = Box::new(move |conn| {
             let out = match conn {
-                Ok(conn) => catch_unwind(AssertUnwindSafe(|| f(conn))).unwrap_or_else(|_| {
-                    Err(E::from(StoreError::Database("read job panicked".into())))
-                }),
+                Ok(conn) => catch_unwind(AssertUnwindSafe(|| f(conn)))
+                    .unwrap_or_else(|_| Err(E::from(panicked("read job panicked")))),
                 Err(e) => Err(E::from(e)),
             };
             let _ = tx.send(out);
@@ -695,8 +731,9 @@ impl SqliteStore {
             .unwrap_or_else(|_| Err(E::from(StoreError::Unavailable("readers stopped".into()))))
     }
 
-    /// Blocking form of [`SqliteStore::read`].
-    pub fn read_blocking<T, E, F>(&self, f: F) -> Result<T, E>
+    /// Blocking form of [`SqliteStore::read_conn`], on the calling thread with a pooled read
+    /// connection.
+    pub(crate) fn read_conn_blocking<T, E, F>(&self, f: F) -> Result<T, E>
     where
         F: FnOnce(&Connection) -> Result<T, E>,
         E: From<StoreError>,
@@ -708,6 +745,67 @@ impl SqliteStore {
         }
         out
     }
+
+    /// Runs `f` in the writer's `BEGIN IMMEDIATE` transaction (in its own savepoint of a
+    /// group-commit batch) and returns its result once the transaction has committed; `Err`
+    /// rolls back what `f` wrote and nothing else. Like [`Store::write`], but `f` runs exactly
+    /// once (SQLite has one writer: no conflict to run it again for).
+    pub async fn write<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        self.write_conn(move |c| f(&mut SqliteEffectTx::new(c)))
+            .await
+    }
+
+    /// Blocking form of [`SqliteStore::write`] (never call it from an async task).
+    pub fn write_blocking<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        self.write_conn_blocking(move |c| f(&mut SqliteEffectTx::new(c)))
+    }
+
+    /// Runs `f` in one read-only snapshot on one of the store's reader threads (never on the
+    /// async runtime), like [`Store::read`].
+    pub async fn read<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        self.read_conn(move |c| in_snapshot(c, f)).await
+    }
+
+    /// Blocking form of [`SqliteStore::read`], on the calling thread (never call it from an
+    /// async task).
+    pub fn read_blocking<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&mut dyn EffectTx) -> Result<T, E>,
+        E: From<StoreError>,
+    {
+        self.read_conn_blocking(move |c| in_snapshot(c, f))
+    }
+}
+
+/// Runs `f` inside `BEGIN` … `COMMIT` on a read connection (one snapshot).
+fn in_snapshot<T, E, F>(conn: &Connection, f: F) -> Result<T, E>
+where
+    F: FnOnce(&mut dyn EffectTx) -> Result<T, E>,
+    E: From<StoreError>,
+{
+    conn.execute_batch("BEGIN")
+        .map_err(|e| E::from(map_err(e)))?;
+    let out = f(&mut SqliteEffectTx::new(conn));
+    let _ = conn.execute_batch("COMMIT");
+    if !conn.is_autocommit() {
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    out
 }
 
 /// Opens a read-only connection with the ledger's pragmas.
@@ -768,7 +866,7 @@ fn run_batch(conn: &Connection, batch: Vec<Job>) {
         let err = map_err(e);
         for job in batch {
             let pending = job(None);
-            (pending.deliver)(Some(clone_err(&err)));
+            (pending.deliver)(Some(err.clone()));
         }
         return;
     }
@@ -790,10 +888,10 @@ fn run_batch(conn: &Connection, batch: Vec<Job>) {
             // The savepoint could not be closed: the whole transaction is suspect.
             let err = map_err(e);
             let _ = conn.execute_batch("ROLLBACK");
-            (pending.deliver)(Some(clone_err(&err)));
+            (pending.deliver)(Some(err.clone()));
             for p in pendings {
                 let p: Pending = p;
-                (p.deliver)(Some(clone_err(&err)));
+                (p.deliver)(Some(err.clone()));
             }
             return;
         }
@@ -811,19 +909,17 @@ fn run_batch(conn: &Connection, batch: Vec<Job>) {
                 let _ = conn.execute_batch("ROLLBACK");
             }
             for p in pendings {
-                (p.deliver)(Some(clone_err(&err)));
+                (p.deliver)(Some(err.clone()));
             }
         }
     }
 }
 
-fn clone_err(e: &StoreError) -> StoreError {
-    match e {
-        StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
-        StoreError::Io => StoreError::Io,
-        StoreError::Corrupt(m) => StoreError::Corrupt(m.clone()),
-        StoreError::Refused(m) => StoreError::Refused(m.clone()),
-        other => StoreError::Database(other.to_string()),
+/// A job that panicked inside a SQLite transaction.
+fn panicked(what: &str) -> StoreError {
+    StoreError::Failed {
+        backend: Dialect::Sqlite,
+        reason: what.into(),
     }
 }
 
@@ -855,7 +951,7 @@ mod tests {
         let (_d, path) = temp();
         let store = SqliteStore::open(&path, OpenOptions::new("p")).unwrap();
         let (mode, sync, fk): (String, i64, i64) = store
-            .read_blocking(|c| {
+            .read_conn_blocking(|c| {
                 Ok::<_, StoreError>((
                     c.query_row("PRAGMA journal_mode", [], |r| r.get(0))
                         .map_err(map_err)?,
@@ -875,8 +971,8 @@ mod tests {
     fn on_writer_and_reader(store: &SqliteStore, sql: &'static str) -> (i64, i64) {
         let query = move |c: &Connection| c.query_row(sql, [], |r| r.get(0)).map_err(map_err);
         (
-            store.write_blocking(query).unwrap(),
-            store.read_blocking(query).unwrap(),
+            store.write_conn_blocking(query).unwrap(),
+            store.read_conn_blocking(query).unwrap(),
         )
     }
 
@@ -902,7 +998,7 @@ mod tests {
         );
         // A write still commits and is read back.
         normal
-            .write_blocking(|c| {
+            .write_conn_blocking(|c| {
                 c.execute_batch("CREATE TABLE t(x INTEGER) STRICT; INSERT INTO t VALUES (1);")
                     .map_err(map_err)
             })
@@ -967,12 +1063,50 @@ mod tests {
         )
         .unwrap();
         let n: i64 = store
-            .read_blocking(|c| {
+            .read_conn_blocking(|c| {
                 c.query_row("SELECT count(*) FROM app_b", [], |r| r.get(0))
                     .map_err(map_err)
             })
             .unwrap();
         assert_eq!(n, 0);
+    }
+
+    /// Tables in the file (none after a bootstrap that was rolled back).
+    fn tables(path: &Path) -> i64 {
+        connect(path)
+            .unwrap()
+            .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_refused_bootstrap_leaves_a_new_file_empty() {
+        let (_d, path) = temp();
+        const GAP: &[Migration] = &[Migration {
+            namespace: "app",
+            version: 2,
+            sql: "CREATE TABLE g(x INTEGER) STRICT;",
+        }];
+        let err = SqliteStore::open(&path, OpenOptions::new("m").with_migrations(GAP)).unwrap_err();
+        assert!(
+            matches!(err, StoreError::MigrationsInvalid { .. }),
+            "{err:?}"
+        );
+        assert_eq!(tables(&path), 0);
+        const BROKEN: &[Migration] = &[Migration {
+            namespace: "app",
+            version: 1,
+            sql: "CREATE TABLE ok(x INTEGER) STRICT; CREATE TABLE broken(",
+        }];
+        let err =
+            SqliteStore::open(&path, OpenOptions::new("m").with_migrations(BROKEN)).unwrap_err();
+        assert_eq!(err.cli_code(), "SQLITE_ERROR", "{err:?}");
+        assert!(!err.to_string().contains("broken"), "{err}");
+        assert_eq!(
+            tables(&path),
+            0,
+            "bound, built and recorded together or not at all"
+        );
     }
 
     #[test]
@@ -1003,12 +1137,12 @@ mod tests {
         for i in 0..200i64 {
             let s = store.clone();
             handles.push(tokio::spawn(async move {
-                s.write(move |c| {
+                s.write_conn(move |c| {
                     c.execute("INSERT INTO t(x) VALUES (?1)", [i])
                         .map_err(map_err)?;
                     if i % 7 == 0 {
                         // Fails after writing: its own insert must vanish.
-                        return Err(StoreError::Refused("deliberate".into()));
+                        return Err(StoreError::Contract("deliberate".into()));
                     }
                     Ok(i)
                 })
@@ -1022,7 +1156,7 @@ mod tests {
             }
         }
         let rows: Vec<i64> = store
-            .read(|c| {
+            .read_conn(|c| {
                 let mut st = c.prepare("SELECT x FROM t ORDER BY x").map_err(map_err)?;
                 let v = st
                     .query_map([], |r| r.get(0))
