@@ -179,15 +179,20 @@ where
         keep
     }
 
-    fn finish(mut self: Box<Self>, failure: Option<StoreError>) {
-        let result = match (self.out.take(), failure) {
+    fn finish(self: Box<Self>, failure: Option<StoreError>) {
+        let Write { f, out, reply } = *self;
+        // What the closure captured (often a handle on this very store) goes before the
+        // caller hears back: once answered, the caller may drop its own handle, and the last
+        // one must not be dropped on the driver's thread.
+        drop(f);
+        let result = match (out, failure) {
             (Some(Ok(_)), Some(err)) | (None, Some(err)) => Err(E::from(err)),
             (Some(out), _) => out,
             (None, None) => Err(E::from(StoreError::Unavailable(
                 "the write did not run".into(),
             ))),
         };
-        if let Some(reply) = self.reply.take() {
+        if let Some(reply) = reply {
             let _ = reply.send(result);
         }
     }

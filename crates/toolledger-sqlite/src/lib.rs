@@ -232,7 +232,11 @@ impl Drop for Inner {
         }
         if let Ok(mut w) = self.writer.lock() {
             if let Some(handle) = w.take() {
-                let _ = handle.join();
+                // The last handle may be dropped by a write job on the writer thread itself
+                // (a value it captured); the writer then ends when its channel closes.
+                if handle.thread().id() != std::thread::current().id() {
+                    let _ = handle.join();
+                }
             }
         }
     }

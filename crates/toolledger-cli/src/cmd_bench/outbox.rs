@@ -21,7 +21,6 @@ use toolledger::model::Scope;
 use toolledger::runtime::{
     DeferredCall, DeferredTool, Processed, ProviderContext, ProviderProfile, Registry, Runtime,
 };
-use toolledger::store::{Store, StoreError};
 use toolledger::{Error, Principal, ToolContract};
 
 use super::report::Report;
@@ -155,7 +154,6 @@ pub async fn run(
             Arc::new(MemoryDownstream::default()),
         )
         .allow_profile(ProviderProfile::mcp());
-    let ledger: Store = store.clone().into();
     let runtime = Arc::new(Runtime::new(store, clock, registry));
 
     let accepted = drive("outbox-accept", 64, ops, {
@@ -200,12 +198,5 @@ pub async fn run(
         }
     })
     .await;
-    // The runtime's write jobs keep a ledger handle until the writer thread drops them, just
-    // after answering. One more empty write, through a handle kept here, runs only once those
-    // are gone, so the last handle is released on this thread and never on the writer's own.
-    let _ = ledger
-        .write(|_: &mut dyn EffectTx| Ok::<(), StoreError>(()))
-        .await;
-    drop(ledger);
     Ok(Report::new("outbox-drain", concurrency, ops, measured))
 }
