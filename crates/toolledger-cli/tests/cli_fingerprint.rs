@@ -60,7 +60,7 @@ fn plain_digest() -> String {
 }
 
 #[test]
-fn prints_the_design_known_answer() {
+fn prints_the_documented_known_answer() {
     let r = run(Some(KAT_KEY_HEX), format!("{KAT_LINE}\n").as_bytes());
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(r.stdout, format!("{KAT_FINGERPRINT}\n"));

@@ -464,7 +464,7 @@ mod tests {
     }
 
     #[test]
-    fn design_known_answer() {
+    fn documented_known_answer() {
         let key = FingerprintKey::from_bytes(KAT_KEY).unwrap();
         let input = FingerprintInput::from_json(
             br#"{"principal":"alice","tool_id":"create_issue","tool_version":"1.0","arguments":{"title":"spec"},"continuation_state":"awaiting-body","input_responses":{"body":{"action":"accept","content":{"body":"alpha"}}}}"#,

@@ -445,7 +445,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn validation_follows_seed_000() {
+    fn validation_follows_the_automation_rules() {
         let ok = json!({"request_id": "edit-42", "automation_id": 1, "expected_version": 1,
                         "interval_minutes": 30});
         let r = Request::parse(SET_INTERVAL, &ok).unwrap();

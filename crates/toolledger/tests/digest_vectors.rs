@@ -34,7 +34,7 @@ fn s(v: &Value) -> &str {
 }
 
 #[test]
-fn design_known_answer_vector() {
+fn documented_known_answer_vector() {
     let key = FingerprintKey::from_bytes(KAT_KEY).unwrap();
     let input = FingerprintInput::from_json(KAT_LINE.as_bytes(), &Limits::DEFAULT).unwrap();
     assert_eq!(fingerprint(&key, &input).unwrap(), KAT_FINGERPRINT);
