@@ -771,25 +771,51 @@ impl Runtime {
         failure == Some(point)
     }
 
-    /// Runs `f` in a write transaction with this runtime and the clock's time, read inside the
-    /// transaction (again when it is retried).
+    /// Runs `f` in a write transaction with the runtime's [`TxContext`] and the clock's time,
+    /// read inside the transaction (again when it is retried).
     async fn write_at<T, F>(&self, mut f: F) -> Result<T, RuntimeError>
     where
-        F: FnMut(&Runtime, &mut dyn EffectTx, i64) -> Result<T, RuntimeError> + Send + 'static,
+        F: FnMut(&TxContext, &mut dyn EffectTx, i64) -> Result<T, RuntimeError> + Send + 'static,
         T: Send + 'static,
     {
-        let this = self.clone();
+        let ctx = TxContext {
+            clock: self.clock.clone(),
+            registry: self.registry.clone(),
+            config: self.config,
+            deadlines: self.deadlines,
+        };
         self.store
             .write(move |tx: &mut dyn EffectTx| {
-                let now = this.clock.now();
-                f(&this, tx, now)
+                let now = ctx.clock.now();
+                f(&ctx, tx, now)
             })
             .await
     }
 
     fn tool(&self, name: &str) -> Result<ToolEntry, Error> {
-        self.registry
-            .entry(name)
-            .ok_or_else(|| Error::invalid("unknown tool"))
+        tool_entry(&self.registry, name)
     }
+}
+
+/// What a write job of the runtime uses: everything of the [`Runtime`] but its store handle. A
+/// job must not own a handle of the store it runs on, or the last handle could be dropped on
+/// the store's own writer thread.
+struct TxContext {
+    clock: SharedClock,
+    registry: Arc<Registry>,
+    config: RuntimeConfig,
+    deadlines: Deadlines,
+}
+
+impl TxContext {
+    fn tool(&self, name: &str) -> Result<ToolEntry, Error> {
+        tool_entry(&self.registry, name)
+    }
+}
+
+/// The registered tool called `name`; `invalid_arguments` for an unknown one.
+fn tool_entry(registry: &Registry, name: &str) -> Result<ToolEntry, Error> {
+    registry
+        .entry(name)
+        .ok_or_else(|| Error::invalid("unknown tool"))
 }
