@@ -73,7 +73,7 @@ impl ApprovalTarget {
         }
         let text = json::canonical_string(&self.envelope())
             .map_err(|e| Error::invalid(format!("approval binding: {}", e.message)))?;
-        Ok(sha256_hex(text.as_bytes()))
+        Ok(crate::digest::sha256_hex(text.as_bytes()))
     }
 }
 
@@ -103,11 +103,6 @@ impl Approval {
     pub fn is_valid_at(&self, now: i64) -> bool {
         self.approved_at <= now && now < self.expires_at
     }
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::{Digest, Sha256};
-    hex::encode(Sha256::digest(bytes))
 }
 
 fn invalid_approval(message: &str) -> Error {

@@ -106,8 +106,7 @@ fn principal_lock(name: &str) -> String {
 
 /// SHA-256 hex of a bearer token, as stored.
 pub fn token_hash(token: &str) -> String {
-    use sha2::{Digest, Sha256};
-    hex::encode(Sha256::digest(token.as_bytes()))
+    crate::digest::sha256_hex(token.as_bytes())
 }
 
 fn new_token() -> Result<String, Error> {

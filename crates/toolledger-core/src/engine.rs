@@ -40,7 +40,11 @@
 //! which serializes racing writers of one key the same way. Consequently
 //! [`InlineEffect::authorize`] and [`InlineEffect::check_replay`] must only read.
 //!
-//! The engine runs on any [`Store`] backend; it knows no SQL dialect.
+//! The engine runs on any [`Store`] backend; it knows no SQL dialect. The rows, statements,
+//! status references, deadline check and events it uses are the ledger's (the crate's
+//! `ledger` module), shared with the deferred path in [`crate::runtime`]; the order of checks
+//! on an existing row (conflict, deadlines, state, replay) is written once and run by both the
+//! single-call path and group commit.
 //!
 //! # Stored JSON
 //!
@@ -55,10 +59,10 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::clock::SharedClock;
-use crate::digest::sha256_hex;
-use crate::effect::{EffectTx, RowExt, SqlValue};
+use crate::effect::{EffectTx, SqlValue};
+use crate::ledger;
 use crate::model::{Error, ErrorCode, OperationState, Principal, ToolContract};
-use crate::store::{Store, StoreError};
+use crate::store::Store;
 
 /// A named point on the fresh path where a test or `--fault` may crash the process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -329,7 +333,7 @@ impl Engine {
         let fault = self.fault.clone();
         let clock = self.clock.clone();
         // Drawn before the write so the writer does not wait for it (unused on a replay).
-        let status_ref = new_status_ref()?;
+        let status_ref = ledger::new_status_ref()?;
         let written = self
             .store
             .write(move |tx: &mut dyn EffectTx| -> Result<Written, Error> {
@@ -341,19 +345,8 @@ impl Engine {
                 // The scope is free and every writer of it waits for this transaction (the
                 // key lock; SQLite's single writer): the effect runs, then the ledger row is
                 // written once, already `applied`.
-                check_deadlines(
-                    prepared.authority_deadline,
-                    prepared.retention_deadline,
-                    now,
-                )?;
-                if let Some(h) = &fault {
-                    h(FaultPoint::AfterLedgerInsert);
-                }
-                let result = effect.apply(tx, &prepared.principal)?;
-                let (text, digest) = encode_result(&result)?;
-                if let Some(h) = &fault {
-                    h(FaultPoint::AfterEffect);
-                }
+                let (result, (text, digest)) =
+                    run_fresh(tx, &prepared, effect.as_ref(), fault.as_ref(), now)?;
                 let id = insert_applied(tx, &prepared, &status_ref, &text, &digest, now)?;
                 Ok(Written::Fresh(Outcome {
                     result,
@@ -416,7 +409,7 @@ impl Engine {
                     if let Some(h) = &fault {
                         h(FaultPoint::AfterEffect);
                     }
-                    insert_event(tx, id, now, "first_step", &text)?;
+                    ledger::insert_event(tx, id, now, "first_step", &text)?;
                     Ok(WrittenBegin::Started(id, result, status_ref))
                 },
             )
@@ -459,31 +452,23 @@ impl Engine {
             .store
             .write(move |tx: &mut dyn EffectTx| {
                 let now = clock.now();
-                let row = tx.query_opt(
-                    "SELECT state, status_ref FROM operations WHERE id = ?1",
-                    &[operation_id.into()],
-                )?;
-                let Some(row) = row else {
+                let Some((current, status_ref)) = ledger::state_of(tx, operation_id)? else {
                     return Err(Error::not_found());
                 };
-                let (current, status_ref) = (row.text(0)?, row.text(1)?);
                 if current != OperationState::InProgress.as_str() {
                     return Err(Error::conflict("operation is not in progress"));
                 }
                 for (kind, detail) in &encoded {
-                    insert_event(tx, operation_id, now, kind, detail)?;
+                    ledger::insert_event(tx, operation_id, now, kind, detail)?;
                 }
-                let changed = tx.execute(
-                    "UPDATE operations SET state = ?1, result = ?2, result_digest = ?3,
-                         updated_at = ?4
-                     WHERE id = ?5 AND state = 'in_progress'",
-                    &[
-                        state.as_str().into(),
-                        text.clone().into(),
-                        digest.clone().into(),
-                        now.into(),
-                        operation_id.into(),
-                    ],
+                let changed = ledger::settle(
+                    tx,
+                    operation_id,
+                    ledger::Unfinished::Inline,
+                    state,
+                    &text,
+                    &digest,
+                    now,
                 )?;
                 if changed != 1 {
                     // Finished by a concurrent caller between the check and this update
@@ -517,16 +502,10 @@ impl Engine {
         let clock = self.clock.clone();
         self.store
             .write(move |tx: &mut dyn EffectTx| {
-                let exists = tx
-                    .query_opt(
-                        "SELECT 1 FROM operations WHERE id = ?1",
-                        &[operation_id.into()],
-                    )?
-                    .is_some();
-                if !exists {
+                if !ledger::exists(tx, operation_id)? {
                     return Err(Error::not_found());
                 }
-                insert_event(tx, operation_id, clock.now(), &kind, &detail)
+                ledger::insert_event(tx, operation_id, clock.now(), &kind, &detail)
             })
             .await
     }
@@ -547,7 +526,7 @@ impl Engine {
         ];
         self.store
             .read(move |tx: &mut dyn EffectTx| {
-                load_records(tx, BY_SCOPE, &args).map(|mut v| v.pop())
+                load_records(tx, ledger::BY_SCOPE, &args).map(|mut v| v.pop())
             })
             .await
     }
@@ -561,7 +540,7 @@ impl Engine {
     ) -> Result<Vec<OperationRecord>, Error> {
         let args = [tool.to_string(), key.to_string()];
         self.store
-            .read(move |tx: &mut dyn EffectTx| load_records(tx, BY_TOOL_KEY, &args))
+            .read(move |tx: &mut dyn EffectTx| load_records(tx, ledger::BY_TOOL_KEY, &args))
             .await
     }
 
@@ -573,7 +552,7 @@ impl Engine {
         let args = [status_ref.to_string()];
         self.store
             .read(move |tx: &mut dyn EffectTx| {
-                load_records(tx, BY_STATUS_REF, &args).map(|mut v| v.pop())
+                load_records(tx, ledger::BY_STATUS_REF, &args).map(|mut v| v.pop())
             })
             .await
     }
@@ -582,21 +561,15 @@ impl Engine {
     pub async fn events(&self, operation_id: i64) -> Result<Vec<OperationEvent>, Error> {
         self.store
             .read(move |tx: &mut dyn EffectTx| {
-                let rows = tx.query(
-                    "SELECT id, at, kind, detail FROM operation_events
-                     WHERE operation_id = ?1 ORDER BY id",
-                    &[operation_id.into()],
-                )?;
-                let mut out = Vec::with_capacity(rows.len());
-                for row in rows {
-                    out.push(OperationEvent {
-                        id: row.int(0)?,
-                        at: row.int(1)?,
-                        kind: row.text(2)?,
-                        detail: parse_stored(&row.text(3)?)?,
-                    });
-                }
-                Ok(out)
+                Ok(ledger::load_events(tx, operation_id)?
+                    .into_iter()
+                    .map(|(id, at, kind, detail)| OperationEvent {
+                        id,
+                        at,
+                        kind,
+                        detail,
+                    })
+                    .collect())
             })
             .await
     }
@@ -647,11 +620,24 @@ fn check_event_kind(kind: &str) -> Result<(), Error> {
     check_len("event kind", kind, 64)
 }
 
-fn is_hex64(s: &str) -> bool {
-    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
-
 impl Prepared {
+    /// The columns of this call's new ledger row.
+    fn new_row<'a>(&'a self, status_ref: &'a str, now: i64) -> ledger::NewRow<'a> {
+        ledger::NewRow {
+            tenant: &self.principal.tenant,
+            subject: &self.principal.subject,
+            key: &self.key,
+            contract: &self.contract,
+            request_digest: &self.request_digest,
+            arguments_text: &self.arguments_text,
+            fingerprint: self.fingerprint.as_deref(),
+            status_ref,
+            authority_deadline: self.authority_deadline,
+            retention_deadline: self.retention_deadline,
+            now,
+        }
+    }
+
     /// The key writers of this `(tool, key)` serialize on: the scope check, the shared
     /// namespace check and the reservation must not interleave with another writer's.
     fn lock_key(&self) -> String {
@@ -664,7 +650,7 @@ impl Prepared {
         check_len("tool name", &call.contract.name, 128)?;
         check_len("idempotency key", &call.key, 256)?;
         if let Some(f) = &call.fingerprint {
-            if !is_hex64(f) {
+            if !ledger::is_hex64(f) {
                 return Err(Error::invalid(
                     "fingerprint must be 64 lowercase hex digits",
                 ));
@@ -698,123 +684,42 @@ fn request_digest(
 }
 
 fn encode_result(result: &Value) -> Result<(String, String), Error> {
-    let text = crate::json::canonical_string(result).map_err(|_| {
+    ledger::encode_stored(result).ok_or_else(|| {
         Error::new(
             ErrorCode::Unavailable,
             "effect result is outside the canonical JSON domain",
         )
-    })?;
-    let digest = sha256_hex(text.as_bytes());
-    Ok((text, digest))
+    })
 }
 
 fn contract_error(what: &str) -> Error {
-    Error::from(StoreError::Contract(what.to_string()))
-}
-
-/// Parses stored JSON strictly; anything but byte-identical canonical text is refused.
-fn parse_stored(text: &str) -> Result<Value, Error> {
-    crate::json::parse_canonical(text.as_bytes())
-        .map_err(|_| contract_error("stored JSON is not canonical"))
-}
-
-/// A new status reference: `op_` and 32 hex digits. The first 48 bits are the creation time in
-/// milliseconds and the other 80 are random, so new references land at the end of the
-/// `status_ref` index instead of on a random page of it (a batch of random references dirtied
-/// one index page per operation, each written to the log at commit).
-fn new_status_ref() -> Result<String, Error> {
-    let mut bytes = [0u8; 16];
-    let millis = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0);
-    bytes[..6].copy_from_slice(&millis.to_be_bytes()[2..]);
-    getrandom::fill(&mut bytes[6..])
-        .map_err(|_| Error::unavailable("no randomness available for a status reference"))?;
-    Ok(format!("op_{}", hex::encode(bytes)))
-}
-
-/// The columns of a ledger row, in the order the ledger's row decoder reads them, as one
-/// string literal (for `concat!`): what a driver's own lookup of ledger rows (a batch's
-/// [`crate::store::BatchTx::lookup_scopes`]) must select.
-#[macro_export]
-macro_rules! operation_columns {
-    () => {
-        "id, tenant, subject, tool, idempotency_key, request_digest,
-    input_rev, output_rev, effect_rev, handler_rev, producer_rev, policy_rev, arguments,
-    fingerprint, effect_kind, state, result, result_digest, status_ref, authority_deadline,
-    retention_deadline, created_at, updated_at"
-    };
-}
-
-/// The columns of an [`OperationRecord`], followed by a `WHERE` clause given as a literal.
-macro_rules! select_record {
-    ($where:literal) => {
-        concat!(
-            "SELECT ",
-            $crate::operation_columns!(),
-            " FROM operations ",
-            $where
-        )
-    };
+    Error::from(ledger::contract(what))
 }
 
 mod batch;
 
-const BY_SCOPE: &str =
-    select_record!("WHERE tenant = ?1 AND subject = ?2 AND tool = ?3 AND idempotency_key = ?4");
-const BY_TOOL_KEY: &str = select_record!("WHERE tool = ?1 AND idempotency_key = ?2 ORDER BY id");
-const BY_STATUS_REF: &str = select_record!("WHERE status_ref = ?1");
-
-fn check_raw(row: Vec<SqlValue>) -> Result<OperationRecord, Error> {
-    let state =
-        OperationState::parse(&row.text(15)?).ok_or_else(|| contract_error("unknown state"))?;
-    let arguments = parse_stored(&row.text(12)?)?;
-    let result_text = row.opt_text(16)?;
-    let result_digest = row.opt_text(17)?;
-    let result = match (&result_text, &result_digest) {
-        (Some(text), Some(digest)) => {
-            let value = parse_stored(text)?;
-            if sha256_hex(text.as_bytes()) != *digest {
-                return Err(contract_error("stored result does not match its digest"));
-            }
-            Some(value)
-        }
-        (None, None) => None,
-        _ => return Err(contract_error("result and result digest disagree")),
-    };
-    let request_digest = row.text(5)?;
-    if !is_hex64(&request_digest) {
-        return Err(contract_error("malformed request digest"));
-    }
-    let tool = row.text(3)?;
+/// The inline view of a decoded ledger row.
+fn record(row: &[SqlValue]) -> Result<OperationRecord, Error> {
+    let r = ledger::decode(row)?;
     Ok(OperationRecord {
-        id: row.int(0)?,
-        contract: ToolContract {
-            name: tool.clone(),
-            input_rev: row.text(6)?,
-            output_rev: row.text(7)?,
-            effect_rev: row.text(8)?,
-            handler_rev: row.text(9)?,
-            producer_rev: row.text(10)?,
-            policy_rev: row.text(11)?,
-        },
-        tenant: row.text(1)?,
-        subject: row.text(2)?,
-        tool,
-        key: row.text(4)?,
-        request_digest,
-        fingerprint: row.opt_text(13)?,
-        effect_kind: row.text(14)?,
-        state,
-        result,
-        result_digest,
-        status_ref: row.text(18)?,
-        authority_deadline: row.opt_int(19)?,
-        retention_deadline: row.opt_int(20)?,
-        created_at: row.int(21)?,
-        updated_at: row.int(22)?,
-        arguments,
+        id: r.id,
+        tenant: r.tenant,
+        subject: r.subject,
+        tool: r.tool,
+        key: r.key,
+        request_digest: r.request_digest,
+        fingerprint: r.fingerprint,
+        effect_kind: r.effect_kind,
+        state: r.state,
+        result: r.result,
+        result_digest: r.result_digest,
+        status_ref: r.status_ref,
+        authority_deadline: r.authority_deadline,
+        retention_deadline: r.retention_deadline,
+        created_at: r.created_at,
+        updated_at: r.updated_at,
+        contract: r.contract,
+        arguments: r.arguments,
     })
 }
 
@@ -824,31 +729,19 @@ fn load_records(
     args: &[String],
 ) -> Result<Vec<OperationRecord>, Error> {
     let params: Vec<SqlValue> = args.iter().map(|a| SqlValue::from(a.as_str())).collect();
-    tx.query(sql, &params)?.into_iter().map(check_raw).collect()
+    tx.query(sql, &params)?
+        .iter()
+        .map(|row| record(row))
+        .collect()
 }
 
-fn deadline_passed(deadline: Option<i64>, now: i64) -> bool {
-    deadline.is_some_and(|d| now >= d)
+/// The refusal of a key another principal holds in a shared key namespace.
+fn key_taken() -> Error {
+    Error::conflict("this operation id is already used for another request")
 }
 
-fn check_deadlines(authority: Option<i64>, retention: Option<i64>, now: i64) -> Result<(), Error> {
-    if deadline_passed(authority, now) {
-        return Err(Error::new(
-            ErrorCode::OperationAuthorityExpired,
-            "the operation's authority deadline has passed",
-        ));
-    }
-    if deadline_passed(retention, now) {
-        return Err(Error::new(
-            ErrorCode::OperationRetentionExpired,
-            "the operation's retention deadline has passed; it can no longer be replayed",
-        ));
-    }
-    Ok(())
-}
-
-/// Authorize, shared-namespace check, scope lookup, and for an existing row: conflict,
-/// deadlines, state. `Ok(None)` means the scope is absent.
+/// Authorize, shared-namespace check, scope lookup, and for an existing row [`judge`].
+/// `Ok(None)` means the scope is absent.
 fn examine(
     tx: &mut dyn EffectTx,
     p: &Prepared,
@@ -856,24 +749,16 @@ fn examine(
     now: i64,
 ) -> Result<Option<Outcome>, Error> {
     effect.authorize(tx, &p.principal)?;
-    if p.shared_key_namespace {
-        let taken = tx
-            .query_opt(
-                "SELECT 1 FROM operations WHERE tool = ?1 AND idempotency_key = ?2
-                   AND (tenant <> ?3 OR subject <> ?4) LIMIT 1",
-                &[
-                    p.contract.name.as_str().into(),
-                    p.key.as_str().into(),
-                    p.principal.tenant.as_str().into(),
-                    p.principal.subject.as_str().into(),
-                ],
-            )?
-            .is_some();
-        if taken {
-            return Err(Error::conflict(
-                "this operation id is already used for another request",
-            ));
-        }
+    if p.shared_key_namespace
+        && ledger::key_held_elsewhere(
+            tx,
+            &p.contract.name,
+            &p.key,
+            &p.principal.tenant,
+            &p.principal.subject,
+        )?
+    {
+        return Err(key_taken());
     }
     let args = [
         p.principal.tenant.clone(),
@@ -881,13 +766,15 @@ fn examine(
         p.contract.name.clone(),
         p.key.clone(),
     ];
-    let Some(record) = load_records(tx, BY_SCOPE, &args)?.pop() else {
+    let Some(record) = load_records(tx, ledger::BY_SCOPE, &args)?.pop() else {
         return Ok(None);
     };
     judge(tx, p, effect, record, now).map(Some)
 }
 
-/// Step 3 for an existing row of the call's scope: conflict, deadlines, state, replay.
+/// The checks after the scope lookup, for an existing row of the call's scope, in their one
+/// order: conflict, deadlines (authority before retention), state, replay. Both the
+/// single-call path ([`examine`]) and a batch's call (`batch.rs`) run them through here.
 fn judge(
     tx: &mut dyn EffectTx,
     p: &Prepared,
@@ -900,7 +787,7 @@ fn judge(
             "this key was already used for a different request",
         ));
     }
-    check_deadlines(record.authority_deadline, record.retention_deadline, now)?;
+    ledger::check_deadlines(record.authority_deadline, record.retention_deadline, now)?;
     match record.state {
         s if s.is_terminal() => {
             effect.check_replay(tx, &p.principal, &record)?;
@@ -933,47 +820,40 @@ fn judge(
     }
 }
 
+/// The fresh path of a call whose scope is free and locked, up to the ledger row: the call's
+/// own deadlines, [`FaultPoint::AfterLedgerInsert`], the effect, its canonical result and
+/// digest, [`FaultPoint::AfterEffect`]. Shared by the single-call and the batch path.
+fn run_fresh(
+    tx: &mut dyn EffectTx,
+    p: &Prepared,
+    effect: &dyn InlineEffect,
+    fault: Option<&FaultHook>,
+    now: i64,
+) -> Result<(Value, (String, String)), Error> {
+    ledger::check_deadlines(p.authority_deadline, p.retention_deadline, now)?;
+    if let Some(h) = fault {
+        h(FaultPoint::AfterLedgerInsert);
+    }
+    let result = effect.apply(tx, &p.principal)?;
+    let encoded = encode_result(&result)?;
+    if let Some(h) = fault {
+        h(FaultPoint::AfterEffect);
+    }
+    Ok((result, encoded))
+}
+
 /// Inserts the `in_progress` ledger row for a fresh scope after the call's own deadlines
 /// (`INSERT … ON CONFLICT DO NOTHING`). `None` when another transaction holds the scope.
 fn reserve(tx: &mut dyn EffectTx, p: &Prepared, now: i64) -> Result<Option<(i64, String)>, Error> {
-    check_deadlines(p.authority_deadline, p.retention_deadline, now)?;
-    let status_ref = new_status_ref()?;
-    let id = tx.insert_id(
-        "INSERT INTO operations(tenant, subject, tool, idempotency_key, request_digest,
-             input_rev, output_rev, effect_rev, handler_rev, producer_rev, policy_rev,
-             arguments, fingerprint, effect_kind, state, status_ref, authority_deadline,
-             retention_deadline, created_at, updated_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 'inline',
-             'in_progress', ?14, ?15, ?16, ?17, ?17)
-         ON CONFLICT (tenant, subject, tool, idempotency_key) DO NOTHING",
-        &ledger_row_params(p, &status_ref, now),
+    ledger::check_deadlines(p.authority_deadline, p.retention_deadline, now)?;
+    let status_ref = ledger::new_status_ref()?;
+    let id = ledger::insert_open(
+        tx,
+        &p.new_row(&status_ref, now),
+        "inline",
+        OperationState::InProgress,
     )?;
     Ok(id.map(|id| (id, status_ref)))
-}
-
-/// Parameters `?1`–`?17` of a new ledger row: scope, digest, revisions, arguments,
-/// fingerprint, status reference, deadlines, time.
-fn ledger_row_params(p: &Prepared, status_ref: &str, now: i64) -> Vec<SqlValue> {
-    let c = &p.contract;
-    vec![
-        p.principal.tenant.as_str().into(),
-        p.principal.subject.as_str().into(),
-        c.name.as_str().into(),
-        p.key.as_str().into(),
-        p.request_digest.as_str().into(),
-        c.input_rev.as_str().into(),
-        c.output_rev.as_str().into(),
-        c.effect_rev.as_str().into(),
-        c.handler_rev.as_str().into(),
-        c.producer_rev.as_str().into(),
-        c.policy_rev.as_str().into(),
-        p.arguments_text.as_str().into(),
-        p.fingerprint.clone().into(),
-        status_ref.into(),
-        p.authority_deadline.into(),
-        p.retention_deadline.into(),
-        now.into(),
-    ]
 }
 
 /// Inserts the ledger row of a fresh inline call, `applied` with its canonical result. The
@@ -987,55 +867,13 @@ fn insert_applied(
     result_digest: &str,
     now: i64,
 ) -> Result<i64, Error> {
-    let mut params = ledger_row_params(p, status_ref, now);
-    params.push(result_text.into());
-    params.push(result_digest.into());
-    tx.insert_id(
-        "INSERT INTO operations(tenant, subject, tool, idempotency_key, request_digest,
-             input_rev, output_rev, effect_rev, handler_rev, producer_rev, policy_rev,
-             arguments, fingerprint, effect_kind, state, status_ref, authority_deadline,
-             retention_deadline, created_at, updated_at, result, result_digest)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 'inline',
-             'applied', ?14, ?15, ?16, ?17, ?17, ?18, ?19)
-         ON CONFLICT (tenant, subject, tool, idempotency_key) DO NOTHING",
-        &params,
-    )?
-    .ok_or_else(|| contract_error("the scope was taken under the key lock"))
-}
-
-fn insert_event(
-    tx: &mut dyn EffectTx,
-    operation_id: i64,
-    at: i64,
-    kind: &str,
-    detail: &str,
-) -> Result<(), Error> {
-    tx.execute(
-        "INSERT INTO operation_events(operation_id, at, kind, detail) VALUES (?1, ?2, ?3, ?4)",
-        &[operation_id.into(), at.into(), kind.into(), detail.into()],
-    )?;
-    Ok(())
+    ledger::insert_applied(tx, &p.new_row(status_ref, now), result_text, result_digest)?
+        .ok_or_else(|| contract_error("the scope was taken under the key lock"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stored_json_must_be_canonical() {
-        assert_eq!(parse_stored(r#"{"a":1,"b":[true]}"#).unwrap()["a"], 1);
-        for bad in [
-            r#"{"b":1,"a":2}"#,
-            r#"{"a":1.0}"#,
-            r#"{"a":1,"a":2}"#,
-            r#"{ "a":1}"#,
-            r#"{"a":"\u0041"}"#,
-            "not json",
-        ] {
-            let err = parse_stored(bad).unwrap_err();
-            assert_eq!(err.code, ErrorCode::Unavailable, "{bad}");
-        }
-    }
 
     #[test]
     fn request_digest_excludes_the_key_and_binds_the_intent() {
@@ -1061,22 +899,5 @@ mod tests {
             a,
             request_digest(&p, &c2, &serde_json::json!({"x": 1})).unwrap()
         );
-    }
-
-    #[test]
-    fn status_refs_are_opaque_and_distinct() {
-        let a = new_status_ref().unwrap();
-        let b = new_status_ref().unwrap();
-        assert_ne!(a, b);
-        assert!(a.starts_with("op_") && a.len() == 35);
-    }
-
-    #[test]
-    fn status_refs_sort_by_creation_time() {
-        let a = new_status_ref().unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(2));
-        let b = new_status_ref().unwrap();
-        assert!(a[..15] < b[..15], "{a} then {b}");
-        assert_ne!(a[15..], b[15..]);
     }
 }

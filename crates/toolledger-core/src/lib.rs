@@ -7,7 +7,10 @@
 //! This crate holds the vocabulary ([`model`], [`clock`]), strict JSON and its canonical form
 //! ([`json`]), the digests ([`digest`]), the inline path ([`engine`]), the deferred path
 //! ([`runtime`], [`outbox`], [`approval`], [`downstream`]), the principal store ([`authz`]) and
-//! the seam every database driver implements ([`store::Driver`], [`effect::EffectTx`]). It
+//! the seam every database driver implements ([`store::Driver`], [`effect::EffectTx`]). Both
+//! paths run over one internal `ledger` module, the only home of the `operations` table: its
+//! columns and row decoder, its statements, the status-reference generator, the deadline
+//! check, the event writer and the strict reader of stored JSON. The crate
 //! knows no database library: the drivers are the `toolledger-sqlite` and
 //! `toolledger-postgres` crates, and applications depend on the `toolledger` facade.
 
@@ -21,6 +24,7 @@ pub mod downstream;
 pub mod effect;
 pub mod engine;
 pub mod json;
+mod ledger;
 pub mod model;
 pub mod outbox;
 pub mod runtime;

@@ -17,11 +17,14 @@
 //! on any backend. On PostgreSQL a claim first locks the event row with
 //! `FOR UPDATE SKIP LOCKED`: a row another worker is claiming right now is reported as leased
 //! instead of waited for.
+//!
+//! The outbox owns the `outbox` table only; the operation state a claim moves (`processing`,
+//! `dead`) is written through the ledger.
 
 use serde::Serialize;
 
 use crate::effect::{Dialect, EffectTx, RowExt, SqlValue};
-use crate::model::Error;
+use crate::model::{Error, OperationState};
 use crate::store::StoreError;
 
 /// The storage error behind a failed statement (the backend's, when it kept one; otherwise a
@@ -183,6 +186,16 @@ fn exec(tx: &mut dyn EffectTx, sql: &str, params: &[SqlValue]) -> Result<usize, 
     tx.execute(sql, params).map_err(|e| store_error(tx, e))
 }
 
+/// Moves the event's unfinished operation to `state` (through the ledger).
+fn mark_operation(
+    tx: &mut dyn EffectTx,
+    operation_id: i64,
+    state: OperationState,
+    now: i64,
+) -> Result<(), StoreError> {
+    crate::ledger::mark_deferred(tx, operation_id, state, now).map_err(|e| store_error(tx, e))
+}
+
 /// Writes the pending event of a newly accepted operation. Runs in transaction A.
 pub fn enqueue(
     tx: &mut dyn EffectTx,
@@ -309,12 +322,7 @@ pub fn claim(
                 "outbox event changed under a claim".into(),
             ));
         }
-        exec(
-            tx,
-            "UPDATE operations SET state = 'dead', updated_at = ?1
-             WHERE id = ?2 AND state IN ('accepted', 'processing', 'outcome_unknown')",
-            &[now.into(), ev.operation_id.into()],
-        )?;
+        mark_operation(tx, ev.operation_id, OperationState::Dead, now)?;
         return Ok(ClaimOutcome::Exhausted);
     }
     // Conditional on the token we read: a concurrent claim (another connection, another
@@ -341,12 +349,7 @@ pub fn claim(
     };
     let contract = |e: Error| StoreError::Contract(e.message);
     let (token, attempt) = (row.int(0).map_err(contract)?, row.int(1).map_err(contract)?);
-    exec(
-        tx,
-        "UPDATE operations SET state = 'processing', updated_at = ?1
-         WHERE id = ?2 AND state IN ('accepted', 'processing', 'outcome_unknown')",
-        &[now.into(), ev.operation_id.into()],
-    )?;
+    mark_operation(tx, ev.operation_id, OperationState::Processing, now)?;
     Ok(ClaimOutcome::Claimed(Lease {
         event_id,
         operation_id: ev.operation_id,

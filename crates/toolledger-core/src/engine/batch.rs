@@ -28,7 +28,7 @@
 //!
 //! The order of checks and every answer are those of the single-call path in the parent
 //! module; only the ledger row is written after the effect instead of before it, inside the
-//! same transaction, which nobody can observe. [`FaultPoint::AfterLedgerInsert`] fires when
+//! same transaction, which nobody can observe. [`FaultPoint::AfterLedgerInsert`](super::FaultPoint::AfterLedgerInsert) fires when
 //! the call's scope is known to be free and locked, just before the effect.
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -37,8 +37,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::oneshot;
 
 use super::{
-    check_deadlines, check_raw, encode_result, judge, new_status_ref, FaultHook, FaultPoint,
-    InlineEffect, Outcome, Prepared, Written,
+    judge, key_taken, record, run_fresh, FaultHook, InlineEffect, Outcome, Prepared, Written,
 };
 use crate::clock::SharedClock;
 use crate::effect::{EffectTx, RowExt, SqlValue};
@@ -257,12 +256,6 @@ impl Batcher {
         undone
     }
 
-    fn fire(&self, point: FaultPoint) {
-        if let Some(h) = &self.fault {
-            h(point);
-        }
-    }
-
     /// One attempt at the batch's transaction (run again whole after a deadlock). Without
     /// `careful`, calls run without savepoints, and the first call that fails after sending a
     /// statement ends the attempt with an error and `undone` set (the caller runs the batch
@@ -385,22 +378,15 @@ impl Batcher {
             if mine {
                 own = Some(row);
             } else if p.shared_key_namespace {
-                return Err(Error::conflict(
-                    "this operation id is already used for another request",
-                ));
+                return Err(key_taken());
             }
         }
         if let Some(row) = own {
-            let record = check_raw(row)?;
-            let outcome = judge(etx, p, effect, record, now)?;
+            let outcome = judge(etx, p, effect, record(&row)?, now)?;
             return Ok(CallEnd::Done(Ok(Written::Replayed(outcome))));
         }
-        check_deadlines(p.authority_deadline, p.retention_deadline, now)?;
-        let status_ref = new_status_ref()?;
-        self.fire(FaultPoint::AfterLedgerInsert);
-        let result = effect.apply(etx, &p.principal)?;
-        let encoded = encode_result(&result)?;
-        self.fire(FaultPoint::AfterEffect);
+        let (result, encoded) = run_fresh(etx, p, effect, self.fault.as_ref(), now)?;
+        let status_ref = crate::ledger::new_status_ref()?;
         Ok(CallEnd::Fresh(
             Outcome {
                 result,

@@ -1,0 +1,500 @@
+//! The ledger: the one home of the `operations` table and its `operation_events` history.
+//!
+//! The inline path ([`crate::engine`]) and the deferred path ([`crate::runtime`]) are two
+//! paths over what this module owns:
+//!
+//! - the columns of a ledger row ([`crate::operation_columns!`]) and the one decoder of them
+//!   into a [`LedgerRow`], which checks every row against the storage contract (canonical
+//!   stored JSON, the result against its digest, a well-formed request digest, a known state);
+//!   the inline [`OperationRecord`](crate::engine::OperationRecord) and the deferred
+//!   [`DeferredRecord`](crate::runtime::DeferredRecord) are views built on it;
+//! - the statements that read rows (by scope, by `(tool, key)`, by status reference), insert
+//!   them and settle them, and the event writer and reader;
+//! - the status-reference generator ([`new_status_ref`]): `op_` and 32 hex digits, the first
+//!   48 bits the creation time in milliseconds, the other 80 random — for inline and deferred
+//!   operations alike, so a new reference lands at the end of the `status_ref` index;
+//! - the deadline check ([`check_deadlines`]): authority before retention, a deadline has
+//!   passed when `now >= deadline`, one code and one message each;
+//! - the strict reader of stored JSON ([`parse_stored`]) and [`is_hex64`].
+//!
+//! Every error it returns is a [`StoreError::Contract`] (or the backend's own storage error),
+//! never SQL text.
+
+use serde_json::Value;
+
+use crate::digest::sha256_hex;
+use crate::effect::{EffectTx, RowExt, SqlValue};
+use crate::model::{Error, ErrorCode, OperationState, ToolContract};
+use crate::store::StoreError;
+
+/// The columns of a ledger row, in the order the ledger's row decoder reads them, as one
+/// string literal (for `concat!`): what a driver's own lookup of ledger rows (a batch's
+/// [`crate::store::BatchTx::lookup_scopes`]) must select.
+#[macro_export]
+macro_rules! operation_columns {
+    () => {
+        "id, tenant, subject, tool, idempotency_key, request_digest,
+    input_rev, output_rev, effect_rev, handler_rev, producer_rev, policy_rev, arguments,
+    fingerprint, effect_kind, state, result, result_digest, status_ref, authority_deadline,
+    retention_deadline, created_at, updated_at"
+    };
+}
+
+/// How many columns [`crate::operation_columns!`] names; a query may select more after them.
+pub(crate) const OPERATION_COLUMNS: usize = 23;
+
+/// Position of `effect_kind` in [`crate::operation_columns!`].
+pub(crate) const EFFECT_KIND_COLUMN: usize = 14;
+
+/// The columns of a ledger row, followed by a `WHERE` clause given as a literal.
+macro_rules! select_rows {
+    ($where:literal) => {
+        concat!(
+            "SELECT ",
+            $crate::operation_columns!(),
+            " FROM operations ",
+            $where
+        )
+    };
+}
+
+/// The rows of one scope (at most one).
+pub(crate) const BY_SCOPE: &str =
+    select_rows!("WHERE tenant = ?1 AND subject = ?2 AND tool = ?3 AND idempotency_key = ?4");
+/// The rows of one `(tool, key)` under any principal.
+pub(crate) const BY_TOOL_KEY: &str =
+    select_rows!("WHERE tool = ?1 AND idempotency_key = ?2 ORDER BY id");
+/// The row with one status reference.
+pub(crate) const BY_STATUS_REF: &str = select_rows!("WHERE status_ref = ?1");
+
+/// One ledger row, decoded and checked against the storage contract: what every view of an
+/// operation is built on.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct LedgerRow {
+    pub(crate) id: i64,
+    pub(crate) tenant: String,
+    pub(crate) subject: String,
+    pub(crate) tool: String,
+    pub(crate) key: String,
+    pub(crate) request_digest: String,
+    pub(crate) contract: ToolContract,
+    pub(crate) arguments: Value,
+    pub(crate) arguments_text: String,
+    pub(crate) fingerprint: Option<String>,
+    pub(crate) effect_kind: String,
+    pub(crate) state: OperationState,
+    pub(crate) result: Option<Value>,
+    pub(crate) result_digest: Option<String>,
+    pub(crate) status_ref: String,
+    pub(crate) authority_deadline: Option<i64>,
+    pub(crate) retention_deadline: Option<i64>,
+    pub(crate) created_at: i64,
+    pub(crate) updated_at: i64,
+}
+
+/// A storage-contract error saying `what`.
+pub(crate) fn contract(what: &str) -> StoreError {
+    StoreError::Contract(what.to_string())
+}
+
+/// A column read that failed: the only failure of [`RowExt`] is a column of the wrong type.
+pub(crate) fn column<T>(read: Result<T, Error>) -> Result<T, StoreError> {
+    read.map_err(|_| contract("a column has an unexpected type"))
+}
+
+/// Decodes the first [`OPERATION_COLUMNS`] columns of `row` (selected with
+/// [`crate::operation_columns!`]) and checks them against the storage contract.
+pub(crate) fn decode(row: &[SqlValue]) -> Result<LedgerRow, StoreError> {
+    let state = OperationState::parse(&column(row.text(15))?)
+        .ok_or_else(|| contract("unknown operation state"))?;
+    let arguments_text = column(row.text(12))?;
+    let arguments = parse_stored(&arguments_text)?;
+    let result_text = column(row.opt_text(16))?;
+    let result_digest = column(row.opt_text(17))?;
+    let result = match (&result_text, &result_digest) {
+        (Some(text), Some(digest)) => {
+            let value = parse_stored(text)?;
+            if sha256_hex(text.as_bytes()) != *digest {
+                return Err(contract("stored result does not match its digest"));
+            }
+            Some(value)
+        }
+        (None, None) => None,
+        _ => return Err(contract("result and result digest disagree")),
+    };
+    let request_digest = column(row.text(5))?;
+    if !is_hex64(&request_digest) {
+        return Err(contract("malformed request digest"));
+    }
+    let tool = column(row.text(3))?;
+    Ok(LedgerRow {
+        id: column(row.int(0))?,
+        contract: ToolContract {
+            name: tool.clone(),
+            input_rev: column(row.text(6))?,
+            output_rev: column(row.text(7))?,
+            effect_rev: column(row.text(8))?,
+            handler_rev: column(row.text(9))?,
+            producer_rev: column(row.text(10))?,
+            policy_rev: column(row.text(11))?,
+        },
+        tenant: column(row.text(1))?,
+        subject: column(row.text(2))?,
+        tool,
+        key: column(row.text(4))?,
+        request_digest,
+        fingerprint: column(row.opt_text(13))?,
+        effect_kind: column(row.text(EFFECT_KIND_COLUMN))?,
+        state,
+        result,
+        result_digest,
+        status_ref: column(row.text(18))?,
+        authority_deadline: column(row.opt_int(19))?,
+        retention_deadline: column(row.opt_int(20))?,
+        created_at: column(row.int(21))?,
+        updated_at: column(row.int(22))?,
+        arguments,
+        arguments_text,
+    })
+}
+
+/// Reads stored JSON strictly: anything but byte-identical canonical text is a
+/// storage-contract error.
+pub(crate) fn parse_stored(text: &str) -> Result<Value, StoreError> {
+    crate::json::parse_canonical(text.as_bytes())
+        .map_err(|_| contract("stored JSON is not canonical"))
+}
+
+/// The canonical text of a value to store, and its SHA-256; `None` outside the canonical
+/// domain.
+pub(crate) fn encode_stored(value: &Value) -> Option<(String, String)> {
+    let text = crate::json::canonical_string(value).ok()?;
+    let digest = sha256_hex(text.as_bytes());
+    Some((text, digest))
+}
+
+/// Whether `s` is 64 lowercase hex digits (a SHA-256 digest as stored).
+pub(crate) fn is_hex64(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// A new status reference: `op_` and 32 hex digits. The first 48 bits are the creation time in
+/// milliseconds and the other 80 are random, so new references land at the end of the
+/// `status_ref` index instead of on a random page of it (a batch of random references dirtied
+/// one index page per operation, each written to the log at commit).
+pub(crate) fn new_status_ref() -> Result<String, Error> {
+    let mut bytes = [0u8; 16];
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    bytes[..6].copy_from_slice(&millis.to_be_bytes()[2..]);
+    getrandom::fill(&mut bytes[6..])
+        .map_err(|_| Error::unavailable("no randomness available for a status reference"))?;
+    Ok(format!("op_{}", hex::encode(bytes)))
+}
+
+fn deadline_passed(deadline: Option<i64>, now: i64) -> bool {
+    deadline.is_some_and(|d| now >= d)
+}
+
+/// Refuses a write or a replay at `now` once a deadline has passed (`now >= deadline`):
+/// the authority deadline first (`operation_authority_expired`), then the retention deadline
+/// (`operation_retention_expired`).
+pub(crate) fn check_deadlines(
+    authority: Option<i64>,
+    retention: Option<i64>,
+    now: i64,
+) -> Result<(), Error> {
+    if deadline_passed(authority, now) {
+        return Err(Error::new(
+            ErrorCode::OperationAuthorityExpired,
+            "the operation's authority deadline has passed",
+        ));
+    }
+    if deadline_passed(retention, now) {
+        return Err(Error::new(
+            ErrorCode::OperationRetentionExpired,
+            "the operation's retention deadline has passed; it can no longer be replayed",
+        ));
+    }
+    Ok(())
+}
+
+/// The columns of a new ledger row that do not depend on how it starts: scope, digest,
+/// revisions, arguments, fingerprint, status reference, deadlines and time.
+pub(crate) struct NewRow<'a> {
+    pub(crate) tenant: &'a str,
+    pub(crate) subject: &'a str,
+    pub(crate) key: &'a str,
+    pub(crate) contract: &'a ToolContract,
+    pub(crate) request_digest: &'a str,
+    pub(crate) arguments_text: &'a str,
+    pub(crate) fingerprint: Option<&'a str>,
+    pub(crate) status_ref: &'a str,
+    pub(crate) authority_deadline: Option<i64>,
+    pub(crate) retention_deadline: Option<i64>,
+    pub(crate) now: i64,
+}
+
+impl NewRow<'_> {
+    /// Parameters `?1`–`?17` of the insert statements.
+    fn params(&self) -> Vec<SqlValue> {
+        let c = self.contract;
+        vec![
+            self.tenant.into(),
+            self.subject.into(),
+            c.name.as_str().into(),
+            self.key.into(),
+            self.request_digest.into(),
+            c.input_rev.as_str().into(),
+            c.output_rev.as_str().into(),
+            c.effect_rev.as_str().into(),
+            c.handler_rev.as_str().into(),
+            c.producer_rev.as_str().into(),
+            c.policy_rev.as_str().into(),
+            self.arguments_text.into(),
+            self.fingerprint.map(str::to_string).into(),
+            self.status_ref.into(),
+            self.authority_deadline.into(),
+            self.retention_deadline.into(),
+            self.now.into(),
+        ]
+    }
+}
+
+/// Reserves a scope with an unfinished row of `effect_kind` in `state`
+/// (`INSERT … ON CONFLICT DO NOTHING`). `None` when the scope is already taken.
+pub(crate) fn insert_open(
+    tx: &mut dyn EffectTx,
+    row: &NewRow<'_>,
+    effect_kind: &str,
+    state: OperationState,
+) -> Result<Option<i64>, Error> {
+    let mut params = row.params();
+    params.push(effect_kind.into());
+    params.push(state.as_str().into());
+    tx.insert_id(
+        "INSERT INTO operations(tenant, subject, tool, idempotency_key, request_digest,
+             input_rev, output_rev, effect_rev, handler_rev, producer_rev, policy_rev,
+             arguments, fingerprint, status_ref, authority_deadline, retention_deadline,
+             created_at, updated_at, effect_kind, state)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
+             ?17, ?18, ?19)
+         ON CONFLICT (tenant, subject, tool, idempotency_key) DO NOTHING",
+        &params,
+    )
+}
+
+/// Inserts a fresh inline row, already `applied` with its canonical result and digest.
+/// `None` when the scope is already taken.
+pub(crate) fn insert_applied(
+    tx: &mut dyn EffectTx,
+    row: &NewRow<'_>,
+    result_text: &str,
+    result_digest: &str,
+) -> Result<Option<i64>, Error> {
+    let mut params = row.params();
+    params.push(result_text.into());
+    params.push(result_digest.into());
+    tx.insert_id(
+        "INSERT INTO operations(tenant, subject, tool, idempotency_key, request_digest,
+             input_rev, output_rev, effect_rev, handler_rev, producer_rev, policy_rev,
+             arguments, fingerprint, effect_kind, state, status_ref, authority_deadline,
+             retention_deadline, created_at, updated_at, result, result_digest)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 'inline',
+             'applied', ?14, ?15, ?16, ?17, ?17, ?18, ?19)
+         ON CONFLICT (tenant, subject, tool, idempotency_key) DO NOTHING",
+        &params,
+    )
+}
+
+/// Whether `(tool, key)` is held by a principal other than `(tenant, subject)`.
+pub(crate) fn key_held_elsewhere(
+    tx: &mut dyn EffectTx,
+    tool: &str,
+    key: &str,
+    tenant: &str,
+    subject: &str,
+) -> Result<bool, Error> {
+    Ok(tx
+        .query_opt(
+            "SELECT 1 FROM operations WHERE tool = ?1 AND idempotency_key = ?2
+               AND (tenant <> ?3 OR subject <> ?4) LIMIT 1",
+            &[tool.into(), key.into(), tenant.into(), subject.into()],
+        )?
+        .is_some())
+}
+
+/// Which unfinished states a settling update may leave.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unfinished {
+    /// A multi-step inline operation: `in_progress`.
+    Inline,
+    /// A deferred operation: `accepted`, `processing`, `outcome_unknown` or `dead`.
+    Deferred,
+}
+
+/// Moves operation `id` out of its unfinished states to `state` with its canonical result.
+/// Returns how many rows changed (0 when it had already left them).
+pub(crate) fn settle(
+    tx: &mut dyn EffectTx,
+    id: i64,
+    from: Unfinished,
+    state: OperationState,
+    result_text: &str,
+    result_digest: &str,
+    now: i64,
+) -> Result<usize, Error> {
+    let sql = match from {
+        Unfinished::Inline => {
+            "UPDATE operations SET state = ?1, result = ?2, result_digest = ?3, updated_at = ?4
+             WHERE id = ?5 AND state = 'in_progress'"
+        }
+        Unfinished::Deferred => {
+            "UPDATE operations SET state = ?1, result = ?2, result_digest = ?3, updated_at = ?4
+             WHERE id = ?5 AND state IN ('accepted', 'processing', 'outcome_unknown', 'dead')"
+        }
+    };
+    let changed = tx.execute(
+        sql,
+        &[
+            state.as_str().into(),
+            result_text.into(),
+            result_digest.into(),
+            now.into(),
+            id.into(),
+        ],
+    )?;
+    Ok(changed)
+}
+
+/// Marks an unfinished deferred operation `state` without a result (an attempt that ended
+/// without one); a finished operation is left as it is.
+pub(crate) fn mark_deferred(
+    tx: &mut dyn EffectTx,
+    id: i64,
+    state: OperationState,
+    now: i64,
+) -> Result<(), Error> {
+    tx.execute(
+        "UPDATE operations SET state = ?1, updated_at = ?2
+         WHERE id = ?3 AND state IN ('accepted', 'processing', 'outcome_unknown')",
+        &[state.as_str().into(), now.into(), id.into()],
+    )?;
+    Ok(())
+}
+
+/// The state and status reference of operation `id`, if it exists.
+pub(crate) fn state_of(tx: &mut dyn EffectTx, id: i64) -> Result<Option<(String, String)>, Error> {
+    match tx.query_opt(
+        "SELECT state, status_ref FROM operations WHERE id = ?1",
+        &[id.into()],
+    )? {
+        Some(row) => Ok(Some((row.text(0)?, row.text(1)?))),
+        None => Ok(None),
+    }
+}
+
+/// Whether operation `id` exists.
+pub(crate) fn exists(tx: &mut dyn EffectTx, id: i64) -> Result<bool, Error> {
+    Ok(tx
+        .query_opt("SELECT 1 FROM operations WHERE id = ?1", &[id.into()])?
+        .is_some())
+}
+
+/// Appends one event (`detail` already canonical) to an operation's history.
+pub(crate) fn insert_event(
+    tx: &mut dyn EffectTx,
+    operation_id: i64,
+    at: i64,
+    kind: &str,
+    detail: &str,
+) -> Result<(), Error> {
+    tx.execute(
+        "INSERT INTO operation_events(operation_id, at, kind, detail) VALUES (?1, ?2, ?3, ?4)",
+        &[operation_id.into(), at.into(), kind.into(), detail.into()],
+    )?;
+    Ok(())
+}
+
+/// One stored event: id, time, kind and its checked canonical detail.
+pub(crate) type StoredEvent = (i64, i64, String, Value);
+
+/// An operation's history, oldest first.
+pub(crate) fn load_events(
+    tx: &mut dyn EffectTx,
+    operation_id: i64,
+) -> Result<Vec<StoredEvent>, Error> {
+    let rows = tx.query(
+        "SELECT id, at, kind, detail FROM operation_events
+         WHERE operation_id = ?1 ORDER BY id",
+        &[operation_id.into()],
+    )?;
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        out.push((
+            row.int(0)?,
+            row.int(1)?,
+            row.text(2)?,
+            parse_stored(&row.text(3)?)?,
+        ));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_json_must_be_canonical() {
+        assert_eq!(parse_stored(r#"{"a":1,"b":[true]}"#).unwrap()["a"], 1);
+        for bad in [
+            r#"{"b":1,"a":2}"#,
+            r#"{"a":1.0}"#,
+            r#"{"a":1,"a":2}"#,
+            r#"{ "a":1}"#,
+            r#"{"a":"\u0041"}"#,
+            "not json",
+        ] {
+            let err = Error::from(parse_stored(bad).unwrap_err());
+            assert_eq!(err.code, ErrorCode::Unavailable, "{bad}");
+        }
+    }
+
+    #[test]
+    fn status_refs_are_opaque_and_distinct() {
+        let a = new_status_ref().unwrap();
+        let b = new_status_ref().unwrap();
+        assert_ne!(a, b);
+        assert!(a.starts_with("op_") && a.len() == 35);
+    }
+
+    #[test]
+    fn status_refs_sort_by_creation_time() {
+        let a = new_status_ref().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let b = new_status_ref().unwrap();
+        assert!(a[..15] < b[..15], "{a} then {b}");
+        assert_ne!(a[15..], b[15..]);
+    }
+
+    #[test]
+    fn deadlines_pass_at_the_deadline_authority_first() {
+        assert!(check_deadlines(Some(10), Some(10), 9).is_ok());
+        assert!(check_deadlines(None, None, i64::MAX).is_ok());
+        let both = check_deadlines(Some(10), Some(10), 10).unwrap_err();
+        assert_eq!(both.code, ErrorCode::OperationAuthorityExpired);
+        let retention = check_deadlines(Some(20), Some(10), 10).unwrap_err();
+        assert_eq!(retention.code, ErrorCode::OperationRetentionExpired);
+    }
+
+    #[test]
+    fn hex64_is_lowercase_hex_of_length_64() {
+        assert!(is_hex64(&"a".repeat(64)));
+        assert!(!is_hex64(&"A".repeat(64)));
+        assert!(!is_hex64(&"a".repeat(63)));
+        assert!(!is_hex64(&"g".repeat(64)));
+    }
+}

@@ -1,0 +1,279 @@
+//! The deferred view of the ledger: [`DeferredRecord`], a ledger row (decoded by the
+//! ledger's one row decoder) joined with its intent context (provider call, downstream key,
+//! approval binding), the loaders by scope, status reference and id, the event writer for
+//! canonical details, and the bindings derived from a record (the approval target, the
+//! downstream request, the purpose-bound identity of a status query).
+
+use super::*;
+use crate::ledger;
+
+/// The approval fields a deferred intent stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct IntentApproval {
+    /// Approval id.
+    pub approval_id: String,
+    /// Approver principal name.
+    pub approver: String,
+    /// Approval digest at acceptance.
+    pub approval_digest: String,
+    /// Granted at.
+    pub approved_at: i64,
+    /// Expired from.
+    pub expires_at: i64,
+}
+
+/// One deferred operation, read back and checked against the storage contract.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DeferredRecord {
+    /// Operation row id.
+    pub id: i64,
+    /// Scope.
+    pub scope: Scope,
+    /// Accepted request digest.
+    pub request_digest: String,
+    /// Contract revisions at acceptance.
+    pub contract: ToolContract,
+    /// Canonical business arguments.
+    pub arguments: Value,
+    /// Canonical text of the arguments, as stored.
+    #[serde(skip)]
+    pub arguments_text: String,
+    /// Current state.
+    pub state: OperationState,
+    /// Stored result.
+    pub result: Option<Value>,
+    /// Opaque reference.
+    pub status_ref: String,
+    /// Provider context of the first call.
+    pub provider: ProviderContext,
+    /// SHA-256 of the canonical scope (the downstream's key).
+    pub downstream_key: String,
+    /// Approval binding, if the intent was approved.
+    pub approval: Option<IntentApproval>,
+    /// First second at which no write is allowed any more (not even an exact replay).
+    pub authority_deadline: Option<i64>,
+    /// First second at which a replay is refused; the row stays as a tombstone.
+    pub retention_deadline: Option<i64>,
+}
+
+/// A ledger row ([`crate::operation_columns!`]) followed by its intent context. The intent
+/// columns come through a derived table so that the ledger's unqualified column names stay
+/// unambiguous.
+const SELECT_DEFERRED: &str = concat!(
+    "SELECT ",
+    crate::operation_columns!(),
+    ", d.operation_id, d.provider, d.api_family, d.adapter_revision, d.turn_id, d.call_id,
+    d.response_id, d.downstream_key, d.approval_id, d.approver, d.approval_digest,
+    d.approved_at, d.approval_expires_at
+    FROM operations o LEFT JOIN (SELECT operation_id, provider, api_family, adapter_revision,
+        turn_id, call_id, response_id, downstream_key, approval_id, approver, approval_digest,
+        approved_at, approval_expires_at FROM deferred_intents) d ON d.operation_id = o.id"
+);
+
+/// The deferred view of a ledger row and its intent context; `None` for an inline row.
+fn decode(row: &[SqlValue]) -> Result<Option<DeferredRecord>, StoreError> {
+    use crate::ledger::{column, contract, EFFECT_KIND_COLUMN, OPERATION_COLUMNS as I};
+    if column(row.text(EFFECT_KIND_COLUMN))? != "deferred" {
+        return Ok(None);
+    }
+    if column(row.opt_int(I))?.is_none() {
+        return Err(contract("deferred operation has no intent context"));
+    }
+    let r = ledger::decode(row)?;
+    let text = |k: usize| column(row.text(I + k));
+    let approval = match (
+        column(row.opt_text(I + 8))?,
+        column(row.opt_text(I + 9))?,
+        column(row.opt_text(I + 10))?,
+        column(row.opt_int(I + 11))?,
+        column(row.opt_int(I + 12))?,
+    ) {
+        (None, None, None, None, None) => None,
+        (Some(approval_id), Some(approver), Some(approval_digest), Some(at), Some(exp)) => {
+            Some(IntentApproval {
+                approval_id,
+                approver,
+                approval_digest,
+                approved_at: at,
+                expires_at: exp,
+            })
+        }
+        _ => return Err(contract("approval binding is incomplete")),
+    };
+    Ok(Some(DeferredRecord {
+        id: r.id,
+        scope: Scope {
+            tenant: r.tenant,
+            subject: r.subject,
+            tool: r.tool,
+            key: r.key,
+        },
+        request_digest: r.request_digest,
+        contract: r.contract,
+        arguments: r.arguments,
+        arguments_text: r.arguments_text,
+        state: r.state,
+        result: r.result,
+        status_ref: r.status_ref,
+        provider: ProviderContext {
+            provider: text(1)?,
+            api_family: text(2)?,
+            adapter_revision: text(3)?,
+            turn_id: text(4)?,
+            call_id: text(5)?,
+            response_id: text(6)?,
+        },
+        downstream_key: text(7)?,
+        approval,
+        authority_deadline: r.authority_deadline,
+        retention_deadline: r.retention_deadline,
+    }))
+}
+
+/// Outcome of loading a scope's row: absent, an inline operation under the same scope, or a
+/// checked deferred record.
+pub(super) enum Loaded {
+    Absent,
+    NotDeferred,
+    Deferred(Box<DeferredRecord>),
+}
+
+/// The deferred row matching `clause` (over the alias `o` of `operations`).
+pub(super) fn load_where(
+    tx: &mut dyn EffectTx,
+    clause: &str,
+    args: &[SqlValue],
+) -> Result<Loaded, RuntimeError> {
+    let sql = format!("{SELECT_DEFERRED} WHERE {clause}");
+    let row = tx.query_opt(&sql, args).map_err(|e| stored(tx, e))?;
+    let Some(row) = row else {
+        return Ok(Loaded::Absent);
+    };
+    match decode(&row)? {
+        None => Ok(Loaded::NotDeferred),
+        Some(r) => Ok(Loaded::Deferred(Box::new(r))),
+    }
+}
+
+/// The row of one scope.
+pub(super) fn load_scope(tx: &mut dyn EffectTx, scope: &Scope) -> Result<Loaded, RuntimeError> {
+    load_where(
+        tx,
+        "o.tenant = ?1 AND o.subject = ?2 AND o.tool = ?3 AND o.idempotency_key = ?4",
+        &[
+            scope.tenant.as_str().into(),
+            scope.subject.as_str().into(),
+            scope.tool.as_str().into(),
+            scope.key.as_str().into(),
+        ],
+    )
+}
+
+/// The row with one status reference.
+pub(super) fn load_status_ref(
+    tx: &mut dyn EffectTx,
+    status_ref: &str,
+) -> Result<Loaded, RuntimeError> {
+    load_where(tx, "o.status_ref = ?1", &[status_ref.into()])
+}
+
+/// The deferred operation an outbox event belongs to.
+pub(super) fn load_id(tx: &mut dyn EffectTx, id: i64) -> Result<DeferredRecord, RuntimeError> {
+    match load_where(tx, "o.id = ?1", &[id.into()])? {
+        Loaded::Deferred(r) => Ok(*r),
+        _ => Err(contract_violation(
+            "outbox event without a deferred operation",
+        )),
+    }
+}
+
+/// Takes operation `id`'s lock: the closing transactions of a worker, a status query and an
+/// operator's resolution serialize on it (a no-op where writes are already serialized).
+pub(super) fn lock_operation(tx: &mut dyn EffectTx, id: i64) -> Result<(), RuntimeError> {
+    tx.lock_key(&operation_lock(id)).map_err(|e| stored(tx, e))
+}
+
+/// Operation `id` under its lock ([`lock_operation`]), read after the lock was taken.
+pub(super) fn load_locked(tx: &mut dyn EffectTx, id: i64) -> Result<DeferredRecord, RuntimeError> {
+    lock_operation(tx, id)?;
+    load_id(tx, id)
+}
+
+/// The outbox event of a deferred operation (every one has exactly one).
+pub(super) fn outbox_event(
+    tx: &mut dyn EffectTx,
+    operation_id: i64,
+) -> Result<outbox::OutboxEvent, RuntimeError> {
+    outbox::for_operation(tx, operation_id)?
+        .ok_or_else(|| contract_violation("deferred operation without outbox event"))
+}
+
+/// Appends an event with a canonical `detail` to a deferred operation's history.
+pub(super) fn insert_event(
+    tx: &mut dyn EffectTx,
+    operation_id: i64,
+    now: i64,
+    kind: &str,
+    detail: &Value,
+) -> Result<(), RuntimeError> {
+    let text = json::canonical_string(detail)
+        .map_err(|_| contract_violation("event detail is not canonical"))?;
+    ledger::insert_event(tx, operation_id, now, kind, &text).map_err(|e| stored(tx, e))
+}
+
+/// The approval binding of a deferred intent: request digest, the six revisions and the full
+/// provider context. The worker rebuilds it from durable identities before any downstream call.
+pub fn approval_target(
+    scope: &Scope,
+    contract: &ToolContract,
+    request_digest: &str,
+    provider: &ProviderContext,
+) -> ApprovalTarget {
+    ApprovalTarget {
+        tenant: scope.tenant.clone(),
+        subject: scope.subject.clone(),
+        tool: scope.tool.clone(),
+        idempotency_key: scope.key.clone(),
+        binding: json!({
+            "provider": provider.to_value(),
+            "request_digest": request_digest,
+            "revisions": {
+                "effect_rev": contract.effect_rev,
+                "handler_rev": contract.handler_rev,
+                "input_rev": contract.input_rev,
+                "output_rev": contract.output_rev,
+                "policy_rev": contract.policy_rev,
+                "producer_rev": contract.producer_rev,
+            },
+        }),
+    }
+}
+
+/// The request sent downstream for a record: scope digest, status ref, request digest, tool
+/// and canonical arguments.
+pub fn downstream_request(record: &DeferredRecord) -> Value {
+    json!({
+        "arguments": record.arguments,
+        "request_digest": record.request_digest,
+        "scope_digest": record.downstream_key,
+        "status_ref": record.status_ref,
+        "tool": record.scope.tool,
+    })
+}
+
+/// The purpose-bound identity of a status query: derived from the original call and the
+/// status ref, fixed to the purpose `query_status`, never usable for dispatch.
+pub fn query_identity(provider: &ProviderContext, status_ref: &str) -> String {
+    let v = json!({
+        "call_id": provider.call_id,
+        "purpose": "query_status",
+        "response_id": provider.response_id,
+        "status_ref": status_ref,
+        "turn_id": provider.turn_id,
+    });
+    let text = json::canonical_string(&v).unwrap_or_default();
+    format!(
+        "{QUERY_IDENTITY_PREFIX}{}",
+        &digest::sha256_hex(text.as_bytes())[..48]
+    )
+}
