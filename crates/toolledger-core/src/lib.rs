@@ -17,6 +17,7 @@
 #![warn(missing_docs)]
 
 pub mod approval;
+pub mod audit;
 pub mod authz;
 pub mod clock;
 pub mod digest;

@@ -73,6 +73,16 @@ pub trait Driver: Send + Sync + std::fmt::Debug + 'static {
         None
     }
 
+    /// The driver's physical integrity checks, run by the audit inside its read snapshot `tx`
+    /// (SQLite: `integrity_check`, foreign keys, WAL and `synchronous=FULL`; PostgreSQL:
+    /// validated constraints, enabled foreign-key triggers, `fsync`, `synchronous_commit`,
+    /// B-tree checks when `amcheck` is installed). Returns whether they pass and what they
+    /// found, as one JSON object.
+    fn physical_checks(
+        &self,
+        tx: &mut dyn EffectTx,
+    ) -> Result<(bool, serde_json::Value), StoreError>;
+
     /// The driver itself, for driver-specific tools (a file's checks, benchmark counters).
     fn as_any(&self) -> &dyn Any;
 }

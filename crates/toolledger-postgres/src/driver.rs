@@ -163,6 +163,13 @@ impl Driver for PgStore {
         Some(Arc::new(self.clone()))
     }
 
+    fn physical_checks(
+        &self,
+        tx: &mut dyn EffectTx,
+    ) -> Result<(bool, serde_json::Value), StoreError> {
+        audit_checks::physical_checks(tx)
+    }
+
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
@@ -181,5 +188,63 @@ impl BatchDriver for PgStore {
 impl From<PgStore> for Store {
     fn from(s: PgStore) -> Self {
         Store::new(s)
+    }
+}
+
+/// The audit's physical checks, in this driver's dialect.
+mod audit_checks {
+    use serde_json::{json, Value};
+    use toolledger_core::audit::{column, scalar};
+    use toolledger_core::effect::EffectTx;
+    use toolledger_core::store::StoreError;
+
+    /// PostgreSQL's physical checks (there is no `integrity_check`): `(pass, checks)`.
+    pub(super) fn physical_checks(tx: &mut dyn EffectTx) -> Result<(bool, Value), StoreError> {
+        let unvalidated = scalar(
+            tx,
+            "SELECT count(*) FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace
+             WHERE n.nspname = current_schema() AND NOT c.convalidated",
+        )?;
+        let disabled_fk_triggers = scalar(
+            tx,
+            "SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+             JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = current_schema() AND t.tgisinternal AND t.tgenabled = 'D'",
+        )?;
+        let fsync = column(tx, "SELECT current_setting('fsync')")?
+            .pop()
+            .unwrap_or_default();
+        let sync_commit = column(tx, "SELECT current_setting('synchronous_commit')")?
+            .pop()
+            .unwrap_or_default();
+        let amcheck = scalar(
+            tx,
+            "SELECT count(*) FROM pg_extension WHERE extname = 'amcheck'",
+        )? > 0;
+        let index_check = if amcheck {
+            let n = scalar(
+                tx,
+                "SELECT count(*) FROM (SELECT bt_index_check(c.oid) FROM pg_index i
+                   JOIN pg_class c ON c.oid = i.indexrelid
+                   JOIN pg_namespace n ON n.oid = c.relnamespace
+                   JOIN pg_am a ON a.oid = c.relam
+                 WHERE n.nspname = current_schema() AND a.amname = 'btree') AS checked",
+            )?;
+            json!(format!("ok ({n} btree indexes)"))
+        } else {
+            json!("amcheck not installed")
+        };
+        let pass =
+            unvalidated == 0 && disabled_fk_triggers == 0 && fsync == "on" && sync_commit != "off";
+        Ok((
+            pass,
+            json!({
+                "unvalidated_constraints": unvalidated,
+                "disabled_foreign_key_triggers": disabled_fk_triggers,
+                "fsync": fsync,
+                "synchronous_commit": sync_commit,
+                "index_check": index_check,
+            }),
+        ))
     }
 }

@@ -62,6 +62,13 @@ impl Driver for SqliteStore {
         }
     }
 
+    fn physical_checks(
+        &self,
+        tx: &mut dyn EffectTx,
+    ) -> Result<(bool, serde_json::Value), StoreError> {
+        audit_checks::physical_checks(tx)
+    }
+
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
@@ -70,5 +77,33 @@ impl Driver for SqliteStore {
 impl From<SqliteStore> for Store {
     fn from(s: SqliteStore) -> Self {
         Store::new(s)
+    }
+}
+
+/// The audit's physical checks, in this driver's dialect.
+mod audit_checks {
+    use serde_json::{json, Value};
+    use toolledger_core::audit::{column, rows, scalar};
+    use toolledger_core::effect::EffectTx;
+    use toolledger_core::store::StoreError;
+
+    /// SQLite's physical checks: `(pass, checks)`.
+    pub(super) fn physical_checks(tx: &mut dyn EffectTx) -> Result<(bool, Value), StoreError> {
+        let integrity = column(tx, "PRAGMA integrity_check")?;
+        let fk = rows(tx, "PRAGMA foreign_key_check")?.len();
+        let journal = column(tx, "PRAGMA journal_mode")?.pop().unwrap_or_default();
+        let synchronous = scalar(tx, "PRAGMA synchronous")?;
+        let integrity_ok = integrity.len() == 1 && integrity[0] == "ok";
+        let journal_ok = journal.eq_ignore_ascii_case("wal");
+        let sync_ok = synchronous == 2;
+        Ok((
+            integrity_ok && fk == 0 && journal_ok && sync_ok,
+            json!({
+                "integrity_check": if integrity_ok { "ok".to_string() } else { format!("{} problems", integrity.len()) },
+                "foreign_key_violations": fk,
+                "journal_mode": journal.to_ascii_lowercase(),
+                "synchronous": match synchronous { 0 => "off", 1 => "normal", 2 => "full", 3 => "extra", _ => "unknown" },
+            }),
+        ))
     }
 }

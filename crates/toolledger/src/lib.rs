@@ -21,7 +21,7 @@
 #![warn(missing_docs)]
 
 pub use toolledger_core::{
-    approval, authz, clock, digest, downstream, effect, engine, json, model, outbox, runtime,
+    approval, audit, authz, clock, digest, downstream, effect, engine, json, model, outbox, runtime,
 };
 pub use toolledger_core::{Error, ErrorCode, OperationState, Principal, Scope, ToolContract};
 

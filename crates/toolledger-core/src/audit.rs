@@ -1,0 +1,205 @@
+//! The ledger's audit: the semantic rules every ledger database must satisfy, checked inside
+//! one read snapshot, on any driver.
+//!
+//! [`violations`] runs every rule of [`RULES`] (each a query returning the opaque references of
+//! the offending rows) and checks stored content: arguments, results and receipts that are not
+//! canonical JSON or do not match their digests. Rows are named only by opaque references
+//! (status refs, or a hash for receipts), never by their content. [`counts`] counts rows by
+//! state. A driver adds its own physical checks ([`crate::store::Driver::physical_checks`]).
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+
+use crate::digest::sha256_hex;
+use crate::effect::{EffectTx, RowExt, SqlValue};
+use crate::json as strict;
+use crate::store::StoreError;
+
+/// One broken rule and the opaque references of the rows that break it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// The rule's stable name (`succeeded_operation_without_receipt`, …).
+    pub rule: &'static str,
+    /// Opaque references of the offending rows.
+    pub refs: Vec<String>,
+}
+
+impl Violation {
+    /// `{"rule", "refs"}`.
+    pub fn to_json(&self) -> Value {
+        json!({"rule": self.rule, "refs": self.refs})
+    }
+}
+
+/// The semantic rules, by name, with the query returning the offending rows' opaque references.
+pub const RULES: &[(&str, &str)] = &[
+    (
+        "succeeded_operation_without_receipt",
+        "SELECT o.status_ref FROM operations o
+         WHERE o.effect_kind = 'deferred' AND o.state = 'succeeded'
+           AND NOT EXISTS (SELECT 1 FROM local_receipts r WHERE r.operation_id = o.id)",
+    ),
+    (
+        "delivered_event_without_succeeded_operation",
+        "SELECT o.status_ref FROM outbox e JOIN operations o ON o.id = e.operation_id
+         WHERE e.state = 'delivered' AND o.state <> 'succeeded' AND o.state <> 'failed'",
+    ),
+    (
+        "failed_operation_not_closed",
+        "SELECT o.status_ref FROM operations o JOIN outbox e ON e.operation_id = o.id
+         WHERE o.effect_kind = 'deferred' AND o.state = 'failed' AND e.state <> 'delivered'",
+    ),
+    (
+        "succeeded_operation_not_delivered",
+        "SELECT o.status_ref FROM operations o JOIN outbox e ON e.operation_id = o.id
+         WHERE o.state = 'succeeded' AND e.state <> 'delivered'",
+    ),
+    (
+        "deferred_operation_without_event_or_context",
+        "SELECT o.status_ref FROM operations o
+         WHERE o.effect_kind = 'deferred'
+           AND (NOT EXISTS (SELECT 1 FROM outbox e WHERE e.operation_id = o.id)
+             OR NOT EXISTS (SELECT 1 FROM deferred_intents d WHERE d.operation_id = o.id))",
+    ),
+    (
+        "orphan_receipt",
+        "SELECT 'receipt:' || r.id FROM local_receipts r JOIN operations o ON o.id = r.operation_id
+         LEFT JOIN outbox e ON e.operation_id = o.id
+         WHERE o.state <> 'succeeded' OR e.state IS DISTINCT FROM 'delivered'",
+    ),
+    (
+        "approval_not_consumed_by_its_operation",
+        "SELECT o.status_ref FROM deferred_intents d JOIN operations o ON o.id = d.operation_id
+         LEFT JOIN approvals a ON a.approval_id = d.approval_id
+         WHERE d.approval_id IS NOT NULL
+           AND (a.consumed_operation IS DISTINCT FROM o.id
+             OR a.binding_digest IS DISTINCT FROM d.approval_digest)",
+    ),
+];
+
+/// The rule name of stored JSON that is not canonical or does not match its digest.
+pub const CONTENT_RULE: &str = "stored_json_or_digest_mismatch";
+
+/// Receipts are reported by an opaque hash of their row id, never by content or downstream id.
+fn opaque(reference: String) -> String {
+    match reference.strip_prefix("receipt:") {
+        Some(id) => format!(
+            "receipt-{}",
+            &sha256_hex(format!("receipt:{id}").as_bytes())[..16]
+        ),
+        None => reference,
+    }
+}
+
+fn failed(tx: &mut dyn EffectTx, e: crate::Error) -> StoreError {
+    crate::outbox::store_error(tx, e)
+}
+
+fn contract(e: crate::Error) -> StoreError {
+    StoreError::Contract(e.message)
+}
+
+/// Every row of a parameterless query.
+pub fn rows(tx: &mut dyn EffectTx, sql: &str) -> Result<Vec<Vec<SqlValue>>, StoreError> {
+    tx.query(sql, &[]).map_err(|e| failed(tx, e))
+}
+
+/// The first column of every row, as text.
+pub fn column(tx: &mut dyn EffectTx, sql: &str) -> Result<Vec<String>, StoreError> {
+    rows(tx, sql)?
+        .iter()
+        .map(|r| r.text(0).map_err(contract))
+        .collect()
+}
+
+fn counts_by(tx: &mut dyn EffectTx, sql: &str) -> Result<BTreeMap<String, i64>, StoreError> {
+    rows(tx, sql)?
+        .iter()
+        .map(|r| Ok((r.text(0).map_err(contract)?, r.int(1).map_err(contract)?)))
+        .collect()
+}
+
+/// The one integer a query returns.
+pub fn scalar(tx: &mut dyn EffectTx, sql: &str) -> Result<i64, StoreError> {
+    rows(tx, sql)?
+        .first()
+        .ok_or_else(|| StoreError::Contract("no row".into()))?
+        .int(0)
+        .map_err(contract)
+}
+
+/// Stored JSON that is not canonical, results or receipts that do not match their digests.
+fn content_violations(tx: &mut dyn EffectTx) -> Result<Vec<String>, StoreError> {
+    let mut bad = Vec::new();
+    let ops = rows(
+        tx,
+        "SELECT status_ref, arguments, result, result_digest FROM operations
+         WHERE effect_kind = 'deferred'",
+    )?;
+    for r in ops {
+        let sr = r.text(0).map_err(contract)?;
+        let args = r.text(1).map_err(contract)?;
+        let result = r.opt_text(2).map_err(contract)?;
+        let digest = r.opt_text(3).map_err(contract)?;
+        let args_ok = strict::parse_canonical(args.as_bytes()).is_ok();
+        let result_ok = match (&result, &digest) {
+            (Some(t), Some(d)) => {
+                strict::parse_canonical(t.as_bytes()).is_ok() && sha256_hex(t.as_bytes()) == *d
+            }
+            (None, None) => true,
+            _ => false,
+        };
+        if !args_ok || !result_ok {
+            bad.push(sr);
+        }
+    }
+    for r in rows(tx, "SELECT id, receipt, receipt_digest FROM local_receipts")? {
+        let id = r.int(0).map_err(contract)?;
+        let receipt = r.text(1).map_err(contract)?;
+        let digest = r.text(2).map_err(contract)?;
+        if strict::parse_canonical(receipt.as_bytes()).is_err()
+            || sha256_hex(receipt.as_bytes()) != digest
+        {
+            bad.push(opaque(format!("receipt:{id}")));
+        }
+    }
+    Ok(bad)
+}
+
+/// Every semantic rule broken in the snapshot `tx` reads, and the content check.
+pub fn violations(tx: &mut dyn EffectTx) -> Result<Vec<Violation>, StoreError> {
+    let mut out = Vec::new();
+    for (rule, sql) in RULES {
+        let refs: Vec<String> = column(tx, sql)?.into_iter().map(opaque).collect();
+        if !refs.is_empty() {
+            out.push(Violation { rule, refs });
+        }
+    }
+    let content = content_violations(tx)?;
+    if !content.is_empty() {
+        out.push(Violation {
+            rule: CONTENT_RULE,
+            refs: content,
+        });
+    }
+    Ok(out)
+}
+
+/// Row counts: operations and outbox events by state, local receipts, approvals issued and
+/// consumed, operation events.
+pub fn counts(tx: &mut dyn EffectTx) -> Result<Value, StoreError> {
+    Ok(json!({
+        "operations": counts_by(tx,
+            "SELECT state, count(*) FROM operations GROUP BY state ORDER BY state")?,
+        "outbox": counts_by(tx,
+            "SELECT state, count(*) FROM outbox GROUP BY state ORDER BY state")?,
+        "local_receipts": scalar(tx, "SELECT count(*) FROM local_receipts")?,
+        "approvals": {
+            "issued": scalar(tx, "SELECT count(*) FROM approvals")?,
+            "consumed": scalar(tx,
+                "SELECT count(*) FROM approvals WHERE consumed_at IS NOT NULL")?,
+        },
+        "operation_events": scalar(tx, "SELECT count(*) FROM operation_events")?,
+    }))
+}
