@@ -8,7 +8,9 @@
 //! - [`calls`]: builders for principals and inline calls;
 //! - [`downstream`]: an offline stand-in for a downstream system (a payments service whose
 //!   receipts live in their own SQLite file), idempotent under the ledger's key and able to
-//!   answer status queries, and a wrapper counting the calls into it.
+//!   answer status queries, and a wrapper counting the calls into it;
+//! - [`stdio`]: the one server spawner — a spawned stdio MCP server driven with raw JSON-RPC
+//!   lines.
 //!
 //! PostgreSQL tests read `TOOLLEDGER_TEST_DATABASE_URL`; without it they are skipped with one
 //! loud line, except under `TOOLLEDGER_CI`, where they fail.
@@ -19,3 +21,4 @@ pub mod calls;
 pub mod conformance;
 pub mod db;
 pub mod downstream;
+pub mod stdio;
