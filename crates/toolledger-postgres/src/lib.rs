@@ -87,7 +87,7 @@ use toolledger_core::store::{
 };
 
 /// The migrations of the library's own tables in PostgreSQL dialect (namespace `toolledger`);
-/// the same versions as [`super::sqlite::CORE_MIGRATIONS`].
+/// the same versions as `CORE_MIGRATIONS` of the SQLite driver.
 pub const CORE_MIGRATIONS: &[Migration] = &[
     Migration {
         namespace: "toolledger",
