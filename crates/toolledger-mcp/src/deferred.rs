@@ -16,8 +16,11 @@
 //!    status query ([`DeferredMcpTool::status`], [`Runtime::status`]), which reconciles a
 //!    downstream receipt (`receipt_reconciled`).
 //!
-//! The reply is in-band, `{status_ref, code, delivery, status, result?}` ([`DeferredReply`]);
-//! refusals are the `{error: {code, message}}` of [`crate::reply`].
+//! The reply is `{status_ref, code, delivery, status, result?}` ([`DeferredReply`]), as the
+//! result's `structuredContent`. An unknown outcome is never dressed as success: it is an error
+//! result (`isError: true`) whose text is `{"error": {"code": "outcome_unknown", "message",
+//! "status_ref"}}` ([`DeferredReply::into_tool_result`]). Refusals are the
+//! `{error: {code, message}}` of [`crate::reply`].
 //!
 //! Two ways to serve one:
 //! - [`DeferredMcpTool`], an [`McpTool`] for [`crate::LedgerServer`];
@@ -25,9 +28,10 @@
 //!   [`crate::LedgerGuard::router`]:
 //!
 //! ```text
-//! #[tool(description = "Refund an order; retry with the same idempotency_key.")]
+//! #[tool(description = "Refund an order; retry with the same idempotency_key.",
+//!        output_schema = toolledger_mcp::deferred::output_schema())]
 //! async fn refund_order(&self, g: Guarded, Parameters(p): Parameters<Refund>)
-//!     -> Result<Json<DeferredReply>, Refusal> {
+//!     -> Result<DeferredOutcome, Refusal> {
 //!     let call = DeferredArguments::new(p.idempotency_key, json!({"order_id": p.order_id}))
 //!         .with_approval(p.approval);
 //!     g.dispatch(&self.runtime, call).await
@@ -36,8 +40,8 @@
 
 use std::sync::Arc;
 
-use rmcp::handler::server::wrapper::Json;
-use rmcp::model::{CallToolResponse, JsonObject, Tool};
+use rmcp::handler::server::tool::IntoCallToolResult;
+use rmcp::model::{CallToolResponse, CallToolResult, ErrorData, JsonObject, Tool};
 use rmcp::schemars::{self, JsonSchema};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -46,7 +50,7 @@ use toolledger::runtime::{Answer, DeferredCall, ProviderContext, Runtime, Status
 
 use crate::caller::Caller;
 use crate::guarded::{Guarded, Refusal};
-use crate::reply::tool_result;
+use crate::reply::{tool_error, tool_ok};
 use crate::server::{BoxFuture, McpTool, ToolCall};
 
 /// One call's wire arguments split into their roles.
@@ -139,6 +143,52 @@ impl From<&Answer> for DeferredReply {
             },
         }
     }
+}
+
+impl DeferredReply {
+    /// Whether the effect may or may not have happened (`OUTCOME_UNKNOWN`).
+    pub fn is_unknown(&self) -> bool {
+        self.code == "OUTCOME_UNKNOWN"
+    }
+
+    /// The MCP tool result of this reply. A finished operation is a plain result whose
+    /// `structuredContent` is the reply. An unknown outcome is never dressed as success: it is
+    /// an error result (`isError: true`) whose `content[0]` is the JSON text of
+    /// `{"error": {"code": "outcome_unknown", "message", "status_ref"}}` — the reference to
+    /// query — and whose `structuredContent` is still the reply, which validates against the
+    /// tool's output schema, so clients that validate structured content see the real answer.
+    pub fn into_tool_result(self) -> CallToolResult {
+        let structured = serde_json::to_value(&self).unwrap_or(Value::Null);
+        if !self.is_unknown() {
+            return tool_ok(structured);
+        }
+        let body = serde_json::json!({"error": {
+            "code": ErrorCode::OutcomeUnknown.as_str(),
+            "message": "the effect may or may not have happened; query the operation's status \
+                        with its status_ref",
+            "status_ref": self.status_ref,
+        }});
+        let mut result = CallToolResult::structured_error(body);
+        result.structured_content = Some(structured);
+        result
+    }
+}
+
+/// What a deferred `#[tool]` method returns ([`Guarded::dispatch`]): the reply, answered as
+/// [`DeferredReply::into_tool_result`] says. Declare its schema on the tool with
+/// `#[tool(output_schema = toolledger_mcp::deferred::output_schema())]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeferredOutcome(pub DeferredReply);
+
+impl IntoCallToolResult for DeferredOutcome {
+    fn into_call_tool_result(self) -> Result<CallToolResponse, ErrorData> {
+        Ok(CallToolResponse::Complete(self.0.into_tool_result()))
+    }
+}
+
+/// The output schema of a deferred tool ([`DeferredReply`]'s), for `#[tool(output_schema = …)]`.
+pub fn output_schema() -> Arc<JsonObject> {
+    Arc::new(reply_schema())
 }
 
 /// The JSON of [`DeferredReply`] for `answer` (what an MCP client sees as
@@ -284,12 +334,13 @@ impl McpTool for DeferredMcpTool {
         Box::pin(async move {
             let result = async {
                 single_round(call.request_state.is_some(), call.input_responses.is_some())?;
-                let reply = self.dispatch(&call.caller, &call.arguments).await?;
-                serde_json::to_value(reply)
-                    .map_err(|_| Error::unavailable("the reply could not be encoded"))
+                self.dispatch(&call.caller, &call.arguments).await
             }
             .await;
-            CallToolResponse::Complete(tool_result(result))
+            CallToolResponse::Complete(match result {
+                Ok(reply) => reply.into_tool_result(),
+                Err(e) => tool_error(&e),
+            })
         })
     }
 }
@@ -298,15 +349,16 @@ impl Guarded {
     /// Dispatches a deferred effect for this `#[tool]` call: the caller is resolved like every
     /// guarded tool's, the tool's name is the deferred tool's registered name in `runtime`,
     /// and `call` carries the operation id, business arguments and approval. The reply is
-    /// [`DeferredReply`] (its output schema derives from it); refusals are in-band.
+    /// a [`DeferredOutcome`] (declare [`output_schema`] on the tool); an unknown outcome is an
+    /// error result carrying its `status_ref`, and refusals are in-band.
     pub async fn dispatch(
         self,
         runtime: &Runtime,
         call: DeferredArguments,
-    ) -> Result<Json<DeferredReply>, Refusal> {
+    ) -> Result<DeferredOutcome, Refusal> {
         single_round(false, self.answers().is_some())?;
         let caller = self.caller().await?;
         let answer = dispatch(runtime, &caller, self.tool(), call).await?;
-        Ok(Json(DeferredReply::from(&answer)))
+        Ok(DeferredOutcome(DeferredReply::from(&answer)))
     }
 }

@@ -48,7 +48,7 @@ pub mod status;
 pub mod tool;
 
 pub use caller::{bearer_auth, AuthenticatedName, Caller, CallerSource};
-pub use deferred::{DeferredArguments, DeferredMcpTool, DeferredReply};
+pub use deferred::{DeferredArguments, DeferredMcpTool, DeferredOutcome, DeferredReply};
 pub use guard::{Guard, GuardConfig, GuardedRequest, Resumed};
 pub use guarded::{status_router, Guarded, Receipt, Refusal};
 pub use keys::KeyMaterial;

@@ -197,6 +197,12 @@ fn dispatch_never_observes_and_the_status_query_reconciles() {
     let status_ref = crashed.status_ref().to_string();
 
     let retried = f.call(Value::Object(arguments.clone()), None);
+    // An unknown outcome is an error result naming the reference to query, never a success.
+    assert_eq!(retried["isError"], true, "{retried}");
+    let text: Value =
+        serde_json::from_str(retried["content"][0]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(text["error"]["code"], "outcome_unknown", "{retried}");
+    assert_eq!(text["error"]["status_ref"], json!(status_ref));
     let r = &retried["structuredContent"];
     assert_eq!(r["code"], "OUTCOME_UNKNOWN", "{retried}");
     assert_eq!(r["delivery"], Value::Null);

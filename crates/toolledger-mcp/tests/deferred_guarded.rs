@@ -1,11 +1,11 @@
 //! `Guarded::dispatch`, in-process over rmcp: an ordinary `#[tool]` method whose effect is
 //! deferred, served through `LedgerGuard::router`; the caller comes from the ledger's
-//! `CallerSource`, the reply is the in-band `DeferredReply` with its derived output schema.
+//! `CallerSource`, the reply is the `DeferredReply` with its declared output schema.
 
 use std::sync::Arc;
 
 use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::handler::server::wrapper::{Json, Parameters};
+use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolRequestParams, CallToolResponse, ProtocolVersion};
 use rmcp::{schemars, tool, tool_handler, tool_router};
 use rmcp::{ClientLifecycleMode, ClientServiceExt, ServerHandler, ServiceExt};
@@ -14,9 +14,9 @@ use serde_json::{json, Value};
 use toolledger::clock::{ManualClock, SharedClock};
 use toolledger::effect::EffectTx;
 use toolledger::model::{Error, Principal, ToolContract};
-use toolledger::runtime::{DeferredTool, ProviderProfile, Registry, Runtime};
+use toolledger::runtime::{CrashPoint, DeferredTool, ProviderProfile, Registry, Runtime};
 use toolledger_mcp::{
-    status_router, DeferredArguments, DeferredReply, Guarded, LedgerGuard, Refusal,
+    status_router, DeferredArguments, DeferredOutcome, Guarded, LedgerGuard, Refusal,
 };
 use toolledger_testkit::downstream::SqliteDownstream;
 
@@ -65,12 +65,12 @@ struct Parcels {
 #[tool_router]
 impl Parcels {
     /// Ship a parcel through the outbox; retry with the same operation_id to replay.
-    #[tool]
+    #[tool(output_schema = toolledger_mcp::deferred::output_schema())]
     async fn ship_parcel(
         &self,
         g: Guarded,
         Parameters(p): Parameters<Ship>,
-    ) -> Result<Json<DeferredReply>, Refusal> {
+    ) -> Result<DeferredOutcome, Refusal> {
         let call = DeferredArguments::new(p.operation_id, json!({"parcel": p.parcel}));
         g.dispatch(&self.runtime, call).await
     }
@@ -99,6 +99,13 @@ async fn a_deferred_tool_method_dispatches_once_and_replays() {
         .register(Arc::new(ShipParcel), Arc::new(downstream))
         .allow_profile(ProviderProfile::mcp());
     let runtime = Runtime::new(ledger.store().clone(), clock, registry);
+    // An operation whose process "died" after the downstream committed, before transaction C.
+    let crashed = DeferredArguments::new("op-9".to_string(), json!({"parcel": "p-9"}))
+        .into_call("alice", "ship_parcel");
+    let crashed = runtime
+        .dispatch(&crashed, Some(CrashPoint::AfterDownstreamCommit))
+        .await
+        .unwrap();
     let server = Parcels {
         runtime,
         tool_router: ledger
@@ -152,5 +159,24 @@ async fn a_deferred_tool_method_dispatches_once_and_replays() {
         replies[3].1["error"]["code"], "invalid_arguments",
         "the input schema is checked before anything runs"
     );
+
+    // Its retry is an error result naming the reference to query, never a success.
+    let unknown = CallToolRequestParams::new("ship_parcel").with_arguments(
+        json!({"operation_id": "op-9", "parcel": "p-9"})
+            .as_object()
+            .cloned()
+            .unwrap(),
+    );
+    let CallToolResponse::Complete(r) = client.call_tool_once(unknown).await.unwrap() else {
+        panic!("expected a complete result");
+    };
+    assert_eq!(r.is_error, Some(true), "{r:?}");
+    let text = r.content[0].as_text().unwrap().text.clone();
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["error"]["code"], "outcome_unknown", "{body}");
+    assert_eq!(body["error"]["status_ref"], json!(crashed.status_ref()));
+    let structured = r.structured_content.unwrap();
+    assert_eq!(structured["code"], "OUTCOME_UNKNOWN", "{structured}");
+    assert!(structured.get("result").is_none(), "{structured}");
     client.cancel().await.unwrap();
 }
