@@ -209,7 +209,7 @@ fn a_second_token_on_a_committed_id_conflicts_and_a_tampered_token_is_invalid(db
     let bad = s.resume("create_issue", args("case-05"), &tampered, body("alpha"));
     assert_eq!(error_code(&bad), "request_state_invalid");
     assert_eq!(
-        bad["structuredContent"]["error"]["message"],
+        toolledger_mcp::reply::error_of(&bad).unwrap()["message"],
         "the continuation state is invalid, expired or not yours"
     );
     let garbage = s.resume(

@@ -76,7 +76,7 @@ struct CallScope {
 }
 
 /// A refused guarded call: answered in-band as `isError: true` with
-/// `structuredContent: {error: {code, message}}` (see [`crate::reply::tool_error`]).
+/// the JSON text of `{error: {code, message}}` (see [`crate::reply::tool_error`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refusal(pub Error);
 

@@ -1,7 +1,10 @@
 //! Tool results on the wire: a JSON object in `structuredContent` and the same JSON as text in
-//! `content`; errors in-band with `isError: true` and `{error: {code, message}}`.
+//! `content`; errors in-band with `isError: true` and the JSON text of
+//! `{error: {code, message}}` as `content[0]`, without `structuredContent` — a tool's declared
+//! output schema describes its results, and clients that validate structured content against it
+//! (even on errors) must see the tool's real error code, never a schema failure.
 
-use rmcp::model::CallToolResult;
+use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::{json, Value};
 use toolledger::model::Error;
 
@@ -15,9 +18,23 @@ pub fn error_body(error: &Error) -> Value {
     json!({"error": {"code": error.code.as_str(), "message": error.message}})
 }
 
-/// An in-band tool error: `isError: true`, `structuredContent: {error: {code, message}}`.
+/// An in-band tool error: `isError: true`, `content[0]` the JSON text of
+/// `{error: {code, message}}`, no `structuredContent`.
 pub fn tool_error(error: &Error) -> CallToolResult {
-    CallToolResult::structured_error(error_body(error))
+    CallToolResult::error(vec![ContentBlock::text(error_body(error).to_string())])
+}
+
+/// The `{error: {code, message}}` object of a tool result's JSON (`content[0]`'s text), if it
+/// is an error result.
+pub fn error_of(result: &Value) -> Option<Value> {
+    if result.get("isError") != Some(&Value::Bool(true)) {
+        return None;
+    }
+    let text = result["content"][0]["text"].as_str()?;
+    serde_json::from_str::<Value>(text)
+        .ok()?
+        .get("error")
+        .cloned()
 }
 
 /// `Ok(value)` → [`tool_ok`], `Err(e)` → [`tool_error`].
@@ -38,14 +55,16 @@ mod tests {
         let r = tool_error(&Error::new(ErrorCode::OperationConflict, "nope"));
         let v = serde_json::to_value(&r).unwrap();
         assert_eq!(v["isError"], true);
-        assert_eq!(
-            v["structuredContent"],
-            json!({"error": {"code": "operation_conflict", "message": "nope"}})
-        );
+        assert!(v.get("structuredContent").is_none(), "{v}");
         let text = v["content"][0]["text"].as_str().unwrap();
         assert_eq!(
             serde_json::from_str::<Value>(text).unwrap(),
-            v["structuredContent"]
+            json!({"error": {"code": "operation_conflict", "message": "nope"}})
         );
+        assert_eq!(
+            error_of(&v),
+            Some(json!({"code": "operation_conflict", "message": "nope"}))
+        );
+        assert_eq!(error_of(&json!({"isError": false})), None);
     }
 }

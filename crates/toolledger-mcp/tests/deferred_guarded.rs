@@ -142,10 +142,7 @@ async fn a_deferred_tool_method_dispatches_once_and_replays() {
         else {
             panic!("expected a complete result");
         };
-        replies.push((
-            r.is_error.unwrap_or(false),
-            r.structured_content.unwrap_or(Value::Null),
-        ));
+        replies.push(body_of(&r));
     }
     let (err, first) = &replies[0];
     assert!(!err, "{first}");
@@ -179,4 +176,20 @@ async fn a_deferred_tool_method_dispatches_once_and_replays() {
     assert_eq!(structured["code"], "OUTCOME_UNKNOWN", "{structured}");
     assert!(structured.get("result").is_none(), "{structured}");
     client.cancel().await.unwrap();
+}
+
+/// `(isError, body)` of a result: its structured content, or for an error result (which carries
+/// no structured content) the `{"error": …}` object parsed from `content[0]`.
+fn body_of(r: &rmcp::model::CallToolResult) -> (bool, Value) {
+    let err = r.is_error.unwrap_or(false);
+    if err {
+        assert!(
+            r.structured_content.is_none(),
+            "an error result has no structured content"
+        );
+        let v = serde_json::to_value(r).unwrap();
+        let error = toolledger_mcp::reply::error_of(&v).expect("an error object in content[0]");
+        return (true, serde_json::json!({ "error": error }));
+    }
+    (false, r.structured_content.clone().unwrap_or(Value::Null))
 }

@@ -44,10 +44,7 @@ impl Session {
         let call = CallToolRequestParams::new(tool.to_string())
             .with_arguments(args.as_object().cloned().unwrap());
         let r = self.client.call_tool(call).await.unwrap();
-        (
-            r.is_error.unwrap_or(false),
-            r.structured_content.unwrap_or(Value::Null),
-        )
+        body_of(&r)
     }
 
     async fn count(&self, table: &str) -> i64 {
@@ -141,10 +138,7 @@ async fn arguments_outside_the_input_schema_are_refused_and_nothing_is_written()
     p.request_state = Some("forged".into());
     let r = s.client.call_tool(p).await.unwrap();
     assert_eq!(r.is_error, Some(true));
-    assert_eq!(
-        r.structured_content.unwrap()["error"]["code"],
-        "continuation_unsupported"
-    );
+    assert_eq!(body_of(&r).1["error"]["code"], "continuation_unsupported");
     let (err, body) = s
         .call(
             "get_operation_status",
@@ -189,4 +183,20 @@ async fn the_tool_advertises_schemas_derived_from_its_types() {
     let annotations = note.annotations.as_ref().unwrap();
     assert_eq!(annotations.destructive_hint, Some(false));
     assert_eq!(annotations.idempotent_hint, Some(true));
+}
+
+/// `(isError, body)` of a result: its structured content, or for an error result (which carries
+/// no structured content) the `{"error": …}` object parsed from `content[0]`.
+fn body_of(r: &rmcp::model::CallToolResult) -> (bool, Value) {
+    let err = r.is_error.unwrap_or(false);
+    if err {
+        assert!(
+            r.structured_content.is_none(),
+            "an error result has no structured content"
+        );
+        let v = serde_json::to_value(r).unwrap();
+        let error = toolledger_mcp::reply::error_of(&v).expect("an error object in content[0]");
+        return (true, serde_json::json!({ "error": error }));
+    }
+    (false, r.structured_content.clone().unwrap_or(Value::Null))
 }

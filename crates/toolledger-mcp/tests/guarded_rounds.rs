@@ -221,10 +221,7 @@ fn complete(r: CallToolResponse) -> (bool, Value) {
     let CallToolResponse::Complete(r) = r else {
         panic!("expected a complete result, got {r:?}");
     };
-    (
-        r.is_error.unwrap_or(false),
-        r.structured_content.unwrap_or(Value::Null),
-    )
+    body_of(&r)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -309,10 +306,7 @@ async fn the_initialize_lifecycle_cannot_be_asked_and_nothing_is_written() {
         .await
         .unwrap();
     assert_eq!(r.is_error, Some(true));
-    assert_eq!(
-        r.structured_content.unwrap()["error"]["code"],
-        "continuation_unsupported"
-    );
+    assert_eq!(body_of(&r).1["error"]["code"], "continuation_unsupported");
     assert_eq!(w.issues().await, 0);
     client.cancel().await.unwrap();
 }
@@ -360,4 +354,20 @@ async fn a_guarded_tool_served_without_the_ledger_router_fails_loudly() {
     assert!(e.to_string().contains("LedgerGuard::router"), "{e}");
     assert_eq!(w.issues().await, 0);
     client.cancel().await.unwrap();
+}
+
+/// `(isError, body)` of a result: its structured content, or for an error result (which carries
+/// no structured content) the `{"error": …}` object parsed from `content[0]`.
+fn body_of(r: &rmcp::model::CallToolResult) -> (bool, Value) {
+    let err = r.is_error.unwrap_or(false);
+    if err {
+        assert!(
+            r.structured_content.is_none(),
+            "an error result has no structured content"
+        );
+        let v = serde_json::to_value(r).unwrap();
+        let error = toolledger_mcp::reply::error_of(&v).expect("an error object in content[0]");
+        return (true, serde_json::json!({ "error": error }));
+    }
+    (false, r.structured_content.clone().unwrap_or(Value::Null))
 }

@@ -395,7 +395,7 @@ pub fn request_state(result: &Value) -> String {
 /// The error code of an in-band tool error.
 pub fn error_code(result: &Value) -> String {
     assert_eq!(result["isError"], true, "{result}");
-    result["structuredContent"]["error"]["code"]
+    toolledger_mcp::reply::error_of(result).unwrap_or_default()["code"]
         .as_str()
         .unwrap()
         .to_string()

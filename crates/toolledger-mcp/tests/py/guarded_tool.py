@@ -30,7 +30,9 @@ def params(spec):
 
 async def call(client, name, args):
     r = await client.call_tool(name, args)
-    return {"is_error": bool(r.is_error), "structured": r.structured_content}
+    # An error result carries its {"error": …} object as the JSON text of content[0].
+    text = r.content[0].text if r.content else None
+    return {"is_error": bool(r.is_error), "structured": r.structured_content, "text": text}
 
 
 NOTE = {"operation_id": "py-note-1", "text": "hello from python"}
