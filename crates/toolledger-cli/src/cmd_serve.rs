@@ -16,6 +16,7 @@ use rmcp::ServiceExt;
 use toolledger::authz::PrincipalStore;
 use toolledger::clock::{ManualClock, SharedClock, SystemClock};
 use toolledger::engine::Engine;
+use toolledger::store::Store;
 use toolledger_mcp::{bearer_auth, CallerSource, Guard, GuardConfig, KeyMaterial, LedgerServer};
 
 use crate::common::{RuntimeStoreArgs, StoreConfig};
@@ -148,9 +149,15 @@ async fn serve_http(
         Arc::new(LocalSessionManager::default()),
         config,
     );
-    let app = axum::Router::new().nest_service("/mcp", service).layer(
-        axum::middleware::from_fn_with_state(Arc::new(principals), bearer_auth),
-    );
+    let store = principals.store().clone();
+    // The bearer layer wraps `/mcp` only: the health endpoints answer without a token.
+    let app = axum::Router::new()
+        .nest_service("/mcp", service)
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(principals),
+            bearer_auth,
+        ))
+        .merge(health_routes(store));
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|_| Failure::code("BIND_ERROR"))?;
@@ -162,6 +169,62 @@ async fn serve_http(
         serde_json::json!({"listening": format!("http://{local}/mcp")})
     );
     axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
         .await
         .map_err(|_| Failure::code("SERVE_ERROR"))
+}
+
+/// `GET /healthz` (liveness: the process serves requests) and `GET /readyz` (readiness: the
+/// ledger's store answers a read), both outside the bearer layer and without any detail a
+/// stranger could use beyond the backend id.
+fn health_routes(store: Store) -> axum::Router {
+    use axum::http::StatusCode;
+    use axum::routing::get;
+    axum::Router::new()
+        .route(
+            "/healthz",
+            get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
+        )
+        .route(
+            "/readyz",
+            get(move || {
+                let store = store.clone();
+                async move {
+                    let answered = store.read(|tx| tx.query("SELECT 1", &[]).map(|_| ())).await;
+                    match answered {
+                        Ok(()) => (
+                            StatusCode::OK,
+                            axum::Json(serde_json::json!({"status": "ready"})),
+                        ),
+                        Err(_) => (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            axum::Json(serde_json::json!({"status": "unavailable"})),
+                        ),
+                    }
+                }
+            }),
+        )
+}
+
+/// Resolves on SIGTERM or SIGINT: the server then stops accepting connections, finishes the
+/// requests in flight and exits 0.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

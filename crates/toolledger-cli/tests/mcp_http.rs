@@ -24,6 +24,7 @@ impl Drop for HttpServer {
 }
 
 on_both_backends!(
+    health_endpoints_answer_without_a_token_and_sigterm_stops_the_server_cleanly,
     missing_unknown_or_malformed_tokens_get_401_before_dispatch,
     two_principals_over_http_are_isolated_as_on_stdio,
     legacy_initialize_lifecycle_over_http_lists_and_calls_tools,
@@ -93,18 +94,32 @@ fn dechunk(mut raw: &str) -> String {
 
 fn post(server: &HttpServer, headers: &[(&str, &str)], body: &Value) -> Response {
     let body = body.to_string();
-    let mut req = format!(
+    let req = format!(
         "POST /mcp HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
          Accept: application/json, text/event-stream\r\nConnection: close\r\n\
          Content-Length: {}\r\n",
         server.addr,
         body.len()
     );
+    send(server, req, headers, &body)
+}
+
+/// `GET path` without any credentials.
+fn get(server: &HttpServer, path: &str) -> Response {
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n",
+        server.addr
+    );
+    send(server, req, &[], "")
+}
+
+/// Sends the request head `req` (without its closing blank line), `headers` and `body`.
+fn send(server: &HttpServer, mut req: String, headers: &[(&str, &str)], body: &str) -> Response {
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
     req.push_str("\r\n");
-    req.push_str(&body);
+    req.push_str(body);
     let mut stream = TcpStream::connect(&server.addr).unwrap();
     stream.write_all(req.as_bytes()).unwrap();
     let mut raw = String::new();
@@ -160,6 +175,30 @@ fn call(server: &HttpServer, token: &str, params: Value) -> Value {
 
 fn args(op: &str) -> Value {
     json!({"operation_id": op, "title": "spec"})
+}
+
+fn health_endpoints_answer_without_a_token_and_sigterm_stops_the_server_cleanly(db: Db) {
+    let mut server = start_http(&db);
+    let live = get(&server, "/healthz");
+    assert_eq!(live.status, 200, "{}", live.body);
+    assert_eq!(live.json(), json!({"status": "ok"}));
+    let ready = get(&server, "/readyz");
+    assert_eq!(ready.status, 200, "{}", ready.body);
+    assert_eq!(ready.json(), json!({"status": "ready"}));
+    // The MCP endpoint itself still needs a token.
+    let denied = post(
+        &server,
+        &[],
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}),
+    );
+    assert_eq!(denied.status, 401);
+
+    // SIGTERM: stop accepting, finish what is in flight, exit 0.
+    let pid = server.child.id() as i32;
+    // SAFETY: sending a signal to our own child process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = server.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{status:?}");
 }
 
 fn missing_unknown_or_malformed_tokens_get_401_before_dispatch(db: Db) {
