@@ -50,7 +50,7 @@ use toolledger::runtime::{Answer, DeferredCall, ProviderContext, Runtime, Status
 
 use crate::caller::Caller;
 use crate::guarded::{Guarded, Refusal};
-use crate::reply::{tool_error, tool_ok};
+use crate::reply::{single_round, tool_error, tool_ok};
 use crate::server::{BoxFuture, McpTool, ToolCall};
 
 /// One call's wire arguments split into their roles.
@@ -220,16 +220,6 @@ pub fn reply_schema() -> JsonObject {
 /// `invalid_arguments`.
 pub type ArgumentParser =
     Arc<dyn Fn(&JsonObject) -> Result<DeferredArguments, Error> + Send + Sync>;
-
-fn single_round(request_state: bool, answers: bool) -> Result<(), Error> {
-    if request_state || answers {
-        return Err(Error::new(
-            ErrorCode::ContinuationUnsupported,
-            "this tool has a single round; it takes no requestState or inputResponses",
-        ));
-    }
-    Ok(())
-}
 
 async fn dispatch(
     runtime: &Runtime,

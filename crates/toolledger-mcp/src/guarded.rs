@@ -247,12 +247,10 @@ impl Guarded {
         intent: Value,
         effect: impl InlineEffect,
     ) -> Result<Json<Receipt<R>>, Refusal> {
-        if self.scope.request_state.is_some() || self.scope.input_responses.is_some() {
-            return Err(Refusal(Error::new(
-                ErrorCode::ContinuationUnsupported,
-                "this tool has a single round; it takes no requestState or inputResponses",
-            )));
-        }
+        crate::reply::single_round(
+            self.scope.request_state.is_some(),
+            self.scope.input_responses.is_some(),
+        )?;
         check_operation_id(operation_id)?;
         let caller = self.caller().await?;
         let contract = self.contract();

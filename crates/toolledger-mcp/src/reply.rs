@@ -37,6 +37,18 @@ pub fn error_of(result: &Value) -> Option<Value> {
         .cloned()
 }
 
+/// Refuses a continuation (`requestState` or `inputResponses`) sent to a single-round tool:
+/// `continuation_unsupported`.
+pub fn single_round(request_state: bool, input_responses: bool) -> Result<(), Error> {
+    if request_state || input_responses {
+        return Err(Error::new(
+            toolledger::model::ErrorCode::ContinuationUnsupported,
+            "this tool has a single round; it takes no requestState or inputResponses",
+        ));
+    }
+    Ok(())
+}
+
 /// `Ok(value)` → [`tool_ok`], `Err(e)` → [`tool_error`].
 pub fn tool_result(result: Result<Value, Error>) -> CallToolResult {
     match result {

@@ -74,12 +74,7 @@ impl GuardedTool {
     }
 
     async fn handle(&self, call: ToolCall) -> Result<Value, Error> {
-        if call.request_state.is_some() || call.input_responses.is_some() {
-            return Err(Error::new(
-                toolledger::model::ErrorCode::ContinuationUnsupported,
-                "this tool has a single round; it takes no requestState or inputResponses",
-            ));
-        }
+        crate::reply::single_round(call.request_state.is_some(), call.input_responses.is_some())?;
         let op = operation_id_from(&call.arguments, &self.operation_id_field)?.to_string();
         let (intent, effect) = (self.build)(&call)?;
         let request = GuardedRequest {
