@@ -155,6 +155,11 @@ fn send(server: &HttpServer, mut req: String, headers: &[(&str, &str)], body: &s
 
 /// A 2026-07-28 `tools/call` as `token`; returns the JSON-RPC `result`.
 fn call(server: &HttpServer, token: &str, params: Value) -> Value {
+    call_reply(server, token, params)["result"].clone()
+}
+
+/// `tools/call` returning the whole JSON-RPC reply.
+fn call_reply(server: &HttpServer, token: &str, params: Value) -> Value {
     let mut params = params;
     params["_meta"] = meta();
     let name = params["name"].as_str().unwrap().to_string();
@@ -170,7 +175,7 @@ fn call(server: &HttpServer, token: &str, params: Value) -> Value {
         &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}),
     );
     assert_eq!(r.status, 200, "{}", r.body);
-    r.json()["result"].clone()
+    r.json()
 }
 
 fn args(op: &str) -> Value {
@@ -255,24 +260,24 @@ fn two_principals_over_http_are_isolated_as_on_stdio(db: Db) {
     );
     let token = request_state(&first);
     let cont = |who: &str, state: &str, text: &str| {
-        call(
+        call_reply(
             &server,
             who,
             json!({"name": "create_issue", "arguments": args("h-2"), "requestState": state,
                    "inputResponses": body(text)}),
         )
     };
-    let done = cont(&alice, &token, "alpha");
+    let done = cont(&alice, &token, "alpha")["result"].clone();
     assert_eq!(
         done["structuredContent"],
         json!({"operationId": "h-2", "effectId": 1, "result": "created 1",
                "replayed": false, "state": "applied"})
     );
-    let again = cont(&alice, &token, "alpha");
+    let again = cont(&alice, &token, "alpha")["result"].clone();
     assert_eq!(again["structuredContent"]["replayed"], true);
 
     let stolen = cont(&bob, &token, "alpha");
-    assert_eq!(error_code(&stolen), "request_state_invalid");
+    assert_state_invalid(&stolen);
     let st = call(
         &server,
         &bob,
@@ -280,12 +285,12 @@ fn two_principals_over_http_are_isolated_as_on_stdio(db: Db) {
     );
     assert_eq!(st["structuredContent"]["state"], "unknown");
     assert_eq!(st["structuredContent"]["principal"], "bob");
-    let own = request_state(&call(
+    // Operation ids share one namespace: another principal's id is refused at once.
+    let taken = call(
         &server,
         &bob,
         json!({"name": "create_issue", "arguments": args("h-2")}),
-    ));
-    let taken = cont(&bob, &own, "alpha");
+    );
     assert_eq!(error_code(&taken), "operation_conflict");
 
     let mine = call(

@@ -28,6 +28,16 @@ on_both_backends!(
 struct BodyWriter;
 
 impl ClientHandler for BodyWriter {
+    /// Declares form elicitation: the server asks only clients that did.
+    fn get_info(&self) -> rmcp::model::ClientConfig {
+        let mut info = rmcp::model::ClientConfig::default();
+        info.capabilities.elicitation = Some(
+            rmcp::model::ElicitationCapability::new()
+                .with_form(rmcp::model::FormElicitationCapability::new()),
+        );
+        info
+    }
+
     async fn create_elicitation(
         &self,
         _request: ElicitRequestParams,

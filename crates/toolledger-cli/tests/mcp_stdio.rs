@@ -181,13 +181,13 @@ fn changed_input_responses_under_the_same_token_conflict(db: Db) {
     assert_eq!(first["structuredContent"]["replayed"], false);
     let changed = s.resume("create_issue", args("case-04"), &token, body("beta"));
     assert_eq!(error_code(&changed), "operation_conflict");
-    let changed_title = s.resume(
+    let changed_title = s.resume_reply(
         "create_issue",
         json!({"operation_id": "case-04", "title": "other"}),
         &token,
         body("alpha"),
     );
-    assert_eq!(error_code(&changed_title), "request_state_invalid");
+    assert_state_invalid(&changed_title);
     assert_eq!(s.finish(), 0);
     assert_eq!(count(&db, "issues"), 1);
     assert_eq!(count(&db, "operations"), 1);
@@ -206,19 +206,18 @@ fn a_second_token_on_a_committed_id_conflicts_and_a_tampered_token_is_invalid(db
     let i = bytes.len() - 5;
     bytes[i] = if bytes[i] == b'A' { b'B' } else { b'A' };
     let tampered = String::from_utf8(bytes).unwrap();
-    let bad = s.resume("create_issue", args("case-05"), &tampered, body("alpha"));
-    assert_eq!(error_code(&bad), "request_state_invalid");
+    let bad = s.resume_reply("create_issue", args("case-05"), &tampered, body("alpha"));
     assert_eq!(
-        toolledger_mcp::reply::error_of(&bad).unwrap()["message"],
+        assert_state_invalid(&bad),
         "the continuation state is invalid, expired or not yours"
     );
-    let garbage = s.resume(
+    let garbage = s.resume_reply(
         "create_issue",
         args("case-05"),
         "not-a-token",
         body("alpha"),
     );
-    assert_eq!(error_code(&garbage), "request_state_invalid");
+    assert_state_invalid(&garbage);
     assert_eq!(s.finish(), 0);
     assert_eq!(count(&db, "issues"), 1);
     assert_eq!(count(&db, "operations"), 1);
@@ -231,15 +230,15 @@ fn another_principal_cannot_use_alices_token_see_her_status_or_reuse_her_id(db: 
 
     for other in ["bob", "carol"] {
         let mut b = Server::start(&db, other, &["--clock-epoch", EPOCH]);
-        let stolen = b.resume("create_issue", args("case-06"), &token, body("alpha"));
-        assert_eq!(error_code(&stolen), "request_state_invalid");
+        let stolen = b.resume_reply("create_issue", args("case-06"), &token, body("alpha"));
+        assert_state_invalid(&stolen);
         let st = b.status("case-06");
         assert_eq!(st["state"], "unknown");
         assert_eq!(st["principal"], other);
         assert_eq!(st["matchingIds"], json!([]));
         assert_eq!(st["storedResult"], Value::Null);
-        let own = request_state(&b.call("create_issue", args("case-06")));
-        let taken = b.resume("create_issue", args("case-06"), &own, body("alpha"));
+        // Operation ids share one namespace: another principal's id is refused at once.
+        let taken = b.call("create_issue", args("case-06"));
         assert_eq!(error_code(&taken), "operation_conflict");
         assert_eq!(b.finish(), 0);
     }
@@ -295,9 +294,9 @@ fn after_retention_a_replay_is_refused_and_the_tombstone_blocks_a_fresh_token(db
     );
     let replay = s.resume("create_issue", args("case-10"), &token, body("alpha"));
     assert_eq!(error_code(&replay), "operation_retention_expired");
-    let fresh = request_state(&s.call("create_issue", args("case-10")));
-    let reuse = s.resume("create_issue", args("case-10"), &fresh, body("alpha"));
-    assert_eq!(error_code(&reuse), "operation_conflict");
+    // A client starting over gets the same answer as the replay, not a fresh token.
+    let fresh = s.call("create_issue", args("case-10"));
+    assert_eq!(error_code(&fresh), "operation_retention_expired");
     assert_eq!(s.status("case-10")["state"], "applied");
     assert_eq!(s.finish(), 0);
     assert_eq!(count(&db, "issues"), 1);
@@ -317,8 +316,8 @@ fn an_expired_request_state_is_refused_generically(db: Db) {
         "alice",
         &["--clock-epoch", "1800000030", "--request-state-ttl", "30"],
     );
-    let late = s.resume("create_issue", args("case-ttl"), &token, body("alpha"));
-    assert_eq!(error_code(&late), "request_state_invalid");
+    let late = s.resume_reply("create_issue", args("case-ttl"), &token, body("alpha"));
+    assert_state_invalid(&late);
     assert_eq!(s.finish(), 0);
     assert_eq!(count(&db, "issues"), 0);
     assert_eq!(count(&db, "operations"), 0);
@@ -685,8 +684,8 @@ fn continuations_survive_a_restart_with_environment_keys_and_fail_with_other_key
     assert_eq!(s.finish(), 0);
     // Retired: a token of a key no longer configured does not open.
     let mut s = start(&new);
-    let again = s.resume("create_issue", args("k-1"), &token, body("alpha"));
-    assert_eq!(error_code(&again), "request_state_invalid");
+    let again = s.resume_reply("create_issue", args("k-1"), &token, body("alpha"));
+    assert_state_invalid(&again);
     assert_eq!(s.finish(), 0);
     assert_eq!(count(&db, "issues"), 1);
 }
@@ -700,33 +699,39 @@ fn legacy_lifecycle_asks_for_the_body_by_elicitation_and_a_retried_call_replays(
     );
     assert_eq!(s.recv()["result"]["protocolVersion"], "2025-11-25");
     s.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-    let mut call = |id: i64, text: &str| {
+    // `answer`: the body to give when the server asks; `None`: the server must not ask.
+    let mut call = |id: i64, title: &str, answer: Option<&str>| {
         s.send(
             &json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
-            "name": "create_issue", "arguments": args("legacy-e")}}),
+            "name": "create_issue", "arguments": {"operation_id": "legacy-e", "title": title}}}),
         );
-        let ask = s.recv();
-        assert_eq!(ask["method"], "elicitation/create", "{ask}");
-        assert_eq!(ask["params"]["message"], "Provide the issue body");
-        assert_eq!(
-            ask["params"]["requestedSchema"]["required"],
-            json!(["body"])
-        );
-        s.send(&json!({"jsonrpc": "2.0", "id": ask["id"], "result": {
-            "action": "accept", "content": {"body": text}}}));
+        if let Some(text) = answer {
+            let ask = s.recv();
+            assert_eq!(ask["method"], "elicitation/create", "{ask}");
+            assert_eq!(ask["params"]["message"], "Provide the issue body");
+            assert_eq!(
+                ask["params"]["requestedSchema"]["required"],
+                json!(["body"])
+            );
+            s.send(&json!({"jsonrpc": "2.0", "id": ask["id"], "result": {
+                "action": "accept", "content": {"body": text}}}));
+        }
         let reply = s.recv();
-        assert_eq!(reply["id"], id);
+        assert_eq!(reply["id"], id, "{reply}");
         reply["result"].clone()
     };
-    let first = call(10, "alpha");
+    let first = call(10, "spec", Some("alpha"));
     assert_eq!(
         first["structuredContent"],
         json!({"operationId": "legacy-e", "effectId": 1, "result": "created 1",
                "replayed": false, "state": "applied"})
     );
-    let again = call(11, "alpha");
-    assert_eq!(again["structuredContent"]["replayed"], true);
-    let changed = call(12, "beta");
+    // The operation exists: a retried call replays without asking for the body again.
+    let again = call(11, "spec", None);
+    assert_eq!(again["structuredContent"]["replayed"], true, "{again}");
+    assert_eq!(again["structuredContent"]["effectId"], 1);
+    // The same id with another title is another request.
+    let changed = call(12, "other", None);
     assert_eq!(error_code(&changed), "operation_conflict");
     assert_eq!(s.finish(), 0);
     assert_eq!(count(&db, "issues"), 1);

@@ -531,6 +531,49 @@ impl Engine {
             .await
     }
 
+    /// The answer for a first round of a multi-round operation whose scope may already hold
+    /// it (read-only): `Ok(None)` when the scope is free, so the tool asks for its input;
+    /// otherwise what a replay of the finished request would answer. `same_request` is given
+    /// the stored, canonical intent and says whether it is the one this first round begins;
+    /// when it is not, or when another principal holds the key in a shared namespace, the
+    /// answer is `operation_conflict`. Then deadlines, then state, exactly as for a replay:
+    /// the stored result with `replayed: true`, `outcome_unknown`, or `operation_in_progress`.
+    pub async fn replay_for_first_round(
+        &self,
+        principal: &Principal,
+        tool: &str,
+        key: &str,
+        shared_key_namespace: bool,
+        same_request: impl FnOnce(&Value) -> bool + Send + 'static,
+    ) -> Result<Option<Outcome>, Error> {
+        let now = self.clock.now();
+        let (tenant, subject) = (principal.tenant.clone(), principal.subject.clone());
+        let args = [
+            tenant.clone(),
+            subject.clone(),
+            tool.to_string(),
+            key.to_string(),
+        ];
+        self.store
+            .read(move |tx: &mut dyn EffectTx| {
+                if shared_key_namespace
+                    && ledger::key_held_elsewhere(tx, &args[2], &args[3], &tenant, &subject)?
+                {
+                    return Err(key_taken());
+                }
+                let Some(record) = load_records(tx, ledger::BY_SCOPE, &args)?.pop() else {
+                    return Ok(None);
+                };
+                if !same_request(&record.arguments) {
+                    return Err(Error::conflict(
+                        "this key was already used for a different request",
+                    ));
+                }
+                settled(record, now, |_| Ok(())).map(Some)
+            })
+            .await
+    }
+
     /// Every ledger row for `(tool, key)` under any principal (for tools whose keys share one
     /// namespace). Read-only.
     pub async fn lookup_by_key_any_principal(
@@ -787,10 +830,23 @@ fn judge(
             "this key was already used for a different request",
         ));
     }
+    settled(record, now, |record| {
+        effect.check_replay(tx, &p.principal, record)
+    })
+}
+
+/// The answer for an existing row whose request is the caller's: deadlines (authority before
+/// retention), then the state — a finished operation replays its stored result once `check`
+/// allows it, an unsure one is `outcome_unknown`, an unfinished one `operation_in_progress`.
+fn settled(
+    record: OperationRecord,
+    now: i64,
+    check: impl FnOnce(&OperationRecord) -> Result<(), Error>,
+) -> Result<Outcome, Error> {
     ledger::check_deadlines(record.authority_deadline, record.retention_deadline, now)?;
     match record.state {
         s if s.is_terminal() => {
-            effect.check_replay(tx, &p.principal, &record)?;
+            check(&record)?;
             let result = record
                 .result
                 .clone()

@@ -50,7 +50,7 @@ use toolledger::runtime::{Answer, DeferredCall, ProviderContext, Runtime, Status
 
 use crate::caller::Caller;
 use crate::guarded::{Guarded, Refusal};
-use crate::reply::{single_round, tool_error, tool_ok};
+use crate::reply::{single_round, tool_ok};
 use crate::server::{BoxFuture, McpTool, ToolCall};
 
 /// One call's wire arguments split into their roles.
@@ -320,17 +320,14 @@ impl McpTool for DeferredMcpTool {
         self.definition.clone()
     }
 
-    fn call(&self, call: ToolCall) -> BoxFuture<'_, CallToolResponse> {
+    fn call(&self, call: ToolCall) -> BoxFuture<'_, Result<CallToolResponse, ErrorData>> {
         Box::pin(async move {
             let result = async {
                 single_round(call.request_state.is_some(), call.input_responses.is_some())?;
                 self.dispatch(&call.caller, &call.arguments).await
             }
             .await;
-            CallToolResponse::Complete(match result {
-                Ok(reply) => reply.into_tool_result(),
-                Err(e) => tool_error(&e),
-            })
+            crate::reply::respond(result.map(|r| CallToolResponse::Complete(r.into_tool_result())))
         })
     }
 }

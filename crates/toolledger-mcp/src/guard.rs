@@ -199,6 +199,45 @@ impl Guard {
         self.engine.execute_inline(call, effect).await
     }
 
+    /// What a first round answers when the caller's scope already holds this operation, so a
+    /// client that lost its `requestState` (or its reply) and starts over recovers: `Ok(None)`
+    /// when the scope is free (ask for the input); otherwise the stored result with
+    /// `replayed: true`, or the deadline, `outcome_unknown` or `operation_in_progress` answer a
+    /// replay would get. `known` is the business intent the first round fixes and `answered`
+    /// the names of the intent's fields its answers fill in: the stored intent without those
+    /// fields must equal `known` exactly, else the key was used for another request
+    /// (`operation_conflict`). Tools keep to this by building the continuation's intent as
+    /// `known` plus one field per answered input.
+    pub async fn replay_for_first_round(
+        &self,
+        request: &GuardedRequest<'_>,
+        known: &Map<String, Value>,
+        answered: &[&str],
+    ) -> Result<Option<Outcome>, Error> {
+        let expected =
+            toolledger::json::canonical_string(&Value::Object(known.clone())).map_err(internal)?;
+        let answered: Vec<String> = answered.iter().map(|s| s.to_string()).collect();
+        self.engine
+            .replay_for_first_round(
+                &request.caller.principal,
+                &request.contract.name,
+                request.operation_id,
+                self.config.shared_key_namespace,
+                move |stored| {
+                    let Value::Object(stored) = stored else {
+                        return false;
+                    };
+                    let mut fixed = stored.clone();
+                    for field in &answered {
+                        fixed.remove(field);
+                    }
+                    toolledger::json::canonical_string(&Value::Object(fixed))
+                        .is_ok_and(|s| s == expected)
+                },
+            )
+            .await
+    }
+
     /// The first round of a multi-round tool: seals a `requestState` bound to the caller, tool,
     /// operation id and arguments, with the operation's deadlines fixed now, and returns the
     /// `input_required` result asking for `input_requests`.

@@ -40,8 +40,8 @@ use rmcp::handler::server::common::FromContextPart;
 use rmcp::handler::server::tool::{IntoCallToolResult, ToolCallContext, ToolRoute, ToolRouter};
 use rmcp::handler::server::wrapper::Json;
 use rmcp::model::{
-    CallToolResponse, CallToolResult, ErrorCode as RpcErrorCode, ErrorData, InputRequest,
-    InputResponses, JsonObject,
+    CallToolResponse, CallToolResult, ClientCapabilities, ErrorCode as RpcErrorCode, ErrorData,
+    InputRequest, InputResponses, JsonObject,
 };
 use rmcp::schemars::{self, JsonSchema};
 use rmcp::service::RequestContext;
@@ -56,7 +56,7 @@ use crate::caller::Caller;
 use crate::guard::{outcome_json, GuardedRequest};
 use crate::ledger::LedgerGuard;
 use crate::reply::tool_error;
-use crate::server::is_multi_round;
+use crate::server::{client_accepts, is_multi_round};
 use crate::status::StatusTool;
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -73,10 +73,12 @@ struct CallScope {
     request_state: Option<String>,
     input_responses: Option<InputResponses>,
     multi_round: bool,
+    client_capabilities: Option<ClientCapabilities>,
 }
 
-/// A refused guarded call: answered in-band as `isError: true` with
-/// the JSON text of `{error: {code, message}}` (see [`crate::reply::tool_error`]).
+/// A refused guarded call: answered in-band as `isError: true` with the JSON text of
+/// `{error: {code, message}}` (see [`crate::reply::tool_error`]); an invalid `requestState`
+/// is the JSON-RPC error -32602 instead (see [`crate::reply::respond`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refusal(pub Error);
 
@@ -103,7 +105,7 @@ impl std::error::Error for Refusal {}
 
 impl IntoCallToolResult for Refusal {
     fn into_call_tool_result(self) -> Result<CallToolResponse, ErrorData> {
-        Ok(CallToolResponse::Complete(tool_error(&self.0)))
+        crate::reply::respond(Err(self.0))
     }
 }
 
@@ -272,9 +274,20 @@ impl Guarded {
     /// The first round of a multi-round tool: answers `input_required` asking for
     /// `requests`, with a sealed `requestState` bound to this caller, tool, operation id and
     /// arguments (the operation's deadlines are fixed now). Needs an MCP 2026-07-28 session.
+    ///
+    /// `known` is the business intent the first round fixes; the continuation's intent (given
+    /// to [`Guarded::run_answered`]) must be `known` plus one field per input request, named
+    /// as the request. When this caller's scope already holds the operation, the first round
+    /// answers as a replay would (the stored result with `replayed: true`, or the deadline,
+    /// `outcome_unknown` or `operation_in_progress` answer), so a client that lost its
+    /// `requestState` and starts over recovers its result; another intent under the same id is
+    /// `operation_conflict`. An input request the client did not declare the capability for
+    /// (e.g. form elicitation) is never sent: the call is `continuation_unsupported` and
+    /// writes nothing.
     pub async fn ask(
         &self,
         operation_id: &str,
+        known: Value,
         step: &str,
         requests: Vec<(String, InputRequest)>,
     ) -> Result<CallToolResponse, Refusal> {
@@ -293,11 +306,32 @@ impl Guarded {
             operation_id,
             arguments: &self.scope.arguments,
         };
-        let ir = self
-            .scope
-            .ledger
-            .guard()
-            .first_round(&request, step, requests)?;
+        let guard = self.scope.ledger.guard();
+        let Value::Object(known) = known else {
+            return Err(Refusal(Error::invalid(
+                "a first round's intent must be an object",
+            )));
+        };
+        let answered: Vec<&str> = requests.iter().map(|(name, _)| name.as_str()).collect();
+        if let Some(outcome) = guard
+            .replay_for_first_round(&request, &known, &answered)
+            .await?
+        {
+            return Ok(CallToolResponse::Complete(CallToolResult::structured(
+                outcome_json(operation_id, &outcome),
+            )));
+        }
+        let caps = self.scope.client_capabilities.as_ref();
+        if let Some((name, _)) = requests.iter().find(|(_, r)| !client_accepts(caps, r)) {
+            return Err(Refusal(Error::new(
+                ErrorCode::ContinuationUnsupported,
+                format!(
+                    "this tool needs input {name:?}, and the client did not declare the \
+                     capability to be asked for it; nothing was written"
+                ),
+            )));
+        }
+        let ir = guard.first_round(&request, step, requests)?;
         Ok(CallToolResponse::InputRequired(ir))
     }
 
@@ -393,6 +427,7 @@ fn call_wrapped<'a, S: Send + Sync + 'static>(
         request_state: ctx.request_state.clone(),
         input_responses: ctx.input_responses.clone(),
         multi_round: is_multi_round(&ctx.request_context),
+        client_capabilities: ctx.request_context.client_capabilities(),
     };
     ctx.request_context.extensions.insert(scope);
     let fut = (w.inner)(ctx);

@@ -3,10 +3,15 @@
 //! `{error: {code, message}}` as `content[0]`, without `structuredContent` — a tool's declared
 //! output schema describes its results, and clients that validate structured content against it
 //! (even on errors) must see the tool's real error code, never a schema failure.
+//!
+//! One refusal is not a tool result but a protocol error: a `requestState` that does not open
+//! (tampered, expired, foreign, or not bound to these arguments) is the JSON-RPC error -32602
+//! with `data: {"code": "request_state_invalid"}` ([`respond`], [`protocol_error`]), as the MCP
+//! specification asks of a server that cannot trust the state a client echoed.
 
-use rmcp::model::{CallToolResult, ContentBlock};
+use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, ErrorData};
 use serde_json::{json, Value};
-use toolledger::model::Error;
+use toolledger::model::{Error, ErrorCode};
 
 /// A successful tool result carrying `value` (an object) as structured content and as text.
 pub fn tool_ok(value: Value) -> CallToolResult {
@@ -49,6 +54,29 @@ pub fn single_round(request_state: bool, input_responses: bool) -> Result<(), Er
     Ok(())
 }
 
+/// The JSON-RPC error for `error` when it is a protocol error rather than a tool result:
+/// `request_state_invalid` → -32602 (invalid params) with `data.code`; `None` otherwise.
+pub fn protocol_error(error: &Error) -> Option<ErrorData> {
+    (error.code == ErrorCode::RequestStateInvalid).then(|| {
+        ErrorData::invalid_params(
+            error.message.clone(),
+            Some(json!({"code": error.code.as_str()})),
+        )
+    })
+}
+
+/// A tool's answer on the wire: `Ok` as is, a protocol error ([`protocol_error`]) as a
+/// JSON-RPC error, every other refusal in-band ([`tool_error`]).
+pub fn respond(result: Result<CallToolResponse, Error>) -> Result<CallToolResponse, ErrorData> {
+    match result {
+        Ok(r) => Ok(r),
+        Err(e) => match protocol_error(&e) {
+            Some(rpc) => Err(rpc),
+            None => Ok(CallToolResponse::Complete(tool_error(&e))),
+        },
+    }
+}
+
 /// `Ok(value)` → [`tool_ok`], `Err(e)` → [`tool_error`].
 pub fn tool_result(result: Result<Value, Error>) -> CallToolResult {
     match result {
@@ -78,5 +106,19 @@ mod tests {
             Some(json!({"code": "operation_conflict", "message": "nope"}))
         );
         assert_eq!(error_of(&json!({"isError": false})), None);
+    }
+
+    #[test]
+    fn an_invalid_request_state_is_a_json_rpc_error_and_nothing_else_is() {
+        let bad = Error::new(ErrorCode::RequestStateInvalid, "the state is invalid");
+        let rpc = respond(Err(bad)).unwrap_err();
+        assert_eq!(rpc.code, rmcp::model::ErrorCode::INVALID_PARAMS);
+        assert_eq!(rpc.data, Some(json!({"code": "request_state_invalid"})));
+        let conflict = Error::new(ErrorCode::OperationConflict, "nope");
+        assert!(protocol_error(&conflict).is_none());
+        match respond(Err(conflict)).unwrap() {
+            CallToolResponse::Complete(r) => assert_eq!(r.is_error, Some(true)),
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -13,8 +13,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, ErrorData, Implementation, ListToolsResult,
-    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, ClientCapabilities, ElicitRequestParams, ErrorData,
+    Implementation, InputRequest, ListToolsResult, PaginatedRequestParams, ProtocolVersion,
+    ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{Peer, RequestContext};
 use rmcp::{RoleServer, ServerHandler};
@@ -40,6 +41,9 @@ pub struct ToolCall {
     pub input_responses: Option<BTreeMap<String, Value>>,
     /// Whether the peer negotiated MCP 2026-07-28 or newer (may receive `input_required`).
     pub multi_round: bool,
+    /// The capabilities the client declared (per request in 2026-07-28, at `initialize`
+    /// before); an input request the client did not declare must not be sent.
+    pub client_capabilities: Option<ClientCapabilities>,
     /// The client, for server-to-client requests (elicitation) under the initialize
     /// lifecycle; `None` when the request came without one.
     pub peer: Option<Peer<RoleServer>>,
@@ -50,8 +54,9 @@ pub trait McpTool: Send + Sync + 'static {
     /// The tool's definition for `tools/list` (name, schemas, honest annotations).
     fn definition(&self) -> Tool;
 
-    /// Handles one call. Tool failures are returned in-band (see [`crate::reply`]).
-    fn call(&self, call: ToolCall) -> BoxFuture<'_, CallToolResponse>;
+    /// Handles one call. Tool failures are returned in-band, protocol errors (an invalid
+    /// `requestState`) as JSON-RPC errors; [`crate::reply::respond`] does both.
+    fn call(&self, call: ToolCall) -> BoxFuture<'_, Result<CallToolResponse, ErrorData>>;
 }
 
 /// The rmcp server handler.
@@ -97,6 +102,33 @@ impl LedgerServer {
 
     fn find(&self, name: &str) -> Option<&Arc<dyn McpTool>> {
         self.position(name).and_then(|i| self.tools.get(i))
+    }
+}
+
+/// Whether a client with `capabilities` declared what `request` needs: sampling for
+/// `sampling/createMessage`, roots for `roots/list`, and for `elicitation/create` elicitation
+/// in the request's mode (an elicitation capability naming neither mode means form).
+pub fn client_accepts(capabilities: Option<&ClientCapabilities>, request: &InputRequest) -> bool {
+    let Some(caps) = capabilities else {
+        return false;
+    };
+    match request {
+        InputRequest::CreateMessage(_) => caps.sampling.is_some(),
+        InputRequest::ListRoots(_) => caps.roots.is_some(),
+        InputRequest::Elicitation(e) => {
+            let Some(elicitation) = &caps.elicitation else {
+                return false;
+            };
+            let neither = elicitation.form.is_none() && elicitation.url.is_none();
+            match &e.params {
+                ElicitRequestParams::FormElicitationParams { .. } => {
+                    neither || elicitation.form.is_some()
+                }
+                _ => elicitation.url.is_some(),
+            }
+        }
+        // A kind of input request this server does not know the capability of: never sent.
+        _ => false,
     }
 }
 
@@ -153,8 +185,9 @@ impl ServerHandler for LedgerServer {
             request_state: request.request_state,
             input_responses: request.input_responses,
             multi_round: is_multi_round(&context),
+            client_capabilities: context.client_capabilities(),
             peer: Some(context.peer.clone()),
         };
-        Ok(tool.call(call).await)
+        tool.call(call).await
     }
 }

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use rmcp::model::{CallToolResponse, Tool, ToolAnnotations};
+use rmcp::model::{CallToolResponse, ErrorData, Tool, ToolAnnotations};
 use serde_json::{json, Map, Value};
 use toolledger::engine::OperationRecord;
 use toolledger::model::{Error, OperationState};
@@ -216,7 +216,7 @@ impl McpTool for StatusTool {
         Self::tool()
     }
 
-    fn call(&self, call: ToolCall) -> BoxFuture<'_, CallToolResponse> {
+    fn call(&self, call: ToolCall) -> BoxFuture<'_, Result<CallToolResponse, ErrorData>> {
         Box::pin(async move {
             let result = async {
                 if let Some(extra) = call.arguments.keys().find(|k| *k != "operation_id") {
@@ -226,10 +226,10 @@ impl McpTool for StatusTool {
                 self.status(&call, &op).await
             }
             .await;
-            CallToolResponse::Complete(match result {
+            Ok(CallToolResponse::Complete(match result {
                 Ok(v) => tool_ok(v),
                 Err(e) => tool_error(&e),
-            })
+            }))
         })
     }
 }

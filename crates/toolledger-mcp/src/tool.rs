@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use rmcp::model::{CallToolResponse, Tool, ToolAnnotations};
+use rmcp::model::{CallToolResponse, ErrorData, Tool, ToolAnnotations};
 use serde_json::{Map, Value};
 use toolledger::engine::{InlineEffect, OperationRecord};
 use toolledger::model::{Error, ToolContract};
@@ -104,8 +104,12 @@ impl McpTool for GuardedTool {
         )
     }
 
-    fn call(&self, call: ToolCall) -> BoxFuture<'_, CallToolResponse> {
-        Box::pin(async move { CallToolResponse::Complete(tool_result(self.handle(call).await)) })
+    fn call(&self, call: ToolCall) -> BoxFuture<'_, Result<CallToolResponse, ErrorData>> {
+        Box::pin(async move {
+            Ok(CallToolResponse::Complete(tool_result(
+                self.handle(call).await,
+            )))
+        })
     }
 }
 

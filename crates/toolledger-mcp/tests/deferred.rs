@@ -127,10 +127,11 @@ impl Fixture {
             request_state: request_state.map(str::to_string),
             input_responses: None,
             multi_round: true,
+            client_capabilities: None,
             peer: None,
         };
         match self.rt.block_on(self.tool.call(call)) {
-            CallToolResponse::Complete(r) => serde_json::to_value(r).unwrap(),
+            Ok(CallToolResponse::Complete(r)) => serde_json::to_value(r).unwrap(),
             other => panic!("{other:?}"),
         }
     }

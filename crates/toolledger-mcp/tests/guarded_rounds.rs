@@ -1,6 +1,7 @@
 //! `Guarded` beyond the single-round example, in-process: a multi-round tool
 //! (`input_required` under MCP 2026-07-28) whose exact continuation replays, a tampered
-//! `requestState`, the initialize lifecycle (no `input_required`), extractor order
+//! `requestState` (a JSON-RPC error), a client starting over (a replay), a client that did not
+//! declare elicitation (never asked), the initialize lifecycle (no `input_required`), extractor order
 //! (`Parameters<T>` first), a revoked caller, and a guarded tool served without
 //! `LedgerGuard::router`.
 
@@ -9,12 +10,13 @@ use std::sync::Arc;
 use rmcp::handler::server::tool::schema_for_output;
 use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, ElicitRequest, ElicitRequestParams, InputRequest,
-    InputResponses, ProtocolVersion,
+    CallToolRequestParams, CallToolResponse, ClientConfig, ElicitRequest, ElicitRequestParams,
+    ElicitationCapability, FormElicitationCapability, InputRequest, InputResponses,
+    ProtocolVersion,
 };
 use rmcp::service::{RoleClient, RunningService};
 use rmcp::{schemars, tool, tool_handler, tool_router};
-use rmcp::{ClientLifecycleMode, ClientServiceExt, ServerHandler, ServiceExt};
+use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, ServerHandler, ServiceExt};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use toolledger::clock::ManualClock;
@@ -95,7 +97,8 @@ impl Issues {
     ) -> Result<CallToolResponse, Refusal> {
         let Some(answers) = g.answers() else {
             let ask = vec![("body".to_string(), body_request())];
-            return g.ask(&p.operation_id, "awaiting-body", ask).await;
+            let known = json!({"title": p.title});
+            return g.ask(&p.operation_id, known, "awaiting-body", ask).await;
         };
         let body = answers
             .get("body")
@@ -147,12 +150,39 @@ async fn world() -> World {
     }
 }
 
+/// A client that declares form elicitation (`declares: false`: no capabilities at all).
+#[derive(Clone, Copy)]
+struct Client {
+    declares: bool,
+}
+
+impl ClientHandler for Client {
+    fn get_info(&self) -> ClientConfig {
+        let mut info = ClientConfig::default();
+        if self.declares {
+            info.capabilities.elicitation =
+                Some(ElicitationCapability::new().with_form(FormElicitationCapability::new()));
+        }
+        info
+    }
+}
+
 impl World {
     async fn connect(
         &self,
         router: ToolRouter<Issues>,
         modern: bool,
-    ) -> RunningService<RoleClient, ()> {
+    ) -> RunningService<RoleClient, Client> {
+        self.connect_as(router, modern, Client { declares: true })
+            .await
+    }
+
+    async fn connect_as(
+        &self,
+        router: ToolRouter<Issues>,
+        modern: bool,
+        client: Client,
+    ) -> RunningService<RoleClient, Client> {
         let server = Issues {
             tool_router: router,
         };
@@ -166,13 +196,13 @@ impl World {
             let mode = ClientLifecycleMode::Discover {
                 preferred_versions: vec![ProtocolVersion::V_2026_07_28],
             };
-            ().serve_with_lifecycle(client_io, mode).await.unwrap()
+            client.serve_with_lifecycle(client_io, mode).await.unwrap()
         } else {
-            ().serve(client_io).await.unwrap()
+            client.serve(client_io).await.unwrap()
         }
     }
 
-    async fn guarded(&self, modern: bool) -> RunningService<RoleClient, ()> {
+    async fn guarded(&self, modern: bool) -> RunningService<RoleClient, Client> {
         let router = self
             .ledger
             .router(Issues::tool_router() + status_router())
@@ -225,6 +255,25 @@ fn complete(r: CallToolResponse) -> (bool, Value) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_did_not_declare_elicitation_is_never_asked_and_nothing_is_written() {
+    let w = world().await;
+    let router = w
+        .ledger
+        .router(Issues::tool_router() + status_router())
+        .unwrap();
+    let client = w.connect_as(router, true, Client { declares: false }).await;
+    let r = client
+        .call_tool_once(CallToolRequestParams::new("create_issue").with_arguments(args("nc-1")))
+        .await
+        .unwrap();
+    let (err, body) = complete(r);
+    assert!(err, "{body}");
+    assert_eq!(body["error"]["code"], "continuation_unsupported", "{body}");
+    assert_eq!(w.issues().await, 0);
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_multi_round_tool_asks_then_commits_once_and_the_exact_continuation_replays() {
     let w = world().await;
     let client = w.guarded(true).await;
@@ -267,7 +316,8 @@ async fn a_multi_round_tool_asks_then_commits_once_and_the_exact_continuation_re
     assert!(err);
     assert_eq!(body["error"]["code"], "operation_conflict");
 
-    // A tampered token, or one for another operation id, opens nothing.
+    // A tampered token, or one for another operation id, opens nothing: the protocol error
+    // -32602 with `data.code`, not a tool result.
     let mut tampered = state.clone();
     tampered.pop();
     tampered.push(if state.ends_with('A') { 'B' } else { 'A' });
@@ -275,10 +325,34 @@ async fn a_multi_round_tool_asks_then_commits_once_and_the_exact_continuation_re
         continuation("mr-1", &tampered, "alpha"),
         continuation("mr-2", &state, "alpha"),
     ] {
-        let (err, body) = complete(client.call_tool_once(p).await.unwrap());
-        assert!(err);
-        assert_eq!(body["error"]["code"], "request_state_invalid", "{body}");
+        let e = client.call_tool_once(p).await.unwrap_err();
+        let rmcp::ServiceError::McpError(e) = e else {
+            panic!("expected a JSON-RPC error, got {e:?}");
+        };
+        assert_eq!(e.code, rmcp::model::ErrorCode::INVALID_PARAMS);
+        assert_eq!(e.data, Some(json!({"code": "request_state_invalid"})));
     }
+
+    // A client that lost its requestState starts over: its first round is the replay.
+    let again = client
+        .call_tool_once(CallToolRequestParams::new("create_issue").with_arguments(args("mr-1")))
+        .await
+        .unwrap();
+    let (err, body) = complete(again);
+    assert!(!err, "{body}");
+    assert_eq!(
+        body,
+        json!({"operationId": "mr-1", "effectId": 1, "result": "created 1",
+               "replayed": true, "state": "applied"})
+    );
+    // Starting over with another title under that id is another request.
+    let mut changed = args("mr-1");
+    changed.insert("title".into(), json!("other"));
+    let other = client
+        .call_tool_once(CallToolRequestParams::new("create_issue").with_arguments(changed))
+        .await
+        .unwrap();
+    assert_eq!(complete(other).1["error"]["code"], "operation_conflict");
 
     // The authority deadline was fixed by the first round: past it, not even the exact
     // continuation writes (or replays).

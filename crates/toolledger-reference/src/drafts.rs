@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use rmcp::model::{CallToolResponse, Tool, ToolAnnotations};
+use rmcp::model::{CallToolResponse, ErrorData, Tool, ToolAnnotations};
 use serde_json::{json, Map, Value};
 use toolledger::approval::{self, ApprovalTarget};
 use toolledger::authz;
@@ -348,8 +348,12 @@ impl McpTool for CreateDraft {
         )
     }
 
-    fn call(&self, call: ToolCall) -> BoxFuture<'_, CallToolResponse> {
-        Box::pin(async move { CallToolResponse::Complete(tool_result(self.handle(call).await)) })
+    fn call(&self, call: ToolCall) -> BoxFuture<'_, Result<CallToolResponse, ErrorData>> {
+        Box::pin(async move {
+            Ok(CallToolResponse::Complete(tool_result(
+                self.handle(call).await,
+            )))
+        })
     }
 }
 

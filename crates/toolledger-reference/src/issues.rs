@@ -10,7 +10,8 @@
 use std::sync::Arc;
 
 use rmcp::model::{
-    CallToolResponse, ElicitRequest, ElicitRequestParams, InputRequest, Tool, ToolAnnotations,
+    CallToolResponse, ElicitRequest, ElicitRequestParams, ErrorData, InputRequest, Tool,
+    ToolAnnotations,
 };
 use rmcp::service::ElicitationMode;
 use serde_json::{json, Map, Value};
@@ -21,7 +22,8 @@ use toolledger::model::{Error, ErrorCode, OperationState, Principal, ToolContrac
 use toolledger::store::Migration;
 use toolledger::store::Store;
 use toolledger_mcp::guard::{operation_id_from, outcome_json, GuardedRequest};
-use toolledger_mcp::reply::{tool_error, tool_ok};
+use toolledger_mcp::reply::tool_ok;
+use toolledger_mcp::server::client_accepts;
 use toolledger_mcp::server::{BoxFuture, McpTool, ToolCall};
 use toolledger_mcp::status::{EffectObserver, Observation};
 use toolledger_mcp::Guard;
@@ -236,6 +238,27 @@ impl InlineEffect for InsertIssue {
     }
 }
 
+/// The refusal of a client that cannot be asked for the body: nothing is written.
+fn body_unsupported() -> Error {
+    Error::new(
+        ErrorCode::ContinuationUnsupported,
+        "create_issue needs a second round for the body, asked by form elicitation \
+         (input_required in MCP 2026-07-28, elicitation/create before), and this client did \
+         not declare form elicitation; nothing was created",
+    )
+}
+
+/// The part of the intent the first round fixes: the title and the watcher, if any; the
+/// continuation adds the body.
+fn first_round_intent(args: &IssueArgs) -> Map<String, Value> {
+    let mut intent = Map::new();
+    intent.insert("title".into(), json!(args.title));
+    if let Some(w) = &args.watcher {
+        intent.insert("watcher".into(), json!(w));
+    }
+    intent
+}
+
 /// `create_issue` under the guard (or, with `unguarded`, with no ledger at all).
 pub struct CreateIssue {
     guard: Guard,
@@ -284,15 +307,31 @@ impl CreateIssue {
                      created",
                 ));
             }
-            None if call.multi_round => {
-                let ir = self.guard.first_round(
-                    &request,
-                    "awaiting-body",
-                    vec![("body".into(), body_request()?)],
-                )?;
-                return Ok(CallToolResponse::InputRequired(ir));
-            }
             None => {
+                // A first round (in the initialize lifecycle: a call) for an operation this
+                // caller already has answers as a replay would, before asking for anything.
+                if !self.unguarded {
+                    let known = first_round_intent(&args);
+                    if let Some(outcome) = self
+                        .guard
+                        .replay_for_first_round(&request, &known, &["body"])
+                        .await?
+                    {
+                        return Ok(CallToolResponse::Complete(tool_ok(outcome_json(
+                            &args.operation_id,
+                            &outcome,
+                        ))));
+                    }
+                }
+                if call.multi_round {
+                    let ask = body_request()?;
+                    if !client_accepts(call.client_capabilities.as_ref(), &ask) {
+                        return Err(body_unsupported());
+                    }
+                    let asks = vec![("body".into(), ask)];
+                    let ir = self.guard.first_round(&request, "awaiting-body", asks)?;
+                    return Ok(CallToolResponse::InputRequired(ir));
+                }
                 let responses = self.elicit_body(&call).await?;
                 (
                     self.guard.elicited(&request, "awaiting-body", &responses)?,
@@ -305,10 +344,9 @@ impl CreateIssue {
         if self.unguarded {
             return self.unguarded_effect(&call, &args, &body, now).await;
         }
-        let mut intent = json!({"title": args.title, "body": body});
-        if let Some(w) = &args.watcher {
-            intent["watcher"] = json!(w);
-        }
+        let mut intent = first_round_intent(&args);
+        intent.insert("body".into(), json!(body));
+        let intent = Value::Object(intent);
         let effect = Arc::new(InsertIssue {
             operation_key: args.operation_id.clone(),
             title: args.title.clone(),
@@ -352,13 +390,7 @@ impl CreateIssue {
     /// an `elicitation/create` request inside the call, when the client declared form
     /// elicitation. Returns the answer shaped like `inputResponses`.
     async fn elicit_body(&self, call: &ToolCall) -> Result<Value, Error> {
-        let unsupported = || {
-            Error::new(
-                ErrorCode::ContinuationUnsupported,
-                "create_issue needs a second round for the body: input_required (MCP \
-                 2026-07-28) or form elicitation, and this client declared neither",
-            )
-        };
+        let unsupported = body_unsupported;
         let peer = call.peer.as_ref().ok_or_else(unsupported)?;
         if !peer
             .supported_elicitation_modes()
@@ -557,13 +589,8 @@ impl McpTool for CreateIssue {
         )
     }
 
-    fn call(&self, call: ToolCall) -> BoxFuture<'_, CallToolResponse> {
-        Box::pin(async move {
-            match self.handle(call).await {
-                Ok(r) => r,
-                Err(e) => CallToolResponse::Complete(tool_error(&e)),
-            }
-        })
+    fn call(&self, call: ToolCall) -> BoxFuture<'_, Result<CallToolResponse, ErrorData>> {
+        Box::pin(async move { toolledger_mcp::reply::respond(self.handle(call).await) })
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use rmcp::model::{CallToolResponse, Tool, ToolAnnotations};
+use rmcp::model::{CallToolResponse, ErrorData, Tool, ToolAnnotations};
 use serde_json::Value;
 use toolledger::authz::PrincipalStore;
 use toolledger::engine::{FaultHook, FaultPoint};
@@ -196,7 +196,7 @@ impl McpTool for AutomationTool {
         )
     }
 
-    fn call(&self, call: ToolCall) -> BoxFuture<'_, CallToolResponse> {
+    fn call(&self, call: ToolCall) -> BoxFuture<'_, Result<CallToolResponse, ErrorData>> {
         Box::pin(async move {
             let c = self.env.guard.config();
             let options = automations::ToolOptions {
@@ -212,7 +212,7 @@ impl McpTool for AutomationTool {
                 &options,
             )
             .await;
-            CallToolResponse::Complete(tool_result(result))
+            Ok(CallToolResponse::Complete(tool_result(result)))
         })
     }
 }

@@ -111,15 +111,27 @@ impl Server {
         r["result"].clone()
     }
 
-    /// A continuation: same arguments plus `requestState` and `inputResponses`.
+    /// A continuation: same arguments plus `requestState` and `inputResponses`; returns the
+    /// `result` object.
     pub fn resume(&mut self, name: &str, arguments: Value, state: &str, responses: Value) -> Value {
-        let r = self.call_raw(json!({
+        self.resume_reply(name, arguments, state, responses)["result"].clone()
+    }
+
+    /// A continuation returning the whole JSON-RPC reply (for refusals that are protocol
+    /// errors, such as an invalid `requestState`).
+    pub fn resume_reply(
+        &mut self,
+        name: &str,
+        arguments: Value,
+        state: &str,
+        responses: Value,
+    ) -> Value {
+        self.call_raw(json!({
             "name": name,
             "arguments": arguments,
             "requestState": state,
             "inputResponses": responses,
-        }));
-        r["result"].clone()
+        }))
     }
 
     /// `get_operation_status` structured content.

@@ -31,6 +31,11 @@ def params(spec, *extra):
 
 
 ARGS = {"operation_id": "py-case-03", "title": "spec"}
+
+
+async def answer_body(context, params):
+    # Declares form elicitation (the server asks only clients that did) and answers it.
+    return types.ElicitResult(action="accept", content={"body": "alpha"})
 BODY = {"body": {"action": "accept", "content": {"body": "alpha"}}}
 
 
@@ -38,7 +43,7 @@ async def main():
     spec = json.loads(sys.argv[1])
     out = {}
 
-    async with Client(params(spec), mode="2026-07-28") as client:
+    async with Client(params(spec), mode="2026-07-28", elicitation_callback=answer_body) as client:
         first = await client.session.call_tool("create_issue", ARGS, allow_input_required=True)
         out["first_round"] = type(first).__name__
         assert isinstance(first, types.InputRequiredResult), first
@@ -51,6 +56,7 @@ async def main():
             params(spec, "--fault", "drop-after-commit"),
             mode="2026-07-28",
             read_timeout_seconds=30,
+            elicitation_callback=answer_body,
         ) as client:
             await client.session.call_tool(
                 "create_issue", ARGS, input_responses=BODY, request_state=state
@@ -60,7 +66,7 @@ async def main():
         out["transport_error"] = type(e).__name__
     out["transport_after_commit"] = transport
 
-    async with Client(params(spec), mode="2026-07-28") as client:
+    async with Client(params(spec), mode="2026-07-28", elicitation_callback=answer_body) as client:
         status = await client.call_tool("get_operation_status", {"operation_id": "py-case-03"})
         out["status"] = status.structured_content
         replay = await client.session.call_tool(

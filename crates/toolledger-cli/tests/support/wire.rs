@@ -392,6 +392,18 @@ pub fn request_state(result: &Value) -> String {
     result["requestState"].as_str().unwrap().to_string()
 }
 
+/// Asserts that `reply` (a whole JSON-RPC reply) refuses an invalid `requestState` as the
+/// protocol error -32602 with `data.code = request_state_invalid`; returns its message.
+pub fn assert_state_invalid(reply: &Value) -> String {
+    assert!(reply.get("result").is_none(), "{reply}");
+    assert_eq!(reply["error"]["code"], -32602, "{reply}");
+    assert_eq!(
+        reply["error"]["data"]["code"], "request_state_invalid",
+        "{reply}"
+    );
+    reply["error"]["message"].as_str().unwrap().to_string()
+}
+
 /// The error code of an in-band tool error.
 pub fn error_code(result: &Value) -> String {
     assert_eq!(result["isError"], true, "{result}");
