@@ -107,6 +107,15 @@ fn a_lost_set_interval_reply_is_recovered_by_the_same_request_id(db: Db) {
     assert_eq!(s.try_recv(), None);
     assert_eq!(s.wait_exit(), 70);
     let mut s = Server::start(&db, "alice", &[]);
+    // After the lost reply, the status tool knows both automation operations.
+    for (op, tool) in [("req-c", "create_automation"), ("req-lost", "set_interval")] {
+        let st = s.status(op);
+        assert_eq!(st["state"], "applied", "{st}");
+        assert_eq!(st["authoritative"], true);
+        assert_eq!(st["tool"], tool);
+        assert_eq!(st["ledgerState"], "applied");
+    }
+    assert_eq!(s.status("req-lost")["storedResult"]["version"], 2);
     let replay = s.call("set_interval", set);
     assert_eq!(
         replay["structuredContent"],

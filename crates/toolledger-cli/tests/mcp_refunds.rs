@@ -72,6 +72,24 @@ fn an_approved_refund_is_delivered_once_and_replayed_by_key(db: Db) {
     assert_eq!(a["status_ref"], f["status_ref"]);
     assert_eq!(a["result"], f["result"]);
 
+    // The status tool answers for the deferred tool too: the receipt was reconciled.
+    let st = s.status("refund-1");
+    assert_eq!(st["state"], "applied", "{st}");
+    assert_eq!(st["authoritative"], true);
+    assert_eq!(st["tool"], "refund_order");
+    assert_eq!(st["ledgerState"], "succeeded");
+    assert_eq!(st["statusRef"], f["status_ref"]);
+    let elsewhere = s.call(
+        "get_operation_status",
+        json!({"operation_id": "refund-1", "tool": "create_issue"}),
+    );
+    assert_eq!(elsewhere["structuredContent"]["state"], "unknown");
+    let foreign = s.call(
+        "get_operation_status",
+        json!({"operation_id": "refund-1", "tool": "no_such_tool"}),
+    );
+    assert_eq!(error_code(&foreign), "invalid_arguments");
+
     let changed = s.call(
         "refund_order",
         json!({"idempotency_key": "refund-1", "order_id": "o-1", "amount_cents": 1300,

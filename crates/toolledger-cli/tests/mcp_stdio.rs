@@ -126,7 +126,12 @@ fn lost_reply_then_restart_status_and_exact_replay(db: Db) {
     assert_eq!(count(&db, "operations"), 1);
 
     let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
-    let st = s.status("case-03");
+    let mut st = s.status("case-03");
+    let status_ref = st["statusRef"].take();
+    assert!(
+        status_ref.as_str().unwrap().starts_with("op_"),
+        "{status_ref}"
+    );
     assert_eq!(
         st,
         json!({
@@ -137,6 +142,7 @@ fn lost_reply_then_restart_status_and_exact_replay(db: Db) {
             "state": "applied", "matchingIds": [1],
             "detail": "ledger row applied and its effect rows agree",
             "storedResult": "created 1",
+            "tool": "create_issue", "ledgerState": "applied", "statusRef": null,
         })
     );
     let replay = s.resume("create_issue", args("case-03"), &token, body("alpha"));

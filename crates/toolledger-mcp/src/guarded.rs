@@ -503,13 +503,13 @@ async fn status_call(mut ctx: ToolCallContext<'_, impl Send + Sync>) -> CallTool
         ));
     };
     let result = async {
-        let op = crate::guard::operation_id_from(&scope.arguments, "operation_id")?;
+        let (op, tool) = StatusTool::arguments(&scope.arguments)?;
         let caller = scope
             .ledger
             .caller_source()
             .resolve(scope.ledger.principals(), &ctx.request_context)
             .await?;
-        scope.status.status_of(&caller, op).await
+        scope.status.status_for(&caller, &op, tool.as_deref()).await
     }
     .await;
     crate::reply::tool_result(result)

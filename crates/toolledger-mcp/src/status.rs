@@ -1,12 +1,17 @@
 //! `get_operation_status`: read-only recovery after a lost reply.
 //!
 //! The status tool never checks deadlines, never writes and always answers. It reads the
-//! caller's own ledger row for the operation id and asks the tool's [`EffectObserver`] which
+//! caller's own ledger row for the operation id — under every guarded tool of the server, or
+//! only under `tool` when the call names one — and asks the tool's [`EffectObserver`] which
 //! physical effect rows belong to it. Only a finished ledger row whose effect rows are present
-//! and consistent with the stored result is `authoritative`; an unfinished or absent row is
-//! `unknown` — absence never means "not applied". Another principal's operation is
-//! indistinguishable from an absent one. `freshWriteAuthorized` is always `false`: a status
-//! answer never grants a new write.
+//! and consistent with the stored result is `authoritative`: `applied` (an inline effect that
+//! committed, or a deferred one whose downstream receipt was reconciled), `partial`, or
+//! `failed` (a deferred effect the downstream refused for good; nothing was applied). An
+//! unfinished or absent row is `unknown` — absence never means "not applied"; `ledgerState`
+//! says which unfinished state (e.g. `outcome_unknown`) and `statusRef` names the operation
+//! for `toolledger resolve`. Another principal's operation is indistinguishable from an
+//! absent one. `freshWriteAuthorized` is always `false`: a status answer never grants a new
+//! write.
 
 use std::sync::Arc;
 
@@ -63,9 +68,49 @@ impl StatusTool {
     /// The status object for `operation_id` as seen by `caller`: the first of the tools (in
     /// the order given) under which the caller has a ledger row for this id answers.
     pub async fn status_of(&self, caller: &Caller, operation_id: &str) -> Result<Value, Error> {
+        self.status_for(caller, operation_id, None).await
+    }
+
+    /// The arguments `{operation_id, tool?}` of a status call, checked.
+    pub fn arguments(arguments: &Map<String, Value>) -> Result<(String, Option<String>), Error> {
+        if let Some(extra) = arguments
+            .keys()
+            .find(|k| !matches!(k.as_str(), "operation_id" | "tool"))
+        {
+            return Err(Error::invalid(format!("unknown argument {extra}")));
+        }
+        let op = operation_id_from(arguments, "operation_id")?.to_string();
+        let tool = match arguments.get("tool") {
+            None => None,
+            Some(Value::String(t)) => Some(t.clone()),
+            Some(_) => return Err(Error::invalid("tool must be a string")),
+        };
+        Ok((op, tool))
+    }
+
+    /// The status object for `operation_id` as seen by `caller`, under `tool` only when
+    /// given (a tool this server does not guard is `invalid_arguments`), else under the first
+    /// of the tools (in the order given) where the caller has a ledger row for this id.
+    pub async fn status_for(
+        &self,
+        caller: &Caller,
+        operation_id: &str,
+        tool: Option<&str>,
+    ) -> Result<Value, Error> {
+        if let Some(t) = tool {
+            if !self.tools.iter().any(|(name, _)| name == t) {
+                return Err(Error::invalid(format!(
+                    "{t:?} is not a guarded tool of this server"
+                )));
+            }
+        }
         let p = &caller.principal;
         let mut found = None;
-        for (tool, observer) in &self.tools {
+        for (name, observer) in &self.tools {
+            if tool.is_some_and(|t| t != name) {
+                continue;
+            }
+            let tool = name;
             if let Some(record) = self
                 .guard
                 .engine()
@@ -78,6 +123,9 @@ impl StatusTool {
         }
         let backend = self.guard.backend_id().to_string();
         let principal = caller.name.clone();
+        let ledger_state = found.as_ref().map(|(r, _)| r.state.as_str());
+        let status_ref = found.as_ref().map(|(r, _)| r.status_ref.clone());
+        let found_tool = found.as_ref().map(|(r, _)| r.tool.clone());
         let (state, authoritative, matching, detail, stored) = match found {
             None => (
                 "unknown",
@@ -90,9 +138,15 @@ impl StatusTool {
             ),
             Some((record, observer)) => {
                 let seen = observer.observe(&record).await?;
-                match record.state {
-                    OperationState::Applied | OperationState::Partial if seen.consistent => (
-                        record.state.as_str(),
+                let settled = match record.state {
+                    OperationState::Applied | OperationState::Succeeded => Some("applied"),
+                    OperationState::Partial => Some("partial"),
+                    OperationState::Failed => Some("failed"),
+                    _ => None,
+                };
+                match settled {
+                    Some(state) if seen.consistent => (
+                        state,
                         true,
                         seen.matching_ids,
                         format!(
@@ -101,7 +155,7 @@ impl StatusTool {
                         ),
                         seen.stored_result,
                     ),
-                    OperationState::Applied | OperationState::Partial => (
+                    Some(_) => (
                         "unknown",
                         false,
                         seen.matching_ids,
@@ -110,13 +164,13 @@ impl StatusTool {
                             .to_string(),
                         seen.stored_result,
                     ),
-                    other => (
+                    None => (
                         "unknown",
                         false,
                         seen.matching_ids,
                         format!(
                             "the operation is {}; its outcome is not settled",
-                            other.as_str()
+                            record.state.as_str()
                         ),
                         Value::Null,
                     ),
@@ -139,6 +193,9 @@ impl StatusTool {
             "matchingIds": matching,
             "detail": detail,
             "storedResult": stored,
+            "tool": found_tool,
+            "ledgerState": ledger_state,
+            "statusRef": status_ref,
         }))
     }
 }
@@ -164,10 +221,13 @@ pub fn output_schema() -> Map<String, Value> {
             "authoritative": {"type": "boolean"},
             "freshWriteAuthorized": {"type": "boolean", "const": false},
             "scopeBinding": binding,
-            "state": {"type": "string", "enum": ["applied", "partial", "unknown"]},
+            "state": {"type": "string", "enum": ["applied", "partial", "failed", "unknown"]},
             "matchingIds": {"type": "array", "items": {"type": "integer"}},
             "detail": {"type": "string"},
             "storedResult": {},
+            "tool": {"type": ["string", "null"]},
+            "ledgerState": {"type": ["string", "null"]},
+            "statusRef": {"type": ["string", "null"]},
         },
         "required": ["operationId", "principal", "backend", "observedAt", "authoritative",
                      "freshWriteAuthorized", "scopeBinding", "state", "matchingIds", "detail",
@@ -178,11 +238,15 @@ pub fn output_schema() -> Map<String, Value> {
     }
 }
 
-/// The JSON Schema of the status tool's arguments: `{operation_id}` and nothing else.
+/// The JSON Schema of the status tool's arguments: `{operation_id, tool?}` and nothing else.
 pub fn input_schema() -> Map<String, Value> {
     match json!({
         "type": "object",
-        "properties": {"operation_id": {"type": "string", "minLength": 1, "maxLength": 256}},
+        "properties": {
+            "operation_id": {"type": "string", "minLength": 1, "maxLength": 256},
+            "tool": {"type": "string", "minLength": 1, "maxLength": 128,
+                     "description": "Only this tool's operation (when one id was used with several tools)"},
+        },
         "required": ["operation_id"],
         "additionalProperties": false,
     }) {
@@ -219,11 +283,8 @@ impl McpTool for StatusTool {
     fn call(&self, call: ToolCall) -> BoxFuture<'_, Result<CallToolResponse, ErrorData>> {
         Box::pin(async move {
             let result = async {
-                if let Some(extra) = call.arguments.keys().find(|k| *k != "operation_id") {
-                    return Err(Error::invalid(format!("unknown argument {extra}")));
-                }
-                let op = operation_id_from(&call.arguments, "operation_id")?.to_string();
-                self.status(&call, &op).await
+                let (op, tool) = Self::arguments(&call.arguments)?;
+                self.status_for(&call.caller, &op, tool.as_deref()).await
             }
             .await;
             Ok(CallToolResponse::Complete(match result {

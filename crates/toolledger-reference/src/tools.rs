@@ -12,6 +12,7 @@ use toolledger_mcp::deferred::{reply_schema, DeferredMcpTool};
 use toolledger_mcp::reply::tool_result;
 use toolledger_mcp::server::{BoxFuture, McpTool, ToolCall};
 use toolledger_mcp::status::{EffectObserver, StatusTool};
+use toolledger_mcp::tool::LedgerResultObserver;
 use toolledger_mcp::Guard;
 
 use crate::automations;
@@ -219,41 +220,35 @@ impl McpTool for AutomationTool {
 
 /// The reference server's tools, in `tools/list` order. With `unguarded` only the control
 /// (`create_issue` without a ledger) and `get_operation_status` are offered.
+/// `get_operation_status` answers for every guarded tool offered: with the issue and draft
+/// rows as evidence for their tools, with the stored result for the others.
 pub fn registry(env: &ToolEnv) -> Vec<Arc<dyn McpTool>> {
     let store = env.guard.engine().store().clone();
-    let observers: Vec<(String, Arc<dyn EffectObserver>)> = vec![
-        (
-            crate::issues::TOOL.to_string(),
-            Arc::new(IssueObserver::new(store.clone())),
-        ),
-        (
+    let mut observed: Vec<(String, Arc<dyn EffectObserver>)> = vec![(
+        crate::issues::TOOL.to_string(),
+        Arc::new(IssueObserver::new(store.clone())),
+    )];
+    let mut tools: Vec<Arc<dyn McpTool>> = vec![Arc::new(CreateIssue::new(
+        env.guard.clone(),
+        env.faults,
+        env.unguarded,
+    ))];
+    // The control runs without a ledger; tools that only exist with one are not offered.
+    if !env.unguarded {
+        for name in [automations::CREATE_AUTOMATION, automations::SET_INTERVAL] {
+            tools.push(Arc::new(AutomationTool::new(name, env.clone())));
+            observed.push((name.to_string(), Arc::new(LedgerResultObserver)));
+        }
+        tools.push(Arc::new(CreateDraft::new(env.guard.clone())));
+        observed.push((
             crate::drafts::TOOL.to_string(),
             Arc::new(DraftObserver::new(store)),
-        ),
-    ];
-    let mut tools: Vec<Arc<dyn McpTool>> = vec![
-        Arc::new(CreateIssue::new(
-            env.guard.clone(),
-            env.faults,
-            env.unguarded,
-        )),
-        Arc::new(StatusTool::new(env.guard.clone(), observers)),
-    ];
-    // The control runs without a ledger; tools that only exist with one are not offered.
-    if env.unguarded {
-        return tools;
+        ));
+        if let Some(runtime) = &env.runtime {
+            tools.push(Arc::new(refund_tool(runtime.clone())));
+            observed.push((refunds::TOOL.to_string(), Arc::new(LedgerResultObserver)));
+        }
     }
-    tools.push(Arc::new(AutomationTool::new(
-        automations::CREATE_AUTOMATION,
-        env.clone(),
-    )));
-    tools.push(Arc::new(AutomationTool::new(
-        automations::SET_INTERVAL,
-        env.clone(),
-    )));
-    tools.push(Arc::new(CreateDraft::new(env.guard.clone())));
-    if let Some(runtime) = &env.runtime {
-        tools.push(Arc::new(refund_tool(runtime.clone())));
-    }
+    tools.insert(1, Arc::new(StatusTool::new(env.guard.clone(), observed)));
     tools
 }
