@@ -70,6 +70,7 @@
 mod support;
 
 use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -97,7 +98,7 @@ const TOOLS: [&str; 6] = [
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Client {
+enum ClientKind {
     /// The Python SDK's high-level `mcp.Client`.
     PythonClient,
     /// The Python SDK's `mcp.ClientSession`, rounds driven by hand.
@@ -124,7 +125,7 @@ enum Lifecycle {
     Initialize,
 }
 
-use Client::*;
+use ClientKind::*;
 use Lifecycle::*;
 use Transport::*;
 
@@ -199,7 +200,7 @@ fn repo() -> PathBuf {
 }
 
 /// The interpreter and script of `client`, or `None` when the interpreter is not configured.
-fn program(client: Client) -> Option<(PathBuf, PathBuf)> {
+fn program(client: ClientKind) -> Option<(PathBuf, PathBuf)> {
     let py = |script: &str| {
         let python = interpreter("TOOLLEDGER_PYTHON", "Python SDK (mcp==2.3.0)")?;
         Some((
@@ -297,10 +298,8 @@ fn payments_unavailable_until_later(db: &Db) {
 
 fn payments_receipts(db: &Db) -> i64 {
     let conn = rusqlite::Connection::open(payments(db)).unwrap();
-    conn.query_row("SELECT count(*) FROM downstream_receipts", [], |r| {
-        r.get(0)
-    })
-    .unwrap()
+    conn.query_row("SELECT count(*) FROM downstream_receipts", [], |r| r.get(0))
+        .unwrap()
 }
 
 fn draft_payload() -> Value {
@@ -364,6 +363,8 @@ fn run_client(interpreter: &Path, script: &Path, spec: &Value) -> Value {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        // Its own process group, so a client stopped for hanging takes its servers along.
+        .process_group(0)
         .spawn()
         .unwrap_or_else(|e| panic!("{} does not start: {e}", interpreter.display()));
     let mut stdout = child.stdout.take().unwrap();
@@ -382,7 +383,8 @@ fn run_client(interpreter: &Path, script: &Path, spec: &Value) -> Value {
             break Some(status);
         }
         if started.elapsed() > CLIENT_LIMIT {
-            let _ = child.kill();
+            // SAFETY: signalling the process group of our own child.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
             let _ = child.wait();
             break None;
         }
@@ -390,7 +392,15 @@ fn run_client(interpreter: &Path, script: &Path, spec: &Value) -> Value {
     };
     let stdout = out.join().unwrap().unwrap_or_default();
     let stderr = err.join().unwrap().unwrap_or_default();
-    let tail = |s: &str| s.chars().rev().take(4000).collect::<Vec<_>>().into_iter().rev().collect::<String>();
+    let tail = |s: &str| {
+        s.chars()
+            .rev()
+            .take(4000)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<String>()
+    };
     let Some(status) = status else {
         panic!(
             "{} did not finish and was stopped; stderr:\n{}",
@@ -453,8 +463,10 @@ fn ok(structured: Value) -> Value {
 }
 
 fn issue(replayed: bool) -> Value {
-    ok(json!({"operationId": "iss-1", "effectId": 1, "result": "created 1",
-              "replayed": replayed, "state": "applied"}))
+    ok(
+        json!({"operationId": "iss-1", "effectId": 1, "result": "created 1",
+              "replayed": replayed, "state": "applied"}),
+    )
 }
 
 /// The code of an error result as the client read it from content[0] (`null` if none).
@@ -462,11 +474,14 @@ fn code(seen: &Value) -> &Value {
     &seen["error"]["code"]
 }
 
-fn story(db: Db, client: Client, transport: Transport, lifecycle: Lifecycle) {
+fn story(db: Db, client: ClientKind, transport: Transport, lifecycle: Lifecycle) {
     let Some((interpreter, script)) = program(client) else {
         return;
     };
-    let label = format!("{client:?} over {transport:?}, {lifecycle:?}, {}", db.backend());
+    let label = format!(
+        "{client:?} over {transport:?}, {lifecycle:?}, {}",
+        db.backend()
+    );
     add_principal(&db, "ed", "acme", &["approver"], &[], false);
     let token = add_principal(
         &db,
@@ -713,7 +728,12 @@ fn story(db: Db, client: Client, transport: Transport, lifecycle: Lifecycle) {
             &db,
             &format!("SELECT count(*) FROM operations WHERE idempotency_key = '{op}'"),
         );
-        c.that(&format!("rows.operations.{op}"), n == 0, &json!(n), "no ledger row");
+        c.that(
+            &format!("rows.operations.{op}"),
+            n == 0,
+            &json!(n),
+            "no ledger row",
+        );
     }
     let total = count(&db, "operations");
     c.that(
@@ -727,7 +747,12 @@ fn story(db: Db, client: Client, transport: Transport, lifecycle: Lifecycle) {
         &db,
         "SELECT count(*) FROM issues WHERE operation_key = 'iss-1' AND body = 'alpha'",
     );
-    c.that("rows.issues.iss-1", n == issues, &json!(n), "the issue once");
+    c.that(
+        "rows.issues.iss-1",
+        n == issues,
+        &json!(n),
+        "the issue once",
+    );
     let n = count(&db, "issues");
     c.that("rows.issues", n == issues, &json!(n), "no other issue");
     let n = count(&db, "automations");
@@ -748,8 +773,18 @@ fn story(db: Db, client: Client, transport: Transport, lifecycle: Lifecycle) {
         &db,
         "SELECT count(*) FROM approvals WHERE consumed_at IS NOT NULL",
     );
-    c.that("rows.approvals", n == 2, &json!(n), "both approvals consumed once");
+    c.that(
+        "rows.approvals",
+        n == 2,
+        &json!(n),
+        "both approvals consumed once",
+    );
     let n = payments_receipts(&db);
-    c.that("rows.payments_receipts", n == 1, &json!(n), "one refund at the payments service");
+    c.that(
+        "rows.payments_receipts",
+        n == 1,
+        &json!(n),
+        "one refund at the payments service",
+    );
     c.finish();
 }

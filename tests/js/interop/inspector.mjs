@@ -21,6 +21,7 @@ const require = createRequire(import.meta.url);
 const inspectorPackage = require.resolve('@modelcontextprotocol/inspector/package.json');
 const launcher = join(dirname(inspectorPackage), 'clients/launcher/build/index.js');
 const era = spec.lifecycle === '2026-07-28' ? 'modern' : 'legacy';
+const RUN_LIMIT_MS = 30_000;
 const scratch = mkdtempSync(join(tmpdir(), 'tl-inspector-'));
 
 function target() {
@@ -41,17 +42,28 @@ function inspector(args) {
         [launcher, '--cli', ...where, '--protocol-era', era, '--format', 'json', '--quiet', ...args],
         {
             encoding: 'utf8',
+            // A run waiting for an answer it can never give must not hang the story.
+            timeout: RUN_LIMIT_MS,
+            killSignal: 'SIGKILL',
             // Its own state (catalog, client config) stays out of the user's home directory.
-            env: { ...process.env, HOME: scratch, MCP_CATALOG_PATH: join(scratch, 'catalog.json') }
+            env: { ...process.env, HOME: scratch }
         }
     );
+    // `--format json` prints {"result": …} on stdout, also for an error result (exit 5).
+    let printed;
     try {
-        return JSON.parse(p.stdout);
+        printed = JSON.parse(p.stdout);
     } catch {
-        const e = new Error(`inspector exited ${p.status}: ${p.stderr.slice(0, 600)} ${p.stdout.slice(0, 300)}`);
-        e.name = 'InspectorFailed';
-        throw e;
+        printed = null;
     }
+    if (printed && typeof printed === 'object' && 'result' in printed) return printed.result;
+    const how = p.error?.code === 'ETIMEDOUT' ? `was stopped after ${RUN_LIMIT_MS} ms` : `exited ${p.status}`;
+    const e = new Error(
+        `inspector ${how} without a result; stdout ${JSON.stringify(p.stdout.slice(0, 300))}, ` +
+            `stderr ${JSON.stringify(p.stderr.slice(0, 600))}`
+    );
+    e.name = 'InspectorFailed';
+    throw e;
 }
 
 function call(name, args) {
