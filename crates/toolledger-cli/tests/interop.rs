@@ -42,7 +42,9 @@
 //!   that validates); `get_operation_status` says `unknown`; one `toolledger worker --once`
 //!   pass delivers it; `get_operation_status` then says `applied` and the retry replays
 //!   (`local_replay`);
-//! - `status`: `get_operation_status` for each of the five write tools' operations.
+//! - `status`: `get_operation_status` for each of the five write tools' operations;
+//! - `http_session_termination` (the TypeScript SDKs over HTTP, initialize lifecycle, the
+//!   only one with a session): the client's `terminateSession()` (DELETE) is accepted.
 //!
 //! Omitted, and why: the Inspector's CLI declares no elicitation and cannot answer an input
 //! request, so it runs no multi-round `create_issue` (its `create_issue` is the
@@ -593,6 +595,16 @@ fn story(db: Db, client: ClientKind, transport: Transport, lifecycle: Lifecycle)
         undeclared,
         "an error result continuation_unsupported",
     );
+
+    // The TypeScript SDKs end an initialize-lifecycle HTTP session with DELETE.
+    if matches!(client, TypeScriptV2 | TypeScriptV1) && transport == Http && lifecycle == Initialize
+    {
+        c.eq(
+            "http_session_termination",
+            &v["http_session_termination"],
+            json!({"hadSession": true, "terminated": true}),
+        );
+    }
 
     // Automations: fresh, replayed, stale version.
     let a = &v["automations"];

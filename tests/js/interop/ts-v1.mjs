@@ -38,12 +38,21 @@ function client(elicit) {
 
 const out = {};
 const c = client(true);
-await c.connect(transport());
+const main = transport();
+await c.connect(main);
 out.protocol_version = c.transport?.protocolVersion ?? null;
 await kase(out, 'tools_list', async () => toolListing(await c.listTools()));
 await kase(out, 'create_issue', async () => seen(await c.callTool({ name: 'create_issue', arguments: ISSUE })));
 await kase(out, 'create_issue_again', async () => seen(await c.callTool({ name: 'create_issue', arguments: ISSUE })));
 await singleRoundStory(async (name, args) => c.callTool({ name, arguments: args }), spec, out);
+if (spec.transport === 'http' && spec.lifecycle === 'legacy') {
+    // The initialize lifecycle over HTTP has a session; the client ends it with DELETE.
+    await kase(out, 'http_session_termination', async () => {
+        const hadSession = typeof main.sessionId === 'string';
+        await main.terminateSession();
+        return { hadSession, terminated: main.sessionId === undefined };
+    });
+}
 await c.close();
 
 await kase(out, 'create_issue_without_elicitation', async () => {
