@@ -394,7 +394,9 @@ async fn ask(
         .map(|q| Ok((q.key.to_string(), q.request()?)))
         .collect::<Result<Vec<_>, Refusal>>()?;
     let step = serde_json::to_string(&step).map_err(|_| invalid_state())?;
-    match g.ask(operation_id, &step, requests).await? {
+    // The operation id is minted per first round, so no earlier operation can hold it; the
+    // intent the rounds fix is the answers, all given by the input requests.
+    match g.ask(operation_id, json!({}), &step, requests).await? {
         CallToolResponse::InputRequired(mut ir) => {
             ir.request_state = ir.request_state.map(|t| format!("{operation_id}.{t}"));
             Ok(CallToolResponse::InputRequired(ir))
