@@ -17,6 +17,7 @@ use toolledger::authz::PrincipalStore;
 use toolledger::clock::{ManualClock, SharedClock, SystemClock};
 use toolledger::engine::Engine;
 use toolledger::store::Store;
+use toolledger_mcp::keys::KeyError;
 use toolledger_mcp::{bearer_auth, CallerSource, Guard, GuardConfig, KeyMaterial, LedgerServer};
 
 use crate::common::{RuntimeStoreArgs, StoreConfig};
@@ -79,6 +80,13 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
         Some(epoch) => Arc::new(ManualClock::new(epoch)),
         None => Arc::new(SystemClock),
     };
+    // Keys are bound to the database: other keys than it was written with refuse to start.
+    toolledger_mcp::keys::bind(&store, &keys, clock.now())
+        .await
+        .map_err(|e| match e {
+            KeyError::Store => Failure::code("DATABASE_IO_ERROR"),
+            other => Failure::explained("KEY_MISMATCH", other.to_string()),
+        })?;
     let faults = Faults::from_list(&args.fault);
     let mut engine = Engine::new(store.clone(), clock.clone());
     if let Some(hook) = faults.engine_hook() {

@@ -36,6 +36,7 @@ on_both_backends!(
     legacy_initialize_lifecycle_lists_tools_and_refuses_the_second_round_clearly,
     tool_annotations_are_honest,
     continuations_survive_a_restart_with_environment_keys_and_fail_with_other_keys,
+    a_server_with_another_fingerprint_key_than_the_database_refuses_to_start,
     legacy_lifecycle_asks_for_the_body_by_elicitation_and_a_retried_call_replays,
     the_same_continuation_twice_in_flight_on_one_connection_makes_one_issue,
     exit_after_ledger_insert_leaves_no_rows,
@@ -692,6 +693,76 @@ fn continuations_survive_a_restart_with_environment_keys_and_fail_with_other_key
     let mut s = start(&new);
     let again = s.resume_reply("create_issue", args("k-1"), &token, body("alpha"));
     assert_state_invalid(&again);
+    assert_eq!(s.finish(), 0);
+    // A state key the database never saw (no rotation from a known one) does not start.
+    let stranger = "33".repeat(32);
+    let refused = refused_start(
+        &db,
+        &[
+            ("TOOLLEDGER_STATE_KEY_HEX", &stranger),
+            ("TOOLLEDGER_FINGERPRINT_KEY_HEX", &fp),
+        ],
+    );
+    assert!(refused.contains("TOOLLEDGER_STATE_KEY_HEX"), "{refused}");
+    assert_eq!(count(&db, "issues"), 1);
+    assert_eq!(
+        scalar(&db, "SELECT count(*) FROM key_ids WHERE purpose = 'state'"),
+        2,
+        "the old key and the rotated-in new one"
+    );
+}
+
+/// Starts `serve` with `env` and expects it to refuse at once: exit 2 with `KEY_MISMATCH`.
+/// Returns the message, which names no key.
+fn refused_start(db: &Db, env: &[(&str, &str)]) -> String {
+    let out = serve_command(db, &["--principal".into(), "alice".into()])
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err: Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(err["error"]["code"], "KEY_MISMATCH", "{err}");
+    let message = err["error"]["message"].as_str().unwrap().to_string();
+    for (_, key) in env {
+        assert!(!message.contains(key), "{message}");
+    }
+    message
+}
+
+fn a_server_with_another_fingerprint_key_than_the_database_refuses_to_start(db: Db) {
+    let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    create(&mut s, "kb-1", "alpha");
+    assert_eq!(s.finish(), 0);
+    assert_eq!(
+        scalar(
+            &db,
+            "SELECT count(*) FROM key_ids WHERE purpose = 'fingerprint'"
+        ),
+        1
+    );
+    let (other_state, other_fp) = ("44".repeat(32), "55".repeat(32));
+    let refused = refused_start(
+        &db,
+        &[
+            ("TOOLLEDGER_STATE_KEY_HEX", &other_state),
+            ("TOOLLEDGER_FINGERPRINT_KEY_HEX", &other_fp),
+        ],
+    );
+    assert!(refused.contains("fingerprint key"), "{refused}");
+    if let Db::Sqlite(file) = &db {
+        // A SQLite database restored without its key file: new keys would be made, and
+        // are refused (the new key file stays, the database is unchanged).
+        let keys = toolledger_mcp::keys::key_file_path(file.path());
+        let saved = std::fs::read(&keys).unwrap();
+        std::fs::remove_file(&keys).unwrap();
+        refused_start(&db, &[]);
+        std::fs::write(&keys, saved).unwrap();
+    }
+    // With the database's own keys, the operation still replays.
+    let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    let again = s.call("create_issue", args("kb-1"));
+    assert_eq!(again["structuredContent"]["replayed"], true, "{again}");
     assert_eq!(s.finish(), 0);
     assert_eq!(count(&db, "issues"), 1);
 }

@@ -162,7 +162,9 @@ fn strip_volatile(v: &Value) -> Value {
     match v {
         Value::Object(m) => Value::Object(
             m.iter()
-                .filter(|(k, _)| !["observedAt", "backend", "scopeBinding"].contains(&k.as_str()))
+                .filter(|(k, _)| {
+                    !["observedAt", "backend", "scopeBinding", "statusRef"].contains(&k.as_str())
+                })
                 .map(|(k, v)| (k.clone(), strip_volatile(v)))
                 .collect(),
         ),

@@ -268,9 +268,9 @@ fn an_older_schema_needs_migrate_and_a_newer_one_is_refused() {
     // Turn the file into a schema-v1 ledger (before the runtime tables existed).
     d.ledger()
         .execute_batch(
-            "DROP TABLE local_receipts; DROP TABLE outbox; DROP TABLE deferred_intents;
-             DROP TABLE approvals;
-             DELETE FROM schema_migrations WHERE namespace = 'toolledger' AND version = 2;",
+            "DROP TABLE key_ids; DROP TABLE local_receipts; DROP TABLE outbox;
+             DROP TABLE deferred_intents; DROP TABLE approvals;
+             DELETE FROM schema_migrations WHERE namespace = 'toolledger' AND version >= 2;",
         )
         .unwrap();
     let r = d.approve(&f, "bob");

@@ -25,6 +25,7 @@ pub mod downstream;
 pub mod effect;
 pub mod engine;
 pub mod json;
+pub mod key_ids;
 mod ledger;
 pub mod model;
 pub mod outbox;

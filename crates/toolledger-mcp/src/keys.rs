@@ -6,6 +6,16 @@
 //! rotate without breaking live continuations. When a variable is unset, the key is read from a
 //! key file beside the database (`<db>.keys`, mode 0600), which is created once with fresh random
 //! keys and reused afterwards, so continuations survive restarts.
+//!
+//! Keys are bound to the database ([`bind`]): the first server records the ids of its keys
+//! ([`key_id`]: a hash prefix that names a key without revealing it) in the ledger's `key_ids`
+//! table, and every later start checks them. A server whose fingerprint key is not the
+//! database's refuses to start (`KEY_MISMATCH`) — its fingerprints would never match the
+//! stored ones, and every exact replay would be a false `operation_conflict` — and so does a
+//! server none of whose state keys the database has seen. State keys rotate: list the new key
+//! before the old one (`TOOLLEDGER_STATE_KEY_HEX=new,old`) for one start, and the new key is
+//! recorded; afterwards it may stand alone. The fingerprint key does not rotate: it is the
+//! database's for its lifetime, kept in the key file beside it or in the environment.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -13,6 +23,10 @@ use std::path::{Path, PathBuf};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use toolledger::effect::EffectTx;
+use toolledger::key_ids::KeyCheck;
+use toolledger::model::Error;
+use toolledger::store::Store;
 
 /// Environment variable holding the state-sealing key(s).
 pub const STATE_KEY_ENV: &str = "TOOLLEDGER_STATE_KEY_HEX";
@@ -36,6 +50,72 @@ pub enum KeyError {
     /// The key file is readable by others.
     #[error("the key file beside the database must have mode 0600")]
     Permissions,
+    /// The fingerprint key is not the one the database was written with.
+    #[error(
+        "the fingerprint key is not the one this database was written with (its key id is \
+         {expected}); start with the key file or TOOLLEDGER_FINGERPRINT_KEY_HEX the database \
+         was created with"
+    )]
+    FingerprintMismatch {
+        /// The id the database recorded.
+        expected: String,
+    },
+    /// None of the state keys is one the database has seen.
+    #[error(
+        "none of the requestState keys is one this database has seen; to rotate, list the new \
+         key before the old one in TOOLLEDGER_STATE_KEY_HEX for one start"
+    )]
+    StateMismatch,
+    /// The key ids could not be read or recorded.
+    #[error("the key ids could not be read or recorded in the database")]
+    Store,
+}
+
+/// What [`bind`] found in the database.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Binding {
+    /// The database had no keys recorded: these keys are now its keys.
+    Recorded,
+    /// The keys are the database's (a rotated-in state key may have been recorded).
+    Matched,
+}
+
+/// The check-and-record of [`bind`] as a transaction body (retried as a whole on a transient
+/// error; it checks everything before writing anything).
+fn bind_job(
+    keys: &KeyMaterial,
+    now: i64,
+) -> impl FnMut(&mut dyn EffectTx) -> Result<Result<Binding, KeyError>, Error> + Send + 'static {
+    let fingerprint = key_id(&keys.fingerprint_key);
+    let state: Vec<String> = keys.state_keys.iter().map(|k| key_id(k)).collect();
+    move |tx| {
+        Ok(
+            match toolledger::key_ids::check_and_record(tx, &fingerprint, &state, now)? {
+                KeyCheck::Recorded => Ok(Binding::Recorded),
+                KeyCheck::Matched => Ok(Binding::Matched),
+                KeyCheck::FingerprintMismatch { expected } => {
+                    Err(KeyError::FingerprintMismatch { expected })
+                }
+                KeyCheck::StateMismatch => Err(KeyError::StateMismatch),
+            },
+        )
+    }
+}
+
+/// Binds `keys` to the database of `store` at time `now`: records their ids when the database
+/// has none, else checks them (see the [module docs](self)). Nothing is written on a mismatch.
+pub async fn bind(store: &Store, keys: &KeyMaterial, now: i64) -> Result<Binding, KeyError> {
+    store
+        .write(bind_job(keys, now))
+        .await
+        .map_err(|_: Error| KeyError::Store)?
+}
+
+/// Blocking form of [`bind`]; never call it from async code.
+pub fn bind_blocking(store: &Store, keys: &KeyMaterial, now: i64) -> Result<Binding, KeyError> {
+    store
+        .write_blocking(bind_job(keys, now))
+        .map_err(|_: Error| KeyError::Store)?
 }
 
 /// The keys a guarded server needs.

@@ -181,6 +181,7 @@ impl LedgerGuardBuilder {
         };
         let store: Store = Ledger::open_with(&database, opts)?.into();
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
+        crate::keys::bind_blocking(&store, &keys, clock.now())?;
         let engine = Engine::new(store.clone(), clock.clone());
         let guard = Guard::new(engine, &keys, self.config).map_err(OpenError::Guard)?;
         Ok(LedgerGuard {

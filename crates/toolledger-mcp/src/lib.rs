@@ -30,7 +30,8 @@
 //!   the caller on every call ([`caller::CallerSource`]: trusted configuration on stdio, bearer
 //!   tokens over HTTP via [`caller::bearer_auth`]).
 //! - [`keys::KeyMaterial`]: the state and fingerprint keys from the environment or a 0600 key
-//!   file beside the database.
+//!   file beside the database, bound to the database by [`keys::bind`] (a server with other
+//!   keys than the database was written with refuses to start).
 //! - [`reply`]: in-band tool results and errors.
 
 #![warn(missing_docs)]

@@ -99,6 +99,11 @@ pub const CORE_MIGRATIONS: &[Migration] = &[
         version: 2,
         sql: include_str!("sql/pg_0002_runtime.sql"),
     },
+    Migration {
+        namespace: "toolledger",
+        version: 3,
+        sql: include_str!("sql/pg_0003_keys.sql"),
+    },
 ];
 
 /// The backend id a new database gets when none is requested.

@@ -71,6 +71,11 @@ pub const CORE_MIGRATIONS: &[Migration] = &[
         version: 2,
         sql: include_str!("sql/sqlite_0002_runtime.sql"),
     },
+    Migration {
+        namespace: "toolledger",
+        version: 3,
+        sql: include_str!("sql/sqlite_0003_keys.sql"),
+    },
 ];
 
 /// The backend id a new file gets when none is requested.

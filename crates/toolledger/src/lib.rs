@@ -21,7 +21,8 @@
 #![warn(missing_docs)]
 
 pub use toolledger_core::{
-    approval, audit, authz, clock, digest, downstream, effect, engine, json, model, outbox, runtime,
+    approval, audit, authz, clock, digest, downstream, effect, engine, json, key_ids, model,
+    outbox, runtime,
 };
 pub use toolledger_core::{Error, ErrorCode, OperationState, Principal, Scope, ToolContract};
 
