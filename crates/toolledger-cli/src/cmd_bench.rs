@@ -15,13 +15,15 @@
 //! - `conflict`: a known key with different arguments (`operation_conflict`, read path).
 //! - `mcp-stdio`: real `tools/call` round trips against `toolledger serve` over stdio, as
 //!   two lines, `mcp-stdio-fresh` and `mcp-stdio-replay` (see [`mcp`]).
+//! - `mcp-http`: the same against `toolledger serve --http` with bearer tokens, one keep-alive
+//!   connection per caller: `mcp-http-fresh` and `mcp-http-replay`.
 //! - `outbox-drain`: accepted deferred operations delivered by worker calls (see [`outbox`]).
 //!
 //! With `--backend postgres --database-url URL` the `ceiling`, `fresh`, `replay` and
 //! `conflict` workloads run against PostgreSQL, each in a fresh schema of that database
 //! (dropped afterwards); `ceiling` is then a raw one-row `INSERT … ON CONFLICT DO NOTHING` +
 //! `COMMIT` loop through the same store (compare it with `pgbench` on the same server). The
-//! `mcp-stdio` and `outbox-drain` workloads are SQLite-only.
+//! `mcp-stdio`, `mcp-http` and `outbox-drain` workloads are SQLite-only.
 
 mod ack;
 mod mcp;
@@ -77,6 +79,9 @@ pub enum Workload {
     Conflict,
     /// tools/call round trips against `toolledger serve` over stdio (fresh and replay).
     McpStdio,
+    /// tools/call round trips against `toolledger serve --http` with bearer tokens, one
+    /// keep-alive connection per caller (fresh and replay).
+    McpHttp,
     /// Accepted deferred operations delivered by worker calls (claim, downstream, receipt).
     OutboxDrain,
 }
@@ -89,6 +94,7 @@ impl Workload {
             Workload::Replay => "replay",
             Workload::Conflict => "conflict",
             Workload::McpStdio => "mcp-stdio",
+            Workload::McpHttp => "mcp-http",
             Workload::OutboxDrain => "outbox-drain",
         }
     }
@@ -153,14 +159,16 @@ fn validate(args: &BenchArgs) -> Result<(), Failure> {
         );
     }
     if postgres
-        && args
-            .workloads
-            .iter()
-            .any(|w| matches!(w, Workload::McpStdio | Workload::OutboxDrain))
+        && args.workloads.iter().any(|w| {
+            matches!(
+                w,
+                Workload::McpStdio | Workload::McpHttp | Workload::OutboxDrain
+            )
+        })
     {
         return refuse(
             "WORKLOAD_UNAVAILABLE",
-            "mcp-stdio and outbox-drain run on SQLite only",
+            "mcp-stdio, mcp-http and outbox-drain run on SQLite only",
         );
     }
     if postgres && args.sqlite_synchronous != SyncMode::Full {
@@ -238,6 +246,7 @@ fn plan(args: &BenchArgs) -> (Vec<Workload>, Vec<usize>) {
             Workload::Replay,
             Workload::Conflict,
             Workload::McpStdio,
+            Workload::McpHttp,
             Workload::OutboxDrain,
         ]
     } else {
@@ -267,7 +276,12 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
     .map_err(|_| "DATABASE_IO_ERROR")?;
     let (mut workloads, concurrency) = plan(args);
     if args.backend == Backend::Postgres {
-        workloads.retain(|w| !matches!(w, Workload::McpStdio | Workload::OutboxDrain));
+        workloads.retain(|w| {
+            !matches!(
+                w,
+                Workload::McpStdio | Workload::McpHttp | Workload::OutboxDrain
+            )
+        });
     }
     let mut ceiling: Option<f64> = None;
     let mut seq = 0usize;
@@ -294,7 +308,9 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                         Workload::Conflict => {
                             vec![conflict_on(pg.engine(), c, args.ops).await?]
                         }
-                        Workload::McpStdio | Workload::OutboxDrain => Vec::new(),
+                        Workload::McpStdio | Workload::McpHttp | Workload::OutboxDrain => {
+                            Vec::new()
+                        }
                     };
                     tokio::task::spawn_blocking(move || pg.drop_schema())
                         .await
@@ -313,7 +329,12 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                     Workload::Fresh => vec![fresh(db, c, args.ops, tune).await?],
                     Workload::Replay => vec![replay(db, c, args.ops, tune).await?],
                     Workload::Conflict => vec![conflict(db, c, args.ops, tune).await?],
-                    Workload::McpStdio => mcp::run(db, c, args.ops, tune.synchronous).await?,
+                    Workload::McpStdio => {
+                        mcp::run(db, c, args.ops, tune.synchronous, mcp::Wire::Stdio).await?
+                    }
+                    Workload::McpHttp => {
+                        mcp::run(db, c, args.ops, tune.synchronous, mcp::Wire::Http).await?
+                    }
                     Workload::OutboxDrain => vec![outbox::run(db, c, args.ops, tune).await?],
                 }
                 .into_iter()

@@ -73,6 +73,10 @@ fn every_workload_prints_a_complete_line() {
         ("mcp-stdio-fresh", 64),
         ("mcp-stdio-replay", 1),
         ("mcp-stdio-replay", 64),
+        ("mcp-http-fresh", 1),
+        ("mcp-http-fresh", 64),
+        ("mcp-http-replay", 1),
+        ("mcp-http-replay", 64),
         ("outbox-drain", 1),
         ("outbox-drain", 64),
     ]

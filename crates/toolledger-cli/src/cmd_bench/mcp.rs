@@ -1,8 +1,11 @@
-//! The `mcp-stdio` workload: real `tools/call` round trips against `toolledger serve` over
-//! stdio (MCP 2026-07-28 requests with per-request `_meta`), many requests in flight on one
-//! connection. The tool is the reference `create_automation` (an inline effect: one row in
-//! `automations` committed with its ledger row). `fresh` sends new request ids; `replay`
-//! repeats request ids that were applied before the measurement.
+//! The `mcp-stdio` and `mcp-http` workloads: real `tools/call` round trips against
+//! `toolledger serve` (MCP 2026-07-28 requests with per-request `_meta`). `mcp-stdio` keeps
+//! many requests in flight on one stdio connection; `mcp-http` serves streamable HTTP
+//! (`serve --http`, JSON responses) to as many HTTP/1.1 keep-alive connections as there are
+//! callers, each request carrying a bearer token that the server maps to its principal. The
+//! tool is the reference `create_automation` (an inline effect: one row in `automations`
+//! committed with its ledger row). `fresh` sends new request ids; `replay` repeats request ids
+//! that were applied before the measurement.
 //!
 //! Each line runs its own server process, so `server_peak_rss_mb` is that server's peak;
 //! `cpu_us_per_op` counts this client and the server together.
@@ -28,33 +31,120 @@ const PRINCIPAL: &str = "bench";
 
 type Pending = Arc<Mutex<HashMap<i64, oneshot::Sender<Value>>>>;
 
-/// One `toolledger serve` child and a multiplexed JSON-RPC client over its stdio.
+/// The per-request metadata of an MCP 2026-07-28 client.
+fn request_meta() -> Value {
+    json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "toolledger-bench", "version": "1"},
+    })
+}
+
+/// Whether a `tools/call` reply is the `create_automation` answer a workload expects.
+fn as_expected(reply: &Value, replayed: bool) -> bool {
+    let result = &reply["result"];
+    result["isError"] == false && result["structuredContent"]["replayed"] == replayed
+}
+
+/// How the bench reaches one `toolledger serve` process.
+enum Transport {
+    /// JSON-RPC lines over the child's stdin/stdout, multiplexed by request id.
+    Stdio {
+        lines: Option<mpsc::UnboundedSender<String>>,
+        pending: Pending,
+    },
+    /// Streamable HTTP: one keep-alive HTTP/1.1 connection per caller, taken from a pool.
+    Http {
+        connections: tokio::sync::Mutex<Vec<HttpConnection>>,
+        authority: String,
+        authorization: String,
+    },
+}
+
+type HttpConnection = hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>;
+
+/// Opens one HTTP/1.1 connection to `addr` (its driver runs on the runtime).
+async fn http_connection(addr: &str) -> Option<HttpConnection> {
+    let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let _ = stream.set_nodelay(true);
+    let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+        .await
+        .ok()?;
+    tokio::spawn(conn);
+    Some(send)
+}
+
+/// One `toolledger serve` child and a client over its stdio or its HTTP endpoint.
 struct McpClient {
     child: Child,
     pid: u32,
-    lines: Option<mpsc::UnboundedSender<String>>,
-    pending: Pending,
+    transport: Transport,
     next_id: AtomicI64,
 }
 
+/// Which transport a workload measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wire {
+    /// `serve` on stdio (`mcp-stdio`).
+    Stdio,
+    /// `serve --http` with bearer tokens (`mcp-http`).
+    Http,
+}
+
+impl Wire {
+    fn label(self, line: &str) -> &'static str {
+        match (self, line) {
+            (Wire::Stdio, "fresh") => "mcp-stdio-fresh",
+            (Wire::Stdio, _) => "mcp-stdio-replay",
+            (Wire::Http, "fresh") => "mcp-http-fresh",
+            (Wire::Http, _) => "mcp-http-replay",
+        }
+    }
+}
+
 impl McpClient {
-    async fn start(db: &Path, synchronous: Synchronous) -> Result<Arc<McpClient>, &'static str> {
+    async fn start(
+        db: &Path,
+        synchronous: Synchronous,
+        wire: Wire,
+        token: Option<String>,
+        connections: usize,
+    ) -> Result<Arc<McpClient>, &'static str> {
         let exe = std::env::current_exe().map_err(|_| "BENCH_SERVER_UNAVAILABLE")?;
-        let mut child = tokio::process::Command::new(exe)
+        let mut command = tokio::process::Command::new(exe);
+        command
             .arg("serve")
             .arg("--db")
             .arg(db)
-            .args(["--backend-id", BACKEND_ID, "--principal", PRINCIPAL])
+            .args(["--backend-id", BACKEND_ID])
             .args(["--sqlite-synchronous", synchronous.as_str()])
             .env_remove("TOOLLEDGER_STATE_KEY_HEX")
             .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|_| "BENCH_SERVER_UNAVAILABLE")?;
+            .kill_on_drop(true);
+        match wire {
+            Wire::Stdio => command
+                .args(["--principal", PRINCIPAL])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null()),
+            Wire::Http => command
+                .args(["--http", "127.0.0.1:0"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped()),
+        };
+        let mut child = command.spawn().map_err(|_| "BENCH_SERVER_UNAVAILABLE")?;
         let pid = child.id().ok_or("BENCH_SERVER_UNAVAILABLE")?;
+        if wire == Wire::Http {
+            let token = token.ok_or("BENCH_SETUP_FAILED")?;
+            let transport = http_transport(&mut child, &token, connections).await?;
+            return Ok(Arc::new(McpClient {
+                child,
+                pid,
+                transport,
+                next_id: AtomicI64::new(1),
+            }));
+        }
         let stdin = child.stdin.take().ok_or("BENCH_SERVER_UNAVAILABLE")?;
         let stdout = child.stdout.take().ok_or("BENCH_SERVER_UNAVAILABLE")?;
         let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
@@ -84,8 +174,10 @@ impl McpClient {
         Ok(Arc::new(McpClient {
             child,
             pid,
-            lines: Some(tx),
-            pending,
+            transport: Transport::Stdio {
+                lines: Some(tx),
+                pending,
+            },
             next_id: AtomicI64::new(1),
         }))
     }
@@ -97,21 +189,48 @@ impl McpClient {
             "jsonrpc": "2.0",
             "id": id,
             "method": "tools/call",
-            "params": {
-                "name": name,
-                "arguments": arguments,
-                "_meta": {
-                    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                    "io.modelcontextprotocol/clientCapabilities": {},
-                    "io.modelcontextprotocol/clientInfo": {"name": "toolledger-bench",
-                                                           "version": "1"},
-                },
-            },
+            "params": {"name": name, "arguments": arguments, "_meta": request_meta()},
         });
-        let (tx, rx) = oneshot::channel();
-        self.pending.lock().ok()?.insert(id, tx);
-        self.lines.as_ref()?.send(request.to_string()).ok()?;
-        rx.await.ok()
+        match &self.transport {
+            Transport::Stdio { lines, pending } => {
+                let (tx, rx) = oneshot::channel();
+                pending.lock().ok()?.insert(id, tx);
+                lines.as_ref()?.send(request.to_string()).ok()?;
+                rx.await.ok()
+            }
+            Transport::Http {
+                connections,
+                authority,
+                authorization,
+            } => {
+                let mut conn = connections.lock().await.pop()?;
+                let req = hyper::Request::post("/mcp")
+                    .header("host", authority.as_str())
+                    .header("authorization", authorization.as_str())
+                    .header("content-type", "application/json")
+                    .header("accept", "application/json, text/event-stream")
+                    .header("mcp-protocol-version", "2026-07-28")
+                    .header("mcp-method", "tools/call")
+                    .header("mcp-name", name)
+                    .body(http_body_util::Full::new(bytes::Bytes::from(
+                        request.to_string(),
+                    )))
+                    .ok()?;
+                let reply = async {
+                    let response = conn.send_request(req).await.ok()?;
+                    let body = http_body_util::BodyExt::collect(response.into_body())
+                        .await
+                        .ok()?
+                        .to_bytes();
+                    serde_json::from_slice::<Value>(&body).ok()
+                }
+                .await;
+                if reply.is_some() {
+                    connections.lock().await.push(conn);
+                }
+                reply
+            }
+        }
     }
 
     /// `create_automation` under `request_id`; whether it ended as expected (`replayed`).
@@ -125,8 +244,7 @@ impl McpClient {
         else {
             return false;
         };
-        let result = &reply["result"];
-        result["isError"] == false && result["structuredContent"]["replayed"] == replayed
+        as_expected(&reply, replayed)
     }
 
     fn peak_rss_mb(&self) -> Option<f64> {
@@ -141,12 +259,69 @@ impl McpClient {
         process_cpu_of(self.pid)
     }
 
-    /// Closes the server's stdin and waits for it to exit.
+    /// Stops the server: closes its stdin (stdio) or sends SIGTERM (HTTP: graceful shutdown),
+    /// and waits for it to exit.
     async fn finish(mut self) {
-        self.lines.take();
+        match &mut self.transport {
+            Transport::Stdio { lines, .. } => {
+                lines.take();
+            }
+            Transport::Http { connections, .. } => {
+                connections.lock().await.clear();
+                // SAFETY: kill has no memory preconditions; the pid is our own child's.
+                unsafe {
+                    libc::kill(self.pid as i32, libc::SIGTERM);
+                }
+            }
+        }
         let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
         let _ = self.child.kill().await;
     }
+}
+
+/// Reads the address `serve --http` announces on stderr and opens `connections` keep-alive
+/// connections to it.
+async fn http_transport(
+    child: &mut Child,
+    token: &str,
+    connections: usize,
+) -> Result<Transport, &'static str> {
+    let stderr = child.stderr.take().ok_or("BENCH_SERVER_UNAVAILABLE")?;
+    let mut lines = BufReader::new(stderr).lines();
+    let listening = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(url) = serde_json::from_str::<Value>(&line)
+                .ok()
+                .and_then(|v| v["listening"].as_str().map(str::to_string))
+            {
+                return Some(url);
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten()
+    .ok_or("BENCH_SERVER_UNAVAILABLE")?;
+    // Keep draining stderr so the server never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let authority = listening
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_string();
+    let mut pool = Vec::with_capacity(connections);
+    for _ in 0..connections.max(1) {
+        pool.push(
+            http_connection(&authority)
+                .await
+                .ok_or("BENCH_SERVER_UNAVAILABLE")?,
+        );
+    }
+    Ok(Transport::Http {
+        connections: tokio::sync::Mutex::new(pool),
+        authority,
+        authorization: format!("Bearer {token}"),
+    })
 }
 
 /// Writes request lines in order, flushing only when no more are queued (one write for many
@@ -191,8 +366,9 @@ fn process_cpu_of(pid: u32) -> Duration {
     Duration::from_micros(total * 1_000_000 / hz)
 }
 
-/// Creates the database with the bench principal (scope `automation:write`).
-async fn prepare_db(db: &Path) -> Result<(), &'static str> {
+/// Creates the database with the bench principal (scope `automation:write`); with `token`, the
+/// principal gets a bearer token, which is returned.
+async fn prepare_db(db: &Path, token: bool) -> Result<Option<String>, &'static str> {
     let store = crate::common::open_store(db, Some(BACKEND_ID.to_string()), false)
         .map_err(|e| e.cli_code())?;
     toolledger::authz::PrincipalStore::new(store)
@@ -201,11 +377,10 @@ async fn prepare_db(db: &Path) -> Result<(), &'static str> {
             "bench",
             &[],
             &["automation:write".to_string()],
-            false,
+            token,
         )
         .await
-        .map_err(|_| "BENCH_SETUP_FAILED")?;
-    Ok(())
+        .map_err(|_| "BENCH_SETUP_FAILED")
 }
 
 async fn measure(
@@ -234,21 +409,23 @@ async fn measure(
     r
 }
 
-/// Runs `mcp-stdio` fresh and replay at `concurrency` with `ops` calls each; `db` names the
-/// database of this line (the replay line uses a second file beside it).
+/// Runs `mcp-stdio` or `mcp-http` fresh and replay at `concurrency` with `ops` calls each;
+/// `db` names the database of this line (the replay line uses a second file beside it).
 pub async fn run(
     db: PathBuf,
     concurrency: usize,
     ops: usize,
     synchronous: Synchronous,
+    wire: Wire,
 ) -> Result<Vec<Report>, &'static str> {
     let mut reports = Vec::with_capacity(2);
+    let http = wire == Wire::Http;
 
-    prepare_db(&db).await?;
-    let client = McpClient::start(&db, synchronous).await?;
+    let token = prepare_db(&db, http).await?;
+    let client = McpClient::start(&db, synchronous, wire, token, concurrency).await?;
     let fresh = measure(
         &client,
-        "mcp-stdio-fresh",
+        wire.label("fresh"),
         concurrency,
         ops,
         |i| format!("fresh-{i}"),
@@ -259,10 +436,11 @@ pub async fn run(
     reports.push(fresh);
 
     let replay_db = db.with_extension("replay.sqlite");
-    prepare_db(&replay_db).await?;
-    let client = McpClient::start(&replay_db, synchronous).await?;
+    let token = prepare_db(&replay_db, http).await?;
+    let seeders = if http { concurrency.max(1) } else { 64 };
+    let client = McpClient::start(&replay_db, synchronous, wire, token, seeders).await?;
     let distinct = ops.clamp(1, 1000);
-    let seeded = drive("mcp-seed", 64, distinct, {
+    let seeded = drive("mcp-seed", seeders, distinct, {
         let c = client.clone();
         move |i| {
             let c = c.clone();
@@ -276,7 +454,7 @@ pub async fn run(
     }
     let replay = measure(
         &client,
-        "mcp-stdio-replay",
+        wire.label("replay"),
         concurrency,
         ops,
         move |i| format!("seed-{}", i % distinct),
