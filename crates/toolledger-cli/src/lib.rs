@@ -5,3 +5,4 @@
 pub mod common;
 pub mod exit;
 pub mod fixture;
+pub mod telemetry;

@@ -203,3 +203,40 @@ pub fn counts(tx: &mut dyn EffectTx) -> Result<Value, StoreError> {
         "operation_events": scalar(tx, "SELECT count(*) FROM operation_events")?,
     }))
 }
+
+/// How many rows of one table are in one state, and how long the oldest of them has been in
+/// it (`now - min(updated_at)`, whole seconds, never negative).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct StateCount {
+    /// The state.
+    pub state: String,
+    /// Rows in that state.
+    pub count: i64,
+    /// Seconds since the oldest of them last changed.
+    pub oldest_age_seconds: i64,
+}
+
+/// Operations and outbox events by state at `now`, for gauges (read-only).
+pub fn state_counts(
+    tx: &mut dyn EffectTx,
+    now: i64,
+) -> Result<(Vec<StateCount>, Vec<StateCount>), StoreError> {
+    let mut read = |sql: &str| -> Result<Vec<StateCount>, StoreError> {
+        rows(tx, sql)?
+            .iter()
+            .map(|r| {
+                Ok(StateCount {
+                    state: r.text(0).map_err(contract)?,
+                    count: r.int(1).map_err(contract)?,
+                    oldest_age_seconds: now.saturating_sub(r.int(2).map_err(contract)?).max(0),
+                })
+            })
+            .collect()
+    };
+    Ok((
+        read(
+            "SELECT state, count(*), min(updated_at) FROM operations GROUP BY state ORDER BY state",
+        )?,
+        read("SELECT state, count(*), min(updated_at) FROM outbox GROUP BY state ORDER BY state")?,
+    ))
+}

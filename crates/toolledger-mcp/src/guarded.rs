@@ -430,9 +430,11 @@ fn call_wrapped<'a, S: Send + Sync + 'static>(
         client_capabilities: ctx.request_context.client_capabilities(),
     };
     ctx.request_context.extensions.insert(scope);
+    let tool = ctx.name.to_string();
+    let started = std::time::Instant::now();
     let fut = (w.inner)(ctx);
     Box::pin(async move {
-        match fut.await {
+        let response = match fut.await {
             Err(e) if is_parameters_error(&e) => {
                 let detail = e
                     .message
@@ -440,7 +442,9 @@ fn call_wrapped<'a, S: Send + Sync + 'static>(
                 complete_error(&Error::invalid(shorten(format!("arguments:{detail}"))))
             }
             other => other,
-        }
+        };
+        crate::observe::tool_call(&tool, None, &response, started.elapsed());
+        response
     })
 }
 

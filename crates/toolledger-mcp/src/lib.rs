@@ -42,6 +42,7 @@ pub mod guard;
 pub mod guarded;
 pub mod keys;
 pub mod ledger;
+pub mod observe;
 pub mod reply;
 pub mod server;
 pub mod state;

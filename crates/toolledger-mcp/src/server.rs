@@ -175,10 +175,16 @@ impl ServerHandler for LedgerServer {
                 None,
             ));
         };
+        let started = std::time::Instant::now();
         let caller = match self.caller.resolve(&self.principals, &context).await {
             Ok(c) => c,
-            Err(e) => return Ok(CallToolResponse::Complete(tool_error(&e))),
+            Err(e) => {
+                let response = Ok(CallToolResponse::Complete(tool_error(&e)));
+                crate::observe::tool_call(&request.name, None, &response, started.elapsed());
+                return response;
+            }
         };
+        let principal = caller.name.clone();
         let call = ToolCall {
             caller,
             arguments: request.arguments.unwrap_or_default(),
@@ -188,6 +194,13 @@ impl ServerHandler for LedgerServer {
             client_capabilities: context.client_capabilities(),
             peer: Some(context.peer.clone()),
         };
-        tool.call(call).await
+        let response = tool.call(call).await;
+        crate::observe::tool_call(
+            &request.name,
+            Some(&principal),
+            &response,
+            started.elapsed(),
+        );
+        response
     }
 }

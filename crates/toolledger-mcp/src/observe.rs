@@ -1,0 +1,101 @@
+//! What a tool call leaves for operators: one `tracing` event and two metric series per call.
+//!
+//! The event (target `toolledger::call`, level `info`; `warn` for an unsure outcome) carries
+//! the tool, the principal, the operation id when the answer names one, the outcome and the
+//! latency — never arguments, tokens or keys. The metrics go to whatever `metrics` recorder the
+//! process installed (the `toolledger` binary exports them as Prometheus text):
+//! `toolledger_tool_calls_total{tool, outcome}` and
+//! `toolledger_tool_call_duration_seconds{tool}`.
+//!
+//! Outcomes: `fresh` (an effect ran now), `replayed` (a stored result), `input_required` (a
+//! first round), the error code of an in-band refusal (`operation_conflict`,
+//! `outcome_unknown`, …), or `protocol_error` (a JSON-RPC error such as an invalid
+//! `requestState`).
+
+use std::time::Duration;
+
+use rmcp::model::{CallToolResponse, ErrorData};
+use serde_json::Value;
+
+use crate::reply::error_of;
+
+/// The outcome label and the operation id of a tool's answer.
+fn classify(response: &Result<CallToolResponse, ErrorData>) -> (String, Option<String>) {
+    match response {
+        Err(_) => ("protocol_error".into(), None),
+        Ok(CallToolResponse::InputRequired(_)) => ("input_required".into(), None),
+        Ok(CallToolResponse::Complete(result)) => {
+            let value = serde_json::to_value(result).unwrap_or(Value::Null);
+            let structured = &value["structuredContent"];
+            let operation = ["operationId", "status_ref"]
+                .iter()
+                .find_map(|k| structured[*k].as_str().map(str::to_string))
+                .or_else(|| {
+                    error_of(&value).and_then(|e| e["status_ref"].as_str().map(str::to_string))
+                });
+            if let Some(error) = error_of(&value) {
+                let code = error["code"].as_str().unwrap_or("error").to_string();
+                return (code, operation);
+            }
+            let replayed = structured["replayed"] == Value::Bool(true)
+                || structured["delivery"] == "local_replay";
+            let outcome = if replayed { "replayed" } else { "fresh" };
+            (outcome.into(), operation)
+        }
+        Ok(_) => ("other".into(), None),
+    }
+}
+
+/// Records one finished call of `tool` by `principal` (`None`: not resolved) that answered
+/// `response` after `elapsed`.
+pub fn tool_call(
+    tool: &str,
+    principal: Option<&str>,
+    response: &Result<CallToolResponse, ErrorData>,
+    elapsed: Duration,
+) {
+    let (outcome, operation) = classify(response);
+    let latency_ms = elapsed.as_secs_f64() * 1000.0;
+    let principal = principal.unwrap_or("-");
+    let operation = operation.as_deref().unwrap_or("-");
+    if matches!(
+        outcome.as_str(),
+        "outcome_unknown" | "operation_in_progress"
+    ) {
+        tracing::warn!(target: "toolledger::call", tool, principal, operation, outcome = %outcome, latency_ms, "tool call");
+    } else {
+        tracing::info!(target: "toolledger::call", tool, principal, operation, outcome = %outcome, latency_ms, "tool call");
+    }
+    metrics::counter!("toolledger_tool_calls_total", "tool" => tool.to_string(), "outcome" => outcome)
+        .increment(1);
+    metrics::histogram!("toolledger_tool_call_duration_seconds", "tool" => tool.to_string())
+        .record(elapsed.as_secs_f64());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reply::{tool_error, tool_ok};
+    use serde_json::json;
+    use toolledger::model::{Error, ErrorCode};
+
+    #[test]
+    fn outcomes_name_fresh_replayed_refusals_and_protocol_errors() {
+        let ok = |v: Value| Ok(CallToolResponse::Complete(tool_ok(v)));
+        assert_eq!(
+            classify(&ok(json!({"operationId": "a", "replayed": false}))),
+            ("fresh".into(), Some("a".into()))
+        );
+        assert_eq!(
+            classify(&ok(json!({"operationId": "a", "replayed": true}))).0,
+            "replayed"
+        );
+        let refused = Ok(CallToolResponse::Complete(tool_error(&Error::new(
+            ErrorCode::OperationConflict,
+            "no",
+        ))));
+        assert_eq!(classify(&refused).0, "operation_conflict");
+        let rpc = Err(ErrorData::invalid_params("bad", None));
+        assert_eq!(classify(&rpc).0, "protocol_error");
+    }
+}
