@@ -32,6 +32,10 @@
 //! - [`keys::KeyMaterial`]: the state and fingerprint keys from the environment or a 0600 key
 //!   file beside the database.
 //! - [`reply`]: in-band tool results and errors.
+//! - [`wire`]: the strict wire entry of a server: every incoming message checked with the
+//!   ledger's strict JSON rules before rmcp reads it, every refused one answered with a
+//!   JSON-RPC error — [`wire::StdioTransport`] for stdio, axum middleware for HTTP
+//!   ([`wire::http`]).
 
 #![warn(missing_docs)]
 
@@ -46,6 +50,7 @@ pub mod server;
 pub mod state;
 pub mod status;
 pub mod tool;
+pub mod wire;
 
 pub use caller::{bearer_auth, AuthenticatedName, Caller, CallerSource};
 pub use deferred::{DeferredArguments, DeferredMcpTool, DeferredOutcome, DeferredReply};
