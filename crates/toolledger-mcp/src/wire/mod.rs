@@ -236,7 +236,8 @@ fn tool_call_params_error(bytes: &[u8]) -> Option<WireError> {
         Err(e) => Some(WireError::invalid_params(
             id,
             format!(
-                "tools/call params break the strict JSON rules ({}: {})",
+                "tools/call params break the strict JSON rules ({}: {}; offsets count from the \
+                 start of params)",
                 e.code, e.message
             ),
             Some(e.code),
