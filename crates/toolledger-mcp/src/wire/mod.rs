@@ -177,7 +177,7 @@ pub fn check_message(bytes: &[u8]) -> Result<ClientJsonRpcMessage, WireError> {
         Ok(value) => value,
         Err(first) => outside_the_fast_path(bytes, first)?,
     };
-    classify(value)
+    classify(&value, bytes)
 }
 
 /// A message the ledger's own parser refused under the fast path's limits: either it breaks
@@ -253,10 +253,14 @@ fn request_id(id: &Value) -> Option<RequestId> {
     }
 }
 
-/// Sorts a JSON value into one JSON-RPC message (request, notification, response, error) and
-/// converts it to rmcp's typed message.
-fn classify(value: Value) -> Result<ClientJsonRpcMessage, WireError> {
-    let map = match &value {
+/// Sorts a message, parsed as `value` from `bytes`, into one JSON-RPC message (request,
+/// notification, response, error) and converts it to rmcp's typed message.
+///
+/// rmcp reads the bytes themselves: they passed the rules, so its lenient parser sees exactly
+/// `value`, and reading a slice (its strings borrowed while its untagged enums try their
+/// variants) costs less than reading an owned `Value`.
+fn classify(value: &Value, bytes: &[u8]) -> Result<ClientJsonRpcMessage, WireError> {
+    let map = match value {
         Value::Object(map) => map,
         Value::Array(_) => {
             return Err(WireError::invalid_request(
@@ -294,7 +298,7 @@ fn classify(value: Value) -> Result<ClientJsonRpcMessage, WireError> {
         },
         Some(_) => return Err(WireError::invalid_request("the method is a string")),
     };
-    let message: ClientJsonRpcMessage = serde_json::from_value(value).map_err(|_| {
+    let message: ClientJsonRpcMessage = serde_json::from_slice(bytes).map_err(|_| {
         WireError::invalid_request("not a JSON-RPC request, notification, result or error")
     })?;
     if let (Some(id), JsonRpcMessage::Request(r)) = (request, &message) {
@@ -312,9 +316,9 @@ fn classify(value: Value) -> Result<ClientJsonRpcMessage, WireError> {
 }
 
 /// The shape of a request's params, checked before rmcp deserializes them: params are an
-/// object when present (MCP has no positional params); `tools/call` names its tool with a string and carries
-/// `arguments`, `inputResponses` and `_meta` as objects and `requestState` as a string (each
-/// optional; `null` counts as absent, as in rmcp).
+/// object when present (MCP has no positional params); `tools/call` names its tool with a
+/// string and carries `arguments`, `inputResponses` and `_meta` as objects and `requestState`
+/// as a string (each optional; `null` counts as absent, as in rmcp).
 fn check_params(id: &RequestId, method: &str, params: Option<&Value>) -> Result<(), WireError> {
     let refuse = |what: String| Err(WireError::invalid_params(id.clone(), what, None));
     let params = match params {

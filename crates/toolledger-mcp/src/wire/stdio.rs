@@ -7,6 +7,8 @@
 //! - Receiving is cancel-safe (rmcp polls it inside `select!`): a partly read line stays in
 //!   the transport's buffer, and an answer to a refused line is kept until it is written;
 //!   a write cut off by cancellation is resumed, never restarted, by the next writer.
+//! - Replies written concurrently share write calls: each reply is queued, and whoever holds
+//!   the writer writes everything queued so far, so under load one write carries many lines.
 //! - The server keeps serving after a refused line; only end of input or an I/O error ends
 //!   the session. Empty lines are skipped.
 
@@ -40,10 +42,34 @@ pub struct StdioTransport<R, W> {
     answer: Option<Vec<u8>>,
     /// An answer was handed to the writer whose bytes may not all be written yet.
     flushing: bool,
-    out: Arc<Mutex<Outbox<W>>>,
+    out: Arc<Shared<W>>,
 }
 
-/// The writing half: bytes not yet written stay here, so a cancelled write is resumed.
+/// The writing half, shared by every reply in flight.
+struct Shared<W> {
+    /// Whole lines not yet taken by a writer, in the order they were queued.
+    queue: std::sync::Mutex<Vec<u8>>,
+    out: Mutex<Outbox<W>>,
+}
+
+impl<W: AsyncWrite + Unpin> Shared<W> {
+    /// Queues one whole line (no await: it cannot be cut off).
+    fn queue(&self, line: &[u8]) {
+        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        queue.extend_from_slice(line);
+    }
+
+    /// Writes everything queued so far (this caller's lines and any other's) and flushes.
+    /// When it returns `Ok`, every line queued before the call is written.
+    async fn write_queued(&self) -> io::Result<()> {
+        let mut out = self.out.lock().await;
+        out.take_queue(&self.queue);
+        out.drain().await
+    }
+}
+
+/// The writer and the bytes taken from the queue but not yet written: a cancelled write
+/// leaves them here and the next writer resumes them.
 struct Outbox<W> {
     writer: Option<W>,
     pending: Vec<u8>,
@@ -51,6 +77,18 @@ struct Outbox<W> {
 }
 
 impl<W: AsyncWrite + Unpin> Outbox<W> {
+    fn take_queue(&mut self, queue: &std::sync::Mutex<Vec<u8>>) {
+        let mut queue = queue.lock().unwrap_or_else(|e| e.into_inner());
+        if self.pending.is_empty() {
+            // The two buffers trade places: no copy, no allocation.
+            std::mem::swap(&mut self.pending, &mut *queue);
+            self.written = 0;
+        } else {
+            self.pending.extend_from_slice(&queue);
+            queue.clear();
+        }
+    }
+
     /// Writes everything pending and flushes. Cancel-safe: what was not written stays pending.
     async fn drain(&mut self) -> io::Result<()> {
         let Some(writer) = self.writer.as_mut() else {
@@ -97,11 +135,14 @@ where
             discarding: false,
             answer: None,
             flushing: false,
-            out: Arc::new(Mutex::new(Outbox {
-                writer: Some(write),
-                pending: Vec::new(),
-                written: 0,
-            })),
+            out: Arc::new(Shared {
+                queue: std::sync::Mutex::new(Vec::new()),
+                out: Mutex::new(Outbox {
+                    writer: Some(write),
+                    pending: Vec::new(),
+                    written: 0,
+                }),
+            }),
         }
     }
 
@@ -146,15 +187,15 @@ where
         }
     }
 
-    /// Hands the answer to a refused line to the writer and writes it (cancel-safe).
+    /// Queues the answer to a refused line and writes it (cancel-safe: once queued it is
+    /// written by this call, the next one, or any reply's writer).
     async fn answer_refused(&mut self) -> io::Result<()> {
-        let mut out = self.out.lock().await;
-        if let Some(answer) = self.answer.take() {
-            out.pending.extend_from_slice(&answer);
-            out.pending.push(b'\n');
+        if let Some(mut answer) = self.answer.take() {
+            answer.push(b'\n');
+            self.out.queue(&answer);
             self.flushing = true;
         }
-        out.drain().await?;
+        self.out.write_queued().await?;
         self.flushing = false;
         Ok(())
     }
@@ -191,9 +232,8 @@ where
         async move {
             let mut bytes = bytes?;
             bytes.push(b'\n');
-            let mut out = out.lock().await;
-            out.pending.extend_from_slice(&bytes);
-            out.drain().await
+            out.queue(&bytes);
+            out.write_queued().await
         }
     }
 
@@ -226,7 +266,8 @@ where
     }
 
     async fn close(&mut self) -> Result<(), Self::Error> {
-        let mut out = self.out.lock().await;
+        let mut out = self.out.out.lock().await;
+        out.take_queue(&self.out.queue);
         let drained = if out.writer.is_some() {
             out.drain().await
         } else {
