@@ -225,12 +225,11 @@ where
         &mut self,
         item: TxJsonRpcMessage<RoleServer>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-        // Serialized before the lock, so concurrent replies do not wait on each other's
-        // encoding.
-        let bytes = serde_json::to_vec(&item).map_err(io::Error::from);
+        // rmcp calls `send` on its service loop and runs the future in a task of its own:
+        // the reply is encoded there, in parallel with other replies, not on the loop.
         let out = self.out.clone();
         async move {
-            let mut bytes = bytes?;
+            let mut bytes = serde_json::to_vec(&item)?;
             bytes.push(b'\n');
             out.queue(&bytes);
             out.write_queued().await
