@@ -6,6 +6,13 @@
 //! dispatch). Both MCP 2026-07-28 (no initialize, multi-round) and the older initialize
 //! lifecycle are served; in the latter, `create_issue` asks for its body by elicitation (or
 //! answers `continuation_unsupported` to a client that declared no form elicitation).
+//!
+//! Both transports enter through the strict wire entry (`toolledger_mcp::wire`): every line
+//! on stdio and every POST body over HTTP is checked with the ledger's strict JSON rules
+//! before rmcp reads it, and every refused one is answered with a JSON-RPC error. Over HTTP,
+//! `/mcp` answers only requests whose `Host` (and `Origin`, when present) names a loopback
+//! host or an `--allowed-host`; `/healthz` and `/readyz` answer any host, so probes that
+//! address the server by its pod or instance IP work.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,6 +25,8 @@ use toolledger::clock::{ManualClock, SharedClock, SystemClock};
 use toolledger::engine::Engine;
 use toolledger::store::Store;
 use toolledger_mcp::keys::KeyError;
+use toolledger_mcp::wire::http::{end_session, guard_host_and_origin, strict_body, AllowedHosts};
+use toolledger_mcp::wire::MAX_MESSAGE_BYTES;
 use toolledger_mcp::{bearer_auth, CallerSource, Guard, GuardConfig, KeyMaterial, LedgerServer};
 
 use crate::common::{RuntimeStoreArgs, StoreConfig};
@@ -35,6 +44,16 @@ pub struct ServeArgs {
     /// Serve streamable HTTP at `http://ADDR/mcp` with bearer tokens instead of stdio.
     #[arg(long, value_name = "ADDR")]
     pub http: Option<SocketAddr>,
+    /// With --http: a host name the server is reached by, besides the loopback names
+    /// (repeatable; `HOST` for any port, `HOST:PORT` for one). Requests whose Host header,
+    /// or Origin header when present, names another host are refused with 403.
+    #[arg(
+        long = "allowed-host",
+        value_name = "HOST",
+        env = "TOOLLEDGER_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
+    pub allowed_hosts: Vec<String>,
     /// Pin the clock to this Unix second (testing aid; production uses wall time).
     #[arg(long, value_name = "SECS")]
     pub clock_epoch: Option<i64>,
@@ -71,6 +90,10 @@ pub fn run(args: ServeArgs, config: StoreConfig) -> Result<Outcome, Failure> {
 }
 
 async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
+    // An empty entry (a trailing comma in the variable) names nothing and is skipped.
+    let hosts =
+        AllowedHosts::with_hosts(args.allowed_hosts.iter().filter(|h| !h.trim().is_empty()))
+            .map_err(|e| Failure::explained("ALLOWED_HOST_INVALID", e.to_string()))?;
     let store = config.open()?;
     // With PostgreSQL the servers of a deployment share their keys through the environment;
     // the key file beside a SQLite database has no counterpart there.
@@ -125,16 +148,17 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
                 principals,
                 CallerSource::Configured(name),
             );
-            // Pipes (how MCP clients launch a server) are driven by the IO reactor instead of
-            // a blocking-pool thread hand-off per read and write; other streams fall back to
+            // The strict transport: every line checked, every refused line answered. Pipes
+            // (how MCP clients launch a server) are driven by the IO reactor instead of a
+            // blocking-pool thread hand-off per read and write; other streams fall back to
             // the blocking handles. A client that leaves before the session starts ends it
             // (exit 0).
-            if let Ok(running) = server.serve(rmcp::transport::stdio_pipes()).await {
+            if let Ok(running) = server.serve(toolledger_mcp::wire::stdio::stdio()).await {
                 let _ = running.waiting().await;
             }
             Ok(())
         }
-        Some(addr) => serve_http(addr, tools, principals).await,
+        Some(addr) => serve_http(addr, tools, principals, hosts).await,
     }
 }
 
@@ -142,6 +166,7 @@ async fn serve_http(
     addr: SocketAddr,
     tools: Vec<Arc<dyn toolledger_mcp::McpTool>>,
     principals: PrincipalStore,
+    hosts: AllowedHosts,
 ) -> Result<(), Failure> {
     let server = LedgerServer::new(
         "toolledger",
@@ -149,21 +174,33 @@ async fn serve_http(
         principals.clone(),
         CallerSource::BearerToken,
     );
+    // rmcp checks the Host header against the same list (after ours, which runs first and
+    // also judges Origin), and reads at most the wire entry's largest message.
     let config = StreamableHttpServerConfig::default()
         .with_json_response(true)
-        .with_sse_keep_alive(None);
-    let service = StreamableHttpService::new(
-        move || Ok(server.clone()),
-        Arc::new(LocalSessionManager::default()),
-        config,
-    );
+        .with_sse_keep_alive(None)
+        .with_allowed_hosts(hosts.entries())
+        .with_max_request_body_bytes(MAX_MESSAGE_BYTES);
+    let sessions = Arc::new(LocalSessionManager::default());
+    let service = StreamableHttpService::new(move || Ok(server.clone()), sessions.clone(), config);
     let store = principals.store().clone();
-    // The bearer layer wraps `/mcp` only: the health endpoints answer without a token.
+    // Around `/mcp`, outermost first: Host and Origin (403), the bearer token (401), the
+    // strict body (400/413), the end of a legacy session (204/404). The health endpoints
+    // are outside all of them.
     let app = axum::Router::new()
         .nest_service("/mcp", service)
         .layer(axum::middleware::from_fn_with_state(
+            sessions,
+            end_session::<LocalSessionManager>,
+        ))
+        .layer(axum::middleware::from_fn(strict_body))
+        .layer(axum::middleware::from_fn_with_state(
             Arc::new(principals),
             bearer_auth,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(hosts),
+            guard_host_and_origin,
         ))
         .merge(health_routes(store));
     let listener = tokio::net::TcpListener::bind(addr)

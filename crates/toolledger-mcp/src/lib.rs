@@ -33,6 +33,10 @@
 //!   file beside the database, bound to the database by [`keys::bind`] (a server with other
 //!   keys than the database was written with refuses to start).
 //! - [`reply`]: in-band tool results and errors.
+//! - [`wire`]: the strict wire entry of a server: every incoming message checked with the
+//!   ledger's strict JSON rules before rmcp reads it, every refused one answered with a
+//!   JSON-RPC error — [`wire::StdioTransport`] for stdio, axum middleware for HTTP
+//!   ([`wire::http`]).
 
 #![warn(missing_docs)]
 
@@ -48,6 +52,7 @@ pub mod server;
 pub mod state;
 pub mod status;
 pub mod tool;
+pub mod wire;
 
 pub use caller::{bearer_auth, AuthenticatedName, Caller, CallerSource};
 pub use deferred::{DeferredArguments, DeferredMcpTool, DeferredOutcome, DeferredReply};

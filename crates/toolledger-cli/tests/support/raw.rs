@@ -1,0 +1,250 @@
+//! Raw access to `toolledger serve` for the wire-entry tests: a stdio server fed arbitrary
+//! bytes (not only valid UTF-8 lines), and an HTTP server spoken to with hand-written HTTP/1.1
+//! requests carrying any headers and any body.
+//!
+//! A test file takes it beside `support` with `#[path = "support/raw.rs"] mod raw;`.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, ChildStdin, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::wire::{serve_command, Ledger};
+
+/// A `toolledger serve` on stdio, written to byte for byte.
+pub struct RawStdio {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+}
+
+impl RawStdio {
+    /// Starts the server on `db` as `principal` with `extra` flags.
+    pub fn start<L: Ledger + ?Sized>(db: &L, principal: &str, extra: &[&str]) -> RawStdio {
+        let mut args = vec!["--principal".to_string(), principal.to_string()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut child = serve_command(db, &args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        RawStdio {
+            stdin: child.stdin.take(),
+            child,
+            lines: rx,
+        }
+    }
+
+    /// Writes `bytes` as they are (no newline added).
+    pub fn write(&mut self, bytes: &[u8]) {
+        let stdin = self.stdin.as_mut().unwrap();
+        stdin.write_all(bytes).unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// Writes `bytes` and a newline.
+    pub fn line(&mut self, bytes: &[u8]) {
+        self.write(bytes);
+        self.write(b"\n");
+    }
+
+    /// Writes `message` as one JSON line.
+    pub fn send(&mut self, message: &Value) {
+        self.line(message.to_string().as_bytes());
+    }
+
+    /// The next line from the server, parsed (panics after 60 s without one).
+    pub fn recv(&mut self) -> Value {
+        let line = self
+            .lines
+            .recv_timeout(Duration::from_secs(60))
+            .expect("no reply from the server");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
+    }
+
+    /// Closes stdin and waits for the exit code.
+    pub fn finish(mut self) -> i32 {
+        self.stdin.take();
+        self.child.wait().unwrap().code().unwrap_or(-1)
+    }
+}
+
+impl Drop for RawStdio {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A `toolledger serve --http` process.
+pub struct RawHttp {
+    /// The process.
+    pub child: Child,
+    /// `127.0.0.1:PORT`, where it listens.
+    pub addr: String,
+}
+
+impl Drop for RawHttp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl RawHttp {
+    /// Starts `serve --http 127.0.0.1:0` on `db` with `extra` flags and `env` variables.
+    pub fn start<L: Ledger + ?Sized>(db: &L, extra: &[&str], env: &[(&str, &str)]) -> RawHttp {
+        let mut args = vec!["--http".to_string(), "127.0.0.1:0".to_string()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut child = serve_command(db, &args)
+            .env_remove("TOOLLEDGER_ALLOWED_HOSTS")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stderr.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let v: Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("no listening line ({e}): {line:?}"));
+        let addr = v["listening"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("http://")
+            .trim_end_matches("/mcp")
+            .to_string();
+        RawHttp { child, addr }
+    }
+
+    /// Sends `method path` with `headers` (a `Host` naming the listening address unless
+    /// `headers` has one) and `body`; returns the response.
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> HttpResponse {
+        let mut head = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+            head.push_str(&format!("Host: {}\r\n", self.addr));
+        }
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+        let mut stream = TcpStream::connect(&self.addr).unwrap();
+        stream.write_all(head.as_bytes()).unwrap();
+        // The server may answer (413) before it has read all of a large body.
+        let _ = stream.write_all(body);
+        let mut raw = Vec::new();
+        let _ = stream.read_to_end(&mut raw);
+        HttpResponse::parse(&raw)
+    }
+
+    /// A JSON POST to `/mcp` with `headers` (after the content negotiation headers).
+    pub fn post(&self, headers: &[(&str, &str)], body: &[u8]) -> HttpResponse {
+        let mut all = vec![
+            ("Content-Type", "application/json"),
+            ("Accept", "application/json, text/event-stream"),
+        ];
+        all.extend_from_slice(headers);
+        self.request("POST", "/mcp", &all, body)
+    }
+}
+
+/// One HTTP response.
+#[derive(Debug)]
+pub struct HttpResponse {
+    /// The status code.
+    pub status: u16,
+    /// The headers, in order.
+    pub headers: Vec<(String, String)>,
+    /// The body (de-chunked).
+    pub body: String,
+}
+
+impl HttpResponse {
+    fn parse(raw: &[u8]) -> HttpResponse {
+        let raw = String::from_utf8_lossy(raw).into_owned();
+        let (head, rest) = raw
+            .split_once("\r\n\r\n")
+            .unwrap_or_else(|| panic!("no HTTP response: {raw:?}"));
+        let mut lines = head.lines();
+        let status = lines
+            .next()
+            .and_then(|l| l.split(' ').nth(1))
+            .and_then(|s| s.parse().ok())
+            .unwrap();
+        let headers: Vec<(String, String)> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+            .collect();
+        let chunked = headers
+            .iter()
+            .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+        let body = if chunked {
+            dechunk(rest)
+        } else {
+            rest.to_string()
+        };
+        HttpResponse {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    /// The value of header `name`.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The JSON body, or the JSON-RPC message of an SSE response.
+    pub fn json(&self) -> Value {
+        if let Ok(v) = serde_json::from_str(&self.body) {
+            return v;
+        }
+        self.body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .find(|v| v.get("jsonrpc").is_some())
+            .unwrap_or_else(|| panic!("no JSON-RPC message in: {}", self.body))
+    }
+}
+
+fn dechunk(mut raw: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = raw.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        raw = &rest[n + 2..];
+    }
+    out
+}

@@ -1,0 +1,401 @@
+//! The stdio transport of the strict wire entry: newline-delimited JSON-RPC messages, each
+//! checked by [`check_message`](super::check_message), every refused line answered.
+//!
+//! - Reading is bounded: a line is buffered up to [`MAX_MESSAGE_BYTES`](super::MAX_MESSAGE_BYTES)
+//!   (plus its `\r\n`); a longer one is answered -32700 `too_large` as soon as it crosses the
+//!   limit and the rest of it is read in chunks and discarded up to its newline.
+//! - Receiving is cancel-safe (rmcp polls it inside `select!`): a partly read line stays in
+//!   the transport's buffer, and an answer to a refused line is kept until it is written;
+//!   a write cut off by cancellation is resumed, never restarted, by the next writer.
+//! - Replies written concurrently share write calls: each reply is queued, and whoever holds
+//!   the writer writes everything queued so far, so under load one write carries many lines.
+//! - The server keeps serving after a refused line; only end of input or an I/O error ends
+//!   the session. Empty lines are skipped.
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+
+use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
+use rmcp::transport::Transport;
+use rmcp::RoleServer;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::Mutex;
+
+use super::{check_message, WireError, MAX_MESSAGE_BYTES};
+
+/// The longest line buffered: the largest message and a `\r\n`.
+const MAX_LINE: usize = MAX_MESSAGE_BYTES + 2;
+
+/// A line buffer grown past this by a large message is given back after it.
+const KEEP_CAPACITY: usize = 64 << 10;
+
+/// rmcp's `Transport<RoleServer>` over a reader and a writer of newline-delimited JSON-RPC
+/// (a server's stdin and stdout), with the strict wire entry on every incoming line.
+pub struct StdioTransport<R, W> {
+    read: BufReader<R>,
+    line: Vec<u8>,
+    /// Set while the rest of an oversized line is skipped, until its newline.
+    discarding: bool,
+    /// The answer to a refused line, not yet handed to the writer.
+    answer: Option<Vec<u8>>,
+    /// An answer was handed to the writer whose bytes may not all be written yet.
+    flushing: bool,
+    out: Arc<Shared<W>>,
+}
+
+/// The writing half, shared by every reply in flight.
+struct Shared<W> {
+    /// Whole lines not yet taken by a writer, in the order they were queued.
+    queue: std::sync::Mutex<Vec<u8>>,
+    out: Mutex<Outbox<W>>,
+}
+
+impl<W: AsyncWrite + Unpin> Shared<W> {
+    /// Queues one whole line (no await: it cannot be cut off).
+    fn queue(&self, line: &[u8]) {
+        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        queue.extend_from_slice(line);
+    }
+
+    /// Writes everything queued so far (this caller's lines and any other's) and flushes.
+    /// When it returns `Ok`, every line queued before the call is written.
+    async fn write_queued(&self) -> io::Result<()> {
+        let mut out = self.out.lock().await;
+        out.take_queue(&self.queue);
+        out.drain().await
+    }
+}
+
+/// The writer and the bytes taken from the queue but not yet written: a cancelled write
+/// leaves them here and the next writer resumes them.
+struct Outbox<W> {
+    writer: Option<W>,
+    pending: Vec<u8>,
+    written: usize,
+}
+
+impl<W: AsyncWrite + Unpin> Outbox<W> {
+    fn take_queue(&mut self, queue: &std::sync::Mutex<Vec<u8>>) {
+        let mut queue = queue.lock().unwrap_or_else(|e| e.into_inner());
+        if self.pending.is_empty() {
+            // The two buffers trade places: no copy, no allocation.
+            std::mem::swap(&mut self.pending, &mut *queue);
+            self.written = 0;
+        } else {
+            self.pending.extend_from_slice(&queue);
+            queue.clear();
+        }
+    }
+
+    /// Writes everything pending and flushes. Cancel-safe: what was not written stays pending.
+    async fn drain(&mut self) -> io::Result<()> {
+        let Some(writer) = self.writer.as_mut() else {
+            return Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                "the transport is closed",
+            ));
+        };
+        while self.written < self.pending.len() {
+            let n = writer.write(&self.pending[self.written..]).await?;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            self.written += n;
+        }
+        self.pending.clear();
+        self.written = 0;
+        writer.flush().await
+    }
+}
+
+/// What one bounded line read found.
+enum LineRead {
+    /// A whole line (or the unterminated last one) is in the buffer.
+    Line,
+    /// The line is longer than the limit; what was read of it is dropped.
+    Oversized,
+    /// End of input.
+    Eof,
+    /// The reader failed.
+    Failed,
+}
+
+impl<R, W> StdioTransport<R, W>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    /// A transport reading messages from `read` and writing to `write`.
+    pub fn new(read: R, write: W) -> Self {
+        StdioTransport {
+            read: BufReader::new(read),
+            line: Vec::new(),
+            discarding: false,
+            answer: None,
+            flushing: false,
+            out: Arc::new(Shared {
+                queue: std::sync::Mutex::new(Vec::new()),
+                out: Mutex::new(Outbox {
+                    writer: Some(write),
+                    pending: Vec::new(),
+                    written: 0,
+                }),
+            }),
+        }
+    }
+
+    /// Reads one line into `self.line` without letting it grow past [`MAX_LINE`]. Cancel-safe:
+    /// `fill_buf` consumes nothing when dropped, and the copy and the matching `consume` have
+    /// no await between them, so a cancelled read resumes the same line.
+    async fn read_line(&mut self) -> LineRead {
+        loop {
+            let (consumed, step) = {
+                let available = match self.read.fill_buf().await {
+                    Ok(available) => available,
+                    Err(_) => return LineRead::Failed,
+                };
+                if available.is_empty() {
+                    if self.discarding || self.line.is_empty() {
+                        return LineRead::Eof;
+                    }
+                    // The last line had no newline: it is still a message to answer.
+                    return LineRead::Line;
+                }
+                let newline = available.iter().position(|b| *b == b'\n');
+                let take = newline.map_or(available.len(), |at| at + 1);
+                let step = if self.discarding {
+                    if newline.is_some() {
+                        self.discarding = false;
+                    }
+                    None
+                } else if self.line.len() + take > MAX_LINE {
+                    self.line.clear();
+                    self.discarding = newline.is_none();
+                    Some(LineRead::Oversized)
+                } else {
+                    self.line.extend_from_slice(&available[..take]);
+                    newline.map(|_| LineRead::Line)
+                };
+                (take, step)
+            };
+            self.read.consume(consumed);
+            if let Some(step) = step {
+                return step;
+            }
+        }
+    }
+
+    /// Queues the answer to a refused line and writes it (cancel-safe: once queued it is
+    /// written by this call, the next one, or any reply's writer).
+    async fn answer_refused(&mut self) -> io::Result<()> {
+        if let Some(mut answer) = self.answer.take() {
+            answer.push(b'\n');
+            self.out.queue(&answer);
+            self.flushing = true;
+        }
+        self.out.write_queued().await?;
+        self.flushing = false;
+        Ok(())
+    }
+
+    fn refuse(&mut self, error: &WireError) {
+        tracing::debug!(
+            code = error.code,
+            rule = error.rule,
+            "refused an incoming message"
+        );
+        self.answer = Some(error.to_bytes());
+    }
+}
+
+impl<R, W> Transport<RoleServer> for StdioTransport<R, W>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    type Error = io::Error;
+
+    fn name() -> Cow<'static, str> {
+        "toolledger-stdio".into()
+    }
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleServer>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        // rmcp calls `send` on its service loop and runs the future in a task of its own:
+        // the reply is encoded there, in parallel with other replies, not on the loop.
+        let out = self.out.clone();
+        async move {
+            let mut bytes = serde_json::to_vec(&item)?;
+            bytes.push(b'\n');
+            out.queue(&bytes);
+            out.write_queued().await
+        }
+    }
+
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
+        loop {
+            if (self.answer.is_some() || self.flushing) && self.answer_refused().await.is_err() {
+                return None;
+            }
+            match self.read_line().await {
+                LineRead::Line => {}
+                LineRead::Oversized => {
+                    self.refuse(&WireError::too_large());
+                    continue;
+                }
+                LineRead::Eof | LineRead::Failed => return None,
+            }
+            let line = self.line.strip_suffix(b"\n").unwrap_or(&self.line);
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            let checked = (!line.is_empty()).then(|| check_message(line));
+            self.line.clear();
+            if self.line.capacity() > KEEP_CAPACITY {
+                self.line.shrink_to(KEEP_CAPACITY);
+            }
+            match checked {
+                None => continue,
+                Some(Ok(message)) => return Some(message),
+                Some(Err(error)) => self.refuse(&error),
+            }
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        let mut out = self.out.out.lock().await;
+        out.take_queue(&self.out.queue);
+        let drained = if out.writer.is_some() {
+            out.drain().await
+        } else {
+            Ok(())
+        };
+        out.writer = None;
+        drained
+    }
+}
+
+/// The strict transport over the process's stdin and stdout: through the IO reactor when
+/// both are pipes (how MCP clients launch a server), else the blocking handles
+/// (`rmcp::transport::stdio_pipes`).
+pub fn stdio() -> StdioTransport<rmcp::transport::StdioReader, rmcp::transport::StdioWriter> {
+    let (read, write) = rmcp::transport::stdio_pipes();
+    StdioTransport::new(read, write)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+
+    type Pipe = tokio::io::DuplexStream;
+
+    /// A transport on in-memory pipes (its output pipe holds `out_capacity` bytes): the test
+    /// writes its input and reads its output.
+    fn transport_with(out_capacity: usize) -> (StdioTransport<Pipe, Pipe>, Pipe, Pipe) {
+        let (input, feed) = tokio::io::duplex(1 << 16);
+        let (output, answers) = tokio::io::duplex(out_capacity);
+        (StdioTransport::new(input, output), feed, answers)
+    }
+
+    fn transport() -> (
+        StdioTransport<Pipe, Pipe>,
+        Pipe,
+        tokio::io::Lines<BufReader<Pipe>>,
+    ) {
+        let (t, feed, answers) = transport_with(1 << 16);
+        (t, feed, BufReader::new(answers).lines())
+    }
+
+    /// Polls `receive` until it waits for input, then drops it (as rmcp's `select!` does when
+    /// another branch is ready first).
+    async fn poll_then_cancel(t: &mut StdioTransport<Pipe, Pipe>) {
+        tokio::select! {
+            biased;
+            m = t.receive() => panic!("no whole message yet: {m:?}"),
+            () = tokio::task::yield_now() => {}
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_line_is_answered_and_the_next_one_is_served() {
+        let (mut t, mut feed, mut answers) = transport();
+        feed.write_all(b"NaN\n{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n")
+            .await
+            .unwrap();
+        let message = t.receive().await.expect("the ping");
+        assert!(matches!(message, rmcp::model::JsonRpcMessage::Request(_)));
+        let answer: Value =
+            serde_json::from_str(&answers.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(answer["error"]["code"], -32700);
+        assert_eq!(answer["id"], Value::Null);
+    }
+
+    #[tokio::test]
+    async fn an_oversized_line_is_answered_once_and_skipped_in_bounded_chunks() {
+        let (mut t, mut feed, mut answers) = transport();
+        let writer = tokio::spawn(async move {
+            let chunk = vec![b'x'; 1 << 16];
+            for _ in 0..(MAX_LINE / chunk.len() + 4) {
+                feed.write_all(&chunk).await.unwrap();
+            }
+            feed.write_all(b"\n{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"ping\"}\n")
+                .await
+                .unwrap();
+            feed
+        });
+        let message = t.receive().await.expect("the ping after the long line");
+        assert!(
+            matches!(message, rmcp::model::JsonRpcMessage::Request(r) if r.id == rmcp::model::RequestId::Number(2))
+        );
+        assert!(t.line.capacity() <= KEEP_CAPACITY);
+        let answer: Value =
+            serde_json::from_str(&answers.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(answer["error"]["data"]["rule"], "too_large");
+        drop(writer.await.unwrap());
+        assert!(t.receive().await.is_none());
+        // Exactly one answer: the next line is the end of output.
+        t.close().await.unwrap();
+        drop(t);
+        assert_eq!(answers.next_line().await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_receive_loses_neither_the_partial_line_nor_a_half_written_answer() {
+        // The output pipe holds 16 bytes: the answer to the refused line cannot be written
+        // in one go, so the receive is cancelled in the middle of writing it.
+        let (mut t, mut feed, answers) = transport_with(16);
+        feed.write_all(b"{\"a\":1,\"a\":2}\n{\"jsonrpc\":\"2.0\",")
+            .await
+            .unwrap();
+        poll_then_cancel(&mut t).await;
+        let reader = tokio::spawn(async move {
+            let mut lines = BufReader::new(answers).lines();
+            lines.next_line().await.unwrap().unwrap()
+        });
+        poll_then_cancel(&mut t).await;
+        feed.write_all(b"\"id\":3,\"method\":\"ping\"}\n")
+            .await
+            .unwrap();
+        let message = t.receive().await.expect("the ping, resumed");
+        assert!(
+            matches!(message, rmcp::model::JsonRpcMessage::Request(r) if r.id == rmcp::model::RequestId::Number(3))
+        );
+        let answer: Value = serde_json::from_str(&reader.await.unwrap()).unwrap();
+        assert_eq!(answer["error"]["data"]["rule"], "duplicate_key");
+    }
+
+    #[tokio::test]
+    async fn an_unterminated_last_line_is_answered_before_the_end() {
+        let (mut t, mut feed, mut answers) = transport();
+        feed.write_all(b"garbage").await.unwrap();
+        drop(feed);
+        assert!(t.receive().await.is_none());
+        let answer: Value =
+            serde_json::from_str(&answers.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(answer["error"]["code"], -32700);
+    }
+}
