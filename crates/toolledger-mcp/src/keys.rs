@@ -111,11 +111,16 @@ pub async fn bind(store: &Store, keys: &KeyMaterial, now: i64) -> Result<Binding
         .map_err(|_: Error| KeyError::Store)?
 }
 
-/// Blocking form of [`bind`]; never call it from async code.
+/// Blocking form of [`bind`]. It waits on a thread of its own, so it may also be called from
+/// a thread that drives an async runtime (e.g. while a server is being built).
 pub fn bind_blocking(store: &Store, keys: &KeyMaterial, now: i64) -> Result<Binding, KeyError> {
-    store
-        .write_blocking(bind_job(keys, now))
-        .map_err(|_: Error| KeyError::Store)?
+    let job = bind_job(keys, now);
+    std::thread::scope(|s| {
+        s.spawn(|| store.write_blocking(job))
+            .join()
+            .unwrap_or(Ok(Err(KeyError::Store)))
+    })
+    .map_err(|_: Error| KeyError::Store)?
 }
 
 /// The keys a guarded server needs.

@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | not UTF-8, not JSON, over [`MAX_MESSAGE_BYTES`], nested deeper than [`MAX_MESSAGE_DEPTH`], or breaking the strict rules below | -32700 parse error, `data.rule` | `null` |
 //! | JSON, but not one JSON-RPC 2.0 message (not an object, a batch, no `"jsonrpc": "2.0"`, a `method` that is not a string, an `id` that is neither a string nor an integer) | -32600 invalid request | `null` |
-//! | a `tools/call` whose params break the strict rules or have the wrong shape, or a known method whose params do not fit it | -32602 invalid params, `data.code = "invalid_arguments"` | the request's |
+//! | a `tools/call` whose params break the strict rules or have the wrong shape, or any request whose params are not an object | -32602 invalid params, `data.code = "invalid_arguments"` | the request's |
 //!
 //! The strict rules (the ledger's, from [`toolledger::json`]) are: UTF-8 only; no byte order
 //! mark; no duplicate object key at any depth; no lone surrogate escape; no `NaN`/`Infinity`;
@@ -23,16 +23,7 @@
 pub mod http;
 pub mod stdio;
 
-use rmcp::model::{
-    CallToolRequestMethod, CancelTaskMethod, ClientJsonRpcMessage, ClientRequest,
-    CompleteRequestMethod, ConstString, DiscoverRequestMethod, GetPromptRequestMethod,
-    GetSkillRequestMethod, GetTaskMethod, InitializeResultMethod, JsonRpcMessage,
-    ListPromptsRequestMethod, ListResourceTemplatesRequestMethod, ListResourcesRequestMethod,
-    ListSkillsRequestMethod, ListToolsRequestMethod, PingRequestMethod,
-    ReadResourceDirectoryRequestMethod, ReadResourceRequestMethod, RequestId,
-    SetLevelRequestMethod, SubscribeRequestMethod, SubscriptionsListenRequestMethod,
-    UnsubscribeRequestMethod, UpdateTaskMethod,
-};
+use rmcp::model::{CallToolRequestMethod, ClientJsonRpcMessage, ConstString, RequestId};
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
@@ -53,33 +44,6 @@ pub const PARSE_ERROR: i32 = -32700;
 pub const INVALID_REQUEST: i32 = -32600;
 /// JSON-RPC 2.0: the method's params are invalid.
 pub const INVALID_PARAMS: i32 = -32602;
-
-/// The request methods a client may send that rmcp knows; a request for one of them whose
-/// params do not fit falls through rmcp's untagged request enum to its custom-request
-/// variant, which this module answers with -32602 instead of -32601 "method not found".
-const CLIENT_REQUEST_METHODS: &[&str] = &[
-    PingRequestMethod::VALUE,
-    InitializeResultMethod::VALUE,
-    DiscoverRequestMethod::VALUE,
-    CompleteRequestMethod::VALUE,
-    SetLevelRequestMethod::VALUE,
-    GetPromptRequestMethod::VALUE,
-    ListPromptsRequestMethod::VALUE,
-    ListResourcesRequestMethod::VALUE,
-    ListResourceTemplatesRequestMethod::VALUE,
-    ReadResourceRequestMethod::VALUE,
-    SubscriptionsListenRequestMethod::VALUE,
-    SubscribeRequestMethod::VALUE,
-    UnsubscribeRequestMethod::VALUE,
-    CallToolRequestMethod::VALUE,
-    ListToolsRequestMethod::VALUE,
-    GetTaskMethod::VALUE,
-    UpdateTaskMethod::VALUE,
-    CancelTaskMethod::VALUE,
-    ListSkillsRequestMethod::VALUE,
-    GetSkillRequestMethod::VALUE,
-    ReadResourceDirectoryRequestMethod::VALUE,
-];
 
 /// The fast path's limits: a message this small and shallow that parses under the ledger's
 /// own rules has `tools/call` params within [`Limits::DEFAULT`] too.
@@ -279,39 +243,28 @@ fn classify(value: &Value, bytes: &[u8]) -> Result<ClientJsonRpcMessage, WireErr
         ));
     }
     let answer = map.contains_key("result") || map.contains_key("error");
-    let request = match map.get("method") {
-        None => None,
+    match map.get("method") {
+        None => {}
         Some(Value::String(_)) if answer => {
             return Err(WireError::invalid_request(
                 "a message with a method carries no result or error",
             ))
         }
-        Some(Value::String(method)) => match map.get("id") {
-            None => None,
-            Some(id) => {
+        Some(Value::String(method)) => {
+            if let Some(id) = map.get("id") {
                 let id = request_id(id).ok_or_else(|| {
                     WireError::invalid_request("a request id is a string or an integer")
                 })?;
                 check_params(&id, method, map.get("params"))?;
-                Some(id)
             }
-        },
+        }
         Some(_) => return Err(WireError::invalid_request("the method is a string")),
-    };
+    }
     let message: ClientJsonRpcMessage = serde_json::from_slice(bytes).map_err(|_| {
         WireError::invalid_request("not a JSON-RPC request, notification, result or error")
     })?;
-    if let (Some(id), JsonRpcMessage::Request(r)) = (request, &message) {
-        if let ClientRequest::CustomRequest(custom) = &r.request {
-            if CLIENT_REQUEST_METHODS.contains(&custom.method.as_str()) {
-                return Err(WireError::invalid_params(
-                    id,
-                    format!("the params do not fit {}", custom.method),
-                    None,
-                ));
-            }
-        }
-    }
+    // A request for another known method whose params do not fit it is left to the server:
+    // several such methods are removed in MCP 2026-07-28, where the answer is -32601.
     Ok(message)
 }
 
@@ -456,6 +409,7 @@ impl<'de> Visitor<'de> for WireVisitor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rmcp::model::JsonRpcMessage;
 
     fn refused(line: &[u8]) -> WireError {
         check_message(line).expect_err("refused")
@@ -574,8 +528,12 @@ mod tests {
 
     #[test]
     fn known_methods_with_params_that_do_not_fit_are_invalid_params() {
-        let e = refused(br#"{"jsonrpc":"2.0","id":4,"method":"initialize","params":{}}"#);
-        assert_eq!((e.code, e.id), (INVALID_PARAMS, Some(RequestId::Number(4))));
+        // Other known methods' params are the server's to judge (`initialize` and
+        // `logging/setLevel` are removed in 2026-07-28, where the server answers -32601).
+        for method in ["initialize", "logging/setLevel"] {
+            let line = format!(r#"{{"jsonrpc":"2.0","id":4,"method":"{method}","params":{{}}}}"#);
+            assert!(check_message(line.as_bytes()).is_ok(), "{method}");
+        }
         let e = refused(br#"{"jsonrpc":"2.0","id":4,"method":"tools/list","params":[1]}"#);
         assert_eq!(e.code, INVALID_PARAMS);
         let e = refused(br#"{"jsonrpc":"2.0","id":4,"method":"x/y","params":[1]}"#);
