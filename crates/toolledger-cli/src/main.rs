@@ -127,7 +127,13 @@ fn run_command(cli: Cli, opened: &mut Option<StoreConfig>) -> Result<Outcome, Fa
         Command::Demo(args) => cmd_demo::run(args),
         Command::Fingerprint => cmd_fingerprint::run(),
         Command::Approve(args) => {
-            let store = remember(opened, args.store.resolve(Access::OpenOrCreate)?);
+            // Only a fixture's setup can bring the principals an approval needs into a new
+            // ledger; without one, a missing SQLite file is refused and not created.
+            let access = match args.fixture {
+                Some(_) => Access::OpenOrCreate,
+                None => Access::Existing,
+            };
+            let store = remember(opened, args.store.resolve(access)?);
             cmd_approve::run(args, store)
         }
         Command::Audit(args) => {

@@ -231,6 +231,36 @@ pub fn resolve_in(tx: &mut dyn EffectTx, name: &str) -> Result<Option<Principal>
     principal_from(name.to_string(), text(0)?, &text(1)?, &text(2)?).map(Some)
 }
 
+/// Adds principal `name` in `tenant` with these roles and scopes inside the caller's
+/// transaction, unless a principal of that name exists (active or not; it is then left as it
+/// is). `true` when it was added. The names are checked as [`PrincipalStore::put`] checks them.
+pub fn insert_in(
+    tx: &mut dyn EffectTx,
+    name: &str,
+    tenant: &str,
+    roles: &[String],
+    scopes: &[String],
+    now: i64,
+) -> Result<bool, Error> {
+    check_name("principal name", name)?;
+    check_name("tenant", tenant)?;
+    let roles = encode_set(&check_names("role", roles)?);
+    let scopes = encode_set(&check_names("scope", scopes)?);
+    tx.lock_key(&principal_lock(name))?;
+    let n = tx.execute(
+        "INSERT INTO principals(name, tenant, roles, scopes, active, created_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, 1, ?5, ?5) ON CONFLICT(name) DO NOTHING",
+        &[
+            name.into(),
+            tenant.into(),
+            roles.as_str().into(),
+            scopes.as_str().into(),
+            now.into(),
+        ],
+    )?;
+    Ok(n == 1)
+}
+
 fn entry_in(tx: &mut dyn EffectTx, name: &str) -> Result<Option<PrincipalEntry>, Error> {
     let row = tx.query_opt(
         "SELECT tenant, roles, scopes, active,
