@@ -55,7 +55,8 @@ pub struct WorkerArgs {
     /// Lease length in seconds.
     #[arg(long, default_value_t = toolledger::outbox::DEFAULT_LEASE_SECONDS)]
     pub lease_seconds: i64,
-    /// Claims before an event is declared dead.
+    /// Claims an event may have had before this worker declares it dead instead of claiming
+    /// it again (applied at each claim, whatever limit the event was enqueued with).
     #[arg(long, default_value_t = toolledger::outbox::DEFAULT_MAX_ATTEMPTS)]
     pub max_attempts: i64,
 }
