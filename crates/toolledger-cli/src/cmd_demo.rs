@@ -1,9 +1,10 @@
 //! `toolledger demo [NAME]`: short, self-checking stories on a fresh temporary database.
 //!
-//! Each demo prints what it did and what it read back from the database, and passes only if
-//! the read-back matches the story. Bare `toolledger demo` runs every demo in [`DEMOS`] and
-//! prints one combined object. Exit 0: every check passed; 1: a check failed; 2: the demo
-//! could not run (I/O, database).
+//! Each demo tells what it did and what it read back from the database, and passes only if
+//! the read-back matches the story. On a terminal it prints a few plain lines and `ok` (or
+//! which checks failed); piped, or with `--json`, one JSON object. Bare `toolledger demo` runs
+//! every demo in [`DEMOS`] (one combined object). Exit 0: every check passed; 1: a check
+//! failed; 2: the demo could not run (I/O, database).
 //!
 //! To add a demo: add a variant to [`DemoCmd`], a `fn() -> Result<DemoReport, &'static str>`,
 //! and one entry in [`DEMOS`].
@@ -36,6 +37,9 @@ pub struct DemoArgs {
         value_name = "URL"
     )]
     pub database_url: Option<String>,
+    /// Print one JSON object even on a terminal (piped output is always JSON).
+    #[arg(long, global = true)]
+    pub json: bool,
 }
 
 /// The demos.
@@ -66,6 +70,8 @@ pub struct DemoReport {
     pub ok: bool,
     /// The JSON summary (steps, read-back, checks).
     pub summary: Value,
+    /// The story in a few plain lines, for a terminal.
+    pub lines: Vec<String>,
 }
 
 /// A demo: `Err` carries a stable exit-2 code when it could not run at all.
@@ -85,6 +91,7 @@ pub fn run(args: DemoArgs) -> Result<Outcome, Failure> {
     };
     let mut all_ok = true;
     let mut reports = Map::new();
+    let mut lines = Vec::new();
     for (name, demo) in &selected {
         let outcome = match (&args.database_url, *name) {
             (Some(url), "lost-reply") => crate::demo_lost_reply::run_on(Some(url)),
@@ -92,7 +99,27 @@ pub fn run(args: DemoArgs) -> Result<Outcome, Failure> {
         };
         let r = outcome.map_err(Failure::code)?;
         all_ok &= r.ok;
+        lines.extend(r.lines);
+        if !r.ok {
+            let failed: Vec<&str> = r.summary["checks"]
+                .as_object()
+                .map(|m| {
+                    m.iter()
+                        .filter(|(_, v)| *v != &json!(true))
+                        .map(|(k, _)| k.as_str())
+                        .collect()
+                })
+                .unwrap_or_default();
+            lines.push(format!("  FAILED ({name}): {}", failed.join(", ")));
+        }
         reports.insert((*name).to_string(), r.summary);
+    }
+    if !args.json && std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        for line in &lines {
+            println!("{line}");
+        }
+        println!("{}", if all_ok { "ok" } else { "FAILED" });
+        return Ok(Outcome::pass_if(all_ok));
     }
     let out = if args.which.is_some() && reports.len() == 1 {
         reports
@@ -150,6 +177,7 @@ pub fn receipts() -> Result<DemoReport, &'static str> {
         Err((steps, e)) => {
             return Ok(DemoReport {
                 ok: false,
+                lines: vec![format!("Request-id receipts: a step failed: {}", e.message)],
                 summary: json!({"demo": "receipts", "steps": steps, "failed": error_json(&e),
                                 "read_back": read_back, "ok": false}),
             })
@@ -171,8 +199,27 @@ pub fn receipts() -> Result<DemoReport, &'static str> {
     let ok = checks
         .as_object()
         .is_some_and(|m| m.values().all(|v| v == &json!(true)));
+    let lines = vec![
+        "Request-id receipts, on a temporary SQLite ledger:".to_string(),
+        format!(
+            "  set_interval edit-42 (30 minutes) committed and its reply was lost; the retry \
+             through a new store handle replayed: {}",
+            retry["replayed"]
+        ),
+        "  set_interval edit-43 (60 minutes) then changed the automation".to_string(),
+        format!(
+            "  the old retry of edit-42 again returns its historical result ({} minutes); the \
+             row keeps {} minutes",
+            old_retry["interval_minutes"], read_back["automation"]["interval_minutes"]
+        ),
+        format!(
+            "  rows:    {} operations, {} receipt for edit-42",
+            read_back["operations"], read_back["edit_42_receipts"]
+        ),
+    ];
     Ok(DemoReport {
         ok,
+        lines,
         summary: json!({
             "demo": "receipts",
             "steps": steps,

@@ -2,12 +2,16 @@
 //! request fingerprint per line on stdout.
 //!
 //! - The key comes from `TOOLLEDGER_FINGERPRINT_KEY_HEX` (hex, at least 32 bytes, no default).
-//!   A missing, non-hex or short key prints one line
-//!   `TOOLLEDGER_FINGERPRINT_KEY_HEX: CODE: reason` on stderr and exits 2 before reading stdin.
+//!   A missing, non-hex or short key exits 2 before reading stdin with
+//!   `{"error":{"code":"KEY_ERROR","message":"TOOLLEDGER_FINGERPRINT_KEY_HEX: CODE: reason"}}`
+//!   on stderr (`CODE`: `missing_key`, `invalid_key_hex`, `key_too_short`); the key's bytes are
+//!   never printed.
 //! - Each line is parsed with the strict parser and [`Limits::DEFAULT`] (a trailing `\r` is
 //!   JSON whitespace, so CRLF input works). Digests are printed as lines are read; the first
-//!   bad line N stops the run with `line N: CODE: reason` on stderr and exit 2, so the digests
-//!   of lines before N have already been printed and no later line is read.
+//!   bad line N stops the run with
+//!   `{"error":{"code":"INVALID_INPUT","message":"line N: CODE: reason"}}` on stderr and exit 2,
+//!   so the digests of lines before N have already been printed and no later line is read.
+//!   Failing to read stdin or write stdout is `INPUT_IO_ERROR` / `OUTPUT_IO_ERROR`.
 //! - Blank lines at the end of the input are ignored; a blank line followed by another request
 //!   is a bad line. Empty input prints nothing and exits 0.
 
@@ -21,34 +25,51 @@ use crate::exit::{Failure, Outcome};
 /// The environment variable that holds the hex key.
 pub const KEY_ENV: &str = "TOOLLEDGER_FINGERPRINT_KEY_HEX";
 
-/// Runs the command on the process's stdin and stdout; a failure is one plain line on
+/// Runs the command on the process's stdin and stdout; a failure is one JSON error object on
 /// stderr (exit 2).
 pub fn run() -> Result<Outcome, Failure> {
+    let key_error =
+        |detail: String| Failure::explained("KEY_ERROR", format!("{KEY_ENV}: {detail}"));
     let key = match std::env::var_os(KEY_ENV) {
         None => {
-            return Err(Failure::Line(format!(
-                "{KEY_ENV}: missing_key: not set; there is no default key"
-            )))
+            return Err(key_error(
+                "missing_key: not set; there is no default key (set it to the hex of at least \
+                 32 bytes)"
+                    .into(),
+            ))
         }
         Some(v) => match v.into_string() {
             Ok(hex) => FingerprintKey::from_hex(&hex),
-            Err(_) => {
-                return Err(Failure::Line(format!(
-                    "{KEY_ENV}: invalid_key_hex: not valid hex"
-                )))
-            }
+            Err(_) => return Err(key_error("invalid_key_hex: not valid hex".into())),
         },
     };
-    let key = key.map_err(|e| Failure::Line(format!("{KEY_ENV}: {e}")))?;
+    let key = key.map_err(|e| key_error(e.to_string()))?;
     let stdin = io::stdin().lock();
     let mut stdout = BufWriter::new(io::stdout().lock());
     let outcome = fingerprint_lines(&key, stdin, &mut stdout);
     let flushed = stdout.flush();
     match outcome {
-        Err(message) => Err(Failure::Line(message)),
-        Ok(()) if flushed.is_err() => Err(Failure::Line("stdout: write failed".into())),
+        Err(LineError::Input(message)) => Err(Failure::explained("INVALID_INPUT", message)),
+        Err(LineError::Read) => Err(Failure::explained("INPUT_IO_ERROR", "stdin: read failed")),
+        Err(LineError::Write) => Err(write_failed()),
+        Ok(()) if flushed.is_err() => Err(write_failed()),
         Ok(()) => Ok(Outcome::Pass),
     }
+}
+
+fn write_failed() -> Failure {
+    Failure::explained("OUTPUT_IO_ERROR", "stdout: write failed")
+}
+
+/// Why [`fingerprint_lines`] stopped.
+#[derive(Debug, PartialEq, Eq)]
+enum LineError {
+    /// A bad line: `line N: CODE: reason`.
+    Input(String),
+    /// Stdin could not be read.
+    Read,
+    /// Stdout could not be written.
+    Write,
 }
 
 fn is_blank(line: &[u8]) -> bool {
@@ -56,12 +77,12 @@ fn is_blank(line: &[u8]) -> bool {
         .all(|b| matches!(b, b' ' | b'\t' | b'\r' | b'\n'))
 }
 
-/// Fingerprints every line of `input` into `out`; the error is the one-line message for stderr.
+/// Fingerprints every line of `input` into `out`.
 fn fingerprint_lines<R: BufRead, W: Write>(
     key: &FingerprintKey,
     mut input: R,
     out: &mut W,
-) -> Result<(), String> {
+) -> Result<(), LineError> {
     let limits = Limits::DEFAULT;
     let mut buf = Vec::with_capacity(1024);
     let mut number = 0usize;
@@ -73,7 +94,7 @@ fn fingerprint_lines<R: BufRead, W: Write>(
             .by_ref()
             .take(limits.max_bytes as u64 + 1)
             .read_until(b'\n', &mut buf)
-            .map_err(|_| "stdin: read failed".to_string())?;
+            .map_err(|_| LineError::Read)?;
         if read == 0 {
             return Ok(());
         }
@@ -81,10 +102,10 @@ fn fingerprint_lines<R: BufRead, W: Write>(
         let line = match buf.split_last() {
             Some((b'\n', line)) => line,
             _ if buf.len() > limits.max_bytes => {
-                return Err(format!(
+                return Err(LineError::Input(format!(
                     "line {number}: too_large: the line is longer than {} bytes",
                     limits.max_bytes
-                ))
+                )))
             }
             _ => &buf[..],
         };
@@ -93,11 +114,13 @@ fn fingerprint_lines<R: BufRead, W: Write>(
             continue;
         }
         if let Some(blank) = first_blank {
-            return Err(format!("line {blank}: syntax: blank line between requests"));
+            return Err(LineError::Input(format!(
+                "line {blank}: syntax: blank line between requests"
+            )));
         }
         let digest = FingerprintInput::from_json(line, &limits)
             .and_then(|request| fingerprint(key, &request))
-            .map_err(|e| format!("line {number}: {e}"))?;
-        writeln!(out, "{digest}").map_err(|_| "stdout: write failed".to_string())?;
+            .map_err(|e| LineError::Input(format!("line {number}: {e}")))?;
+        writeln!(out, "{digest}").map_err(|_| LineError::Write)?;
     }
 }

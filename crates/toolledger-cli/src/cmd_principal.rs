@@ -1,20 +1,25 @@
-//! `toolledger principal add|revoke|list`: the principal store from the command line.
+//! `toolledger principal add|revoke|list|token`: the principal store from the command line.
 //!
 //! Output is one JSON object on stdout. Bad input or an unusable database exits 2 with a
-//! stable, path-free `{"error":{"code":…}}` on stderr, and writes nothing.
+//! stable, path-free `{"error":{"code":…,"message":…}}` on stderr, and writes nothing.
+//!
+//! `principal add` never changes an existing principal unasked: other roles, scopes or tenant
+//! need `--replace`, and its tokens are only ever issued and revoked by `principal token
+//! add|revoke` (a token is printed once, and only its hash is stored).
 
 use serde_json::json;
-use toolledger::authz::PrincipalStore;
+use toolledger::authz::{IfExists, PrincipalStore, PutOutcome, TokenIssue, TokenRevoke};
 use toolledger::Error;
 
-use crate::common::{self, StoreArgs, StoreConfig};
+use crate::common::{self, Access, StoreArgs, StoreConfig};
 use crate::exit::{Failure, Outcome};
 
 /// The `principal` subcommands.
 #[derive(clap::Subcommand, Debug)]
 pub enum PrincipalCmd {
-    /// Add a principal, or replace an existing one's tenant, roles and scopes and re-activate
-    /// it.
+    /// Add a principal. An existing one is left as it is unless the command names exactly its
+    /// tenant, roles and scopes (an inactive one is then re-activated) or `--replace` is given;
+    /// its tokens are never touched.
     Add {
         /// Principal name (the subject).
         name: String,
@@ -27,9 +32,14 @@ pub enum PrincipalCmd {
         /// A scope to grant (repeatable).
         #[arg(long = "scope")]
         scopes: Vec<String>,
-        /// Issue a bearer token; it is printed once and only its hash is stored.
+        /// Issue the new principal's first bearer token; it is printed once and only its hash
+        /// is stored (for an existing principal use `principal token add`).
         #[arg(long)]
         token: bool,
+        /// Replace an existing principal's tenant, roles and scopes with exactly these, and
+        /// re-activate it.
+        #[arg(long, conflicts_with = "token")]
+        replace: bool,
         #[command(flatten)]
         store: StoreArgs,
     },
@@ -54,6 +64,41 @@ pub enum PrincipalCmd {
         #[command(flatten)]
         store: StoreArgs,
     },
+    /// Issue, list and revoke a principal's bearer tokens.
+    Token {
+        #[command(subcommand)]
+        cmd: TokenCmd,
+    },
+}
+
+/// The `principal token` subcommands.
+#[derive(clap::Subcommand, Debug)]
+pub enum TokenCmd {
+    /// Issue another bearer token for an active principal; it is printed once and only its
+    /// hash is stored.
+    Add {
+        /// Principal name.
+        name: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// List a principal's tokens: their ids and issue times, never the tokens or their hashes.
+    List {
+        /// Principal name.
+        name: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Revoke one token of a principal by its id (from `principal token list`); it stops
+    /// authenticating at once.
+    Revoke {
+        /// Principal name.
+        name: String,
+        /// The token's id (`tok_…`).
+        token_id: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
 }
 
 impl PrincipalCmd {
@@ -63,13 +108,44 @@ impl PrincipalCmd {
             PrincipalCmd::Add { store, .. }
             | PrincipalCmd::Revoke { store, .. }
             | PrincipalCmd::List { store } => store,
+            PrincipalCmd::Token { cmd } => match cmd {
+                TokenCmd::Add { store, .. }
+                | TokenCmd::List { store, .. }
+                | TokenCmd::Revoke { store, .. } => store,
+            },
+        }
+    }
+
+    /// What the subcommand needs of the ledger: only `add` may create one; the others act on
+    /// principals that must already exist, so a missing SQLite file is `DATABASE_NOT_FOUND`
+    /// and nothing is created.
+    pub fn access(&self) -> Access {
+        match self {
+            PrincipalCmd::Add { .. } | PrincipalCmd::List { .. } => Access::OpenOrCreate,
+            PrincipalCmd::Revoke { .. } | PrincipalCmd::Token { .. } => Access::Existing,
         }
     }
 }
 
-/// A refusal of the principal store, as its upper-case code (exit 2).
+/// A refusal of the principal store, as its upper-case code with its message (exit 2).
 fn refused(e: Error) -> Failure {
-    Failure::Code(e.code.as_str().to_ascii_uppercase().into())
+    Failure::Explained {
+        code: match e.code.as_str() {
+            "invalid_arguments" => "INVALID_ARGUMENTS",
+            "not_found" => "NOT_FOUND",
+            "permission_denied" => "PERMISSION_DENIED",
+            "unavailable" => "UNAVAILABLE",
+            _ => "PRINCIPAL_STORE_ERROR",
+        },
+        message: e.message,
+    }
+}
+
+fn no_principal(name: &str) -> Failure {
+    Failure::explained(
+        "NOT_FOUND",
+        format!("there is no principal {name:?}; add it with `toolledger principal add`"),
+    )
 }
 
 /// Runs one `principal` subcommand on the ledger `store` resolves to.
@@ -87,20 +163,54 @@ pub fn run(cmd: PrincipalCmd, store: &StoreConfig) -> Result<Outcome, Failure> {
                 roles,
                 scopes,
                 token,
+                replace,
                 ..
             } => {
-                let issued = ps
-                    .add(&name, &tenant, &roles, &scopes, token)
+                let if_exists = if replace {
+                    IfExists::Replace
+                } else {
+                    IfExists::Keep
+                };
+                let outcome = ps
+                    .put(&name, &tenant, &roles, &scopes, if_exists, token)
                     .await
                     .map_err(refused)?;
+                let (action, issued) = match outcome {
+                    PutOutcome::Created(issued) => ("created", issued),
+                    PutOutcome::Unchanged => ("unchanged", None),
+                    PutOutcome::Reactivated => ("reactivated", None),
+                    PutOutcome::Replaced => ("replaced", None),
+                    PutOutcome::Exists(_) if token => {
+                        return Err(Failure::explained(
+                            "PRINCIPAL_EXISTS",
+                            format!(
+                                "principal {name:?} exists; `principal add --token` only issues \
+                                 a new principal's first token: use `toolledger principal token \
+                                 add {name}`"
+                            ),
+                        ))
+                    }
+                    PutOutcome::Exists(_) => {
+                        return Err(Failure::explained(
+                            "PRINCIPAL_EXISTS",
+                            format!(
+                                "principal {name:?} exists with another tenant, roles or scopes; \
+                                 nothing was changed: pass --replace to replace them with \
+                                 exactly these, or grant nothing new and use `toolledger \
+                                 principal revoke` to remove grants"
+                            ),
+                        ))
+                    }
+                };
                 let entry = ps
                     .entry(&name)
                     .await
                     .map_err(refused)?
-                    .ok_or(Failure::code("NOT_FOUND"))?;
-                let mut out = json!({ "principal": entry });
+                    .ok_or_else(|| no_principal(&name))?;
+                let mut out = json!({ "action": action, "principal": entry });
                 if let Some(t) = issued {
-                    out["token"] = json!(t);
+                    out["token"] = json!(t.token);
+                    out["token_id"] = json!(t.id);
                 }
                 out
             }
@@ -111,15 +221,70 @@ pub fn run(cmd: PrincipalCmd, store: &StoreConfig) -> Result<Outcome, Failure> {
                 all,
                 ..
             } => {
-                let entry = ps
-                    .revoke(&name, &roles, &scopes, all)
-                    .await
-                    .map_err(refused)?;
+                let entry = ps.revoke(&name, &roles, &scopes, all).await.map_err(|e| {
+                    match e.code.as_str() {
+                        "not_found" => no_principal(&name),
+                        _ => refused(e),
+                    }
+                })?;
                 json!({ "principal": entry })
             }
-            PrincipalCmd::List { .. } => json!({ "principals": ps.list().await.map_err(refused)? }),
+            PrincipalCmd::List { .. } => list(&ps).await?,
+            PrincipalCmd::Token { cmd } => token(&ps, cmd).await?,
         };
         common::print_json(&out);
         Ok(Outcome::Pass)
+    })
+}
+
+/// `principal list`.
+async fn list(ps: &PrincipalStore) -> Result<serde_json::Value, Failure> {
+    Ok(json!({ "principals": ps.list().await.map_err(refused)? }))
+}
+
+/// `principal token add|list|revoke`.
+async fn token(ps: &PrincipalStore, cmd: TokenCmd) -> Result<serde_json::Value, Failure> {
+    Ok(match cmd {
+        TokenCmd::Add { name, .. } => match ps.issue_token(&name).await.map_err(refused)? {
+            TokenIssue::Issued(t) => json!({
+                "created_at": t.created_at,
+                "principal": name,
+                "token": t.token,
+                "token_id": t.id,
+            }),
+            TokenIssue::PrincipalMissing => return Err(no_principal(&name)),
+            TokenIssue::PrincipalInactive => {
+                return Err(Failure::explained(
+                    "PRINCIPAL_INACTIVE",
+                    format!(
+                        "principal {name:?} is deactivated, so a token would not authenticate; \
+                         re-activate it with `toolledger principal add` first"
+                    ),
+                ))
+            }
+        },
+        TokenCmd::List { name, .. } => match ps.tokens(&name).await.map_err(refused)? {
+            Some(tokens) => json!({ "principal": name, "tokens": tokens }),
+            None => return Err(no_principal(&name)),
+        },
+        TokenCmd::Revoke { name, token_id, .. } => {
+            match ps.revoke_token(&name, &token_id).await.map_err(refused)? {
+                TokenRevoke::Revoked { remaining } => json!({
+                    "principal": name,
+                    "revoked": token_id,
+                    "tokens": remaining,
+                }),
+                TokenRevoke::PrincipalMissing => return Err(no_principal(&name)),
+                TokenRevoke::TokenMissing => {
+                    return Err(Failure::explained(
+                        "TOKEN_NOT_FOUND",
+                        format!(
+                            "principal {name:?} has no token with that id; `toolledger principal \
+                             token list {name}` shows its tokens"
+                        ),
+                    ))
+                }
+            }
+        }
     })
 }

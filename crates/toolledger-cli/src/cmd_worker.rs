@@ -6,6 +6,17 @@
 //! once: work in flight is abandoned, never released — its lease stays until it expires and a
 //! later claim (with a higher fencing token) takes it over; everything already committed stays.
 //! Prints one JSON summary on exit.
+//!
+//! `--max-attempts N` is applied at claim time: an event this worker finds already claimed N
+//! times becomes `dead` (whatever limit it was enqueued with). `skipped` counts the events the
+//! worker did not work on because another worker held them (under a live lease when a pass
+//! looked, or claimed first), summed over passes.
+//!
+//! Every failure is printed as it happens, one JSON line on stderr:
+//! `{"error":{"code","message"},"event_id":N,"worker":ID}` for an event whose processing
+//! failed (counted under `refused` in the summary), and `{"error":{"code","message"},
+//! "worker":ID}` for a pass that failed as a whole (a long-running worker goes on polling;
+//! `--once` exits 2 with that error instead).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -17,7 +28,7 @@ use serde_json::json;
 use toolledger::clock::{ManualClock, SharedClock, SystemClock};
 use toolledger::runtime::{RuntimeConfig, RuntimeError};
 use toolledger_cli::common::{self, RuntimeStoreArgs, StoreConfig};
-use toolledger_cli::exit::{Failure, Outcome};
+use toolledger_cli::exit::{self, Failure, Outcome};
 
 use crate::cmd_dispatch::{block_on, runtime};
 
@@ -44,7 +55,8 @@ pub struct WorkerArgs {
     /// Lease length in seconds.
     #[arg(long, default_value_t = toolledger::outbox::DEFAULT_LEASE_SECONDS)]
     pub lease_seconds: i64,
-    /// Claims before an event is declared dead.
+    /// Claims an event may have had before this worker declares it dead instead of claiming
+    /// it again (applied at each claim, whatever limit the event was enqueued with).
     #[arg(long, default_value_t = toolledger::outbox::DEFAULT_MAX_ATTEMPTS)]
     pub max_attempts: i64,
 }
@@ -76,13 +88,37 @@ fn shutdown_signal() -> Pin<Box<dyn Future<Output = &'static str>>> {
     })
 }
 
+/// Prints one failure of worker `owner` as a JSON line on stderr: of the event `event_id`, or
+/// (`None`) of a whole pass.
+fn report(owner: &str, event_id: Option<i64>, e: &RuntimeError) {
+    let (code, message) = match e {
+        RuntimeError::Refused(err) => (err.code.as_str().to_string(), err.message.clone()),
+        RuntimeError::Store(s) => (
+            s.cli_code().to_string(),
+            exit::hint(s.cli_code())
+                .map(str::to_string)
+                .unwrap_or_else(|| s.caller_error().message),
+        ),
+        RuntimeError::Fenced(f) => ("fenced".to_string(), f.to_string()),
+    };
+    let mut line = json!({"error": {"code": code, "message": message}, "worker": owner});
+    if let Some(id) = event_id {
+        line["event_id"] = json!(id);
+    }
+    eprintln!("{line}");
+}
+
 /// Runs `worker` on the ledger `store` resolves to.
 pub fn run(args: WorkerArgs, store: StoreConfig) -> Result<Outcome, Failure> {
-    if !(1..=86_400).contains(&args.lease_seconds)
-        || !(1..=1000).contains(&args.max_attempts)
-        || !(1..=10_000).contains(&args.batch)
-    {
-        return Err(Failure::code("USAGE_ERROR"));
+    let usage = |message: &str| Err(Failure::explained("USAGE_ERROR", message));
+    if !(1..=86_400).contains(&args.lease_seconds) {
+        return usage("--lease-seconds must be 1 to 86400");
+    }
+    if !(1..=toolledger::outbox::MAX_ATTEMPTS_LIMIT).contains(&args.max_attempts) {
+        return usage("--max-attempts must be 1 to 1000");
+    }
+    if !(1..=10_000).contains(&args.batch) {
+        return usage("--batch must be 1 to 10000");
     }
     block_on(async move {
         let ledger = store.open()?;
@@ -105,7 +141,9 @@ pub fn run(args: WorkerArgs, store: StoreConfig) -> Result<Outcome, Failure> {
             tokio::select! {
                 biased;
                 sig = &mut shutdown => { stopped_by = sig; break; }
-                res = rt.run_pass(&owner, args.batch) => match res {
+                res = rt.run_pass_reporting(&owner, args.batch, |event_id, e| {
+                    report(&owner, Some(event_id), e);
+                }) => match res {
                     Ok(s) => {
                         totals.passes += 1;
                         totals.delivered += s.delivered;
@@ -118,8 +156,9 @@ pub fn run(args: WorkerArgs, store: StoreConfig) -> Result<Outcome, Failure> {
                     }
                     Err(RuntimeError::Store(e)) if args.once => return Err(e.into()),
                     Err(_) if args.once => return Err(Failure::code("WORKER_ERROR")),
-                    // A long-running worker rides out a busy or briefly unavailable store.
-                    Err(_) => {}
+                    // A long-running worker rides out a busy or briefly unavailable store,
+                    // and says so.
+                    Err(e) => report(&owner, None, &e),
                 },
             }
             if args.once {

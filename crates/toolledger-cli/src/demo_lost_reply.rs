@@ -1,12 +1,13 @@
 //! `toolledger demo lost-reply`: a multi-round call's lost reply, against the real server
 //! binary.
 //!
-//! On a fresh temporary SQLite file: the first round of `create_issue` returns
-//! `input_required`; the continuation commits issue #1 and the server exits before replying
-//! (`--fault drop-after-commit`, exit 70), so the client knows nothing; after a restart,
+//! On a fresh temporary SQLite file: the first round of `create_issue` asks for the issue's
+//! body; the second round commits issue #1 and the server stops before replying (its
+//! `drop-after-commit` fault point), so the client knows nothing; after a restart,
 //! `get_operation_status` reads the stored result back and an exact replay returns it without
 //! creating issue #2. The same story against `--unguarded` (no ledger) shows the duplicate the
-//! guard prevents. Passes only when the database read-back matches.
+//! guard prevents: there the repeated call is a retry that creates a second issue. Passes only
+//! when the database read-back matches.
 //!
 //! With `--database-url postgres://…` the same story runs on PostgreSQL: each run gets a fresh
 //! schema of its own in that database (dropped afterwards), and the server processes share
@@ -28,8 +29,8 @@ use toolledger::store::Store;
 use crate::cmd_demo::DemoReport;
 use crate::common;
 
-const BACKEND: &str = "sqlite:guarded-matrix";
-const PG_BACKEND: &str = "postgres:guarded-matrix";
+const BACKEND: &str = "sqlite:demo";
+const PG_BACKEND: &str = "postgres:demo";
 
 /// Where one run of the story keeps its ledger.
 enum Target {
@@ -114,7 +115,14 @@ impl Drop for Target {
         }
     }
 }
-const OPERATION: &str = "case-03";
+/// The operation id the client picks before its first send.
+const OPERATION: &str = "new-issue-1";
+/// The issue the client asks for.
+const TITLE: &str = "spec";
+/// Its body, sent in the second round.
+const BODY: &str = "alpha";
+/// How the server exits under `--fault drop-after-commit`.
+const EXIT_AFTER_COMMIT: i32 = 70;
 
 struct Session {
     child: Child,
@@ -226,7 +234,7 @@ fn prepare(target: &Target) -> Result<(), &'static str> {
 fn story(exe: &Path, db: &Target, unguarded: bool) -> Result<Value, &'static str> {
     prepare(db)?;
     let mode: &[&str] = if unguarded { &["--unguarded"] } else { &[] };
-    let arguments = json!({"operation_id": OPERATION, "title": "spec"});
+    let arguments = json!({"operation_id": OPERATION, "title": TITLE});
 
     let mut s = Session::start(exe, db, mode)?;
     let first = s
@@ -243,17 +251,12 @@ fn story(exe: &Path, db: &Target, unguarded: bool) -> Result<Value, &'static str
         "name": "create_issue",
         "arguments": arguments,
         "requestState": token,
-        "inputResponses": {"body": {"action": "accept", "content": {"body": "alpha"}}},
+        "inputResponses": {"body": {"action": "accept", "content": {"body": BODY}}},
     });
     let crashing = [mode, &["--fault", "drop-after-commit"]].concat();
     let mut s = Session::start(exe, db, &crashing)?;
     let lost = s.call(continuation.clone())?;
     let crash_code = s.exit_code()?;
-    let transport = if lost.is_none() {
-        "unknown; no reply"
-    } else {
-        "reply received"
-    };
 
     let mut s = Session::start(exe, db, mode)?;
     let status = s
@@ -262,15 +265,28 @@ fn story(exe: &Path, db: &Target, unguarded: bool) -> Result<Value, &'static str
     let replay = s.call(continuation)?.ok_or("DEMO_PROTOCOL_ERROR")?;
     s.exit_code()?;
 
+    let status = &status["structuredContent"];
+    let replay = &replay["structuredContent"];
     Ok(json!({
-        "input_required": input_required,
-        "operation_id": OPERATION,
-        "transport_after_commit": transport,
-        "server_exit_after_commit": crash_code,
-        "status": status["structuredContent"],
-        "replay": replay["structuredContent"],
-        "physical_issue_rows": count(db, "issues")?,
-        "physical_operation_rows": count(db, "operations")?,
+        "asked_for_body": input_required,
+        "reply_lost": lost.is_none() && crash_code == EXIT_AFTER_COMMIT,
+        "status": {
+            "state": status["state"],
+            "authoritative": status["authoritative"],
+            "stored_result": status["storedResult"],
+            "issue_ids": status["matchingIds"],
+            "new_write_allowed": status["freshWriteAuthorized"],
+        },
+        // Without the ledger the same call runs again: it is a retry, not a replay.
+        (if unguarded { "retry" } else { "replay" }): {
+            "replayed": replay["replayed"],
+            "issue_id": replay["effectId"],
+            "result": replay["result"],
+        },
+        "rows": {
+            "issues": count(db, "issues")?,
+            "operations": count(db, "operations")?,
+        },
     }))
 }
 
@@ -296,31 +312,98 @@ pub fn run_on(database_url: Option<&str>) -> Result<DemoReport, &'static str> {
     let st = &guarded["status"];
     let rp = &guarded["replay"];
     let checks = json!({
-        "first_round_input_required": guarded["input_required"] == true,
-        "reply_lost_after_commit": guarded["transport_after_commit"] == "unknown; no reply"
-            && guarded["server_exit_after_commit"] == 70,
-        "status_applied_with_stored_result": st["state"] == "applied"
+        "server_asked_for_the_body": guarded["asked_for_body"] == true,
+        "reply_lost_after_commit": guarded["reply_lost"] == true,
+        "status_found_the_stored_result": st["state"] == "applied"
             && st["authoritative"] == true
-            && st["freshWriteAuthorized"] == false
-            && st["matchingIds"] == json!([1])
-            && st["storedResult"] == "created 1",
-        "replay_returns_stored_result": rp["replayed"] == true
-            && rp["effectId"] == 1
+            && st["new_write_allowed"] == false
+            && st["issue_ids"] == json!([1])
+            && st["stored_result"] == "created 1",
+        "replay_returned_the_stored_result": rp["replayed"] == true
+            && rp["issue_id"] == 1
             && rp["result"] == "created 1",
-        "one_issue_one_operation": guarded["physical_issue_rows"] == 1
-            && guarded["physical_operation_rows"] == 1,
-        "unguarded_duplicates": control["physical_issue_rows"] == 2
-            && control["physical_operation_rows"] == 0
+        "one_issue_one_operation": guarded["rows"] == json!({"issues": 1, "operations": 1}),
+        "without_the_ledger_the_retry_duplicates": control["rows"]
+            == json!({"issues": 2, "operations": 0})
             && control["status"]["state"] == "unknown"
-            && control["replay"]["replayed"] == false
-            && control["replay"]["effectId"] == 2,
+            && control["retry"]["replayed"] == false
+            && control["retry"]["issue_id"] == 2,
     });
     let ok = checks
         .as_object()
         .is_some_and(|m| m.values().all(|v| v == &Value::Bool(true)));
-    let mut summary = guarded;
-    summary["unguarded"] = control;
-    summary["checks"] = checks;
-    summary["ok"] = json!(ok);
-    Ok(DemoReport { ok, summary })
+    let database = if database_url.is_some() {
+        "postgres"
+    } else {
+        "sqlite"
+    };
+    let lines = story_lines(database, &guarded, &control);
+    let summary = json!({
+        "demo": "lost-reply",
+        "database": database,
+        "operation_id": OPERATION,
+        "sent": {"tool": "create_issue", "title": TITLE, "body": BODY},
+        "guarded": guarded,
+        "unguarded": control,
+        "checks": checks,
+        "ok": ok,
+    });
+    Ok(DemoReport { ok, summary, lines })
+}
+
+/// The story in a few plain lines, for a terminal.
+fn story_lines(database: &str, guarded: &Value, control: &Value) -> Vec<String> {
+    let text = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let ids = |v: &Value| match v.as_array() {
+        Some(a) => a
+            .iter()
+            .map(|id| format!("#{id}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        None => text(v),
+    };
+    let st = &guarded["status"];
+    let rp = &guarded["replay"];
+    let rows = &guarded["rows"];
+    let database = if database == "postgres" {
+        "PostgreSQL"
+    } else {
+        "SQLite"
+    };
+    vec![
+        format!("A lost reply, on a temporary {database} ledger:"),
+        format!(
+            "  sent:    create_issue \"{TITLE}\" under operation id {OPERATION}; the server \
+             asked for the body, and the client sent \"{BODY}\""
+        ),
+        "  lost:    the server committed the issue and stopped before replying; the client \
+         cannot tell whether it exists"
+            .to_string(),
+        format!(
+            "  status:  get_operation_status says {} with the stored result \"{}\" (issue {})",
+            text(&st["state"]),
+            text(&st["stored_result"]),
+            ids(&st["issue_ids"]),
+        ),
+        format!(
+            "  replay:  the same call again returns \"{}\" (replayed: {}); no new issue",
+            text(&rp["result"]),
+            text(&rp["replayed"]),
+        ),
+        format!(
+            "  rows:    {} issue, {} operation",
+            text(&rows["issues"]),
+            text(&rows["operations"]),
+        ),
+        format!(
+            "  without the ledger: status says {}, and the same retry creates issue #{}: {} \
+             issues for one request",
+            text(&control["status"]["state"]),
+            text(&control["retry"]["issue_id"]),
+            text(&control["rows"]["issues"]),
+        ),
+    ]
 }

@@ -14,8 +14,9 @@ mod cmd_serve;
 mod cmd_status;
 mod cmd_worker;
 mod demo_lost_reply;
+mod diagnose;
 
-use toolledger_cli::common;
+use toolledger_cli::common::{self, StoreConfig};
 use toolledger_cli::exit::{self, Failure, Outcome};
 
 /// Records travel between threads (built on a store thread, dropped on the async runtime's),
@@ -74,49 +75,90 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    exit::finish(Cli::try_parse().map_err(Failure::from).and_then(run))
+    let parsed = Cli::try_parse().map_err(|e| exit::usage_failure(e, &command_path()));
+    exit::finish(parsed.and_then(run))
 }
 
-/// Resolves the ledger flags of the command (once, before anything is opened) and runs it.
+/// The subcommand path the process's arguments name (`toolledger principal token add`), for
+/// usage errors: the leading arguments that are subcommand names, nothing the user typed
+/// beyond them.
+fn command_path() -> String {
+    use clap::CommandFactory;
+    let mut command = Cli::command();
+    let mut path = vec![command.get_name().to_string()];
+    for arg in std::env::args().skip(1) {
+        let Some(sub) = command.find_subcommand(&arg).cloned() else {
+            break;
+        };
+        path.push(sub.get_name().to_string());
+        command = sub;
+    }
+    path.join(" ")
+}
+
+/// Resolves the ledger flags of the command (once, before anything is opened) and runs it; an
+/// I/O failure on a SQLite ledger is explained (which file, without its path).
 fn run(cli: Cli) -> Result<Outcome, Failure> {
+    let serving = matches!(cli.command, Command::Serve(_));
+    let mut opened = None;
+    run_command(cli, &mut opened).map_err(|f| match &opened {
+        Some(config) => diagnose::explain(f, config, serving),
+        None => f,
+    })
+}
+
+/// Remembers the ledger a command opens, for [`diagnose::explain`].
+fn remember(opened: &mut Option<StoreConfig>, config: StoreConfig) -> StoreConfig {
+    *opened = Some(config.clone());
+    config
+}
+
+fn run_command(cli: Cli, opened: &mut Option<StoreConfig>) -> Result<Outcome, Failure> {
     match cli.command {
         Command::Principal { cmd } => {
-            let store = cmd.store().resolve(Access::OpenOrCreate)?;
+            let store = remember(opened, cmd.store().resolve(cmd.access())?);
             cmd_principal::run(cmd, &store)
         }
         Command::Bench(args) => cmd_bench::run(args),
         Command::Call(args) => {
-            let store = args.store.resolve(Access::OpenOrCreate)?;
+            let store = remember(opened, args.store.resolve(Access::OpenOrCreate)?);
             cmd_call::run(args, &store)
         }
         Command::Demo(args) => cmd_demo::run(args),
         Command::Fingerprint => cmd_fingerprint::run(),
         Command::Approve(args) => {
-            let store = args.store.resolve(Access::OpenOrCreate)?;
+            // Only a fixture's setup can bring the principals an approval needs into a new
+            // ledger; without one, a missing SQLite file is refused and not created.
+            let access = match args.fixture {
+                Some(_) => Access::OpenOrCreate,
+                None => Access::Existing,
+            };
+            let store = remember(opened, args.store.resolve(access)?);
             cmd_approve::run(args, store)
         }
         Command::Audit(args) => {
-            let store = args.store.resolve(Access::Existing)?;
+            let store = remember(opened, args.store.resolve(Access::Existing)?);
             cmd_audit::run(store)
         }
         Command::Dispatch(args) => {
-            let store = args.store.resolve(Access::OpenOrCreate)?;
+            let store = remember(opened, args.store.resolve(Access::OpenOrCreate)?);
             cmd_dispatch::run(args, store)
         }
         Command::Status(args) => {
-            let store = args.store.resolve(Access::Existing)?;
+            let store = remember(opened, args.store.resolve(Access::Existing)?);
             cmd_status::run(args, store)
         }
         Command::Resolve(args) => {
-            let store = args.store.resolve(Access::Existing)?;
+            let store = remember(opened, args.store.resolve(Access::Existing)?);
             cmd_resolve::run(args, store)
         }
         Command::Worker(args) => {
-            let store = args.store.resolve(Access::Existing)?;
+            let store = remember(opened, args.store.resolve(Access::Existing)?);
             cmd_worker::run(args, store)
         }
         Command::Migrate { store } => {
-            let store = store.resolve(Access::Migrate)?.open()?;
+            let config = remember(opened, store.resolve(Access::Migrate)?);
+            let store = config.open()?;
             common::print_json(&serde_json::json!({
                 "migrated": true,
                 "backend_id": store.backend_id(),
@@ -124,7 +166,7 @@ fn run(cli: Cli) -> Result<Outcome, Failure> {
             Ok(Outcome::Pass)
         }
         Command::Serve(args) => {
-            let store = args.store.resolve(Access::OpenOrCreate)?;
+            let store = remember(opened, args.store.resolve(Access::OpenOrCreate)?);
             cmd_serve::run(args, store)
         }
     }

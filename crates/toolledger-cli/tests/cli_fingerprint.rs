@@ -149,11 +149,25 @@ fn fails(key_hex: Option<&str>, stdin: &[u8]) -> Run {
     r
 }
 
+/// The `(code, message)` of the one exit-2 JSON error object on stderr.
+fn error(r: &Run) -> (String, String) {
+    let v: serde_json::Value = serde_json::from_str(r.stderr.trim())
+        .unwrap_or_else(|e| panic!("stderr is not one JSON object ({e}): {:?}", r.stderr));
+    let keys: Vec<&String> = v["error"].as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["code", "message"], "{}", r.stderr);
+    (
+        v["error"]["code"].as_str().unwrap().to_string(),
+        v["error"]["message"].as_str().unwrap().to_string(),
+    )
+}
+
 #[test]
 fn a_missing_key_is_refused() {
     let r = fails(None, KAT_LINE.as_bytes());
-    assert!(r.stderr.starts_with(KEY_ENV), "{}", r.stderr);
-    assert!(r.stderr.contains("missing_key"), "{}", r.stderr);
+    let (code, message) = error(&r);
+    assert_eq!(code, "KEY_ERROR");
+    assert!(message.starts_with(KEY_ENV), "{message}");
+    assert!(message.contains("missing_key"), "{message}");
     assert_eq!(r.stdout, "");
 }
 
@@ -161,7 +175,8 @@ fn a_missing_key_is_refused() {
 fn a_short_or_malformed_key_is_refused_without_echoing_it() {
     let short = &KAT_KEY_HEX[..62]; // 31 bytes
     let r = fails(Some(short), KAT_LINE.as_bytes());
-    assert!(r.stderr.contains("key_too_short"), "{}", r.stderr);
+    assert_eq!(error(&r).0, "KEY_ERROR");
+    assert!(error(&r).1.contains("key_too_short"), "{}", r.stderr);
     assert!(!r.stderr.contains(short));
     assert_eq!(r.stdout, "");
 
@@ -174,7 +189,8 @@ fn a_short_or_malformed_key_is_refused_without_echoing_it() {
         format!(" {KAT_KEY_HEX}"),
     ] {
         let r = fails(Some(&bad), KAT_LINE.as_bytes());
-        assert!(r.stderr.contains("invalid_key_hex"), "{}", r.stderr);
+        assert_eq!(error(&r).0, "KEY_ERROR");
+        assert!(error(&r).1.contains("invalid_key_hex"), "{}", r.stderr);
         assert!(!r.stderr.contains(KAT_KEY_HEX), "{}", r.stderr);
         assert_eq!(r.stdout, "");
     }
@@ -187,11 +203,9 @@ fn a_bad_line_stops_with_its_number_after_the_good_lines_before_it() {
     );
     let r = fails(Some(KAT_KEY_HEX), input.as_bytes());
     assert_eq!(r.stdout, format!("{KAT_FINGERPRINT}\n{KAT_FINGERPRINT}\n"));
-    assert!(
-        r.stderr.starts_with("line 3: duplicate_key"),
-        "{}",
-        r.stderr
-    );
+    let (code, message) = error(&r);
+    assert_eq!(code, "INVALID_INPUT");
+    assert!(message.starts_with("line 3: duplicate_key"), "{message}");
 }
 
 #[test]
@@ -245,11 +259,13 @@ fn each_kind_of_bad_line_is_reported() {
     ];
     for (input, prefix) in cases {
         let r = fails(Some(KAT_KEY_HEX), &input);
+        let (code, message) = error(&r);
+        assert_eq!(code, "INVALID_INPUT", "{}", r.stderr);
         assert!(
-            r.stderr.starts_with(prefix),
+            message.starts_with(prefix),
             "expected {prefix:?}, got {:?}",
             r.stderr
         );
-        assert!(r.stderr.len() < 200, "{}", r.stderr);
+        assert!(r.stderr.len() < 250, "{}", r.stderr);
     }
 }

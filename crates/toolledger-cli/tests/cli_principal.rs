@@ -1,4 +1,4 @@
-//! `toolledger principal add|revoke|list` through the built binary.
+//! `toolledger principal add|revoke|list` through the built binary (tokens: cli_principal_tokens.rs).
 
 mod support;
 
@@ -107,8 +107,14 @@ fn add_list_revoke_round_trip_with_a_hashed_token() {
     assert_eq!(revoked["principal"]["tokens"], 0);
     assert_eq!(count(&db, "principal_tokens"), 0);
 
-    // Re-adding replaces the grants and re-activates; without --token no token is printed.
-    let again = ok(&db, &["add", "alice", "--tenant", "team-b"]);
+    // Re-adding with other grants needs --replace, which replaces them and re-activates;
+    // without --token no token is printed.
+    assert_eq!(
+        fails(&db, &["add", "alice", "--tenant", "team-b"]),
+        "PRINCIPAL_EXISTS"
+    );
+    let again = ok(&db, &["add", "alice", "--tenant", "team-b", "--replace"]);
+    assert_eq!(again["action"], "replaced");
     assert!(again.get("token").is_none());
     assert_eq!(
         again["principal"],

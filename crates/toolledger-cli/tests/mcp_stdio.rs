@@ -649,8 +649,9 @@ fn serve_refuses_to_start_without_a_principal_or_with_a_short_key() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(
-        String::from_utf8_lossy(&out.stderr).trim(),
-        r#"{"error":{"code":"PRINCIPAL_REQUIRED"}}"#
+        serde_json::from_str::<serde_json::Value>(String::from_utf8_lossy(&out.stderr).trim())
+            .unwrap()["error"]["code"],
+        "PRINCIPAL_REQUIRED"
     );
     let out = std::process::Command::new(bin())
         .args(serve_args(&db, "alice", &[]))

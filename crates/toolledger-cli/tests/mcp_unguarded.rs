@@ -117,23 +117,29 @@ fn the_demo_reads_back_one_guarded_issue_and_two_unguarded() {
         String::from_utf8_lossy(&out.stderr)
     );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["input_required"], true);
-    assert_eq!(v["operation_id"], "case-03");
-    assert_eq!(v["transport_after_commit"], "unknown; no reply");
-    assert_eq!(v["status"]["state"], "applied");
-    assert_eq!(v["status"]["principal"], "alice");
-    assert_eq!(v["status"]["backend"], "sqlite:guarded-matrix");
-    assert_eq!(v["status"]["matchingIds"], json!([1]));
-    assert_eq!(v["status"]["storedResult"], "created 1");
+    assert_eq!(v["operation_id"], "new-issue-1");
+    let g = &v["guarded"];
+    assert_eq!(g["asked_for_body"], true);
+    assert_eq!(g["reply_lost"], true);
     assert_eq!(
-        v["replay"],
-        json!({"operationId": "case-03", "effectId": 1, "result": "created 1",
-               "replayed": true, "state": "applied"})
+        g["status"],
+        json!({"state": "applied", "authoritative": true, "stored_result": "created 1",
+               "issue_ids": [1], "new_write_allowed": false})
     );
-    assert_eq!(v["physical_issue_rows"], 1);
-    assert_eq!(v["physical_operation_rows"], 1);
-    assert_eq!(v["unguarded"]["physical_issue_rows"], 2);
-    assert_eq!(v["unguarded"]["physical_operation_rows"], 0);
+    assert_eq!(
+        g["replay"],
+        json!({"replayed": true, "issue_id": 1, "result": "created 1"})
+    );
+    assert_eq!(g["rows"], json!({"issues": 1, "operations": 1}));
+    let u = &v["unguarded"];
+    assert_eq!(u["status"]["state"], "unknown");
+    assert_eq!(
+        u["retry"],
+        json!({"replayed": false, "issue_id": 2, "result": "created 2"}),
+        "without the ledger the second call is a retry that creates a second issue"
+    );
+    assert!(u.get("replay").is_none());
+    assert_eq!(u["rows"], json!({"issues": 2, "operations": 0}));
     assert_eq!(v["ok"], true);
 }
 

@@ -226,8 +226,8 @@ fn store_failures_exit_2_with_a_path_free_code() {
     assert_eq!(missing.code, 2);
     assert_eq!(missing.stdout, "");
     assert_eq!(
-        missing.stderr.trim(),
-        r#"{"error":{"code":"DATABASE_NOT_FOUND"}}"#
+        serde_json::from_str::<serde_json::Value>(missing.stderr.trim()).unwrap()["error"]["code"],
+        "DATABASE_NOT_FOUND"
     );
     std::fs::write(&d.db, vec![0x42u8; 8192]).unwrap();
     for r in [
@@ -237,7 +237,10 @@ fn store_failures_exit_2_with_a_path_free_code() {
     ] {
         assert_eq!(r.code, 2);
         assert_eq!(r.stdout, "");
-        assert_eq!(r.stderr.trim(), r#"{"error":{"code":"DATABASE_CORRUPT"}}"#);
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(r.stderr.trim()).unwrap()["error"]["code"],
+            "DATABASE_CORRUPT"
+        );
         assert!(!r.stderr.contains(d.dir.path().to_str().unwrap()));
     }
     // A trigger-injected failure inside transaction A: exit 2, nothing of the intent remains.
@@ -251,7 +254,10 @@ fn store_failures_exit_2_with_a_path_free_code() {
         .unwrap();
     let r = d.dispatch(&f, &[]);
     assert_eq!(r.code, 2);
-    assert_eq!(r.stderr.trim(), r#"{"error":{"code":"SQLITE_ERROR"}}"#);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(r.stderr.trim()).unwrap()["error"]["code"],
+        "SQLITE_ERROR"
+    );
     assert_eq!(d.int("SELECT count(*) FROM operations"), 0);
     assert_eq!(d.int("SELECT count(*) FROM outbox"), 0);
     assert_eq!(
@@ -275,7 +281,20 @@ fn an_older_schema_needs_migrate_and_a_newer_one_is_refused() {
         .unwrap();
     let r = d.approve(&f, "bob");
     assert_eq!(r.code, 2);
-    assert_eq!(r.stderr.trim(), r#"{"error":{"code":"SCHEMA_OUTDATED"}}"#);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(r.stderr.trim()).unwrap()["error"]["code"],
+        "SCHEMA_OUTDATED"
+    );
+    let hint: serde_json::Value = serde_json::from_str(r.stderr.trim()).unwrap();
+    assert!(
+        hint["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("run `toolledger migrate`"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains(d.dir.path().to_str().unwrap()));
     assert_eq!(
         d.int("SELECT count(*) FROM sqlite_schema WHERE name = 'outbox'"),
         0
@@ -293,6 +312,9 @@ fn an_older_schema_needs_migrate_and_a_newer_one_is_refused() {
         d.run("migrate", &[]),
     ] {
         assert_eq!(r.code, 2);
-        assert_eq!(r.stderr.trim(), r#"{"error":{"code":"SCHEMA_TOO_NEW"}}"#);
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(r.stderr.trim()).unwrap()["error"]["code"],
+            "SCHEMA_TOO_NEW"
+        );
     }
 }

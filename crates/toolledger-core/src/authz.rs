@@ -1,7 +1,8 @@
 //! The principal store: who a caller is *now*.
 //!
 //! Principals (tenant, roles, scopes) live in the `principals` table and bearer tokens, stored
-//! only as SHA-256 hex, in `principal_tokens`. Nothing is cached: every [`PrincipalStore::resolve`]
+//! only as SHA-256 hex, in `principal_tokens`; operators name a token by its [`token_id`],
+//! derived from that hash without revealing it. Nothing is cached: every [`PrincipalStore::resolve`]
 //! re-reads the row, so a revocation takes effect at the next check. Inside an effect's
 //! transaction, [`resolve_in`] reads the same row through the transaction itself.
 
@@ -31,6 +32,78 @@ pub struct PrincipalEntry {
     pub active: bool,
     /// Number of live bearer tokens.
     pub tokens: i64,
+}
+
+/// How [`PrincipalStore::put`] treats a principal that already exists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IfExists {
+    /// Leave it as it is unless the request names exactly its tenant, roles and scopes (then
+    /// only re-activate it).
+    Keep,
+    /// Replace its tenant, roles and scopes and re-activate it.
+    Replace,
+}
+
+/// What [`PrincipalStore::put`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// A new principal; with a token when one was asked for.
+    Created(Option<IssuedToken>),
+    /// It existed with exactly these grants and was active: nothing changed.
+    Unchanged,
+    /// It existed with exactly these grants and was inactive: it is active again.
+    Reactivated,
+    /// It existed with other grants, and [`IfExists::Replace`] replaced them.
+    Replaced,
+    /// It exists, and the request would have changed its grants without
+    /// [`IfExists::Replace`], or asked for a token (tokens of an existing principal are
+    /// issued by [`PrincipalStore::issue_token`]). Nothing was written.
+    Exists(PrincipalEntry),
+}
+
+/// A bearer token as operators see it: never its value or its hash.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TokenEntry {
+    /// The token's id ([`token_id`]): names it without revealing it or its stored hash.
+    pub id: String,
+    /// When it was issued (Unix seconds).
+    pub created_at: i64,
+}
+
+/// A newly issued bearer token: the only time its value is visible.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IssuedToken {
+    /// The token's id ([`token_id`]).
+    pub id: String,
+    /// The token itself (`tl_` + 64 hex digits); only its hash is stored.
+    pub token: String,
+    /// When it was issued (Unix seconds).
+    pub created_at: i64,
+}
+
+/// What [`PrincipalStore::issue_token`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TokenIssue {
+    /// A new token for the principal.
+    Issued(IssuedToken),
+    /// No such principal; nothing was written.
+    PrincipalMissing,
+    /// The principal is inactive (a token would not authenticate); nothing was written.
+    PrincipalInactive,
+}
+
+/// What [`PrincipalStore::revoke_token`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenRevoke {
+    /// The token is deleted; `remaining` tokens of the principal are left.
+    Revoked {
+        /// Live tokens the principal still has.
+        remaining: i64,
+    },
+    /// No such principal; nothing was written.
+    PrincipalMissing,
+    /// The principal has no token with that id; nothing was written.
+    TokenMissing,
 }
 
 /// Resolves the current principal for a name, re-read at every call.
@@ -109,6 +182,15 @@ pub fn token_hash(token: &str) -> String {
     crate::digest::sha256_hex(token.as_bytes())
 }
 
+/// The id of a stored token, from its stored SHA-256 hex: `tok_` and the first 8 bytes, in
+/// hex, of SHA-256 over a fixed label and that hash. It names the token in listings and
+/// revocations without revealing the token or the hash it is looked up by.
+pub fn token_id(token_sha256: &str) -> String {
+    let digest =
+        crate::digest::sha256_hex(format!("toolledger token id\0{token_sha256}").as_bytes());
+    format!("tok_{}", &digest[..16])
+}
+
 fn new_token() -> Result<String, Error> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes)
@@ -149,6 +231,36 @@ pub fn resolve_in(tx: &mut dyn EffectTx, name: &str) -> Result<Option<Principal>
     principal_from(name.to_string(), text(0)?, &text(1)?, &text(2)?).map(Some)
 }
 
+/// Adds principal `name` in `tenant` with these roles and scopes inside the caller's
+/// transaction, unless a principal of that name exists (active or not; it is then left as it
+/// is). `true` when it was added. The names are checked as [`PrincipalStore::put`] checks them.
+pub fn insert_in(
+    tx: &mut dyn EffectTx,
+    name: &str,
+    tenant: &str,
+    roles: &[String],
+    scopes: &[String],
+    now: i64,
+) -> Result<bool, Error> {
+    check_name("principal name", name)?;
+    check_name("tenant", tenant)?;
+    let roles = encode_set(&check_names("role", roles)?);
+    let scopes = encode_set(&check_names("scope", scopes)?);
+    tx.lock_key(&principal_lock(name))?;
+    let n = tx.execute(
+        "INSERT INTO principals(name, tenant, roles, scopes, active, created_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, 1, ?5, ?5) ON CONFLICT(name) DO NOTHING",
+        &[
+            name.into(),
+            tenant.into(),
+            roles.as_str().into(),
+            scopes.as_str().into(),
+            now.into(),
+        ],
+    )?;
+    Ok(n == 1)
+}
+
 fn entry_in(tx: &mut dyn EffectTx, name: &str) -> Result<Option<PrincipalEntry>, Error> {
     let row = tx.query_opt(
         "SELECT tenant, roles, scopes, active,
@@ -167,6 +279,41 @@ fn entry_in(tx: &mut dyn EffectTx, name: &str) -> Result<Option<PrincipalEntry>,
         })
     })
     .transpose()
+}
+
+fn insert_token(tx: &mut dyn EffectTx, name: &str, now: i64) -> Result<IssuedToken, Error> {
+    let token = new_token()?;
+    let hash = token_hash(&token);
+    tx.execute(
+        "INSERT INTO principal_tokens(token_sha256, principal, created_at) VALUES (?1, ?2, ?3)",
+        &[hash.as_str().into(), name.into(), now.into()],
+    )?;
+    Ok(IssuedToken {
+        id: token_id(&hash),
+        token,
+        created_at: now,
+    })
+}
+
+/// The tokens of principal `name` as `(stored hash, entry)`, oldest first.
+fn tokens_in(tx: &mut dyn EffectTx, name: &str) -> Result<Vec<(String, TokenEntry)>, Error> {
+    let rows = tx.query(
+        "SELECT token_sha256, created_at FROM principal_tokens WHERE principal = ?1
+         ORDER BY created_at, token_sha256",
+        &[SqlValue::from(name)],
+    )?;
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let hash = row.text(0)?;
+        let entry = TokenEntry {
+            id: token_id(&hash),
+            created_at: row.int(1)?,
+        };
+        out.push((hash, entry));
+    }
+    // Sorted by id within one second, so the order does not follow the hashes.
+    out.sort_by(|a, b| (a.1.created_at, &a.1.id).cmp(&(b.1.created_at, &b.1.id)));
+    Ok(out)
 }
 
 impl PrincipalStore {
@@ -188,7 +335,8 @@ impl PrincipalStore {
     /// Adds principal `name` in `tenant` with exactly these roles and scopes, or, if it
     /// exists, replaces its tenant, roles and scopes and re-activates it. With `issue_token`
     /// a new bearer token is created and returned; only its hash is stored, so this is the
-    /// only time it is visible.
+    /// only time it is visible. Operators' tools use [`PrincipalStore::put`], which never
+    /// changes an existing principal unasked.
     pub async fn add(
         &self,
         name: &str,
@@ -239,6 +387,150 @@ impl PrincipalStore {
             })
             .await?;
         Ok(token)
+    }
+
+    /// Adds principal `name` in `tenant` with exactly these roles and scopes; with
+    /// `issue_token` a first bearer token is issued with it (see [`IssuedToken`]).
+    ///
+    /// A principal that exists is never changed behind its operator's back: with
+    /// [`IfExists::Keep`] the request must name exactly its tenant, roles and scopes (an
+    /// inactive one is then re-activated), otherwise nothing is written and the answer is
+    /// [`PutOutcome::Exists`]; with [`IfExists::Replace`] its tenant, roles and scopes are
+    /// replaced and it is re-activated. Tokens of an existing principal are never touched:
+    /// `issue_token` for one is [`PutOutcome::Exists`] too.
+    pub async fn put(
+        &self,
+        name: &str,
+        tenant: &str,
+        roles: &[String],
+        scopes: &[String],
+        if_exists: IfExists,
+        issue_token: bool,
+    ) -> Result<PutOutcome, Error> {
+        check_name("principal name", name)?;
+        check_name("tenant", tenant)?;
+        let role_set = check_names("role", roles)?;
+        let scope_set = check_names("scope", scopes)?;
+        let (name, tenant) = (name.to_string(), tenant.to_string());
+        let clock = self.clock.clone();
+        self.store
+            .write(move |tx: &mut dyn EffectTx| -> Result<PutOutcome, Error> {
+                let now = clock.now();
+                tx.lock_key(&principal_lock(&name))?;
+                let roles = encode_set(&role_set);
+                let scopes = encode_set(&scope_set);
+                let Some(existing) = entry_in(tx, &name)? else {
+                    tx.execute(
+                        "INSERT INTO principals(name, tenant, roles, scopes, active, created_at,
+                             updated_at)
+                         VALUES (?1, ?2, ?3, ?4, 1, ?5, ?5)",
+                        &[
+                            name.as_str().into(),
+                            tenant.as_str().into(),
+                            roles.as_str().into(),
+                            scopes.as_str().into(),
+                            now.into(),
+                        ],
+                    )?;
+                    let token = if issue_token {
+                        Some(insert_token(tx, &name, now)?)
+                    } else {
+                        None
+                    };
+                    return Ok(PutOutcome::Created(token));
+                };
+                let same = existing.tenant == tenant
+                    && existing.roles == role_set
+                    && existing.scopes == scope_set;
+                if issue_token || (!same && if_exists == IfExists::Keep) {
+                    return Ok(PutOutcome::Exists(existing));
+                }
+                if same && existing.active {
+                    return Ok(PutOutcome::Unchanged);
+                }
+                tx.execute(
+                    "UPDATE principals SET tenant = ?1, roles = ?2, scopes = ?3, active = 1,
+                         updated_at = ?4
+                     WHERE name = ?5",
+                    &[
+                        tenant.as_str().into(),
+                        roles.as_str().into(),
+                        scopes.as_str().into(),
+                        now.into(),
+                        name.as_str().into(),
+                    ],
+                )?;
+                Ok(if same {
+                    PutOutcome::Reactivated
+                } else {
+                    PutOutcome::Replaced
+                })
+            })
+            .await
+    }
+
+    /// Issues another bearer token for the active principal `name`. Only its hash is stored;
+    /// the returned value is the only time the token is visible.
+    pub async fn issue_token(&self, name: &str) -> Result<TokenIssue, Error> {
+        check_name("principal name", name)?;
+        let name = name.to_string();
+        let clock = self.clock.clone();
+        self.store
+            .write(move |tx: &mut dyn EffectTx| -> Result<TokenIssue, Error> {
+                let now = clock.now();
+                tx.lock_key(&principal_lock(&name))?;
+                Ok(match entry_in(tx, &name)? {
+                    None => TokenIssue::PrincipalMissing,
+                    Some(e) if !e.active => TokenIssue::PrincipalInactive,
+                    Some(_) => TokenIssue::Issued(insert_token(tx, &name, now)?),
+                })
+            })
+            .await
+    }
+
+    /// The tokens of principal `name`, oldest first (ids and issue times only); `None` when
+    /// there is no such principal.
+    pub async fn tokens(&self, name: &str) -> Result<Option<Vec<TokenEntry>>, Error> {
+        check_name("principal name", name)?;
+        let name = name.to_string();
+        self.store
+            .read(
+                move |tx: &mut dyn EffectTx| -> Result<Option<Vec<TokenEntry>>, Error> {
+                    if entry_in(tx, &name)?.is_none() {
+                        return Ok(None);
+                    }
+                    Ok(Some(
+                        tokens_in(tx, &name)?.into_iter().map(|(_, e)| e).collect(),
+                    ))
+                },
+            )
+            .await
+    }
+
+    /// Deletes the token of principal `name` whose [`token_id`] is `id`; it stops
+    /// authenticating at once. The principal's other tokens, roles and scopes stay.
+    pub async fn revoke_token(&self, name: &str, id: &str) -> Result<TokenRevoke, Error> {
+        check_name("principal name", name)?;
+        let (name, id) = (name.to_string(), id.to_string());
+        self.store
+            .write(move |tx: &mut dyn EffectTx| -> Result<TokenRevoke, Error> {
+                tx.lock_key(&principal_lock(&name))?;
+                if entry_in(tx, &name)?.is_none() {
+                    return Ok(TokenRevoke::PrincipalMissing);
+                }
+                let tokens = tokens_in(tx, &name)?;
+                let Some((hash, _)) = tokens.iter().find(|(_, e)| e.id == id) else {
+                    return Ok(TokenRevoke::TokenMissing);
+                };
+                tx.execute(
+                    "DELETE FROM principal_tokens WHERE token_sha256 = ?1 AND principal = ?2",
+                    &[hash.as_str().into(), name.as_str().into()],
+                )?;
+                Ok(TokenRevoke::Revoked {
+                    remaining: tokens.len() as i64 - 1,
+                })
+            })
+            .await
     }
 
     /// Removes `roles` and `scopes` from principal `name`; with `all`, deactivates it and

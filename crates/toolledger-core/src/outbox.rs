@@ -4,8 +4,9 @@
 //! - [`enqueue`] writes the event in the same transaction as its operation (transaction A).
 //! - [`claim`] moves a `pending` event, or a `processing` one whose lease has expired
 //!   (`lease_until <= now`), to `processing` under a new lease and increments the fencing
-//!   token. An unexpired lease is never taken over. A claim of an event whose attempts are
-//!   exhausted moves it to `dead` instead.
+//!   token. An unexpired lease is never taken over. The claiming worker's attempt limit
+//!   applies: a claim of an event that was already claimed that many times moves it to `dead`
+//!   instead, and the limit applied is written into the event's `max_attempts`.
 //! - [`renew`], [`record_attempt_error`] and [`complete`] are conditional on the fencing token:
 //!   a worker whose lease was reclaimed by someone else gets [`Fenced`] and changes nothing.
 //!
@@ -38,7 +39,12 @@ pub fn store_error(tx: &mut dyn EffectTx, e: Error) -> StoreError {
 pub const DEFAULT_LEASE_SECONDS: i64 = 30;
 
 /// Default number of claims before an event is declared dead.
+///
+/// Limits are 1 to [`MAX_ATTEMPTS_LIMIT`].
 pub const DEFAULT_MAX_ATTEMPTS: i64 = 5;
+
+/// The largest attempt limit an event may have.
+pub const MAX_ATTEMPTS_LIMIT: i64 = 1000;
 
 /// The state of an outbox event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -95,7 +101,8 @@ pub struct OutboxEvent {
     pub lease_until: Option<i64>,
     /// Claims so far.
     pub attempt_count: i64,
-    /// Claims allowed before the event is dead.
+    /// Claims allowed before the event is dead: the limit of the latest claim (at enqueue,
+    /// the accepting runtime's).
     pub max_attempts: i64,
     /// Code of the last attempt's failure, if any.
     pub last_error: Option<String>,
@@ -250,6 +257,21 @@ pub fn ready(tx: &mut dyn EffectTx, now: i64, limit: i64) -> Result<Vec<i64>, St
         .collect()
 }
 
+/// How many events are held under a live lease at `now` (claimed by a worker whose lease has
+/// not expired): a worker pass skips them.
+pub fn held(tx: &mut dyn EffectTx, now: i64) -> Result<i64, StoreError> {
+    let row = tx
+        .query_opt(
+            "SELECT count(*) FROM outbox WHERE state = 'processing' AND lease_until > ?1",
+            &[now.into()],
+        )
+        .map_err(|e| store_error(tx, e))?;
+    match row {
+        Some(row) => row.int(0).map_err(|e| StoreError::Contract(e.message)),
+        None => Ok(0),
+    }
+}
+
 /// Checks a lease window: positive length, no overflow past the portable range.
 pub fn lease_until(now: i64, lease_seconds: i64) -> Result<i64, StoreError> {
     if !(1..=86_400).contains(&lease_seconds) {
@@ -265,18 +287,26 @@ pub fn lease_until(now: i64, lease_seconds: i64) -> Result<i64, StoreError> {
     }
 }
 
-/// Claims `event_id` for `owner` at `now` for `lease_seconds`. Also moves the operation to
-/// `processing` (or `dead`) in the same transaction.
+/// Claims `event_id` for `owner` at `now` for `lease_seconds`, allowing `max_attempts` claims
+/// of the event in all (the claiming worker's limit, 1 to [`MAX_ATTEMPTS_LIMIT`]; it is
+/// written into the event). Also moves the operation to `processing` (or, when the event was
+/// already claimed `max_attempts` times, `dead`) in the same transaction.
 pub fn claim(
     tx: &mut dyn EffectTx,
     event_id: i64,
     owner: &str,
     now: i64,
     lease_seconds: i64,
+    max_attempts: i64,
 ) -> Result<ClaimOutcome, StoreError> {
     if owner.is_empty() || owner.len() > 128 {
         return Err(StoreError::Contract(
             "lease owner must be 1 to 128 bytes".into(),
+        ));
+    }
+    if !(1..=MAX_ATTEMPTS_LIMIT).contains(&max_attempts) {
+        return Err(StoreError::Contract(
+            "the attempt limit must be 1 to 1000 claims".into(),
         ));
     }
     let until = lease_until(now, lease_seconds)?;
@@ -309,13 +339,21 @@ pub fn claim(
         }
         EventState::Pending => {}
     }
-    if ev.attempt_count >= ev.max_attempts {
+    if ev.attempt_count >= max_attempts {
+        // An event claimed more often than this worker allows (an earlier worker had a higher
+        // limit) keeps its count: the stored limit never falls below it.
+        let limit = max_attempts.max(ev.attempt_count);
         let n = exec(
             tx,
             "UPDATE outbox SET state = 'dead', lease_owner = NULL, lease_until = NULL,
-                 last_error = 'attempts_exhausted', updated_at = ?1
+                 last_error = 'attempts_exhausted', max_attempts = ?4, updated_at = ?1
              WHERE id = ?2 AND fencing_token = ?3 AND state IN ('pending', 'processing')",
-            &[now.into(), event_id.into(), ev.fencing_token.into()],
+            &[
+                now.into(),
+                event_id.into(),
+                ev.fencing_token.into(),
+                limit.into(),
+            ],
         )?;
         if n != 1 {
             return Err(StoreError::Contract(
@@ -331,7 +369,7 @@ pub fn claim(
         .query_opt(
             "UPDATE outbox SET state = 'processing', lease_owner = ?1, lease_until = ?2,
                  fencing_token = fencing_token + 1, attempt_count = attempt_count + 1,
-                 updated_at = ?3
+                 max_attempts = ?6, updated_at = ?3
              WHERE id = ?4 AND fencing_token = ?5
                AND (state = 'pending' OR (state = 'processing' AND lease_until <= ?3))
              RETURNING fencing_token, attempt_count",
@@ -341,6 +379,7 @@ pub fn claim(
                 now.into(),
                 event_id.into(),
                 ev.fencing_token.into(),
+                max_attempts.into(),
             ],
         )
         .map_err(|e| store_error(tx, e))?;

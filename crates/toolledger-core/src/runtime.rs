@@ -501,7 +501,8 @@ pub enum Accepted {
 pub struct RuntimeConfig {
     /// Lease length in seconds.
     pub lease_seconds: i64,
-    /// Claims before an event is dead.
+    /// Claims before an event is dead: written into each event this runtime enqueues, and
+    /// applied (and written into the event) by each of its claims.
     pub max_attempts: i64,
 }
 
@@ -637,7 +638,8 @@ pub struct PassSummary {
     pub unknown: usize,
     /// Refused before the downstream call, by error code.
     pub refused: BTreeMap<String, usize>,
-    /// Not claimed (someone else holds the lease, or it finished meanwhile).
+    /// Not worked on because someone else holds them: events under a live lease when the
+    /// pass looked, and ready events another worker claimed first (or that finished meanwhile).
     pub skipped: usize,
     /// Declared dead (attempts exhausted).
     pub dead: usize,

@@ -10,7 +10,14 @@ impl Runtime {
         let owner = owner.to_string();
         self.write_at(move |this, tx, now| -> Result<ClaimOutcome, RuntimeError> {
             check_now(now)?;
-            let out = outbox::claim(tx, event_id, &owner, now, this.config.lease_seconds)?;
+            let out = outbox::claim(
+                tx,
+                event_id,
+                &owner,
+                now,
+                this.config.lease_seconds,
+                this.config.max_attempts,
+            )?;
             match &out {
                 ClaimOutcome::Claimed(lease) => insert_event(
                     tx,
@@ -194,9 +201,27 @@ impl Runtime {
 
     /// One worker pass: enumerate ready events and process each.
     pub async fn run_pass(&self, owner: &str, limit: i64) -> Result<PassSummary, RuntimeError> {
-        let ids = self.ready(limit).await?;
+        self.run_pass_reporting(owner, limit, |_, _| {}).await
+    }
+
+    /// [`Runtime::run_pass`], calling `report(event_id, error)` for each event whose
+    /// processing failed (the failures the summary counts under `refused`), as it happens.
+    pub async fn run_pass_reporting(
+        &self,
+        owner: &str,
+        limit: i64,
+        mut report: impl FnMut(i64, &RuntimeError),
+    ) -> Result<PassSummary, RuntimeError> {
+        let now = self.clock.now();
+        let (ids, held) = self
+            .store
+            .read(move |tx: &mut dyn EffectTx| -> Result<_, RuntimeError> {
+                Ok((outbox::ready(tx, now, limit)?, outbox::held(tx, now)?))
+            })
+            .await?;
         let mut summary = PassSummary {
             ready: ids.len(),
+            skipped: usize::try_from(held).unwrap_or(0),
             ..PassSummary::default()
         };
         for id in ids {
@@ -211,15 +236,23 @@ impl Runtime {
                 Ok(Processed::NotClaimed(_)) => summary.skipped += 1,
                 Err(RuntimeError::Fenced(_)) => summary.skipped += 1,
                 Err(e) => {
-                    let code = match &e {
-                        RuntimeError::Refused(err) => err.code.as_str().to_string(),
-                        RuntimeError::Store(s) => s.cli_code().to_ascii_lowercase(),
-                        RuntimeError::Fenced(_) => "fenced".into(),
-                    };
-                    *summary.refused.entry(code).or_default() += 1;
+                    report(id, &e);
+                    *summary.refused.entry(e.pass_code()).or_default() += 1;
                 }
             }
         }
         Ok(summary)
+    }
+}
+
+impl RuntimeError {
+    /// The code a worker pass counts this failure under ([`PassSummary::refused`]): the
+    /// refusal's error code, or the store failure's code in lower case.
+    pub fn pass_code(&self) -> String {
+        match self {
+            RuntimeError::Refused(err) => err.code.as_str().to_string(),
+            RuntimeError::Store(s) => s.cli_code().to_ascii_lowercase(),
+            RuntimeError::Fenced(_) => "fenced".into(),
+        }
     }
 }

@@ -1,0 +1,320 @@
+//! Errors a user can act on, through the built binary: command-line usage errors in the exit-2
+//! JSON shape (help and the version still print normally), hints that name the flag or the
+//! command to run and never a path or a typed secret, I/O failures that say which file is the
+//! problem, and `approve`, whose every failure leaves the ledger file byte-identical.
+
+mod support;
+
+use serde_json::Value;
+use sha2::Digest;
+use support::runtime::*;
+
+/// The `(code, message)` of an exit-2 run: nothing on stdout, one JSON object on stderr.
+fn exit_2(r: &Run) -> (String, String) {
+    assert_eq!(r.code, 2, "stdout {:?} stderr {:?}", r.stdout, r.stderr);
+    assert_eq!(r.stdout, "");
+    assert_eq!(r.stderr.lines().count(), 1, "{:?}", r.stderr);
+    let v: Value = serde_json::from_str(r.stderr.trim())
+        .unwrap_or_else(|e| panic!("stderr is not JSON ({e}): {:?}", r.stderr));
+    (
+        v["error"]["code"].as_str().unwrap().to_string(),
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    )
+}
+
+#[test]
+fn usage_errors_are_json_with_the_command_to_ask_for_help() {
+    let cases: &[(&[&str], &str, &str)] = &[
+        (&[], "a subcommand is required", "`toolledger --help`"),
+        (
+            &["frobnicate"],
+            "unknown subcommand 'frobnicate'",
+            "`toolledger --help`",
+        ),
+        (
+            &["worker", "--batch", "many"],
+            "invalid value for --batch",
+            "`toolledger worker --help`",
+        ),
+        (
+            &["principal", "add", "alice"],
+            "missing required argument --tenant",
+            "`toolledger principal add --help`",
+        ),
+        (
+            &["principal", "token", "revoke", "alice"],
+            "missing required argument <TOKEN_ID>",
+            "`toolledger principal token revoke --help`",
+        ),
+        (
+            &["audit", "--no-such-flag"],
+            "unexpected argument '--no-such-flag'",
+            "`toolledger audit --help`",
+        ),
+        (
+            &["serve", "--sqlite-synchronous", "sometimes"],
+            "invalid value for --sqlite-synchronous",
+            "`toolledger serve --help`",
+        ),
+    ];
+    for (args, what, help) in cases {
+        let (code, message) = exit_2(&run(args));
+        assert_eq!(code, "USAGE_ERROR", "{args:?}");
+        assert!(message.contains(what), "{args:?}: {message}");
+        assert!(message.contains(help), "{args:?}: {message}");
+    }
+}
+
+#[test]
+fn usage_errors_never_echo_a_value_the_user_typed() {
+    let secret_url = "postgres://admin:hunter2@db.internal/ledger";
+    for args in [
+        &["audit", secret_url][..],
+        &["worker", "--batch", "/home/someone/private"],
+        &[
+            "audit",
+            "--db",
+            "/tmp/x",
+            "--database-url",
+            secret_url,
+            "--sqlite-synchronous",
+            "normal",
+        ],
+    ] {
+        let r = run(args);
+        let (code, message) = exit_2(&r);
+        assert_eq!(code, "USAGE_ERROR", "{args:?}");
+        for private in ["hunter2", "db.internal", "/home/someone", "/tmp/x"] {
+            assert!(!r.stderr.contains(private), "{args:?}: {message}");
+        }
+    }
+}
+
+#[test]
+fn help_and_version_still_print_normally_and_exit_0() {
+    for args in [
+        &["--help"][..],
+        &["worker", "--help"],
+        &["principal", "token", "--help"],
+        &["principal", "add", "-h"],
+    ] {
+        let r = run(args);
+        assert_eq!(r.code, 0, "{args:?}: {}", r.stderr);
+        assert!(r.stdout.contains("Usage: toolledger"), "{args:?}");
+        assert_eq!(r.stderr, "");
+    }
+    let r = run(&["--version"]);
+    assert_eq!(r.code, 0);
+    assert_eq!(
+        r.stdout.trim(),
+        format!("toolledger {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn a_database_io_error_says_which_file_without_the_path() {
+    let d = Db::new();
+    let missing_dir = d.dir.path().join("no-such-dir").join("ledger.sqlite");
+    let r = run(&["migrate", "--db", missing_dir.to_str().unwrap()]);
+    let (code, message) = exit_2(&r);
+    assert_eq!(code, "DATABASE_IO_ERROR");
+    assert!(
+        message.contains("directory --db names does not exist"),
+        "{message}"
+    );
+    assert!(!r.stderr.contains(d.dir.path().to_str().unwrap()));
+    assert!(!missing_dir.parent().unwrap().exists());
+
+    let r = run(&[
+        "principal",
+        "add",
+        "alice",
+        "--tenant",
+        "t",
+        "--db",
+        d.dir.path().to_str().unwrap(),
+    ]);
+    let (code, message) = exit_2(&r);
+    assert_eq!(code, "DATABASE_IO_ERROR");
+    assert!(message.contains("--db names a directory"), "{message}");
+    assert!(!r.stderr.contains(d.dir.path().to_str().unwrap()));
+}
+
+#[test]
+fn store_codes_carry_a_hint() {
+    let d = Db::new();
+    let (code, message) = exit_2(&d.run("audit", &[]));
+    assert_eq!(code, "DATABASE_NOT_FOUND");
+    assert!(message.contains("toolledger migrate"), "{message}");
+    std::fs::write(&d.db, vec![0x42u8; 8192]).unwrap();
+    let r = d.run("audit", &[]);
+    let (code, message) = exit_2(&r);
+    assert_eq!(code, "DATABASE_CORRUPT");
+    assert!(message.contains("not a toolledger database"), "{message}");
+    assert!(!r.stderr.contains(d.dir.path().to_str().unwrap()));
+}
+
+fn file_hash(path: &std::path::Path) -> String {
+    hex::encode(sha2::Sha256::digest(std::fs::read(path).unwrap()))
+}
+
+#[test]
+fn approve_with_a_fixture_without_an_approval_id_issues_a_random_one() {
+    let d = Db::new();
+    let f = variant(
+        d.dir.path(),
+        "no-approval.json",
+        &[(
+            r#""amount_cents": 1250,
+    "approval": "approval-ord-1001-a""#,
+            r#""amount_cents": 1250"#,
+        )],
+    );
+    let a = d.approve(&f, "bob");
+    assert_eq!(a.code, 0, "{} {}", a.stdout, a.stderr);
+    let id = a.json()["approval_id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("apr_") && id.len() == 36, "{id}");
+    let again = d.approve(&f, "bob");
+    assert_eq!(again.code, 0);
+    assert_ne!(
+        again.json()["approval_id"],
+        id.as_str(),
+        "a fresh id each time"
+    );
+    assert_eq!(d.int("SELECT count(*) FROM approvals"), 2);
+}
+
+#[test]
+fn every_failed_approve_leaves_the_ledger_byte_identical() {
+    let d = Db::new();
+    let f = example("refund-order.json");
+    assert_eq!(d.run("migrate", &[]).code, 0);
+    let before = file_hash(&d.db);
+    let other_intent = variant(
+        d.dir.path(),
+        "other.json",
+        &[(r#""amount_cents": 1250"#, r#""amount_cents": 1300"#)],
+    );
+    let bad_arguments = variant(
+        d.dir.path(),
+        "bad.json",
+        &[(r#""amount_cents": 1250"#, r#""amount_cents": -1"#)],
+    );
+    let fixture = f.to_str().unwrap();
+    let max_ttl = i64::MAX.to_string();
+    let refusals: Vec<(Vec<&str>, i32)> = vec![
+        // Refusals inside the transaction (exit 1): nothing of the setup stays.
+        (vec!["--fixture", fixture, "--approver", "mallory"], 1),
+        (vec!["--fixture", fixture, "--approver", "alice"], 1),
+        (
+            vec![
+                "--fixture",
+                other_intent.to_str().unwrap(),
+                "--approver",
+                "alice",
+            ],
+            1,
+        ),
+        // Refusals before the ledger is opened.
+        (
+            vec![
+                "--fixture",
+                bad_arguments.to_str().unwrap(),
+                "--approver",
+                "bob",
+            ],
+            1,
+        ),
+        (
+            vec![
+                "--fixture",
+                fixture,
+                "--approver",
+                "bob",
+                "--approval-id",
+                "x",
+            ],
+            1,
+        ),
+        (
+            vec!["--fixture", fixture, "--approver", "bob", "--ttl", "0"],
+            1,
+        ),
+        (
+            vec!["--fixture", fixture, "--approver", "bob", "--ttl", &max_ttl],
+            1,
+        ),
+        (vec!["--approver", "bob"], 2),
+        (
+            vec![
+                "--approver",
+                "bob",
+                "--tool",
+                "refund_order",
+                "--requester",
+                "alice",
+                "--key",
+                "k-1",
+                "--arguments",
+                "{not json",
+            ],
+            2,
+        ),
+        (
+            vec![
+                "--approver",
+                "bob",
+                "--tool",
+                "refund_order",
+                "--requester",
+                "alice",
+                "--key",
+                "k-1",
+                "--arguments",
+                r#"{"order_id":"ord-1001","amount_cents":1250}"#,
+            ],
+            1,
+        ),
+    ];
+    for (args, code) in &refusals {
+        let r = d.run("approve", args);
+        assert_eq!(r.code, *code, "{args:?}: {} {}", r.stdout, r.stderr);
+        assert_eq!(file_hash(&d.db), before, "{args:?} changed the ledger");
+    }
+    assert_eq!(d.int("SELECT count(*) FROM principals"), 0);
+    assert_eq!(d.int("SELECT count(*) FROM approvals"), 0);
+
+    // An approval id already used for another intent is refused, and changes nothing either.
+    assert_eq!(d.approve(&f, "bob").code, 0);
+    let granted = file_hash(&d.db);
+    let r = d.approve(&other_intent, "bob");
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert_eq!(r.json()["code"], "INVALID_ARGUMENTS");
+    assert_eq!(file_hash(&d.db), granted);
+    assert_eq!(d.int("SELECT count(*) FROM approvals"), 1);
+}
+
+#[test]
+fn approve_without_a_fixture_needs_an_existing_ledger() {
+    let d = Db::new();
+    let r = d.run(
+        "approve",
+        &[
+            "--approver",
+            "bob",
+            "--tool",
+            "refund_order",
+            "--requester",
+            "alice",
+            "--key",
+            "k-1",
+            "--arguments",
+            r#"{"order_id":"ord-1001","amount_cents":1250}"#,
+        ],
+    );
+    assert_eq!(exit_2(&r).0, "DATABASE_NOT_FOUND");
+    assert!(!d.db.exists(), "no ledger is created");
+}
