@@ -76,6 +76,11 @@ pub const CORE_MIGRATIONS: &[Migration] = &[
         version: 3,
         sql: include_str!("sql/sqlite_0003_keys.sql"),
     },
+    Migration {
+        namespace: "toolledger",
+        version: 4,
+        sql: include_str!("sql/sqlite_0004_operator_index.sql"),
+    },
 ];
 
 /// The backend id a new file gets when none is requested.
