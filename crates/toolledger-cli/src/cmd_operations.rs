@@ -258,3 +258,42 @@ pub fn run(cmd: OperationsCmd, store: StoreConfig) -> Result<Outcome, Failure> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(key: &str, subject: &str, age: i64) -> OperationSummary {
+        OperationSummary {
+            status_ref: format!("op_{key}"),
+            tool: "create_issue".into(),
+            key: key.into(),
+            tenant: "acme".into(),
+            subject: subject.into(),
+            effect_kind: "inline".into(),
+            state: OperationState::InProgress,
+            created_at: 0,
+            updated_at: 0,
+            age_seconds: age,
+        }
+    }
+
+    #[test]
+    fn the_table_aligns_every_column_and_right_aligns_ages() {
+        let t = table(&[row("case-73", "alice", 5), row("k", "bartholomew", 12345)]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert_eq!(
+            lines[0],
+            "STATUS_REF  TOOL          KEY      PRINCIPAL         STATE        AGE_S"
+        );
+        assert_eq!(
+            lines[1],
+            "op_case-73  create_issue  case-73  acme/alice        in_progress      5"
+        );
+        assert_eq!(
+            lines[2],
+            "op_k        create_issue  k        acme/bartholomew  in_progress  12345"
+        );
+    }
+}
