@@ -220,10 +220,10 @@ pub fn run(cmd: OperationsCmd, store: StoreConfig) -> Result<Outcome, Failure> {
             let q = query(&args, now)?;
             let rows = block_on(async move {
                 let ledger = store.open()?;
-                Ok(ledger
+                ledger
                     .read(move |tx| operations::list(tx, &q))
                     .await
-                    .map_err(Failure::from)?)
+                    .map_err(Failure::from)
             })?;
             if !args.json && std::io::stdout().is_terminal() {
                 print!("{}", table(&rows));
@@ -239,10 +239,10 @@ pub fn run(cmd: OperationsCmd, store: StoreConfig) -> Result<Outcome, Failure> {
             let sel = selector(&args)?;
             let found = block_on(async move {
                 let ledger = store.open()?;
-                Ok(ledger
+                ledger
                     .read(move |tx| operations::timeline(tx, &sel, now))
                     .await
-                    .map_err(Failure::from)?)
+                    .map_err(Failure::from)
             })?;
             match found {
                 Found::One(timeline) => {

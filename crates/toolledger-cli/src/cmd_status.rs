@@ -13,8 +13,9 @@
 //!
 //! **With `--fixture`**: the caller's explicit status query of a deferred operation. It
 //! re-checks the caller (the fixture's principal and intent) and, when the payments service
-//! holds a receipt the ledger has not reconciled, reconciles it (transaction C: local receipt
-//! + operation `succeeded` + event `delivered`, delivery `receipt_reconciled`), so it opens
+//! holds a receipt the ledger has not reconciled, reconciles it (transaction C: the local
+//! receipt, the operation `succeeded` and the event `delivered`; delivery
+//! `receipt_reconciled`), so it opens
 //! the ledger for writing. It never submits anything downstream. After revocation, or for a
 //! reference that is not the caller's, the answer is the same `NOT_FOUND` as for a reference
 //! that does not exist.
@@ -112,10 +113,10 @@ fn ledger_answer(args: StatusArgs, store: StoreConfig) -> Result<Outcome, Failur
     let sel = Selector::StatusRef(args.status_ref);
     let found = block_on(async move {
         let ledger = store.open()?;
-        Ok(ledger
+        ledger
             .read(move |tx| operations::timeline(tx, &sel, now))
             .await
-            .map_err(Failure::from)?)
+            .map_err(Failure::from)
     })?;
     match found {
         Found::One(t) => {
