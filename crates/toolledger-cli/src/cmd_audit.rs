@@ -55,19 +55,49 @@ fn snapshot(tx: &mut dyn EffectTx, store: &Store) -> Result<Value, StoreError> {
     }))
 }
 
-/// Receipt count of the payments stand-in, read-only, when its file exists.
+/// Receipt count of the payments stand-in, read-only, when its file exists. Like the ledger's
+/// read-only open it creates no file: without a write-ahead log beside it the file is read as
+/// immutable (a connection to a WAL file would otherwise create its shared-memory index).
 fn downstream_counts(path: &Path) -> Option<Value> {
-    if !path.exists() {
+    if !path.is_file() {
         return None;
     }
-    let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY).ok()?;
+    let mut wal = path.as_os_str().to_os_string();
+    wal.push("-wal");
+    let mut uri = url_path(path);
+    uri.push_str(if Path::new(&wal).exists() {
+        "?mode=ro"
+    } else {
+        "?mode=ro&immutable=1"
+    });
+    let conn = Connection::open_with_flags(
+        uri,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI,
+    )
+    .ok()?;
     let n: i64 = conn
         .query_row("SELECT count(*) FROM downstream_receipts", [], |r| r.get(0))
         .ok()?;
     Some(json!({"receipts": n}))
 }
 
-/// Runs `audit` on the ledger `store` resolves to.
+/// `path` as a `file:` URI without its query (bytes outside the unreserved set
+/// percent-encoded).
+fn url_path(path: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut out = String::from("file:");
+    for &b in path.as_os_str().as_bytes() {
+        if b.is_ascii_alphanumeric() || b"/-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Runs `audit` on the ledger `store` resolves to (opened read-only: it creates, migrates and
+/// writes nothing, and refuses a file that holds no ledger with `NOT_A_LEDGER`).
 pub fn run(store: StoreConfig) -> Result<Outcome, Failure> {
     block_on(async move {
         let ledger = store.open()?;

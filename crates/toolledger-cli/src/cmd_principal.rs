@@ -121,7 +121,8 @@ impl PrincipalCmd {
     /// and nothing is created.
     pub fn access(&self) -> Access {
         match self {
-            PrincipalCmd::Add { .. } | PrincipalCmd::List { .. } => Access::OpenOrCreate,
+            PrincipalCmd::Add { .. } => Access::OpenOrCreate,
+            PrincipalCmd::List { .. } => Access::ReadOnly,
             PrincipalCmd::Revoke { .. } | PrincipalCmd::Token { .. } => Access::Existing,
         }
     }

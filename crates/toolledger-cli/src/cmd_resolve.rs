@@ -1,12 +1,20 @@
-//! `toolledger resolve --status-ref REF --as succeeded|failed --reason TEXT --operator NAME`:
-//! an operator settles an `outcome_unknown` (or `dead`) deferred operation.
+//! `toolledger resolve --status-ref REF --as succeeded|failed|applied|partial --reason TEXT
+//! --operator NAME`: an operator settles an unsure operation.
 //!
-//! The operator must currently hold the role `operator` in the operation's tenant. The
-//! payments service is asked first: with a receipt, `--as failed` is refused and `--as
-//! succeeded` reconciles it (transaction C); without one, `--as succeeded` is refused and
-//! `--as failed` stores the failure result `{code: "resolved_failed", message}`. Every
-//! resolution appends a `resolved` operation event (operator, reason, time). Exit 0 when the
-//! resolution was recorded, 1 for a refusal (BLOCK, nothing changed), 2 for database failures.
+//! The operator must currently hold the role `operator` in the operation's tenant.
+//!
+//! - A deferred operation (`outcome_unknown`, `dead`, or `processing` whose lease has
+//!   expired) resolves as `succeeded` or `failed`. The payments service is asked first: with
+//!   a receipt, `--as failed` is refused and `--as succeeded` reconciles it (transaction C);
+//!   without one, `--as succeeded` is refused and `--as failed` stores the failure result
+//!   `{code: "resolved_failed", message}`.
+//! - An inline operation stuck `in_progress` (unchanged for the in-progress expiry, 300 s)
+//!   resolves as `applied` or `partial`, with its first step's result; a `partial` one may be
+//!   resolved as `applied` once its remaining steps were done by hand.
+//!
+//! Every resolution appends a `resolved` operation event (operator, reason, previous state,
+//! evidence, time). Exit 0 when the resolution was recorded, 1 for a refusal (BLOCK, nothing
+//! changed), 2 for database failures. See `toolledger::runtime::Runtime::resolve`.
 
 use std::sync::Arc;
 
@@ -20,11 +28,7 @@ use toolledger_cli::exit::{Failure, Outcome};
 use crate::cmd_dispatch::{block_on, runtime};
 
 fn parse_as(s: &str) -> Result<ResolveAs, String> {
-    match s {
-        "succeeded" => Ok(ResolveAs::Succeeded),
-        "failed" => Ok(ResolveAs::Failed),
-        _ => Err("expected succeeded or failed".into()),
-    }
+    ResolveAs::parse(s).ok_or_else(|| "expected succeeded, failed, applied or partial".into())
 }
 
 /// `resolve` options.
@@ -35,8 +39,8 @@ pub struct ResolveArgs {
     /// The operation's opaque reference.
     #[arg(long)]
     pub status_ref: String,
-    /// The outcome to record: `succeeded` (needs the downstream's receipt) or `failed`
-    /// (refused when the downstream holds a receipt).
+    /// The outcome to record. Deferred: `succeeded` (needs the downstream's receipt) or
+    /// `failed` (refused when the downstream holds a receipt). Inline: `applied` or `partial`.
     #[arg(long = "as", value_parser = parse_as)]
     pub outcome: ResolveAs,
     /// Why; recorded in the operation's events.

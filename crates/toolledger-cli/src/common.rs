@@ -105,6 +105,13 @@ pub enum Access {
     Existing,
     /// Create the ledger, or migrate an existing one forward (`toolledger migrate`).
     Migrate,
+    /// Inspect an existing ledger read-only (`audit`, `operations`, `principal list`,
+    /// `status --status-ref`): SQLite opens the file with `mode=ro` (or `immutable=1` when no
+    /// write-ahead log exists) and creates no file; PostgreSQL runs read-only transactions.
+    /// Nothing is created, migrated or added (not even the reference tools' tables); a
+    /// missing SQLite file is `DATABASE_NOT_FOUND`, a file or schema that holds no ledger
+    /// `NOT_A_LEDGER`, an older schema `SCHEMA_OUTDATED`.
+    ReadOnly,
 }
 
 /// The database behind a [`StoreConfig`].
@@ -203,6 +210,9 @@ impl StoreConfig {
 
     /// Opens the ledger with the reference tables, as [`StoreConfig::access`] says.
     pub fn open(&self) -> Result<Store, Failure> {
+        if self.access == Access::ReadOnly {
+            return self.open_read_only();
+        }
         let migrate = self.access == Access::Migrate;
         match &self.backend {
             Backend::Postgres { url } => Ok(open_postgres(url, self.backend_id.clone(), migrate)?),
@@ -211,6 +221,35 @@ impl StoreConfig {
                     return Err(Failure::code("DATABASE_NOT_FOUND"));
                 }
                 Ok(open_sqlite(path, self.backend_id.clone(), migrate, *synchronous)?.into())
+            }
+        }
+    }
+}
+
+impl StoreConfig {
+    /// [`StoreConfig::open`] for [`Access::ReadOnly`].
+    fn open_read_only(&self) -> Result<Store, Failure> {
+        match &self.backend {
+            Backend::Postgres { url } => {
+                let opts = match self.backend_id.clone() {
+                    Some(id) => PgOptions::new(id),
+                    None => PgOptions::any_backend(),
+                }
+                .with_migrations(toolledger_reference::PG_MIGRATIONS)
+                .with_read_only(true);
+                Ok(PgStore::open(url, opts).map(Store::from)?)
+            }
+            Backend::Sqlite { path, .. } => {
+                if !path.exists() {
+                    return Err(Failure::code("DATABASE_NOT_FOUND"));
+                }
+                let opts = match self.backend_id.clone() {
+                    Some(id) => OpenOptions::new(id),
+                    None => OpenOptions::any_backend(),
+                }
+                .with_migrations(toolledger_reference::MIGRATIONS)
+                .with_read_only(true);
+                Ok(SqliteStore::open(path, opts).map(Store::from)?)
             }
         }
     }

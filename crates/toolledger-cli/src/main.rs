@@ -8,6 +8,7 @@ mod cmd_call;
 mod cmd_demo;
 mod cmd_dispatch;
 mod cmd_fingerprint;
+mod cmd_operations;
 mod cmd_principal;
 mod cmd_resolve;
 mod cmd_serve;
@@ -55,14 +56,22 @@ enum Command {
     Fingerprint,
     /// Approve one exact intent (the approver must hold the role `approver`).
     Approve(cmd_approve::ApproveArgs),
-    /// Audit a ledger: integrity, foreign keys, WAL + FULL, runtime invariants, counts.
+    /// Audit a ledger (read-only): integrity, foreign keys, WAL + FULL, runtime invariants,
+    /// counts.
     Audit(cmd_audit::AuditArgs),
     /// Dispatch the deferred call a runtime fixture describes (the refund write path).
     Dispatch(cmd_dispatch::DispatchArgs),
-    /// Explicit status query for a dispatched operation; reconciles a downstream receipt.
+    /// An operation's status: the ledger's answer (read-only), or with --fixture the
+    /// caller's explicit status query, which reconciles a downstream receipt.
     Status(cmd_status::StatusArgs),
-    /// Operator: settle an outcome_unknown (or dead) operation as succeeded or failed.
+    /// Operator: settle an unsure operation (deferred: succeeded or failed; inline: applied
+    /// or partial).
     Resolve(cmd_resolve::ResolveArgs),
+    /// Operator: find and explain operations (read-only).
+    Operations {
+        #[command(subcommand)]
+        cmd: cmd_operations::OperationsCmd,
+    },
     /// Deliver pending outbox events and reclaim expired leases.
     Worker(cmd_worker::WorkerArgs),
     /// Create a ledger database or migrate an existing one forward.
@@ -137,7 +146,7 @@ fn run_command(cli: Cli, opened: &mut Option<StoreConfig>) -> Result<Outcome, Fa
             cmd_approve::run(args, store)
         }
         Command::Audit(args) => {
-            let store = remember(opened, args.store.resolve(Access::Existing)?);
+            let store = remember(opened, args.store.resolve(Access::ReadOnly)?);
             cmd_audit::run(store)
         }
         Command::Dispatch(args) => {
@@ -145,12 +154,20 @@ fn run_command(cli: Cli, opened: &mut Option<StoreConfig>) -> Result<Outcome, Fa
             cmd_dispatch::run(args, store)
         }
         Command::Status(args) => {
-            let store = remember(opened, args.store.resolve(Access::Existing)?);
+            let access = match args.fixture {
+                Some(_) => Access::Existing,
+                None => Access::ReadOnly,
+            };
+            let store = remember(opened, args.store.resolve(access)?);
             cmd_status::run(args, store)
         }
         Command::Resolve(args) => {
             let store = remember(opened, args.store.resolve(Access::Existing)?);
             cmd_resolve::run(args, store)
+        }
+        Command::Operations { cmd } => {
+            let store = cmd.store().resolve(Access::ReadOnly)?;
+            cmd_operations::run(cmd, store)
         }
         Command::Worker(args) => {
             let store = remember(opened, args.store.resolve(Access::Existing)?);

@@ -152,8 +152,11 @@ fn an_unusable_database_is_a_stable_error() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("garbage.sqlite");
     std::fs::write(&db, vec![0x42u8; 8192]).unwrap();
-    assert_eq!(fails(&db, &["list"]), "DATABASE_CORRUPT");
+    // `list` opens the ledger read-only: a file that is not a ledger is refused as such.
+    assert_eq!(fails(&db, &["list"]), "NOT_A_LEDGER");
     let other = dir.path().join("bound.sqlite");
+    assert_eq!(fails(&other, &["list"]), "DATABASE_NOT_FOUND");
+    ok(&other, &["add", "alice", "--tenant", "acme"]);
     ok(&other, &["list"]);
     let out = Command::new(BIN)
         .args(["principal", "list", "--backend-id", "elsewhere", "--db"])

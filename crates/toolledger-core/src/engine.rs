@@ -866,6 +866,10 @@ fn settled(
                 record.status_ref
             ),
         )),
+        OperationState::InProgress => Err(Error::new(
+            ErrorCode::OperationInProgress,
+            ledger::in_progress_message(&record.status_ref, record.updated_at, now),
+        )),
         _ => Err(Error::new(
             ErrorCode::OperationInProgress,
             format!(

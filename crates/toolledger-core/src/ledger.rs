@@ -443,6 +443,151 @@ pub(crate) fn load_events(
     Ok(out)
 }
 
+/// Seconds after its last change at which an inline operation still `in_progress` is *stuck*:
+/// the process that committed its first step is presumed gone. From then on a replay's
+/// `operation_in_progress` answer says the operation is stuck and names `toolledger resolve`,
+/// and an operator may settle it; before, resolving is refused (its later steps may still be
+/// running).
+pub const IN_PROGRESS_EXPIRY_SECS: i64 = 300;
+
+/// Whether an `in_progress` operation last changed at `updated_at` is stuck at `now`
+/// (`now >= updated_at + IN_PROGRESS_EXPIRY_SECS`).
+pub(crate) fn in_progress_expired(updated_at: i64, now: i64) -> bool {
+    now >= updated_at.saturating_add(IN_PROGRESS_EXPIRY_SECS)
+}
+
+/// The replay answer's message for an `in_progress` operation at `now`: unfinished, or stuck
+/// past the in-progress expiry and to be settled by an operator.
+pub(crate) fn in_progress_message(status_ref: &str, updated_at: i64, now: i64) -> String {
+    if in_progress_expired(updated_at, now) {
+        format!(
+            "the operation is stuck in progress (unchanged for {IN_PROGRESS_EXPIRY_SECS} seconds \
+             or more); an operator settles it with `toolledger resolve --status-ref {status_ref}`"
+        )
+    } else {
+        format!("the operation has not finished; query status {status_ref}")
+    }
+}
+
+/// Changes a `partial` operation to `applied` (an operator completed its remaining steps);
+/// its result stays. Returns how many rows changed (0 when it is no longer `partial`).
+pub(crate) fn partial_to_applied(tx: &mut dyn EffectTx, id: i64, now: i64) -> Result<usize, Error> {
+    tx.execute(
+        "UPDATE operations SET state = 'applied', updated_at = ?1 WHERE id = ?2 AND state = 'partial'",
+        &[now.into(), id.into()],
+    )
+}
+
+/// The summary columns of the operators' list, in the order [`list_rows`] reads them.
+const SUMMARY_COLUMNS: &str = "id, status_ref, tool, idempotency_key, tenant, subject, \
+    effect_kind, state, created_at, updated_at";
+
+/// One row of the operators' list: who, what, which state, when.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SummaryRow {
+    pub(crate) id: i64,
+    pub(crate) status_ref: String,
+    pub(crate) tool: String,
+    pub(crate) key: String,
+    pub(crate) tenant: String,
+    pub(crate) subject: String,
+    pub(crate) effect_kind: String,
+    pub(crate) state: OperationState,
+    pub(crate) created_at: i64,
+    pub(crate) updated_at: i64,
+}
+
+/// Operations in any of `states` (every state when empty), of `tool` when given, created at
+/// or before `created_at_most` when given; newest first by id (oldest first when
+/// `oldest_first`), at most `limit`. A state filter is served by the `operations_by_state`
+/// index, so a few unsure operations are found among many finished ones without a scan.
+pub(crate) fn list_rows(
+    tx: &mut dyn EffectTx,
+    states: &[OperationState],
+    tool: Option<&str>,
+    created_at_most: Option<i64>,
+    limit: i64,
+    oldest_first: bool,
+) -> Result<Vec<SummaryRow>, StoreError> {
+    let mut clauses = Vec::new();
+    let mut params: Vec<SqlValue> = Vec::new();
+    if !states.is_empty() {
+        let mut marks = Vec::with_capacity(states.len());
+        for st in states {
+            params.push(st.as_str().into());
+            marks.push(format!("?{}", params.len()));
+        }
+        clauses.push(format!("state IN ({})", marks.join(", ")));
+    }
+    if let Some(t) = tool {
+        params.push(t.into());
+        clauses.push(format!("tool = ?{}", params.len()));
+    }
+    if let Some(c) = created_at_most {
+        params.push(c.into());
+        clauses.push(format!("created_at <= ?{}", params.len()));
+    }
+    params.push(limit.into());
+    let filter = if clauses.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", clauses.join(" AND "))
+    };
+    let sql = format!(
+        "SELECT {SUMMARY_COLUMNS} FROM operations {filter} ORDER BY id {} LIMIT ?{}",
+        if oldest_first { "ASC" } else { "DESC" },
+        params.len()
+    );
+    let rows = tx
+        .query(&sql, &params)
+        .map_err(|e| crate::outbox::store_error(tx, e))?;
+    rows.iter()
+        .map(|row| {
+            Ok(SummaryRow {
+                id: column(row.int(0))?,
+                status_ref: column(row.text(1))?,
+                tool: column(row.text(2))?,
+                key: column(row.text(3))?,
+                tenant: column(row.text(4))?,
+                subject: column(row.text(5))?,
+                effect_kind: column(row.text(6))?,
+                state: OperationState::parse(&column(row.text(7))?)
+                    .ok_or_else(|| contract("unknown operation state"))?,
+                created_at: column(row.int(8))?,
+                updated_at: column(row.int(9))?,
+            })
+        })
+        .collect()
+}
+
+/// The ledger rows with this status reference (at most one), decoded and checked.
+pub(crate) fn rows_by_status_ref(
+    tx: &mut dyn EffectTx,
+    status_ref: &str,
+) -> Result<Vec<LedgerRow>, StoreError> {
+    decode_all(tx, BY_STATUS_REF, &[status_ref.into()])
+}
+
+/// The ledger rows of `(tool, key)` under any principal, oldest first, decoded and checked.
+pub(crate) fn rows_by_tool_key(
+    tx: &mut dyn EffectTx,
+    tool: &str,
+    key: &str,
+) -> Result<Vec<LedgerRow>, StoreError> {
+    decode_all(tx, BY_TOOL_KEY, &[tool.into(), key.into()])
+}
+
+fn decode_all(
+    tx: &mut dyn EffectTx,
+    sql: &str,
+    params: &[SqlValue],
+) -> Result<Vec<LedgerRow>, StoreError> {
+    let rows = tx
+        .query(sql, params)
+        .map_err(|e| crate::outbox::store_error(tx, e))?;
+    rows.iter().map(|r| decode(r)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -488,6 +633,21 @@ mod tests {
         assert_eq!(both.code, ErrorCode::OperationAuthorityExpired);
         let retention = check_deadlines(Some(20), Some(10), 10).unwrap_err();
         assert_eq!(retention.code, ErrorCode::OperationRetentionExpired);
+    }
+
+    #[test]
+    fn an_in_progress_operation_is_stuck_from_its_expiry_on() {
+        let t = 1_000;
+        assert!(!in_progress_expired(t, t + IN_PROGRESS_EXPIRY_SECS - 1));
+        assert!(in_progress_expired(t, t + IN_PROGRESS_EXPIRY_SECS));
+        assert!(!in_progress_expired(i64::MAX - 1, i64::MAX - 1));
+        let live = in_progress_message("op_x", t, t);
+        assert!(live.contains("has not finished"), "{live}");
+        let stuck = in_progress_message("op_x", t, t + IN_PROGRESS_EXPIRY_SECS);
+        assert!(
+            stuck.contains("stuck") && stuck.contains("toolledger resolve --status-ref op_x"),
+            "{stuck}"
+        );
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! the seam every database driver implements ([`store::Driver`], [`effect::EffectTx`]). Both
 //! paths run over one internal `ledger` module, the only home of the `operations` table: its
 //! columns and row decoder, its statements, the status-reference generator, the deadline
-//! check, the event writer and the strict reader of stored JSON. The crate
+//! check, the event writer and the strict reader of stored JSON; operators read it through
+//! [`operations`] (the list by state and age, one operation's timeline). The crate
 //! knows no database library: the drivers are the `toolledger-sqlite` and
 //! `toolledger-postgres` crates, and applications depend on the `toolledger` facade.
 
@@ -28,6 +29,7 @@ pub mod json;
 pub mod key_ids;
 mod ledger;
 pub mod model;
+pub mod operations;
 pub mod outbox;
 pub mod runtime;
 pub mod store;

@@ -219,6 +219,79 @@ pub fn run(
     })
 }
 
+/// The read-only form of [`run`]: checks that the database is a ledger this program can read
+/// as it is, and changes nothing. Only the reading hooks ([`MigrationHooks::binding`],
+/// [`MigrationHooks::applied_versions`]) are called.
+///
+/// Refused: an empty or foreign database, or one without a backend id
+/// ([`StoreError::NotALedger`]); another backend id ([`StoreError::BackendMismatch`]); no core
+/// namespace recorded ([`StoreError::NotALedger`]); a known namespace newer than this program
+/// ([`StoreError::SchemaTooNew`]) or older ([`StoreError::SchemaOutdated`]: run `toolledger
+/// migrate`); recorded versions with a gap ([`StoreError::Corrupt`]). A namespace this program
+/// knows but the database never recorded (an application's tables it does not use) is not
+/// an error: it is reported missing, never created. The report's `applied` is always empty.
+pub fn check(
+    hooks: &mut dyn MigrationHooks,
+    request: &MigrationRequest<'_>,
+) -> Result<MigrationReport, StoreError> {
+    let ordered = plan(request.migrations)?;
+    let mut known: BTreeMap<&str, u32> = BTreeMap::new();
+    for m in &ordered {
+        let max = known.entry(m.namespace).or_insert(0);
+        *max = (*max).max(m.version);
+    }
+    let backend_id = match hooks.binding()? {
+        Binding::Empty => return Err(StoreError::NotALedger("an empty database".into())),
+        Binding::Foreign => {
+            return Err(StoreError::NotALedger(
+                "a database of another application".into(),
+            ))
+        }
+        Binding::Bound(None) => return Err(StoreError::NotALedger("no backend id".into())),
+        Binding::Bound(Some(bound)) => match request.backend_id {
+            Some(wanted) if wanted != bound => return Err(StoreError::BackendMismatch),
+            _ => bound,
+        },
+    };
+    let mut recorded: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
+    for (ns, version) in hooks.applied_versions()? {
+        recorded.entry(ns).or_default().insert(version);
+    }
+    if !recorded.contains_key(CORE_NAMESPACE) {
+        return Err(StoreError::NotALedger("no ledger schema".into()));
+    }
+    for (ns, versions) in &recorded {
+        let Some(&supported) = known.get(ns.as_str()) else {
+            continue;
+        };
+        let found = versions.last().copied().unwrap_or(0);
+        if found > supported {
+            return Err(StoreError::SchemaTooNew {
+                namespace: ns.clone(),
+                found,
+                supported,
+            });
+        }
+        if versions.len() != found as usize || versions.first() != Some(&1) {
+            return Err(StoreError::Corrupt(format!(
+                "the recorded migrations of {ns} have a gap"
+            )));
+        }
+        if found < supported {
+            return Err(StoreError::SchemaOutdated {
+                namespace: ns.clone(),
+                found,
+                current: supported,
+            });
+        }
+    }
+    Ok(MigrationReport {
+        backend_id,
+        created: false,
+        applied: Vec::new(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -484,6 +557,51 @@ mod tests {
             report.applied.iter().filter(|(n, _)| *n == "app").count(),
             1
         );
+    }
+
+    #[test]
+    fn a_read_only_check_changes_nothing_and_refuses_what_is_not_a_current_ledger() {
+        let app = [CORE[0], CORE[1], m("app", 1, "a1")];
+        let mut empty = Fake::default();
+        assert!(matches!(
+            check(&mut empty, &request(None, CORE, false)).unwrap_err(),
+            StoreError::NotALedger(_)
+        ));
+        let mut foreign = Fake {
+            foreign_tables: true,
+            ..Fake::default()
+        };
+        assert!(matches!(
+            check(&mut foreign, &request(None, CORE, false)).unwrap_err(),
+            StoreError::NotALedger(_)
+        ));
+        let mut old = Fake::bound("s", &[("toolledger", 1)]);
+        assert!(matches!(
+            check(&mut old, &request(None, CORE, true)).unwrap_err(),
+            StoreError::SchemaOutdated { found: 1, .. }
+        ));
+        let mut newer = Fake::bound(
+            "s",
+            &[("toolledger", 1), ("toolledger", 2), ("toolledger", 3)],
+        );
+        assert!(matches!(
+            check(&mut newer, &request(None, CORE, false)).unwrap_err(),
+            StoreError::SchemaTooNew { found: 3, .. }
+        ));
+        let mut current = Fake::bound("s", &[("toolledger", 1), ("toolledger", 2)]);
+        assert!(matches!(
+            check(&mut current, &request(Some("other"), &app, false)).unwrap_err(),
+            StoreError::BackendMismatch
+        ));
+        let report = check(&mut current, &request(None, &app, false)).unwrap();
+        assert_eq!(report.backend_id, "s");
+        assert!(
+            report.applied.is_empty(),
+            "the app namespace is not created"
+        );
+        for db in [&empty, &foreign, &old, &newer, &current] {
+            assert!(db.log.is_empty(), "{:?}", db.log);
+        }
     }
 
     #[test]

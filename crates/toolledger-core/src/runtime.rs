@@ -559,14 +559,22 @@ impl Deadlines {
     }
 }
 
-/// How an operator settles an unknown outcome with [`Runtime::resolve`].
+/// How an operator settles an unsure operation with [`Runtime::resolve`]: a deferred one as
+/// `succeeded` or `failed`, an inline one as `applied` or `partial`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ResolveAs {
-    /// The effect happened: requires the downstream's receipt, reconciled like a status query.
+    /// Deferred: the effect happened: requires the downstream's receipt, reconciled like a
+    /// status query.
     Succeeded,
-    /// The effect did not happen: refused when the downstream holds a receipt.
+    /// Deferred: the effect did not happen: refused when the downstream holds a receipt.
     Failed,
+    /// Inline: every step happened (an operator completed the remaining ones); the stored
+    /// result is the first step's.
+    Applied,
+    /// Inline: the first step happened and the remaining ones did not; the stored result is
+    /// the first step's.
+    Partial,
 }
 
 impl ResolveAs {
@@ -575,11 +583,26 @@ impl ResolveAs {
         match self {
             ResolveAs::Succeeded => "succeeded",
             ResolveAs::Failed => "failed",
+            ResolveAs::Applied => "applied",
+            ResolveAs::Partial => "partial",
         }
+    }
+
+    /// The name's value, if it is one (`succeeded`, `failed`, `applied`, `partial`).
+    pub fn parse(s: &str) -> Option<ResolveAs> {
+        [
+            ResolveAs::Succeeded,
+            ResolveAs::Failed,
+            ResolveAs::Applied,
+            ResolveAs::Partial,
+        ]
+        .into_iter()
+        .find(|a| a.as_str() == s)
     }
 }
 
-/// An operator's resolution of an `outcome_unknown` (or `dead`) operation.
+/// An operator's resolution of an unsure operation: an `outcome_unknown`, `dead` or stale
+/// `processing` deferred one, or an inline one stuck `in_progress` or left `partial`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Resolution {
     /// The operation's opaque reference.

@@ -467,6 +467,10 @@ pub enum StoreError {
     /// The file is not a toolledger database (or is damaged).
     #[error("not a toolledger database or damaged: {0}")]
     Corrupt(String),
+    /// A read-only open found no ledger: an empty file, a file that is not a database, or a
+    /// database of another application. Nothing was created or changed.
+    #[error("not a toolledger ledger: {0}")]
+    NotALedger(String),
     /// Stored data violates the storage contract (non-canonical JSON, digest mismatch…).
     #[error("storage contract violated: {0}")]
     Contract(String),
@@ -510,7 +514,7 @@ impl StoreError {
             StoreError::SchemaTooNew { .. }
             | StoreError::SchemaOutdated { .. }
             | StoreError::MigrationsInvalid { .. } => StoreErrorKind::Schema,
-            StoreError::Corrupt(_) => StoreErrorKind::Corrupt,
+            StoreError::Corrupt(_) | StoreError::NotALedger(_) => StoreErrorKind::Corrupt,
             StoreError::Contract(_) => StoreErrorKind::Contract,
             StoreError::Refused { .. } => StoreErrorKind::Refused,
             StoreError::NetworkFilesystem(_) | StoreError::Io => StoreErrorKind::Io,
@@ -544,6 +548,7 @@ impl StoreError {
             StoreError::SchemaOutdated { .. } => "SCHEMA_OUTDATED",
             StoreError::MigrationsInvalid { .. } => "MIGRATIONS_INVALID",
             StoreError::Corrupt(_) => "DATABASE_CORRUPT",
+            StoreError::NotALedger(_) => "NOT_A_LEDGER",
             StoreError::Contract(_) => "PERSISTENCE_CONTRACT_ERROR",
             StoreError::Refused { backend, .. } | StoreError::Failed { backend, .. } => {
                 database_error_code(*backend)
@@ -567,6 +572,7 @@ impl StoreError {
             StoreError::Unavailable(_) => "store unavailable".to_string(),
             StoreError::Refused { .. } => "write refused by the database".to_string(),
             StoreError::Corrupt(_) => "the database is damaged or not a toolledger database".into(),
+            StoreError::NotALedger(_) => "the database is not a toolledger ledger".into(),
             other => other.to_string(),
         };
         Error::new(ErrorCode::Unavailable, message)

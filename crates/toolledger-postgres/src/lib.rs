@@ -104,6 +104,11 @@ pub const CORE_MIGRATIONS: &[Migration] = &[
         version: 3,
         sql: include_str!("sql/pg_0003_keys.sql"),
     },
+    Migration {
+        namespace: "toolledger",
+        version: 4,
+        sql: include_str!("sql/pg_0004_operator_index.sql"),
+    },
 ];
 
 /// The backend id a new database gets when none is requested.
@@ -137,6 +142,10 @@ pub struct PgOptions {
     /// addition to `max_connections`, so a store holds at most `max_connections +
     /// batch_writers` connections (each made on first use).
     pub batch_writers: usize,
+    /// Open an existing ledger read-only: every transaction is read-only
+    /// (`default_transaction_read_only`), no schema is created and nothing is migrated; a
+    /// schema that holds no ledger is [`StoreError::NotALedger`].
+    pub read_only: bool,
 }
 
 impl PgOptions {
@@ -159,7 +168,14 @@ impl PgOptions {
             statement_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
             batch_writers: 2,
+            read_only: false,
         }
+    }
+
+    /// Opens the ledger read-only ([`PgOptions::read_only`]).
+    pub fn with_read_only(mut self, read_only: bool) -> Self {
+        self.read_only = read_only;
+        self
     }
 
     /// Adds application migrations (PostgreSQL dialect).
@@ -886,6 +902,9 @@ fn parse_config(
     if !options.contains("statement_timeout") {
         options.push_str(&format!(" -c statement_timeout={ms}"));
     }
+    if opts.read_only {
+        options.push_str(" -c default_transaction_read_only=on");
+    }
     if let Some(schema) = &opts.schema {
         if !valid_schema_name(schema) {
             return Err(StoreError::Database(
@@ -914,7 +933,11 @@ impl PgStore {
     pub fn open(url: &str, opts: PgOptions) -> Result<Self, StoreError> {
         let mut store = Self::open_unchecked(url, opts.clone())?;
         let o = opts.clone();
-        let backend_id = store.run_blocking(move |slot| bootstrap(slot, &o))?;
+        let backend_id = if opts.read_only {
+            store.run_blocking(move |slot| check_read_only(slot, &o))?
+        } else {
+            store.run_blocking(move |slot| bootstrap(slot, &o))?
+        };
         match Arc::get_mut(&mut store.inner) {
             Some(inner) => inner.backend_id = backend_id,
             None => return Err(StoreError::Database("store handle shared too early".into())),
@@ -1375,6 +1398,31 @@ fn bootstrap(slot: &mut Slot, opts: &PgOptions) -> Result<String, StoreError> {
     )?;
     rt.block_on(tx.commit()).map_err(e)?;
     Ok(report.backend_id)
+}
+
+/// Checks, in one read-only transaction, that the database (or the named schema) holds a
+/// ledger at exactly the schema this program knows ([`migrate::check`]); creates nothing.
+fn check_read_only(slot: &mut Slot, opts: &PgOptions) -> Result<String, StoreError> {
+    slot.connect()?;
+    let e = |e: tokio_postgres::Error| map_pg_error(&e);
+    let rt = &slot.rt;
+    let client = slot.client.as_mut().expect("connected");
+    let tx = rt
+        .block_on(client.build_transaction().read_only(true).start())
+        .map_err(e)?;
+    let mut all: Vec<Migration> = CORE_MIGRATIONS.to_vec();
+    all.extend(opts.migrations.iter().copied());
+    let report = migrate::check(
+        &mut PgMigrator { rt, tx: &tx },
+        &MigrationRequest {
+            backend_id: opts.backend_id.as_deref(),
+            default_backend_id: DEFAULT_BACKEND_ID,
+            migrations: &all,
+            allow_migrate: false,
+        },
+    );
+    let _ = rt.block_on(tx.rollback());
+    Ok(report?.backend_id)
 }
 
 fn backoff(attempt: u32) {

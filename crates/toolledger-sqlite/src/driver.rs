@@ -66,7 +66,8 @@ impl Driver for SqliteStore {
         &self,
         tx: &mut dyn EffectTx,
     ) -> Result<(bool, serde_json::Value), StoreError> {
-        audit_checks::physical_checks(tx)
+        let journal = super::read_only::journal_mode(&self.inner.path, self.inner.read_only);
+        audit_checks::physical_checks(tx, journal)
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
@@ -87,11 +88,18 @@ mod audit_checks {
     use toolledger_core::effect::EffectTx;
     use toolledger_core::store::StoreError;
 
-    /// SQLite's physical checks: `(pass, checks)`.
-    pub(super) fn physical_checks(tx: &mut dyn EffectTx) -> Result<(bool, Value), StoreError> {
+    /// SQLite's physical checks: `(pass, checks)`. `journal` is the file's journal mode when
+    /// the connection cannot report it (a read-only connection to an immutable file).
+    pub(super) fn physical_checks(
+        tx: &mut dyn EffectTx,
+        journal: Option<String>,
+    ) -> Result<(bool, Value), StoreError> {
         let integrity = column(tx, "PRAGMA integrity_check")?;
         let fk = rows(tx, "PRAGMA foreign_key_check")?.len();
-        let journal = column(tx, "PRAGMA journal_mode")?.pop().unwrap_or_default();
+        let journal = match journal {
+            Some(j) => j,
+            None => column(tx, "PRAGMA journal_mode")?.pop().unwrap_or_default(),
+        };
         let synchronous = scalar(tx, "PRAGMA synchronous")?;
         let integrity_ok = integrity.len() == 1 && integrity[0] == "ok";
         let journal_ok = journal.eq_ignore_ascii_case("wal");

@@ -34,6 +34,9 @@ use toolledger_core::store::{Driver, Migration, ReadJob, Store, StoreError, Writ
 
 mod driver;
 mod effect_tx;
+mod read_only;
+
+pub use read_only::ReadMode;
 
 /// Direct access to a SQLite file, for driver-specific tools only.
 ///
@@ -75,6 +78,11 @@ pub const CORE_MIGRATIONS: &[Migration] = &[
         namespace: "toolledger",
         version: 3,
         sql: include_str!("sql/sqlite_0003_keys.sql"),
+    },
+    Migration {
+        namespace: "toolledger",
+        version: 4,
+        sql: include_str!("sql/sqlite_0004_operator_index.sql"),
     },
 ];
 
@@ -127,6 +135,10 @@ pub struct OpenOptions {
     pub readers: usize,
     /// The write connection's `synchronous` mode ([`Synchronous::Full`] unless opted out).
     pub synchronous: Synchronous,
+    /// Open an existing ledger read-only: no write connection, no file created, no
+    /// migration; a file that is not a ledger is [`StoreError::NotALedger`] (see
+    /// [`ReadMode`]).
+    pub read_only: bool,
 }
 
 impl OpenOptions {
@@ -138,6 +150,7 @@ impl OpenOptions {
             migrate: false,
             readers: 4,
             synchronous: Synchronous::Full,
+            read_only: false,
         }
     }
 
@@ -149,7 +162,14 @@ impl OpenOptions {
             migrate: false,
             readers: 4,
             synchronous: Synchronous::Full,
+            read_only: false,
         }
+    }
+
+    /// Opens the ledger read-only ([`OpenOptions::read_only`]).
+    pub fn with_read_only(mut self, read_only: bool) -> Self {
+        self.read_only = read_only;
+        self
     }
 
     /// Adds application migrations.
@@ -218,6 +238,8 @@ struct Inner {
     max_readers: usize,
     stats: Arc<StatCounters>,
     reader_threads: Mutex<ReaderThreads>,
+    /// How the connections read, when the store was opened read-only.
+    read_only: Option<ReadMode>,
 }
 
 impl Drop for Inner {
@@ -520,6 +542,9 @@ impl SqliteStore {
     /// `BEGIN IMMEDIATE` transaction, so two processes opening a new file at once do not race.
     pub fn open(path: impl AsRef<Path>, opts: OpenOptions) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
+        if opts.read_only {
+            return read_only::open(path, &opts);
+        }
         if let Some(fs) = detect_network_filesystem(&path) {
             return Err(StoreError::NetworkFilesystem(fs));
         }
@@ -548,6 +573,7 @@ impl SqliteStore {
                 max_readers: opts.readers.max(1),
                 stats,
                 reader_threads: Mutex::new(ReaderThreads::default()),
+                read_only: None,
             }),
         })
     }
@@ -587,6 +613,9 @@ impl SqliteStore {
 
     /// Sends `job` to the writer; on failure hands it back with the reason.
     fn submit_job(&self, job: Job) -> Result<(), (StoreError, Job)> {
+        if self.inner.read_only.is_some() {
+            return Err((read_only::refused_write(), job));
+        }
         let Ok(guard) = self.inner.sender.lock() else {
             return Err((StoreError::Unavailable("writer poisoned".into()), job));
         };
@@ -669,7 +698,7 @@ impl SqliteStore {
         {
             return Ok(c);
         }
-        connect_reader(&self.inner.path)
+        connect_reader(&self.inner.path, self.inner.read_only)
     }
 
     fn return_reader(&self, conn: Connection) {
@@ -695,9 +724,10 @@ impl SqliteStore {
             for i in 0..self.inner.max_readers {
                 let receiver = receiver.clone();
                 let path = self.inner.path.clone();
+                let mode = self.inner.read_only;
                 let spawned = std::thread::Builder::new()
                     .name(format!("toolledger-sqlite-reader-{i}"))
-                    .spawn(move || reader_loop(&path, receiver));
+                    .spawn(move || reader_loop(&path, mode, receiver));
                 match spawned {
                     Ok(handle) => threads.handles.push(handle),
                     Err(_) => {
@@ -818,18 +848,29 @@ where
 }
 
 /// Opens a read-only connection with the ledger's pragmas.
-fn connect_reader(path: &Path) -> Result<Connection, StoreError> {
+fn connect_reader(path: &Path, mode: Option<ReadMode>) -> Result<Connection, StoreError> {
+    if let Some(mode) = mode {
+        return read_only::connect(path, mode);
+    }
     let conn = connect(path)?;
     conn.execute_batch("PRAGMA query_only=ON;")
         .map_err(map_err)?;
     Ok(conn)
 }
 
-fn reader_loop(path: &Path, receiver: crossbeam_channel::Receiver<ReadJobFn>) {
+fn reader_loop(
+    path: &Path,
+    mode: Option<ReadMode>,
+    receiver: crossbeam_channel::Receiver<ReadJobFn>,
+) {
     let mut conn: Option<Connection> = None;
     while let Ok(job) = receiver.recv() {
+        if let Err(e) = read_only::still_readable(path, mode) {
+            job(Err(e));
+            continue;
+        }
         if conn.is_none() {
-            match connect_reader(path) {
+            match connect_reader(path, mode) {
                 Ok(c) => conn = Some(c),
                 Err(e) => {
                     job(Err(e));

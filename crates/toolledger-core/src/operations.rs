@@ -1,0 +1,362 @@
+//! Operator inspection of the ledger, read-only: the list of operations by state, tool and age
+//! ([`list`]), and one operation's timeline ([`timeline`]) — its ledger row, every event, the
+//! deferred intent's provider call and approval, the outbox event with its lease and fencing
+//! token, every claim, the local receipt and an operator's resolution.
+//!
+//! Both run inside the caller's read transaction and never write. Arguments and results are
+//! shown to the operator as stored, except that the value of every object member whose name
+//! looks like a secret (`token`, `secret`, `password`, `passphrase`, `credential`,
+//! `authorization`, `api_key`/`apikey`, `private_key`, in any case) is replaced by
+//! `"[redacted]"` ([`redact_secrets`]). Bearer tokens and keys are never stored in the ledger
+//! in the first place (only token hashes, in the principal store, which is not shown).
+
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+
+use crate::effect::{EffectTx, RowExt};
+use crate::ledger::{self, column, LedgerRow};
+use crate::model::OperationState;
+use crate::outbox;
+use crate::store::StoreError;
+
+/// The most rows one [`list`] returns.
+pub const MAX_LIST_LIMIT: u32 = 10_000;
+
+/// What [`list`] selects.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListQuery {
+    /// Only operations in one of these states (every state when empty).
+    pub states: Vec<OperationState>,
+    /// Only operations of this tool.
+    pub tool: Option<String>,
+    /// Only operations created at least this many seconds before `now`.
+    pub older_than: Option<i64>,
+    /// The time ages are measured at (Unix seconds).
+    pub now: i64,
+    /// At most this many rows (1 to [`MAX_LIST_LIMIT`]).
+    pub limit: u32,
+    /// Oldest first (by creation order) instead of newest first.
+    pub oldest_first: bool,
+}
+
+/// One operation in the operators' list.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct OperationSummary {
+    /// The opaque status reference (what `operations show` and `resolve` take).
+    pub status_ref: String,
+    /// The tool.
+    pub tool: String,
+    /// The idempotency key.
+    pub key: String,
+    /// The principal's tenant.
+    pub tenant: String,
+    /// The principal's name.
+    pub subject: String,
+    /// `inline` or `deferred`.
+    pub effect_kind: String,
+    /// The state, in the ledger's one vocabulary.
+    pub state: OperationState,
+    /// When the operation was created (Unix seconds).
+    pub created_at: i64,
+    /// When it last changed (Unix seconds).
+    pub updated_at: i64,
+    /// `now - created_at`, never negative.
+    pub age_seconds: i64,
+}
+
+/// The operations [`ListQuery`] selects, newest first (or oldest first). Creation order is
+/// the ledger row id, which grows with every new operation.
+pub fn list(tx: &mut dyn EffectTx, q: &ListQuery) -> Result<Vec<OperationSummary>, StoreError> {
+    let limit = i64::from(q.limit.clamp(1, MAX_LIST_LIMIT));
+    let created_at_most = q.older_than.map(|s| q.now.saturating_sub(s));
+    let rows = ledger::list_rows(
+        tx,
+        &q.states,
+        q.tool.as_deref(),
+        created_at_most,
+        limit,
+        q.oldest_first,
+    )?;
+    Ok(rows
+        .into_iter()
+        .map(|r| OperationSummary {
+            age_seconds: q.now.saturating_sub(r.created_at).max(0),
+            status_ref: r.status_ref,
+            tool: r.tool,
+            key: r.key,
+            tenant: r.tenant,
+            subject: r.subject,
+            effect_kind: r.effect_kind,
+            state: r.state,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        })
+        .collect())
+}
+
+/// Which operation [`timeline`] shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Selector {
+    /// By its status reference.
+    StatusRef(String),
+    /// By tool and idempotency key, narrowed to one principal when several hold the key.
+    ToolKey {
+        /// The tool.
+        tool: String,
+        /// The idempotency key.
+        key: String,
+        /// Only the operation of this tenant.
+        tenant: Option<String>,
+        /// Only the operation of this principal.
+        subject: Option<String>,
+    },
+}
+
+/// What [`timeline`] found.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Found {
+    /// No operation matches.
+    Absent,
+    /// Several principals hold the key: name the tenant and subject.
+    Ambiguous(usize),
+    /// The operation's timeline.
+    One(Box<Value>),
+}
+
+/// Whether an object member named `name` holds a secret whose value is never shown.
+fn secret_name(name: &str) -> bool {
+    let n = name.to_ascii_lowercase().replace('-', "_");
+    if n == "fencing_token" {
+        // The ledger's own lease counter, not a credential.
+        return false;
+    }
+    [
+        "token",
+        "secret",
+        "password",
+        "passphrase",
+        "credential",
+        "authorization",
+        "api_key",
+        "apikey",
+        "private_key",
+    ]
+    .iter()
+    .any(|s| n.contains(s))
+}
+
+/// `value` with the value of every object member whose name looks like a secret replaced by
+/// `"[redacted]"`, at any depth.
+pub fn redact_secrets(value: &Value) -> Value {
+    match value {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| {
+                    let v = if secret_name(k) {
+                        json!("[redacted]")
+                    } else {
+                        redact_secrets(v)
+                    };
+                    (k.clone(), v)
+                })
+                .collect::<Map<String, Value>>(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(redact_secrets).collect()),
+        other => other.clone(),
+    }
+}
+
+/// The selected operation's timeline at `now` (see the module docs), as one JSON object:
+/// `operation`, `events`, `claims`, `intent`, `outbox`, `receipt`, `resolution`.
+pub fn timeline(tx: &mut dyn EffectTx, selector: &Selector, now: i64) -> Result<Found, StoreError> {
+    let mut rows = match selector {
+        Selector::StatusRef(r) => ledger::rows_by_status_ref(tx, r)?,
+        Selector::ToolKey {
+            tool,
+            key,
+            tenant,
+            subject,
+        } => ledger::rows_by_tool_key(tx, tool, key)?
+            .into_iter()
+            .filter(|r| tenant.as_ref().is_none_or(|t| *t == r.tenant))
+            .filter(|r| subject.as_ref().is_none_or(|s| *s == r.subject))
+            .collect(),
+    };
+    match rows.len() {
+        0 => Ok(Found::Absent),
+        1 => {
+            let row = rows.pop().expect("one row");
+            Ok(Found::One(Box::new(build(tx, &row, now)?)))
+        }
+        n => Ok(Found::Ambiguous(n)),
+    }
+}
+
+fn stored(tx: &mut dyn EffectTx, e: crate::Error) -> StoreError {
+    outbox::store_error(tx, e)
+}
+
+fn build(tx: &mut dyn EffectTx, row: &LedgerRow, now: i64) -> Result<Value, StoreError> {
+    let c = &row.contract;
+    let operation = json!({
+        "status_ref": row.status_ref,
+        "tool": row.tool,
+        "key": row.key,
+        "tenant": row.tenant,
+        "subject": row.subject,
+        "effect_kind": row.effect_kind,
+        "state": row.state.as_str(),
+        "request_digest": row.request_digest,
+        "contract": {
+            "input_rev": c.input_rev, "output_rev": c.output_rev, "effect_rev": c.effect_rev,
+            "handler_rev": c.handler_rev, "producer_rev": c.producer_rev,
+            "policy_rev": c.policy_rev,
+        },
+        "arguments": redact_secrets(&row.arguments),
+        "result": row.result.as_ref().map(redact_secrets),
+        "authority_deadline": row.authority_deadline,
+        "retention_deadline": row.retention_deadline,
+        "created_at": row.created_at,
+        "updated_at": row.updated_at,
+        "age_seconds": now.saturating_sub(row.created_at).max(0),
+    });
+    let events = ledger::load_events(tx, row.id).map_err(|e| stored(tx, e))?;
+    let mut claims = Vec::new();
+    let mut resolution = Value::Null;
+    let events: Vec<Value> = events
+        .into_iter()
+        .map(|(id, at, kind, detail)| {
+            if kind == "claimed" {
+                claims.push(json!({
+                    "at": at,
+                    "attempt": detail.get("attempt"),
+                    "fencing_token": detail.get("fencing_token"),
+                    "lease_owner": detail.get("lease_owner"),
+                    "lease_until": detail.get("lease_until"),
+                }));
+            }
+            if kind == "resolved" {
+                let mut r = detail.clone();
+                r["at"] = json!(at);
+                resolution = r;
+            }
+            json!({"id": id, "at": at, "kind": kind, "detail": redact_secrets(&detail)})
+        })
+        .collect();
+    let outbox = match outbox::for_operation(tx, row.id)? {
+        None => Value::Null,
+        Some(ev) => json!({
+            "state": ev.state,
+            "fencing_token": ev.fencing_token,
+            "lease_owner": ev.lease_owner,
+            "lease_until": ev.lease_until,
+            "lease_live": ev.lease_until.is_some_and(|u| now < u),
+            "attempt_count": ev.attempt_count,
+            "max_attempts": ev.max_attempts,
+            "last_error": ev.last_error,
+            "delivered_at": ev.delivered_at,
+        }),
+    };
+    let intent = intent(tx, row.id)?;
+    let receipt = receipt(tx, row.id)?;
+    let mut out = json!({
+        "operation": operation,
+        "events": events,
+        "claims": claims,
+        "intent": intent,
+        "outbox": outbox,
+        "receipt": receipt,
+        "resolution": resolution,
+    });
+    if row.state == OperationState::InProgress {
+        out["operation"]["stuck"] = json!(ledger::in_progress_expired(row.updated_at, now));
+    }
+    Ok(out)
+}
+
+/// The provider call and approval a deferred intent stored (`null` for inline operations).
+fn intent(tx: &mut dyn EffectTx, id: i64) -> Result<Value, StoreError> {
+    let row = tx
+        .query_opt(
+            "SELECT provider, api_family, adapter_revision, turn_id, call_id, response_id,
+                 downstream_key, approval_id, approver, approved_at, approval_expires_at,
+                 created_at
+             FROM deferred_intents WHERE operation_id = ?1",
+            &[id.into()],
+        )
+        .map_err(|e| stored(tx, e))?;
+    let Some(r) = row else {
+        return Ok(Value::Null);
+    };
+    Ok(json!({
+        "provider": column(r.text(0))?,
+        "api_family": column(r.text(1))?,
+        "adapter_revision": column(r.text(2))?,
+        "turn_id": column(r.text(3))?,
+        "call_id": column(r.text(4))?,
+        "response_id": column(r.text(5))?,
+        "downstream_key": column(r.text(6))?,
+        "approval": match column(r.opt_text(7))? {
+            None => Value::Null,
+            Some(approval_id) => json!({
+                "approval_id": approval_id,
+                "approver": column(r.opt_text(8))?,
+                "approved_at": column(r.opt_int(9))?,
+                "expires_at": column(r.opt_int(10))?,
+            }),
+        },
+        "created_at": column(r.int(11))?,
+    }))
+}
+
+/// The local receipt reconciled for the operation (`null` when there is none).
+fn receipt(tx: &mut dyn EffectTx, id: i64) -> Result<Value, StoreError> {
+    let row = tx
+        .query_opt(
+            "SELECT receipt_id, reconciled_via, fencing_token, query_identity, reconciled_at,
+                 receipt, receipt_digest, call_binding_digest
+             FROM local_receipts WHERE operation_id = ?1",
+            &[id.into()],
+        )
+        .map_err(|e| stored(tx, e))?;
+    let Some(r) = row else {
+        return Ok(Value::Null);
+    };
+    let receipt = ledger::parse_stored(&column(r.text(5))?)?;
+    Ok(json!({
+        "receipt_id": column(r.text(0))?,
+        "reconciled_via": column(r.text(1))?,
+        "fencing_token": column(r.opt_int(2))?,
+        "query_identity": column(r.opt_text(3))?,
+        "reconciled_at": column(r.int(4))?,
+        "receipt": redact_secrets(&receipt),
+        "receipt_digest": column(r.text(6))?,
+        "call_binding_digest": column(r.text(7))?,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_redacted_at_any_depth_and_nothing_else() {
+        let v = json!({
+            "order_id": "ord-1",
+            "api_token": "tl_abc",
+            "nested": {"Password": "p", "list": [{"client-secret": "s", "n": 1}]},
+            "amount_cents": 1250,
+        });
+        let r = redact_secrets(&v);
+        assert_eq!(r["order_id"], "ord-1");
+        assert_eq!(r["amount_cents"], 1250);
+        assert_eq!(r["api_token"], "[redacted]");
+        assert_eq!(r["nested"]["Password"], "[redacted]");
+        assert_eq!(r["nested"]["list"][0]["client-secret"], "[redacted]");
+        assert_eq!(r["nested"]["list"][0]["n"], 1);
+        assert_eq!(
+            redact_secrets(&json!({"fencing_token": 3}))["fencing_token"],
+            3
+        );
+    }
+}
