@@ -257,6 +257,17 @@ pub fn hint(code: &str) -> Option<&'static str> {
         "MIGRATIONS_INVALID" => {
             "this build's own migration list is malformed; it cannot open any database"
         }
+        "NOT_A_LEDGER" => {
+            "this is not a toolledger ledger (an empty file, not SQLite, or another \
+             application's database); check --db or --database-url; nothing was changed"
+        }
+        "UNKNOWN_STATE" => {
+            "--state takes a ledger state: in_progress, applied, partial, accepted, processing, \
+             succeeded, outcome_unknown, failed or dead"
+        }
+        "AMBIGUOUS_OPERATION" => {
+            "several principals hold this key for the tool; add --tenant and --subject"
+        }
         "DATABASE_CORRUPT" => {
             "this is not a toolledger database, or it is damaged; check --db, or restore the \
              database from a backup"

@@ -152,8 +152,8 @@ fn store_codes_carry_a_hint() {
     std::fs::write(&d.db, vec![0x42u8; 8192]).unwrap();
     let r = d.run("audit", &[]);
     let (code, message) = exit_2(&r);
-    assert_eq!(code, "DATABASE_CORRUPT");
-    assert!(message.contains("not a toolledger database"), "{message}");
+    assert_eq!(code, "NOT_A_LEDGER");
+    assert!(message.contains("not a toolledger ledger"), "{message}");
     assert!(!r.stderr.contains(d.dir.path().to_str().unwrap()));
 }
 

@@ -142,7 +142,7 @@ async fn arguments_outside_the_input_schema_are_refused_and_nothing_is_written()
     let (err, body) = s
         .call(
             "get_operation_status",
-            json!({"operation_id": "x", "tool": "create_note"}),
+            json!({"operation_id": "x", "extra": "create_note"}),
         )
         .await;
     assert!(err);
