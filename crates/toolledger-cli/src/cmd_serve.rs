@@ -31,6 +31,7 @@ use toolledger_mcp::{bearer_auth, CallerSource, Guard, GuardConfig, KeyMaterial,
 
 use crate::common::{RuntimeStoreArgs, StoreConfig};
 use crate::exit::{Failure, Outcome};
+use toolledger_cli::telemetry::{init_logs, metrics_routes, spawn_metrics_server, TelemetryArgs};
 use toolledger_reference::tools::{registry, Fault, Faults, ToolEnv};
 
 /// Options of `toolledger serve`.
@@ -73,6 +74,8 @@ pub struct ServeArgs {
     /// Testing aid: crash at a named point (repeatable). Never fires on a replay.
     #[arg(long, value_enum, value_name = "POINT")]
     pub fault: Vec<Fault>,
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
 }
 
 /// Runs the server on the ledger `config` resolves to, until stdin closes (stdio) or the
@@ -90,6 +93,7 @@ pub fn run(args: ServeArgs, config: StoreConfig) -> Result<Outcome, Failure> {
 }
 
 async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
+    init_logs(args.telemetry.log_format);
     // An empty entry (a trailing comma in the variable) names nothing and is skipped.
     let hosts =
         AllowedHosts::with_hosts(args.allowed_hosts.iter().filter(|h| !h.trim().is_empty()))
@@ -128,7 +132,7 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
             authority_ttl: Some(args.authority_ttl),
             retention_ttl: Some(args.replay_ttl),
         });
-    let principals = PrincipalStore::new(store.clone()).with_clock(clock);
+    let principals = PrincipalStore::new(store.clone()).with_clock(clock.clone());
     let env = ToolEnv {
         runtime: Some(runtime),
         guard,
@@ -137,6 +141,12 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
         principals: principals.clone(),
     };
     let tools = registry(&env);
+    if let Some(at) = args.telemetry.metrics {
+        let local = spawn_metrics_server(at, store.clone(), clock.clone())
+            .await
+            .map_err(Failure::code)?;
+        tracing::info!(metrics = %format!("http://{local}/metrics"), "serving metrics");
+    }
     match args.http {
         None => {
             let Some(name) = args.principal.clone() else {
@@ -158,7 +168,7 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
             }
             Ok(())
         }
-        Some(addr) => serve_http(addr, tools, principals, hosts).await,
+        Some(addr) => serve_http(addr, tools, principals, hosts, clock).await,
     }
 }
 
@@ -167,6 +177,7 @@ async fn serve_http(
     tools: Vec<Arc<dyn toolledger_mcp::McpTool>>,
     principals: PrincipalStore,
     hosts: AllowedHosts,
+    clock: SharedClock,
 ) -> Result<(), Failure> {
     let server = LedgerServer::new(
         "toolledger",
@@ -186,7 +197,7 @@ async fn serve_http(
     let store = principals.store().clone();
     // Around `/mcp`, outermost first: Host and Origin (403), the bearer token (401), the
     // strict body (400/413), the end of a legacy session (204/404). The health endpoints
-    // are outside all of them.
+    // and `/metrics` are outside all of them.
     let app = axum::Router::new()
         .nest_service("/mcp", service)
         .layer(axum::middleware::from_fn_with_state(
@@ -202,7 +213,8 @@ async fn serve_http(
             Arc::new(hosts),
             guard_host_and_origin,
         ))
-        .merge(health_routes(store));
+        .merge(health_routes(store.clone()))
+        .merge(metrics_routes(store, clock));
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|_| Failure::code("BIND_ERROR"))?;

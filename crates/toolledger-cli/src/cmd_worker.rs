@@ -37,6 +37,8 @@ use crate::cmd_dispatch::{block_on, runtime};
 pub struct WorkerArgs {
     #[command(flatten)]
     pub store: RuntimeStoreArgs,
+    #[command(flatten)]
+    pub telemetry: toolledger_cli::telemetry::TelemetryArgs,
     /// Run one pass and exit.
     #[arg(long)]
     pub once: bool,
@@ -120,12 +122,20 @@ pub fn run(args: WorkerArgs, store: StoreConfig) -> Result<Outcome, Failure> {
     if !(1..=10_000).contains(&args.batch) {
         return usage("--batch must be 1 to 10000");
     }
+    toolledger_cli::telemetry::init_logs(args.telemetry.log_format);
     block_on(async move {
         let ledger = store.open()?;
         let clock: SharedClock = match args.clock_epoch {
             Some(t) => Arc::new(ManualClock::new(t)),
             None => Arc::new(SystemClock),
         };
+        if let Some(at) = args.telemetry.metrics {
+            let local =
+                toolledger_cli::telemetry::spawn_metrics_server(at, ledger.clone(), clock.clone())
+                    .await
+                    .map_err(Failure::code)?;
+            tracing::info!(metrics = %format!("http://{local}/metrics"), "serving metrics");
+        }
         let rt = runtime(&store, &ledger, clock)?.with_config(RuntimeConfig {
             lease_seconds: args.lease_seconds,
             max_attempts: args.max_attempts,

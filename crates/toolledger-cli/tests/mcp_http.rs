@@ -28,27 +28,42 @@ on_both_backends!(
     missing_unknown_or_malformed_tokens_get_401_before_dispatch,
     two_principals_over_http_are_isolated_as_on_stdio,
     legacy_initialize_lifecycle_over_http_lists_and_calls_tools,
+    metrics_count_the_calls_and_the_ledger_and_logs_name_no_arguments,
 );
 
 fn start_http(db: &Db) -> HttpServer {
-    let args = ["--http", "127.0.0.1:0", "--clock-epoch", "1800000000"].map(String::from);
+    start_http_logging(db, &[]).0
+}
+
+/// `serve --http` with `extra` flags; the receiver gets every stderr line after the address.
+fn start_http_logging(db: &Db, extra: &[&str]) -> (HttpServer, std::sync::mpsc::Receiver<String>) {
+    let mut args: Vec<String> = ["--http", "127.0.0.1:0", "--clock-epoch", "1800000000"]
+        .map(String::from)
+        .to_vec();
+    args.extend(extra.iter().map(|s| s.to_string()));
     let mut child = serve_command(db, &args)
+        .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
-    BufReader::new(child.stderr.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    stderr.read_line(&mut line).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in stderr.lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
     let v: Value = serde_json::from_str(&line).unwrap();
     let url = v["listening"].as_str().unwrap();
     let addr = url
         .trim_start_matches("http://")
         .trim_end_matches("/mcp")
         .to_string();
-    HttpServer { child, addr }
+    (HttpServer { child, addr }, rx)
 }
 
 struct Response {
@@ -354,4 +369,98 @@ fn legacy_initialize_lifecycle_over_http_lists_and_calls_tools(db: Db) {
     );
     assert_eq!(st.json()["result"]["structuredContent"]["state"], "unknown");
     assert_eq!(count(&db, "operations"), 0);
+}
+
+/// The value of the one sample of `name` whose labels include every `label="value"` given.
+fn sample(metrics: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn metrics_count_the_calls_and_the_ledger_and_logs_name_no_arguments(db: Db) {
+    let token = add_principal(&db, "meter", "acme", &[], &["automation:write"], true).unwrap();
+    let (server, logs) = start_http_logging(&db, &["--log-format", "json"]);
+    let create = json!({"name": "create_automation",
+                        "arguments": {"request_id": "m-1", "interval_minutes": 30}});
+    let first = call(&server, &token, create.clone());
+    assert_eq!(first["structuredContent"]["replayed"], false, "{first}");
+    let id = first["structuredContent"]["id"].clone();
+    let again = call(&server, &token, create);
+    assert_eq!(again["structuredContent"]["replayed"], true);
+    let stale = call(
+        &server,
+        &token,
+        json!({"name": "set_interval", "arguments": {"request_id": "m-2", "automation_id": id,
+               "expected_version": 7, "interval_minutes": 45}}),
+    );
+    assert_eq!(error_code(&stale), "version_conflict");
+
+    // No token needed: /metrics is outside the bearer layer, like the health endpoints.
+    let m = get(&server, "/metrics");
+    assert_eq!(m.status, 200, "{}", m.body);
+    let calls = |tool: &str, outcome: &str| {
+        sample(
+            &m.body,
+            "toolledger_tool_calls_total",
+            &[("tool", tool), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(calls("create_automation", "fresh"), Some(1.0), "{}", m.body);
+    assert_eq!(calls("create_automation", "replayed"), Some(1.0));
+    assert_eq!(calls("set_interval", "version_conflict"), Some(1.0));
+    assert!(
+        sample(
+            &m.body,
+            "toolledger_tool_call_duration_seconds_count",
+            &[("tool", "create_automation")]
+        )
+        .is_some(),
+        "{}",
+        m.body
+    );
+    let applied = scalar(
+        &db,
+        "SELECT count(*) FROM operations WHERE state = 'applied'",
+    );
+    assert_eq!(
+        sample(&m.body, "toolledger_operations", &[("state", "applied")]),
+        Some(applied as f64)
+    );
+    assert_eq!(
+        sample(
+            &m.body,
+            "toolledger_operations",
+            &[("state", "outcome_unknown")]
+        ),
+        Some(0.0)
+    );
+    assert!(sample(&m.body, "toolledger_outbox_events", &[("state", "pending")]).is_some());
+    drop(server);
+
+    let lines: Vec<Value> = logs
+        .iter()
+        .filter_map(|l| serde_json::from_str(&l).ok())
+        .collect();
+    let replayed = lines
+        .iter()
+        .find(|l| l["tool"] == "create_automation" && l["outcome"] == "replayed")
+        .unwrap_or_else(|| panic!("no log line of the replay: {lines:?}"));
+    assert_eq!(replayed["principal"], "meter");
+    assert_eq!(replayed["level"], "INFO");
+    let all = lines
+        .iter()
+        .map(Value::to_string)
+        .collect::<Vec<_>>()
+        .join("\n");
+    for secret in [token.as_str(), "interval_minutes", "expected_version"] {
+        assert!(!all.contains(secret), "a log line names {secret}: {all}");
+    }
 }
