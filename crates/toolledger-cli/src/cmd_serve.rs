@@ -152,6 +152,15 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
             let Some(name) = args.principal.clone() else {
                 return Err(Failure::code("PRINCIPAL_REQUIRED"));
             };
+            // A principal that does not exist (or was deactivated) would be denied every
+            // call: refuse to start instead. It is still re-read on every call.
+            if !matches!(principals.resolve(&name).await, Ok(Some(_))) {
+                return Err(Failure::explained(
+                    "PRINCIPAL_NOT_FOUND",
+                    "--principal names no active principal of this ledger; add it with \
+                     `toolledger principal add`",
+                ));
+            }
             let server = LedgerServer::new(
                 "toolledger",
                 tools,

@@ -373,6 +373,9 @@ fn a_revoked_principal_is_refused_and_sees_nothing(db: Db) {
     let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
     let (token, _) = create(&mut s, "case-rev", "alpha");
     assert_eq!(s.finish(), 0);
+    // Revoked while a server runs: the principal is re-read on every call.
+    let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    assert_eq!(s.status("case-rev")["state"], "applied");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let store = db.store();
     rt.block_on(async {
@@ -381,7 +384,6 @@ fn a_revoked_principal_is_refused_and_sees_nothing(db: Db) {
             .await
             .unwrap();
     });
-    let mut s = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
     let replay = s.resume("create_issue", args("case-rev"), &token, body("alpha"));
     assert_eq!(error_code(&replay), "permission_denied");
     let st = s.call("get_operation_status", json!({"operation_id": "case-rev"}));
@@ -665,6 +667,15 @@ fn serve_refuses_to_start_without_a_principal_or_with_a_short_key() {
     assert_eq!(err["error"]["code"], "KEY_ERROR");
     assert!(!String::from_utf8_lossy(&out.stderr).contains("abcd"));
     assert!(!String::from_utf8_lossy(&out.stderr).contains(db.to_str().unwrap()));
+    // A principal the ledger does not have would be denied every call: no start.
+    let out = std::process::Command::new(bin())
+        .args(serve_args(&db, "ghost", &[]))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err: Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(err["error"]["code"], "PRINCIPAL_NOT_FOUND", "{err}");
 }
 
 fn continuations_survive_a_restart_with_environment_keys_and_fail_with_other_keys(db: Db) {
