@@ -51,7 +51,10 @@ pub fn init_logs(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(false);
+        .with_ansi(false)
+        // A client that closed our stderr must not make a log line a crash: the subscriber
+        // would otherwise report its failed write with `eprintln!`, which panics then.
+        .log_internal_errors(false);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
