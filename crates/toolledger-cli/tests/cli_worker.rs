@@ -82,14 +82,20 @@ fn each_failed_event_is_a_json_line_on_stderr() {
     // The requester loses its grants before the worker's recheck.
     let revoke = run(&["principal", "revoke", "alice", "--all", "--db", d.db()]);
     assert_eq!(revoke.code, 0, "{}", revoke.stderr);
-    let w = worker(&d, T0, &["--worker-id", "w-test"]);
+    let w = worker(&d, T0, &["--worker-id", "w-test", "--log-format", "json"]);
     assert_eq!(w.code, 0, "{}", w.stderr);
     assert_eq!(w.json()["refused"]["permission_denied"], 1, "{}", w.stdout);
-    let lines: Vec<Value> = w
+    // With JSON logs every stderr line is JSON: the log events, and the failure lines.
+    let all: Vec<Value> = w
         .stderr
         .lines()
         .map(|l| serde_json::from_str(l).expect("each stderr line is JSON"))
         .collect();
+    let logged = all
+        .iter()
+        .find(|l| l["target"] == "toolledger::worker" && l["code"] == "permission_denied");
+    assert!(logged.is_some(), "the failed attempt is a log event: {}", w.stderr);
+    let lines: Vec<&Value> = all.iter().filter(|l| l.get("error").is_some()).collect();
     assert_eq!(lines.len(), 1, "{}", w.stderr);
     assert_eq!(lines[0]["worker"], "w-test");
     assert_eq!(lines[0]["error"]["code"], "permission_denied");

@@ -46,6 +46,20 @@ impl Runtime {
     /// stored result. A `partial` operation may be resolved as `applied` (an operator completed
     /// the remaining steps); its result stays. An `applied` operation is `invalid_arguments`.
     pub async fn resolve(&self, resolution: &Resolution) -> Result<Answer, RuntimeError> {
+        let answer = self.resolve_unlogged(resolution).await;
+        let r = resolution;
+        match &answer {
+            Ok(_) => tracing::info!(
+                target: "toolledger::resolve", status_ref = %r.status_ref, operator = %r.operator,
+                outcome = ?r.outcome, "resolved by an operator"),
+            Err(e) => tracing::warn!(
+                target: "toolledger::resolve", status_ref = %r.status_ref, operator = %r.operator,
+                error = %e, "resolution refused"),
+        }
+        answer
+    }
+
+    async fn resolve_unlogged(&self, resolution: &Resolution) -> Result<Answer, RuntimeError> {
         let r = resolution.clone();
         let n = r.reason.chars().count();
         if n == 0 || n > 512 || r.reason.chars().any(|c| c.is_control() && c != '\n') {

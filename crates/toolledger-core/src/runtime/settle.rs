@@ -170,6 +170,24 @@ impl Runtime {
     /// event `delivered`, conditional on the fencing token. A stale lease gets
     /// [`RuntimeError::Fenced`] and nothing changes.
     pub async fn complete(&self, lease: &Lease, receipt: Value) -> Result<Answer, RuntimeError> {
+        let answer = self.complete_unlogged(lease, receipt).await;
+        match &answer {
+            Ok(_) => tracing::info!(
+                target: "toolledger::worker", event_id = lease.event_id,
+                operation = lease.operation_id, fencing_token = lease.token,
+                "reconciled: the downstream's receipt is recorded"),
+            Err(e) => tracing::warn!(
+                target: "toolledger::worker", event_id = lease.event_id,
+                operation = lease.operation_id, error = %e, "the receipt could not be recorded"),
+        }
+        answer
+    }
+
+    async fn complete_unlogged(
+        &self,
+        lease: &Lease,
+        receipt: Value,
+    ) -> Result<Answer, RuntimeError> {
         let lease = lease.clone();
         self.write_at(move |this, tx, now| -> Result<Answer, RuntimeError> {
             let record = Self::close_claimed(tx, &lease, now)?;
@@ -246,6 +264,21 @@ impl Runtime {
     /// message}`), conditional on the fencing token. A stale lease gets
     /// [`RuntimeError::Fenced`] and nothing changes.
     pub async fn fail(&self, lease: &Lease, result: Value) -> Result<Answer, RuntimeError> {
+        let code = result["code"].as_str().unwrap_or("-").to_string();
+        let answer = self.fail_unlogged(lease, result).await;
+        match &answer {
+            Ok(_) => tracing::info!(
+                target: "toolledger::worker", event_id = lease.event_id,
+                operation = lease.operation_id, code = %code,
+                "failed: the downstream refused for good"),
+            Err(e) => tracing::warn!(
+                target: "toolledger::worker", event_id = lease.event_id,
+                operation = lease.operation_id, error = %e, "the refusal could not be recorded"),
+        }
+        answer
+    }
+
+    async fn fail_unlogged(&self, lease: &Lease, result: Value) -> Result<Answer, RuntimeError> {
         let lease = lease.clone();
         self.write_at(move |_, tx, now| -> Result<Answer, RuntimeError> {
             let record = Self::close_claimed(tx, &lease, now)?;

@@ -7,6 +7,30 @@ use crate::ledger;
 impl Runtime {
     /// Claims `event_id` for `owner` now.
     pub async fn claim(&self, event_id: i64, owner: &str) -> Result<ClaimOutcome, RuntimeError> {
+        let out = self.claim_unlogged(event_id, owner).await;
+        match &out {
+            Ok(ClaimOutcome::Claimed(l)) if l.attempt > 1 => tracing::info!(
+                target: "toolledger::worker", event_id, operation = l.operation_id,
+                attempt = l.attempt, fencing_token = l.token, owner, "claimed again (an earlier lease expired)"),
+            Ok(ClaimOutcome::Claimed(l)) => tracing::debug!(
+                target: "toolledger::worker", event_id, operation = l.operation_id,
+                attempt = l.attempt, fencing_token = l.token, owner, "claimed"),
+            Ok(ClaimOutcome::Exhausted) => tracing::warn!(
+                target: "toolledger::worker", event_id, owner,
+                "dead letter: attempts exhausted; an operator decides (toolledger resolve)"),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(target: "toolledger::worker", event_id, owner, error = %e, "claim failed")
+            }
+        }
+        out
+    }
+
+    async fn claim_unlogged(
+        &self,
+        event_id: i64,
+        owner: &str,
+    ) -> Result<ClaimOutcome, RuntimeError> {
         let owner = owner.to_string();
         self.write_at(move |this, tx, now| -> Result<ClaimOutcome, RuntimeError> {
             check_now(now)?;
@@ -48,12 +72,21 @@ impl Runtime {
 
     /// Extends a held lease (heartbeat). [`RuntimeError::Fenced`] if it was taken over.
     pub async fn renew(&self, lease: &Lease) -> Result<Lease, RuntimeError> {
-        let lease = lease.clone();
-        self.write_at(move |this, tx, now| -> Result<Lease, RuntimeError> {
-            check_now(now)?;
-            outbox::renew(tx, &lease, now, this.config.lease_seconds)?.map_err(RuntimeError::Fenced)
-        })
-        .await
+        let held = lease.clone();
+        let renewed = self
+            .write_at(move |this, tx, now| -> Result<Lease, RuntimeError> {
+                check_now(now)?;
+                outbox::renew(tx, &held, now, this.config.lease_seconds)?
+                    .map_err(RuntimeError::Fenced)
+            })
+            .await;
+        if let Err(RuntimeError::Fenced(_)) = &renewed {
+            tracing::warn!(
+                target: "toolledger::worker", event_id = lease.event_id,
+                operation = lease.operation_id, fencing_token = lease.token, owner = %lease.owner,
+                "fencing rejection: the lease was taken over");
+        }
+        renewed
     }
 
     /// Records a failed attempt (conditional on the token); the lease stays until it expires.
@@ -63,6 +96,11 @@ impl Runtime {
         code: &str,
         state: Option<OperationState>,
     ) -> Result<(), RuntimeError> {
+        tracing::warn!(
+            target: "toolledger::worker", event_id = lease.event_id,
+            operation = lease.operation_id, attempt = lease.attempt, code,
+            state = state.map(OperationState::as_str).unwrap_or("unchanged"),
+            "attempt failed");
         let lease = lease.clone();
         let code = code.to_string();
         self.write_at(move |_, tx, now| -> Result<(), RuntimeError> {
