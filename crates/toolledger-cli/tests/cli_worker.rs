@@ -94,7 +94,11 @@ fn each_failed_event_is_a_json_line_on_stderr() {
     let logged = all
         .iter()
         .find(|l| l["target"] == "toolledger::worker" && l["code"] == "permission_denied");
-    assert!(logged.is_some(), "the failed attempt is a log event: {}", w.stderr);
+    assert!(
+        logged.is_some(),
+        "the failed attempt is a log event: {}",
+        w.stderr
+    );
     let lines: Vec<&Value> = all.iter().filter(|l| l.get("error").is_some()).collect();
     assert_eq!(lines.len(), 1, "{}", w.stderr);
     assert_eq!(lines[0]["worker"], "w-test");
