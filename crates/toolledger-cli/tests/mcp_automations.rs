@@ -11,6 +11,7 @@ on_both_backends!(
     create_then_set_interval_replays_and_refuses_stale_versions,
     without_automation_write_scope_nothing_is_written,
     a_lost_set_interval_reply_is_recovered_by_the_same_request_id,
+    a_stdio_server_serves_its_metrics_on_the_metrics_address,
 );
 
 fn create_then_set_interval_replays_and_refuses_stale_versions(db: Db) {
@@ -129,4 +130,49 @@ fn a_lost_set_interval_reply_is_recovered_by_the_same_request_id(db: Db) {
         ),
         2
     );
+}
+
+/// `GET /metrics` on `addr`; the body.
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).unwrap();
+    assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+    raw.split_once("\r\n\r\n").unwrap().1.to_string()
+}
+
+fn a_stdio_server_serves_its_metrics_on_the_metrics_address(db: Db) {
+    // A free port: bound and released here, then named to the server.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let mut s = Server::start(&db, "alice", &["--metrics", &addr]);
+    let created = s.call(
+        "create_automation",
+        json!({"request_id": "req-m", "interval_minutes": 30}),
+    );
+    assert_eq!(created["isError"], false, "{created}");
+    let body = scrape(&addr);
+    let fresh = body
+        .lines()
+        .find(|l| {
+            l.starts_with("toolledger_tool_calls_total{")
+                && l.contains("tool=\"create_automation\"")
+                && l.contains("outcome=\"fresh\"")
+        })
+        .unwrap_or_else(|| panic!("no call counter: {body}"));
+    assert!(fresh.ends_with(" 1"), "{fresh}");
+    assert!(
+        body.contains("toolledger_operations{state=\"applied\"} 1"),
+        "{body}"
+    );
+    assert_eq!(s.finish(), 0);
 }
