@@ -139,6 +139,51 @@ pub fn plan(migrations: &[Migration]) -> Result<Vec<Migration>, StoreError> {
         .collect())
 }
 
+/// The newest version of each namespace in `ordered`.
+fn newest_versions(ordered: &[Migration]) -> BTreeMap<&'static str, u32> {
+    let mut known: BTreeMap<&str, u32> = BTreeMap::new();
+    for m in ordered {
+        let max = known.entry(m.namespace).or_insert(0);
+        *max = (*max).max(m.version);
+    }
+    known
+}
+
+/// The recorded version of every namespace in `known` the database has recorded (namespaces
+/// this program does not know belong to other programs: left alone), and whether the core
+/// namespace is among the recorded ones. A recorded version newer than `known` is
+/// [`StoreError::SchemaTooNew`]; recorded versions with a gap are [`StoreError::Corrupt`].
+fn recorded_versions<'a>(
+    hooks: &mut dyn MigrationHooks,
+    known: &BTreeMap<&'a str, u32>,
+) -> Result<(BTreeMap<&'a str, u32>, bool), StoreError> {
+    let mut recorded: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
+    for (ns, version) in hooks.applied_versions()? {
+        recorded.entry(ns).or_default().insert(version);
+    }
+    let mut have = BTreeMap::new();
+    for (&ns, &supported) in known {
+        let Some(versions) = recorded.get(ns) else {
+            continue;
+        };
+        let found = versions.last().copied().unwrap_or(0);
+        if found > supported {
+            return Err(StoreError::SchemaTooNew {
+                namespace: ns.to_string(),
+                found,
+                supported,
+            });
+        }
+        if versions.len() != found as usize || versions.first() != Some(&1) {
+            return Err(StoreError::Corrupt(format!(
+                "the recorded migrations of {ns} have a gap"
+            )));
+        }
+        have.insert(ns, found);
+    }
+    Ok((have, recorded.contains_key(CORE_NAMESPACE)))
+}
+
 /// Applies the migration policy (see the module docs) through `hooks`. The caller commits its
 /// transaction only on `Ok`.
 pub fn run(
@@ -146,11 +191,7 @@ pub fn run(
     request: &MigrationRequest<'_>,
 ) -> Result<MigrationReport, StoreError> {
     let ordered = plan(request.migrations)?;
-    let mut known: BTreeMap<&str, u32> = BTreeMap::new();
-    for m in &ordered {
-        let max = known.entry(m.namespace).or_insert(0);
-        *max = (*max).max(m.version);
-    }
+    let known = newest_versions(&ordered);
 
     let (backend_id, created) = match hooks.binding()? {
         Binding::Empty => {
@@ -166,31 +207,7 @@ pub fn run(
         },
     };
 
-    let mut recorded: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
-    for (ns, version) in hooks.applied_versions()? {
-        recorded.entry(ns).or_default().insert(version);
-    }
-    let mut have: BTreeMap<&str, u32> = BTreeMap::new();
-    for (ns, versions) in &recorded {
-        // Namespaces this program does not know belong to other programs: left alone.
-        let Some(&supported) = known.get(ns.as_str()) else {
-            continue;
-        };
-        let found = versions.last().copied().unwrap_or(0);
-        if found > supported {
-            return Err(StoreError::SchemaTooNew {
-                namespace: ns.clone(),
-                found,
-                supported,
-            });
-        }
-        if versions.len() != found as usize || versions.first() != Some(&1) {
-            return Err(StoreError::Corrupt(format!(
-                "the recorded migrations of {ns} have a gap"
-            )));
-        }
-        have.insert(ns.as_str(), found);
-    }
+    let (have, _) = recorded_versions(hooks, &known)?;
     if !created && !request.allow_migrate {
         for (ns, &current) in &known {
             let found = have.get(ns).copied().unwrap_or(0);
@@ -235,11 +252,7 @@ pub fn check(
     request: &MigrationRequest<'_>,
 ) -> Result<MigrationReport, StoreError> {
     let ordered = plan(request.migrations)?;
-    let mut known: BTreeMap<&str, u32> = BTreeMap::new();
-    for m in &ordered {
-        let max = known.entry(m.namespace).or_insert(0);
-        *max = (*max).max(m.version);
-    }
+    let known = newest_versions(&ordered);
     let backend_id = match hooks.binding()? {
         Binding::Empty => return Err(StoreError::NotALedger("an empty database".into())),
         Binding::Foreign => {
@@ -253,35 +266,17 @@ pub fn check(
             _ => bound,
         },
     };
-    let mut recorded: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
-    for (ns, version) in hooks.applied_versions()? {
-        recorded.entry(ns).or_default().insert(version);
-    }
-    if !recorded.contains_key(CORE_NAMESPACE) {
+    let (have, core_recorded) = recorded_versions(hooks, &known)?;
+    if !core_recorded {
         return Err(StoreError::NotALedger("no ledger schema".into()));
     }
-    for (ns, versions) in &recorded {
-        let Some(&supported) = known.get(ns.as_str()) else {
-            continue;
-        };
-        let found = versions.last().copied().unwrap_or(0);
-        if found > supported {
-            return Err(StoreError::SchemaTooNew {
-                namespace: ns.clone(),
-                found,
-                supported,
-            });
-        }
-        if versions.len() != found as usize || versions.first() != Some(&1) {
-            return Err(StoreError::Corrupt(format!(
-                "the recorded migrations of {ns} have a gap"
-            )));
-        }
-        if found < supported {
+    for (ns, &found) in &have {
+        let current = known[ns];
+        if found < current {
             return Err(StoreError::SchemaOutdated {
-                namespace: ns.clone(),
+                namespace: (*ns).to_string(),
                 found,
-                current: supported,
+                current,
             });
         }
     }
