@@ -10,14 +10,13 @@
 //! Outcomes: `fresh` (an effect ran now), `replayed` (a stored result), `input_required` (a
 //! first round), the error code of an in-band refusal (`operation_conflict`,
 //! `outcome_unknown`, …), or `protocol_error` (a JSON-RPC error such as an invalid
-//! `requestState`).
+//! `requestState`). The error of an in-band refusal is read from `content[0]`, as
+//! [`crate::reply::error_of`] reads it from a serialized result.
 
 use std::time::Duration;
 
 use rmcp::model::{CallToolResponse, ErrorData};
 use serde_json::Value;
-
-use crate::reply::error_of;
 
 /// The outcome label and the operation id of a tool's answer.
 fn classify(response: &Result<CallToolResponse, ErrorData>) -> (String, Option<String>) {
@@ -25,15 +24,27 @@ fn classify(response: &Result<CallToolResponse, ErrorData>) -> (String, Option<S
         Err(_) => ("protocol_error".into(), None),
         Ok(CallToolResponse::InputRequired(_)) => ("input_required".into(), None),
         Ok(CallToolResponse::Complete(result)) => {
-            let value = serde_json::to_value(result).unwrap_or(Value::Null);
-            let structured = &value["structuredContent"];
+            // Read the fields in place: the result is not re-serialized on every call.
+            let structured = result.structured_content.as_ref().unwrap_or(&Value::Null);
+            let error = if result.is_error == Some(true) {
+                result
+                    .content
+                    .first()
+                    .and_then(|c| c.as_text())
+                    .and_then(|t| serde_json::from_str::<Value>(&t.text).ok())
+                    .and_then(|v| v.get("error").cloned())
+            } else {
+                None
+            };
             let operation = ["operationId", "status_ref"]
                 .iter()
                 .find_map(|k| structured[*k].as_str().map(str::to_string))
                 .or_else(|| {
-                    error_of(&value).and_then(|e| e["status_ref"].as_str().map(str::to_string))
+                    error
+                        .as_ref()
+                        .and_then(|e| e["status_ref"].as_str().map(str::to_string))
                 });
-            if let Some(error) = error_of(&value) {
+            if let Some(error) = error {
                 let code = error["code"].as_str().unwrap_or("error").to_string();
                 return (code, operation);
             }
