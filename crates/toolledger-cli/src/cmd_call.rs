@@ -228,6 +228,7 @@ async fn call_registered(
         arguments,
         request_state: args.request_state.clone(),
         input_responses,
+        meta: None,
         multi_round: true,
         client_capabilities,
         peer: None,

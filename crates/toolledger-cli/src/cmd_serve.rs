@@ -94,26 +94,13 @@ pub fn run(args: ServeArgs, config: StoreConfig) -> Result<Outcome, Failure> {
 
 async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
     init_logs(args.telemetry.log_format);
-    // An empty entry (a trailing comma in the variable) names nothing and is skipped.
-    let hosts =
-        AllowedHosts::with_hosts(args.allowed_hosts.iter().filter(|h| !h.trim().is_empty()))
-            .map_err(|e| Failure::explained("ALLOWED_HOST_INVALID", e.to_string()))?;
+    let hosts = allowed_hosts(&args.allowed_hosts)?;
     let store = config.open()?;
-    // With PostgreSQL the servers of a deployment share their keys through the environment;
-    // the key file beside a SQLite database has no counterpart there.
-    let keys = KeyMaterial::load(config.sqlite_path())
-        .map_err(|e| Failure::explained("KEY_ERROR", e.to_string()))?;
     let clock: SharedClock = match args.clock_epoch {
         Some(epoch) => Arc::new(ManualClock::new(epoch)),
         None => Arc::new(SystemClock),
     };
-    // Keys are bound to the database: other keys than it was written with refuse to start.
-    toolledger_mcp::keys::bind(&store, &keys, clock.now())
-        .await
-        .map_err(|e| match e {
-            KeyError::Store => Failure::code("DATABASE_IO_ERROR"),
-            other => Failure::explained("KEY_MISMATCH", other.to_string()),
-        })?;
+    let keys = bound_keys(&config, &store, &clock).await?;
     let faults = Faults::from_list(&args.fault);
     let mut engine = Engine::new(store.clone(), clock.clone());
     if let Some(hook) = faults.engine_hook() {
@@ -148,52 +135,85 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
         tracing::info!(metrics = %format!("http://{local}/metrics"), "serving metrics");
     }
     match args.http {
-        None => {
-            let Some(name) = args.principal.clone() else {
-                return Err(Failure::code("PRINCIPAL_REQUIRED"));
-            };
-            // A principal that does not exist (or was deactivated) would be denied every
-            // call: refuse to start instead. It is still re-read on every call.
-            if !matches!(principals.resolve(&name).await, Ok(Some(_))) {
-                return Err(Failure::explained(
-                    "PRINCIPAL_NOT_FOUND",
-                    "--principal names no active principal of this ledger; add it with \
-                     `toolledger principal add`",
-                ));
-            }
-            let server = LedgerServer::new(
-                "toolledger",
-                tools,
-                principals,
-                CallerSource::Configured(name),
-            );
-            // The strict transport: every line checked, every refused line answered. Pipes
-            // (how MCP clients launch a server) are driven by the IO reactor instead of a
-            // blocking-pool thread hand-off per read and write; other streams fall back to
-            // the blocking handles. A client that leaves before the session starts ends it
-            // (exit 0).
-            if let Ok(running) = server.serve(toolledger_mcp::wire::stdio::stdio()).await {
-                let _ = running.waiting().await;
-            }
-            Ok(())
-        }
-        Some(addr) => serve_http(addr, tools, principals, hosts, clock).await,
+        None => serve_stdio("toolledger", args.principal.as_deref(), tools, principals).await,
+        Some(addr) => serve_http("toolledger", addr, tools, principals, hosts, clock).await,
     }
 }
 
-async fn serve_http(
+/// The `--allowed-host` list. An empty entry (a trailing comma in the variable) names nothing
+/// and is skipped.
+pub(crate) fn allowed_hosts(entries: &[String]) -> Result<AllowedHosts, Failure> {
+    AllowedHosts::with_hosts(entries.iter().filter(|h| !h.trim().is_empty()))
+        .map_err(|e| Failure::explained("ALLOWED_HOST_INVALID", e.to_string()))
+}
+
+/// The ledger's keys, loaded and bound to the database: keys other than the ones it was
+/// written with refuse to start. With PostgreSQL the servers of a deployment share their keys
+/// through the environment; the key file beside a SQLite database has no counterpart there.
+pub(crate) async fn bound_keys(
+    config: &StoreConfig,
+    store: &Store,
+    clock: &SharedClock,
+) -> Result<KeyMaterial, Failure> {
+    let keys = KeyMaterial::load(config.sqlite_path())
+        .map_err(|e| Failure::explained("KEY_ERROR", e.to_string()))?;
+    toolledger_mcp::keys::bind(store, &keys, clock.now())
+        .await
+        .map_err(|e| match e {
+            KeyError::Store => Failure::code("DATABASE_IO_ERROR"),
+            other => Failure::explained("KEY_MISMATCH", other.to_string()),
+        })?;
+    Ok(keys)
+}
+
+/// Serves `tools` as server `name` on stdio, to the caller `principal` (required, and it
+/// must exist), until stdin closes.
+pub(crate) async fn serve_stdio(
+    name: &str,
+    principal: Option<&str>,
+    tools: Vec<Arc<dyn toolledger_mcp::McpTool>>,
+    principals: PrincipalStore,
+) -> Result<(), Failure> {
+    let Some(principal) = principal else {
+        return Err(Failure::code("PRINCIPAL_REQUIRED"));
+    };
+    // A principal that does not exist (or was deactivated) would be denied every call:
+    // refuse to start instead. It is still re-read on every call.
+    if !matches!(principals.resolve(principal).await, Ok(Some(_))) {
+        return Err(Failure::explained(
+            "PRINCIPAL_NOT_FOUND",
+            "--principal names no active principal of this ledger; add it with \
+             `toolledger principal add`",
+        ));
+    }
+    let server = LedgerServer::new(
+        name,
+        tools,
+        principals,
+        CallerSource::Configured(principal.to_string()),
+    );
+    // The strict transport: every line checked, every refused line answered. Pipes (how MCP
+    // clients launch a server) are driven by the IO reactor instead of a blocking-pool thread
+    // hand-off per read and write; other streams fall back to the blocking handles. A client
+    // that leaves before the session starts ends it (exit 0).
+    if let Ok(running) = server.serve(toolledger_mcp::wire::stdio::stdio()).await {
+        let _ = running.waiting().await;
+    }
+    Ok(())
+}
+
+/// Serves `tools` as server `name` over streamable HTTP at `http://ADDR/mcp` (bearer
+/// principals, Host/Origin rules, strict bodies), with `/healthz`, `/readyz` and `/metrics`,
+/// until SIGTERM or SIGINT.
+pub(crate) async fn serve_http(
+    name: &str,
     addr: SocketAddr,
     tools: Vec<Arc<dyn toolledger_mcp::McpTool>>,
     principals: PrincipalStore,
     hosts: AllowedHosts,
     clock: SharedClock,
 ) -> Result<(), Failure> {
-    let server = LedgerServer::new(
-        "toolledger",
-        tools,
-        principals.clone(),
-        CallerSource::BearerToken,
-    );
+    let server = LedgerServer::new(name, tools, principals.clone(), CallerSource::BearerToken);
     // rmcp checks the Host header against the same list (after ours, which runs first and
     // also judges Origin), and reads at most the wire entry's largest message.
     let config = StreamableHttpServerConfig::default()

@@ -10,6 +10,7 @@ mod cmd_dispatch;
 mod cmd_fingerprint;
 mod cmd_operations;
 mod cmd_principal;
+mod cmd_proxy;
 mod cmd_resolve;
 mod cmd_serve;
 mod cmd_status;
@@ -81,6 +82,9 @@ enum Command {
     },
     /// Run the reference MCP server (stdio, or streamable HTTP with --http).
     Serve(cmd_serve::ServeArgs),
+    /// Put the ledger in front of another MCP server: `toolledger proxy [flags] -- COMMAND
+    /// [ARGS…]` (stdio upstream) or `--upstream-url URL` (streamable HTTP upstream).
+    Proxy(cmd_proxy::ProxyArgs),
 }
 
 fn main() -> ExitCode {
@@ -108,7 +112,7 @@ fn command_path() -> String {
 /// Resolves the ledger flags of the command (once, before anything is opened) and runs it; an
 /// I/O failure on a SQLite ledger is explained (which file, without its path).
 fn run(cli: Cli) -> Result<Outcome, Failure> {
-    let serving = matches!(cli.command, Command::Serve(_));
+    let serving = matches!(cli.command, Command::Serve(_) | Command::Proxy(_));
     let mut opened = None;
     run_command(cli, &mut opened).map_err(|f| match &opened {
         Some(config) => diagnose::explain(f, config, serving),
@@ -185,6 +189,10 @@ fn run_command(cli: Cli, opened: &mut Option<StoreConfig>) -> Result<Outcome, Fa
         Command::Serve(args) => {
             let store = remember(opened, args.store.resolve(Access::OpenOrCreate)?);
             cmd_serve::run(args, store)
+        }
+        Command::Proxy(args) => {
+            let store = remember(opened, args.store.resolve(Access::OpenOrCreate)?);
+            cmd_proxy::run(args, store)
         }
     }
 }

@@ -43,6 +43,15 @@ pub enum DownstreamError {
         /// Human-readable explanation (no secrets, no paths).
         message: String,
     },
+    /// A definitive answer that the request did not succeed, in the downstream's own words:
+    /// `result` (canonical JSON) is stored as the operation's result and the operation is
+    /// `failed`; every retry replays it. For downstreams whose refusals carry more than a code
+    /// and a message (an MCP tool result with `isError: true`, say).
+    #[error("downstream answered with a failure result")]
+    Failed {
+        /// The result to store and replay.
+        result: Value,
+    },
 }
 
 /// A downstream system that applies an effect and gives a receipt.

@@ -379,8 +379,12 @@ fn shorten(mut s: String) -> String {
     s
 }
 
-/// Checks `arguments` against a tool's compiled input schema.
-fn check_arguments(validator: &jsonschema::Validator, arguments: &JsonObject) -> Result<(), Error> {
+/// Checks `arguments` against a tool's compiled input schema: `invalid_arguments` naming the
+/// first failing argument (shortened), before anything is fingerprinted or written.
+pub fn check_arguments(
+    validator: &jsonschema::Validator,
+    arguments: &JsonObject,
+) -> Result<(), Error> {
     let instance = Value::Object(arguments.clone());
     let Some(first) = validator.iter_errors(&instance).next() else {
         return Ok(());

@@ -26,6 +26,10 @@ fn classify(response: &Result<CallToolResponse, ErrorData>) -> (String, Option<S
         Ok(CallToolResponse::Complete(result)) => {
             // Read the fields in place: the result is not re-serialized on every call.
             let structured = result.structured_content.as_ref().unwrap_or(&Value::Null);
+            let ledger = result
+                .meta
+                .as_ref()
+                .and_then(|m| m.get(crate::reply::META_LEDGER));
             let error = if result.is_error == Some(true) {
                 result
                     .content
@@ -39,14 +43,26 @@ fn classify(response: &Result<CallToolResponse, ErrorData>) -> (String, Option<S
             let operation = ["operationId", "status_ref"]
                 .iter()
                 .find_map(|k| structured[*k].as_str().map(str::to_string))
+                .or_else(|| ledger.and_then(|l| l["operationId"].as_str().map(str::to_string)))
                 .or_else(|| {
                     error
                         .as_ref()
                         .and_then(|e| e["status_ref"].as_str().map(str::to_string))
                 });
-            if let Some(error) = error {
-                let code = error["code"].as_str().unwrap_or("error").to_string();
-                return (code, operation);
+            if let Some(code) = error.as_ref().and_then(|e| e["code"].as_str()) {
+                return (code.to_string(), operation);
+            }
+            if let Some(ledger) = ledger {
+                // A stored upstream answer: an error result of the upstream's is `failed`.
+                let outcome = match (ledger["replayed"] == Value::Bool(true), result.is_error) {
+                    (_, Some(true)) => "failed",
+                    (true, _) => "replayed",
+                    (false, _) => "fresh",
+                };
+                return (outcome.into(), operation);
+            }
+            if error.is_some() {
+                return ("error".into(), operation);
             }
             let replayed = structured["replayed"] == Value::Bool(true)
                 || structured["delivery"] == "local_replay";

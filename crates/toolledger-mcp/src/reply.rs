@@ -13,6 +13,11 @@ use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, ErrorData};
 use serde_json::{json, Value};
 use toolledger::model::{Error, ErrorCode};
 
+/// The `_meta` key of a result that passed through the ledger without being reshaped (the
+/// proxy's replies carry the upstream's own content): `{operationId, statusRef, replayed,
+/// state}`.
+pub const META_LEDGER: &str = "io.toolledger/ledger";
+
 /// A successful tool result carrying `value` (an object) as structured content and as text.
 pub fn tool_ok(value: Value) -> CallToolResult {
     CallToolResult::structured(value)

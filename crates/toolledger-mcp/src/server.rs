@@ -15,7 +15,7 @@ use std::sync::Arc;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientCapabilities, ElicitRequestParams, ErrorData,
     Implementation, InputRequest, ListToolsResult, PaginatedRequestParams, ProtocolVersion,
-    ServerCapabilities, ServerConfig, Tool,
+    RequestMetaObject, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{Peer, RequestContext};
 use rmcp::{RoleServer, ServerHandler};
@@ -39,6 +39,8 @@ pub struct ToolCall {
     pub request_state: Option<String>,
     /// `inputResponses` of a continuation.
     pub input_responses: Option<BTreeMap<String, Value>>,
+    /// The request's `_meta` (progress token, vendor keys), if it carried one.
+    pub meta: Option<RequestMetaObject>,
     /// Whether the peer negotiated MCP 2026-07-28 or newer (may receive `input_required`).
     pub multi_round: bool,
     /// The capabilities the client declared (per request in 2026-07-28, at `initialize`
@@ -190,6 +192,7 @@ impl ServerHandler for LedgerServer {
             arguments: request.arguments.unwrap_or_default(),
             request_state: request.request_state,
             input_responses: request.input_responses,
+            meta: request.meta,
             multi_round: is_multi_round(&context),
             client_capabilities: context.client_capabilities(),
             peer: Some(context.peer.clone()),

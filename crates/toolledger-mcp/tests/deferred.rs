@@ -126,6 +126,7 @@ impl Fixture {
             arguments: object(arguments),
             request_state: request_state.map(str::to_string),
             input_responses: None,
+            meta: None,
             multi_round: true,
             client_capabilities: None,
             peer: None,

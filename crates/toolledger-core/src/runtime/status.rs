@@ -97,4 +97,21 @@ impl Runtime {
             )
             .await
     }
+
+    /// The outbox event of the deferred operation with this status ref (operators and the
+    /// proxy; no authorization): whether it was ever claimed and whether a lease is live.
+    pub async fn event_of(
+        &self,
+        status_ref: &str,
+    ) -> Result<Option<outbox::OutboxEvent>, RuntimeError> {
+        let status_ref = status_ref.to_string();
+        self.store
+            .read(
+                move |tx: &mut dyn EffectTx| match load_status_ref(tx, &status_ref)? {
+                    Loaded::Deferred(r) => Ok(outbox::for_operation(tx, r.id)?),
+                    _ => Ok(None),
+                },
+            )
+            .await
+    }
 }

@@ -175,12 +175,18 @@ impl Runtime {
                 let answer = self.fail(&lease, failure_result(&code, &message)).await?;
                 return Ok(Processed::Delivered(answer));
             }
+            Err(DownstreamError::Failed { result }) if json::canonical_string(&result).is_ok() => {
+                let answer = self.fail(&lease, result).await?;
+                return Ok(Processed::Delivered(answer));
+            }
             Err(e) => {
                 let code = match e {
                     DownstreamError::Conflict => "downstream_conflict",
                     DownstreamError::Unavailable(_) => "downstream_unavailable",
                     DownstreamError::Rejected(_) => "downstream_rejected",
-                    DownstreamError::Refused { .. } => "downstream_refusal_invalid",
+                    DownstreamError::Refused { .. } | DownstreamError::Failed { .. } => {
+                        "downstream_refusal_invalid"
+                    }
                 };
                 self.record_attempt(&lease, code, Some(OperationState::OutcomeUnknown))
                     .await?;

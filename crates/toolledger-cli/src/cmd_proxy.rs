@@ -1,0 +1,193 @@
+//! `toolledger proxy`: the ledger in front of an MCP server we did not write.
+//!
+//! ```text
+//! toolledger proxy [--db PATH | --database-url URL] [--principal NAME | --http ADDR]
+//!                  [--config proxy.toml] -- UPSTREAM_COMMAND [ARGS…]
+//! toolledger proxy … --upstream-url https://host/mcp [--upstream-header 'Authorization: Bearer …']
+//! ```
+//!
+//! The upstream is a command the proxy starts (and starts again when it exited, at the next
+//! call) talking MCP on stdio, its stderr going to the proxy's log; or a streamable HTTP
+//! endpoint. Clients reach the proxy on stdio (as `--principal`) or over streamable HTTP with
+//! bearer tokens, exactly as `toolledger serve`. What is guarded and how: see
+//! `toolledger_proxy` and docs/proxy.md.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use toolledger::authz::PrincipalStore;
+use toolledger::clock::{ManualClock, SharedClock, SystemClock};
+use toolledger::engine::Engine;
+use toolledger_cli::common::{StoreArgs, StoreConfig};
+use toolledger_cli::exit::{Failure, Outcome};
+use toolledger_cli::telemetry::{init_logs, spawn_metrics_server, TelemetryArgs};
+use toolledger_mcp::{Guard, GuardConfig};
+use toolledger_proxy::{Lifecycle, Proxy, ProxyConfig, Upstream, UpstreamSpec};
+
+use crate::cmd_serve::{allowed_hosts, bound_keys, serve_http, serve_stdio};
+
+/// `--upstream-lifecycle` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LifecycleArg {
+    /// `server/discover` (MCP 2026-07-28) first, the `initialize` handshake for older servers.
+    #[default]
+    Auto,
+    /// Only the `initialize` handshake.
+    Legacy,
+    /// Only MCP 2026-07-28.
+    Modern,
+}
+
+/// Options of `toolledger proxy`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ProxyArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Principal the stdio caller acts as (resolved from the principal store on each call).
+    #[arg(long)]
+    pub principal: Option<String>,
+    /// Serve streamable HTTP at `http://ADDR/mcp` with bearer tokens instead of stdio.
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<SocketAddr>,
+    /// With --http: a host name the proxy is reached by, besides the loopback names.
+    #[arg(
+        long = "allowed-host",
+        value_name = "HOST",
+        env = "TOOLLEDGER_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
+    pub allowed_hosts: Vec<String>,
+    /// The proxy's configuration (TOML): which tools are guarded and how.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<std::path::PathBuf>,
+    /// A streamable HTTP upstream instead of a command.
+    #[arg(long, value_name = "URL", conflicts_with = "upstream")]
+    pub upstream_url: Option<String>,
+    /// A header sent to the HTTP upstream with every request, `Name: value` (repeatable).
+    #[arg(long, value_name = "HEADER", requires = "upstream_url")]
+    pub upstream_header: Vec<String>,
+    /// The MCP lifecycle spoken to the upstream.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub upstream_lifecycle: LifecycleArg,
+    /// Pin the clock to this Unix second (testing aid; production uses wall time).
+    #[arg(long, value_name = "SECS")]
+    pub clock_epoch: Option<i64>,
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
+    /// The upstream command and its arguments, after `--`.
+    #[arg(last = true, value_name = "UPSTREAM_COMMAND")]
+    pub upstream: Vec<String>,
+}
+
+/// Runs the proxy until its stdin closes (stdio) or it is stopped (HTTP).
+pub fn run(args: ProxyArgs, config: StoreConfig) -> Result<Outcome, Failure> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|_| Failure::code("RUNTIME_ERROR"))?;
+    let result = runtime.block_on(proxy(args, config));
+    runtime.shutdown_background();
+    result.map(|()| Outcome::Pass)
+}
+
+fn upstream_spec(args: &ProxyArgs) -> Result<UpstreamSpec, Failure> {
+    if let Some(url) = &args.upstream_url {
+        let mut headers = Vec::new();
+        for h in &args.upstream_header {
+            let Some((name, value)) = h.split_once(':') else {
+                return Err(Failure::explained(
+                    "UPSTREAM_HEADER_INVALID",
+                    "--upstream-header takes `Name: value`",
+                ));
+            };
+            headers.push((name.trim().to_string(), value.trim().to_string()));
+        }
+        return Ok(UpstreamSpec::Http {
+            url: url.clone(),
+            headers,
+        });
+    }
+    let Some((command, rest)) = args.upstream.split_first() else {
+        return Err(Failure::explained(
+            "UPSTREAM_REQUIRED",
+            "name the upstream: `-- COMMAND [ARGS…]` for a stdio server, or --upstream-url URL",
+        ));
+    };
+    Ok(UpstreamSpec::Stdio {
+        command: command.clone(),
+        args: rest.to_vec(),
+    })
+}
+
+fn proxy_config(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
+    let Some(path) = &args.config else {
+        return Ok(ProxyConfig::default());
+    };
+    let text = std::fs::read_to_string(path).map_err(|_| {
+        Failure::explained(
+            "CONFIG_UNREADABLE",
+            "the --config file cannot be read (missing, unreadable or not UTF-8)",
+        )
+    })?;
+    ProxyConfig::parse(&text).map_err(|e| Failure::explained("CONFIG_INVALID", e.to_string()))
+}
+
+async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
+    init_logs(args.telemetry.log_format);
+    let hosts = allowed_hosts(&args.allowed_hosts)?;
+    let spec = upstream_spec(&args)?;
+    let proxy_config = proxy_config(&args)?;
+    let store = config.open()?;
+    let clock: SharedClock = match args.clock_epoch {
+        Some(epoch) => Arc::new(ManualClock::new(epoch)),
+        None => Arc::new(SystemClock),
+    };
+    let keys = bound_keys(&config, &store, &clock).await?;
+    let guard = Guard::new(
+        Engine::new(store.clone(), clock.clone()),
+        &keys,
+        GuardConfig::default(),
+    )
+    .map_err(|_| Failure::code("KEY_ERROR"))?;
+    let lifecycle = match args.upstream_lifecycle {
+        LifecycleArg::Auto => Lifecycle::Auto,
+        LifecycleArg::Legacy => Lifecycle::Legacy,
+        LifecycleArg::Modern => Lifecycle::Modern,
+    };
+    let upstream = Upstream::new(spec, lifecycle);
+    let built = Proxy::build(&store, clock.clone(), guard, upstream, &proxy_config)
+        .await
+        .map_err(|e| Failure::explained("UPSTREAM_UNAVAILABLE", e.to_string()))?;
+    tracing::info!(target: "toolledger::proxy", guarded = ?built.guarded,
+        passed_through = ?built.passed_through, "proxying the upstream's tools");
+    if let Some(at) = args.telemetry.metrics {
+        let local = spawn_metrics_server(at, store.clone(), clock.clone())
+            .await
+            .map_err(Failure::code)?;
+        tracing::info!(metrics = %format!("http://{local}/metrics"), "serving metrics");
+    }
+    let principals = PrincipalStore::new(store.clone()).with_clock(clock.clone());
+    match args.http {
+        None => {
+            serve_stdio(
+                "toolledger-proxy",
+                args.principal.as_deref(),
+                built.tools,
+                principals,
+            )
+            .await
+        }
+        Some(addr) => {
+            serve_http(
+                "toolledger-proxy",
+                addr,
+                built.tools,
+                principals,
+                hosts,
+                clock,
+            )
+            .await
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! The proxy's configuration: which upstream tools are guarded and how.
+//!
+//! A TOML file, every key optional:
+//!
+//! ```toml
+//! # Defaults for every tool.
+//! operation_id_argument = "operation_id"   # the argument a client names the operation by
+//! call_timeout_seconds = 60                # a forward without an answer by then is outcome_unknown
+//! authority_ttl_seconds = 86400            # how long a retry may still replay (and a forward run)
+//! retention_ttl_seconds = 604800           # how long a stored result is replayed
+//!
+//! [tools.charge]
+//! guarded = true                     # default: guarded unless the upstream marks it readOnlyHint
+//! key_argument = "operation_id"      # this tool's operation id argument
+//! forward_operation_id = "_meta"     # or an argument name, e.g. "idempotency_key"; absent: not sent
+//! call_timeout_seconds = 30
+//! required_scopes = ["payments:write"]
+//!
+//! [tools.charge.reconcile]           # how a status query looks an unsure charge up
+//! tool = "find_charge"               # a read-only upstream tool
+//! arguments = { reference = "{operation_id}" }   # "{operation_id}" is replaced by the id
+//! found_when = "/structuredContent/found"        # JSON pointer into its result: true = evidence
+//! ```
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+/// The `_meta` key a client may name the operation by instead of the argument, and the key
+/// the proxy forwards it under when a tool's `forward_operation_id` is `"_meta"`.
+pub const META_OPERATION_ID: &str = "io.toolledger/operation_id";
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file is not valid TOML of this shape (the message names the key, never a path).
+    #[error("the proxy configuration is invalid: {0}")]
+    Invalid(String),
+}
+
+/// The whole configuration file.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// The argument guarded tools gain for the operation id (default `operation_id`).
+    #[serde(default)]
+    pub operation_id_argument: Option<String>,
+    /// Seconds a forward may take before its outcome is unknown (default 60).
+    #[serde(default)]
+    pub call_timeout_seconds: Option<u64>,
+    /// Seconds after acceptance during which retries replay and a forward may run.
+    #[serde(default)]
+    pub authority_ttl_seconds: Option<i64>,
+    /// Seconds after acceptance during which a stored result is replayed.
+    #[serde(default)]
+    pub retention_ttl_seconds: Option<i64>,
+    /// Per tool, by the upstream's tool name.
+    #[serde(default)]
+    pub tools: BTreeMap<String, ToolConfig>,
+}
+
+/// One tool's settings; unset ones take the file's defaults.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolConfig {
+    /// Guarded or passed through (default: guarded unless the upstream says `readOnlyHint`).
+    #[serde(default)]
+    pub guarded: Option<bool>,
+    /// The operation id argument of this tool.
+    #[serde(default)]
+    pub key_argument: Option<String>,
+    /// Forward the operation id to the upstream: `"_meta"` or an argument name.
+    #[serde(default)]
+    pub forward_operation_id: Option<String>,
+    /// Seconds a forward may take.
+    #[serde(default)]
+    pub call_timeout_seconds: Option<u64>,
+    /// Authority deadline, seconds after acceptance.
+    #[serde(default)]
+    pub authority_ttl_seconds: Option<i64>,
+    /// Retention deadline, seconds after acceptance.
+    #[serde(default)]
+    pub retention_ttl_seconds: Option<i64>,
+    /// Scopes the caller must hold, checked at acceptance, before the forward, at replay and
+    /// at status.
+    #[serde(default)]
+    pub required_scopes: Vec<String>,
+    /// A read-only lookup that settles an unsure operation.
+    #[serde(default)]
+    pub reconcile: Option<Reconcile>,
+}
+
+/// A read-only upstream tool that finds the effect of one operation.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Reconcile {
+    /// The upstream tool to call.
+    pub tool: String,
+    /// Its arguments; every string `{operation_id}` is replaced by the operation id.
+    #[serde(default)]
+    pub arguments: serde_json::Map<String, Value>,
+    /// A JSON pointer into the lookup's tool result (`/structuredContent/found`): the effect
+    /// happened when it points at `true`, a non-empty string, array or object, or a non-zero
+    /// number. Without it, any result that is not an error is evidence.
+    #[serde(default)]
+    pub found_when: Option<String>,
+}
+
+impl Reconcile {
+    /// The lookup's arguments for operation `key`.
+    pub fn arguments_for(&self, key: &str) -> serde_json::Map<String, Value> {
+        fn substitute(v: &Value, key: &str) -> Value {
+            match v {
+                Value::String(s) => Value::String(s.replace("{operation_id}", key)),
+                Value::Array(a) => Value::Array(a.iter().map(|x| substitute(x, key)).collect()),
+                Value::Object(o) => Value::Object(
+                    o.iter()
+                        .map(|(k, x)| (k.clone(), substitute(x, key)))
+                        .collect(),
+                ),
+                other => other.clone(),
+            }
+        }
+        self.arguments
+            .iter()
+            .map(|(k, v)| (k.clone(), substitute(v, key)))
+            .collect()
+    }
+
+    /// Whether the lookup's result (the tool result's JSON) is evidence of the effect.
+    pub fn is_evidence(&self, result: &Value) -> bool {
+        if result.get("isError") == Some(&Value::Bool(true)) {
+            return false;
+        }
+        let Some(pointer) = &self.found_when else {
+            return true;
+        };
+        match result.pointer(pointer) {
+            Some(Value::Bool(b)) => *b,
+            Some(Value::String(s)) => !s.is_empty(),
+            Some(Value::Array(a)) => !a.is_empty(),
+            Some(Value::Object(o)) => !o.is_empty(),
+            Some(Value::Number(n)) => n.as_f64().is_some_and(|f| f != 0.0),
+            Some(Value::Null) | None => false,
+        }
+    }
+}
+
+/// How the operation id reaches the upstream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Forward {
+    /// Not at all (the default): the upstream sees only its own arguments.
+    No,
+    /// As the request's `_meta[io.toolledger/operation_id]`.
+    Meta,
+    /// As this argument.
+    Argument(String),
+}
+
+/// One tool's settings, resolved against the defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolPolicy {
+    /// Guarded by the ledger.
+    pub guarded: bool,
+    /// The operation id argument.
+    pub key_argument: String,
+    /// How the id reaches the upstream.
+    pub forward: Forward,
+    /// Seconds a forward may take.
+    pub call_timeout_seconds: u64,
+    /// Authority deadline, seconds after acceptance.
+    pub authority_ttl_seconds: i64,
+    /// Retention deadline, seconds after acceptance.
+    pub retention_ttl_seconds: i64,
+    /// Scopes the caller must hold.
+    pub required_scopes: Vec<String>,
+    /// The lookup that settles an unsure operation, if any.
+    pub reconcile: Option<Reconcile>,
+}
+
+/// Default seconds a forward may take.
+pub const DEFAULT_CALL_TIMEOUT_SECONDS: u64 = 60;
+/// Default authority deadline (one day).
+pub const DEFAULT_AUTHORITY_TTL_SECONDS: i64 = 86_400;
+/// Default retention deadline (one week).
+pub const DEFAULT_RETENTION_TTL_SECONDS: i64 = 604_800;
+
+impl ProxyConfig {
+    /// Parses the TOML text of a configuration file and checks it.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let config: ProxyConfig =
+            toml::from_str(text).map_err(|e| ConfigError::Invalid(e.message().to_string()))?;
+        config.check()?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        let name_ok = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 64
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        };
+        if let Some(a) = &self.operation_id_argument {
+            if !name_ok(a) {
+                return bad("operation_id_argument must be 1 to 64 letters, digits, _ or -".into());
+            }
+        }
+        for (name, t) in &self.tools {
+            if let Some(a) = &t.key_argument {
+                if !name_ok(a) {
+                    return bad(format!(
+                        "tools.{name}.key_argument is not a valid argument name"
+                    ));
+                }
+            }
+            if let Some(f) = &t.forward_operation_id {
+                if f != "_meta" && !name_ok(f) {
+                    return bad(format!(
+                        "tools.{name}.forward_operation_id must be \"_meta\" or an argument name"
+                    ));
+                }
+            }
+            for (what, ttl) in [
+                ("authority_ttl_seconds", t.authority_ttl_seconds),
+                ("retention_ttl_seconds", t.retention_ttl_seconds),
+            ] {
+                if ttl.is_some_and(|s| !(1..=toolledger::runtime::MAX_TTL_SECONDS).contains(&s)) {
+                    return bad(format!("tools.{name}.{what} is out of range"));
+                }
+            }
+            if t.call_timeout_seconds == Some(0) {
+                return bad(format!(
+                    "tools.{name}.call_timeout_seconds must be at least 1"
+                ));
+            }
+            if let Some(r) = &t.reconcile {
+                if r.found_when.as_deref().is_some_and(|p| !p.starts_with('/')) {
+                    return bad(format!(
+                        "tools.{name}.reconcile.found_when must be a JSON pointer (\"/…\")"
+                    ));
+                }
+            }
+        }
+        for (what, ttl) in [
+            ("authority_ttl_seconds", self.authority_ttl_seconds),
+            ("retention_ttl_seconds", self.retention_ttl_seconds),
+        ] {
+            if ttl.is_some_and(|s| !(1..=toolledger::runtime::MAX_TTL_SECONDS).contains(&s)) {
+                return bad(format!("{what} is out of range"));
+            }
+        }
+        if self.call_timeout_seconds == Some(0) {
+            return bad("call_timeout_seconds must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// The settings of upstream tool `name`, which the upstream marks read-only or not.
+    pub fn policy(&self, name: &str, read_only: bool) -> ToolPolicy {
+        let t = self.tools.get(name).cloned().unwrap_or_default();
+        ToolPolicy {
+            guarded: t.guarded.unwrap_or(!read_only),
+            key_argument: t
+                .key_argument
+                .or_else(|| self.operation_id_argument.clone())
+                .unwrap_or_else(|| "operation_id".into()),
+            forward: match t.forward_operation_id.as_deref() {
+                None => Forward::No,
+                Some("_meta") => Forward::Meta,
+                Some(arg) => Forward::Argument(arg.to_string()),
+            },
+            call_timeout_seconds: t
+                .call_timeout_seconds
+                .or(self.call_timeout_seconds)
+                .unwrap_or(DEFAULT_CALL_TIMEOUT_SECONDS),
+            authority_ttl_seconds: t
+                .authority_ttl_seconds
+                .or(self.authority_ttl_seconds)
+                .unwrap_or(DEFAULT_AUTHORITY_TTL_SECONDS),
+            retention_ttl_seconds: t
+                .retention_ttl_seconds
+                .or(self.retention_ttl_seconds)
+                .unwrap_or(DEFAULT_RETENTION_TTL_SECONDS),
+            required_scopes: t.required_scopes,
+            reconcile: t.reconcile,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn defaults_guard_writes_and_pass_reads_through() {
+        let c = ProxyConfig::parse("").unwrap();
+        let w = c.policy("charge", false);
+        assert!(w.guarded);
+        assert_eq!(w.key_argument, "operation_id");
+        assert_eq!(w.forward, Forward::No);
+        assert_eq!(w.call_timeout_seconds, DEFAULT_CALL_TIMEOUT_SECONDS);
+        assert!(!c.policy("find", true).guarded);
+    }
+
+    #[test]
+    fn a_tool_overrides_the_defaults() {
+        let c = ProxyConfig::parse(
+            r#"
+            operation_id_argument = "op"
+            call_timeout_seconds = 9
+            [tools.charge]
+            forward_operation_id = "idempotency_key"
+            required_scopes = ["payments:write"]
+            [tools.find]
+            guarded = true
+            forward_operation_id = "_meta"
+            [tools.charge.reconcile]
+            tool = "find_charge"
+            arguments = { reference = "ref-{operation_id}", n = 1 }
+            found_when = "/structuredContent/found"
+            "#,
+        )
+        .unwrap();
+        let p = c.policy("charge", false);
+        assert_eq!(p.key_argument, "op");
+        assert_eq!(p.call_timeout_seconds, 9);
+        assert_eq!(p.forward, Forward::Argument("idempotency_key".into()));
+        assert_eq!(p.required_scopes, vec!["payments:write".to_string()]);
+        let r = p.reconcile.unwrap();
+        assert_eq!(
+            Value::Object(r.arguments_for("k1")),
+            json!({"reference": "ref-k1", "n": 1})
+        );
+        assert!(r.is_evidence(&json!({"structuredContent": {"found": true}})));
+        assert!(!r.is_evidence(&json!({"structuredContent": {"found": false}})));
+        assert!(!r.is_evidence(&json!({"isError": true, "structuredContent": {"found": true}})));
+        let f = c.policy("find", true);
+        assert!(f.guarded);
+        assert_eq!(f.forward, Forward::Meta);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_refused() {
+        for text in [
+            "nonsense = 1",
+            "[tools.a]\nguarded = \"yes\"",
+            "[tools.a]\nkey_argument = \"has space\"",
+            "[tools.a]\nauthority_ttl_seconds = 0",
+            "call_timeout_seconds = 0",
+            "[tools.a.reconcile]\ntool = \"b\"\nfound_when = \"found\"",
+        ] {
+            assert!(ProxyConfig::parse(text).is_err(), "{text}");
+        }
+    }
+}

@@ -1,0 +1,378 @@
+//! A guarded upstream tool as a deferred effect of the ledger's runtime.
+//!
+//! [`ProxiedTool`] is the tool's contract and checks ([`DeferredTool`]); [`UpstreamEffect`] is
+//! its downstream ([`Downstream`]): `submit` forwards the call to the upstream, `status` runs
+//! the configured read-only lookup. Every guarantee is the runtime's: the intent is committed
+//! (transaction A) before anything is sent, the forward runs under a claimed lease with a
+//! fencing token, the upstream's definitive answer is stored (transaction C) and replayed.
+//!
+//! The stored result is `{"upstream": <the tool result's JSON>}`, or, for a result outside
+//! the ledger's canonical JSON domain (a non-integer number, say), `{"upstream_text": "<its
+//! JSON text>"}`; either way a replay gives the client the upstream's content as it was.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult, ErrorData, Tool};
+use serde_json::{json, Map, Value};
+use toolledger::downstream::{BoxFuture, Downstream, DownstreamError};
+use toolledger::effect::EffectTx;
+use toolledger::model::{Error, Principal, Scope, ToolContract};
+use toolledger::runtime::{downstream_request, DeferredRecord, DeferredTool};
+
+use crate::config::{Forward, ToolPolicy, META_OPERATION_ID};
+use crate::upstream::{Upstream, UpstreamError};
+
+fn revision(value: &Value) -> String {
+    let text = toolledger::json::canonical_string(value).unwrap_or_else(|_| value.to_string());
+    toolledger::digest::sha256_hex(text.as_bytes())[..16].to_string()
+}
+
+/// The stored form of an upstream tool result (see the module docs).
+pub fn stored_result(result: &CallToolResult) -> Value {
+    let value = serde_json::to_value(result).unwrap_or(Value::Null);
+    if toolledger::json::canonical_string(&value).is_ok() {
+        json!({ "upstream": value })
+    } else {
+        json!({ "upstream_text": value.to_string() })
+    }
+}
+
+/// The upstream tool result a stored result holds, if it holds one (an operator's
+/// resolution stores `{code, message}` instead).
+pub fn upstream_result(stored: &Value) -> Option<CallToolResult> {
+    if let Some(v) = stored.get("upstream") {
+        return serde_json::from_value(v.clone()).ok();
+    }
+    let text = stored.get("upstream_text")?.as_str()?;
+    serde_json::from_str(text).ok()
+}
+
+/// A guarded upstream tool's contract and checks.
+pub struct ProxiedTool {
+    contract: ToolContract,
+    policy: ToolPolicy,
+    /// The upstream's input schema, compiled; `None` when it does not compile (the upstream
+    /// still checks its arguments).
+    validator: Option<jsonschema::Validator>,
+    /// Whether the upstream declares the key argument itself (then it is forwarded).
+    declares_key: bool,
+}
+
+impl ProxiedTool {
+    /// The guarded form of upstream tool `tool` under `policy`.
+    pub fn new(tool: &Tool, policy: ToolPolicy) -> Self {
+        let input = Value::Object(tool.input_schema.as_ref().clone());
+        let output = tool
+            .output_schema
+            .as_ref()
+            .map(|s| Value::Object(s.as_ref().clone()))
+            .unwrap_or(Value::Null);
+        let policy_rev = revision(&json!({
+            "forward": format!("{:?}", policy.forward),
+            "key": policy.key_argument,
+            "scopes": policy.required_scopes,
+        }));
+        let contract = ToolContract {
+            name: tool.name.to_string(),
+            input_rev: revision(&input),
+            output_rev: revision(&output),
+            effect_rev: "proxy-forward-1".into(),
+            handler_rev: "proxy-forward-1".into(),
+            producer_rev: "proxy-forward-1".into(),
+            policy_rev,
+        };
+        let declares_key = input
+            .pointer("/properties")
+            .and_then(Value::as_object)
+            .is_some_and(|p| p.contains_key(&policy.key_argument));
+        let validator = match jsonschema::validator_for(&input) {
+            Ok(v) => Some(v),
+            Err(_) => {
+                tracing::warn!(target: "toolledger::proxy", tool = %tool.name,
+                    "the upstream's input schema does not compile; arguments are not checked \
+                     before they are recorded");
+                None
+            }
+        };
+        ProxiedTool {
+            contract,
+            policy,
+            validator,
+            declares_key,
+        }
+    }
+
+    /// The tool's settings.
+    pub fn policy(&self) -> &ToolPolicy {
+        &self.policy
+    }
+
+    /// Whether the upstream declares the operation id argument itself.
+    pub fn declares_key(&self) -> bool {
+        self.declares_key
+    }
+
+    fn scopes(&self, principal: &Principal) -> Result<(), Error> {
+        match self
+            .policy
+            .required_scopes
+            .iter()
+            .find(|s| !principal.has_scope(s))
+        {
+            Some(s) => Err(Error::denied(format!("the caller lacks the scope {s}"))),
+            None => Ok(()),
+        }
+    }
+}
+
+impl DeferredTool for ProxiedTool {
+    fn contract(&self) -> ToolContract {
+        self.contract.clone()
+    }
+
+    fn validate(&self, arguments: &Value) -> Result<Value, Error> {
+        let Value::Object(map) = arguments else {
+            return Err(Error::invalid("arguments must be an object"));
+        };
+        if toolledger::json::canonical_string(arguments).is_err() {
+            return Err(Error::invalid(
+                "arguments must be in the ledger's JSON domain (integers only, no fractions)",
+            ));
+        }
+        if let Some(v) = &self.validator {
+            toolledger_mcp::guarded::check_arguments(v, map)?;
+        }
+        Ok(arguments.clone())
+    }
+
+    fn check_access(
+        &self,
+        _tx: &mut dyn EffectTx,
+        principal: &Principal,
+        _arguments: &Value,
+    ) -> Result<(), Error> {
+        self.scopes(principal)
+    }
+
+    fn check(
+        &self,
+        _tx: &mut dyn EffectTx,
+        principal: &Principal,
+        _arguments: &Value,
+    ) -> Result<(), Error> {
+        self.scopes(principal)
+    }
+
+    fn requires_approval(&self) -> bool {
+        false
+    }
+
+    fn accept_receipt(&self, _arguments: &Value, receipt: &Value) -> Result<Value, Error> {
+        let result = receipt
+            .get("result")
+            .cloned()
+            .ok_or_else(|| Error::invalid("the receipt carries no result"))?;
+        if result.get("upstream").is_none() && result.get("upstream_text").is_none() {
+            return Err(Error::invalid(
+                "the receipt's result is not an upstream result",
+            ));
+        }
+        Ok(result)
+    }
+}
+
+/// Values handed from one step of a call to a later one by status ref, taken once: the
+/// receipt a reconcile lookup found, which the runtime's status query then records.
+#[derive(Clone)]
+pub struct Handoff<T>(Arc<Mutex<HashMap<String, T>>>);
+
+impl<T> Default for Handoff<T> {
+    fn default() -> Self {
+        Handoff(Arc::new(Mutex::new(HashMap::new())))
+    }
+}
+
+impl<T> Handoff<T> {
+    fn put(&self, status_ref: &str, value: T) {
+        if let Ok(mut m) = self.0.lock() {
+            m.insert(status_ref.to_string(), value);
+        }
+    }
+
+    /// The value left for `status_ref`, if any (taken).
+    pub fn take(&self, status_ref: &str) -> Option<T> {
+        self.0.lock().ok()?.remove(status_ref)
+    }
+}
+
+tokio::task_local! {
+    /// The JSON-RPC error the forward made by the current call got, if any.
+    static FORWARD_ERROR: std::cell::RefCell<Option<ErrorData>>;
+}
+
+/// Runs `f` (a dispatch that may forward) and returns the JSON-RPC error its forward got, if
+/// it got one: that error goes back to this caller unchanged and is never stored. Only the
+/// call whose own forward it was sees it; a concurrent retry of the same operation does not.
+pub async fn capturing_protocol_error<F: std::future::Future>(
+    f: F,
+) -> (F::Output, Option<ErrorData>) {
+    FORWARD_ERROR
+        .scope(std::cell::RefCell::new(None), async {
+            let out = f.await;
+            let error = FORWARD_ERROR.with(|c| c.borrow_mut().take());
+            (out, error)
+        })
+        .await
+}
+
+/// The downstream of a guarded upstream tool: the upstream itself.
+pub struct UpstreamEffect {
+    upstream: Arc<Upstream>,
+    tool: String,
+    policy: ToolPolicy,
+    declares_key: bool,
+    evidence: Handoff<Value>,
+}
+
+impl std::fmt::Debug for UpstreamEffect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamEffect")
+            .field("tool", &self.tool)
+            .finish_non_exhaustive()
+    }
+}
+
+impl UpstreamEffect {
+    /// Forwards of `tool` to `upstream`.
+    pub fn new(upstream: Arc<Upstream>, tool: &ProxiedTool) -> Self {
+        UpstreamEffect {
+            upstream,
+            tool: tool.contract.name.clone(),
+            policy: tool.policy.clone(),
+            declares_key: tool.declares_key,
+            evidence: Handoff::default(),
+        }
+    }
+
+    /// Runs the tool's reconcile lookup for the operation `record` (no lookup configured:
+    /// `Ok(false)`). With evidence of the effect, its receipt is left for the runtime's next
+    /// status query of this operation, which records it (transaction C) as the result.
+    pub async fn look_up(&self, record: &DeferredRecord) -> Result<bool, UpstreamError> {
+        let Some(reconcile) = &self.policy.reconcile else {
+            return Ok(false);
+        };
+        let mut params = CallToolRequestParams::new(reconcile.tool.clone());
+        params.arguments = Some(reconcile.arguments_for(&record.scope.key));
+        let answer = self.upstream.call_tool(params, self.timeout()).await?;
+        let CallToolResponse::Complete(result) = answer else {
+            return Ok(false);
+        };
+        let seen = serde_json::to_value(&result).unwrap_or(Value::Null);
+        if !reconcile.is_evidence(&seen) {
+            tracing::info!(target: "toolledger::proxy", status_ref = %record.status_ref,
+                tool = %self.tool, lookup = %reconcile.tool, "reconcile lookup found no effect");
+            return Ok(false);
+        }
+        let mut stored = stored_result(&result);
+        if let Value::Object(m) = &mut stored {
+            m.insert(
+                "reconciled_by".into(),
+                Value::String(reconcile.tool.clone()),
+            );
+        }
+        let request = downstream_request(record);
+        self.evidence
+            .put(&record.status_ref, receipt(&request, stored));
+        tracing::info!(target: "toolledger::proxy", status_ref = %record.status_ref,
+            tool = %self.tool, lookup = %reconcile.tool, "reconcile lookup found the effect");
+        Ok(true)
+    }
+
+    fn params(&self, key: &str, arguments: &Value) -> CallToolRequestParams {
+        let mut args: Map<String, Value> = arguments.as_object().cloned().unwrap_or_default();
+        let mut params = CallToolRequestParams::new(self.tool.clone());
+        match &self.policy.forward {
+            Forward::No => {}
+            Forward::Argument(name) => {
+                args.insert(name.clone(), Value::String(key.to_string()));
+            }
+            Forward::Meta => {
+                let mut meta = rmcp::model::RequestMetaObject::default();
+                meta.insert(META_OPERATION_ID.into(), Value::String(key.to_string()));
+                params.meta = Some(meta);
+            }
+        }
+        if self.declares_key {
+            args.insert(
+                self.policy.key_argument.clone(),
+                Value::String(key.to_string()),
+            );
+        }
+        params.arguments = Some(args);
+        params
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(self.policy.call_timeout_seconds)
+    }
+}
+
+/// The receipt of a forward: the runtime's generic bindings plus the stored result.
+fn receipt(request: &Value, result: Value) -> Value {
+    let text = toolledger::json::canonical_string(request).unwrap_or_default();
+    json!({
+        "receipt_id": format!("upstream-{}", request["status_ref"].as_str().unwrap_or("")),
+        "status_ref": request["status_ref"],
+        "scope_digest": request["scope_digest"],
+        "request_sha256": toolledger::digest::sha256_hex(text.as_bytes()),
+        "request": request,
+        "result": result,
+    })
+}
+
+impl Downstream for UpstreamEffect {
+    fn submit<'a>(
+        &'a self,
+        scope: &'a Scope,
+        request: &'a Value,
+    ) -> BoxFuture<'a, Result<Value, DownstreamError>> {
+        Box::pin(async move {
+            let params = self.params(&scope.key, &request["arguments"]);
+            match self.upstream.call_tool(params, self.timeout()).await {
+                Ok(CallToolResponse::Complete(result)) => {
+                    let stored = stored_result(&result);
+                    if result.is_error == Some(true) {
+                        Err(DownstreamError::Failed { result: stored })
+                    } else {
+                        Ok(receipt(request, stored))
+                    }
+                }
+                Ok(_) => Err(DownstreamError::Rejected(
+                    "the upstream asked for more input or started a task; the proxy forwards \
+                     single-round calls only"
+                        .into(),
+                )),
+                Err(UpstreamError::Protocol(e)) => {
+                    let _ = FORWARD_ERROR.try_with(|c| *c.borrow_mut() = Some(e));
+                    Err(DownstreamError::Rejected(
+                        "the upstream answered with a JSON-RPC error".into(),
+                    ))
+                }
+                Err(e) => Err(DownstreamError::Unavailable(e.to_string())),
+            }
+        })
+    }
+
+    fn status<'a>(
+        &'a self,
+        status_ref: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Value>, DownstreamError>> {
+        // The lookup needs the operation's key and request, which the status ref alone does
+        // not carry: [`UpstreamEffect::look_up`] ran it before this query and left what it
+        // found. Nothing left: no evidence either way.
+        let found = self.evidence.take(status_ref);
+        Box::pin(async move { Ok(found) })
+    }
+}

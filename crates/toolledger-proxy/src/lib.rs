@@ -1,0 +1,152 @@
+//! The ledger in front of any MCP server, in any language, without changing it.
+//!
+//! The proxy is an MCP server to its clients and an MCP client of its upstream (a child
+//! process on stdio, or a streamable HTTP endpoint). It lists the upstream's tools plus
+//! `get_operation_status`. Each guarded tool gains a required string argument, the operation
+//! id (`operation_id` unless configured otherwise; `_meta["io.toolledger/operation_id"]` is
+//! accepted too), which is removed before the call goes upstream — unless the upstream
+//! declares an argument of that name itself (its own idempotency key), which is then the key
+//! and is forwarded unchanged. Tools the upstream marks `readOnlyHint: true` pass through
+//! unguarded unless the configuration ([`config`]) says otherwise.
+//!
+//! A guarded call is a deferred operation of the ledger's runtime ([`effect`]):
+//!
+//! - the intent (scope, arguments, principal) is committed before anything is sent
+//!   (transaction A); the same operation id with other arguments is `operation_conflict`;
+//! - the forward runs under a claimed lease with a fencing token, and at most once: the
+//!   outbox event allows one claim, so a forward that was (or may have been) sent is never
+//!   sent again by the proxy on its own;
+//! - a definitive upstream answer — a result, or a tool result with `isError: true` — is
+//!   stored (transaction C; an error result makes the operation `failed`) and every retry
+//!   gets it back as it was, with `_meta["io.toolledger/ledger"]` saying
+//!   `{operationId, statusRef, replayed, state}`;
+//! - a retry while the forward is in flight is `operation_in_progress`;
+//! - a lost answer (the upstream crashed, the connection failed, the call timed out, the proxy
+//!   died after sending) leaves the operation `outcome_unknown` with its `status_ref`, settled
+//!   by `get_operation_status` (which runs the tool's configured reconcile lookup), or by an
+//!   operator (`toolledger resolve`);
+//! - the upstream's own JSON-RPC errors go back to the caller unchanged and are never stored
+//!   as results (the operation stays `outcome_unknown`: the upstream saw the request);
+//! - the caller's principal and the tool's required scopes are re-read at acceptance, before
+//!   the forward, at every replay and at every status query.
+//!
+//! An operation whose intent committed but whose forward was never claimed (the proxy stopped
+//! in between) is forwarded by the next retry: nothing was sent for it.
+
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod effect;
+pub mod tools;
+pub mod upstream;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use toolledger::clock::SharedClock;
+use toolledger::runtime::{
+    Deadlines, DeferredTool, ProviderProfile, Registry, Runtime, RuntimeConfig,
+};
+use toolledger::store::Store;
+use toolledger_mcp::{Guard, McpTool, StatusTool};
+
+pub use config::{ConfigError, ProxyConfig, ToolPolicy};
+pub use upstream::{Lifecycle, Upstream, UpstreamError, UpstreamSpec};
+
+use effect::{ProxiedTool, UpstreamEffect};
+use tools::{GuardedForward, Passthrough, ProxyStatus, StatusEntry};
+
+/// Seconds a forward's lease outlasts its call timeout: the lease is renewed while the call
+/// runs; after a crash the operation reads as `outcome_unknown` once it has expired.
+pub const LEASE_MARGIN_SECONDS: u64 = 30;
+
+/// What the proxy serves: the tools, in the upstream's order, then `get_operation_status`.
+pub struct Proxy {
+    /// Every tool, ready for a [`toolledger_mcp::LedgerServer`].
+    pub tools: Vec<Arc<dyn McpTool>>,
+    /// The guarded tools' names.
+    pub guarded: Vec<String>,
+    /// The tools passed through unguarded.
+    pub passed_through: Vec<String>,
+}
+
+impl Proxy {
+    /// Lists the upstream's tools and builds the proxy's over the ledger `store`: guarded ones
+    /// (as the configuration and the upstream's read-only hints say) run through the ledger's
+    /// runtime, the others are forwarded as they are. `guard` reads the ledger for status
+    /// queries.
+    pub async fn build(
+        store: &Store,
+        clock: SharedClock,
+        guard: Guard,
+        upstream: Arc<Upstream>,
+        config: &ProxyConfig,
+    ) -> Result<Proxy, UpstreamError> {
+        let listed = upstream.list_tools().await?;
+        let mut registry = Registry::new().allow_profile(ProviderProfile::mcp());
+        let mut plan = Vec::new();
+        for tool in listed {
+            if tool.name == StatusTool::NAME {
+                tracing::warn!(target: "toolledger::proxy", tool = %tool.name,
+                    "the upstream's tool has the name of the proxy's status tool; it is not offered");
+                continue;
+            }
+            let read_only = tool
+                .annotations
+                .as_ref()
+                .and_then(|a| a.read_only_hint)
+                .unwrap_or(false);
+            let policy = config.policy(&tool.name, read_only);
+            if policy.guarded {
+                let proxied = Arc::new(ProxiedTool::new(&tool, policy));
+                let effect = Arc::new(UpstreamEffect::new(upstream.clone(), &proxied));
+                registry = registry.register(proxied.clone(), effect.clone());
+                plan.push((tool, Some((proxied, effect))));
+            } else {
+                plan.push((tool, None));
+            }
+        }
+        let mut out = Proxy {
+            tools: Vec::new(),
+            guarded: Vec::new(),
+            passed_through: Vec::new(),
+        };
+        let mut entries = Vec::new();
+        for (tool, guarded) in plan {
+            match guarded {
+                Some((proxied, effect)) => {
+                    let p = proxied.policy();
+                    let runtime = Runtime::new(store.clone(), clock.clone(), registry.clone())
+                        .with_config(RuntimeConfig {
+                            lease_seconds: (p.call_timeout_seconds + LEASE_MARGIN_SECONDS) as i64,
+                            max_attempts: 1,
+                        })
+                        .with_deadlines(Deadlines {
+                            authority_ttl: Some(p.authority_ttl_seconds),
+                            retention_ttl: Some(p.retention_ttl_seconds),
+                        });
+                    out.guarded.push(proxied.contract().name);
+                    out.tools.push(Arc::new(GuardedForward::new(
+                        &tool,
+                        proxied.clone(),
+                        runtime.clone(),
+                    )));
+                    entries.push(StatusEntry {
+                        tool: proxied,
+                        runtime,
+                        effect,
+                    });
+                }
+                None => {
+                    let timeout =
+                        Duration::from_secs(config.policy(&tool.name, true).call_timeout_seconds);
+                    out.passed_through.push(tool.name.to_string());
+                    out.tools
+                        .push(Arc::new(Passthrough::new(&tool, upstream.clone(), timeout)));
+                }
+            }
+        }
+        out.tools.push(Arc::new(ProxyStatus::new(guard, entries)));
+        Ok(out)
+    }
+}

@@ -1,0 +1,441 @@
+//! The tools the proxy serves: each upstream tool, guarded or passed through, and
+//! `get_operation_status`.
+
+use std::sync::Arc;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData, JsonObject,
+    Tool,
+};
+use serde_json::{json, Value};
+use toolledger::engine::OperationRecord;
+use toolledger::model::{Error, ErrorCode, OperationState};
+use toolledger::outbox::EventState;
+use toolledger::runtime::{Answer, DeferredCall, Delivery, ProviderContext, Runtime, StatusQuery};
+use toolledger_mcp::reply::{single_round, tool_error, META_LEDGER};
+use toolledger_mcp::server::{BoxFuture, McpTool, ToolCall};
+use toolledger_mcp::{Caller, EffectObserver, Guard, Observation, StatusTool};
+
+use crate::config::META_OPERATION_ID;
+use crate::effect::{capturing_protocol_error, upstream_result, ProxiedTool, UpstreamEffect};
+use crate::upstream::{Upstream, UpstreamError};
+
+/// The definition clients see for a guarded upstream tool: the upstream's, with the
+/// operation id argument added (required, a string) unless the upstream declares it itself.
+pub fn guarded_definition(upstream: &Tool, key_argument: &str) -> Tool {
+    let mut tool = upstream.clone();
+    let mut schema: JsonObject = upstream.input_schema.as_ref().clone();
+    let properties = schema
+        .entry("properties")
+        .or_insert_with(|| Value::Object(Default::default()));
+    if let Value::Object(p) = properties {
+        p.entry(key_argument.to_string()).or_insert_with(|| {
+            json!({
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 256,
+                "description": "Operation id: choose a new one per intended effect and reuse it \
+                    on every retry of that effect; a retry replays the stored result."
+            })
+        });
+    }
+    let required = schema
+        .entry("required")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    if let Value::Array(r) = required {
+        if !r.iter().any(|v| v.as_str() == Some(key_argument)) {
+            r.push(Value::String(key_argument.to_string()));
+        }
+    }
+    tool.input_schema = Arc::new(schema);
+    let note = format!(
+        " (Guarded by toolledger: pass `{key_argument}`; a retry with the same value replays \
+         the first answer; after a lost reply call get_operation_status.)"
+    );
+    let description = upstream.description.as_deref().unwrap_or("").to_string() + &note;
+    tool.description = Some(description.trim_start().to_string().into());
+    tool
+}
+
+fn error_result(code: &str, message: &str, status_ref: Option<&str>) -> CallToolResult {
+    let mut error = json!({"code": code, "message": message});
+    if let Some(s) = status_ref {
+        error["status_ref"] = json!(s);
+    }
+    CallToolResult::error(vec![ContentBlock::text(
+        json!({ "error": error }).to_string(),
+    )])
+}
+
+fn with_ledger_meta(
+    mut result: CallToolResult,
+    key: &str,
+    status_ref: &str,
+    replayed: bool,
+    state: OperationState,
+) -> CallToolResult {
+    let mut meta = result.meta.take().unwrap_or_default();
+    meta.insert(
+        META_LEDGER.into(),
+        json!({
+            "operationId": key,
+            "statusRef": status_ref,
+            "replayed": replayed,
+            "state": state.as_str(),
+        }),
+    );
+    result.meta = Some(meta);
+    result
+}
+
+/// The client's answer for a runtime answer: the upstream's stored result as it was (with
+/// the ledger's `_meta`), an operator's resolution as an error result, or `outcome_unknown`.
+pub fn reply(key: &str, answer: &Answer) -> CallToolResult {
+    match answer {
+        Answer::Done {
+            status_ref,
+            state,
+            delivery,
+            result,
+        } => {
+            let out = upstream_result(result).unwrap_or_else(|| {
+                let code = result["code"].as_str().unwrap_or("failed");
+                let message = result["message"].as_str().unwrap_or("the operation failed");
+                error_result(code, message, Some(status_ref))
+            });
+            with_ledger_meta(out, key, status_ref, *delivery != Delivery::Fresh, *state)
+        }
+        Answer::Unknown { status_ref, state } => with_ledger_meta(
+            error_result(
+                ErrorCode::OutcomeUnknown.as_str(),
+                "the upstream may or may not have acted on this operation; call \
+                 get_operation_status with its operation id, or an operator settles it",
+                Some(status_ref),
+            ),
+            key,
+            status_ref,
+            false,
+            *state,
+        ),
+    }
+}
+
+/// A guarded upstream tool: every call is one deferred operation of the ledger.
+pub struct GuardedForward {
+    definition: Tool,
+    tool: Arc<ProxiedTool>,
+    runtime: Runtime,
+}
+
+impl GuardedForward {
+    /// The guarded form of `upstream` (its definition), run by `runtime` (whose registry
+    /// holds `tool`).
+    pub fn new(upstream: &Tool, tool: Arc<ProxiedTool>, runtime: Runtime) -> Self {
+        GuardedForward {
+            definition: guarded_definition(upstream, &tool.policy().key_argument),
+            tool,
+            runtime,
+        }
+    }
+
+    /// The operation id of a call, and its upstream arguments (the id removed unless the
+    /// upstream declares it).
+    fn split(&self, call: &ToolCall) -> Result<(String, Value), Error> {
+        let name = &self.tool.policy().key_argument;
+        let mut arguments = call.arguments.clone();
+        let from_meta = call
+            .meta
+            .as_ref()
+            .and_then(|m| m.get(META_OPERATION_ID))
+            .cloned();
+        let key = match (arguments.get(name), from_meta) {
+            (Some(v), _) => v.clone(),
+            (None, Some(v)) => v,
+            (None, None) => return Err(Error::invalid(format!("{name} is required"))),
+        };
+        let key = match key {
+            Value::String(s) if !s.is_empty() && s.chars().count() <= 256 => s,
+            _ => {
+                return Err(Error::invalid(format!(
+                    "{name} must be 1 to 256 characters"
+                )))
+            }
+        };
+        if !self.tool.declares_key() {
+            arguments.remove(name);
+        }
+        Ok((key, Value::Object(arguments)))
+    }
+
+    async fn run(&self, call: ToolCall) -> Result<CallToolResponse, ErrorData> {
+        let outcome = async {
+            single_round(call.request_state.is_some(), call.input_responses.is_some())?;
+            let (key, arguments) = self.split(&call)?;
+            let deferred = DeferredCall {
+                principal: call.caller.name.clone(),
+                tool: self.definition.name.to_string(),
+                provider: ProviderContext::mcp(&key),
+                key: key.clone(),
+                arguments,
+                approval_id: None,
+            };
+            let (answer, rpc) =
+                capturing_protocol_error(self.runtime.dispatch(&deferred, None)).await;
+            if let Some(rpc) = rpc {
+                return Ok(Err(rpc));
+            }
+            self.settle(&key, answer?).await
+        }
+        .await;
+        match outcome {
+            Ok(Ok(result)) => Ok(CallToolResponse::Complete(result)),
+            Ok(Err(rpc)) => Err(rpc),
+            Err(e) => Ok(CallToolResponse::Complete(tool_error(&Error::from(e)))),
+        }
+    }
+
+    /// The answer to give for `answer`: an unfinished operation that was never claimed is
+    /// forwarded now (nothing was sent for it yet: its intent committed, then the process
+    /// that accepted it stopped); one under a live lease is `operation_in_progress`; the
+    /// JSON-RPC error of this call's own forward goes back unchanged.
+    async fn settle(
+        &self,
+        key: &str,
+        answer: Answer,
+    ) -> Result<Result<CallToolResult, ErrorData>, toolledger::runtime::RuntimeError> {
+        let Answer::Unknown { status_ref, state } = &answer else {
+            return Ok(Ok(reply(key, &answer)));
+        };
+        if matches!(state, OperationState::Accepted | OperationState::Processing) {
+            if let Some(event) = self.runtime.event_of(status_ref).await? {
+                let now = self.runtime.clock().now();
+                if event.state == EventState::Pending && event.attempt_count == 0 {
+                    let owner = format!("proxy-{}", std::process::id());
+                    let (processed, rpc) =
+                        capturing_protocol_error(self.runtime.process(event.id, &owner, None))
+                            .await;
+                    if let Some(rpc) = rpc {
+                        return Ok(Err(rpc));
+                    }
+                    let again = match processed? {
+                        toolledger::runtime::Processed::Delivered(a)
+                        | toolledger::runtime::Processed::Unknown(a) => a,
+                        toolledger::runtime::Processed::NotClaimed(_) => answer.clone(),
+                    };
+                    if !matches!(again, Answer::Unknown { .. }) {
+                        return Ok(Ok(reply(key, &again)));
+                    }
+                } else if event.state == EventState::Processing
+                    && event.lease_until.is_some_and(|u| u > now)
+                {
+                    let r = error_result(
+                        ErrorCode::OperationInProgress.as_str(),
+                        "the upstream is working on this operation now; retry later with the \
+                         same operation id",
+                        Some(status_ref),
+                    );
+                    return Ok(Ok(with_ledger_meta(r, key, status_ref, false, *state)));
+                }
+            }
+        }
+        let unknown = Answer::Unknown {
+            status_ref: status_ref.clone(),
+            state: if *state == OperationState::Processing {
+                OperationState::OutcomeUnknown
+            } else {
+                *state
+            },
+        };
+        Ok(Ok(reply(key, &unknown)))
+    }
+}
+
+impl McpTool for GuardedForward {
+    fn definition(&self) -> Tool {
+        self.definition.clone()
+    }
+
+    fn call(&self, call: ToolCall) -> BoxFuture<'_, Result<CallToolResponse, ErrorData>> {
+        Box::pin(self.run(call))
+    }
+}
+
+/// An upstream tool passed through unguarded (read-only tools, by default).
+pub struct Passthrough {
+    definition: Tool,
+    upstream: Arc<Upstream>,
+    timeout: std::time::Duration,
+}
+
+impl Passthrough {
+    /// `tool` of `upstream`, forwarded as it is called, with at most `timeout` per call.
+    pub fn new(tool: &Tool, upstream: Arc<Upstream>, timeout: std::time::Duration) -> Self {
+        Passthrough {
+            definition: tool.clone(),
+            upstream,
+            timeout,
+        }
+    }
+}
+
+impl McpTool for Passthrough {
+    fn definition(&self) -> Tool {
+        self.definition.clone()
+    }
+
+    fn call(&self, call: ToolCall) -> BoxFuture<'_, Result<CallToolResponse, ErrorData>> {
+        Box::pin(async move {
+            let mut params = CallToolRequestParams::new(self.definition.name.clone());
+            params.arguments = Some(call.arguments);
+            params.request_state = call.request_state;
+            params.input_responses = call.input_responses;
+            match self.upstream.call_tool(params, self.timeout).await {
+                Ok(answer) => Ok(answer),
+                Err(UpstreamError::Protocol(rpc)) => Err(rpc),
+                Err(e) => Ok(CallToolResponse::Complete(tool_error(&Error::unavailable(
+                    e.to_string(),
+                )))),
+            }
+        })
+    }
+}
+
+/// One guarded tool as the status tool sees it: its runtime and its upstream effect.
+pub struct StatusEntry {
+    /// The tool's contract and policy.
+    pub tool: Arc<ProxiedTool>,
+    /// Its runtime.
+    pub runtime: Runtime,
+    /// Its upstream effect (the reconcile lookup).
+    pub effect: Arc<UpstreamEffect>,
+}
+
+impl StatusEntry {
+    fn name(&self) -> String {
+        toolledger::runtime::DeferredTool::contract(self.tool.as_ref()).name
+    }
+}
+
+/// What a proxied operation's effect is, as far as the ledger knows: the stored upstream
+/// answer is the whole record (there are no effect rows of ours to compare it with).
+struct StoredAnswer;
+
+impl EffectObserver for StoredAnswer {
+    fn observe<'a>(
+        &'a self,
+        record: &'a OperationRecord,
+    ) -> BoxFuture<'a, Result<Observation, Error>> {
+        Box::pin(async move {
+            Ok(Observation {
+                matching_ids: Vec::new(),
+                consistent: true,
+                stored_result: record.result.clone().unwrap_or(Value::Null),
+            })
+        })
+    }
+}
+
+/// `get_operation_status` over the guarded tools: the ledger's status answer, after the
+/// tool's reconcile lookup (when configured) had its chance to settle an unsure operation.
+/// A tool whose required scopes the caller no longer holds is not looked in: its operations
+/// are as invisible as another principal's.
+pub struct ProxyStatus {
+    guard: Guard,
+    entries: Vec<StatusEntry>,
+}
+
+impl ProxyStatus {
+    /// The status tool over the guarded tools of `entries`, reading the ledger through `guard`.
+    pub fn new(guard: Guard, entries: Vec<StatusEntry>) -> Self {
+        ProxyStatus { guard, entries }
+    }
+
+    fn visible(&self, caller: &Caller) -> Vec<&StatusEntry> {
+        self.entries
+            .iter()
+            .filter(|e| {
+                e.tool
+                    .policy()
+                    .required_scopes
+                    .iter()
+                    .all(|s| caller.principal.has_scope(s))
+            })
+            .collect()
+    }
+
+    /// Runs the reconcile lookup of the caller's unsure operation `key` under each visible
+    /// guarded tool (or only `tool`), recording what it finds through the runtime's status
+    /// query.
+    async fn reconcile(&self, caller: &Caller, key: &str, tool: Option<&str>) {
+        for entry in self.visible(caller) {
+            let name = entry.name();
+            if tool.is_some_and(|t| t != name) {
+                continue;
+            }
+            let row = self
+                .guard
+                .engine()
+                .lookup(
+                    &caller.principal.tenant,
+                    &caller.principal.subject,
+                    &name,
+                    key,
+                )
+                .await;
+            let Ok(Some(row)) = row else {
+                continue;
+            };
+            if matches!(
+                row.state,
+                OperationState::Succeeded | OperationState::Failed | OperationState::Accepted
+            ) {
+                return;
+            }
+            let Ok(Some(record)) = entry.runtime.inspect(&row.status_ref).await else {
+                return;
+            };
+            match entry.effect.look_up(&record).await {
+                Ok(true) => {
+                    let query = StatusQuery {
+                        principal: caller.name.clone(),
+                        tool: name.clone(),
+                        key: key.to_string(),
+                        arguments: record.arguments.clone(),
+                        provider: ProviderContext::mcp(key),
+                        status_ref: record.status_ref.clone(),
+                    };
+                    if let Err(e) = entry.runtime.status(&query).await {
+                        tracing::warn!(target: "toolledger::proxy", status_ref = %record.status_ref,
+                            error = %e, "the reconcile lookup's receipt was not recorded");
+                    }
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(target: "toolledger::proxy",
+                    status_ref = %record.status_ref, error = %e, "the reconcile lookup failed"),
+            }
+            return;
+        }
+    }
+}
+
+impl McpTool for ProxyStatus {
+    fn definition(&self) -> Tool {
+        StatusTool::tool()
+    }
+
+    fn call(&self, call: ToolCall) -> BoxFuture<'_, Result<CallToolResponse, ErrorData>> {
+        Box::pin(async move {
+            if let Ok((key, tool)) = StatusTool::arguments(&call.arguments) {
+                self.reconcile(&call.caller, &key, tool.as_deref()).await;
+            }
+            let observed: Vec<(String, Arc<dyn EffectObserver>)> = self
+                .visible(&call.caller)
+                .into_iter()
+                .map(|e| (e.name(), Arc::new(StoredAnswer) as Arc<dyn EffectObserver>))
+                .collect();
+            StatusTool::new(self.guard.clone(), observed)
+                .call(call)
+                .await
+        })
+    }
+}
