@@ -56,8 +56,10 @@ SYNTHESIZED = {
 LOST = 3
 
 
-class Lost(Exception):
-    pass
+# The call in flight, so that a failure the SDK raises from its own task group (which cancels
+# this driver rather than failing the awaited call) is still reported against that call.
+IN_FLIGHT: dict[str, int | None] = {"i": None}
+REPORTED: dict[str, bool] = {"lost": False, "done": False}
 
 
 def emit(obj: dict[str, Any]) -> None:
@@ -145,6 +147,7 @@ async def drive(spec: dict[str, Any]) -> int:
             call_tool, list_tools, version = await connect(stack, spec)
         except Exception as e:
             emit({"transport_error": describe(first_leaf(e))})
+            REPORTED["lost"] = True
             return LOST
         emit({"connected": {"protocol_version": version}})
         if spec.get("list_tools"):
@@ -154,9 +157,11 @@ async def drive(spec: dict[str, Any]) -> int:
                 e = first_leaf(e)
                 if is_transport(e):
                     emit({"transport_error": describe(e)})
+                    REPORTED["lost"] = True
                     return LOST
                 emit({"list_tools_error": dump(e.error)})
         for i, call in enumerate(spec.get("calls", [])):
+            IN_FLIGHT["i"] = i
             kwargs: dict[str, Any] = {}
             if call.get("meta") is not None:
                 kwargs["meta"] = call["meta"]
@@ -168,10 +173,13 @@ async def drive(spec: dict[str, Any]) -> int:
                 e = first_leaf(e)
                 if is_transport(e):
                     emit({"i": i, "transport_error": describe(e)})
+                    REPORTED["lost"] = True
                     return LOST
                 emit({"i": i, "jsonrpc_error": dump(e.error)})
                 continue
             emit({"i": i, "result": dump(result)})
+        IN_FLIGHT["i"] = None
+        REPORTED["done"] = True
     return 0
 
 
@@ -179,12 +187,18 @@ def main() -> None:
     spec = json.loads(sys.argv[1])
     try:
         code = asyncio.run(drive(spec))
-    except BaseException as e:  # the connection broke while closing
-        if isinstance(e, KeyboardInterrupt):
-            raise
-        if isinstance(e, SystemExit):
-            raise
-        print(f"py_client: {describe(first_leaf(e))}", file=sys.stderr)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # the transport failed outside an awaited call, or while closing
+        message = describe(first_leaf(e))
+        print(f"py_client: {message}", file=sys.stderr)
+        if REPORTED["done"] and not REPORTED["lost"]:
+            sys.exit(0)  # every call was answered; only the goodbye failed
+        if not REPORTED["lost"]:
+            line: dict[str, Any] = {"transport_error": message}
+            if IN_FLIGHT["i"] is not None:
+                line = {"i": IN_FLIGHT["i"], **line}
+            emit(line)
         code = LOST
     sys.exit(code)
 
