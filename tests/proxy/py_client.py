@@ -25,11 +25,13 @@ Output, one JSON line each, flushed as soon as it is known:
   {"i": N, "progress": {...}}                a progress notification for call N, when asked for
   {"i": N, "result": CallToolResult}         the result as the SDK returns it (isError included)
   {"i": N, "jsonrpc_error": {"code", "message", "data"?}}
+  {"i": N, "sdk_error": {"type", "message"}}  the SDK rejected what came back (a result that
+                                             does not fit the negotiated protocol version)
   {"i": N, "transport_error": "..."}         then no further calls are made and the exit is 3
 A connection that cannot be opened prints {"transport_error": "..."} and exits 3.
 
 What counts as a transport error: the SDK's "connection closed" (-32000) for a request in
-flight, an error that is not an MCPError at all, and the stand-ins the SDK's HTTP transport
+flight, an error that is neither an MCPError nor a pydantic ValidationError, and the stand-ins the SDK's HTTP transport
 makes up from an HTTP status when the body held no JSON-RPC error (see SYNTHESIZED).
 """
 
@@ -38,6 +40,8 @@ import json
 import sys
 from contextlib import AsyncExitStack
 from typing import Any
+
+from pydantic import ValidationError
 
 from mcp import Client, ClientSession, StdioServerParameters
 from mcp import types
@@ -78,6 +82,8 @@ def first_leaf(e: BaseException) -> BaseException:
 
 
 def is_transport(e: BaseException) -> bool:
+    if isinstance(e, ValidationError):
+        return False
     if not isinstance(e, MCPError):
         return True
     if e.error.code == CONNECTION_CLOSED:
@@ -159,7 +165,10 @@ async def drive(spec: dict[str, Any]) -> int:
                     emit({"transport_error": describe(e)})
                     REPORTED["lost"] = True
                     return LOST
-                emit({"list_tools_error": dump(e.error)})
+                if isinstance(e, ValidationError):
+                    emit({"list_tools_error": {"type": "ValidationError", "message": str(e)[:1000]}})
+                else:
+                    emit({"list_tools_error": dump(e.error)})
         for i, call in enumerate(spec.get("calls", [])):
             IN_FLIGHT["i"] = i
             kwargs: dict[str, Any] = {}
@@ -175,7 +184,10 @@ async def drive(spec: dict[str, Any]) -> int:
                     emit({"i": i, "transport_error": describe(e)})
                     REPORTED["lost"] = True
                     return LOST
-                emit({"i": i, "jsonrpc_error": dump(e.error)})
+                if isinstance(e, ValidationError):
+                    emit({"i": i, "sdk_error": {"type": "ValidationError", "message": str(e)[:1000]}})
+                else:
+                    emit({"i": i, "jsonrpc_error": dump(e.error)})
                 continue
             emit({"i": i, "result": dump(result)})
         IN_FLIGHT["i"] = None
