@@ -223,6 +223,9 @@ def main() -> None:
     args = parser.parse_args()
     init_db()
     if args.http is not None:
+        # uvicorn writes its access log to stdout; keep every log line on stderr.
+        sys.stdout.flush()
+        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
         log(f"serving http://127.0.0.1:{args.http}/mcp (db {db_path()})")
         server.run("streamable-http", host="127.0.0.1", port=args.http, streamable_http_path="/mcp")
     else:
