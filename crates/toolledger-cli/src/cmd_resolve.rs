@@ -62,7 +62,17 @@ pub fn run(args: ResolveArgs, store: StoreConfig) -> Result<Outcome, Failure> {
             Some(t) => Arc::new(ManualClock::new(t)),
             None => Arc::new(SystemClock),
         };
-        let rt = runtime(&store, &ledger, clock)?;
+        let mut rt = runtime(&store, &ledger, clock.clone())?;
+        // An operation the proxy recorded: its tool is not one of ours; settle it offline.
+        if let Ok(Some(record)) = rt.inspect(&args.status_ref).await {
+            if toolledger_proxy::offline::is_proxied(&record)
+                && rt.registry().tool(&record.scope.tool).is_none()
+            {
+                let (tool, downstream) = toolledger_proxy::offline::tool_for(&record);
+                let registry = rt.registry().clone().register(tool, downstream);
+                rt = toolledger::runtime::Runtime::new(ledger.clone(), clock, registry);
+            }
+        }
         let resolution = Resolution {
             status_ref: args.status_ref,
             outcome: args.outcome,

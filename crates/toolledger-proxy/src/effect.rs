@@ -24,6 +24,10 @@ use toolledger::runtime::{downstream_request, DeferredRecord, DeferredTool};
 use crate::config::{Forward, ToolPolicy, META_OPERATION_ID};
 use crate::upstream::{Upstream, UpstreamError};
 
+/// The effect revision of every tool the proxy guards: how the ledger tells a proxied
+/// operation from others.
+pub const EFFECT_REVISION: &str = "proxy-forward-1";
+
 fn revision(value: &Value) -> String {
     let text = toolledger::json::canonical_string(value).unwrap_or_else(|_| value.to_string());
     toolledger::digest::sha256_hex(text.as_bytes())[..16].to_string()
@@ -78,9 +82,9 @@ impl ProxiedTool {
             name: tool.name.to_string(),
             input_rev: revision(&input),
             output_rev: revision(&output),
-            effect_rev: "proxy-forward-1".into(),
-            handler_rev: "proxy-forward-1".into(),
-            producer_rev: "proxy-forward-1".into(),
+            effect_rev: EFFECT_REVISION.into(),
+            handler_rev: EFFECT_REVISION.into(),
+            producer_rev: EFFECT_REVISION.into(),
             policy_rev,
         };
         let declares_key = input

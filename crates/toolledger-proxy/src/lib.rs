@@ -37,6 +37,7 @@
 
 pub mod config;
 pub mod effect;
+pub mod offline;
 pub mod tools;
 pub mod upstream;
 
