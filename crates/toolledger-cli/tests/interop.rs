@@ -183,23 +183,7 @@ matrix! {
 // ---------------------------------------------------------------------------------------
 // The clients' interpreters and scripts.
 
-/// An interpreter named by `var`; `None` (one loud line) when it is unset outside CI.
-fn interpreter(var: &str, what: &str) -> Option<PathBuf> {
-    match std::env::var_os(var) {
-        Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
-        _ => {
-            if std::env::var_os("TOOLLEDGER_CI").is_some() {
-                panic!("TOOLLEDGER_CI is set but {var} is not: the {what} interop tests must run in CI");
-            }
-            eprintln!("SKIPPED: the {what} interop tests need {var} (.ci/run sets it)");
-            None
-        }
-    }
-}
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use support::clients::{interpreter, repo};
 
 /// The interpreter and script of `client`, or `None` when the interpreter is not configured.
 fn program(client: ClientKind) -> Option<(PathBuf, PathBuf)> {

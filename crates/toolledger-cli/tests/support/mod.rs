@@ -7,6 +7,7 @@
 //!   they talk to over stdio, and `on_both_backends!`;
 //! - [`runtime`]: the deferred-runtime commands (`approve`, `dispatch`, `status`, …) on a
 //!   [`Db`], and fixtures;
+//! - [`clients`]: the interpreters and programs of other people's MCP clients and servers;
 //! - [`ack`]: the acknowledgement stream of `bench --ack-db/--ack-schema` (crash tests).
 //!
 //! Each test binary compiles all of it and uses a part, hence the `allow`s.
@@ -14,6 +15,7 @@
 #![allow(dead_code, unused_imports, unused_macros)]
 
 pub mod ack;
+pub mod clients;
 pub mod runtime;
 #[macro_use]
 pub mod wire;

@@ -1,0 +1,57 @@
+//! The interpreters the tests with other people's MCP clients and servers need, and where
+//! those programs are: `TOOLLEDGER_PYTHON` (a python with `mcp==2.3.0`) and `TOOLLEDGER_NODE`
+//! (Node 22, with `npm ci` run in `tests/js`). Unset, a test that needs one says so loudly and
+//! skips, except under CI (`TOOLLEDGER_CI` set), where a missing interpreter is a failure.
+
+use std::path::{Path, PathBuf};
+
+/// The interpreter `var` names, or `None` (one loud line) when it is unset outside CI.
+pub fn interpreter(var: &str, what: &str) -> Option<PathBuf> {
+    match std::env::var_os(var) {
+        Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
+        _ => {
+            if std::env::var_os("TOOLLEDGER_CI").is_some() {
+                panic!("TOOLLEDGER_CI is set but {var} is not: the {what} tests must run in CI");
+            }
+            eprintln!("SKIPPED: the {what} tests need {var} (.ci/run sets it)");
+            None
+        }
+    }
+}
+
+/// The Python with the official MCP SDK.
+pub fn python() -> Option<PathBuf> {
+    interpreter("TOOLLEDGER_PYTHON", "Python SDK (mcp==2.3.0)")
+}
+
+/// Node 22, with the JavaScript packages of `tests/js` installed.
+pub fn node() -> Option<PathBuf> {
+    let node = interpreter("TOOLLEDGER_NODE", "Node 22 JavaScript")?;
+    assert!(
+        repo()
+            .join("tests/js/node_modules/@modelcontextprotocol")
+            .is_dir(),
+        "TOOLLEDGER_NODE is set but tests/js/node_modules is missing: run `bash .ci/node.sh`"
+    );
+    Some(node)
+}
+
+/// The repository's root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The proxy's fixtures (`tests/proxy`): the charge server and the Python driver.
+pub fn proxy_fixture(name: &str) -> PathBuf {
+    repo().join("tests/proxy").join(name)
+}
+
+/// The TypeScript SDK v2 driver of the proxy tests.
+pub fn ts_client() -> PathBuf {
+    repo().join("tests/js/proxy/ts_client.mjs")
+}
+
+/// `@modelcontextprotocol/server-everything`'s entry point (run it with `stdio`).
+pub fn server_everything() -> PathBuf {
+    repo().join("tests/js/node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+}
