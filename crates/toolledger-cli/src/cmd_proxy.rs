@@ -156,7 +156,8 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
         LifecycleArg::Modern => Lifecycle::Modern,
     };
     let upstream = Upstream::new(spec, lifecycle);
-    let built = Proxy::build(&store, clock.clone(), guard, upstream, &proxy_config)
+    let hook = crate::cmd_dispatch::hold_hook();
+    let built = Proxy::build(&store, clock.clone(), guard, upstream, &proxy_config, hook)
         .await
         .map_err(|e| Failure::explained("UPSTREAM_UNAVAILABLE", e.to_string()))?;
     tracing::info!(target: "toolledger::proxy", guarded = ?built.guarded,

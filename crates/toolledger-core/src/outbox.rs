@@ -430,7 +430,9 @@ pub fn renew(
 }
 
 /// Records why the current attempt did not finish (`code` is a stable error code). The lease
-/// stays held until it expires, so the event is retried only after that.
+/// stays held until it expires, so the event is retried only after that — except after the
+/// last attempt the event allows, when no claim can follow: the lease then ends now (nothing
+/// is in flight any more, so an operator may resolve the operation at once).
 pub fn record_attempt_error(
     tx: &mut dyn EffectTx,
     lease: &Lease,
@@ -439,7 +441,8 @@ pub fn record_attempt_error(
 ) -> Result<Result<(), Fenced>, StoreError> {
     let n = exec(
         tx,
-        "UPDATE outbox SET last_error = ?1, updated_at = ?2
+        "UPDATE outbox SET last_error = ?1, updated_at = ?2,
+             lease_until = CASE WHEN attempt_count >= max_attempts THEN ?2 ELSE lease_until END
          WHERE id = ?3 AND fencing_token = ?4 AND state = 'processing'",
         &[
             code.into(),

@@ -192,7 +192,10 @@ impl ServerHandler for LedgerServer {
             arguments: request.arguments.unwrap_or_default(),
             request_state: request.request_state,
             input_responses: request.input_responses,
-            meta: request.meta,
+            // rmcp hands the request's `_meta` to the context.
+            meta: request
+                .meta
+                .or_else(|| (!context.meta.is_empty()).then(|| context.meta.clone())),
             multi_round: is_multi_round(&context),
             client_capabilities: context.client_capabilities(),
             peer: Some(context.peer.clone()),

@@ -46,7 +46,7 @@ use std::time::Duration;
 
 use toolledger::clock::SharedClock;
 use toolledger::runtime::{
-    Deadlines, DeferredTool, ProviderProfile, Registry, Runtime, RuntimeConfig,
+    Deadlines, DeferredTool, PointHook, ProviderProfile, Registry, Runtime, RuntimeConfig,
 };
 use toolledger::store::Store;
 use toolledger_mcp::{Guard, McpTool, StatusTool};
@@ -75,13 +75,15 @@ impl Proxy {
     /// Lists the upstream's tools and builds the proxy's over the ledger `store`: guarded ones
     /// (as the configuration and the upstream's read-only hints say) run through the ledger's
     /// runtime, the others are forwarded as they are. `guard` reads the ledger for status
-    /// queries.
+    /// queries; `hook`, when given, is awaited at each of the runtime's crash points (tests
+    /// hold the process there to kill it).
     pub async fn build(
         store: &Store,
         clock: SharedClock,
         guard: Guard,
         upstream: Arc<Upstream>,
         config: &ProxyConfig,
+        hook: Option<PointHook>,
     ) -> Result<Proxy, UpstreamError> {
         let listed = upstream.list_tools().await?;
         let mut registry = Registry::new().allow_profile(ProviderProfile::mcp());
@@ -117,7 +119,7 @@ impl Proxy {
             match guarded {
                 Some((proxied, effect)) => {
                     let p = proxied.policy();
-                    let runtime = Runtime::new(store.clone(), clock.clone(), registry.clone())
+                    let mut runtime = Runtime::new(store.clone(), clock.clone(), registry.clone())
                         .with_config(RuntimeConfig {
                             lease_seconds: (p.call_timeout_seconds + LEASE_MARGIN_SECONDS) as i64,
                             max_attempts: 1,
@@ -126,6 +128,9 @@ impl Proxy {
                             authority_ttl: Some(p.authority_ttl_seconds),
                             retention_ttl: Some(p.retention_ttl_seconds),
                         });
+                    if let Some(h) = &hook {
+                        runtime = runtime.with_hook(h.clone());
+                    }
                     out.guarded.push(proxied.contract().name);
                     out.tools.push(Arc::new(GuardedForward::new(
                         &tool,

@@ -19,11 +19,16 @@ pub struct Server {
 
 impl Server {
     /// Spawns `command` (a stdio server) with piped stdin and stdout, stderr discarded.
-    pub fn spawn(mut command: Command) -> Server {
+    pub fn spawn(command: Command) -> Server {
+        Server::spawn_with_stderr(command, Stdio::null())
+    }
+
+    /// Spawns `command` with piped stdin and stdout, and stderr to `stderr` (a log file, say).
+    pub fn spawn_with_stderr(mut command: Command, stderr: Stdio) -> Server {
         let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
@@ -42,6 +47,11 @@ impl Server {
             lines: rx,
             next_id: 1,
         }
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Writes one raw line.

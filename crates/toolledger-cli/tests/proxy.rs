@@ -1,0 +1,573 @@
+//! `toolledger proxy` in front of an upstream written by others: the official Python SDK's
+//! `MCPServer` charge server (`tests/proxy/charge_server.py`, which adds one row to its own
+//! SQLite file per `charge` and never deduplicates), driven over the proxy's stdio with raw
+//! JSON-RPC lines so each semantic is pinned exactly, on both backends:
+//!
+//! - the tool list: guarded tools gain a required `operation_id`, read-only ones pass
+//!   through, `get_operation_status` is added;
+//! - one forward per operation: a retry replays the upstream's exact answer (`replayed`),
+//!   the same id with other arguments is `operation_conflict`, an upstream error result is
+//!   stored (`failed`) and replayed, the upstream's JSON-RPC error comes back unchanged and is
+//!   never stored;
+//! - the intent and the claim are in the ledger while the upstream works, and a retry then is
+//!   `operation_in_progress`;
+//! - a lost answer (upstream killed, timeout, proxy killed after the upstream answered) is
+//!   `outcome_unknown` and never forwarded again; the upstream is started again for the next
+//!   call; the reconcile lookup settles it; `operations list` and `resolve` settle it too;
+//! - a proxy killed after the intent committed but before the claim forwards on the retry;
+//! - principal and scopes are re-read at replay and status;
+//! - the operation id as `_meta`, forwarded as an argument or in `_meta`, or the upstream's
+//!   own key argument.
+
+#[macro_use]
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::clients::{proxy_fixture, python};
+use support::wire::{add_principal, toolledger, Db, Ledger, Server};
+
+/// One proxy test's world: the ledger, the upstream's own file, a scratch directory.
+struct World {
+    db: Db,
+    dir: tempfile::TempDir,
+    python: PathBuf,
+}
+
+impl World {
+    fn new(db: Db) -> Option<World> {
+        let python = python()?;
+        Some(World {
+            db,
+            dir: tempfile::tempdir().unwrap(),
+            python,
+        })
+    }
+
+    fn charge_db(&self) -> PathBuf {
+        self.dir.path().join("charges.sqlite")
+    }
+
+    fn log(&self) -> PathBuf {
+        self.dir.path().join("proxy.log")
+    }
+
+    /// Writes `config` (TOML) and returns its path.
+    fn config(&self, config: &str) -> PathBuf {
+        let p = self.dir.path().join("proxy.toml");
+        std::fs::write(&p, config).unwrap();
+        p
+    }
+
+    /// The proxy's command: as `principal`, with `extra` flags, in front of the charge server
+    /// (whose reply is delayed `delay_ms` after its commit).
+    fn command(&self, principal: &str, extra: &[&str], delay_ms: u64) -> Command {
+        let mut c = toolledger();
+        c.arg("proxy")
+            .args(self.db.store_args())
+            .args(["--principal", principal])
+            .args(extra)
+            .arg("--")
+            .arg(&self.python)
+            .arg(proxy_fixture("charge_server.py"))
+            .env("CHARGE_DB", self.charge_db())
+            .env("CHARGE_DELAY_MS", delay_ms.to_string())
+            .env_remove("TOOLLEDGER_STATE_KEY_HEX")
+            .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX")
+            .envs(self.db.key_env());
+        c
+    }
+
+    fn start(&self, extra: &[&str], delay_ms: u64) -> Server {
+        self.start_as("alice", extra, delay_ms, &[])
+    }
+
+    fn start_as(&self, who: &str, extra: &[&str], delay_ms: u64, env: &[(&str, &str)]) -> Server {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log())
+            .unwrap();
+        let mut c = self.command(who, extra, delay_ms);
+        c.envs(env.iter().copied());
+        Server::spawn_with_stderr(c, Stdio::from(log))
+    }
+
+    /// Rows of the charge server's own table.
+    fn charges(&self) -> i64 {
+        if !self.charge_db().exists() {
+            return 0;
+        }
+        let conn = rusqlite::Connection::open(self.charge_db()).unwrap();
+        conn.query_row("SELECT count(*) FROM charges", [], |r| r.get(0))
+            .unwrap_or(0)
+    }
+
+    /// The `(reference, idempotency_key)` of every charge row.
+    fn charge_keys(&self) -> Vec<(Option<String>, Option<String>)> {
+        let conn = rusqlite::Connection::open(self.charge_db()).unwrap();
+        let mut s = conn
+            .prepare("SELECT reference, idempotency_key FROM charges ORDER BY id")
+            .unwrap();
+        s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
+    /// Waits until the upstream has committed `n` charge rows.
+    fn wait_for_charges(&self, n: i64) {
+        let until = Instant::now() + Duration::from_secs(30);
+        while self.charges() < n {
+            assert!(
+                Instant::now() < until,
+                "the upstream never committed its charge"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until the proxy's log shows `needle`.
+    fn wait_for_log(&self, needle: &str) {
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            let log = std::fs::read_to_string(self.log()).unwrap_or_default();
+            if log.contains(needle) {
+                return;
+            }
+            assert!(
+                Instant::now() < until,
+                "the proxy never logged {needle}: {log}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn cli(&self, args: &[&str]) -> (i32, String) {
+        let out = toolledger()
+            .arg(args[0])
+            .args(&args[1..])
+            .args(self.db.store_args())
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    }
+}
+
+fn charge(op: &str, amount: i64) -> Value {
+    json!({"customer": "c-1", "amount_cents": amount, "operation_id": op})
+}
+
+/// The `{code, status_ref?}` error of an in-band error result.
+fn error_of(result: &Value) -> Value {
+    assert_eq!(result["isError"], true, "not an error result: {result}");
+    let text = result["content"][0]["text"].as_str().unwrap();
+    serde_json::from_str::<Value>(text).unwrap()["error"].clone()
+}
+
+fn ledger_meta(result: &Value) -> Value {
+    result["_meta"]["io.toolledger/ledger"].clone()
+}
+
+/// The result without the ledger's `replayed` flag: what must be identical on every replay.
+fn content(result: &Value) -> Value {
+    let mut r = result.clone();
+    if let Some(l) = r.pointer_mut("/_meta/io.toolledger~1ledger") {
+        l.as_object_mut().unwrap().remove("replayed");
+    }
+    r
+}
+
+fn the_tool_list(db: Db) {
+    let Some(w) = World::new(db) else { return };
+    let mut p = w.start(&[], 0);
+    p.send(&json!({"jsonrpc": "2.0", "id": 900, "method": "tools/list",
+                   "params": {"_meta": support::wire::meta()}}));
+    let tools = p.recv()["result"]["tools"].as_array().unwrap().clone();
+    let find = |n: &str| tools.iter().find(|t| t["name"] == n).cloned();
+    let charge = find("charge").expect("charge is listed");
+    assert_eq!(
+        charge["inputSchema"]["properties"]["operation_id"]["type"],
+        "string"
+    );
+    assert!(charge["inputSchema"]["required"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("operation_id")));
+    for read_only in ["find_charge", "count_charges"] {
+        let t = find(read_only).expect("read-only tools are listed");
+        assert!(
+            t["inputSchema"]["properties"].get("operation_id").is_none(),
+            "{read_only} passes through unguarded: {t}"
+        );
+    }
+    assert!(find("get_operation_status").is_some());
+}
+
+fn a_retry_replays_the_upstream_answer(db: Db) {
+    let Some(w) = World::new(db) else { return };
+    let mut p = w.start(&[], 0);
+    let first = p.call("charge", charge("op-1", 500));
+    assert_eq!(first["isError"], false, "{first}");
+    assert_eq!(first["structuredContent"]["amount_cents"], 500);
+    let meta = ledger_meta(&first);
+    assert_eq!(meta["replayed"], false);
+    assert_eq!(meta["state"], "succeeded");
+    assert_eq!(meta["operationId"], "op-1");
+    for _ in 0..3 {
+        let again = p.call("charge", charge("op-1", 500));
+        assert_eq!(ledger_meta(&again)["replayed"], true, "{again}");
+        assert_eq!(content(&again), content(&first));
+    }
+    // A new proxy process replays it too.
+    drop(p);
+    let mut p = w.start(&[], 0);
+    let again = p.call("charge", charge("op-1", 500));
+    assert_eq!(content(&again), content(&first));
+    assert_eq!(w.charges(), 1, "one upstream effect");
+    // Same id, other arguments: refused, nothing forwarded.
+    let other = p.call("charge", charge("op-1", 700));
+    assert_eq!(error_of(&other)["code"], "operation_conflict");
+    assert_eq!(w.charges(), 1);
+    // A read-only tool passes through, without an operation id.
+    let count = p.call("count_charges", json!({}));
+    assert_eq!(count["structuredContent"]["count"], 1, "{count}");
+    // A guarded call without an operation id is refused before anything is recorded.
+    let missing = p.call("charge", json!({"customer": "c-1", "amount_cents": 5}));
+    assert_eq!(error_of(&missing)["code"], "invalid_arguments");
+    assert_eq!(support::wire::count(&w.db, "operations"), 1);
+}
+
+fn an_upstream_error_result_is_stored_and_replayed(db: Db) {
+    let Some(w) = World::new(db) else { return };
+    let mut p = w.start(&[], 0);
+    let first = p.call("charge", charge("op-0", 0));
+    assert_eq!(first["isError"], true);
+    assert!(
+        first["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("must be positive"),
+        "the upstream's own words: {first}"
+    );
+    assert_eq!(ledger_meta(&first)["state"], "failed");
+    let again = p.call("charge", charge("op-0", 0));
+    assert_eq!(ledger_meta(&again)["replayed"], true);
+    assert_eq!(content(&again), content(&first));
+    assert_eq!(w.charges(), 0);
+}
+
+fn an_upstream_jsonrpc_error_comes_back_unchanged_and_is_not_stored(db: Db) {
+    let Some(w) = World::new(db) else { return };
+    let mut p = w.start(&[], 0);
+    let reply = p.call_raw(json!({"name": "charge", "arguments": charge("op-13", 13)}));
+    assert_eq!(reply["error"]["code"], -32602, "{reply}");
+    assert_eq!(reply["error"]["message"], "amount_cents 13 is not accepted");
+    assert_eq!(reply["error"]["data"], json!({"amount_cents": 13}));
+    // Not stored as a result: the retry is not a replay of it, and nothing is forwarded again.
+    let again = p.call("charge", charge("op-13", 13));
+    let e = error_of(&again);
+    assert_eq!(e["code"], "outcome_unknown", "{again}");
+    assert!(e["status_ref"].as_str().unwrap().starts_with("op_"));
+    assert_eq!(w.charges(), 0);
+    let stored =
+        w.db.pairs("SELECT state, coalesce(result, '') FROM operations");
+    assert_eq!(stored, vec![("outcome_unknown".into(), String::new())]);
+}
+
+fn a_retry_during_the_forward_is_in_progress(db: Db) {
+    let Some(w) = World::new(db) else { return };
+    let mut p = w.start(&[], 2_000);
+    p.send_call(
+        1,
+        json!({"name": "charge", "arguments": charge("op-slow", 300)}),
+    );
+    w.wait_for_charges(1);
+    // The upstream has committed and not answered yet: the ledger already holds the intent
+    // and the claim of the one forward.
+    assert_eq!(
+        w.db.pairs("SELECT idempotency_key, state FROM operations"),
+        vec![("op-slow".into(), "processing".into())]
+    );
+    assert_eq!(
+        w.db.scalar("SELECT fencing_token FROM outbox"),
+        1,
+        "claimed once"
+    );
+    assert_eq!(
+        w.db.pairs("SELECT state, CAST(attempt_count AS TEXT) FROM outbox"),
+        vec![("processing".into(), "1".into())]
+    );
+    p.send_call(
+        2,
+        json!({"name": "charge", "arguments": charge("op-slow", 300)}),
+    );
+    let retry = p.recv_result(2);
+    let e = error_of(&retry);
+    assert_eq!(e["code"], "operation_in_progress", "{retry}");
+    let first = p.recv_result(1);
+    assert_eq!(first["isError"], false, "{first}");
+    let after = p.call("charge", charge("op-slow", 300));
+    assert_eq!(content(&after), content(&first));
+    assert_eq!(w.charges(), 1);
+}
+
+/// The pid of the proxy's upstream child process.
+fn upstream_pid(proxy: &Server) -> i32 {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = Command::new("pgrep")
+            .args(["-P", &proxy.pid().to_string()])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        if let Some(pid) = text.lines().next().and_then(|l| l.trim().parse().ok()) {
+            return pid;
+        }
+        assert!(Instant::now() < until, "the proxy has no upstream child");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn a_lost_upstream_answer_is_unknown_until_reconciled(db: Db) {
+    let Some(w) = World::new(db) else { return };
+    let config = w.config(
+        r#"
+        [tools.charge]
+        forward_operation_id = "_meta"
+        [tools.charge.reconcile]
+        tool = "find_charge"
+        arguments = { reference = "{operation_id}" }
+        found_when = "/structuredContent/found"
+        "#,
+    );
+    let config = config.display().to_string();
+    let mut p = w.start(&["--config", &config], 5_000);
+    p.send_call(
+        1,
+        json!({"name": "charge", "arguments": charge("op-lost", 900)}),
+    );
+    w.wait_for_charges(1);
+    // The upstream committed the charge; its answer is lost with it.
+    let pid = upstream_pid(&p);
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let lost = p.recv_result(1);
+    let e = error_of(&lost);
+    assert_eq!(e["code"], "outcome_unknown", "{lost}");
+    let status_ref = e["status_ref"].as_str().unwrap().to_string();
+    // A retry is told the same, and is never forwarded again.
+    let retry = p.call("charge", charge("op-lost", 900));
+    assert_eq!(error_of(&retry)["code"], "outcome_unknown");
+    assert_eq!(error_of(&retry)["status_ref"], status_ref.as_str());
+    assert_eq!(w.charges(), 1);
+    // The operator sees it.
+    let (code, listed) = w.cli(&["operations", "list", "--state", "outcome_unknown"]);
+    assert_eq!(code, 0);
+    assert!(listed.contains(&status_ref), "{listed}");
+    // The status query runs the reconcile lookup (on a restarted upstream) and records it.
+    let status = p.status("op-lost");
+    assert_eq!(status["state"], "applied", "{status}");
+    assert_eq!(status["authoritative"], true);
+    assert_eq!(status["ledgerState"], "succeeded");
+    let replay = p.call("charge", charge("op-lost", 900));
+    assert_eq!(replay["isError"], false, "{replay}");
+    assert_eq!(
+        replay["structuredContent"]["found"], true,
+        "the lookup's answer: {replay}"
+    );
+    assert_eq!(
+        replay["structuredContent"]["charge"]["reference"], "op-lost",
+        "{replay}"
+    );
+    assert_eq!(w.charges(), 1, "never a second forward");
+    w.wait_for_log("upstream started");
+    let log = std::fs::read_to_string(w.log()).unwrap();
+    assert!(
+        log.matches("upstream started").count() >= 2,
+        "the upstream was started again: {log}"
+    );
+}
+
+fn a_timeout_is_outcome_unknown_and_resolvable(db: Db) {
+    let Some(w) = World::new(db) else { return };
+    let config = w.config("[tools.slow]\ncall_timeout_seconds = 1\n");
+    let config = config.display().to_string();
+    let mut p = w.start(&["--config", &config], 0);
+    let r = p.call("slow", json!({"seconds": 3, "operation_id": "op-t"}));
+    let e = error_of(&r);
+    assert_eq!(e["code"], "outcome_unknown", "{r}");
+    let status_ref = e["status_ref"].as_str().unwrap().to_string();
+    add_principal(&w.db, "olga", "acme", &["operator"], &[], false);
+    let (code, out) = w.cli(&[
+        "resolve",
+        "--status-ref",
+        &status_ref,
+        "--as",
+        "failed",
+        "--reason",
+        "the upstream's logs show the call never ran",
+        "--operator",
+        "olga",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let replay = p.call("slow", json!({"seconds": 3, "operation_id": "op-t"}));
+    assert_eq!(error_of(&replay)["code"], "resolved_failed", "{replay}");
+    assert_eq!(ledger_meta(&replay)["state"], "failed");
+    let (code, audit) = w.cli(&["audit"]);
+    assert_eq!(code, 0, "{audit}");
+    assert!(audit.contains("\"gate\":\"PASS\""), "{audit}");
+}
+
+/// Runs the proxy until it reports holding at `point`, then kills it.
+fn kill_at(w: &World, point: &str, op: &str) {
+    let mut p = w.start_as("alice", &[], 0, &[("TOOLLEDGER_TEST_HOLD_AT", point)]);
+    p.send_call(1, json!({"name": "charge", "arguments": charge(op, 100)}));
+    w.wait_for_log(&format!("{{\"held_at\":\"{point}\"}}"));
+    p.kill();
+}
+
+fn a_proxy_killed_before_its_claim_forwards_on_the_retry(db: Db) {
+    let Some(w) = World::new(db) else { return };
+    kill_at(&w, "after_intent_commit", "op-a");
+    assert_eq!(w.charges(), 0);
+    let mut p = w.start(&[], 0);
+    let r = p.call("charge", charge("op-a", 100));
+    assert_eq!(
+        r["isError"], false,
+        "nothing was sent, so the retry forwards: {r}"
+    );
+    assert_eq!(ledger_meta(&r)["replayed"], false);
+    assert_eq!(w.charges(), 1);
+}
+
+fn a_proxy_killed_after_the_upstream_answered_is_unknown(db: Db) {
+    let Some(w) = World::new(db) else { return };
+    kill_at(&w, "after_downstream_commit", "op-b");
+    assert_eq!(w.charges(), 1, "the upstream acted");
+    let mut p = w.start(&[], 0);
+    // The lease of the dead proxy's forward is live for a while: in progress, not forwarded.
+    let r = p.call("charge", charge("op-b", 100));
+    let code = error_of(&r)["code"].as_str().unwrap().to_string();
+    assert!(
+        code == "operation_in_progress" || code == "outcome_unknown",
+        "{r}"
+    );
+    assert_eq!(w.charges(), 1, "never a second forward");
+}
+
+fn principal_and_scopes_are_rechecked(db: Db) {
+    let Some(w) = World::new(db) else { return };
+    add_principal(&w.db, "pat", "acme", &[], &["payments:write"], false);
+    let config = w.config("[tools.charge]\nrequired_scopes = [\"payments:write\"]\n");
+    let config = config.display().to_string();
+    let mut p = w.start_as("pat", &["--config", &config], 0, &[]);
+    let first = p.call("charge", charge("op-s", 100));
+    assert_eq!(first["isError"], false, "{first}");
+    // The scope is withdrawn: the replay and the status query no longer show the operation.
+    add_principal(&w.db, "pat", "acme", &[], &[], false);
+    let replay = p.call("charge", charge("op-s", 100));
+    assert_eq!(error_of(&replay)["code"], "not_found", "{replay}");
+    let status = p.status("op-s");
+    assert_eq!(status["state"], "unknown", "{status}");
+    assert_eq!(status["statusRef"], Value::Null, "{status}");
+    // A principal without the scope cannot charge at all.
+    let mut q = w.start_as("bob", &["--config", &config], 0, &[]);
+    let refused = q.call("charge", charge("op-bob", 100));
+    assert_eq!(error_of(&refused)["code"], "not_found", "{refused}");
+    assert_eq!(w.charges(), 1);
+}
+
+fn the_operation_id_travels_as_configured(db: Db) {
+    let Some(w) = World::new(db) else { return };
+    // By `_meta` from the client; forwarded as the upstream's own argument.
+    let config = w.config("[tools.charge]\nforward_operation_id = \"idempotency_key\"\n");
+    let config = config.display().to_string();
+    let mut p = w.start(&["--config", &config], 0);
+    // The protocol's per-request `_meta`, with the vendor key beside it.
+    let mut params = json!({"name": "charge", "arguments": {"customer": "c-1", "amount_cents": 5}});
+    let mut meta = support::wire::meta();
+    meta["io.toolledger/operation_id"] = json!("op-m2");
+    params["_meta"] = meta;
+    p.send(&json!({"jsonrpc": "2.0", "id": 77, "method": "tools/call", "params": params}));
+    let by_meta = p.recv_result(77);
+    assert_eq!(by_meta["isError"], false, "{by_meta}");
+    assert_eq!(ledger_meta(&by_meta)["operationId"], "op-m2");
+    drop(p);
+    // The upstream's own key argument is the key, forwarded unchanged.
+    let config = w.config("[tools.charge]\nkey_argument = \"idempotency_key\"\n");
+    let config = config.display().to_string();
+    let mut p = w.start(&["--config", &config], 0);
+    let own = json!({"customer": "c-1", "amount_cents": 6, "idempotency_key": "k-own"});
+    let first = p.call("charge", own.clone());
+    assert_eq!(first["isError"], false, "{first}");
+    let again = p.call("charge", own);
+    assert_eq!(ledger_meta(&again)["replayed"], true);
+    let keys = w.charge_keys();
+    assert!(
+        keys.iter().any(|k| k.1.as_deref() == Some("op-m2")),
+        "forwarded as an argument: {keys:?}"
+    );
+    assert!(
+        keys.iter().any(|k| k.1.as_deref() == Some("k-own")),
+        "the upstream's own key: {keys:?}"
+    );
+    assert_eq!(
+        keys.iter()
+            .filter(|k| k.1.as_deref() == Some("k-own"))
+            .count(),
+        1
+    );
+}
+
+/// The `{"error": …}` line a failed command ends its stderr with.
+fn failure(stderr: &[u8]) -> Value {
+    let text = String::from_utf8_lossy(stderr);
+    serde_json::from_str(text.lines().last().unwrap_or("")).unwrap_or(Value::Null)
+}
+
+fn bad_configuration_and_upstream_are_refused(db: Db) {
+    let Some(w) = World::new(db) else { return };
+    let config = w.config("[tools.charge]\nguarded = \"sometimes\"\n");
+    let out = w
+        .command("alice", &["--config", &config.display().to_string()], 0)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = failure(&out.stderr);
+    assert_eq!(err["error"]["code"], "CONFIG_INVALID", "{err}");
+    let out = toolledger()
+        .arg("proxy")
+        .args(w.db.store_args())
+        .args(["--principal", "alice", "--", "/nonexistent/upstream"])
+        .envs(w.db.key_env())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = failure(&out.stderr);
+    assert_eq!(err["error"]["code"], "UPSTREAM_UNAVAILABLE", "{err}");
+    let shown = String::from_utf8_lossy(&out.stderr);
+    assert!(!shown.contains("/nonexistent"), "no paths: {shown}");
+}
+
+on_both_backends!(
+    the_tool_list,
+    a_retry_replays_the_upstream_answer,
+    an_upstream_error_result_is_stored_and_replayed,
+    an_upstream_jsonrpc_error_comes_back_unchanged_and_is_not_stored,
+    a_retry_during_the_forward_is_in_progress,
+    a_lost_upstream_answer_is_unknown_until_reconciled,
+    a_timeout_is_outcome_unknown_and_resolvable,
+    a_proxy_killed_before_its_claim_forwards_on_the_retry,
+    a_proxy_killed_after_the_upstream_answered_is_unknown,
+    principal_and_scopes_are_rechecked,
+    the_operation_id_travels_as_configured,
+    bad_configuration_and_upstream_are_refused,
+);
