@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData, JsonObject,
-    Tool,
+    ResultType, Tool,
 };
 use serde_json::{json, Value};
 use toolledger::engine::OperationRecord;
@@ -67,6 +67,13 @@ fn error_result(code: &str, message: &str, status_ref: Option<&str>) -> CallTool
     )])
 }
 
+/// `result` as a complete result: an upstream on an older MCP version sends no `resultType`,
+/// which clients of 2026-07-28 require (rmcp leaves it out again for older clients).
+fn complete(mut result: CallToolResult) -> CallToolResult {
+    result.result_type = Some(ResultType::COMPLETE);
+    result
+}
+
 fn with_ledger_meta(
     mut result: CallToolResult,
     key: &str,
@@ -85,7 +92,7 @@ fn with_ledger_meta(
         }),
     );
     result.meta = Some(meta);
-    result
+    complete(result)
 }
 
 /// The client's answer for a runtime answer: the upstream's stored result as it was (with
@@ -290,6 +297,9 @@ impl McpTool for Passthrough {
             params.request_state = call.request_state;
             params.input_responses = call.input_responses;
             match self.upstream.call_tool(params, self.timeout).await {
+                Ok(CallToolResponse::Complete(result)) => {
+                    Ok(CallToolResponse::Complete(complete(result)))
+                }
                 Ok(answer) => Ok(answer),
                 Err(UpstreamError::Protocol(rpc)) => Err(rpc),
                 Err(e) => Ok(CallToolResponse::Complete(tool_error(&Error::unavailable(

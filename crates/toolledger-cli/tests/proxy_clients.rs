@@ -1,0 +1,372 @@
+//! `toolledger proxy` with programs nobody here wrote on both sides: the official SDKs'
+//! clients (Python `mcp` 2.3.0, its high-level `Client` and its `ClientSession`; the
+//! TypeScript SDK v2) in both MCP lifecycles, over the proxy's stdio and its streamable HTTP
+//! with bearer tokens; upstreams `@modelcontextprotocol/server-everything` (npm, stdio) and the
+//! Python SDK's charge server, on stdio and over streamable HTTP.
+//!
+//! Drivers: `tests/proxy/py_client.py` and `tests/js/proxy/ts_client.mjs` (one JSON spec in,
+//! one JSON line per answered call out; see `tests/proxy/README.md`).
+
+#[macro_use]
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::clients::{node, proxy_fixture, python, server_everything, ts_client};
+use support::wire::{add_principal, toolledger, Db, Ledger};
+
+#[derive(Clone, Copy, Debug)]
+enum Driver {
+    PyClient,
+    PySession,
+    Ts,
+}
+
+const DRIVERS: [Driver; 3] = [Driver::PyClient, Driver::PySession, Driver::Ts];
+
+/// Both interpreters, or `None` (skipped loudly outside CI).
+fn interpreters() -> Option<(PathBuf, PathBuf)> {
+    Some((python()?, node()?))
+}
+
+/// Runs `driver` on `spec`; its output lines.
+fn drive(driver: Driver, spec: &Value, py: &PathBuf, node: &PathBuf) -> Vec<Value> {
+    let mut spec = spec.clone();
+    let mut c = match driver {
+        Driver::PyClient | Driver::PySession => {
+            spec["api"] = json!(if matches!(driver, Driver::PyClient) {
+                "client"
+            } else {
+                "session"
+            });
+            let mut c = Command::new(py);
+            c.arg(proxy_fixture("py_client.py"));
+            c
+        }
+        Driver::Ts => {
+            let mut c = Command::new(node);
+            c.arg(ts_client());
+            c
+        }
+    };
+    let out = c
+        .arg(spec.to_string())
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{driver:?} failed: {lines:?}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    lines
+}
+
+/// The answer to call `i` (a result), from a driver's lines.
+fn result(lines: &[Value], i: usize) -> Value {
+    lines
+        .iter()
+        .find(|l| l["i"] == i)
+        .and_then(|l| l.get("result").cloned())
+        .unwrap_or_else(|| panic!("call {i} has no result: {lines:?}"))
+}
+
+fn tools(lines: &[Value]) -> Vec<Value> {
+    lines
+        .iter()
+        .find_map(|l| l["tools"].as_array().cloned())
+        .expect("a tools line")
+}
+
+fn ledger(result: &Value) -> Value {
+    result["_meta"]["io.toolledger/ledger"].clone()
+}
+
+/// The text of a result's first content block.
+fn text(result: &Value) -> String {
+    result["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The stdio server spec of `toolledger proxy` on `db` in front of `upstream`.
+fn proxy_server(db: &Db, upstream: &[String], env: &[(&str, String)]) -> Value {
+    let mut args = vec!["proxy".to_string()];
+    args.extend(db.store_args());
+    args.extend(["--principal".into(), "alice".into(), "--".into()]);
+    args.extend(upstream.iter().cloned());
+    let mut e = serde_json::Map::new();
+    for (k, v) in db.key_env() {
+        e.insert(k.into(), json!(v));
+    }
+    for (k, v) in env {
+        e.insert((*k).into(), json!(v));
+    }
+    // The drivers pass only what the spec names; a PATH lets the proxy start its upstream.
+    e.insert(
+        "PATH".into(),
+        json!(std::env::var("PATH").unwrap_or_default()),
+    );
+    json!({"command": support::BIN, "args": args, "env": e})
+}
+
+fn server_everything_through_the_proxy(db: Db) {
+    let Some((py, node)) = interpreters() else {
+        return;
+    };
+    let upstream = vec![
+        node.display().to_string(),
+        server_everything().display().to_string(),
+        "stdio".into(),
+    ];
+    let server = proxy_server(&db, &upstream, &[]);
+    for lifecycle in ["legacy", "2026-07-28"] {
+        for driver in DRIVERS {
+            let op = format!("toggle-{lifecycle}-{driver:?}");
+            let spec = json!({
+                "transport": "stdio", "server": server, "lifecycle": lifecycle,
+                "list_tools": true,
+                "calls": [
+                    {"name": "echo", "arguments": {"message": "hi"}},
+                    {"name": "get-sum", "arguments": {"a": 2, "b": 40}},
+                    {"name": "toggle-simulated-logging", "arguments": {"operation_id": op}},
+                    {"name": "toggle-simulated-logging", "arguments": {"operation_id": op}},
+                    {"name": "toggle-simulated-logging", "arguments": {}},
+                ],
+            });
+            let lines = drive(driver, &spec, &py, &node);
+            let listed = tools(&lines);
+            let tool = |n: &str| {
+                listed
+                    .iter()
+                    .find(|t| t["name"] == n)
+                    .cloned()
+                    .unwrap_or_else(|| panic!("{n} not listed: {listed:?}"))
+            };
+            assert!(
+                tool("echo")["inputSchema"]["properties"]
+                    .get("operation_id")
+                    .is_none(),
+                "read-only tools pass through"
+            );
+            let toggle = tool("toggle-simulated-logging");
+            assert!(toggle["inputSchema"]["required"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("operation_id")));
+            tool("get_operation_status");
+            assert_eq!(
+                text(&result(&lines, 0)),
+                "Echo: hi",
+                "{driver:?} {lifecycle}"
+            );
+            assert!(text(&result(&lines, 1)).contains("42"), "{lines:?}");
+            let first = result(&lines, 2);
+            assert_ne!(first["isError"], true, "{first}");
+            assert_eq!(ledger(&first)["replayed"], false, "{first}");
+            let again = result(&lines, 3);
+            assert_eq!(ledger(&again)["replayed"], true, "{again}");
+            assert_eq!(again["content"], first["content"], "the same answer");
+            let refused = result(&lines, 4);
+            assert_eq!(refused["isError"], true);
+            assert!(text(&refused).contains("invalid_arguments"), "{refused}");
+        }
+    }
+    // One ledger row per guarded call that carried an operation id.
+    assert_eq!(support::wire::count(&db, "operations"), 6);
+}
+
+fn charge_db(dir: &tempfile::TempDir) -> PathBuf {
+    dir.path().join("charges.sqlite")
+}
+
+fn charges(path: &PathBuf) -> i64 {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.query_row("SELECT count(*) FROM charges", [], |r| r.get(0))
+        .unwrap()
+}
+
+fn charge_calls(op: &str) -> Value {
+    let args = json!({"customer": "c-1", "amount_cents": 250, "operation_id": op});
+    json!([
+        {"name": "charge", "arguments": args},
+        {"name": "charge", "arguments": args},
+        {"name": "get_operation_status", "arguments": {"operation_id": op}},
+    ])
+}
+
+fn check_charge_story(lines: &[Value], op: &str) {
+    let first = result(lines, 0);
+    assert_eq!(first["isError"], false, "{first}");
+    assert_eq!(first["structuredContent"]["amount_cents"], 250);
+    assert_eq!(ledger(&first)["replayed"], false);
+    let again = result(lines, 1);
+    assert_eq!(ledger(&again)["replayed"], true);
+    assert_eq!(again["structuredContent"], first["structuredContent"]);
+    assert_eq!(again["content"], first["content"]);
+    let status = result(lines, 2);
+    assert_eq!(status["structuredContent"]["state"], "applied", "{status}");
+    assert_eq!(status["structuredContent"]["operationId"], op);
+}
+
+/// A `toolledger proxy --http` process; its `/mcp` URL.
+struct HttpProxy {
+    child: Child,
+    url: String,
+}
+
+impl HttpProxy {
+    fn start(db: &Db, upstream_flags: &[String], env: &[(&str, String)]) -> HttpProxy {
+        let mut c = toolledger();
+        c.arg("proxy")
+            .args(db.store_args())
+            .args(["--http", "127.0.0.1:0"])
+            .args(upstream_flags)
+            .env_remove("TOOLLEDGER_STATE_KEY_HEX")
+            .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX")
+            .envs(db.key_env())
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    if let Some(url) = v["listening"].as_str() {
+                        let _ = tx.send(url.to_string());
+                    }
+                }
+            }
+        });
+        let url = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the proxy never listened");
+        HttpProxy { child, url }
+    }
+}
+
+impl Drop for HttpProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn sdk_clients_replay_through_the_proxy(db: Db) {
+    let Some((py, node)) = interpreters() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cdb = charge_db(&dir);
+    let upstream = vec![
+        py.display().to_string(),
+        proxy_fixture("charge_server.py").display().to_string(),
+    ];
+    let env = [("CHARGE_DB", cdb.display().to_string())];
+    // stdio: each client starts its own proxy.
+    let server = proxy_server(&db, &upstream, &env);
+    let mut expected = 0;
+    for lifecycle in ["legacy", "2026-07-28"] {
+        for driver in DRIVERS {
+            let op = format!("stdio-{lifecycle}-{driver:?}");
+            let spec = json!({"transport": "stdio", "server": server, "lifecycle": lifecycle,
+                              "calls": charge_calls(&op)});
+            check_charge_story(&drive(driver, &spec, &py, &node), &op);
+            expected += 1;
+            assert_eq!(charges(&cdb), expected, "one charge per operation id");
+        }
+    }
+    // HTTP: one proxy, bearer tokens.
+    let token = add_principal(&db, "hank", "acme", &[], &[], true).unwrap();
+    let mut flags = vec!["--".to_string()];
+    flags.extend(upstream.iter().cloned());
+    let proxy = HttpProxy::start(&db, &flags, &env);
+    for lifecycle in ["legacy", "2026-07-28"] {
+        for driver in DRIVERS {
+            let op = format!("http-{lifecycle}-{driver:?}");
+            let spec = json!({"transport": "http", "url": proxy.url, "token": token,
+                              "lifecycle": lifecycle, "calls": charge_calls(&op)});
+            check_charge_story(&drive(driver, &spec, &py, &node), &op);
+            expected += 1;
+            assert_eq!(charges(&cdb), expected);
+        }
+    }
+}
+
+/// A free port on the loopback interface (bound and released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn an_http_upstream(db: Db) {
+    let Some((py, node)) = interpreters() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cdb = charge_db(&dir);
+    let port = free_port();
+    let mut upstream = Command::new(&py)
+        .arg(proxy_fixture("charge_server.py"))
+        .args(["--http", &port.to_string()])
+        .env("CHARGE_DB", &cdb)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < until, "the HTTP upstream never listened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let mut args = vec!["proxy".to_string()];
+    args.extend(db.store_args());
+    args.extend([
+        "--principal".into(),
+        "alice".into(),
+        "--upstream-url".into(),
+        url,
+        "--upstream-header".into(),
+        "Authorization: Bearer upstream-secret".into(),
+    ]);
+    let mut e = serde_json::Map::new();
+    for (k, v) in db.key_env() {
+        e.insert(k.into(), json!(v));
+    }
+    let server = json!({"command": support::BIN, "args": args, "env": e});
+    for driver in DRIVERS {
+        let op = format!("upstream-http-{driver:?}");
+        let spec = json!({"transport": "stdio", "server": server, "lifecycle": "legacy",
+                          "calls": charge_calls(&op)});
+        check_charge_story(&drive(driver, &spec, &py, &node), &op);
+    }
+    assert_eq!(charges(&cdb), 3);
+    let _ = upstream.kill();
+    let _ = upstream.wait();
+}
+
+on_both_backends!(
+    server_everything_through_the_proxy,
+    sdk_clients_replay_through_the_proxy,
+    an_http_upstream,
+);
