@@ -271,16 +271,14 @@ fn scenario(store: Store) {
                     other => panic!("{other:?}"),
                 };
                 clock.set(T0 + 60);
+                let scraped = metrics.clone();
                 let run = worker
                     .run_until(async {
-                        // Until the operation has succeeded.
+                        // Until the pass that delivered it has been counted.
                         loop {
-                            let n = db::scalar(
-                                &store,
-                                "SELECT count(*) FROM operations WHERE state = 'succeeded'",
-                            )
-                            .await;
-                            if n == 3 {
+                            let m = scraped.render();
+                            let label = "outcome=\"delivered\"";
+                            if counter(&m, "toolledger_worker_events_total", label) == 3.0 {
                                 break "done";
                             }
                             tokio::time::sleep(Duration::from_millis(5)).await;
