@@ -18,14 +18,19 @@
 //! - `mcp-http`: the same against `toolledger serve --http` with bearer tokens, one keep-alive
 //!   connection per caller: `mcp-http-fresh` and `mcp-http-replay`.
 //! - `outbox-drain`: accepted deferred operations delivered by worker calls (see [`outbox`]).
+//! - `operations-list`: the first page of `toolledger operations list` on a ledger of
+//!   `--list-rows` operations (default 100,000), without and with a state filter, as two
+//!   lines, `operations-list` and `operations-list-state` (see [`listing`]). Only when asked
+//!   for with `--workload operations-list`: its seed is large.
 //!
 //! With `--backend postgres --database-url URL` the `ceiling`, `fresh`, `replay` and
 //! `conflict` workloads run against PostgreSQL, each in a fresh schema of that database
 //! (dropped afterwards); `ceiling` is then a raw one-row `INSERT … ON CONFLICT DO NOTHING` +
 //! `COMMIT` loop through the same store (compare it with `pgbench` on the same server). The
-//! `mcp-stdio`, `mcp-http` and `outbox-drain` workloads are SQLite-only.
+//! `mcp-stdio`, `mcp-http`, `outbox-drain` and `operations-list` workloads are SQLite-only.
 
 mod ack;
+mod listing;
 mod mcp;
 mod outbox;
 mod pg;
@@ -84,6 +89,9 @@ pub enum Workload {
     McpHttp,
     /// Accepted deferred operations delivered by worker calls (claim, downstream, receipt).
     OutboxDrain,
+    /// The first page of `operations list` on a large ledger, without and with a state
+    /// filter (not part of the default set).
+    OperationsList,
 }
 
 impl Workload {
@@ -96,6 +104,7 @@ impl Workload {
             Workload::McpStdio => "mcp-stdio",
             Workload::McpHttp => "mcp-http",
             Workload::OutboxDrain => "outbox-drain",
+            Workload::OperationsList => "operations-list",
         }
     }
 }
@@ -121,6 +130,9 @@ pub struct BenchArgs {
     /// Operations per workload and concurrency.
     #[arg(long, default_value_t = 5000)]
     pub ops: usize,
+    /// Operations seeded into the ledger `operations-list` reads (untimed).
+    #[arg(long, default_value_t = 100_000)]
+    pub list_rows: usize,
     /// Storage backend.
     #[arg(long, value_enum, default_value = "sqlite")]
     pub backend: Backend,
@@ -162,13 +174,16 @@ fn validate(args: &BenchArgs) -> Result<(), Failure> {
         && args.workloads.iter().any(|w| {
             matches!(
                 w,
-                Workload::McpStdio | Workload::McpHttp | Workload::OutboxDrain
+                Workload::McpStdio
+                    | Workload::McpHttp
+                    | Workload::OutboxDrain
+                    | Workload::OperationsList
             )
         })
     {
         return refuse(
             "WORKLOAD_UNAVAILABLE",
-            "mcp-stdio, mcp-http and outbox-drain run on SQLite only",
+            "mcp-stdio, mcp-http, outbox-drain and operations-list run on SQLite only",
         );
     }
     if postgres && args.sqlite_synchronous != SyncMode::Full {
@@ -194,10 +209,14 @@ fn validate(args: &BenchArgs) -> Result<(), Failure> {
             );
         }
     }
-    if args.ops == 0 || args.concurrency.contains(&0) || args.readers == Some(0) {
+    if args.ops == 0
+        || args.concurrency.contains(&0)
+        || args.readers == Some(0)
+        || args.list_rows == 0
+    {
         return refuse(
             "INVALID_ARGUMENTS",
-            "--ops, --concurrency and --readers must be at least 1",
+            "--ops, --concurrency, --readers and --list-rows must be at least 1",
         );
     }
     Ok(())
@@ -279,7 +298,10 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
         workloads.retain(|w| {
             !matches!(
                 w,
-                Workload::McpStdio | Workload::McpHttp | Workload::OutboxDrain
+                Workload::McpStdio
+                    | Workload::McpHttp
+                    | Workload::OutboxDrain
+                    | Workload::OperationsList
             )
         });
     }
@@ -308,9 +330,10 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                         Workload::Conflict => {
                             vec![conflict_on(pg.engine(), c, args.ops).await?]
                         }
-                        Workload::McpStdio | Workload::McpHttp | Workload::OutboxDrain => {
-                            Vec::new()
-                        }
+                        Workload::McpStdio
+                        | Workload::McpHttp
+                        | Workload::OutboxDrain
+                        | Workload::OperationsList => Vec::new(),
                     };
                     tokio::task::spawn_blocking(move || pg.drop_schema())
                         .await
@@ -336,6 +359,9 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                         mcp::run(db, c, args.ops, tune.synchronous, mcp::Wire::Http).await?
                     }
                     Workload::OutboxDrain => vec![outbox::run(db, c, args.ops, tune).await?],
+                    Workload::OperationsList => {
+                        listing::run(db, c, args.ops, args.list_rows, tune).await?
+                    }
                 }
                 .into_iter()
                 .map(|mut r| {

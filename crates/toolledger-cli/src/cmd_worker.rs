@@ -12,13 +12,15 @@
 //! worker did not work on because another worker held them (under a live lease when a pass
 //! looked, or claimed first), summed over passes.
 //!
+//! The passes are [`toolledger::runtime::Worker`]'s, the library worker a program runs over
+//! its own registered deferred tools; this command runs it over the reference tools.
+//!
 //! Every failure is printed as it happens, one JSON line on stderr:
 //! `{"error":{"code","message"},"event_id":N,"worker":ID}` for an event whose processing
 //! failed (counted under `refused` in the summary), and `{"error":{"code","message"},
 //! "worker":ID}` for a pass that failed as a whole (a long-running worker goes on polling;
 //! `--once` exits 2 with that error instead).
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -26,7 +28,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use toolledger::clock::{ManualClock, SharedClock, SystemClock};
-use toolledger::runtime::{RuntimeConfig, RuntimeError};
+use toolledger::runtime::{PassSummary, RuntimeConfig, RuntimeError, Worker};
 use toolledger_cli::common::{self, RuntimeStoreArgs, StoreConfig};
 use toolledger_cli::exit::{self, Failure, Outcome};
 
@@ -61,16 +63,6 @@ pub struct WorkerArgs {
     /// it again (applied at each claim, whatever limit the event was enqueued with).
     #[arg(long, default_value_t = toolledger::outbox::DEFAULT_MAX_ATTEMPTS)]
     pub max_attempts: i64,
-}
-
-#[derive(Default)]
-struct Totals {
-    passes: u64,
-    delivered: usize,
-    unknown: usize,
-    skipped: usize,
-    dead: usize,
-    refused: BTreeMap<String, usize>,
 }
 
 fn shutdown_signal() -> Pin<Box<dyn Future<Output = &'static str>>> {
@@ -144,47 +136,36 @@ pub fn run(args: WorkerArgs, store: StoreConfig) -> Result<Outcome, Failure> {
             .worker_id
             .clone()
             .unwrap_or_else(|| format!("worker-{}", std::process::id()));
+        let once = args.once;
+        let reporter = owner.clone();
+        let worker = Worker::new(rt, owner.clone())
+            .batch(args.batch)
+            .poll_interval(Duration::from_millis(args.poll_interval))
+            // `--once` answers a failed pass with its exit-2 error instead of a line.
+            .on_failure(move |f| {
+                if f.event_id.is_some() || !once {
+                    report(&reporter, f.event_id, f.error)
+                }
+            });
         let mut shutdown = shutdown_signal();
-        let mut totals = Totals::default();
-        let stopped_by;
-        loop {
+        let (passes, totals, stopped_by) = if once {
             tokio::select! {
                 biased;
-                sig = &mut shutdown => { stopped_by = sig; break; }
-                res = rt.run_pass_reporting(&owner, args.batch, |event_id, e| {
-                    report(&owner, Some(event_id), e);
-                }) => match res {
-                    Ok(s) => {
-                        totals.passes += 1;
-                        totals.delivered += s.delivered;
-                        totals.unknown += s.unknown;
-                        totals.skipped += s.skipped;
-                        totals.dead += s.dead;
-                        for (code, n) in s.refused {
-                            *totals.refused.entry(code).or_default() += n;
-                        }
-                    }
-                    Err(RuntimeError::Store(e)) if args.once => return Err(e.into()),
-                    Err(_) if args.once => return Err(Failure::code("WORKER_ERROR")),
-                    // A long-running worker rides out a busy or briefly unavailable store,
-                    // and says so.
-                    Err(e) => report(&owner, None, &e),
+                sig = &mut shutdown => (0, PassSummary::default(), sig),
+                res = worker.run_once() => match res {
+                    Ok(s) => (1, s, "once"),
+                    Err(RuntimeError::Store(e)) => return Err(e.into()),
+                    Err(_) => return Err(Failure::code("WORKER_ERROR")),
                 },
             }
-            if args.once {
-                stopped_by = "once";
-                break;
-            }
-            tokio::select! {
-                biased;
-                sig = &mut shutdown => { stopped_by = sig; break; }
-                _ = tokio::time::sleep(Duration::from_millis(args.poll_interval)) => {}
-            }
-        }
+        } else {
+            let run = worker.run_until(shutdown).await;
+            (run.passes, run.totals, run.stopped_by)
+        };
         common::print_json(&json!({
             "dead": totals.dead,
             "delivered": totals.delivered,
-            "passes": totals.passes,
+            "passes": passes,
             "refused": totals.refused,
             "skipped": totals.skipped,
             "stopped_by": stopped_by,

@@ -159,10 +159,68 @@ fn synchronous_normal_is_opt_in_and_reported_on_every_line() {
 }
 
 #[test]
+fn operations_list_prints_a_line_without_and_one_with_a_state_filter() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = bench(&[
+        "--workload",
+        "operations-list",
+        "--list-rows",
+        "2500",
+        "--concurrency",
+        "4",
+        "--ops",
+        "40",
+        "--db-dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let names: Vec<&str> = lines
+        .iter()
+        .map(|l| l["workload"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["operations-list", "operations-list-state"]);
+    for l in &lines {
+        assert_eq!(l["backend"], "sqlite", "{l}");
+        assert_eq!(l["concurrency"], 4, "{l}");
+        assert_eq!(l["rows"], 2500, "{l}");
+        assert_eq!(l["ops"], 40, "{l}");
+        // Every read returned the page the seed implies: the newest 100, and the two
+        // operations (one in a thousand) left in progress.
+        assert_eq!(l["succeeded"], 40, "{l}");
+        assert_eq!(l["failed"], 0, "{l}");
+        let (p50, p99) = (l["p50_us"].as_u64().unwrap(), l["p99_us"].as_u64().unwrap());
+        assert!(p50 <= p99, "{l}");
+        assert!(l.get("ratio_to_ceiling").is_none(), "no ceiling ran");
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
 fn bad_options_are_refused_with_a_stable_code() {
     for (args, code) in [
         (&["--backend", "postgres"][..], "BACKEND_UNAVAILABLE"),
         (&["--ops", "0"][..], "INVALID_ARGUMENTS"),
+        (&["--list-rows", "0"][..], "INVALID_ARGUMENTS"),
+        (
+            &[
+                "--backend",
+                "postgres",
+                "--database-url",
+                "postgres://u@127.0.0.1:1/db",
+                "--workload",
+                "operations-list",
+            ][..],
+            "WORKLOAD_UNAVAILABLE",
+        ),
         (&["--concurrency", "0"][..], "INVALID_ARGUMENTS"),
         (
             &[

@@ -1,6 +1,6 @@
 //! `toolledger worker` through the built binary: `--max-attempts` applied at claim time,
-//! events under live leases reported as skipped, each failure a JSON line on stderr, and bad
-//! options refused before the ledger is touched.
+//! events under live leases reported as skipped, each failure a JSON line on stderr, bad
+//! options refused before the ledger is touched, and a polling worker's metrics endpoint.
 
 mod support;
 
@@ -137,4 +137,141 @@ fn out_of_range_options_are_usage_errors_that_touch_nothing() {
     }
     assert!(before == hash(), "the ledger file is byte-identical");
     assert_eq!(d.text("SELECT state FROM outbox"), "processing");
+}
+
+/// A free local port: bound and released here, then named to the worker.
+fn free_addr() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string()
+}
+
+/// `GET /metrics` on `addr`: the body, or `None` while nothing listens there.
+fn scrape(addr: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).ok()?;
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).ok()?;
+    assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+    Some(raw.split_once("\r\n\r\n")?.1.to_string())
+}
+
+/// The value of the sample of `name` whose line contains `labels` (`None`: no such line).
+fn sample(body: &str, name: &str, labels: &str) -> Option<f64> {
+    body.lines()
+        .find(|l| {
+            (l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+                && l.contains(labels)
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[test]
+fn a_polling_worker_serves_metrics_that_count_what_it_did() {
+    let d = Db::new();
+    let f = example("refund-order.json");
+    assert_eq!(d.approve(&f, "bob").code, 0);
+    assert_eq!(
+        d.dispatch(&f, &["--failure", "after_intent_commit"]).code,
+        1
+    );
+    assert_eq!(d.text("SELECT state FROM outbox"), "pending");
+    let addr = free_addr();
+    let at = T0.to_string();
+    let child = toolledger()
+        .args(["worker", "--db", d.db(), "--poll-interval", "50"])
+        .args([
+            "--worker-id",
+            "w-metrics",
+            "--clock-epoch",
+            &at,
+            "--metrics",
+            &addr,
+        ])
+        .env_remove("TOOLLEDGER_TEST_HOLD_AT")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Scrape until the pass that delivered the refund has been counted.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let body = loop {
+        if let Some(body) = scrape(&addr) {
+            let delivered = sample(
+                &body,
+                "toolledger_worker_events_total",
+                "outcome=\"delivered\"",
+            );
+            if delivered.is_some() {
+                break body;
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "nothing delivered");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let _ = unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out: Run = child.wait_with_output().unwrap().into();
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let summary = out.json();
+    assert_eq!(summary["delivered"], 1, "{summary}");
+    assert_eq!(summary["stopped_by"], "SIGTERM");
+
+    // What the worker did, counted where it happened…
+    assert_eq!(
+        sample(
+            &body,
+            "toolledger_worker_events_total",
+            "outcome=\"delivered\""
+        ),
+        Some(1.0),
+        "{body}"
+    );
+    for outcome in ["refused", "dead", "unknown", "failed"] {
+        let label = format!("outcome=\"{outcome}\"");
+        assert_eq!(
+            sample(&body, "toolledger_worker_events_total", &label),
+            None,
+            "{body}"
+        );
+    }
+    let passes = sample(&body, "toolledger_worker_passes_total", "").unwrap();
+    assert!(passes >= 1.0 && passes <= summary["passes"].as_f64().unwrap());
+    assert_eq!(
+        sample(&body, "toolledger_fencing_rejections_total", ""),
+        None,
+        "nothing was fenced: {body}"
+    );
+    // …the ledger read at the scrape…
+    assert_eq!(
+        sample(&body, "toolledger_operations", "state=\"succeeded\""),
+        Some(1.0),
+        "{body}"
+    );
+    assert_eq!(
+        sample(&body, "toolledger_outbox_events", "state=\"delivered\""),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&body, "toolledger_outbox_events", "state=\"pending\""),
+        Some(0.0)
+    );
+    // …and the store: the claim and transaction C were commits of the writer.
+    let commits = sample(
+        &body,
+        "toolledger_store_commit_batch_size_count",
+        "backend=\"sqlite\"",
+    )
+    .unwrap_or_else(|| panic!("no commit batch sizes: {body}"));
+    assert!(commits >= 2.0, "{body}");
+    assert!(sample(&body, "toolledger_store_queue_depth", "queue=\"writer\"").is_some());
+    assert_eq!(d.text("SELECT state FROM operations"), "succeeded");
+    assert_eq!(d.downstream_receipts(), 1);
 }

@@ -174,5 +174,38 @@ fn a_stdio_server_serves_its_metrics_on_the_metrics_address(db: Db) {
         body.contains("toolledger_operations{state=\"applied\"} 1"),
         "{body}"
     );
+    // The store's own series: the queues' depth as last seen (nothing waits once the call was
+    // answered and the scrape read its gauges), and the sizes of the commits' batches (the
+    // fresh call's commit among them).
+    let (backend, queues): (&str, &[&str]) = if db.is_postgres() {
+        ("postgres", &["jobs", "inline_batch"])
+    } else {
+        ("sqlite", &["writer", "reader"])
+    };
+    let value = |line: &str| -> f64 { line.rsplit(' ').next().unwrap().parse().unwrap() };
+    for queue in queues {
+        let depth = body
+            .lines()
+            .find(|l| {
+                l.starts_with("toolledger_store_queue_depth{")
+                    && l.contains(&format!("backend=\"{backend}\""))
+                    && l.contains(&format!("queue=\"{queue}\""))
+            })
+            .unwrap_or_else(|| panic!("no {queue} queue depth: {body}"));
+        assert!((0.0..=64.0).contains(&value(depth)), "{depth}");
+    }
+    let series = |suffix: &str| {
+        body.lines()
+            .find(|l| {
+                l.starts_with(&format!("toolledger_store_commit_batch_size{suffix}{{"))
+                    && l.contains(&format!("backend=\"{backend}\""))
+            })
+            .map(value)
+            .unwrap_or_else(|| panic!("no commit batch size{suffix}: {body}"))
+    };
+    let (batches, jobs) = (series("_count"), series("_sum"));
+    assert!(batches >= 1.0, "{body}");
+    // Every batch holds at least one job and at most the writer's limit.
+    assert!(jobs >= batches && jobs <= batches * 128.0, "{body}");
     assert_eq!(s.finish(), 0);
 }

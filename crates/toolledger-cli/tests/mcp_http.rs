@@ -29,6 +29,7 @@ on_both_backends!(
     two_principals_over_http_are_isolated_as_on_stdio,
     legacy_initialize_lifecycle_over_http_lists_and_calls_tools,
     metrics_count_the_calls_and_the_ledger_and_logs_name_no_arguments,
+    a_store_error_under_an_inline_call_is_logged_with_tool_operation_and_code,
 );
 
 fn start_http(db: &Db) -> HttpServer {
@@ -462,5 +463,72 @@ fn metrics_count_the_calls_and_the_ledger_and_logs_name_no_arguments(db: Db) {
         .join("\n");
     for secret in [token.as_str(), "interval_minutes", "expected_version"] {
         assert!(!all.contains(secret), "a log line names {secret}: {all}");
+    }
+}
+
+fn a_store_error_under_an_inline_call_is_logged_with_tool_operation_and_code(db: Db) {
+    let token = add_principal(&db, "writer", "acme", &[], &["automation:write"], true).unwrap();
+    let (server, logs) = start_http_logging(&db, &["--log-format", "json"]);
+    // The server has migrated; from now on the database refuses every new automation, with a
+    // message naming a path that must not reach the log.
+    let refusal = "injected refusal at /secret/path";
+    match &db {
+        Db::Sqlite(d) => rusqlite::Connection::open(d.path())
+            .unwrap()
+            .execute_batch(&format!(
+                "CREATE TRIGGER injected BEFORE INSERT ON automations
+                 BEGIN SELECT RAISE(ABORT, '{refusal}'); END;"
+            ))
+            .unwrap(),
+        Db::Postgres { store, .. } => {
+            let sql = format!(
+                "CREATE FUNCTION injected() RETURNS trigger LANGUAGE plpgsql AS
+                 $$ BEGIN RAISE EXCEPTION '{refusal}'; END $$;
+                 CREATE TRIGGER injected BEFORE INSERT ON automations
+                 FOR EACH ROW EXECUTE FUNCTION injected();"
+            );
+            store
+                .write_blocking(move |tx| tx.execute_batch(&sql))
+                .unwrap()
+        }
+    }
+    let failed = call(
+        &server,
+        &token,
+        json!({"name": "create_automation",
+               "arguments": {"request_id": "store-err-1", "interval_minutes": 30}}),
+    );
+    assert_eq!(error_code(&failed), "unavailable", "{failed}");
+    assert_eq!(count(&db, "operations"), 0, "nothing was committed");
+    drop(server);
+
+    let lines: Vec<Value> = logs
+        .iter()
+        .filter_map(|l| serde_json::from_str(&l).ok())
+        .collect();
+    let logged = lines
+        .iter()
+        .find(|l| l["target"] == "toolledger::engine")
+        .unwrap_or_else(|| panic!("no store error in the log: {lines:?}"));
+    assert_eq!(logged["level"], "WARN");
+    assert_eq!(logged["message"], "store error");
+    assert_eq!(logged["tool"], "create_automation");
+    assert_eq!(logged["operation"], "store-err-1");
+    assert_eq!(logged["step"], "execute");
+    assert_eq!(logged["code"], "unavailable");
+    assert!(logged["error"].is_string(), "{logged}");
+    let all = lines
+        .iter()
+        .map(Value::to_string)
+        .collect::<Vec<_>>()
+        .join("\n");
+    for leak in [
+        "injected",
+        "/secret/path",
+        "INSERT",
+        "interval_minutes",
+        token.as_str(),
+    ] {
+        assert!(!all.contains(leak), "a log line names {leak}: {all}");
     }
 }

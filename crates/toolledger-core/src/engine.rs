@@ -316,6 +316,16 @@ impl Engine {
         effect: Arc<dyn InlineEffect>,
     ) -> Result<Outcome, Error> {
         let prepared = Arc::new(Prepared::new(call)?);
+        let out = self.execute_prepared(prepared.clone(), effect).await;
+        log_store_error("execute", &prepared.contract.name, &prepared.key, &out);
+        out
+    }
+
+    async fn execute_prepared(
+        &self,
+        prepared: Arc<Prepared>,
+        effect: Arc<dyn InlineEffect>,
+    ) -> Result<Outcome, Error> {
         if let Some(batcher) = &self.batcher {
             return match batcher.run(prepared, effect).await? {
                 Written::Replayed(o) => Ok(o),
@@ -380,6 +390,16 @@ impl Engine {
         first: Arc<dyn InlineEffect>,
     ) -> Result<Begun, Error> {
         let prepared = Arc::new(Prepared::new(call)?);
+        let out = self.begin_prepared(prepared.clone(), first).await;
+        log_store_error("begin_steps", &prepared.contract.name, &prepared.key, &out);
+        out
+    }
+
+    async fn begin_prepared(
+        &self,
+        prepared: Arc<Prepared>,
+        first: Arc<dyn InlineEffect>,
+    ) -> Result<Begun, Error> {
         if self.reads_first() {
             if let Some(found) = self.examine_on_reader(&prepared, &first).await? {
                 return Ok(Begun::Replayed(found));
@@ -483,7 +503,9 @@ impl Engine {
                     operation_id,
                 })
             })
-            .await?;
+            .await;
+        log_store_error("finish_steps", "-", &operation_id.to_string(), &outcome);
+        let outcome = outcome?;
         self.fire(FaultPoint::AfterCommit);
         Ok(outcome)
     }
@@ -500,14 +522,17 @@ impl Engine {
             .map_err(|_| Error::invalid("event detail is outside the canonical JSON domain"))?;
         let kind = kind.to_string();
         let clock = self.clock.clone();
-        self.store
+        let out = self
+            .store
             .write(move |tx: &mut dyn EffectTx| {
                 if !ledger::exists(tx, operation_id)? {
                     return Err(Error::not_found());
                 }
                 ledger::insert_event(tx, operation_id, clock.now(), &kind, &detail)
             })
-            .await
+            .await;
+        log_store_error("record_event", "-", &operation_id.to_string(), &out);
+        out
     }
 
     /// Reads one scope's ledger row. Read-only: never checks deadlines, never writes.
@@ -524,11 +549,14 @@ impl Engine {
             tool.to_string(),
             key.to_string(),
         ];
-        self.store
+        let out = self
+            .store
             .read(move |tx: &mut dyn EffectTx| {
                 load_records(tx, ledger::BY_SCOPE, &args).map(|mut v| v.pop())
             })
-            .await
+            .await;
+        log_store_error("lookup", tool, key, &out);
+        out
     }
 
     /// The answer for a first round of a multi-round operation whose scope may already hold
@@ -593,11 +621,14 @@ impl Engine {
         status_ref: &str,
     ) -> Result<Option<OperationRecord>, Error> {
         let args = [status_ref.to_string()];
-        self.store
+        let out = self
+            .store
             .read(move |tx: &mut dyn EffectTx| {
                 load_records(tx, ledger::BY_STATUS_REF, &args).map(|mut v| v.pop())
             })
-            .await
+            .await;
+        log_store_error("lookup_status_ref", "-", status_ref, &out);
+        out
     }
 
     /// An operation's history, oldest first. Read-only.
@@ -629,6 +660,24 @@ impl Engine {
         self.store
             .read(move |tx: &mut dyn EffectTx| examine(tx, &prepared, effect.as_ref(), now))
             .await
+    }
+}
+
+/// Logs a failure of the store under an inline call as it happens (target
+/// `toolledger::engine`, level warn): the step, the tool (`-` where the step names only an
+/// operation), the operation (the call's key, or the ledger row id or status reference), the
+/// code and the store's caller-safe message, which keeps the failure's kind (`store
+/// unavailable`, `write refused by the database`, `storage contract violated: …`) and never
+/// carries SQL text, paths or arguments. Every store failure reaches the caller as
+/// `unavailable`; refusals (conflicts, deadlines, an effect's own refusal) are answers, not
+/// logged here.
+fn log_store_error<T>(step: &'static str, tool: &str, operation: &str, r: &Result<T, Error>) {
+    if let Err(e) = r {
+        if e.code == ErrorCode::Unavailable {
+            tracing::warn!(
+                target: "toolledger::engine", step, tool, operation, code = e.code.as_str(),
+                error = %e.message, "store error");
+        }
     }
 }
 

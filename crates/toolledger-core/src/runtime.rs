@@ -81,6 +81,8 @@ mod settle;
 mod status;
 mod worker;
 
+pub use worker::{Worker, WorkerFailure, WorkerRun};
+
 use record::*;
 pub use record::{
     approval_target, downstream_request, query_identity, DeferredRecord, IntentApproval,
@@ -135,6 +137,14 @@ impl From<RuntimeError> for Error {
             RuntimeError::Store(s) => Error::from(s),
             RuntimeError::Fenced(f) => Error::unavailable(f.to_string()),
         }
+    }
+}
+
+/// Counts a fencing rejection at `step` (`toolledger_fencing_rejections_total{step}`): a write
+/// refused because a newer claim or a reconciliation moved the event's fencing token on.
+fn count_fenced<T>(step: &'static str, r: &Result<T, RuntimeError>) {
+    if let Err(RuntimeError::Fenced(_)) = r {
+        metrics::counter!("toolledger_fencing_rejections_total", "step" => step).increment(1);
     }
 }
 
@@ -648,7 +658,7 @@ pub enum Processed {
     NotClaimed(ClaimOutcome),
 }
 
-/// Summary of one worker pass.
+/// Summary of one worker pass (or, summed with [`PassSummary::add`], of several).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct PassSummary {
     /// Events found ready.
@@ -666,6 +676,21 @@ pub struct PassSummary {
     pub skipped: usize,
     /// Declared dead (attempts exhausted).
     pub dead: usize,
+}
+
+impl PassSummary {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &PassSummary) {
+        self.ready += other.ready;
+        self.delivered += other.delivered;
+        self.failed += other.failed;
+        self.unknown += other.unknown;
+        self.skipped += other.skipped;
+        self.dead += other.dead;
+        for (code, n) in &other.refused {
+            *self.refused.entry(code.clone()).or_default() += n;
+        }
+    }
 }
 
 /// The key transaction C locks, so a worker's completion and a status query's

@@ -920,10 +920,19 @@ fn parse_config(
     Ok((config, tls))
 }
 
-fn worker_loop(receiver: crossbeam_channel::Receiver<Job>, mut slot: Slot) {
+fn worker_loop(receiver: crossbeam_channel::Receiver<Job>, mut slot: Slot, queue: &'static str) {
     while let Ok(job) = receiver.recv() {
+        queue_depth(queue, receiver.len());
         job(&mut slot);
     }
+}
+
+/// `toolledger_store_queue_depth{backend="postgres",queue}`: the jobs waiting for a connection
+/// thread (`jobs`: reads and writes other than batched inline calls) or for a batch writer's
+/// thread (`batch_writer`), as last seen by a sender or by the thread taking work.
+fn queue_depth(queue: &'static str, depth: usize) {
+    metrics::gauge!("toolledger_store_queue_depth", "backend" => "postgres", "queue" => queue)
+        .set(depth as f64);
 }
 
 impl PgStore {
@@ -958,7 +967,7 @@ impl PgStore {
             let receiver = receiver.clone();
             let t = std::thread::Builder::new()
                 .name(format!("toolledger-pg-{i}"))
-                .spawn(move || worker_loop(receiver, slot))
+                .spawn(move || worker_loop(receiver, slot, "jobs"))
                 .map_err(|_| StoreError::Unavailable("cannot start a database thread".into()))?;
             threads.push(t);
         }
@@ -971,7 +980,7 @@ impl PgStore {
             let (sender, receiver) = crossbeam_channel::unbounded::<Job>();
             let t = std::thread::Builder::new()
                 .name(format!("toolledger-pg-batch-{i}"))
-                .spawn(move || worker_loop(receiver, slot))
+                .spawn(move || worker_loop(receiver, slot, "batch_writer"))
                 .map_err(|_| StoreError::Unavailable("cannot start a database thread".into()))?;
             threads.push(t);
             batch_senders.push(sender);
@@ -1010,9 +1019,12 @@ impl PgStore {
             .lock()
             .map_err(|_| StoreError::Unavailable("store poisoned".into()))?;
         match guard.as_ref() {
-            Some(s) => s
-                .send(job)
-                .map_err(|_| StoreError::Unavailable("store closed".into())),
+            Some(s) => {
+                s.send(job)
+                    .map_err(|_| StoreError::Unavailable("store closed".into()))?;
+                queue_depth("jobs", s.len());
+                Ok(())
+            }
             None => Err(StoreError::Unavailable("store closed".into())),
         }
     }

@@ -620,9 +620,13 @@ impl SqliteStore {
             return Err((StoreError::Unavailable("writer poisoned".into()), job));
         };
         match guard.as_ref() {
-            Some(s) => s.send(job).map_err(|crossbeam_channel::SendError(job)| {
-                (StoreError::Unavailable("writer stopped".into()), job)
-            }),
+            Some(s) => {
+                s.send(job).map_err(|crossbeam_channel::SendError(job)| {
+                    (StoreError::Unavailable("writer stopped".into()), job)
+                })?;
+                queue_depth("writer", s.len());
+                Ok(())
+            }
             None => Err((StoreError::Unavailable("store closed".into()), job)),
         }
     }
@@ -739,9 +743,13 @@ impl SqliteStore {
             threads.sender = Some(sender);
         }
         match threads.sender.as_ref() {
-            Some(s) => s.send(job).map_err(|crossbeam_channel::SendError(job)| {
-                (StoreError::Unavailable("readers stopped".into()), job)
-            }),
+            Some(s) => {
+                s.send(job).map_err(|crossbeam_channel::SendError(job)| {
+                    (StoreError::Unavailable("readers stopped".into()), job)
+                })?;
+                queue_depth("reader", s.len());
+                Ok(())
+            }
             None => Err((StoreError::Unavailable("store closed".into()), job)),
         }
     }
@@ -865,6 +873,7 @@ fn reader_loop(
 ) {
     let mut conn: Option<Connection> = None;
     while let Ok(job) = receiver.recv() {
+        queue_depth("reader", receiver.len());
         if let Err(e) = read_only::still_readable(path, mode) {
             job(Err(e));
             continue;
@@ -887,6 +896,14 @@ fn reader_loop(
     }
 }
 
+/// `toolledger_store_queue_depth{backend="sqlite",queue}`: the jobs waiting for the writer
+/// (`writer`) or for a reader thread (`reader`), as last seen by a sender or by the thread
+/// taking work.
+fn queue_depth(queue: &'static str, depth: usize) {
+    metrics::gauge!("toolledger_store_queue_depth", "backend" => "sqlite", "queue" => queue)
+        .set(depth as f64);
+}
+
 fn writer_loop(conn: Connection, receiver: crossbeam_channel::Receiver<Job>, stats: &StatCounters) {
     while let Ok(first) = receiver.recv() {
         let mut batch = vec![first];
@@ -896,8 +913,11 @@ fn writer_loop(conn: Connection, receiver: crossbeam_channel::Receiver<Job>, sta
                 Err(_) => break,
             }
         }
+        queue_depth("writer", receiver.len());
         // Counted before the batch runs, so a caller that has been answered sees its batch.
         let n = batch.len() as u64;
+        metrics::histogram!("toolledger_store_commit_batch_size", "backend" => "sqlite")
+            .record(n as f64);
         stats.batches.fetch_add(1, Ordering::Relaxed);
         stats.jobs.fetch_add(n, Ordering::Relaxed);
         stats.largest_batch.fetch_max(n, Ordering::Relaxed);

@@ -46,6 +46,9 @@ pub struct Report {
     /// Jobs per write transaction (group-commit batch size) over the workload.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mean_batch: Option<f64>,
+    /// Operations in the ledger a listing workload read from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rows: Option<usize>,
     /// `ops_per_sec` divided by the ceiling line's, when the ceiling ran in this invocation.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ratio_to_ceiling: Option<f64>,
@@ -83,6 +86,7 @@ impl Report {
             server_cpu_us_per_op: None,
             commits: None,
             mean_batch: None,
+            rows: None,
             ratio_to_ceiling: None,
             synchronous: "full",
         }

@@ -135,6 +135,7 @@ impl Batcher {
         let start = {
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
             st.queue.push_back(pending);
+            queue_depth(st.queue.len());
             claim_writer(&mut st)
         };
         if let Some(writer) = start {
@@ -177,8 +178,13 @@ impl Batcher {
                     st.running[writer] = false;
                     return;
                 }
-                take_batch(&mut st.queue)
+                let batch = take_batch(&mut st.queue);
+                queue_depth(st.queue.len());
+                batch
             };
+            // The batch's calls share one transaction (and one commit, when any is fresh).
+            metrics::histogram!("toolledger_store_commit_batch_size", "backend" => "postgres")
+                .record(batch.len() as f64);
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 self.run_batch(w, batch, careful)
             }));
@@ -405,6 +411,14 @@ fn claim_writer(st: &mut State) -> Option<usize> {
     let free = st.running.iter().position(|r| !*r)?;
     st.running[free] = true;
     Some(free)
+}
+
+/// `toolledger_store_queue_depth{backend="postgres",queue="inline_batch"}`: the inline calls
+/// waiting for a batch writer, as last seen. (Only PostgreSQL's driver batches; SQLite's
+/// writer groups its jobs itself.)
+fn queue_depth(depth: usize) {
+    metrics::gauge!("toolledger_store_queue_depth", "backend" => "postgres", "queue" => "inline_batch")
+        .set(depth as f64);
 }
 
 /// Takes up to [`MAX_BATCH`] calls from the front of `queue`, at most one per `(tool, key)`;

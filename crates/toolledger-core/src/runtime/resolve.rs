@@ -47,6 +47,7 @@ impl Runtime {
     /// the remaining steps); its result stays. An `applied` operation is `invalid_arguments`.
     pub async fn resolve(&self, resolution: &Resolution) -> Result<Answer, RuntimeError> {
         let answer = self.resolve_unlogged(resolution).await;
+        count_fenced("resolve", &answer);
         let r = resolution;
         match &answer {
             Ok(_) => tracing::info!(

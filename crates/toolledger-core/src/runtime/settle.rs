@@ -171,6 +171,7 @@ impl Runtime {
     /// [`RuntimeError::Fenced`] and nothing changes.
     pub async fn complete(&self, lease: &Lease, receipt: Value) -> Result<Answer, RuntimeError> {
         let answer = self.complete_unlogged(lease, receipt).await;
+        count_fenced("complete", &answer);
         match &answer {
             Ok(_) => tracing::info!(
                 target: "toolledger::worker", event_id = lease.event_id,
@@ -266,6 +267,7 @@ impl Runtime {
     pub async fn fail(&self, lease: &Lease, result: Value) -> Result<Answer, RuntimeError> {
         let code = result["code"].as_str().unwrap_or("-").to_string();
         let answer = self.fail_unlogged(lease, result).await;
+        count_fenced("fail", &answer);
         match &answer {
             Ok(_) => tracing::info!(
                 target: "toolledger::worker", event_id = lease.event_id,

@@ -80,6 +80,7 @@ impl Runtime {
                     .map_err(RuntimeError::Fenced)
             })
             .await;
+        count_fenced("renew", &renewed);
         if let Err(RuntimeError::Fenced(_)) = &renewed {
             tracing::warn!(
                 target: "toolledger::worker", event_id = lease.event_id,
@@ -103,21 +104,25 @@ impl Runtime {
             "attempt failed");
         let lease = lease.clone();
         let code = code.to_string();
-        self.write_at(move |_, tx, now| -> Result<(), RuntimeError> {
-            outbox::record_attempt_error(tx, &lease, &code, now)?.map_err(RuntimeError::Fenced)?;
-            if let Some(state) = state {
-                ledger::mark_deferred(tx, lease.operation_id, state, now)
-                    .map_err(|e| stored(tx, e))?;
-            }
-            insert_event(
-                tx,
-                lease.operation_id,
-                now,
-                "attempt_refused",
-                &json!({"code": code, "attempt": lease.attempt, "fencing_token": lease.token}),
-            )
-        })
-        .await
+        let recorded = self
+            .write_at(move |_, tx, now| -> Result<(), RuntimeError> {
+                outbox::record_attempt_error(tx, &lease, &code, now)?
+                    .map_err(RuntimeError::Fenced)?;
+                if let Some(state) = state {
+                    ledger::mark_deferred(tx, lease.operation_id, state, now)
+                        .map_err(|e| stored(tx, e))?;
+                }
+                insert_event(
+                    tx,
+                    lease.operation_id,
+                    now,
+                    "attempt_refused",
+                    &json!({"code": code, "attempt": lease.attempt, "fencing_token": lease.token}),
+                )
+            })
+            .await;
+        count_fenced("attempt", &recorded);
+        recorded
     }
 
     /// Runs one claimed lease: preflight, heartbeat, downstream submit, transaction C.
@@ -245,7 +250,7 @@ impl Runtime {
 
     /// One worker pass: enumerate ready events and process each.
     pub async fn run_pass(&self, owner: &str, limit: i64) -> Result<PassSummary, RuntimeError> {
-        self.run_pass_reporting(owner, limit, |_, _| {}).await
+        self.pass(owner, limit, |_| {}).await
     }
 
     /// [`Runtime::run_pass`], calling `report(event_id, error)` for each event whose
@@ -255,6 +260,23 @@ impl Runtime {
         owner: &str,
         limit: i64,
         mut report: impl FnMut(i64, &RuntimeError),
+    ) -> Result<PassSummary, RuntimeError> {
+        self.pass(owner, limit, |f| {
+            if let Some(id) = f.event_id {
+                report(id, f.error)
+            }
+        })
+        .await
+    }
+
+    /// The one worker pass: the ready events and the held ones in one snapshot, then claim
+    /// and execute each ready event; each failed event is given to `report` with the
+    /// operation its claim named.
+    async fn pass(
+        &self,
+        owner: &str,
+        limit: i64,
+        mut report: impl FnMut(WorkerFailure<'_>),
     ) -> Result<PassSummary, RuntimeError> {
         let now = self.clock.now();
         let (ids, held) = self
@@ -269,7 +291,14 @@ impl Runtime {
             ..PassSummary::default()
         };
         for id in ids {
-            match self.process(id, owner, None).await {
+            let (operation, processed) = match self.claim(id, owner).await {
+                Ok(ClaimOutcome::Claimed(lease)) => {
+                    (Some(lease.operation_id), self.execute(&lease, None).await)
+                }
+                Ok(other) => (None, Ok(Processed::NotClaimed(other))),
+                Err(e) => (None, Err(e)),
+            };
+            match processed {
                 Ok(Processed::Delivered(Answer::Done {
                     state: OperationState::Failed,
                     ..
@@ -280,12 +309,224 @@ impl Runtime {
                 Ok(Processed::NotClaimed(_)) => summary.skipped += 1,
                 Err(RuntimeError::Fenced(_)) => summary.skipped += 1,
                 Err(e) => {
-                    report(id, &e);
+                    report(WorkerFailure {
+                        event_id: Some(id),
+                        operation,
+                        error: &e,
+                    });
                     *summary.refused.entry(e.pass_code()).or_default() += 1;
                 }
             }
         }
         Ok(summary)
+    }
+}
+
+/// One failure a [`Worker`] met: of one event (`event_id`, and the operation its claim named
+/// when it got that far), or of a whole pass (both `None`).
+#[derive(Debug)]
+pub struct WorkerFailure<'a> {
+    /// The outbox event whose processing failed; `None` when the pass failed as a whole.
+    pub event_id: Option<i64>,
+    /// The operation's row id, when the event was claimed.
+    pub operation: Option<i64>,
+    /// What went wrong.
+    pub error: &'a RuntimeError,
+}
+
+impl WorkerFailure<'_> {
+    /// The code the failure is counted under ([`RuntimeError::pass_code`]).
+    pub fn code(&self) -> String {
+        self.error.pass_code()
+    }
+}
+
+type FailureHook = Arc<dyn Fn(&WorkerFailure<'_>) + Send + Sync>;
+
+/// A worker over a [`Runtime`]'s registry: the deferred tools a program registered with their
+/// downstreams, delivered from the outbox pass after pass.
+///
+/// Each pass takes up to `batch` ready events (pending ones and those whose lease expired),
+/// claims each under a lease with a fencing token, rechecks it and calls its downstream
+/// ([`Runtime::process`]). Every failure is logged as it happens (target
+/// `toolledger::worker`, fields `event_id`, `operation`, `code`, `owner`; never arguments or
+/// secrets) and handed to the hook of [`Worker::on_failure`], if any. Counters:
+/// `toolledger_worker_passes_total` and `toolledger_worker_events_total{outcome}` (outcome
+/// `delivered`, `failed`, `unknown`, `refused`, `dead`, `skipped`).
+///
+/// ```no_run
+/// # async fn demo(runtime: toolledger_core::runtime::Runtime) {
+/// use std::time::Duration;
+/// use toolledger_core::runtime::Worker;
+/// let worker = Worker::new(runtime, "worker-1")
+///     .batch(64)
+///     .poll_interval(Duration::from_millis(500));
+/// let run = worker.run_until(async { let _ = tokio::signal::ctrl_c().await; }).await;
+/// println!("{} passes, {} delivered", run.passes, run.totals.delivered);
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Worker {
+    runtime: Runtime,
+    owner: String,
+    batch: i64,
+    poll_interval: std::time::Duration,
+    on_failure: Option<FailureHook>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("owner", &self.owner)
+            .field("batch", &self.batch)
+            .field("poll_interval", &self.poll_interval)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`Worker::run_until`] did before it stopped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerRun<S> {
+    /// Passes that completed.
+    pub passes: u64,
+    /// The passes' summaries, summed.
+    pub totals: PassSummary,
+    /// What the shutdown future returned.
+    pub stopped_by: S,
+}
+
+impl Worker {
+    /// Most events one pass takes, by default.
+    pub const DEFAULT_BATCH: i64 = 64;
+
+    /// Time between passes, by default.
+    pub const DEFAULT_POLL_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+    /// A worker delivering `runtime`'s outbox as lease owner `owner` (its lease length and
+    /// attempt limit are the runtime's [`RuntimeConfig`]).
+    pub fn new(runtime: Runtime, owner: impl Into<String>) -> Worker {
+        Worker {
+            runtime,
+            owner: owner.into(),
+            batch: Self::DEFAULT_BATCH,
+            poll_interval: Self::DEFAULT_POLL_INTERVAL,
+            on_failure: None,
+        }
+    }
+
+    /// Most events one pass takes (at least 1).
+    pub fn batch(mut self, batch: i64) -> Worker {
+        self.batch = batch.max(1);
+        self
+    }
+
+    /// Time between the end of one pass and the start of the next in [`Worker::run_until`].
+    pub fn poll_interval(mut self, interval: std::time::Duration) -> Worker {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// Also calls `hook` with every failure, as it happens (after it was logged).
+    pub fn on_failure(
+        mut self,
+        hook: impl Fn(&WorkerFailure<'_>) + Send + Sync + 'static,
+    ) -> Worker {
+        self.on_failure = Some(Arc::new(hook));
+        self
+    }
+
+    /// The lease owner name.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The runtime it delivers for.
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
+    fn failed(&self, f: &WorkerFailure<'_>) {
+        let code = f.code();
+        let message = match f.error {
+            RuntimeError::Refused(e) => e.message.clone(),
+            RuntimeError::Store(s) => s.caller_error().message,
+            RuntimeError::Fenced(_) => "the lease was taken over".to_string(),
+        };
+        match f.event_id {
+            Some(event_id) => tracing::warn!(
+                target: "toolledger::worker", event_id, operation = f.operation, code = %code,
+                owner = %self.owner, reason = %message, "event failed"),
+            None => tracing::warn!(
+                target: "toolledger::worker", code = %code, owner = %self.owner,
+                reason = %message, "worker pass failed"),
+        }
+        if let Some(hook) = &self.on_failure {
+            hook(f);
+        }
+    }
+
+    /// One pass over the events ready now. A pass that failed as a whole (the store did not
+    /// answer) is logged, handed to the failure hook and returned.
+    pub async fn run_once(&self) -> Result<PassSummary, RuntimeError> {
+        let out = self
+            .runtime
+            .pass(&self.owner, self.batch, |f| {
+                metrics::counter!("toolledger_worker_events_total", "outcome" => "refused")
+                    .increment(1);
+                self.failed(&f)
+            })
+            .await;
+        match &out {
+            Ok(s) => {
+                metrics::counter!("toolledger_worker_passes_total").increment(1);
+                for (outcome, n) in [
+                    ("delivered", s.delivered),
+                    ("failed", s.failed),
+                    ("unknown", s.unknown),
+                    ("dead", s.dead),
+                    ("skipped", s.skipped),
+                ] {
+                    if n > 0 {
+                        metrics::counter!("toolledger_worker_events_total", "outcome" => outcome)
+                            .increment(n as u64);
+                    }
+                }
+            }
+            Err(e) => self.failed(&WorkerFailure {
+                event_id: None,
+                operation: None,
+                error: e,
+            }),
+        }
+        out
+    }
+
+    /// Runs passes, [`Worker::poll_interval`] apart, until `shutdown` completes. A pass that
+    /// fails as a whole is logged and the worker goes on (a busy or briefly unavailable store).
+    /// Shutdown stops it at once, even inside a pass: work in flight keeps its lease until
+    /// the lease expires, and a later claim (with a higher fencing token) takes it over;
+    /// everything already committed stays.
+    pub async fn run_until<F: std::future::Future>(&self, shutdown: F) -> WorkerRun<F::Output> {
+        tokio::pin!(shutdown);
+        let mut passes = 0;
+        let mut totals = PassSummary::default();
+        loop {
+            tokio::select! {
+                biased;
+                stopped_by = &mut shutdown => return WorkerRun { passes, totals, stopped_by },
+                res = self.run_once() => {
+                    if let Ok(s) = res {
+                        passes += 1;
+                        totals.add(&s);
+                    }
+                }
+            }
+            tokio::select! {
+                biased;
+                stopped_by = &mut shutdown => return WorkerRun { passes, totals, stopped_by },
+                _ = tokio::time::sleep(self.poll_interval) => {}
+            }
+        }
     }
 }
 
