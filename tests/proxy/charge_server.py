@@ -208,12 +208,17 @@ async def count_charges() -> Count:
 @server.tool(description="Sleep for a while, reporting progress.")
 async def slow(seconds: float, ctx: Context) -> Slept:
     steps = max(1, min(20, int(seconds * 10)))
-    for step in range(steps):
-        await anyio.sleep(seconds / steps)
-        try:
-            await ctx.report_progress(step + 1, steps, f"slept {(step + 1) * seconds / steps:.2f}s")
-        except Exception as e:  # progress is best effort; the reply is what matters
-            log(f"progress not sent: {e!r}")
+    try:
+        for step in range(steps):
+            await anyio.sleep(seconds / steps)
+            try:
+                await ctx.report_progress(step + 1, steps, f"slept {(step + 1) * seconds / steps:.2f}s")
+            except Exception as e:  # progress is best effort; the reply is what matters
+                log(f"progress not sent: {e!r}")
+    except anyio.get_cancelled_exc_class():
+        # The client cancelled the request (notifications/cancelled): say so, then stop.
+        log("slow: cancelled by the client")
+        raise
     return Slept(slept=seconds)
 
 

@@ -229,6 +229,7 @@ async fn call_registered(
         request_state: args.request_state.clone(),
         input_responses,
         meta: None,
+        cancelled: None,
         multi_round: true,
         client_capabilities,
         peer: None,

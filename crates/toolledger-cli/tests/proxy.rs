@@ -15,6 +15,8 @@
 //!   `outcome_unknown` and never forwarded again; the upstream is started again for the next
 //!   call; the reconcile lookup settles it; `operations list` and `resolve` settle it too;
 //! - a proxy killed after the intent committed but before the claim forwards on the retry;
+//! - progress notifications reach the client under its own token; a cancelled call is
+//!   cancelled upstream too and is `outcome_unknown`;
 //! - principal and scopes are re-read at replay and status;
 //! - the operation id as `_meta`, forwarded as an argument or in `_meta`, or the upstream's
 //!   own key argument.
@@ -557,7 +559,52 @@ fn bad_configuration_and_upstream_are_refused(db: Db) {
     assert!(!shown.contains("/nonexistent"), "no paths: {shown}");
 }
 
+fn progress_and_cancellation_pass_through(db: Db) {
+    let Some(w) = World::new(db) else { return };
+    let mut p = w.start(&[], 0);
+    // The client's progress token: the upstream's progress reaches the client under it.
+    let mut meta = support::wire::meta();
+    meta["progressToken"] = json!("tok-7");
+    p.send(
+        &json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {
+        "name": "slow", "arguments": {"seconds": 1, "operation_id": "op-p"}, "_meta": meta}}),
+    );
+    let mut progress = Vec::new();
+    let result = loop {
+        let line = p.recv();
+        if line["method"] == "notifications/progress" {
+            progress.push(line["params"].clone());
+            continue;
+        }
+        assert_eq!(line["id"], 5, "{line}");
+        break line["result"].clone();
+    };
+    assert_eq!(result["isError"], false, "{result}");
+    assert!(progress.len() >= 2, "progress passed through: {progress:?}");
+    assert!(
+        progress.iter().all(|n| n["progressToken"] == "tok-7"),
+        "{progress:?}"
+    );
+    // The client cancels a guarded call in flight: the upstream is told, and the operation,
+    // which the upstream may have acted on, is outcome_unknown, never forwarded again.
+    p.send_call(
+        6,
+        json!({"name": "slow", "arguments": {"seconds": 20, "operation_id": "op-c"}}),
+    );
+    w.wait_for_log("upstream started");
+    std::thread::sleep(Duration::from_millis(500));
+    p.send(
+        &json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                   "params": {"requestId": 6, "reason": "the user changed their mind",
+                              "_meta": support::wire::meta()}}),
+    );
+    w.wait_for_log("slow: cancelled by the client");
+    let retry = p.call("slow", json!({"seconds": 20, "operation_id": "op-c"}));
+    assert_eq!(error_of(&retry)["code"], "outcome_unknown", "{retry}");
+}
+
 on_both_backends!(
+    progress_and_cancellation_pass_through,
     the_tool_list,
     a_retry_replays_the_upstream_answer,
     an_upstream_error_result_is_stored_and_replayed,

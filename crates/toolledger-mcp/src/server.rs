@@ -41,6 +41,9 @@ pub struct ToolCall {
     pub input_responses: Option<BTreeMap<String, Value>>,
     /// The request's `_meta` (progress token, vendor keys), if it carried one.
     pub meta: Option<RequestMetaObject>,
+    /// Cancelled when the client cancels the request (`notifications/cancelled`); `None`
+    /// when the request came without one.
+    pub cancelled: Option<tokio_util::sync::CancellationToken>,
     /// Whether the peer negotiated MCP 2026-07-28 or newer (may receive `input_required`).
     pub multi_round: bool,
     /// The capabilities the client declared (per request in 2026-07-28, at `initialize`
@@ -196,6 +199,7 @@ impl ServerHandler for LedgerServer {
             meta: request
                 .meta
                 .or_else(|| (!context.meta.is_empty()).then(|| context.meta.clone())),
+            cancelled: Some(context.ct.clone()),
             multi_round: is_multi_round(&context),
             client_capabilities: context.client_capabilities(),
             peer: Some(context.peer.clone()),

@@ -127,6 +127,7 @@ impl Fixture {
             request_state: request_state.map(str::to_string),
             input_responses: None,
             meta: None,
+            cancelled: None,
             multi_round: true,
             client_capabilities: None,
             peer: None,

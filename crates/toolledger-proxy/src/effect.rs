@@ -22,7 +22,7 @@ use toolledger::model::{Error, Principal, Scope, ToolContract};
 use toolledger::runtime::{downstream_request, DeferredRecord, DeferredTool};
 
 use crate::config::{Forward, ToolPolicy, META_OPERATION_ID};
-use crate::upstream::{Upstream, UpstreamError};
+use crate::upstream::{CallRoute, Upstream, UpstreamError};
 
 /// The effect revision of every tool the proxy guards: how the ledger tells a proxied
 /// operation from others.
@@ -211,21 +211,34 @@ impl<T> Handoff<T> {
     }
 }
 
-tokio::task_local! {
-    /// The JSON-RPC error the forward made by the current call got, if any.
-    static FORWARD_ERROR: std::cell::RefCell<Option<ErrorData>>;
+/// What the call that may forward carries down to its forward, and what comes back up.
+struct Forwarding {
+    /// The client's progress token and cancellation.
+    route: CallRoute,
+    /// The JSON-RPC error the forward got, if any.
+    error: std::cell::RefCell<Option<ErrorData>>,
 }
 
-/// Runs `f` (a dispatch that may forward) and returns the JSON-RPC error its forward got, if
-/// it got one: that error goes back to this caller unchanged and is never stored. Only the
-/// call whose own forward it was sees it; a concurrent retry of the same operation does not.
-pub async fn capturing_protocol_error<F: std::future::Future>(
+tokio::task_local! {
+    static FORWARD: Forwarding;
+}
+
+/// Runs `f` (a dispatch that may forward) for a client whose request `route` describes, and
+/// returns the JSON-RPC error its forward got, if it got one: that error goes back to this
+/// caller unchanged and is never stored. Only the call whose own forward it was sees it; a
+/// concurrent retry of the same operation does not.
+pub async fn forwarding<F: std::future::Future>(
+    route: CallRoute,
     f: F,
 ) -> (F::Output, Option<ErrorData>) {
-    FORWARD_ERROR
-        .scope(std::cell::RefCell::new(None), async {
+    let scope = Forwarding {
+        route,
+        error: std::cell::RefCell::new(None),
+    };
+    FORWARD
+        .scope(scope, async {
             let out = f.await;
-            let error = FORWARD_ERROR.with(|c| c.borrow_mut().take());
+            let error = FORWARD.with(|c| c.error.borrow_mut().take());
             (out, error)
         })
         .await
@@ -269,7 +282,10 @@ impl UpstreamEffect {
         };
         let mut params = CallToolRequestParams::new(reconcile.tool.clone());
         params.arguments = Some(reconcile.arguments_for(&record.scope.key));
-        let answer = self.upstream.call_tool(params, self.timeout()).await?;
+        let answer = self
+            .upstream
+            .call_tool(params, self.timeout(), &CallRoute::default())
+            .await?;
         let CallToolResponse::Complete(result) = answer else {
             return Ok(false);
         };
@@ -344,7 +360,12 @@ impl Downstream for UpstreamEffect {
     ) -> BoxFuture<'a, Result<Value, DownstreamError>> {
         Box::pin(async move {
             let params = self.params(&scope.key, &request["arguments"]);
-            match self.upstream.call_tool(params, self.timeout()).await {
+            let route = FORWARD.try_with(|f| f.route.clone()).unwrap_or_default();
+            match self
+                .upstream
+                .call_tool(params, self.timeout(), &route)
+                .await
+            {
                 Ok(CallToolResponse::Complete(result)) => {
                     let stored = stored_result(&result);
                     if result.is_error == Some(true) {
@@ -359,7 +380,7 @@ impl Downstream for UpstreamEffect {
                         .into(),
                 )),
                 Err(UpstreamError::Protocol(e)) => {
-                    let _ = FORWARD_ERROR.try_with(|c| *c.borrow_mut() = Some(e));
+                    let _ = FORWARD.try_with(|c| *c.error.borrow_mut() = Some(e));
                     Err(DownstreamError::Rejected(
                         "the upstream answered with a JSON-RPC error".into(),
                     ))

@@ -17,8 +17,8 @@ use toolledger_mcp::server::{BoxFuture, McpTool, ToolCall};
 use toolledger_mcp::{Caller, EffectObserver, Guard, Observation, StatusTool};
 
 use crate::config::META_OPERATION_ID;
-use crate::effect::{capturing_protocol_error, upstream_result, ProxiedTool, UpstreamEffect};
-use crate::upstream::{Upstream, UpstreamError};
+use crate::effect::{forwarding, upstream_result, ProxiedTool, UpstreamEffect};
+use crate::upstream::{CallRoute, Upstream, UpstreamError};
 
 /// The definition clients see for a guarded upstream tool: the upstream's, with the
 /// operation id argument added (required, a string) unless the upstream declares it itself.
@@ -55,6 +55,15 @@ pub fn guarded_definition(upstream: &Tool, key_argument: &str) -> Tool {
     let description = upstream.description.as_deref().unwrap_or("").to_string() + &note;
     tool.description = Some(description.trim_start().to_string().into());
     tool
+}
+
+/// The route of `call`'s forward: its client, progress token and cancellation.
+fn route(call: &ToolCall) -> CallRoute {
+    let token = call.meta.as_ref().and_then(|m| m.get_progress_token());
+    CallRoute {
+        progress: token.and_then(|t| call.peer.clone().map(|p| (p, t))),
+        cancelled: call.cancelled.clone(),
+    }
 }
 
 fn error_result(code: &str, message: &str, status_ref: Option<&str>) -> CallToolResult {
@@ -186,12 +195,13 @@ impl GuardedForward {
                 arguments,
                 approval_id: None,
             };
+            let route = route(&call);
             let (answer, rpc) =
-                capturing_protocol_error(self.runtime.dispatch(&deferred, None)).await;
+                forwarding(route.clone(), self.runtime.dispatch(&deferred, None)).await;
             if let Some(rpc) = rpc {
                 return Ok(Err(rpc));
             }
-            self.settle(&key, answer?).await
+            self.settle(&key, answer?, route).await
         }
         .await;
         match outcome {
@@ -209,6 +219,7 @@ impl GuardedForward {
         &self,
         key: &str,
         answer: Answer,
+        route: CallRoute,
     ) -> Result<Result<CallToolResult, ErrorData>, toolledger::runtime::RuntimeError> {
         let Answer::Unknown { status_ref, state } = &answer else {
             return Ok(Ok(reply(key, &answer)));
@@ -219,8 +230,7 @@ impl GuardedForward {
                 if event.state == EventState::Pending && event.attempt_count == 0 {
                     let owner = format!("proxy-{}", std::process::id());
                     let (processed, rpc) =
-                        capturing_protocol_error(self.runtime.process(event.id, &owner, None))
-                            .await;
+                        forwarding(route, self.runtime.process(event.id, &owner, None)).await;
                     if let Some(rpc) = rpc {
                         return Ok(Err(rpc));
                     }
@@ -292,11 +302,12 @@ impl McpTool for Passthrough {
 
     fn call(&self, call: ToolCall) -> BoxFuture<'_, Result<CallToolResponse, ErrorData>> {
         Box::pin(async move {
+            let route = route(&call);
             let mut params = CallToolRequestParams::new(self.definition.name.clone());
             params.arguments = Some(call.arguments);
             params.request_state = call.request_state;
             params.input_responses = call.input_responses;
-            match self.upstream.call_tool(params, self.timeout).await {
+            match self.upstream.call_tool(params, self.timeout, &route).await {
                 Ok(CallToolResponse::Complete(result)) => {
                     Ok(CallToolResponse::Complete(complete(result)))
                 }

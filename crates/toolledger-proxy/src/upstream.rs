@@ -13,15 +13,108 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig, ErrorData,
-    Implementation, ProtocolVersion, Tool,
+    CallToolRequest, CallToolRequestParams, CallToolResponse, CallToolResult,
+    CancelledNotificationParam, ClientCapabilities, ClientConfig, ClientRequest, ErrorData,
+    Implementation, ProgressNotificationParam, ProgressToken, ProtocolVersion, RequestId,
+    ServerResult, Tool,
 };
-use rmcp::service::{ClientLifecycleMode, ClientServiceExt, Peer, ServiceError};
+use rmcp::service::{
+    ClientLifecycleMode, ClientServiceExt, NotificationContext, Peer, PeerRequestOptions,
+    ServiceError,
+};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
-use rmcp::RoleClient;
+use rmcp::{ClientHandler, RoleClient, RoleServer};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
+/// Where a forwarded call's progress notifications go, and what cancels it: the client's
+/// request, as the proxy received it.
+#[derive(Clone, Debug, Default)]
+pub struct CallRoute {
+    /// The client and the progress token its request carried.
+    pub progress: Option<(Peer<RoleServer>, ProgressToken)>,
+    /// Cancelled when the client cancels its request.
+    pub cancelled: Option<CancellationToken>,
+}
+
+type Routes = Arc<std::sync::Mutex<HashMap<ProgressToken, (Peer<RoleServer>, ProgressToken)>>>;
+
+/// The proxy as the upstream's client: passes the upstream's progress notifications on to
+/// the client whose call they belong to, under that client's own progress token.
+#[derive(Clone, Default)]
+struct ProxyClient {
+    routes: Routes,
+}
+
+impl ClientHandler for ProxyClient {
+    fn get_info(&self) -> ClientConfig {
+        client_config()
+    }
+
+    fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) -> impl std::future::Future<Output = ()> + Send + '_ {
+        let route = self
+            .routes
+            .lock()
+            .ok()
+            .and_then(|r| r.get(&params.progress_token).cloned());
+        async move {
+            if let Some((peer, token)) = route {
+                let mut params = params;
+                params.progress_token = token;
+                let _ = peer.notify_progress(params).await;
+            }
+        }
+    }
+}
+
+/// Tells the upstream a request it is still working on was given up (dropped unless
+/// disarmed by an answer).
+struct Abandoned(Option<(Peer<RoleClient>, RequestId)>);
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        if let Some((peer, id)) = self.0.take() {
+            tokio::spawn(async move {
+                let params = CancelledNotificationParam::new(
+                    Some(id),
+                    Some("cancelled by the proxy's client or its timeout".into()),
+                );
+                let _ = peer.notify_cancelled(params).await;
+            });
+        }
+    }
+}
+
+/// A `tools/call` answer as the client sees it.
+fn response(result: ServerResult) -> Result<CallToolResponse, UpstreamError> {
+    match result {
+        ServerResult::CallToolResult(r) => Ok(CallToolResponse::Complete(r)),
+        ServerResult::InputRequiredResult(r) => Ok(CallToolResponse::InputRequired(r)),
+        ServerResult::CreateTaskResult(r) => Ok(CallToolResponse::Task(r)),
+        // A reply without `content` decodes as an empty result.
+        ServerResult::EmptyResult(_) => Ok(CallToolResponse::Complete(CallToolResult::default())),
+        _ => Err(UpstreamError::Transport(
+            "the upstream's answer to tools/call is not a tool result".into(),
+        )),
+    }
+}
+
+/// Removes a progress route when the call it belongs to ends, however it ends.
+struct RouteGuard(Routes, Option<ProgressToken>);
+
+impl Drop for RouteGuard {
+    fn drop(&mut self) {
+        if let (Some(token), Ok(mut routes)) = (self.1.take(), self.0.lock()) {
+            routes.remove(&token);
+        }
+    }
+}
 
 /// Where the upstream is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,6 +161,9 @@ pub enum UpstreamError {
     /// No answer within the call timeout (the request was cancelled upstream).
     #[error("the upstream did not answer within {0} s")]
     Timeout(u64),
+    /// The client cancelled its request; the cancellation was passed on upstream.
+    #[error("the client cancelled the call")]
+    Cancelled,
 }
 
 impl From<ServiceError> for UpstreamError {
@@ -93,6 +189,7 @@ pub struct Upstream {
     lifecycle: Lifecycle,
     current: Mutex<Option<Connection>>,
     starts: AtomicU64,
+    handler: ProxyClient,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -123,6 +220,7 @@ impl Upstream {
             lifecycle,
             current: Mutex::new(None),
             starts: AtomicU64::new(0),
+            handler: ProxyClient::default(),
         })
     }
 
@@ -185,7 +283,9 @@ impl Upstream {
                         }
                     });
                 }
-                let service = client_config()
+                let service = self
+                    .handler
+                    .clone()
                     .serve_with_lifecycle(transport, self.mode())
                     .await
                     .map_err(|e| failed(&e))?;
@@ -218,7 +318,9 @@ impl Upstream {
                 }
                 let config = config.custom_headers(custom);
                 let transport = StreamableHttpClientTransport::from_config(config);
-                let service = client_config()
+                let service = self
+                    .handler
+                    .clone()
                     .serve_with_lifecycle(transport, self.mode())
                     .await
                     .map_err(|e| failed(&e))?;
@@ -242,16 +344,43 @@ impl Upstream {
     }
 
     /// One `tools/call`, answered within `timeout` (after which the request is cancelled
-    /// upstream and the outcome is [`UpstreamError::Timeout`]).
+    /// upstream and the outcome is [`UpstreamError::Timeout`]). The upstream's progress
+    /// notifications go to the client `route` names, and its cancellation is passed on.
     pub async fn call_tool(
         &self,
         params: CallToolRequestParams,
         timeout: Duration,
+        route: &CallRoute,
     ) -> Result<CallToolResponse, UpstreamError> {
         let peer = self.peer().await?;
-        match tokio::time::timeout(timeout, peer.call_tool_once(params)).await {
-            Ok(answer) => Ok(answer?),
-            Err(_) => Err(UpstreamError::Timeout(timeout.as_secs())),
+        // rmcp gives every request a progress token of its own; the upstream's progress for
+        // this call arrives under it and is routed to the client's token.
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+        let handle = peer
+            .send_request_with_option(request, PeerRequestOptions::no_options())
+            .await?;
+        let mut guard = RouteGuard(self.handler.routes.clone(), None);
+        if let Some(client) = &route.progress {
+            if let Ok(mut routes) = self.handler.routes.lock() {
+                routes.insert(handle.progress_token.clone(), client.clone());
+            }
+            guard.1 = Some(handle.progress_token.clone());
         }
+        let mut abandoned = Abandoned(Some((peer.clone(), handle.id.clone())));
+        let cancelled = route.cancelled.clone().unwrap_or_default();
+        // Leaving early (timeout, cancellation) tells the upstream: `notifications/cancelled`.
+        let answer = tokio::select! {
+            answer = tokio::time::timeout(timeout, handle.await_response()) => match answer {
+                Ok(answer) => {
+                    abandoned.0 = None;
+                    response(answer?)
+                }
+                Err(_) => Err(UpstreamError::Timeout(timeout.as_secs())),
+            },
+            _ = cancelled.cancelled() => Err(UpstreamError::Cancelled),
+        };
+        drop(abandoned);
+        drop(guard);
+        answer
     }
 }
