@@ -360,6 +360,7 @@ fn a_lost_upstream_answer_is_unknown_until_reconciled(db: Db) {
     let pid = upstream_pid(&p);
     unsafe { libc::kill(pid, libc::SIGKILL) };
     let lost = p.recv_result(1);
+    w.wait_for_log("the upstream exited; starting it again");
     let e = error_of(&lost);
     assert_eq!(e["code"], "outcome_unknown", "{lost}");
     let status_ref = e["status_ref"].as_str().unwrap().to_string();

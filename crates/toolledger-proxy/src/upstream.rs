@@ -3,9 +3,11 @@
 //! whichever lifecycle the upstream offers: MCP 2026-07-28 when it answers `server/discover`,
 //! the `initialize` handshake otherwise.
 //!
-//! A connection that is gone (the child exited, the HTTP session ended) is replaced on the
-//! next use; every start and exit is logged, and the child's stderr goes to the proxy's log,
-//! line by line (target `toolledger::upstream`).
+//! A child that exits is started again (after a second; longer, up to 30 s, while it keeps
+//! exiting within seconds of its start), and a call that finds no live connection makes one
+//! at once; an HTTP upstream is reconnected at the next call. Every start and exit is logged,
+//! and the child's stderr goes to the proxy's log, line by line (target
+//! `toolledger::upstream`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,7 +22,7 @@ use rmcp::model::{
 };
 use rmcp::service::{
     ClientLifecycleMode, ClientServiceExt, NotificationContext, Peer, PeerRequestOptions,
-    ServiceError,
+    QuitReason, RunningService, RunningServiceCancellationToken, ServiceError,
 };
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
@@ -180,8 +182,24 @@ struct Connection {
     generation: u64,
     peer: Peer<RoleClient>,
     /// Dropped with the connection: stops the client service (and the child with it).
-    _service: Arc<dyn std::any::Any + Send + Sync>,
+    _stop: StopOnDrop,
 }
+
+/// Stops a client service when dropped.
+struct StopOnDrop(Option<RunningServiceCancellationToken>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        if let Some(ct) = self.0.take() {
+            ct.cancel();
+        }
+    }
+}
+
+/// Seconds a child must have run for its exit to be restarted after the shortest backoff.
+const HEALTHY_RUN_SECONDS: u64 = 5;
+/// The longest wait before starting a child that keeps exiting again.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// A supervised connection to the upstream. Cheap to share (`Arc`).
 pub struct Upstream {
@@ -190,6 +208,10 @@ pub struct Upstream {
     current: Mutex<Option<Connection>>,
     starts: AtomicU64,
     handler: ProxyClient,
+    /// This upstream, for the supervisor of each child (which must not keep it alive).
+    me: std::sync::Weak<Upstream>,
+    /// Milliseconds to wait before the next restart of a child that exited.
+    backoff_ms: AtomicU64,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -215,12 +237,14 @@ fn client_config() -> ClientConfig {
 impl Upstream {
     /// An upstream at `spec`, not yet connected.
     pub fn new(spec: UpstreamSpec, lifecycle: Lifecycle) -> Arc<Self> {
-        Arc::new(Upstream {
+        Arc::new_cyclic(|me| Upstream {
             spec,
             lifecycle,
             current: Mutex::new(None),
             starts: AtomicU64::new(0),
             handler: ProxyClient::default(),
+            me: me.clone(),
+            backoff_ms: AtomicU64::new(1_000),
         })
     }
 
@@ -293,10 +317,12 @@ impl Upstream {
                     protocol = ?service.peer().peer_info().map(|i| i.protocol_version.clone()),
                     "upstream started");
                 let peer = service.peer().clone();
+                let stop = StopOnDrop(Some(service.cancellation_token()));
+                self.supervise(generation, pid, service);
                 Ok(Connection {
                     generation,
                     peer,
-                    _service: Arc::new(Mutex::new(service)),
+                    _stop: stop,
                 })
             }
             UpstreamSpec::Http { url, headers } => {
@@ -328,13 +354,70 @@ impl Upstream {
                     protocol = ?service.peer().peer_info().map(|i| i.protocol_version.clone()),
                     "upstream connected");
                 let peer = service.peer().clone();
+                let stop = StopOnDrop(Some(service.cancellation_token()));
+                // An HTTP upstream is reconnected at the next call; it has no process to restart.
+                tokio::spawn(async move {
+                    let _ = service.waiting().await;
+                    tracing::warn!(target: "toolledger::upstream", generation,
+                        "the upstream connection ended; the next call reconnects");
+                });
                 Ok(Connection {
                     generation,
                     peer,
-                    _service: Arc::new(Mutex::new(service)),
+                    _stop: stop,
                 })
             }
         }
+    }
+
+    /// Watches child `generation`: when it exits (and the proxy did not stop it), logs it and
+    /// starts it again after a backoff that grows while it keeps exiting soon after starting.
+    fn supervise(
+        &self,
+        generation: u64,
+        pid: Option<u32>,
+        service: RunningService<RoleClient, ProxyClient>,
+    ) {
+        let me = self.me.clone();
+        let started = std::time::Instant::now();
+        tokio::spawn(async move {
+            let reason = service.waiting().await;
+            if matches!(reason, Ok(QuitReason::Cancelled)) {
+                return; // stopped by the proxy
+            }
+            let Some(upstream) = me.upgrade() else {
+                return;
+            };
+            let wait = if started.elapsed() >= Duration::from_secs(HEALTHY_RUN_SECONDS) {
+                upstream.backoff_ms.store(1_000, Ordering::Relaxed);
+                Duration::from_secs(1)
+            } else {
+                let ms = upstream.backoff_ms.load(Ordering::Relaxed);
+                let next = (ms * 2).min(MAX_BACKOFF.as_millis() as u64);
+                upstream.backoff_ms.store(next, Ordering::Relaxed);
+                Duration::from_millis(ms)
+            };
+            tracing::warn!(target: "toolledger::upstream", generation, pid,
+                restart_in_ms = wait.as_millis() as u64, "the upstream exited; starting it again");
+            drop(upstream);
+            tokio::time::sleep(wait).await;
+            let Some(upstream) = me.upgrade() else {
+                return;
+            };
+            // Only if nobody has replaced this child meanwhile (a call reconnects at once).
+            let stale = upstream
+                .current
+                .lock()
+                .await
+                .as_ref()
+                .is_some_and(|c| c.generation == generation);
+            if stale {
+                if let Err(e) = upstream.peer().await {
+                    tracing::warn!(target: "toolledger::upstream", error = %e,
+                        "the upstream did not start again; the next call tries once more");
+                }
+            }
+        });
     }
 
     /// The upstream's tools (every page).
