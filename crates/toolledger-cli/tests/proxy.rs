@@ -581,6 +581,14 @@ fn progress_and_cancellation_pass_through(db: Db) {
         break line["result"].clone();
     };
     assert_eq!(result["isError"], false, "{result}");
+    // A result with a fractional number (`slept: 1.0`) is replayed exactly as it came.
+    let replay = p.call("slow", json!({"seconds": 1, "operation_id": "op-p"}));
+    assert_eq!(ledger_meta(&replay)["replayed"], true);
+    assert_eq!(content(&replay), content(&result));
+    assert_eq!(
+        replay["structuredContent"].to_string(),
+        result["structuredContent"].to_string()
+    );
     assert!(progress.len() >= 2, "progress passed through: {progress:?}");
     assert!(
         progress.iter().all(|n| n["progressToken"] == "tok-7"),

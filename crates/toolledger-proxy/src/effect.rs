@@ -6,9 +6,10 @@
 //! (transaction A) before anything is sent, the forward runs under a claimed lease with a
 //! fencing token, the upstream's definitive answer is stored (transaction C) and replayed.
 //!
-//! The stored result is `{"upstream": <the tool result's JSON>}`, or, for a result outside
-//! the ledger's canonical JSON domain (a non-integer number, say), `{"upstream_text": "<its
-//! JSON text>"}`; either way a replay gives the client the upstream's content as it was.
+//! The stored result is `{"upstream": <the tool result's JSON>}`, or, for a result the
+//! ledger's canonical JSON would not keep as it is (a number with a fraction or an exponent,
+//! say), `{"upstream_text": "<its JSON text>"}`; either way a replay gives the client the
+//! upstream's content as it was.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -33,10 +34,21 @@ fn revision(value: &Value) -> String {
     toolledger::digest::sha256_hex(text.as_bytes())[..16].to_string()
 }
 
+/// Whether `v` holds a number written with a fraction or an exponent (`1.0`, `2.5`): the
+/// canonical form would rewrite or refuse it, so such a result is stored as its text.
+fn has_float(v: &Value) -> bool {
+    match v {
+        Value::Number(n) => n.is_f64(),
+        Value::Array(a) => a.iter().any(has_float),
+        Value::Object(o) => o.values().any(has_float),
+        _ => false,
+    }
+}
+
 /// The stored form of an upstream tool result (see the module docs).
 pub fn stored_result(result: &CallToolResult) -> Value {
     let value = serde_json::to_value(result).unwrap_or(Value::Null);
-    if toolledger::json::canonical_string(&value).is_ok() {
+    if !has_float(&value) && toolledger::json::canonical_string(&value).is_ok() {
         json!({ "upstream": value })
     } else {
         json!({ "upstream_text": value.to_string() })
