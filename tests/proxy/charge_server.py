@@ -37,6 +37,7 @@ from pydantic import BaseModel
 
 from mcp import MCPError
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.resolve import Elicit, Resolve
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
@@ -184,6 +185,33 @@ async def charge(
     delay_ms = os.environ.get("CHARGE_DELAY_MS")
     if delay_ms:
         await anyio.sleep(int(delay_ms) / 1000)
+    out = Charged(charge_id=charge_id, customer=customer, amount_cents=amount_cents)
+    return CallToolResult(
+        content=[TextContent(type="text", text=f"Charged {customer} {amount_cents} cents (charge {charge_id}).")],
+        structured_content=out.model_dump(mode="json"),
+    )
+
+
+class Confirmation(BaseModel):
+    confirm: bool
+
+
+def ask_confirmation(customer: str, amount_cents: int) -> Elicit[Confirmation]:
+    return Elicit(f"Charge {customer} {amount_cents} cents?", Confirmation)
+
+
+@server.tool(description="Charge a customer after the user confirms (asks first; charges in the last round).")
+async def confirm_charge(
+    customer: str,
+    amount_cents: int,
+    confirmation: Annotated[Confirmation, Resolve(ask_confirmation)],
+    ctx: Context,
+) -> Annotated[CallToolResult, Charged]:
+    if not confirmation.confirm:
+        raise ToolError("the user did not confirm the charge")
+    reference = operation_id(ctx)
+    charge_id = await anyio.to_thread.run_sync(insert_charge, customer, amount_cents, reference, None)
+    log(f"confirm_charge {charge_id}: {customer} {amount_cents} reference={reference!r}")
     out = Charged(charge_id=charge_id, customer=customer, amount_cents=amount_cents)
     return CallToolResult(
         content=[TextContent(type="text", text=f"Charged {customer} {amount_cents} cents (charge {charge_id}).")],

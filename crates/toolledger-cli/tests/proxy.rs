@@ -17,6 +17,9 @@
 //! - a proxy killed after the intent committed but before the claim forwards on the retry;
 //! - progress notifications reach the client under its own token; a cancelled call is
 //!   cancelled upstream too and is `outcome_unknown`;
+//! - an upstream round that asks for input (`input_required`) reaches the client with the
+//!   proxy's own sealed `requestState`, bound to the operation, and the continuation is the
+//!   forward that acts;
 //! - principal and scopes are re-read at replay and status;
 //! - the operation id as `_meta`, forwarded as an argument or in `_meta`, or the upstream's
 //!   own key argument.
@@ -612,7 +615,71 @@ fn progress_and_cancellation_pass_through(db: Db) {
     assert_eq!(error_of(&retry)["code"], "outcome_unknown", "{retry}");
 }
 
+fn an_upstream_round_asking_for_input_passes_through_bound_to_the_operation(db: Db) {
+    let Some(w) = World::new(db) else { return };
+    let mut p = w.start(&[], 0);
+    let args = json!({"customer": "c-2", "amount_cents": 4200, "operation_id": "op-mr"});
+    // Round one: the upstream (the Python SDK's resolver) asks the user to confirm.
+    let first = p.call("confirm_charge", args.clone());
+    assert_eq!(first["resultType"], "input_required", "{first}");
+    let requests = first["inputRequests"].as_object().unwrap().clone();
+    assert_eq!(requests.len(), 1, "{first}");
+    let (ask, request) = requests.iter().next().unwrap();
+    assert_eq!(request["method"], "elicitation/create", "{request}");
+    let state = first["requestState"].as_str().unwrap().to_string();
+    assert_eq!(w.charges(), 0, "nothing is charged before the answer");
+    assert_eq!(
+        w.db.pairs("SELECT state, coalesce(last_error, '') FROM outbox"),
+        vec![("pending".into(), "input_required".into())],
+        "the event waits for the continuation"
+    );
+    assert_eq!(
+        w.db.pairs("SELECT idempotency_key, state FROM operations"),
+        vec![("op-mr".into(), "accepted".into())]
+    );
+    // A state that is not the proxy's, or is bound to other arguments, is refused as the
+    // protocol error it is, and changes nothing.
+    let forged = p.call_raw(json!({"name": "confirm_charge", "arguments": args,
+        "requestState": "not-a-state", "inputResponses": {ask: {"action": "accept",
+        "content": {"confirm": true}}}}));
+    assert_eq!(forged["error"]["code"], -32602, "{forged}");
+    assert_eq!(forged["error"]["data"]["code"], "request_state_invalid");
+    let mut other = args.clone();
+    other["amount_cents"] = json!(1);
+    let moved = p.call_raw(json!({"name": "confirm_charge", "arguments": other,
+        "requestState": state, "inputResponses": {ask: {"action": "accept",
+        "content": {"confirm": true}}}}));
+    assert!(
+        moved["error"]["code"] == -32602 || moved["result"]["isError"] == true,
+        "{moved}"
+    );
+    assert_eq!(w.charges(), 0);
+    // Round two with the answer: the one forward that acts.
+    let done = p.resume(
+        "confirm_charge",
+        args.clone(),
+        &state,
+        json!({ask: {"action": "accept", "content": {"confirm": true}}}),
+    );
+    assert_eq!(done["isError"], false, "{done}");
+    assert_eq!(done["structuredContent"]["amount_cents"], 4200);
+    assert_eq!(ledger_meta(&done)["state"], "succeeded");
+    assert_eq!(w.charges(), 1);
+    // The operation is finished: a retry of either round replays.
+    let again = p.call("confirm_charge", args.clone());
+    assert_eq!(ledger_meta(&again)["replayed"], true, "{again}");
+    assert_eq!(content(&again), content(&done));
+    assert_eq!(w.charges(), 1);
+    let kinds: Vec<String> =
+        w.db.pairs("SELECT kind, detail FROM operation_events ORDER BY id")
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+    assert!(kinds.contains(&"awaiting_input".to_string()), "{kinds:?}");
+}
+
 on_both_backends!(
+    an_upstream_round_asking_for_input_passes_through_bound_to_the_operation,
     progress_and_cancellation_pass_through,
     the_tool_list,
     a_retry_replays_the_upstream_answer,

@@ -1,6 +1,6 @@
 //! `toolledger proxy` with programs nobody here wrote on both sides: the official SDKs'
 //! clients (Python `mcp` 2.3.0, its high-level `Client` and its `ClientSession`; the
-//! TypeScript SDK v2) in both MCP lifecycles, over the proxy's stdio and its streamable HTTP
+//! TypeScript SDK v2; the MCP Inspector's command line) in both MCP lifecycles, over the proxy's stdio and its streamable HTTP
 //! with bearer tokens; upstreams `@modelcontextprotocol/server-everything` (npm, stdio) and the
 //! Python SDK's charge server, on stdio and over streamable HTTP.
 //!
@@ -365,7 +365,89 @@ fn an_http_upstream(db: Db) {
     let _ = upstream.wait();
 }
 
+/// One run of the MCP Inspector's command line against the stdio `server` (a session config
+/// file in `scratch`); its `result`.
+fn inspector(node: &PathBuf, scratch: &std::path::Path, server: &Value, args: &[&str]) -> Value {
+    let config = scratch.join("mcp.json");
+    std::fs::write(
+        &config,
+        json!({"mcpServers": {"proxy": server}}).to_string(),
+    )
+    .unwrap();
+    let launcher = support::clients::repo().join(
+        "tests/js/node_modules/@modelcontextprotocol/inspector/clients/launcher/build/index.js",
+    );
+    let out = Command::new(node)
+        .arg(launcher)
+        .args(["--cli", "--config"])
+        .arg(&config)
+        .args([
+            "--server",
+            "proxy",
+            "--protocol-era",
+            "legacy",
+            "--format",
+            "json",
+            "--quiet",
+        ])
+        .args(args)
+        // Its own state stays out of the user's home directory.
+        .env("HOME", scratch)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let printed: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert!(
+        printed.get("result").is_some(),
+        "the Inspector printed no result: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    printed["result"].clone()
+}
+
+fn the_inspector_lists_and_calls_through_the_proxy(db: Db) {
+    let Some((py, node)) = interpreters() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cdb = charge_db(&dir);
+    let upstream = vec![
+        py.display().to_string(),
+        proxy_fixture("charge_server.py").display().to_string(),
+    ];
+    let server = proxy_server(&db, &upstream, &[("CHARGE_DB", cdb.display().to_string())]);
+    let listed = inspector(&node, dir.path(), &server, &["--method", "tools/list"]);
+    let names: Vec<&str> = listed["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(
+        names.contains(&"charge") && names.contains(&"get_operation_status"),
+        "{names:?}"
+    );
+    let args =
+        json!({"customer": "c-9", "amount_cents": 900, "operation_id": "insp-1"}).to_string();
+    let call = [
+        "--method",
+        "tools/call",
+        "--tool-name",
+        "charge",
+        "--tool-args-json",
+        &args,
+    ];
+    let first = inspector(&node, dir.path(), &server, &call);
+    assert_eq!(first["structuredContent"]["amount_cents"], 900, "{first}");
+    let again = inspector(&node, dir.path(), &server, &call);
+    assert_eq!(ledger(&again)["replayed"], true, "{again}");
+    assert_eq!(again["structuredContent"], first["structuredContent"]);
+    assert_eq!(charges(&cdb), 1, "one charge for two Inspector runs");
+}
+
 on_both_backends!(
+    the_inspector_lists_and_calls_through_the_proxy,
     server_everything_through_the_proxy,
     sdk_clients_replay_through_the_proxy,
     an_http_upstream,

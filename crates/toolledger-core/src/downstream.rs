@@ -52,6 +52,11 @@ pub enum DownstreamError {
         /// The result to store and replay.
         result: Value,
     },
+    /// The downstream did not act: it asks to be called again with more input (the first
+    /// rounds of a multi-round call). The event is given back for that next call
+    /// ([`crate::outbox::rearm`]) and the operation is `accepted` again.
+    #[error("downstream asks for more input before it acts")]
+    Continue,
 }
 
 /// A downstream system that applies an effect and gives a receipt.

@@ -454,6 +454,32 @@ pub fn record_attempt_error(
     Ok(if n == 1 { Ok(()) } else { Err(Fenced) })
 }
 
+/// Gives the event claimed under `lease` back: the attempt ended without an effect because
+/// the downstream asked to be called again with more input (a multi-round upstream's
+/// `input_required`), so the claim does not count as an attempt. The event is pending again
+/// with its lease ended and `code` as its last error; the fencing token stays, so the next
+/// claim's is higher. Conditional on the token.
+pub fn rearm(
+    tx: &mut dyn EffectTx,
+    lease: &Lease,
+    code: &str,
+    now: i64,
+) -> Result<Result<(), Fenced>, StoreError> {
+    let n = exec(
+        tx,
+        "UPDATE outbox SET state = 'pending', lease_owner = NULL, lease_until = NULL,
+             last_error = ?1, updated_at = ?2, attempt_count = attempt_count - 1
+         WHERE id = ?3 AND fencing_token = ?4 AND state = 'processing' AND attempt_count > 0",
+        &[
+            code.into(),
+            now.into(),
+            lease.event_id.into(),
+            lease.token.into(),
+        ],
+    )?;
+    Ok(if n == 1 { Ok(()) } else { Err(Fenced) })
+}
+
 /// Marks the event delivered under `lease` (part of transaction C).
 pub fn complete(
     tx: &mut dyn EffectTx,

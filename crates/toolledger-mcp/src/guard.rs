@@ -120,6 +120,11 @@ impl Guard {
         })
     }
 
+    /// The sealer of continuation tokens (`requestState`).
+    pub fn sealer(&self) -> &StateSealer {
+        &self.sealer
+    }
+
     /// The engine.
     pub fn engine(&self) -> &Engine {
         &self.engine
@@ -261,6 +266,7 @@ impl Guard {
             issued_at: now,
             authority_deadline: now.saturating_add(self.config.authority_ttl),
             retention_deadline: now.saturating_add(self.config.retention_ttl),
+            upstream_state: None,
         };
         let token = self.sealer.seal(&binding)?;
         let requests: InputRequests = input_requests.into_iter().collect();
@@ -320,6 +326,7 @@ impl Guard {
             issued_at: now,
             authority_deadline: now.saturating_add(self.config.authority_ttl),
             retention_deadline: now.saturating_add(self.config.retention_ttl),
+            upstream_state: None,
         };
         let state = json!({"step": step, "mode": "elicitation"});
         let fingerprint = self.fingerprint(request, Some(state), Some(input_responses.clone()))?;

@@ -41,6 +41,10 @@ pub struct StateBinding {
     pub authority_deadline: i64,
     /// The operation's retention deadline, Unix seconds.
     pub retention_deadline: i64,
+    /// The state another server gave for this round, carried for it inside the seal (a
+    /// proxy's upstream's `requestState`); absent for the ledger's own tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_state: Option<String>,
 }
 
 /// Seals and opens continuation tokens.
@@ -145,6 +149,7 @@ mod tests {
             issued_at: 1_000,
             authority_deadline: 2_000,
             retention_deadline: 3_000,
+            upstream_state: None,
         }
     }
 

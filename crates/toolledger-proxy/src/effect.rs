@@ -15,7 +15,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult, ErrorData, Tool};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ClientCapabilities, ErrorData,
+    InputRequiredResult, InputResponses, Tool,
+};
 use serde_json::{json, Map, Value};
 use toolledger::downstream::{BoxFuture, Downstream, DownstreamError};
 use toolledger::effect::EffectTx;
@@ -223,35 +226,62 @@ impl<T> Handoff<T> {
     }
 }
 
-/// What the call that may forward carries down to its forward, and what comes back up.
-struct Forwarding {
+/// A continuation round of a multi-round call: what the client answered and the upstream's
+/// own `requestState` for the round.
+#[derive(Clone, Debug)]
+pub struct Continuation {
+    /// The client's `inputResponses`.
+    pub input_responses: InputResponses,
+    /// The upstream's `requestState` (unsealed from the proxy's own).
+    pub upstream_state: Option<String>,
+}
+
+/// What one client call carries down to the forward it may make.
+#[derive(Clone, Debug, Default)]
+pub struct CallScope {
     /// The client's progress token and cancellation.
-    route: CallRoute,
-    /// The JSON-RPC error the forward got, if any.
-    error: std::cell::RefCell<Option<ErrorData>>,
+    pub route: CallRoute,
+    /// The capabilities the client declared, passed on to a 2026-07-28 upstream so it may ask
+    /// for input; `None` for clients that cannot answer `input_required`.
+    pub capabilities: Option<ClientCapabilities>,
+    /// The round this call continues, if it is a continuation.
+    pub continuation: Option<Continuation>,
+}
+
+/// What came back up from the forward besides the runtime's answer.
+#[derive(Debug, Default)]
+pub enum Captured {
+    /// Nothing: the runtime's answer says it all.
+    #[default]
+    Nothing,
+    /// The upstream's JSON-RPC error: back to this caller unchanged, never stored.
+    Protocol(ErrorData),
+    /// The upstream asked for input and did not act; the event was given back.
+    InputRequired(InputRequiredResult),
+}
+
+struct Forwarding {
+    scope: CallScope,
+    captured: std::cell::RefCell<Captured>,
 }
 
 tokio::task_local! {
     static FORWARD: Forwarding;
 }
 
-/// Runs `f` (a dispatch that may forward) for a client whose request `route` describes, and
-/// returns the JSON-RPC error its forward got, if it got one: that error goes back to this
-/// caller unchanged and is never stored. Only the call whose own forward it was sees it; a
-/// concurrent retry of the same operation does not.
-pub async fn forwarding<F: std::future::Future>(
-    route: CallRoute,
-    f: F,
-) -> (F::Output, Option<ErrorData>) {
-    let scope = Forwarding {
-        route,
-        error: std::cell::RefCell::new(None),
+/// Runs `f` (a dispatch that may forward) for a client call described by `scope`, and returns
+/// what its own forward left besides the answer. Only the call whose forward it was sees it;
+/// a concurrent retry of the same operation does not.
+pub async fn forwarding<F: std::future::Future>(scope: CallScope, f: F) -> (F::Output, Captured) {
+    let forwarding = Forwarding {
+        scope,
+        captured: std::cell::RefCell::new(Captured::Nothing),
     };
     FORWARD
-        .scope(scope, async {
+        .scope(forwarding, async {
             let out = f.await;
-            let error = FORWARD.with(|c| c.error.borrow_mut().take());
-            (out, error)
+            let captured = FORWARD.with(|c| std::mem::take(&mut *c.captured.borrow_mut()));
+            (out, captured)
         })
         .await
 }
@@ -371,13 +401,25 @@ impl Downstream for UpstreamEffect {
         request: &'a Value,
     ) -> BoxFuture<'a, Result<Value, DownstreamError>> {
         Box::pin(async move {
-            let params = self.params(&scope.key, &request["arguments"]);
-            let route = FORWARD.try_with(|f| f.route.clone()).unwrap_or_default();
-            match self
+            let mut params = self.params(&scope.key, &request["arguments"]);
+            let call = FORWARD.try_with(|f| f.scope.clone()).unwrap_or_default();
+            if let Some(c) = &call.continuation {
+                params.input_responses = Some(c.input_responses.clone());
+                params.request_state = c.upstream_state.clone();
+            }
+            let capture = |what: Captured| {
+                let _ = FORWARD.try_with(|c| *c.captured.borrow_mut() = what);
+            };
+            let answer = self
                 .upstream
-                .call_tool(params, self.timeout(), &route)
-                .await
-            {
+                .call_tool_as(
+                    params,
+                    self.timeout(),
+                    &call.route,
+                    call.capabilities.as_ref(),
+                )
+                .await;
+            match answer {
                 Ok(CallToolResponse::Complete(result)) => {
                     let stored = stored_result(&result);
                     if result.is_error == Some(true) {
@@ -386,13 +428,17 @@ impl Downstream for UpstreamEffect {
                         Ok(receipt(request, stored))
                     }
                 }
+                Ok(CallToolResponse::InputRequired(r)) => {
+                    // The upstream did not act yet: the event goes back for the next round.
+                    capture(Captured::InputRequired(r));
+                    Err(DownstreamError::Continue)
+                }
                 Ok(_) => Err(DownstreamError::Rejected(
-                    "the upstream asked for more input or started a task; the proxy forwards \
-                     single-round calls only"
+                    "the upstream started a task; the proxy forwards calls that answer in place"
                         .into(),
                 )),
                 Err(UpstreamError::Protocol(e)) => {
-                    let _ = FORWARD.try_with(|c| *c.error.borrow_mut() = Some(e));
+                    capture(Captured::Protocol(e));
                     Err(DownstreamError::Rejected(
                         "the upstream answered with a JSON-RPC error".into(),
                     ))

@@ -136,6 +136,7 @@ impl Proxy {
                         &tool,
                         proxied.clone(),
                         runtime.clone(),
+                        guard.sealer().clone(),
                     )));
                     entries.push(StatusEntry {
                         tool: proxied,

@@ -4,20 +4,24 @@
 use std::sync::Arc;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData, JsonObject,
-    ResultType, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
+    InputRequiredResult, JsonObject, ResultType, Tool,
 };
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use toolledger::engine::OperationRecord;
 use toolledger::model::{Error, ErrorCode, OperationState};
 use toolledger::outbox::EventState;
 use toolledger::runtime::{Answer, DeferredCall, Delivery, ProviderContext, Runtime, StatusQuery};
-use toolledger_mcp::reply::{single_round, tool_error, META_LEDGER};
+use toolledger_mcp::guard::arguments_digest;
+use toolledger_mcp::reply::{tool_error, META_LEDGER};
 use toolledger_mcp::server::{BoxFuture, McpTool, ToolCall};
+use toolledger_mcp::state::{StateBinding, StateSealer};
 use toolledger_mcp::{Caller, EffectObserver, Guard, Observation, StatusTool};
 
 use crate::config::META_OPERATION_ID;
-use crate::effect::{forwarding, upstream_result, ProxiedTool, UpstreamEffect};
+use crate::effect::{
+    forwarding, upstream_result, CallScope, Captured, Continuation, ProxiedTool, UpstreamEffect,
+};
 use crate::upstream::{CallRoute, Upstream, UpstreamError};
 
 /// The definition clients see for a guarded upstream tool: the upstream's, with the
@@ -141,16 +145,24 @@ pub struct GuardedForward {
     definition: Tool,
     tool: Arc<ProxiedTool>,
     runtime: Runtime,
+    sealer: StateSealer,
 }
 
 impl GuardedForward {
     /// The guarded form of `upstream` (its definition), run by `runtime` (whose registry
     /// holds `tool`).
-    pub fn new(upstream: &Tool, tool: Arc<ProxiedTool>, runtime: Runtime) -> Self {
+    /// Its continuations' `requestState` is sealed with `sealer`.
+    pub fn new(
+        upstream: &Tool,
+        tool: Arc<ProxiedTool>,
+        runtime: Runtime,
+        sealer: StateSealer,
+    ) -> Self {
         GuardedForward {
             definition: guarded_definition(upstream, &tool.policy().key_argument),
             tool,
             runtime,
+            sealer,
         }
     }
 
@@ -183,56 +195,146 @@ impl GuardedForward {
         Ok((key, Value::Object(arguments)))
     }
 
+    /// What this call carries down to its forward: its route, the client's capabilities
+    /// (when it can answer `input_required`) and, for a continuation, the upstream's state
+    /// unsealed from ours.
+    fn scope(&self, call: &ToolCall, key: &str, arguments: &Value) -> Result<CallScope, Error> {
+        let continuation = match (&call.request_state, &call.input_responses) {
+            (None, None) => None,
+            (Some(token), Some(responses)) => {
+                let p = &call.caller.principal;
+                let binding = self.sealer.open(
+                    token,
+                    &p.tenant,
+                    &p.subject,
+                    &self.definition.name,
+                    key,
+                    self.runtime.clock().now(),
+                )?;
+                let digest = arguments_digest(arguments.as_object().unwrap_or(&Map::new()))?;
+                if binding.args_digest != digest || binding.step != CONTINUE_STEP {
+                    return Err(Error::new(
+                        ErrorCode::RequestStateInvalid,
+                        "the continuation state is invalid, expired or not yours",
+                    ));
+                }
+                Some(Continuation {
+                    input_responses: responses.clone().into_iter().collect(),
+                    upstream_state: binding.upstream_state,
+                })
+            }
+            _ => {
+                return Err(Error::invalid(
+                    "a continuation sends both requestState and inputResponses",
+                ))
+            }
+        };
+        Ok(CallScope {
+            route: route(call),
+            capabilities: call
+                .multi_round
+                .then(|| call.client_capabilities.clone())
+                .flatten(),
+            continuation,
+        })
+    }
+
+    /// The upstream's request for input, passed to the client with the proxy's own sealed
+    /// `requestState` (binding the caller, tool, operation id and arguments, and carrying the
+    /// upstream's state).
+    fn ask(
+        &self,
+        call: &ToolCall,
+        key: &str,
+        arguments: &Value,
+        asked: InputRequiredResult,
+    ) -> Result<CallToolResponse, Error> {
+        if !call.multi_round {
+            return Err(Error::new(
+                ErrorCode::ContinuationUnsupported,
+                "the upstream asks for more input, which this client's MCP version cannot \
+                 answer; nothing was done",
+            ));
+        }
+        let p = &call.caller.principal;
+        let now = self.runtime.clock().now();
+        let mut nonce = [0u8; 16];
+        getrandom::fill(&mut nonce).map_err(|_| Error::unavailable("no randomness"))?;
+        let policy = self.tool.policy();
+        let binding = StateBinding {
+            tenant: p.tenant.clone(),
+            subject: p.subject.clone(),
+            tool: self.definition.name.to_string(),
+            operation_id: key.to_string(),
+            args_digest: arguments_digest(arguments.as_object().unwrap_or(&Map::new()))?,
+            nonce: nonce.iter().map(|b| format!("{b:02x}")).collect(),
+            step: CONTINUE_STEP.into(),
+            issued_at: now,
+            authority_deadline: now.saturating_add(policy.authority_ttl_seconds),
+            retention_deadline: now.saturating_add(policy.retention_ttl_seconds),
+            upstream_state: asked.request_state.clone(),
+        };
+        let token = self.sealer.seal(&binding)?;
+        let mut out = asked;
+        out.request_state = Some(token);
+        Ok(CallToolResponse::InputRequired(out))
+    }
+
     async fn run(&self, call: ToolCall) -> Result<CallToolResponse, ErrorData> {
         let outcome = async {
-            single_round(call.request_state.is_some(), call.input_responses.is_some())?;
             let (key, arguments) = self.split(&call)?;
+            let scope = self.scope(&call, &key, &arguments)?;
             let deferred = DeferredCall {
                 principal: call.caller.name.clone(),
                 tool: self.definition.name.to_string(),
                 provider: ProviderContext::mcp(&key),
                 key: key.clone(),
-                arguments,
+                arguments: arguments.clone(),
                 approval_id: None,
             };
-            let route = route(&call);
-            let (answer, rpc) =
-                forwarding(route.clone(), self.runtime.dispatch(&deferred, None)).await;
-            if let Some(rpc) = rpc {
-                return Ok(Err(rpc));
-            }
-            self.settle(&key, answer?, route).await
+            let (answer, captured) =
+                forwarding(scope.clone(), self.runtime.dispatch(&deferred, None)).await;
+            let settled = match captured {
+                Captured::Protocol(rpc) => return Ok(Err(rpc)),
+                Captured::InputRequired(asked) => {
+                    return Ok(Ok(self.ask(&call, &key, &arguments, asked)?))
+                }
+                Captured::Nothing => self.settle(&key, answer?, scope).await?,
+            };
+            Ok(match settled {
+                Settled::Answer(r) => Ok(CallToolResponse::Complete(r)),
+                Settled::Protocol(rpc) => Err(rpc),
+                Settled::Asked(asked) => Ok(self.ask(&call, &key, &arguments, asked)?),
+            })
         }
         .await;
         match outcome {
-            Ok(Ok(result)) => Ok(CallToolResponse::Complete(result)),
+            Ok(Ok(response)) => Ok(response),
             Ok(Err(rpc)) => Err(rpc),
-            Err(e) => Ok(CallToolResponse::Complete(tool_error(&Error::from(e)))),
+            Err(e) => toolledger_mcp::reply::respond(Err(e)),
         }
     }
 
-    /// The answer to give for `answer`: an unfinished operation that was never claimed is
-    /// forwarded now (nothing was sent for it yet: its intent committed, then the process
-    /// that accepted it stopped); one under a live lease is `operation_in_progress`; the
-    /// JSON-RPC error of this call's own forward goes back unchanged.
-    async fn settle(
-        &self,
-        key: &str,
-        answer: Answer,
-        route: CallRoute,
-    ) -> Result<Result<CallToolResult, ErrorData>, toolledger::runtime::RuntimeError> {
+    /// The answer to give for `answer`: an unfinished operation whose event is unclaimed is
+    /// forwarded now (nothing was sent for it yet: its intent committed and the process that
+    /// accepted it stopped, or the upstream asked for input and this call brings it); one
+    /// under a live lease is `operation_in_progress`; the JSON-RPC error of this call's own
+    /// forward goes back unchanged.
+    async fn settle(&self, key: &str, answer: Answer, scope: CallScope) -> Result<Settled, Error> {
         let Answer::Unknown { status_ref, state } = &answer else {
-            return Ok(Ok(reply(key, &answer)));
+            return Ok(Settled::Answer(reply(key, &answer)));
         };
         if matches!(state, OperationState::Accepted | OperationState::Processing) {
             if let Some(event) = self.runtime.event_of(status_ref).await? {
                 let now = self.runtime.clock().now();
                 if event.state == EventState::Pending && event.attempt_count == 0 {
                     let owner = format!("proxy-{}", std::process::id());
-                    let (processed, rpc) =
-                        forwarding(route, self.runtime.process(event.id, &owner, None)).await;
-                    if let Some(rpc) = rpc {
-                        return Ok(Err(rpc));
+                    let (processed, captured) =
+                        forwarding(scope, self.runtime.process(event.id, &owner, None)).await;
+                    match captured {
+                        Captured::Protocol(rpc) => return Ok(Settled::Protocol(rpc)),
+                        Captured::InputRequired(asked) => return Ok(Settled::Asked(asked)),
+                        Captured::Nothing => {}
                     }
                     let again = match processed? {
                         toolledger::runtime::Processed::Delivered(a)
@@ -240,7 +342,7 @@ impl GuardedForward {
                         toolledger::runtime::Processed::NotClaimed(_) => answer.clone(),
                     };
                     if !matches!(again, Answer::Unknown { .. }) {
-                        return Ok(Ok(reply(key, &again)));
+                        return Ok(Settled::Answer(reply(key, &again)));
                     }
                 } else if event.state == EventState::Processing
                     && event.lease_until.is_some_and(|u| u > now)
@@ -251,7 +353,9 @@ impl GuardedForward {
                          same operation id",
                         Some(status_ref),
                     );
-                    return Ok(Ok(with_ledger_meta(r, key, status_ref, false, *state)));
+                    return Ok(Settled::Answer(with_ledger_meta(
+                        r, key, status_ref, false, *state,
+                    )));
                 }
             }
         }
@@ -263,9 +367,22 @@ impl GuardedForward {
                 *state
             },
         };
-        Ok(Ok(reply(key, &unknown)))
+        Ok(Settled::Answer(reply(key, &unknown)))
     }
 }
+
+/// How [`GuardedForward::settle`] ended.
+enum Settled {
+    /// A tool result for the client.
+    Answer(CallToolResult),
+    /// The upstream's JSON-RPC error, unchanged.
+    Protocol(ErrorData),
+    /// The upstream asked for input.
+    Asked(InputRequiredResult),
+}
+
+/// The `step` of the proxy's sealed continuation state.
+const CONTINUE_STEP: &str = "proxy-upstream-round";
 
 impl McpTool for GuardedForward {
     fn definition(&self) -> Tool {

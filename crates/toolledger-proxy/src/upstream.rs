@@ -18,7 +18,7 @@ use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResponse, CallToolResult,
     CancelledNotificationParam, ClientCapabilities, ClientConfig, ClientRequest, ErrorData,
     Implementation, ProgressNotificationParam, ProgressToken, ProtocolVersion, RequestId,
-    ServerResult, Tool,
+    RequestMetaObject, ServerResult, Tool,
 };
 use rmcp::service::{
     ClientLifecycleMode, ClientServiceExt, NotificationContext, Peer, PeerRequestOptions,
@@ -435,13 +435,33 @@ impl Upstream {
         timeout: Duration,
         route: &CallRoute,
     ) -> Result<CallToolResponse, UpstreamError> {
+        self.call_tool_as(params, timeout, route, None).await
+    }
+
+    /// [`Upstream::call_tool`] declaring `capabilities` (the client's) for this request to an
+    /// upstream on MCP 2026-07-28, which may then answer `input_required` asking for them; an
+    /// older upstream learned the proxy's own (none) at `initialize`.
+    pub async fn call_tool_as(
+        &self,
+        params: CallToolRequestParams,
+        timeout: Duration,
+        route: &CallRoute,
+        capabilities: Option<&ClientCapabilities>,
+    ) -> Result<CallToolResponse, UpstreamError> {
         let peer = self.peer().await?;
+        let mut options = PeerRequestOptions::no_options();
+        let modern = peer
+            .peer_info()
+            .is_some_and(|i| i.protocol_version.as_str() >= ProtocolVersion::V_2026_07_28.as_str());
+        if let (Some(caps), true) = (capabilities, modern) {
+            let mut meta = RequestMetaObject::default();
+            meta.set_client_capabilities(caps.clone());
+            options.meta = Some(meta);
+        }
         // rmcp gives every request a progress token of its own; the upstream's progress for
         // this call arrives under it and is routed to the client's token.
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
-        let handle = peer
-            .send_request_with_option(request, PeerRequestOptions::no_options())
-            .await?;
+        let handle = peer.send_request_with_option(request, options).await?;
         let mut guard = RouteGuard(self.handler.routes.clone(), None);
         if let Some(client) = &route.progress {
             if let Ok(mut routes) = self.handler.routes.lock() {

@@ -125,6 +125,30 @@ impl Runtime {
         recorded
     }
 
+    /// Gives the event of `lease` back for a continuation (the downstream asked for more
+    /// input and did not act): pending again, the operation `accepted`, an `awaiting_input`
+    /// event recorded. [`RuntimeError::Fenced`] if the lease was taken over.
+    async fn rearm(&self, lease: &Lease) -> Result<(), RuntimeError> {
+        tracing::info!(
+            target: "toolledger::worker", event_id = lease.event_id,
+            operation = lease.operation_id, attempt = lease.attempt,
+            "awaiting input: the event is given back for the continuation");
+        let lease = lease.clone();
+        self.write_at(move |_, tx, now| -> Result<(), RuntimeError> {
+            outbox::rearm(tx, &lease, "input_required", now)?.map_err(RuntimeError::Fenced)?;
+            ledger::mark_deferred(tx, lease.operation_id, OperationState::Accepted, now)
+                .map_err(|e| stored(tx, e))?;
+            insert_event(
+                tx,
+                lease.operation_id,
+                now,
+                "awaiting_input",
+                &json!({"attempt": lease.attempt, "fencing_token": lease.token}),
+            )
+        })
+        .await
+    }
+
     /// Runs one claimed lease: preflight, heartbeat, downstream submit, transaction C.
     pub async fn execute(
         &self,
@@ -180,6 +204,10 @@ impl Runtime {
                 let answer = self.fail(&lease, failure_result(&code, &message)).await?;
                 return Ok(Processed::Delivered(answer));
             }
+            Err(DownstreamError::Continue) => {
+                self.rearm(&lease).await?;
+                return Ok(unknown(OperationState::Accepted));
+            }
             Err(DownstreamError::Failed { result }) if json::canonical_string(&result).is_ok() => {
                 let answer = self.fail(&lease, result).await?;
                 return Ok(Processed::Delivered(answer));
@@ -192,6 +220,7 @@ impl Runtime {
                     DownstreamError::Refused { .. } | DownstreamError::Failed { .. } => {
                         "downstream_refusal_invalid"
                     }
+                    DownstreamError::Continue => "downstream_continue",
                 };
                 self.record_attempt(&lease, code, Some(OperationState::OutcomeUnknown))
                     .await?;
@@ -293,6 +322,8 @@ impl Runtime {
         for id in ids {
             let (operation, processed) = match self.claim(id, owner).await {
                 Ok(ClaimOutcome::Claimed(lease)) => {
+                    // The same crash point as `process` (tests hold the worker there).
+                    self.point(CrashPoint::AfterClaim, None).await;
                     (Some(lease.operation_id), self.execute(&lease, None).await)
                 }
                 Ok(other) => (None, Ok(Processed::NotClaimed(other))),
