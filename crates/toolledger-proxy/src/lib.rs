@@ -31,7 +31,10 @@
 //!   the forward, at every replay and at every status query.
 //!
 //! An operation whose intent committed but whose forward was never claimed (the proxy stopped
-//! in between) is forwarded by the next retry: nothing was sent for it.
+//! in between) is forwarded by the next retry: nothing was sent for it. An upstream round
+//! that answers `input_required` did not act either: the answer goes to a 2026-07-28 client
+//! with the proxy's own sealed `requestState` (carrying the upstream's), and the client's
+//! continuation is forwarded under the same operation.
 
 #![warn(missing_docs)]
 
