@@ -3,25 +3,12 @@
 
 #[macro_use]
 mod support;
+#[path = "support/raw.rs"]
+mod raw;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Stdio};
-
+use raw::{HttpResponse, RawHttp};
 use serde_json::{json, Value};
 use support::wire::*;
-
-struct HttpServer {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for HttpServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 on_both_backends!(
     health_endpoints_answer_without_a_token_and_sigterm_stops_the_server_cleanly,
@@ -32,150 +19,33 @@ on_both_backends!(
     a_store_error_under_an_inline_call_is_logged_with_tool_operation_and_code,
 );
 
-fn start_http(db: &Db) -> HttpServer {
+fn start_http(db: &Db) -> RawHttp {
     start_http_logging(db, &[]).0
 }
 
 /// `serve --http` with `extra` flags; the receiver gets every stderr line after the address.
-fn start_http_logging(db: &Db, extra: &[&str]) -> (HttpServer, std::sync::mpsc::Receiver<String>) {
-    let mut args: Vec<String> = ["--http", "127.0.0.1:0", "--clock-epoch", "1800000000"]
-        .map(String::from)
-        .to_vec();
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let mut child = serve_command(db, &args)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for l in stderr.lines().map_while(Result::ok) {
-            let _ = tx.send(l);
-        }
-    });
-    let v: Value = serde_json::from_str(&line).unwrap();
-    let url = v["listening"].as_str().unwrap();
-    let addr = url
-        .trim_start_matches("http://")
-        .trim_end_matches("/mcp")
-        .to_string();
-    (HttpServer { child, addr }, rx)
+fn start_http_logging(db: &Db, extra: &[&str]) -> (RawHttp, std::sync::mpsc::Receiver<String>) {
+    let mut args = vec!["--clock-epoch", "1800000000"];
+    args.extend_from_slice(extra);
+    RawHttp::start_logging(db, &args, &[("RUST_LOG", "info")])
 }
 
-struct Response {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: String,
-}
-
-impl Response {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The JSON body, or the JSON-RPC message of an SSE response.
-    fn json(&self) -> Value {
-        if let Ok(v) = serde_json::from_str(&self.body) {
-            return v;
-        }
-        self.body
-            .lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
-            .find(|v| v.get("jsonrpc").is_some())
-            .unwrap_or_else(|| panic!("no JSON-RPC message in: {}", self.body))
-    }
-}
-
-fn dechunk(mut raw: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = raw.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        raw = &rest[n + 2..];
-    }
-    out
-}
-
-fn post(server: &HttpServer, headers: &[(&str, &str)], body: &Value) -> Response {
-    let body = body.to_string();
-    let req = format!(
-        "POST /mcp HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
-         Accept: application/json, text/event-stream\r\nConnection: close\r\n\
-         Content-Length: {}\r\n",
-        server.addr,
-        body.len()
-    );
-    send(server, req, headers, &body)
+fn post(server: &RawHttp, headers: &[(&str, &str)], body: &Value) -> HttpResponse {
+    server.post(headers, body.to_string().as_bytes())
 }
 
 /// `GET path` without any credentials.
-fn get(server: &HttpServer, path: &str) -> Response {
-    let req = format!(
-        "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n",
-        server.addr
-    );
-    send(server, req, &[], "")
-}
-
-/// Sends the request head `req` (without its closing blank line), `headers` and `body`.
-fn send(server: &HttpServer, mut req: String, headers: &[(&str, &str)], body: &str) -> Response {
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    req.push_str(body);
-    let mut stream = TcpStream::connect(&server.addr).unwrap();
-    stream.write_all(req.as_bytes()).unwrap();
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).unwrap();
-    let (head, rest) = raw.split_once("\r\n\r\n").unwrap();
-    let mut lines = head.lines();
-    let status: u16 = lines
-        .next()
-        .unwrap()
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .collect();
-    let chunked = headers
-        .iter()
-        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
-    let body = if chunked {
-        dechunk(rest)
-    } else {
-        rest.to_string()
-    };
-    Response {
-        status,
-        headers,
-        body,
-    }
+fn get(server: &RawHttp, path: &str) -> HttpResponse {
+    server.request("GET", path, &[], b"")
 }
 
 /// A 2026-07-28 `tools/call` as `token`; returns the JSON-RPC `result`.
-fn call(server: &HttpServer, token: &str, params: Value) -> Value {
+fn call(server: &RawHttp, token: &str, params: Value) -> Value {
     call_reply(server, token, params)["result"].clone()
 }
 
 /// `tools/call` returning the whole JSON-RPC reply.
-fn call_reply(server: &HttpServer, token: &str, params: Value) -> Value {
+fn call_reply(server: &RawHttp, token: &str, params: Value) -> Value {
     let mut params = params;
     params["_meta"] = meta();
     let name = params["name"].as_str().unwrap().to_string();

@@ -110,6 +110,16 @@ impl Drop for RawHttp {
 impl RawHttp {
     /// Starts `serve --http 127.0.0.1:0` on `db` with `extra` flags and `env` variables.
     pub fn start<L: Ledger + ?Sized>(db: &L, extra: &[&str], env: &[(&str, &str)]) -> RawHttp {
+        RawHttp::start_logging(db, extra, env).0
+    }
+
+    /// [`RawHttp::start`], with every stderr line after the listening address sent to the
+    /// receiver (the server's log; stderr is drained whether or not it is read).
+    pub fn start_logging<L: Ledger + ?Sized>(
+        db: &L,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> (RawHttp, Receiver<String>) {
         let mut args = vec!["--http".to_string(), "127.0.0.1:0".to_string()];
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut child = serve_command(db, &args)
@@ -120,10 +130,9 @@ impl RawHttp {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
         let mut line = String::new();
-        BufReader::new(child.stderr.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        stderr.read_line(&mut line).unwrap();
         let v: Value = serde_json::from_str(&line)
             .unwrap_or_else(|e| panic!("no listening line ({e}): {line:?}"));
         let addr = v["listening"]
@@ -132,7 +141,13 @@ impl RawHttp {
             .trim_start_matches("http://")
             .trim_end_matches("/mcp")
             .to_string();
-        RawHttp { child, addr }
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for l in stderr.lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+        (RawHttp { child, addr }, rx)
     }
 
     /// Sends `method path` with `headers` (a `Host` naming the listening address unless
