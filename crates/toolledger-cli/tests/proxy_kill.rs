@@ -44,7 +44,7 @@ on_both_backends!(at_most_one_upstream_effect_under_random_sigkills);
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// Charges per client.
-const CALLS_PER_CLIENT: usize = 12;
+const CALLS_PER_CLIENT: usize = 20;
 /// Kill cycles (each kills a proxy, an upstream, or both).
 const KILL_CYCLES: usize = 8;
 /// How long one run of a driver may go without finishing before the test calls it a hang.
@@ -381,7 +381,8 @@ fn run_driver(world: &World, plan: &Plan, tag: &str, ops: &[&Op]) -> DriverRun {
 
 /// Runs `plan` until every call has a definitive answer.
 fn drive(world: &World, plan: &Plan, seen: &Mutex<Vec<Seen>>, restarts: &AtomicUsize) {
-    let mut round = 0usize;
+    let started = Instant::now();
+    let (mut round, mut lost, mut waits) = (0usize, 0usize, 0usize);
     loop {
         let pending: Vec<usize> = {
             let seen = seen.lock().unwrap();
@@ -393,6 +394,12 @@ fn drive(world: &World, plan: &Plan, seen: &Mutex<Vec<Seen>>, restarts: &AtomicU
             p
         };
         if pending.is_empty() {
+            eprintln!(
+                "proxy_kill: {} done after {} ms: {round} runs, {lost} lost connections, \
+                 {waits} waits for a lease",
+                plan.name,
+                started.elapsed().as_millis()
+            );
             return;
         }
         round += 1;
@@ -443,8 +450,10 @@ fn drive(world: &World, plan: &Plan, seen: &Mutex<Vec<Seen>>, restarts: &AtomicU
                 plan.name
             );
             restarts.fetch_add(1, Ordering::Relaxed);
+            lost += 1;
             std::thread::sleep(Duration::from_millis(200));
         } else if waiting {
+            waits += 1;
             // A forward of a killed proxy holds its lease until it expires.
             std::thread::sleep(Duration::from_millis(1500));
         }
@@ -540,22 +549,45 @@ enum Victim {
     Both,
 }
 
-/// Kills `cycles` times at random moments until `done`; returns what it killed.
+/// Kills [`KILL_CYCLES`] times at random moments, each time a proxy, an upstream or both of
+/// a shape whose clients are still at work, until every client is `done`; returns what it
+/// killed.
 fn killer(
     world: &World,
     rng: &mut Rng,
-    stdio_tags: &[String],
-    http: &Mutex<HttpProxy>,
+    stdio_tags: &[(String, &AtomicBool)],
+    http: (&Mutex<HttpProxy>, &[&AtomicBool]),
     done: &AtomicBool,
 ) -> Vec<String> {
     let mark = format!("CHARGE_DB={}", world.charge_db.display()).into_bytes();
     let mut kills = Vec::new();
     let started = Instant::now();
     while kills.len() < KILL_CYCLES && !done.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(rng.range(300, 2500)));
+        std::thread::sleep(Duration::from_millis(rng.range(200, 1500)));
         let victim = [Victim::Proxy, Victim::Upstream, Victim::Both][rng.range(0, 3) as usize];
-        let target = rng.range(0, stdio_tags.len() as u64 + 1) as usize;
-        let killed = if target == stdio_tags.len() {
+        let mut targets: Vec<Option<&str>> = stdio_tags
+            .iter()
+            .filter(|(_, active)| active.load(Ordering::Relaxed))
+            .map(|(tag, _)| Some(tag.as_str()))
+            .collect();
+        if http.1.iter().any(|a| a.load(Ordering::Relaxed)) {
+            targets.push(None);
+        }
+        if targets.is_empty() {
+            continue;
+        }
+        let http = http.0;
+        let target = targets[rng.range(0, targets.len() as u64) as usize];
+        let killed = if let Some(tag) = target {
+            let mut any = false;
+            if matches!(victim, Victim::Proxy | Victim::Both) {
+                any |= kill_pidfile(&world.pidfile(tag, "proxy"), &mark);
+            }
+            if matches!(victim, Victim::Upstream | Victim::Both) {
+                any |= kill_pidfile(&world.pidfile(tag, "upstream"), &mark);
+            }
+            any.then(|| format!("{tag}:{victim:?}"))
+        } else {
             let upstream = world.pidfile("http", "upstream");
             let up =
                 matches!(victim, Victim::Upstream | Victim::Both) && kill_pidfile(&upstream, &mark);
@@ -572,16 +604,6 @@ fn killer(
                 }
             }
             (proxy || up).then(|| format!("http:{victim:?}"))
-        } else {
-            let tag = &stdio_tags[target];
-            let mut any = false;
-            if matches!(victim, Victim::Proxy | Victim::Both) {
-                any |= kill_pidfile(&world.pidfile(tag, "proxy"), &mark);
-            }
-            if matches!(victim, Victim::Upstream | Victim::Both) {
-                any |= kill_pidfile(&world.pidfile(tag, "upstream"), &mark);
-            }
-            any.then(|| format!("{tag}:{victim:?}"))
         };
         if let Some(k) = killed {
             eprintln!(
@@ -651,8 +673,11 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
     );
     let mut rng = Rng(seed);
 
-    let work = tempfile::tempdir().unwrap();
+    let mut work = tempfile::tempdir().unwrap();
+    // TOOLLEDGER_KILL_KEEP=1 keeps the logs, pid files and charge database.
+    work.disable_cleanup(std::env::var_os("TOOLLEDGER_KILL_KEEP").is_some());
     let dir = work.path().to_path_buf();
+    eprintln!("proxy_kill: files in {}", dir.display());
     let config = dir.join("proxy.toml");
     std::fs::write(&config, CONFIG).unwrap();
     let token = add_principal(&db, "hank", "acme", &["editor"], &[], true).unwrap();
@@ -664,7 +689,7 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
         node,
         config,
         charge_db: dir.join("charges.sqlite"),
-        delay_ms: rng.range(50, 400),
+        delay_ms: rng.range(150, 450),
         http_addr: format!("127.0.0.1:{}", free_port()),
         token,
     };
@@ -701,11 +726,6 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
             });
         }
     }
-    let stdio_tags: Vec<String> = plans
-        .iter()
-        .filter(|p| p.shape == Shape::Stdio)
-        .map(|p| p.name.clone())
-        .collect();
 
     // The upstream's database exists before anything races to create it.
     let first = HttpProxy::start(&world, "http");
@@ -718,18 +738,32 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
         .iter()
         .map(|p| Mutex::new(vec![Seen::default(); p.ops.len()]))
         .collect();
+    let active: Vec<AtomicBool> = plans.iter().map(|_| AtomicBool::new(true)).collect();
+    let stdio_tags: Vec<(String, &AtomicBool)> = plans
+        .iter()
+        .zip(&active)
+        .filter(|(p, _)| p.shape == Shape::Stdio)
+        .map(|(p, a)| (p.name.clone(), a))
+        .collect();
+    let http_active: Vec<&AtomicBool> = plans
+        .iter()
+        .zip(&active)
+        .filter(|(p, _)| p.shape == Shape::Http)
+        .map(|(_, a)| a)
+        .collect();
     let restarts = AtomicUsize::new(0);
     let done = AtomicBool::new(false);
     let finished = AtomicUsize::new(0);
     let started = Instant::now();
     let kills = std::thread::scope(|s| {
-        for (plan, seen) in plans.iter().zip(&seen) {
+        for ((plan, seen), active) in plans.iter().zip(&seen).zip(&active) {
             let (world, restarts, finished, done) = (&world, &restarts, &finished, &done);
             let n = plans.len();
             s.spawn(move || {
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     drive(world, plan, seen, restarts)
                 }));
+                active.store(false, Ordering::Relaxed);
                 if finished.fetch_add(1, Ordering::Relaxed) + 1 == n {
                     done.store(true, Ordering::Relaxed);
                 }
@@ -739,7 +773,7 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
                 }
             });
         }
-        killer(&world, &mut rng, &stdio_tags, &http, &done)
+        killer(&world, &mut rng, &stdio_tags, (&http, &http_active), &done)
     });
     let chaos = started.elapsed();
     drop(http.into_inner().unwrap());
