@@ -52,6 +52,9 @@ const HANG: Duration = Duration::from_secs(120);
 /// How often one operation may be sent before the test gives up on it.
 const MAX_SENDS: u32 = 200;
 
+/// The `_meta` key of the proxy's ledger block.
+const LEDGER_META: &str = "io.toolledger/ledger";
+
 const CONFIG: &str = r#"
 call_timeout_seconds = 2
 
@@ -842,7 +845,15 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
             let row = rows.get(&Some(op.id.clone())).map(|r| &r[0]);
             let read = reading(value);
             let is_unknown = read == Reading::Error(Some("outcome_unknown".into()));
-            if row.is_some() && (s.lost_in_flight || is_unknown) {
+            // Only this client sends this id, one call at a time: a first answer that is a
+            // replay means the answer of the forward itself was lost.
+            let replayed = value["_meta"][LEDGER_META]["replayed"] == true;
+            assert!(
+                !replayed || s.lost_in_flight,
+                "{}: a replay with no lost reply before it: {value}",
+                op.id
+            );
+            if row.is_some() && (replayed || is_unknown) {
                 replies_lost_after_commit += 1;
             }
             match read {
@@ -939,6 +950,48 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
         assert_eq!(r.code, 0, "{id}: {} {}", r.stdout, r.stderr);
         assert_eq!(r.json()["status"], "failed", "{id}: {}", r.stdout);
     }
+    // A settled operation answers with the operator's word from now on, and still is not
+    // forwarded again.
+    let settled: BTreeMap<&str, &str> = unknown
+        .iter()
+        .map(|(id, sr)| (id.as_str(), sr.as_str()))
+        .collect();
+    let settled_http = plans
+        .iter()
+        .any(|p| p.shape == Shape::Http && p.ops.iter().any(|o| settled.contains_key(&*o.id)));
+    let settled_proxy = settled_http.then(|| HttpProxy {
+        child: Some(HttpProxy::start(&world, "http-settled")),
+        starts: 1,
+    });
+    for plan in &plans {
+        let ops: Vec<&Op> = plan
+            .ops
+            .iter()
+            .filter(|o| settled.contains_key(&*o.id))
+            .collect();
+        if ops.is_empty() {
+            continue;
+        }
+        let run = run_driver(&world, plan, &format!("{}-settled", plan.name), &ops);
+        assert_eq!(run.code, 0, "{}: {:?}", plan.name, run.other);
+        assert_eq!(run.answers.len(), ops.len(), "{}", plan.name);
+        for (k, _, result) in &run.answers {
+            let id = &*ops[*k].id;
+            assert_eq!(
+                reading(result),
+                Reading::Error(Some("resolved_failed".into())),
+                "{id}: {result}"
+            );
+            assert_eq!(status_ref(result).as_deref(), Some(settled[id]), "{id}");
+            assert_eq!(result["_meta"][LEDGER_META]["state"], "failed", "{id}");
+        }
+    }
+    drop(settled_proxy);
+    assert_eq!(
+        charges(&world.charge_db),
+        rows,
+        "settling and asking again charged nothing"
+    );
 
     // (4) The ledger is consistent.
     let audit = cli(&db, &["audit"]);
