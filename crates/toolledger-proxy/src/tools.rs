@@ -10,7 +10,7 @@ use rmcp::model::{
 use serde_json::{json, Value};
 use toolledger::engine::OperationRecord;
 use toolledger::model::{Error, ErrorCode, OperationState};
-use toolledger::outbox::EventState;
+use toolledger::outbox::{ClaimOutcome, EventState};
 use toolledger::runtime::{Answer, DeferredCall, Delivery, ProviderContext, Runtime, StatusQuery};
 use toolledger_mcp::reply::{single_round, tool_error, META_LEDGER};
 use toolledger_mcp::server::{BoxFuture, McpTool, ToolCall};
@@ -184,7 +184,7 @@ impl GuardedForward {
             if let Some(rpc) = rpc {
                 return Ok(Err(rpc));
             }
-            self.settle(&key, answer?).await
+            self.settle(&deferred, answer?).await
         }
         .await;
         match outcome {
@@ -196,20 +196,33 @@ impl GuardedForward {
 
     /// The answer to give for `answer`: an unfinished operation that was never claimed is
     /// forwarded now (nothing was sent for it yet: its intent committed, then the process
-    /// that accepted it stopped); one under a live lease is `operation_in_progress`; the
-    /// JSON-RPC error of this call's own forward goes back unchanged.
+    /// that accepted it stopped); one under a live lease is `operation_in_progress`; one that
+    /// another call of the same operation finished meanwhile is replayed; the JSON-RPC error
+    /// of this call's own forward goes back unchanged.
     async fn settle(
         &self,
-        key: &str,
+        deferred: &DeferredCall,
         answer: Answer,
     ) -> Result<Result<CallToolResult, ErrorData>, toolledger::runtime::RuntimeError> {
+        let key = deferred.key.as_str();
         let Answer::Unknown { status_ref, state } = &answer else {
             return Ok(Ok(reply(key, &answer)));
         };
         if matches!(state, OperationState::Accepted | OperationState::Processing) {
             if let Some(event) = self.runtime.event_of(status_ref).await? {
                 let now = self.runtime.clock().now();
-                if event.state == EventState::Pending && event.attempt_count == 0 {
+                let in_progress = || {
+                    let r = error_result(
+                        ErrorCode::OperationInProgress.as_str(),
+                        "the upstream is working on this operation now; retry later with the \
+                         same operation id",
+                        Some(status_ref),
+                    );
+                    Ok(Ok(with_ledger_meta(r, key, status_ref, false, *state)))
+                };
+                // Read after this call's own look at the operation: a concurrent call of the
+                // same operation may have claimed it, or finished it, in between.
+                let again = if event.state == EventState::Pending && event.attempt_count == 0 {
                     let owner = format!("proxy-{}", std::process::id());
                     let (processed, rpc) =
                         capturing_protocol_error(self.runtime.process(event.id, &owner, None))
@@ -217,24 +230,30 @@ impl GuardedForward {
                     if let Some(rpc) = rpc {
                         return Ok(Err(rpc));
                     }
-                    let again = match processed? {
+                    match processed? {
                         toolledger::runtime::Processed::Delivered(a)
-                        | toolledger::runtime::Processed::Unknown(a) => a,
-                        toolledger::runtime::Processed::NotClaimed(_) => answer.clone(),
-                    };
-                    if !matches!(again, Answer::Unknown { .. }) {
-                        return Ok(Ok(reply(key, &again)));
+                        | toolledger::runtime::Processed::Unknown(a) => Some(a),
+                        toolledger::runtime::Processed::NotClaimed(ClaimOutcome::Leased {
+                            until,
+                        }) if until > now => return in_progress(),
+                        toolledger::runtime::Processed::NotClaimed(ClaimOutcome::Finished {
+                            ..
+                        }) => Some(self.runtime.dispatch(deferred, None).await?),
+                        toolledger::runtime::Processed::NotClaimed(_) => None,
                     }
                 } else if event.state == EventState::Processing
                     && event.lease_until.is_some_and(|u| u > now)
                 {
-                    let r = error_result(
-                        ErrorCode::OperationInProgress.as_str(),
-                        "the upstream is working on this operation now; retry later with the \
-                         same operation id",
-                        Some(status_ref),
-                    );
-                    return Ok(Ok(with_ledger_meta(r, key, status_ref, false, *state)));
+                    return in_progress();
+                } else if event.state == EventState::Delivered {
+                    Some(self.runtime.dispatch(deferred, None).await?)
+                } else {
+                    None
+                };
+                if let Some(again) = again {
+                    if !matches!(again, Answer::Unknown { .. }) {
+                        return Ok(Ok(reply(key, &again)));
+                    }
                 }
             }
         }
