@@ -467,7 +467,6 @@ fn drive(world: &World, plan: &Plan, seen: &Mutex<Vec<Seen>>, restarts: &AtomicU
 /// The `proxy --http` process the test runs, started again after each kill.
 struct HttpProxy {
     child: Option<Child>,
-    starts: usize,
 }
 
 impl HttpProxy {
@@ -603,7 +602,6 @@ fn killer(
                     proxy = true;
                     std::thread::sleep(Duration::from_millis(rng.range(0, 500)));
                     h.child = Some(HttpProxy::start(world, "http"));
-                    h.starts += 1;
                 }
             }
             (proxy || up).then(|| format!("http:{victim:?}"))
@@ -732,10 +730,7 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
 
     // The upstream's database exists before anything races to create it.
     let first = HttpProxy::start(&world, "http");
-    let http = Mutex::new(HttpProxy {
-        child: Some(first),
-        starts: 1,
-    });
+    let http = Mutex::new(HttpProxy { child: Some(first) });
 
     let seen: Vec<Mutex<Vec<Seen>>> = plans
         .iter()
@@ -787,7 +782,6 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
     // (2) A fresh proxy replays every first definitive answer as it was.
     let final_http = HttpProxy {
         child: Some(HttpProxy::start(&world, "http-final")),
-        starts: 1,
     };
     let mut mismatched = Vec::new();
     for (plan, seen) in plans.iter().zip(&seen) {
@@ -961,7 +955,6 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
         .any(|p| p.shape == Shape::Http && p.ops.iter().any(|o| settled.contains_key(&*o.id)));
     let settled_proxy = settled_http.then(|| HttpProxy {
         child: Some(HttpProxy::start(&world, "http-settled")),
-        starts: 1,
     });
     for plan in &plans {
         let ops: Vec<&Op> = plan
