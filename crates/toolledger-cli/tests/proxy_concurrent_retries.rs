@@ -10,7 +10,7 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 
 use serde_json::{json, Value};
 use support::clients;
@@ -44,22 +44,24 @@ fn concurrent_calls_of_one_operation_forward_it_once(db: Db) {
     let charge_db = dir.path().join("charges.sqlite");
     let token = add_principal(&db, "hank", "acme", &["editor"], &[], true).unwrap();
     let addr = format!("127.0.0.1:{}", free_port());
-    let mut proxy = Command::new(support::BIN)
-        .arg("proxy")
-        .args(db.store_args())
-        .args(["--config", config.to_str().unwrap(), "--http", &addr, "--"])
-        .arg(&python)
-        .arg(clients::proxy_fixture("charge_server.py"))
-        .env_remove("TOOLLEDGER_STATE_KEY_HEX")
-        .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX")
-        .envs(db.key_env())
-        .env("CHARGE_DB", &charge_db)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(proxy.stderr.take().unwrap()).lines();
+    let mut proxy = Killed(
+        Command::new(support::BIN)
+            .arg("proxy")
+            .args(db.store_args())
+            .args(["--config", config.to_str().unwrap(), "--http", &addr, "--"])
+            .arg(&python)
+            .arg(clients::proxy_fixture("charge_server.py"))
+            .env_remove("TOOLLEDGER_STATE_KEY_HEX")
+            .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX")
+            .envs(db.key_env())
+            .env("CHARGE_DB", &charge_db)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines = BufReader::new(proxy.0.stderr.take().unwrap()).lines();
     loop {
         let line = lines.next().expect("the proxy listens").unwrap();
         if line.contains("\"listening\"") {
@@ -147,6 +149,14 @@ fn concurrent_calls_of_one_operation_forward_it_once(db: Db) {
         "one charge per id"
     );
     eprintln!("{CLIENTS} clients x {IDS} ids: {in_progress} answers operation_in_progress");
-    proxy.kill().unwrap();
-    proxy.wait().unwrap();
+}
+
+/// A child process killed when the test ends, passed or not.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

@@ -51,6 +51,8 @@ const KILL_CYCLES: usize = 8;
 const HANG: Duration = Duration::from_secs(120);
 /// How often one operation may be sent before the test gives up on it.
 const MAX_SENDS: u32 = 200;
+/// How long one client may take for all its calls before the test gives up on it.
+const CLIENT_DEADLINE: Duration = Duration::from_secs(300);
 
 /// The `_meta` key of the proxy's ledger block.
 const LEDGER_META: &str = "io.toolledger/ledger";
@@ -460,7 +462,13 @@ fn drive(world: &World, plan: &Plan, seen: &Mutex<Vec<Seen>>, restarts: &AtomicU
             // A forward of a killed proxy holds its lease until it expires.
             std::thread::sleep(Duration::from_millis(1500));
         }
-        assert!(round < 10_000);
+        assert!(
+            started.elapsed() < CLIENT_DEADLINE,
+            "{}: not done after {} s ({round} runs; logs in {})",
+            plan.name,
+            CLIENT_DEADLINE.as_secs(),
+            world.dir.display()
+        );
     }
 }
 
