@@ -10,8 +10,10 @@ use rmcp::model::{
 use serde_json::{json, Map, Value};
 use toolledger::engine::OperationRecord;
 use toolledger::model::{Error, ErrorCode, OperationState};
-use toolledger::outbox::EventState;
-use toolledger::runtime::{Answer, DeferredCall, Delivery, ProviderContext, Runtime, StatusQuery};
+use toolledger::outbox::{ClaimOutcome, EventState};
+use toolledger::runtime::{
+    Answer, DeferredCall, Delivery, Processed, ProviderContext, Runtime, StatusQuery,
+};
 use toolledger_mcp::guard::arguments_digest;
 use toolledger_mcp::reply::{tool_error, META_LEDGER};
 use toolledger_mcp::server::{BoxFuture, McpTool, ToolCall};
@@ -299,7 +301,7 @@ impl GuardedForward {
                 Captured::InputRequired(asked) => {
                     return Ok(Ok(self.ask(&call, &key, &arguments, asked)?))
                 }
-                Captured::Nothing => self.settle(&key, answer?, scope).await?,
+                Captured::Nothing => self.settle(&deferred, answer?, scope).await?,
             };
             Ok(match settled {
                 Settled::Answer(r) => Ok(CallToolResponse::Complete(r)),
@@ -318,16 +320,36 @@ impl GuardedForward {
     /// The answer to give for `answer`: an unfinished operation whose event is unclaimed is
     /// forwarded now (nothing was sent for it yet: its intent committed and the process that
     /// accepted it stopped, or the upstream asked for input and this call brings it); one
-    /// under a live lease is `operation_in_progress`; the JSON-RPC error of this call's own
-    /// forward goes back unchanged.
-    async fn settle(&self, key: &str, answer: Answer, scope: CallScope) -> Result<Settled, Error> {
+    /// under a live lease is `operation_in_progress`; one that another call of the same
+    /// operation finished meanwhile is replayed; the JSON-RPC error of this call's own forward
+    /// goes back unchanged.
+    async fn settle(
+        &self,
+        deferred: &DeferredCall,
+        answer: Answer,
+        scope: CallScope,
+    ) -> Result<Settled, Error> {
+        let key = deferred.key.as_str();
         let Answer::Unknown { status_ref, state } = &answer else {
             return Ok(Settled::Answer(reply(key, &answer)));
         };
         if matches!(state, OperationState::Accepted | OperationState::Processing) {
             if let Some(event) = self.runtime.event_of(status_ref).await? {
                 let now = self.runtime.clock().now();
-                if event.state == EventState::Pending && event.attempt_count == 0 {
+                let in_progress = || {
+                    let r = error_result(
+                        ErrorCode::OperationInProgress.as_str(),
+                        "the upstream is working on this operation now; retry later with the \
+                         same operation id",
+                        Some(status_ref),
+                    );
+                    Ok(Settled::Answer(with_ledger_meta(
+                        r, key, status_ref, false, *state,
+                    )))
+                };
+                // Read after this call's own look at the operation: a concurrent call of the
+                // same operation may have claimed it, or finished it, in between.
+                let again = if event.state == EventState::Pending && event.attempt_count == 0 {
                     let owner = format!("proxy-{}", std::process::id());
                     let (processed, captured) =
                         forwarding(scope, self.runtime.process(event.id, &owner, None)).await;
@@ -336,26 +358,29 @@ impl GuardedForward {
                         Captured::InputRequired(asked) => return Ok(Settled::Asked(asked)),
                         Captured::Nothing => {}
                     }
-                    let again = match processed? {
-                        toolledger::runtime::Processed::Delivered(a)
-                        | toolledger::runtime::Processed::Unknown(a) => a,
-                        toolledger::runtime::Processed::NotClaimed(_) => answer.clone(),
-                    };
-                    if !matches!(again, Answer::Unknown { .. }) {
-                        return Ok(Settled::Answer(reply(key, &again)));
+                    match processed? {
+                        Processed::Delivered(a) | Processed::Unknown(a) => Some(a),
+                        Processed::NotClaimed(ClaimOutcome::Leased { until }) if until > now => {
+                            return in_progress()
+                        }
+                        Processed::NotClaimed(ClaimOutcome::Finished { .. }) => {
+                            Some(self.runtime.dispatch(deferred, None).await?)
+                        }
+                        Processed::NotClaimed(_) => None,
                     }
                 } else if event.state == EventState::Processing
                     && event.lease_until.is_some_and(|u| u > now)
                 {
-                    let r = error_result(
-                        ErrorCode::OperationInProgress.as_str(),
-                        "the upstream is working on this operation now; retry later with the \
-                         same operation id",
-                        Some(status_ref),
-                    );
-                    return Ok(Settled::Answer(with_ledger_meta(
-                        r, key, status_ref, false, *state,
-                    )));
+                    return in_progress();
+                } else if event.state == EventState::Delivered {
+                    Some(self.runtime.dispatch(deferred, None).await?)
+                } else {
+                    None
+                };
+                if let Some(again) = again {
+                    if !matches!(again, Answer::Unknown { .. }) {
+                        return Ok(Settled::Answer(reply(key, &again)));
+                    }
                 }
             }
         }

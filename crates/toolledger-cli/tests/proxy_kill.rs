@@ -1,0 +1,1028 @@
+//! The proxy under random SIGKILLs: at most one upstream effect per operation id, and every
+//! answer a client got is the one every retry gets.
+//!
+//! One upstream database (`CHARGE_DB`, the charge server's SQLite file) behind two shapes of
+//! proxy: three stdio clients (Python SDK `Client`, Python `ClientSession`, TypeScript SDK),
+//! each launching its own `toolledger proxy` as its server command (which starts its own
+//! charge server), and the same three clients over streamable HTTP to one `proxy --http`
+//! process the test runs. Every process is started through a small `sh` wrapper that writes
+//! its pid to a file, so a killer thread can SIGKILL, at seeded random moments, a proxy, an
+//! upstream, or both (the HTTP proxy comes back on the same port). The charge server waits a
+//! little between its commit and its reply, so some kills land in that window.
+//!
+//! Each client calls `charge` for its own list of operation ids. A client whose connection
+//! is lost starts again and sends every call not yet answered definitively, with the same
+//! operation id: a result, or an in-band error other than `operation_in_progress` (an
+//! `outcome_unknown` answer is definitive for now; its status ref is kept).
+//!
+//! Afterwards: no operation id has two charge rows; a fresh proxy replays every first
+//! definitive answer byte for byte (but for `replayed`); every unsure operation is listed
+//! by `operations list` and settled with `resolve --as failed`; `audit` passes. One summary
+//! line says what happened. The seed is printed; `TOOLLEDGER_KILL_SEED` replays one.
+
+#![cfg(unix)]
+
+#[macro_use]
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, RecvTimeoutError};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::clients;
+use support::wire::{add_principal, Db, Ledger};
+
+on_both_backends!(at_most_one_upstream_effect_under_random_sigkills);
+
+/// The two backends' runs share the machine's cores and the upstream's timing: one at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Charges per client.
+const CALLS_PER_CLIENT: usize = 20;
+/// Kill cycles (each kills a proxy, an upstream, or both).
+const KILL_CYCLES: usize = 8;
+/// How long one run of a driver may go without finishing before the test calls it a hang.
+const HANG: Duration = Duration::from_secs(120);
+/// How often one operation may be sent before the test gives up on it.
+const MAX_SENDS: u32 = 200;
+/// How long one client may take for all its calls before the test gives up on it.
+const CLIENT_DEADLINE: Duration = Duration::from_secs(300);
+
+/// The `_meta` key of the proxy's ledger block.
+const LEDGER_META: &str = "io.toolledger/ledger";
+
+const CONFIG: &str = r#"
+call_timeout_seconds = 2
+
+[tools.charge]
+forward_operation_id = "_meta"
+"#;
+
+/// A small seeded generator (splitmix64): the same seed, the same kill plan.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..hi`.
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo)
+    }
+}
+
+fn seed() -> u64 {
+    match std::env::var("TOOLLEDGER_KILL_SEED") {
+        Ok(s) => s.parse().expect("TOOLLEDGER_KILL_SEED is a number"),
+        Err(_) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64,
+    }
+}
+
+/// One string quoted for `sh`.
+fn q(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Driver {
+    PyClient,
+    PySession,
+    Ts,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shape {
+    Stdio,
+    Http,
+}
+
+struct Op {
+    id: String,
+    customer: String,
+    amount: i64,
+}
+
+struct Plan {
+    name: String,
+    driver: Driver,
+    shape: Shape,
+    ops: Vec<Op>,
+}
+
+impl Plan {
+    fn lifecycle(&self) -> &'static str {
+        match self.driver {
+            Driver::PyClient => "auto",
+            Driver::PySession | Driver::Ts => "legacy",
+        }
+    }
+}
+
+/// What one client saw of one operation.
+#[derive(Clone, Default)]
+struct Seen {
+    /// The first definitive answer: the result as the driver printed it.
+    first: Option<String>,
+    /// The same, parsed.
+    value: Option<Value>,
+    /// A connection was lost while this call was in flight.
+    lost_in_flight: bool,
+    /// The last answer was `operation_in_progress`.
+    in_progress: bool,
+    /// How often it was sent.
+    sends: u32,
+}
+
+/// How a tool result reads.
+#[derive(Debug, PartialEq)]
+enum Reading {
+    Success,
+    /// An in-band error with this code (`None`: the upstream's own tool error text).
+    Error(Option<String>),
+}
+
+fn reading(result: &Value) -> Reading {
+    if result["isError"] != true {
+        return Reading::Success;
+    }
+    let text = result["content"][0]["text"].as_str().unwrap_or("");
+    let code = serde_json::from_str::<Value>(text)
+        .ok()
+        .and_then(|v| v["error"]["code"].as_str().map(str::to_string));
+    Reading::Error(code)
+}
+
+fn status_ref(result: &Value) -> Option<String> {
+    let text = result["content"][0]["text"].as_str()?;
+    let v: Value = serde_json::from_str(text).ok()?;
+    v["error"]["status_ref"].as_str().map(str::to_string)
+}
+
+/// The result text of a driver line `{"i": N, "result": {...}}`, with the ledger's
+/// `replayed` flag blanked (the only part a replay may change).
+fn result_text(line: &str) -> String {
+    let at = line.find("\"result\"").expect("a result line");
+    let text = line[at..].trim_end();
+    let text = text.strip_suffix('}').unwrap_or(text);
+    text.replace("\"replayed\": true", "\"replayed\": _")
+        .replace("\"replayed\": false", "\"replayed\": _")
+        .replace("\"replayed\":true", "\"replayed\":_")
+        .replace("\"replayed\":false", "\"replayed\":_")
+}
+
+/// Everything the processes of one run share.
+struct World<'a> {
+    db: &'a Db,
+    dir: PathBuf,
+    python: PathBuf,
+    node: PathBuf,
+    config: PathBuf,
+    charge_db: PathBuf,
+    delay_ms: u64,
+    http_addr: String,
+    token: String,
+}
+
+impl World<'_> {
+    fn env(&self) -> Vec<(String, String)> {
+        let mut env = vec![
+            ("CHARGE_DB".into(), self.charge_db.display().to_string()),
+            ("CHARGE_DELAY_MS".into(), self.delay_ms.to_string()),
+        ];
+        for (k, v) in self.db.key_env() {
+            env.push((k.into(), v.into()));
+        }
+        env
+    }
+
+    /// The upstream command, wrapped to record its pid in `pidfile`.
+    fn upstream(&self, pidfile: &Path) -> String {
+        format!(
+            "echo $$ > {}; exec {} {}",
+            q(&pidfile.display().to_string()),
+            q(&self.python.display().to_string()),
+            q(&clients::proxy_fixture("charge_server.py")
+                .display()
+                .to_string()),
+        )
+    }
+
+    /// `toolledger proxy` on this ledger with this config, before `--`.
+    fn proxy_args(&self) -> Vec<String> {
+        let mut a = vec!["proxy".to_string()];
+        a.extend(self.db.store_args());
+        a.extend(["--config".into(), self.config.display().to_string()]);
+        a
+    }
+
+    /// The stdio server command of a client: its own proxy (pid in `tag.proxy.pid`) in
+    /// front of its own upstream (pid in `tag.upstream.pid`).
+    fn stdio_server(&self, tag: &str) -> Value {
+        let mut words: Vec<String> = vec![support::BIN.to_string()];
+        words.extend(self.proxy_args());
+        words.extend(["--principal".into(), "alice".into(), "--".into()]);
+        words.extend(["sh".into(), "-c".into()]);
+        let mut script = format!(
+            "echo $$ > {}; exec",
+            q(&self.pidfile(tag, "proxy").display().to_string())
+        );
+        for w in &words {
+            script.push(' ');
+            script.push_str(&q(w));
+        }
+        script.push(' ');
+        script.push_str(&q(&self.upstream(&self.pidfile(tag, "upstream"))));
+        let env: serde_json::Map<String, Value> = self
+            .env()
+            .into_iter()
+            .map(|(k, v)| (k, Value::String(v)))
+            .collect();
+        json!({"command": "sh", "args": ["-c", script], "env": env})
+    }
+
+    fn pidfile(&self, tag: &str, what: &str) -> PathBuf {
+        self.dir.join(format!("{tag}.{what}.pid"))
+    }
+
+    fn spec(&self, plan: &Plan, tag: &str, ops: &[&Op]) -> Value {
+        let calls: Vec<Value> = ops
+            .iter()
+            .map(|o| {
+                json!({"name": "charge", "arguments": {
+                    "customer": o.customer, "amount_cents": o.amount, "operation_id": o.id}})
+            })
+            .collect();
+        let mut spec = json!({"lifecycle": plan.lifecycle(), "list_tools": false, "calls": calls});
+        match plan.driver {
+            Driver::PyClient => spec["api"] = json!("client"),
+            Driver::PySession => spec["api"] = json!("session"),
+            Driver::Ts => spec["timeout_ms"] = json!(60_000),
+        }
+        match plan.shape {
+            Shape::Stdio => {
+                spec["transport"] = json!("stdio");
+                spec["server"] = self.stdio_server(tag);
+            }
+            Shape::Http => {
+                spec["transport"] = json!("http");
+                spec["url"] = json!(format!("http://{}/mcp", self.http_addr));
+                spec["token"] = json!(self.token);
+            }
+        }
+        spec
+    }
+
+    fn driver(&self, plan: &Plan, spec: &Value) -> Command {
+        let mut c = match plan.driver {
+            Driver::PyClient | Driver::PySession => {
+                let mut c = Command::new(&self.python);
+                c.arg(clients::proxy_fixture("py_client.py"));
+                c
+            }
+            Driver::Ts => {
+                let mut c = Command::new(&self.node);
+                c.arg(clients::ts_client());
+                c
+            }
+        };
+        c.arg(spec.to_string());
+        c
+    }
+
+    fn log(&self, name: &str) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{name}.log")))
+            .unwrap()
+    }
+}
+
+/// What one run of a driver printed.
+struct DriverRun {
+    /// `(index into the calls sent, raw line, result)` per answered call.
+    answers: Vec<(usize, String, Value)>,
+    /// The call in flight when the connection was lost.
+    lost_at: Option<usize>,
+    /// Lines that are neither results nor lost connections.
+    other: Vec<String>,
+    code: i32,
+}
+
+fn run_driver(world: &World, plan: &Plan, tag: &str, ops: &[&Op]) -> DriverRun {
+    let spec = world.spec(plan, tag, ops);
+    let mut child = world
+        .driver(plan, &spec)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(world.log(tag))
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let started = Instant::now();
+    let mut run = DriverRun {
+        answers: Vec::new(),
+        lost_at: None,
+        other: Vec::new(),
+        code: 0,
+    };
+    loop {
+        match rx.recv_timeout(Duration::from_millis(500)) {
+            Ok(line) => {
+                let v: Value = serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("{}: not JSON ({e}): {line}", plan.name));
+                let i = v["i"].as_u64().map(|i| i as usize);
+                if let (Some(i), Some(result)) = (i, v.get("result")) {
+                    run.answers.push((i, line.clone(), result.clone()));
+                } else if v.get("transport_error").is_some() {
+                    run.lost_at = i;
+                } else if v.get("connected").is_none() {
+                    run.other.push(line);
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                if started.elapsed() > HANG {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!(
+                        "{}: no end after {} s with {} calls; answered so far: {} (logs in {})",
+                        plan.name,
+                        HANG.as_secs(),
+                        ops.len(),
+                        run.answers.len(),
+                        world.dir.display()
+                    );
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    run.code = child.wait().unwrap().code().unwrap_or(-1);
+    run
+}
+
+/// Runs `plan` until every call has a definitive answer.
+fn drive(world: &World, plan: &Plan, seen: &Mutex<Vec<Seen>>, restarts: &AtomicUsize) {
+    let started = Instant::now();
+    let (mut round, mut lost, mut waits) = (0usize, 0usize, 0usize);
+    loop {
+        let pending: Vec<usize> = {
+            let seen = seen.lock().unwrap();
+            // Calls still in flight elsewhere go last: the others need not wait for them.
+            let mut p: Vec<usize> = (0..plan.ops.len())
+                .filter(|&i| seen[i].first.is_none())
+                .collect();
+            p.sort_by_key(|&i| seen[i].in_progress);
+            p
+        };
+        if pending.is_empty() {
+            eprintln!(
+                "proxy_kill: {} done after {} ms: {round} runs, {lost} lost connections, \
+                 {waits} waits for a lease",
+                plan.name,
+                started.elapsed().as_millis()
+            );
+            return;
+        }
+        round += 1;
+        let ops: Vec<&Op> = pending.iter().map(|&i| &plan.ops[i]).collect();
+        let run = run_driver(world, plan, &plan.name, &ops);
+        let mut waiting = false;
+        {
+            let mut seen = seen.lock().unwrap();
+            for &i in &pending {
+                seen[i].in_progress = false;
+            }
+            for (k, line, result) in &run.answers {
+                let s = &mut seen[pending[*k]];
+                s.sends += 1;
+                if reading(result) == Reading::Error(Some("operation_in_progress".into())) {
+                    s.in_progress = true;
+                    waiting = true;
+                    continue;
+                }
+                s.first = Some(result_text(line));
+                s.value = Some(result.clone());
+            }
+            if let Some(k) = run.lost_at {
+                let s = &mut seen[pending[k]];
+                s.sends += 1;
+                s.lost_in_flight = true;
+            }
+            for &i in &pending {
+                assert!(
+                    seen[i].sends <= MAX_SENDS,
+                    "{}: {} sent {} times without a definitive answer",
+                    plan.name,
+                    plan.ops[i].id,
+                    seen[i].sends
+                );
+            }
+        }
+        assert!(
+            run.other.is_empty(),
+            "{}: unexpected lines: {:?}",
+            plan.name,
+            run.other
+        );
+        if run.code != 0 {
+            assert_eq!(
+                run.code, 3,
+                "{}: a driver fails only by a lost connection",
+                plan.name
+            );
+            restarts.fetch_add(1, Ordering::Relaxed);
+            lost += 1;
+            std::thread::sleep(Duration::from_millis(200));
+        } else if waiting {
+            waits += 1;
+            // A forward of a killed proxy holds its lease until it expires.
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+        assert!(
+            started.elapsed() < CLIENT_DEADLINE,
+            "{}: not done after {} s ({round} runs; logs in {})",
+            plan.name,
+            CLIENT_DEADLINE.as_secs(),
+            world.dir.display()
+        );
+    }
+}
+
+/// The `proxy --http` process the test runs, started again after each kill.
+struct HttpProxy {
+    child: Option<Child>,
+}
+
+impl HttpProxy {
+    fn start(world: &World, tag: &str) -> Child {
+        let mut command = Command::new(support::BIN);
+        command
+            .args(world.proxy_args())
+            .args(["--http", &world.http_addr, "--", "sh", "-c"])
+            .arg(world.upstream(&world.pidfile(tag, "upstream")))
+            .env_remove("TOOLLEDGER_STATE_KEY_HEX")
+            .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX")
+            .envs(world.env())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let mut child = command.spawn().unwrap();
+            let stderr = child.stderr.take().unwrap();
+            let (tx, rx) = channel();
+            let mut log = world.log(tag);
+            std::thread::spawn(move || {
+                use std::io::Write;
+                for line in BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    let _ = writeln!(log, "{line}");
+                    if line.contains("\"listening\"") {
+                        let _ = tx.send(());
+                    }
+                }
+            });
+            match rx.recv_timeout(Duration::from_secs(60)) {
+                Ok(()) => return child,
+                Err(_) => {
+                    // It ended before listening (the port not free yet, say): once more.
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    assert!(
+                        Instant::now() < deadline,
+                        "the HTTP proxy does not start (log in {})",
+                        world.dir.display()
+                    );
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for HttpProxy {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// SIGKILLs the process `pidfile` names, when it is one of this run's (its environment
+/// names this run's charge database) and still alive.
+fn kill_pidfile(pidfile: &Path, mark: &[u8]) -> bool {
+    let Ok(text) = std::fs::read_to_string(pidfile) else {
+        return false;
+    };
+    let Ok(pid) = text.trim().parse::<i32>() else {
+        return false;
+    };
+    let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    if !environ.split(|b| *b == 0).any(|kv| kv == mark) {
+        return false;
+    }
+    // SAFETY: kill(2) with a pid this run started (checked above) and SIGKILL.
+    unsafe { libc::kill(pid, libc::SIGKILL) == 0 }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Victim {
+    Proxy,
+    Upstream,
+    Both,
+}
+
+/// Kills [`KILL_CYCLES`] times at random moments, each time a proxy, an upstream or both of
+/// a shape whose clients are still at work, until every client is `done`; returns what it
+/// killed.
+fn killer(
+    world: &World,
+    rng: &mut Rng,
+    stdio_tags: &[(String, &AtomicBool)],
+    http: (&Mutex<HttpProxy>, &[&AtomicBool]),
+    done: &AtomicBool,
+) -> Vec<String> {
+    let mark = format!("CHARGE_DB={}", world.charge_db.display()).into_bytes();
+    let mut kills = Vec::new();
+    let started = Instant::now();
+    while kills.len() < KILL_CYCLES && !done.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(rng.range(200, 1500)));
+        let victim = [Victim::Proxy, Victim::Upstream, Victim::Both][rng.range(0, 3) as usize];
+        let mut targets: Vec<Option<&str>> = stdio_tags
+            .iter()
+            .filter(|(_, active)| active.load(Ordering::Relaxed))
+            .map(|(tag, _)| Some(tag.as_str()))
+            .collect();
+        if http.1.iter().any(|a| a.load(Ordering::Relaxed)) {
+            targets.push(None);
+        }
+        if targets.is_empty() {
+            continue;
+        }
+        let http = http.0;
+        let target = targets[rng.range(0, targets.len() as u64) as usize];
+        let killed = if let Some(tag) = target {
+            let mut any = false;
+            if matches!(victim, Victim::Proxy | Victim::Both) {
+                any |= kill_pidfile(&world.pidfile(tag, "proxy"), &mark);
+            }
+            if matches!(victim, Victim::Upstream | Victim::Both) {
+                any |= kill_pidfile(&world.pidfile(tag, "upstream"), &mark);
+            }
+            any.then(|| format!("{tag}:{victim:?}"))
+        } else {
+            let upstream = world.pidfile("http", "upstream");
+            let up =
+                matches!(victim, Victim::Upstream | Victim::Both) && kill_pidfile(&upstream, &mark);
+            let mut proxy = false;
+            if matches!(victim, Victim::Proxy | Victim::Both) {
+                let mut h = http.lock().unwrap();
+                if let Some(mut c) = h.child.take() {
+                    c.kill().unwrap();
+                    c.wait().unwrap();
+                    proxy = true;
+                    std::thread::sleep(Duration::from_millis(rng.range(0, 500)));
+                    h.child = Some(HttpProxy::start(world, "http"));
+                }
+            }
+            (proxy || up).then(|| format!("http:{victim:?}"))
+        };
+        if let Some(k) = killed {
+            eprintln!(
+                "proxy_kill: {:>6} ms SIGKILL {k}",
+                started.elapsed().as_millis()
+            );
+            kills.push(k);
+        }
+    }
+    kills
+}
+
+/// Runs `toolledger ARGS` with the ledger's store flags and key variables.
+fn cli(db: &Db, args: &[&str]) -> support::Run {
+    let mut c = Command::new(support::BIN);
+    c.args(args)
+        .args(db.store_args())
+        .env_remove("TOOLLEDGER_STATE_KEY_HEX")
+        .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX")
+        .envs(db.key_env());
+    c.output().unwrap().into()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The charge rows per reference (operation id).
+fn charges(path: &Path) -> BTreeMap<Option<String>, Vec<(i64, String, i64)>> {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let mut stmt = conn
+        .prepare("SELECT id, customer, amount_cents, reference FROM charges ORDER BY id")
+        .unwrap();
+    let rows = stmt
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, Option<String>>(3)?,
+                (r.get::<_, i64>(0)?, r.get(1)?, r.get(2)?),
+            ))
+        })
+        .unwrap();
+    let mut out: BTreeMap<Option<String>, Vec<(i64, String, i64)>> = BTreeMap::new();
+    for row in rows {
+        let (reference, row) = row.unwrap();
+        out.entry(reference).or_default().push(row);
+    }
+    out
+}
+
+fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
+    let (Some(python), Some(node)) = (clients::python(), clients::node()) else {
+        return;
+    };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let backend = if db.is_postgres() {
+        "postgres"
+    } else {
+        "sqlite"
+    };
+    let seed = seed();
+    eprintln!(
+        "proxy_kill: backend {backend}, seed {seed} (TOOLLEDGER_KILL_SEED={seed} replays the plan)"
+    );
+    let mut rng = Rng(seed);
+
+    let mut work = tempfile::tempdir().unwrap();
+    // TOOLLEDGER_KILL_KEEP=1 keeps the logs, pid files and charge database.
+    work.disable_cleanup(std::env::var_os("TOOLLEDGER_KILL_KEEP").is_some());
+    let dir = work.path().to_path_buf();
+    eprintln!("proxy_kill: files in {}", dir.display());
+    let config = dir.join("proxy.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let token = add_principal(&db, "hank", "acme", &["editor"], &[], true).unwrap();
+    add_principal(&db, "olga", "acme", &["operator"], &[], false);
+    let world = World {
+        db: &db,
+        dir: dir.clone(),
+        python,
+        node,
+        config,
+        charge_db: dir.join("charges.sqlite"),
+        delay_ms: rng.range(150, 450),
+        http_addr: format!("127.0.0.1:{}", free_port()),
+        token,
+    };
+
+    let drivers = [Driver::PyClient, Driver::PySession, Driver::Ts];
+    let mut plans = Vec::new();
+    for shape in [Shape::Stdio, Shape::Http] {
+        for driver in drivers {
+            let name = format!(
+                "{}-{}",
+                match shape {
+                    Shape::Stdio => "stdio",
+                    Shape::Http => "http",
+                },
+                match driver {
+                    Driver::PyClient => "py-client",
+                    Driver::PySession => "py-session",
+                    Driver::Ts => "ts",
+                }
+            );
+            let ops = (0..CALLS_PER_CLIENT)
+                .map(|i| Op {
+                    id: format!("{name}-{seed:x}-{i}"),
+                    customer: format!("cus-{name}-{i}"),
+                    // One call in each list is the upstream's own tool error (no row).
+                    amount: if i == 5 { 0 } else { 100 + i as i64 },
+                })
+                .collect();
+            plans.push(Plan {
+                name,
+                driver,
+                shape,
+                ops,
+            });
+        }
+    }
+
+    // The upstream's database exists before anything races to create it.
+    let first = HttpProxy::start(&world, "http");
+    let http = Mutex::new(HttpProxy { child: Some(first) });
+
+    let seen: Vec<Mutex<Vec<Seen>>> = plans
+        .iter()
+        .map(|p| Mutex::new(vec![Seen::default(); p.ops.len()]))
+        .collect();
+    let active: Vec<AtomicBool> = plans.iter().map(|_| AtomicBool::new(true)).collect();
+    let stdio_tags: Vec<(String, &AtomicBool)> = plans
+        .iter()
+        .zip(&active)
+        .filter(|(p, _)| p.shape == Shape::Stdio)
+        .map(|(p, a)| (p.name.clone(), a))
+        .collect();
+    let http_active: Vec<&AtomicBool> = plans
+        .iter()
+        .zip(&active)
+        .filter(|(p, _)| p.shape == Shape::Http)
+        .map(|(_, a)| a)
+        .collect();
+    let restarts = AtomicUsize::new(0);
+    let done = AtomicBool::new(false);
+    let finished = AtomicUsize::new(0);
+    let started = Instant::now();
+    let kills = std::thread::scope(|s| {
+        for ((plan, seen), active) in plans.iter().zip(&seen).zip(&active) {
+            let (world, restarts, finished, done) = (&world, &restarts, &finished, &done);
+            let n = plans.len();
+            s.spawn(move || {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    drive(world, plan, seen, restarts)
+                }));
+                active.store(false, Ordering::Relaxed);
+                if finished.fetch_add(1, Ordering::Relaxed) + 1 == n {
+                    done.store(true, Ordering::Relaxed);
+                }
+                if let Err(e) = r {
+                    done.store(true, Ordering::Relaxed);
+                    std::panic::resume_unwind(e);
+                }
+            });
+        }
+        killer(&world, &mut rng, &stdio_tags, (&http, &http_active), &done)
+    });
+    let chaos = started.elapsed();
+    drop(http.into_inner().unwrap());
+
+    let seen: Vec<Vec<Seen>> = seen.into_iter().map(|m| m.into_inner().unwrap()).collect();
+    let calls: usize = plans.iter().map(|p| p.ops.len()).sum();
+
+    // (2) A fresh proxy replays every first definitive answer as it was.
+    let final_http = HttpProxy {
+        child: Some(HttpProxy::start(&world, "http-final")),
+    };
+    let mut mismatched = Vec::new();
+    for (plan, seen) in plans.iter().zip(&seen) {
+        let ops: Vec<&Op> = plan.ops.iter().collect();
+        let tag = format!("{}-final", plan.name);
+        let run = run_driver(&world, plan, &tag, &ops);
+        assert_eq!(
+            run.code, 0,
+            "{}: the final pass loses no connection",
+            plan.name
+        );
+        assert!(run.other.is_empty(), "{}: {:?}", plan.name, run.other);
+        assert_eq!(
+            run.answers.len(),
+            ops.len(),
+            "{}: every call answered",
+            plan.name
+        );
+        for (k, line, _) in &run.answers {
+            let first = seen[*k].first.as_deref().unwrap();
+            if result_text(line) != first {
+                mismatched.push(format!(
+                    "{}: first {first}\n   replay {}",
+                    plan.ops[*k].id,
+                    result_text(line)
+                ));
+            }
+        }
+    }
+    drop(final_http);
+
+    // (1) At most one charge row per operation id, and each acknowledged charge is its row.
+    let rows = charges(&world.charge_db);
+    assert!(
+        !rows.contains_key(&None),
+        "every charge carries its operation id"
+    );
+    let known: BTreeSet<&str> = plans
+        .iter()
+        .flat_map(|p| p.ops.iter().map(|o| o.id.as_str()))
+        .collect();
+    for reference in rows.keys().flatten() {
+        assert!(
+            known.contains(reference.as_str()),
+            "a charge of no call: {reference}"
+        );
+    }
+    let duplicates: usize = rows.values().map(|r| r.len() - 1).sum();
+    let mut acknowledged_lost = Vec::new();
+    let mut unknown: Vec<(String, String)> = Vec::new();
+    let mut replies_lost_after_commit = 0;
+    for (plan, seen) in plans.iter().zip(&seen) {
+        for (op, s) in plan.ops.iter().zip(seen) {
+            let value = s.value.as_ref().unwrap();
+            let row = rows.get(&Some(op.id.clone())).map(|r| &r[0]);
+            let read = reading(value);
+            let is_unknown = read == Reading::Error(Some("outcome_unknown".into()));
+            // Only this client sends this id, one call at a time: a first answer that is a
+            // replay means the answer of the forward itself was lost.
+            let replayed = value["_meta"][LEDGER_META]["replayed"] == true;
+            assert!(
+                !replayed || s.lost_in_flight,
+                "{}: a replay with no lost reply before it: {value}",
+                op.id
+            );
+            if row.is_some() && (replayed || is_unknown) {
+                replies_lost_after_commit += 1;
+            }
+            match read {
+                Reading::Success => {
+                    let charged = &value["structuredContent"];
+                    let ok = row.is_some_and(|(id, customer, amount)| {
+                        charged["charge_id"] == *id
+                            && *customer == op.customer
+                            && *amount == op.amount
+                    });
+                    if !ok {
+                        acknowledged_lost.push(format!("{}: {value} vs row {row:?}", op.id));
+                    }
+                }
+                Reading::Error(None) => {
+                    assert_eq!(op.amount, 0, "{}: {value}", op.id);
+                    assert!(row.is_none(), "{}: a refused charge left a row", op.id);
+                }
+                Reading::Error(Some(code)) => {
+                    assert_eq!(code, "outcome_unknown", "{}: {value}", op.id);
+                    unknown.push((op.id.clone(), status_ref(value).unwrap()));
+                }
+            }
+        }
+    }
+    acknowledged_lost.extend(mismatched);
+
+    // (3) Every unsure operation is listed, and an operator settles it.
+    let listed = cli(
+        &db,
+        &[
+            "operations",
+            "list",
+            "--state",
+            "outcome_unknown",
+            "--state",
+            "processing",
+            "--limit",
+            "10000",
+            "--json",
+        ],
+    );
+    assert_eq!(listed.code, 0, "{}", listed.stderr);
+    let listed: BTreeMap<String, String> = listed
+        .stdout
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            (
+                v["status_ref"].as_str().unwrap().to_string(),
+                v["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let mut processing = 0;
+    for (id, sr) in &unknown {
+        let state = listed
+            .get(sr)
+            .unwrap_or_else(|| panic!("{id} ({sr}) answered outcome_unknown and is not listed"));
+        if state == "processing" {
+            // A forward whose proxy was killed: its lease has expired, which the proxy
+            // reads as outcome_unknown; the row stays processing until it is settled.
+            processing += 1;
+            let shown = cli(&db, &["operations", "show", sr]);
+            assert_eq!(shown.code, 0, "{}", shown.stderr);
+            assert_eq!(
+                shown.json()["outbox"]["lease_live"],
+                false,
+                "{id}: {}",
+                shown.stdout
+            );
+        }
+    }
+    assert_eq!(
+        listed.len(),
+        unknown.len(),
+        "nothing else is unsure: {listed:?} vs {unknown:?}"
+    );
+    for (id, sr) in &unknown {
+        let r = cli(
+            &db,
+            &[
+                "resolve",
+                "--status-ref",
+                sr,
+                "--as",
+                "failed",
+                "--reason",
+                "kill test: settled by the operator",
+                "--operator",
+                "olga",
+            ],
+        );
+        assert_eq!(r.code, 0, "{id}: {} {}", r.stdout, r.stderr);
+        assert_eq!(r.json()["status"], "failed", "{id}: {}", r.stdout);
+    }
+    // A settled operation answers with the operator's word from now on, and still is not
+    // forwarded again.
+    let settled: BTreeMap<&str, &str> = unknown
+        .iter()
+        .map(|(id, sr)| (id.as_str(), sr.as_str()))
+        .collect();
+    let settled_http = plans
+        .iter()
+        .any(|p| p.shape == Shape::Http && p.ops.iter().any(|o| settled.contains_key(&*o.id)));
+    let settled_proxy = settled_http.then(|| HttpProxy {
+        child: Some(HttpProxy::start(&world, "http-settled")),
+    });
+    for plan in &plans {
+        let ops: Vec<&Op> = plan
+            .ops
+            .iter()
+            .filter(|o| settled.contains_key(&*o.id))
+            .collect();
+        if ops.is_empty() {
+            continue;
+        }
+        let run = run_driver(&world, plan, &format!("{}-settled", plan.name), &ops);
+        assert_eq!(run.code, 0, "{}: {:?}", plan.name, run.other);
+        assert_eq!(run.answers.len(), ops.len(), "{}", plan.name);
+        for (k, _, result) in &run.answers {
+            let id = &*ops[*k].id;
+            assert_eq!(
+                reading(result),
+                Reading::Error(Some("resolved_failed".into())),
+                "{id}: {result}"
+            );
+            assert_eq!(status_ref(result).as_deref(), Some(settled[id]), "{id}");
+            assert_eq!(result["_meta"][LEDGER_META]["state"], "failed", "{id}");
+        }
+    }
+    drop(settled_proxy);
+    assert_eq!(
+        charges(&world.charge_db),
+        rows,
+        "settling and asking again charged nothing"
+    );
+
+    // (4) The ledger is consistent.
+    let audit = cli(&db, &["audit"]);
+    assert_eq!(audit.code, 0, "{} {}", audit.stdout, audit.stderr);
+    assert_eq!(audit.json()["gate"], "PASS", "{}", audit.stdout);
+
+    // (5) What happened.
+    println!(
+        "{}",
+        json!({"proxy_kill": {
+            "backend": backend,
+            "seed": seed,
+            "clients": plans.len(),
+            "calls": calls,
+            "kills": kills.len(),
+            "killed": kills,
+            "client_restarts": restarts.load(Ordering::Relaxed),
+            "charge_delay_ms": world.delay_ms,
+            "chaos_seconds": chaos.as_secs(),
+            "replies_lost_after_commit": replies_lost_after_commit,
+            "duplicates": duplicates,
+            "acknowledged_lost": acknowledged_lost.len(),
+            "outcome_unknown": unknown.len(),
+            "outcome_unknown_still_processing": processing,
+        }})
+    );
+    assert_eq!(duplicates, 0, "charged twice: {rows:?}");
+    assert!(
+        acknowledged_lost.is_empty(),
+        "acknowledged answers lost:\n{}",
+        acknowledged_lost.join("\n")
+    );
+}
