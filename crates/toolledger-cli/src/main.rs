@@ -16,6 +16,7 @@ mod cmd_serve;
 mod cmd_status;
 mod cmd_worker;
 mod demo_lost_reply;
+mod demo_proxy;
 mod diagnose;
 mod upstream_example;
 
