@@ -169,30 +169,12 @@ fn wait_for_charges(path: &Path, n: i64) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// The pid of a child process of `parent` (the proxy's upstream), from `/proc`.
-fn child_of(parent: u32) -> Result<i32, &'static str> {
+/// The pid of the proxy's upstream, once it has started.
+fn upstream_of(proxy: u32) -> Result<i32, &'static str> {
     let until = Instant::now() + STEP;
     loop {
-        for entry in std::fs::read_dir("/proc").map_err(|_| "DEMO_IO_ERROR")? {
-            let Ok(entry) = entry else { continue };
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<i32>().ok())
-            else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                continue;
-            };
-            // The field after the parenthesised command name's state is the parent pid.
-            let ppid = stat
-                .rfind(')')
-                .and_then(|i| stat[i + 1..].split_whitespace().nth(1))
-                .and_then(|f| f.parse::<u32>().ok());
-            if ppid == Some(parent) {
-                return Ok(pid);
-            }
+        if let Some(pid) = crate::upstream_example::child_of(proxy) {
+            return Ok(pid as i32);
         }
         if Instant::now() > until {
             return Err("DEMO_TIMEOUT");
@@ -295,7 +277,7 @@ fn with_proxy(exe: &Path, dir: &Path) -> Result<Value, &'static str> {
     s.send("charge", charge_args(true))?;
     wait_for_charges(&file, 1)?;
     // The charge server committed the charge and is killed before it replies.
-    kill(child_of(s.pid())?);
+    kill(upstream_of(s.pid())?);
     let first = s.reply()?.ok_or("DEMO_PROTOCOL_ERROR")?;
     let retry = s.call("charge", charge_args(true))?;
     let status = s.call("get_operation_status", json!({"operation_id": OPERATION}))?;

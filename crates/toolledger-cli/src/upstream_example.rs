@@ -31,6 +31,7 @@ use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Json, wrapper::Pa
 use rmcp::model::RequestMetaObject;
 use rmcp::{schemars, tool, tool_handler, tool_router, ServerHandler, ServiceExt};
 use serde::{Deserialize, Serialize};
+use toolledger_cli::common::SyncMode;
 use toolledger_cli::exit::{Failure, Outcome};
 
 /// The `_meta` key the charge's reference is read from.
@@ -62,6 +63,9 @@ pub struct UpstreamExampleArgs {
         default_value_t = 0
     )]
     pub reply_delay_ms: u64,
+    /// SQLite `synchronous` mode of the charge file.
+    #[arg(long, value_enum, default_value = "full")]
+    pub sqlite_synchronous: SyncMode,
 }
 
 /// `charge`'s arguments.
@@ -128,11 +132,15 @@ pub struct ChargeServer {
     tool_router: ToolRouter<Self>,
 }
 
-fn open(path: &Path) -> rusqlite::Result<rusqlite::Connection> {
+fn open(path: &Path, synchronous: SyncMode) -> rusqlite::Result<rusqlite::Connection> {
     let conn = rusqlite::Connection::open(path)?;
     conn.busy_timeout(BUSY_TIMEOUT)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(None, "synchronous", "FULL")?;
+    let mode = match synchronous {
+        SyncMode::Full => "FULL",
+        SyncMode::Normal => "NORMAL",
+    };
+    conn.pragma_update(None, "synchronous", mode)?;
     conn.execute_batch(SCHEMA)?;
     Ok(conn)
 }
@@ -254,7 +262,7 @@ impl ServerHandler for ChargeServer {}
 
 /// Serves the example upstream on stdio until its input closes.
 pub fn run(args: UpstreamExampleArgs) -> Result<Outcome, Failure> {
-    let conn = open(&args.db).map_err(|_| {
+    let conn = open(&args.db, args.sqlite_synchronous).map_err(|_| {
         Failure::explained(
             "DATABASE_UNAVAILABLE",
             "the --db file cannot be opened or created as a SQLite database",
@@ -277,4 +285,20 @@ pub fn run(args: UpstreamExampleArgs) -> Result<Outcome, Failure> {
     });
     runtime.shutdown_background();
     Ok(Outcome::Pass)
+}
+
+/// The pid of a child process of `parent` (the upstream a proxy started), from `/proc`.
+pub fn child_of(parent: u32) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.find_map(|entry| {
+        let pid = entry.ok()?.file_name().to_str()?.parse::<u32>().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // After the parenthesised command name come the state, then the parent's pid.
+        let i = stat.rfind(')')?;
+        let ppid = stat[i + 1..]
+            .split_whitespace()
+            .nth(1)?
+            .parse::<u32>()
+            .ok()?;
+        (ppid == parent).then_some(pid)
+    })
 }
