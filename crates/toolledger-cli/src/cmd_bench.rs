@@ -22,18 +22,24 @@
 //!   `--list-rows` operations (default 100,000), without and with a state filter, as two
 //!   lines, `operations-list` and `operations-list-state` (see [`listing`]). Only when asked
 //!   for with `--workload operations-list`: its seed is large.
+//! - `proxy`: `charge` of the built-in example upstream called directly and through
+//!   `toolledger proxy` over stdio, fresh and replayed, as four lines, `proxy-direct-fresh`,
+//!   `proxy-fresh`, `proxy-direct-lookup` and `proxy-replay`; the proxied lines carry what the
+//!   proxy adds (see [`proxy`]). Only when asked for with `--workload proxy`.
 //!
 //! With `--backend postgres --database-url URL` the `ceiling`, `fresh`, `replay` and
 //! `conflict` workloads run against PostgreSQL, each in a fresh schema of that database
 //! (dropped afterwards); `ceiling` is then a raw one-row `INSERT … ON CONFLICT DO NOTHING` +
 //! `COMMIT` loop through the same store (compare it with `pgbench` on the same server). The
-//! `mcp-stdio`, `mcp-http`, `outbox-drain` and `operations-list` workloads are SQLite-only.
+//! `mcp-stdio`, `mcp-http`, `outbox-drain`, `operations-list` and `proxy` workloads are
+//! SQLite-only.
 
 mod ack;
 mod listing;
 mod mcp;
 mod outbox;
 mod pg;
+mod proxy;
 mod report;
 mod run;
 
@@ -92,6 +98,9 @@ pub enum Workload {
     /// The first page of `operations list` on a large ledger, without and with a state
     /// filter (not part of the default set).
     OperationsList,
+    /// `charge` of the built-in example upstream, directly and through `toolledger proxy`
+    /// over stdio, fresh and replayed (not part of the default set).
+    Proxy,
 }
 
 impl Workload {
@@ -105,6 +114,7 @@ impl Workload {
             Workload::McpHttp => "mcp-http",
             Workload::OutboxDrain => "outbox-drain",
             Workload::OperationsList => "operations-list",
+            Workload::Proxy => "proxy",
         }
     }
 }
@@ -178,12 +188,13 @@ fn validate(args: &BenchArgs) -> Result<(), Failure> {
                     | Workload::McpHttp
                     | Workload::OutboxDrain
                     | Workload::OperationsList
+                    | Workload::Proxy
             )
         })
     {
         return refuse(
             "WORKLOAD_UNAVAILABLE",
-            "mcp-stdio, mcp-http, outbox-drain and operations-list run on SQLite only",
+            "mcp-stdio, mcp-http, outbox-drain, operations-list and proxy run on SQLite only",
         );
     }
     if postgres && args.sqlite_synchronous != SyncMode::Full {
@@ -302,6 +313,7 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                     | Workload::McpHttp
                     | Workload::OutboxDrain
                     | Workload::OperationsList
+                    | Workload::Proxy
             )
         });
     }
@@ -333,7 +345,8 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                         Workload::McpStdio
                         | Workload::McpHttp
                         | Workload::OutboxDrain
-                        | Workload::OperationsList => Vec::new(),
+                        | Workload::OperationsList
+                        | Workload::Proxy => Vec::new(),
                     };
                     tokio::task::spawn_blocking(move || pg.drop_schema())
                         .await
@@ -362,6 +375,7 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                     Workload::OperationsList => {
                         listing::run(db, c, args.ops, args.list_rows, tune).await?
                     }
+                    Workload::Proxy => proxy::run(db, c, args.ops, tune.synchronous).await?,
                 }
                 .into_iter()
                 .map(|mut r| {

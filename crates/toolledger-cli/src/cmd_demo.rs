@@ -52,6 +52,9 @@ pub enum DemoCmd {
     /// A lost reply: a multi-round create_issue whose reply is lost after commit, recovered by
     /// status and an exact replay through the server binary; then the unguarded control.
     LostReply,
+    /// The ledger in front of a server it did not write: a charge whose reply is lost, retried
+    /// without the proxy (charged twice) and through `toolledger proxy` (status, replay: once).
+    Proxy,
 }
 
 impl DemoCmd {
@@ -60,6 +63,7 @@ impl DemoCmd {
         match self {
             DemoCmd::Receipts => "receipts",
             DemoCmd::LostReply => "lost-reply",
+            DemoCmd::Proxy => "proxy",
         }
     }
 }
@@ -80,6 +84,7 @@ pub type DemoFn = fn() -> Result<DemoReport, &'static str>;
 /// Every demo, in the order bare `toolledger demo` runs them.
 pub const DEMOS: &[(&str, DemoFn)] = &[
     ("lost-reply", crate::demo_lost_reply::run),
+    ("proxy", crate::demo_proxy::run),
     ("receipts", receipts),
 ];
 

@@ -16,7 +16,9 @@ mod cmd_serve;
 mod cmd_status;
 mod cmd_worker;
 mod demo_lost_reply;
+mod demo_proxy;
 mod diagnose;
+mod upstream_example;
 
 use toolledger_cli::common::{self, StoreConfig};
 use toolledger_cli::exit::{self, Failure, Outcome};
@@ -85,6 +87,14 @@ enum Command {
     /// Put the ledger in front of another MCP server: `toolledger proxy [flags] -- COMMAND
     /// [ARGS…]` (stdio upstream) or `--upstream-url URL` (streamable HTTP upstream).
     Proxy(cmd_proxy::ProxyArgs),
+    /// Testing and demo aid: a small MCP server on stdio with a side effect and no ledger.
+    ///
+    /// `charge {customer, amount_cents}` adds one row to the SQLite file --db and never
+    /// deduplicates (the row keeps the request's `_meta["io.toolledger/operation_id"]` as its
+    /// reference); `find_charge {reference}` and `count_charges` are read-only. The proxy's
+    /// demo and benchmark run it as their upstream. Not a supported interface.
+    #[command(hide = true)]
+    UpstreamExample(upstream_example::UpstreamExampleArgs),
 }
 
 fn main() -> ExitCode {
@@ -194,5 +204,6 @@ fn run_command(cli: Cli, opened: &mut Option<StoreConfig>) -> Result<Outcome, Fa
             let store = remember(opened, args.store.resolve(Access::OpenOrCreate)?);
             cmd_proxy::run(args, store)
         }
+        Command::UpstreamExample(args) => upstream_example::run(args),
     }
 }

@@ -205,6 +205,89 @@ fn operations_list_prints_a_line_without_and_one_with_a_state_filter() {
 }
 
 #[test]
+fn the_proxy_workload_prints_direct_and_proxied_lines_and_what_the_proxy_adds() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = bench(&[
+        "--workload",
+        "proxy",
+        "--concurrency",
+        "1",
+        "--concurrency",
+        "4",
+        "--ops",
+        "30",
+        "--db-dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let names: Vec<(&str, u64)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["workload"].as_str().unwrap(),
+                l["concurrency"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let level = |c| {
+        [
+            ("proxy-direct-fresh", c),
+            ("proxy-fresh", c),
+            ("proxy-direct-lookup", c),
+            ("proxy-replay", c),
+        ]
+    };
+    assert_eq!(names, [level(1), level(4)].concat());
+    for l in &lines {
+        assert_eq!(l["ops"], 30, "{l}");
+        // Every fresh call charged once, every replay came from the ledger, every lookup
+        // found its charge.
+        assert_eq!(l["succeeded"], 30, "{l}");
+        assert_eq!(l["failed"], 0, "{l}");
+        let (p50, p99) = (l["p50_us"].as_u64().unwrap(), l["p99_us"].as_u64().unwrap());
+        assert!(p50 <= p99, "{l}");
+        assert!(l["ops_per_sec"].as_f64().unwrap() > 0.0, "{l}");
+        assert!(l["server_peak_rss_mb"].as_f64().unwrap() > 0.0, "{l}");
+        assert!(l["server_cpu_us_per_op"].is_number(), "{l}");
+        let workload = l["workload"].as_str().unwrap();
+        let baseline = match workload {
+            "proxy-fresh" => Some("proxy-direct-fresh"),
+            "proxy-replay" => Some("proxy-direct-lookup"),
+            _ => None,
+        };
+        match baseline {
+            Some(b) => {
+                assert_eq!(l["baseline"], b, "{l}");
+                assert!(l["added_p50_us"].is_i64(), "{l}");
+                assert!(l["added_p99_us"].is_i64(), "{l}");
+                assert!(l["throughput_ratio"].as_f64().unwrap() > 0.0, "{l}");
+                assert!(l["upstream_cpu_us_per_op"].is_number(), "{l}");
+            }
+            None => {
+                for field in [
+                    "baseline",
+                    "added_p50_us",
+                    "added_p99_us",
+                    "throughput_ratio",
+                ] {
+                    assert!(l.get(field).is_none(), "{field} on a direct line: {l}");
+                }
+            }
+        }
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
 fn bad_options_are_refused_with_a_stable_code() {
     for (args, code) in [
         (&["--backend", "postgres"][..], "BACKEND_UNAVAILABLE"),
@@ -218,6 +301,17 @@ fn bad_options_are_refused_with_a_stable_code() {
                 "postgres://u@127.0.0.1:1/db",
                 "--workload",
                 "operations-list",
+            ][..],
+            "WORKLOAD_UNAVAILABLE",
+        ),
+        (
+            &[
+                "--backend",
+                "postgres",
+                "--database-url",
+                "postgres://u@127.0.0.1:1/db",
+                "--workload",
+                "proxy",
             ][..],
             "WORKLOAD_UNAVAILABLE",
         ),

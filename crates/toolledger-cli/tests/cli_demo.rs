@@ -121,3 +121,43 @@ fn piped_or_with_json_the_demo_prints_one_object_with_plain_names() {
     assert_eq!(on_tty["ok"], true);
     assert_eq!(on_tty["guarded"], v["guarded"]);
 }
+
+#[test]
+fn the_proxy_demo_counts_two_charges_without_the_proxy_and_one_with_it() {
+    let (code, stdout) = piped(&["demo", "proxy"]);
+    assert_eq!(code, 0, "{stdout}");
+    assert_eq!(stdout.trim().lines().count(), 1, "one line: {stdout}");
+    let v: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["ok"], true, "{v}");
+    assert_eq!(v["demo"], "proxy");
+    assert_eq!(v["without_proxy"]["reply_lost"], true, "{v}");
+    assert_eq!(v["without_proxy"]["charges"], 2, "{v}");
+    assert_eq!(v["with_proxy"]["charges"], 1, "{v}");
+    let first = &v["with_proxy"]["first_answer"];
+    assert_eq!(first["outcome"], "outcome_unknown", "{v}");
+    assert_eq!(v["with_proxy"]["retry_answer"], *first, "{v}");
+    assert_eq!(v["with_proxy"]["status"]["state"], "applied", "{v}");
+    assert_eq!(v["with_proxy"]["replay"]["replayed"], true, "{v}");
+    let checks = v["checks"].as_object().unwrap();
+    assert!(checks.len() >= 5);
+    assert!(checks.values().all(|c| c == &Value::Bool(true)), "{v}");
+
+    let (code, text) = on_a_terminal(&["demo", "proxy"]);
+    assert_eq!(code, 0, "{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.last().copied(), Some("ok"), "{text}");
+    for (label, content) in [
+        ("without the proxy:", "2 charges"),
+        ("with the proxy:", "outcome unknown"),
+        ("status:", "applied"),
+        ("replay:", "replayed: true"),
+        ("charges:", "1 with the proxy, 2 without"),
+    ] {
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.trim_start().starts_with(label) && l.contains(content)),
+            "no {label:?} line with {content:?}: {text}"
+        );
+    }
+}

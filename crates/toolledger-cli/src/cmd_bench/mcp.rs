@@ -75,7 +75,7 @@ async fn http_connection(addr: &str) -> Option<HttpConnection> {
 }
 
 /// One `toolledger serve` child and a client over its stdio or its HTTP endpoint.
-struct McpClient {
+pub(super) struct McpClient {
     child: Child,
     pid: u32,
     transport: Transport,
@@ -119,32 +119,41 @@ impl McpClient {
             .args(["--backend-id", BACKEND_ID])
             .args(["--sqlite-synchronous", synchronous.as_str()])
             .env_remove("TOOLLEDGER_STATE_KEY_HEX")
-            .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX")
+            .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX");
+        if wire == Wire::Stdio {
+            command.args(["--principal", PRINCIPAL]);
+            return McpClient::over_stdio(command);
+        }
+        command
+            .args(["--http", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
             .kill_on_drop(true);
-        match wire {
-            Wire::Stdio => command
-                .args(["--principal", PRINCIPAL])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null()),
-            Wire::Http => command
-                .args(["--http", "127.0.0.1:0"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped()),
-        };
         let mut child = command.spawn().map_err(|_| "BENCH_SERVER_UNAVAILABLE")?;
         let pid = child.id().ok_or("BENCH_SERVER_UNAVAILABLE")?;
-        if wire == Wire::Http {
-            let token = token.ok_or("BENCH_SETUP_FAILED")?;
-            let transport = http_transport(&mut child, &token, connections).await?;
-            return Ok(Arc::new(McpClient {
-                child,
-                pid,
-                transport,
-                next_id: AtomicI64::new(1),
-            }));
-        }
+        let token = token.ok_or("BENCH_SETUP_FAILED")?;
+        let transport = http_transport(&mut child, &token, connections).await?;
+        Ok(Arc::new(McpClient {
+            child,
+            pid,
+            transport,
+            next_id: AtomicI64::new(1),
+        }))
+    }
+
+    /// Starts `command`, an MCP server on stdio (its stderr discarded), and a client of it that
+    /// keeps any number of requests in flight on the one connection.
+    pub(super) fn over_stdio(
+        mut command: tokio::process::Command,
+    ) -> Result<Arc<McpClient>, &'static str> {
+        command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        let mut child = command.spawn().map_err(|_| "BENCH_SERVER_UNAVAILABLE")?;
+        let pid = child.id().ok_or("BENCH_SERVER_UNAVAILABLE")?;
         let stdin = child.stdin.take().ok_or("BENCH_SERVER_UNAVAILABLE")?;
         let stdout = child.stdout.take().ok_or("BENCH_SERVER_UNAVAILABLE")?;
         let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
@@ -183,7 +192,7 @@ impl McpClient {
     }
 
     /// One `tools/call`; the JSON-RPC reply, or `None` if the server went away.
-    async fn call(&self, name: &str, arguments: Value) -> Option<Value> {
+    pub(super) async fn call(&self, name: &str, arguments: Value) -> Option<Value> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let request = json!({
             "jsonrpc": "2.0",
@@ -247,15 +256,20 @@ impl McpClient {
         as_expected(&reply, replayed)
     }
 
-    fn peak_rss_mb(&self) -> Option<f64> {
+    /// The server's process id.
+    pub(super) fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    pub(super) fn peak_rss_mb(&self) -> Option<f64> {
         peak_rss_mb(&self.pid.to_string())
     }
 
-    fn reset_peak_rss(&self) {
+    pub(super) fn reset_peak_rss(&self) {
         let _ = std::fs::write(format!("/proc/{}/clear_refs", self.pid), "5");
     }
 
-    fn cpu(&self) -> Duration {
+    pub(super) fn cpu(&self) -> Duration {
         process_cpu_of(self.pid)
     }
 
@@ -343,7 +357,7 @@ async fn write_lines(stdin: ChildStdin, mut rx: mpsc::UnboundedReceiver<String>)
 }
 
 /// User + system CPU time of process `pid` so far, from `/proc/<pid>/stat`.
-fn process_cpu_of(pid: u32) -> Duration {
+pub(super) fn process_cpu_of(pid: u32) -> Duration {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return Duration::ZERO;
     };
@@ -466,7 +480,8 @@ pub async fn run(
     Ok(reports)
 }
 
-async fn finish(client: Arc<McpClient>) {
+/// Stops the client's server once no caller holds the client any more.
+pub(super) async fn finish(client: Arc<McpClient>) {
     match Arc::try_unwrap(client) {
         Ok(c) => c.finish().await,
         Err(shared) => drop(shared),

@@ -39,6 +39,22 @@ pub struct Report {
     /// The server child's CPU time per operation (µs), for workloads that run one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_cpu_us_per_op: Option<f64>,
+    /// The upstream's CPU time per operation (µs), on lines that go through the proxy (whose
+    /// own is `server_cpu_us_per_op`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_cpu_us_per_op: Option<f64>,
+    /// The line this one is compared with: the same calls made to the upstream directly.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<String>,
+    /// `p50_us` minus the baseline's (negative when this line is faster).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub added_p50_us: Option<i64>,
+    /// `p99_us` minus the baseline's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub added_p99_us: Option<i64>,
+    /// `ops_per_sec` divided by the baseline's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub throughput_ratio: Option<f64>,
     /// Write transactions the SQLite writer committed during the workload, for workloads whose
     /// writes go through it.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -84,6 +100,11 @@ impl Report {
             peak_rss_mb: peak_rss_mb("self").unwrap_or(0.0),
             server_peak_rss_mb: None,
             server_cpu_us_per_op: None,
+            upstream_cpu_us_per_op: None,
+            baseline: None,
+            added_p50_us: None,
+            added_p99_us: None,
+            throughput_ratio: None,
             commits: None,
             mean_batch: None,
             rows: None,
@@ -103,6 +124,18 @@ impl Report {
         self.commits = Some(commits);
         if commits > 0 {
             self.mean_batch = Some((jobs as f64 / commits as f64 * 10.0).round() / 10.0);
+        }
+        self
+    }
+
+    /// Compares this line with `base` (the same calls without what this line measures).
+    pub fn compared_with(mut self, base: &Report) -> Report {
+        self.baseline = Some(base.workload.clone());
+        self.added_p50_us = Some(self.p50_us as i64 - base.p50_us as i64);
+        self.added_p99_us = Some(self.p99_us as i64 - base.p99_us as i64);
+        if base.ops_per_sec > 0.0 {
+            self.throughput_ratio =
+                Some((self.ops_per_sec / base.ops_per_sec * 100.0).round() / 100.0);
         }
         self
     }

@@ -1,0 +1,275 @@
+//! The `proxy` workload: what `toolledger proxy` adds in front of an upstream, measured
+//! against the same upstream called directly, in one run.
+//!
+//! The upstream is the binary's example charge server (`toolledger upstream-example`, one
+//! durable row per `charge`, no deduplication of its own); clients talk MCP 2026-07-28 over
+//! stdio, `concurrency` requests in flight on one connection (pipelined, matched by id). Four
+//! lines per concurrency, each with its own server processes:
+//!
+//! - `proxy-direct-fresh`: `charge` sent to the upstream directly;
+//! - `proxy-fresh`: `charge` through the proxy (guarded; the operation id forwarded in
+//!   `_meta`), a new operation id per call: intent, claim, forward, result, each durable;
+//!   compared with `proxy-direct-fresh`;
+//! - `proxy-direct-lookup`: `find_charge` of an earlier charge's reference sent to the
+//!   upstream directly. The upstream has no replay of its own; a lookup by reference is the
+//!   least an upstream that deduplicated itself would do for a retry, and a round trip with
+//!   no write;
+//! - `proxy-replay`: retries through the proxy of operations it completed before the
+//!   measurement (answered from the ledger, never forwarded); compared with
+//!   `proxy-direct-lookup`.
+//!
+//! Proxied lines carry `baseline`, `added_p50_us`, `added_p99_us` and `throughput_ratio`;
+//! their `server_peak_rss_mb` and `server_cpu_us_per_op` are the proxy's (peak reset before
+//! the measurement), `upstream_cpu_us_per_op` the upstream's. `cpu_us_per_op` counts this
+//! client and the process it talks to.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use toolledger::store::sqlite::Synchronous;
+
+use super::mcp::{finish, process_cpu_of, McpClient};
+use super::report::Report;
+use super::run::{drive, Measured};
+
+const BACKEND_ID: &str = "sqlite:bench-proxy";
+const PRINCIPAL: &str = "bench";
+
+/// The proxy's configuration: `charge` guarded, its operation id forwarded in `_meta`, an
+/// unsure charge looked up by it.
+const CONFIG: &str = r#"[tools.charge]
+forward_operation_id = "_meta"
+
+[tools.charge.reconcile]
+tool = "find_charge"
+arguments = { reference = "{operation_id}" }
+found_when = "/structuredContent/found"
+"#;
+
+/// The files of one concurrency level's lines.
+struct Files {
+    direct_charges: PathBuf,
+    charges: PathBuf,
+    ledger: PathBuf,
+    config: PathBuf,
+}
+
+fn upstream_command(exe: &Path, charges: &Path, synchronous: Synchronous) -> Vec<String> {
+    vec![
+        exe.display().to_string(),
+        "upstream-example".into(),
+        "--db".into(),
+        charges.display().to_string(),
+        "--sqlite-synchronous".into(),
+        synchronous.as_str().into(),
+    ]
+}
+
+fn direct(exe: &Path, charges: &Path, synchronous: Synchronous) -> tokio::process::Command {
+    let mut argv = upstream_command(exe, charges, synchronous).into_iter();
+    let mut c = tokio::process::Command::new(argv.next().unwrap_or_default());
+    c.args(argv).env_remove("TOOLLEDGER_UPSTREAM_DELAY_MS");
+    c
+}
+
+fn proxied(exe: &Path, files: &Files, synchronous: Synchronous) -> tokio::process::Command {
+    let mut c = tokio::process::Command::new(exe);
+    c.arg("proxy")
+        .arg("--db")
+        .arg(&files.ledger)
+        .args(["--backend-id", BACKEND_ID])
+        .args(["--sqlite-synchronous", synchronous.as_str()])
+        .args(["--principal", PRINCIPAL])
+        .arg("--config")
+        .arg(&files.config)
+        .arg("--")
+        .args(upstream_command(exe, &files.charges, synchronous))
+        .env_remove("TOOLLEDGER_UPSTREAM_DELAY_MS")
+        .env_remove("TOOLLEDGER_TEST_HOLD_AT")
+        .env_remove("TOOLLEDGER_STATE_KEY_HEX")
+        .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX");
+    c
+}
+
+/// Creates the ledger with the bench principal and writes the proxy's configuration.
+async fn prepare(files: &Files) -> Result<(), &'static str> {
+    std::fs::write(&files.config, CONFIG).map_err(|_| "BENCH_SETUP_FAILED")?;
+    let store = crate::common::open_store(&files.ledger, Some(BACKEND_ID.to_string()), false)
+        .map_err(|e| e.cli_code())?;
+    toolledger::authz::PrincipalStore::new(store)
+        .add(PRINCIPAL, "bench", &[], &[], false)
+        .await
+        .map_err(|_| "BENCH_SETUP_FAILED")?;
+    Ok(())
+}
+
+/// What a call is expected to answer.
+#[derive(Clone, Copy)]
+enum Expect {
+    /// A charge made now by the upstream itself.
+    Charged,
+    /// A charge forwarded by the proxy now.
+    Fresh,
+    /// A charge the proxy answers from its ledger.
+    Replayed,
+    /// A lookup that found the charge.
+    Found,
+}
+
+fn as_expected(reply: &Value, expect: Expect) -> bool {
+    let result = &reply["result"];
+    if result["isError"] != false {
+        return false;
+    }
+    let replayed = &result["_meta"]["io.toolledger/ledger"]["replayed"];
+    let charged = result["structuredContent"]["charge_id"].is_i64();
+    match expect {
+        Expect::Charged => charged,
+        Expect::Fresh => charged && replayed == false,
+        Expect::Replayed => charged && replayed == true,
+        Expect::Found => result["structuredContent"]["found"] == true,
+    }
+}
+
+/// The upstream a line's calls end at: the server itself, or the proxy's child.
+fn upstream_pid(client: &McpClient, through_proxy: bool) -> Option<u32> {
+    if through_proxy {
+        crate::upstream_example::child_of(client.pid())
+    } else {
+        Some(client.pid())
+    }
+}
+
+fn per_op_us(cpu: std::time::Duration, ops: usize) -> f64 {
+    (cpu.as_secs_f64() * 1e6 / ops.max(1) as f64 * 10.0).round() / 10.0
+}
+
+/// Measures `ops` calls of `tool` with `arguments(i)` at `concurrency`.
+async fn measure(
+    client: &Arc<McpClient>,
+    label: &'static str,
+    concurrency: usize,
+    ops: usize,
+    tool: &'static str,
+    arguments: impl Fn(usize) -> Value + Send + Sync + 'static,
+    expect: Expect,
+) -> Report {
+    let through_proxy = matches!(expect, Expect::Fresh | Expect::Replayed);
+    // One untimed call first: the server (and the proxy's upstream) are up before the clock
+    // starts.
+    let _ = client.call("count_charges", json!({})).await;
+    let upstream = upstream_pid(client, through_proxy);
+    client.reset_peak_rss();
+    let server_before = client.cpu();
+    let upstream_before = upstream.map(process_cpu_of);
+    let c = client.clone();
+    let mut m: Measured = drive(label, concurrency, ops, move |i| {
+        let c = c.clone();
+        let args = arguments(i);
+        async move {
+            c.call(tool, args)
+                .await
+                .is_some_and(|reply| as_expected(&reply, expect))
+        }
+    })
+    .await;
+    let server_cpu = client.cpu().saturating_sub(server_before);
+    m.cpu += server_cpu;
+    let mut r = Report::new(label, concurrency, ops, m);
+    r.server_peak_rss_mb = client.peak_rss_mb();
+    r.server_cpu_us_per_op = Some(per_op_us(server_cpu, ops));
+    if through_proxy {
+        if let (Some(pid), Some(before)) = (upstream, upstream_before) {
+            r.upstream_cpu_us_per_op =
+                Some(per_op_us(process_cpu_of(pid).saturating_sub(before), ops));
+        }
+    }
+    r
+}
+
+fn charge(i: usize) -> Value {
+    json!({"customer": format!("c-{i}"), "amount_cents": 100 + (i % 1000) as i64})
+}
+
+fn charge_with_id(i: usize) -> Value {
+    let mut a = charge(i);
+    a["operation_id"] = json!(format!("op-{i}"));
+    a
+}
+
+/// Runs the four lines at `concurrency` with `ops` calls each; `db` names this level's
+/// files (the others sit beside it).
+pub async fn run(
+    db: PathBuf,
+    concurrency: usize,
+    ops: usize,
+    synchronous: Synchronous,
+) -> Result<Vec<Report>, &'static str> {
+    let exe = std::env::current_exe().map_err(|_| "BENCH_SERVER_UNAVAILABLE")?;
+    let files = Files {
+        direct_charges: db.with_extension("direct-charges.sqlite"),
+        charges: db.with_extension("charges.sqlite"),
+        ledger: db.clone(),
+        config: db.with_extension("proxy.toml"),
+    };
+    prepare(&files).await?;
+
+    let client = McpClient::over_stdio(direct(&exe, &files.direct_charges, synchronous))?;
+    let direct_fresh = measure(
+        &client,
+        "proxy-direct-fresh",
+        concurrency,
+        ops,
+        "charge",
+        charge,
+        Expect::Charged,
+    )
+    .await;
+    finish(client).await;
+
+    let client = McpClient::over_stdio(proxied(&exe, &files, synchronous))?;
+    let fresh = measure(
+        &client,
+        "proxy-fresh",
+        concurrency,
+        ops,
+        "charge",
+        charge_with_id,
+        Expect::Fresh,
+    )
+    .await
+    .compared_with(&direct_fresh);
+    finish(client).await;
+
+    // Retries and lookups cycle through the first operations the fresh line completed.
+    let distinct = ops.clamp(1, 1000);
+    let client = McpClient::over_stdio(direct(&exe, &files.charges, synchronous))?;
+    let lookup = measure(
+        &client,
+        "proxy-direct-lookup",
+        concurrency,
+        ops,
+        "find_charge",
+        move |i| json!({"reference": format!("op-{}", i % distinct)}),
+        Expect::Found,
+    )
+    .await;
+    finish(client).await;
+
+    let client = McpClient::over_stdio(proxied(&exe, &files, synchronous))?;
+    let replay = measure(
+        &client,
+        "proxy-replay",
+        concurrency,
+        ops,
+        "charge",
+        move |i| charge_with_id(i % distinct),
+        Expect::Replayed,
+    )
+    .await
+    .compared_with(&lookup);
+    finish(client).await;
+
+    Ok(vec![direct_fresh, fresh, lookup, replay])
+}

@@ -1,0 +1,391 @@
+//! `toolledger demo proxy`: the ledger in front of a server it did not write.
+//!
+//! The server is the binary's own example upstream (`toolledger upstream-example`): a charge
+//! server that adds one row to its own SQLite file per `charge` and never deduplicates. On a
+//! fresh temporary directory, twice:
+//!
+//! - without the proxy, the client calls `charge`; the server commits the charge and is killed
+//!   before it replies; the client, who cannot tell, retries: two charges;
+//! - through `toolledger proxy` (configured to forward the operation id in `_meta` and to look
+//!   an unsure charge up with `find_charge`), the same lost reply: the proxy answers that the
+//!   outcome is unknown, with a status reference; the retry under the same operation id is
+//!   told the same and is never sent to the server; `get_operation_status` runs the lookup,
+//!   finds the charge and records it; the retry then gets it back (replayed): one charge.
+//!
+//! Passes only when the charge files read back match.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use toolledger::authz::PrincipalStore;
+
+use crate::cmd_demo::DemoReport;
+use crate::common;
+
+const BACKEND: &str = "sqlite:demo";
+/// The operation id the client picks before its first send.
+const OPERATION: &str = "charge-1";
+const CUSTOMER: &str = "c-1";
+const AMOUNT_CENTS: i64 = 1200;
+/// How long the server waits between committing a charge and replying: the window in which
+/// the demo kills it.
+const REPLY_DELAY_MS: &str = "30000";
+/// How long any one step may take.
+const STEP: Duration = Duration::from_secs(30);
+
+/// The proxy's configuration: the operation id travels in `_meta`, and an unsure charge is
+/// looked up by it.
+const CONFIG: &str = r#"[tools.charge]
+forward_operation_id = "_meta"
+
+[tools.charge.reconcile]
+tool = "find_charge"
+arguments = { reference = "{operation_id}" }
+found_when = "/structuredContent/found"
+"#;
+
+fn meta() -> Value {
+    json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "toolledger-demo", "version": "1.0.0"},
+    })
+}
+
+/// A client of one MCP server process over its stdio.
+struct Session {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    next_id: i64,
+}
+
+impl Session {
+    fn start(mut command: Command) -> Result<Session, &'static str> {
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|_| "DEMO_SPAWN_ERROR")?;
+        let stdout = child.stdout.take().ok_or("DEMO_SPAWN_ERROR")?;
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Session {
+            stdin: child.stdin.take(),
+            child,
+            lines: rx,
+            next_id: 1,
+        })
+    }
+
+    /// Sends one `tools/call` without waiting for its reply.
+    fn send(&mut self, name: &str, arguments: Value) -> Result<(), &'static str> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let line = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                          "params": {"name": name, "arguments": arguments, "_meta": meta()}});
+        let stdin = self.stdin.as_mut().ok_or("DEMO_IO_ERROR")?;
+        writeln!(stdin, "{line}").map_err(|_| "DEMO_IO_ERROR")?;
+        stdin.flush().map_err(|_| "DEMO_IO_ERROR")
+    }
+
+    /// The result of the next reply; `None` when the server closed without one.
+    fn reply(&mut self) -> Result<Option<Value>, &'static str> {
+        match self.lines.recv_timeout(STEP) {
+            Ok(line) => {
+                let v: Value = serde_json::from_str(&line).map_err(|_| "DEMO_PROTOCOL_ERROR")?;
+                Ok(Some(v["result"].clone()))
+            }
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// One `tools/call` and its result.
+    fn call(&mut self, name: &str, arguments: Value) -> Result<Value, &'static str> {
+        self.send(name, arguments)?;
+        self.reply()?.ok_or("DEMO_PROTOCOL_ERROR")
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kills the process and reaps it.
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Closes stdin and waits for the process to exit.
+    fn finish(mut self) {
+        self.stdin.take();
+        let _ = self.child.wait();
+    }
+}
+
+fn upstream(exe: &Path, charges: &Path, delay_ms: &str) -> Command {
+    let mut c = Command::new(exe);
+    c.arg("upstream-example")
+        .arg("--db")
+        .arg(charges)
+        .args(["--reply-delay-ms", delay_ms])
+        .env_remove("TOOLLEDGER_UPSTREAM_DELAY_MS");
+    c
+}
+
+/// Rows in a charge file (0 before the server created it).
+fn charges(path: &Path) -> i64 {
+    let Ok(conn) =
+        rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+    else {
+        return 0;
+    };
+    let _ = conn.busy_timeout(Duration::from_secs(5));
+    conn.query_row("SELECT count(*) FROM charges", [], |r| r.get(0))
+        .unwrap_or(0)
+}
+
+/// Waits until the charge file holds `n` rows.
+fn wait_for_charges(path: &Path, n: i64) -> Result<(), &'static str> {
+    let until = Instant::now() + STEP;
+    while charges(path) < n {
+        if Instant::now() > until {
+            return Err("DEMO_TIMEOUT");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+/// The pid of the proxy's upstream, once it has started.
+fn upstream_of(proxy: u32) -> Result<i32, &'static str> {
+    let until = Instant::now() + STEP;
+    loop {
+        if let Some(pid) = crate::upstream_example::child_of(proxy) {
+            return Ok(pid as i32);
+        }
+        if Instant::now() > until {
+            return Err("DEMO_TIMEOUT");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn kill(pid: i32) {
+    // SAFETY: kill has no memory preconditions; the pid is the proxy's child, started by it.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }
+}
+
+/// The `{code, status_ref}` of an error result, or `null` for a result that is not an error.
+fn error_of(result: &Value) -> Value {
+    if result["isError"] != true {
+        return Value::Null;
+    }
+    result["content"][0]["text"]
+        .as_str()
+        .and_then(|t| serde_json::from_str::<Value>(t).ok())
+        .map(|v| v["error"].clone())
+        .unwrap_or(Value::Null)
+}
+
+/// What the client heard back, in plain words: the charge's id, or why not.
+fn answer(result: &Value) -> Value {
+    let e = error_of(result);
+    if e.is_null() {
+        json!({"charge_id": result["structuredContent"]["charge_id"]})
+    } else {
+        json!({"outcome": e["code"], "status_ref": e["status_ref"]})
+    }
+}
+
+fn charge_args(with_id: bool) -> Value {
+    let mut a = json!({"customer": CUSTOMER, "amount_cents": AMOUNT_CENTS});
+    if with_id {
+        a["operation_id"] = json!(OPERATION);
+    }
+    a
+}
+
+/// Without the proxy: the reply is lost, the retry charges again.
+fn without_proxy(exe: &Path, dir: &Path) -> Result<Value, &'static str> {
+    let file = dir.join("charges-without-proxy.sqlite");
+    let mut s = Session::start(upstream(exe, &file, REPLY_DELAY_MS))?;
+    s.send("charge", charge_args(false))?;
+    wait_for_charges(&file, 1)?;
+    // The charge server committed the charge and is killed before it replies.
+    let replied = s.lines.try_recv().is_ok();
+    s.kill();
+
+    let mut s = Session::start(upstream(exe, &file, "0"))?;
+    let retry = s.call("charge", charge_args(false))?;
+    s.finish();
+    Ok(json!({
+        "reply_lost": !replied,
+        "retry": answer(&retry),
+        "charges": charges(&file),
+    }))
+}
+
+/// Through the proxy: the reply is lost, the retry is told so, the status query finds the
+/// charge, and the retry then gets it back.
+fn with_proxy(exe: &Path, dir: &Path) -> Result<Value, &'static str> {
+    let file = dir.join("charges-with-proxy.sqlite");
+    let ledger = dir.join("ledger.sqlite");
+    let config = dir.join("proxy.toml");
+    std::fs::write(&config, CONFIG).map_err(|_| "DEMO_IO_ERROR")?;
+    let store =
+        common::open_store(&ledger, Some(BACKEND.to_string()), false).map_err(|e| e.cli_code())?;
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|_| "RUNTIME_ERROR")?
+        .block_on(PrincipalStore::new(store).add("alice", "demo", &[], &[], false))
+        .map_err(|_| "STORE_ERROR")?;
+
+    let mut proxy = Command::new(exe);
+    proxy
+        .arg("proxy")
+        .arg("--db")
+        .arg(&ledger)
+        .args(["--backend-id", BACKEND, "--principal", "alice"])
+        .arg("--config")
+        .arg(&config)
+        .arg("--")
+        .arg(exe)
+        .arg("upstream-example")
+        .arg("--db")
+        .arg(&file)
+        .args(["--reply-delay-ms", REPLY_DELAY_MS])
+        .env_remove("TOOLLEDGER_UPSTREAM_DELAY_MS")
+        .env_remove("TOOLLEDGER_TEST_HOLD_AT")
+        .env("RUST_LOG", "off");
+    let mut s = Session::start(proxy)?;
+    s.send("charge", charge_args(true))?;
+    wait_for_charges(&file, 1)?;
+    // The charge server committed the charge and is killed before it replies.
+    kill(upstream_of(s.pid())?);
+    let first = s.reply()?.ok_or("DEMO_PROTOCOL_ERROR")?;
+    let retry = s.call("charge", charge_args(true))?;
+    let status = s.call("get_operation_status", json!({"operation_id": OPERATION}))?;
+    let replay = s.call("charge", charge_args(true))?;
+    s.finish();
+
+    let status = &status["structuredContent"];
+    let ledger_meta = &replay["_meta"]["io.toolledger/ledger"];
+    let found = &replay["structuredContent"];
+    Ok(json!({
+        "first_answer": answer(&first),
+        "retry_answer": answer(&retry),
+        "status": {
+            "state": status["state"],
+            "settled": status["authoritative"],
+        },
+        "replay": {
+            "replayed": ledger_meta["replayed"],
+            "found_charge": found["found"],
+            "charge_id": found["charge"]["id"],
+            "reference": found["charge"]["reference"],
+        },
+        "charges": charges(&file),
+    }))
+}
+
+/// Runs the demo on a fresh temporary directory with the current executable as the proxy and
+/// the charge server.
+pub fn run() -> Result<DemoReport, &'static str> {
+    let exe: PathBuf = std::env::current_exe().map_err(|_| "DEMO_SPAWN_ERROR")?;
+    let dir = tempfile::tempdir().map_err(|_| "DEMO_IO_ERROR")?;
+    let without = without_proxy(&exe, dir.path())?;
+    let with = with_proxy(&exe, dir.path())?;
+
+    let first = &with["first_answer"];
+    let status_ref = &first["status_ref"];
+    let checks = json!({
+        "without_the_proxy_the_retry_charges_twice": without["reply_lost"] == true
+            && without["charges"] == 2
+            && without["retry"]["charge_id"] == 2,
+        "the_proxy_says_the_outcome_is_unknown": first["outcome"] == "outcome_unknown"
+            && status_ref.is_string(),
+        "the_retry_is_not_sent_again": with["retry_answer"]["outcome"] == "outcome_unknown"
+            && with["retry_answer"]["status_ref"] == *status_ref,
+        "the_status_query_finds_the_charge": with["status"]["state"] == "applied"
+            && with["status"]["settled"] == true,
+        "the_retry_then_gets_it_back": with["replay"]["replayed"] == true
+            && with["replay"]["found_charge"] == true
+            && with["replay"]["charge_id"] == 1
+            && with["replay"]["reference"] == OPERATION,
+        "with_the_proxy_one_charge": with["charges"] == 1,
+    });
+    let ok = checks
+        .as_object()
+        .is_some_and(|m| m.values().all(|v| v == &Value::Bool(true)));
+    let lines = story_lines(&without, &with);
+    let summary = json!({
+        "demo": "proxy",
+        "operation_id": OPERATION,
+        "sent": {"tool": "charge", "customer": CUSTOMER, "amount_cents": AMOUNT_CENTS},
+        "without_proxy": without,
+        "with_proxy": with,
+        "checks": checks,
+        "ok": ok,
+    });
+    Ok(DemoReport { ok, summary, lines })
+}
+
+/// The story in a few plain lines, for a terminal.
+fn story_lines(without: &Value, with: &Value) -> Vec<String> {
+    let text = |v: &Value| match v {
+        Value::String(s) => s.replace('_', " "),
+        other => other.to_string(),
+    };
+    vec![
+        "The ledger in front of a charge server it did not write:".to_string(),
+        format!(
+            "  sent:    charge {CUSTOMER} {AMOUNT_CENTS} cents; the server charged and was \
+             stopped before replying"
+        ),
+        format!(
+            "  without the proxy: the client cannot tell, retries, and is charged again \
+             (charge #{}): {} charges",
+            text(&without["retry"]["charge_id"]),
+            text(&without["charges"]),
+        ),
+        format!(
+            "  with the proxy:    the same call under operation id {OPERATION}, the same lost \
+             reply; the proxy answers: {}",
+            text(&with["first_answer"]["outcome"]),
+        ),
+        format!(
+            "  retry:   the same answer ({}); nothing is sent to the server again",
+            text(&with["retry_answer"]["outcome"]),
+        ),
+        format!(
+            "  status:  get_operation_status asks the server for the charge and says {}",
+            text(&with["status"]["state"]),
+        ),
+        format!(
+            "  replay:  the retry now gets charge #{} back (replayed: {})",
+            text(&with["replay"]["charge_id"]),
+            text(&with["replay"]["replayed"]),
+        ),
+        format!(
+            "  charges: {} with the proxy, {} without",
+            text(&with["charges"]),
+            text(&without["charges"]),
+        ),
+    ]
+}
