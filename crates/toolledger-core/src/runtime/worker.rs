@@ -173,8 +173,16 @@ impl Runtime {
                 state,
             })
         };
-        // Heartbeat: a full lease for the downstream call, and proof nobody took over.
-        let mut lease = self.renew(lease).await?;
+        // Heartbeat: a full lease for the downstream call, and proof nobody took over. A lease
+        // with at least two thirds of its length left needs neither: nobody can take it over
+        // before it expires, and the renewals during the call keep it (this spares a fresh
+        // claim's path one commit).
+        let left = lease.until.saturating_sub(self.clock.now());
+        let mut lease = if left.saturating_mul(3) >= self.config.lease_seconds.saturating_mul(2) {
+            lease.clone()
+        } else {
+            self.renew(lease).await?
+        };
         let (tool, downstream) = self.tool(&record.scope.tool)?;
         let request = downstream_request(&record);
         let submitted = {
