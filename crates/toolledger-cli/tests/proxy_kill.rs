@@ -2,18 +2,25 @@
 //! answer a client got is the one every retry gets.
 //!
 //! One upstream database (`CHARGE_DB`, the charge server's SQLite file) behind two shapes of
-//! proxy: three stdio clients (Python SDK `Client`, Python `ClientSession`, TypeScript SDK),
-//! each launching its own `toolledger proxy` as its server command (which starts its own
-//! charge server), and the same three clients over streamable HTTP to one `proxy --http`
-//! process the test runs. Every process is started through a small `sh` wrapper that writes
-//! its pid to a file, so a killer thread can SIGKILL, at seeded random moments, a proxy, an
-//! upstream, or both (the HTTP proxy comes back on the same port). The charge server waits a
-//! little between its commit and its reply, so some kills land in that window.
+//! proxy and two shapes of upstream: three stdio clients (Python SDK `Client`, Python
+//! `ClientSession`, TypeScript SDK), each launching its own `toolledger proxy` as its server
+//! command (which starts its own charge server on stdio); the same three clients over
+//! streamable HTTP to one `proxy --http` process the test runs (with its own stdio charge
+//! server); and the same three clients again on stdio, each launching its own proxy with
+//! `--upstream-url`, all in front of one charge server on streamable HTTP that the test runs.
+//! Every proxy and stdio upstream is started through a small `sh` wrapper that writes its pid
+//! to a file, so a killer thread can SIGKILL, at seeded random moments, a proxy, an upstream,
+//! or both (the HTTP proxy comes back on the same port). A second killer SIGKILLs the HTTP
+//! upstream a few charges after each of its starts and starts it again on the same port; a
+//! proxy in front of it connects again at its next call, and one that starts while it is
+//! down exits, which its client sees as a lost connection. The charge server waits a little
+//! between its commit and its reply, so some kills land in that window.
 //!
 //! Each client calls `charge` for its own list of operation ids. A client whose connection
 //! is lost starts again and sends every call not yet answered definitively, with the same
 //! operation id: a result, or an in-band error other than `operation_in_progress` (an
-//! `outcome_unknown` answer is definitive for now; its status ref is kept).
+//! `outcome_unknown` answer is definitive for now; its status ref is kept). A call the proxy
+//! cannot forward because the HTTP upstream is down is `outcome_unknown` too.
 //!
 //! Afterwards: no operation id has two charge rows; a fresh proxy replays every first
 //! definitive answer byte for byte (but for `replayed`); every unsure operation is listed
@@ -47,6 +54,8 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 const CALLS_PER_CLIENT: usize = 20;
 /// Kill cycles (each kills a proxy, an upstream, or both).
 const KILL_CYCLES: usize = 8;
+/// Kills of the HTTP upstream, on top.
+const HTTP_UPSTREAM_KILLS: usize = 2;
 /// How long one run of a driver may go without finishing before the test calls it a hang.
 const HANG: Duration = Duration::from_secs(120);
 /// How often one operation may be sent before the test gives up on it.
@@ -104,10 +113,20 @@ enum Driver {
     Ts,
 }
 
+/// How a client reaches its proxy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Shape {
     Stdio,
     Http,
+}
+
+/// What a proxy forwards to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Upstream {
+    /// Its own charge server, a child process on stdio.
+    Child,
+    /// The one charge server on streamable HTTP (`--upstream-url`).
+    Url,
 }
 
 struct Op {
@@ -120,6 +139,7 @@ struct Plan {
     name: String,
     driver: Driver,
     shape: Shape,
+    upstream: Upstream,
     ops: Vec<Op>,
 }
 
@@ -194,6 +214,8 @@ struct World<'a> {
     charge_db: PathBuf,
     delay_ms: u64,
     http_addr: String,
+    /// The port of the charge server on streamable HTTP.
+    upstream_port: u16,
     token: String,
 }
 
@@ -230,12 +252,23 @@ impl World<'_> {
     }
 
     /// The stdio server command of a client: its own proxy (pid in `tag.proxy.pid`) in
-    /// front of its own upstream (pid in `tag.upstream.pid`).
-    fn stdio_server(&self, tag: &str) -> Value {
+    /// front of its own upstream (pid in `tag.upstream.pid`) or of the HTTP upstream.
+    fn stdio_server(&self, tag: &str, upstream: Upstream) -> Value {
         let mut words: Vec<String> = vec![support::BIN.to_string()];
         words.extend(self.proxy_args());
-        words.extend(["--principal".into(), "alice".into(), "--".into()]);
-        words.extend(["sh".into(), "-c".into()]);
+        words.extend(["--principal".into(), "alice".into()]);
+        match upstream {
+            Upstream::Child => {
+                words.extend(["--".into(), "sh".into(), "-c".into()]);
+                words.push(self.upstream(&self.pidfile(tag, "upstream")));
+            }
+            Upstream::Url => words.extend([
+                "--upstream-url".into(),
+                format!("http://127.0.0.1:{}/mcp", self.upstream_port),
+                "--upstream-header".into(),
+                "Authorization: Bearer upstream-secret".into(),
+            ]),
+        }
         let mut script = format!(
             "echo $$ > {}; exec",
             q(&self.pidfile(tag, "proxy").display().to_string())
@@ -244,8 +277,6 @@ impl World<'_> {
             script.push(' ');
             script.push_str(&q(w));
         }
-        script.push(' ');
-        script.push_str(&q(&self.upstream(&self.pidfile(tag, "upstream"))));
         let env: serde_json::Map<String, Value> = self
             .env()
             .into_iter()
@@ -275,7 +306,7 @@ impl World<'_> {
         match plan.shape {
             Shape::Stdio => {
                 spec["transport"] = json!("stdio");
-                spec["server"] = self.stdio_server(tag);
+                spec["server"] = self.stdio_server(tag, plan.upstream);
             }
             Shape::Http => {
                 spec["transport"] = json!("http");
@@ -533,6 +564,55 @@ impl Drop for HttpProxy {
     }
 }
 
+/// The charge server on streamable HTTP the test runs, started again after each kill.
+struct HttpUpstream {
+    child: Option<Child>,
+}
+
+impl HttpUpstream {
+    /// Starts it and waits until its port accepts connections.
+    fn start(world: &World) -> Child {
+        let port = world.upstream_port;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let mut child = Command::new(&world.python)
+                .arg(clients::proxy_fixture("charge_server.py"))
+                .args(["--http", &port.to_string()])
+                .envs(world.env())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(world.log("http-upstream"))
+                .spawn()
+                .unwrap();
+            loop {
+                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return child;
+                }
+                // It ended before listening (the port not free yet, say): once more.
+                if child.try_wait().unwrap().is_some() {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the HTTP upstream does not start (log in {})",
+                    world.dir.display()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for HttpUpstream {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// SIGKILLs the process `pidfile` names, when it is one of this run's (its environment
 /// names this run's charge database) and still alive.
 fn kill_pidfile(pidfile: &Path, mark: &[u8]) -> bool {
@@ -561,7 +641,8 @@ enum Victim {
 
 /// Kills [`KILL_CYCLES`] times at random moments, each time a proxy, an upstream or both of
 /// a shape whose clients are still at work, until every client is `done`; returns what it
-/// killed.
+/// killed. (A client in front of the HTTP upstream has no upstream of its own here: only its
+/// proxy is killed; [`upstream_killer`] kills the HTTP upstream.)
 fn killer(
     world: &World,
     rng: &mut Rng,
@@ -589,14 +670,17 @@ fn killer(
         let http = http.0;
         let target = targets[rng.range(0, targets.len() as u64) as usize];
         let killed = if let Some(tag) = target {
-            let mut any = false;
-            if matches!(victim, Victim::Proxy | Victim::Both) {
-                any |= kill_pidfile(&world.pidfile(tag, "proxy"), &mark);
+            let proxy = matches!(victim, Victim::Proxy | Victim::Both)
+                && kill_pidfile(&world.pidfile(tag, "proxy"), &mark);
+            let up = matches!(victim, Victim::Upstream | Victim::Both)
+                && kill_pidfile(&world.pidfile(tag, "upstream"), &mark);
+            // What was killed (a proxy in front of the HTTP upstream has none of its own).
+            match (proxy, up) {
+                (true, true) => Some(format!("{tag}:Both")),
+                (true, false) => Some(format!("{tag}:Proxy")),
+                (false, true) => Some(format!("{tag}:Upstream")),
+                (false, false) => None,
             }
-            if matches!(victim, Victim::Upstream | Victim::Both) {
-                any |= kill_pidfile(&world.pidfile(tag, "upstream"), &mark);
-            }
-            any.then(|| format!("{tag}:{victim:?}"))
         } else {
             let upstream = world.pidfile("http", "upstream");
             let up =
@@ -621,6 +705,55 @@ fn killer(
             );
             kills.push(k);
         }
+    }
+    kills
+}
+
+/// How many charges the HTTP upstream has logged (its log spans its restarts).
+fn upstream_charges(world: &World) -> usize {
+    std::fs::read_to_string(world.dir.join("http-upstream.log"))
+        .map(|log| log.matches("]: charge ").count())
+        .unwrap_or(0)
+}
+
+/// Kills the HTTP upstream [`HTTP_UPSTREAM_KILLS`] times, each once it has charged a random
+/// few more times since it last started (so calls are flowing through it, and some kills
+/// land between a commit and its reply), while its clients are at work; starts it again on
+/// the same port after a random pause. Returns what it killed.
+fn upstream_killer(
+    world: &World,
+    rng: &mut Rng,
+    upstream: &Mutex<HttpUpstream>,
+    active: &[&AtomicBool],
+    done: &AtomicBool,
+) -> Vec<String> {
+    let mut kills = Vec::new();
+    let started = Instant::now();
+    let at_work =
+        || !done.load(Ordering::Relaxed) && active.iter().any(|a| a.load(Ordering::Relaxed));
+    let mut since = 0;
+    while kills.len() < HTTP_UPSTREAM_KILLS && at_work() {
+        let due = since + rng.range(1, 12) as usize;
+        while at_work() && upstream_charges(world) < due {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if !at_work() {
+            break;
+        }
+        let pause = Duration::from_millis(rng.range(0, 1000));
+        let mut u = upstream.lock().unwrap();
+        let Some(mut c) = u.child.take() else { break };
+        c.kill().unwrap();
+        c.wait().unwrap();
+        eprintln!(
+            "proxy_kill: {:>6} ms SIGKILL http-upstream (down for {} ms)",
+            started.elapsed().as_millis(),
+            pause.as_millis()
+        );
+        kills.push("http-upstream".to_string());
+        std::thread::sleep(pause);
+        u.child = Some(HttpUpstream::start(world));
+        since = upstream_charges(world);
     }
     kills
 }
@@ -700,19 +833,21 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
         charge_db: dir.join("charges.sqlite"),
         delay_ms: rng.range(150, 450),
         http_addr: format!("127.0.0.1:{}", free_port()),
+        upstream_port: free_port(),
         token,
     };
 
     let drivers = [Driver::PyClient, Driver::PySession, Driver::Ts];
     let mut plans = Vec::new();
-    for shape in [Shape::Stdio, Shape::Http] {
+    let shapes = [
+        (Shape::Stdio, Upstream::Child, "stdio"),
+        (Shape::Http, Upstream::Child, "http"),
+        (Shape::Stdio, Upstream::Url, "httpup"),
+    ];
+    for (shape, upstream, prefix) in shapes {
         for driver in drivers {
             let name = format!(
-                "{}-{}",
-                match shape {
-                    Shape::Stdio => "stdio",
-                    Shape::Http => "http",
-                },
+                "{prefix}-{}",
                 match driver {
                     Driver::PyClient => "py-client",
                     Driver::PySession => "py-session",
@@ -731,6 +866,7 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
                 name,
                 driver,
                 shape,
+                upstream,
                 ops,
             });
         }
@@ -739,6 +875,9 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
     // The upstream's database exists before anything races to create it.
     let first = HttpProxy::start(&world, "http");
     let http = Mutex::new(HttpProxy { child: Some(first) });
+    let http_upstream = Mutex::new(HttpUpstream {
+        child: Some(HttpUpstream::start(&world)),
+    });
 
     let seen: Vec<Mutex<Vec<Seen>>> = plans
         .iter()
@@ -751,6 +890,13 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
         .filter(|(p, _)| p.shape == Shape::Stdio)
         .map(|(p, a)| (p.name.clone(), a))
         .collect();
+    let url_active: Vec<&AtomicBool> = plans
+        .iter()
+        .zip(&active)
+        .filter(|(p, _)| p.upstream == Upstream::Url)
+        .map(|(_, a)| a)
+        .collect();
+    let mut upstream_rng = Rng(rng.next());
     let http_active: Vec<&AtomicBool> = plans
         .iter()
         .zip(&active)
@@ -761,7 +907,7 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
     let done = AtomicBool::new(false);
     let finished = AtomicUsize::new(0);
     let started = Instant::now();
-    let kills = std::thread::scope(|s| {
+    let (kills, upstream_kills) = std::thread::scope(|s| {
         for ((plan, seen), active) in plans.iter().zip(&seen).zip(&active) {
             let (world, restarts, finished, done) = (&world, &restarts, &finished, &done);
             let n = plans.len();
@@ -779,7 +925,12 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
                 }
             });
         }
-        killer(&world, &mut rng, &stdio_tags, (&http, &http_active), &done)
+        let (world, http_upstream, url_active, done) = (&world, &http_upstream, &url_active, &done);
+        let upstream_rng = &mut upstream_rng;
+        let up =
+            s.spawn(move || upstream_killer(world, upstream_rng, http_upstream, url_active, done));
+        let kills = killer(world, &mut rng, &stdio_tags, (&http, &http_active), done);
+        (kills, up.join().unwrap())
     });
     let chaos = started.elapsed();
     drop(http.into_inner().unwrap());
@@ -988,6 +1139,7 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
         }
     }
     drop(settled_proxy);
+    drop(http_upstream.into_inner().unwrap());
     assert_eq!(
         charges(&world.charge_db),
         rows,
@@ -1000,15 +1152,25 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
     assert_eq!(audit.json()["gate"], "PASS", "{}", audit.stdout);
 
     // (5) What happened.
+    let upstream_shapes: BTreeMap<&str, usize> = plans.iter().fold(BTreeMap::new(), |mut m, p| {
+        let shape = match p.upstream {
+            Upstream::Child => "stdio",
+            Upstream::Url => "http",
+        };
+        *m.entry(shape).or_default() += 1;
+        m
+    });
     println!(
         "{}",
         json!({"proxy_kill": {
             "backend": backend,
             "seed": seed,
             "clients": plans.len(),
+            "upstream_shapes": upstream_shapes,
             "calls": calls,
-            "kills": kills.len(),
+            "kills": kills.len() + upstream_kills.len(),
             "killed": kills,
+            "http_upstream_kills": upstream_kills.len(),
             "client_restarts": restarts.load(Ordering::Relaxed),
             "charge_delay_ms": world.delay_ms,
             "chaos_seconds": chaos.as_secs(),
