@@ -30,7 +30,8 @@
 //                                               connection (e.g. a result failing its
 //                                               outputSchema, a request timeout)
 //   {"i": N, "transport_error": "..."}          then no further calls are made and the exit is 3
-// A connection that cannot be opened prints {"transport_error": "..."} and exits 3.
+// A connection that cannot be opened prints {"transport_error": "..."} and exits 3; so does a
+// connection that ends while a request is unanswered (a call's line then has its "i").
 
 import { Client, ProtocolError, SdkError, SdkErrorCode, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
 import { StdioClientTransport } from '@modelcontextprotocol/client/stdio';
@@ -90,6 +91,14 @@ async function main() {
     // when the transport gives up it says so only through onerror and the request stays pending
     // until its timeout. The driver takes that report as the lost connection and aborts the call.
     let inFlight = null;
+    // A stdio server that dies can leave the request in flight unsettled; the closed
+    // connection is the lost connection then.
+    c.onclose = () => {
+        if (inFlight && !inFlight.lost) {
+            inFlight.lost = 'connection closed with the call unanswered';
+            inFlight.abort.abort(new Error(inFlight.lost));
+        }
+    };
     c.onerror = e => {
         process.stderr.write(`ts_client: transport error: ${describe(e)}\n`);
         if (inFlight && /^Maximum reconnection attempts/.test(String(e?.message))) {
@@ -149,6 +158,17 @@ async function main() {
     return lost ? LOST : 0;
 }
 
+// If the connection ends while the SDK still awaits an answer (and nothing else keeps the
+// process alive), Node would exit 13 on the unsettled await: report it as what it is, a lost
+// connection.
+let finished = false;
+process.on('beforeExit', () => {
+    if (!finished) {
+        emit({ transport_error: 'the connection ended with a request unanswered' });
+        process.exit(LOST);
+    }
+});
 const code = await main();
+finished = true;
 // Flush stdout before leaving; the stdio child is already closed.
 process.stdout.write('', () => process.exit(code));
