@@ -14,10 +14,8 @@
 //! state and fingerprint keys through the environment (random per demo unless
 //! `TOOLLEDGER_STATE_KEY_HEX`/`TOOLLEDGER_FINGERPRINT_KEY_HEX` are set).
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -28,6 +26,7 @@ use toolledger::store::Store;
 
 use crate::cmd_demo::DemoReport;
 use crate::common;
+use crate::demo_session::Session;
 
 const BACKEND: &str = "sqlite:demo";
 const PG_BACKEND: &str = "postgres:demo";
@@ -124,74 +123,14 @@ const BODY: &str = "alpha";
 /// How the server exits under `--fault drop-after-commit`.
 const EXIT_AFTER_COMMIT: i32 = 70;
 
-struct Session {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Receiver<String>,
-    next_id: i64,
-}
+/// How long a demo waits for one reply.
+const STEP: Duration = Duration::from_secs(60);
 
-fn meta() -> Value {
-    json!({
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}},
-        "io.modelcontextprotocol/clientInfo": {"name": "toolledger-demo", "version": "1.0.0"},
-    })
-}
-
-impl Session {
-    fn start(exe: &Path, target: &Target, extra: &[&str]) -> Result<Session, &'static str> {
-        let mut child = target
-            .serve_command(exe)
-            .args(["--principal", "alice"])
-            .args(extra)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|_| "DEMO_SPAWN_ERROR")?;
-        let stdout = child.stdout.take().ok_or("DEMO_SPAWN_ERROR")?;
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Ok(Session {
-            stdin: child.stdin.take(),
-            child,
-            lines: rx,
-            next_id: 1,
-        })
-    }
-
-    /// Sends one `tools/call`; `Ok(None)` when the server closed without replying.
-    fn call(&mut self, params: Value) -> Result<Option<Value>, &'static str> {
-        let id = self.next_id;
-        self.next_id += 1;
-        let mut params = params;
-        params["_meta"] = meta();
-        let line = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params});
-        let stdin = self.stdin.as_mut().ok_or("DEMO_IO_ERROR")?;
-        writeln!(stdin, "{line}").map_err(|_| "DEMO_IO_ERROR")?;
-        stdin.flush().map_err(|_| "DEMO_IO_ERROR")?;
-        match self.lines.recv_timeout(Duration::from_secs(60)) {
-            Ok(reply) => {
-                let v: Value = serde_json::from_str(&reply).map_err(|_| "DEMO_PROTOCOL_ERROR")?;
-                Ok(Some(v["result"].clone()))
-            }
-            Err(_) => Ok(None),
-        }
-    }
-
-    fn exit_code(mut self) -> Result<i32, &'static str> {
-        self.stdin.take();
-        let status = self.child.wait().map_err(|_| "DEMO_IO_ERROR")?;
-        Ok(status.code().unwrap_or(-1))
-    }
+/// A session with `toolledger serve` on `target` as alice, with `extra` flags.
+fn start(exe: &Path, target: &Target, extra: &[&str]) -> Result<Session, &'static str> {
+    let mut command = target.serve_command(exe);
+    command.args(["--principal", "alice"]).args(extra);
+    Session::start(command)
 }
 
 fn count(target: &Target, table: &str) -> Result<i64, &'static str> {
@@ -236,9 +175,12 @@ fn story(exe: &Path, db: &Target, unguarded: bool) -> Result<Value, &'static str
     let mode: &[&str] = if unguarded { &["--unguarded"] } else { &[] };
     let arguments = json!({"operation_id": OPERATION, "title": TITLE});
 
-    let mut s = Session::start(exe, db, mode)?;
+    let mut s = start(exe, db, mode)?;
     let first = s
-        .call(json!({"name": "create_issue", "arguments": arguments}))?
+        .call(
+            json!({"name": "create_issue", "arguments": arguments}),
+            STEP,
+        )?
         .ok_or("DEMO_PROTOCOL_ERROR")?;
     let input_required = first["resultType"] == "input_required";
     let token = first["requestState"]
@@ -254,15 +196,18 @@ fn story(exe: &Path, db: &Target, unguarded: bool) -> Result<Value, &'static str
         "inputResponses": {"body": {"action": "accept", "content": {"body": BODY}}},
     });
     let crashing = [mode, &["--fault", "drop-after-commit"]].concat();
-    let mut s = Session::start(exe, db, &crashing)?;
-    let lost = s.call(continuation.clone())?;
+    let mut s = start(exe, db, &crashing)?;
+    let lost = s.call(continuation.clone(), STEP)?;
     let crash_code = s.exit_code()?;
 
-    let mut s = Session::start(exe, db, mode)?;
+    let mut s = start(exe, db, mode)?;
     let status = s
-        .call(json!({"name": "get_operation_status", "arguments": {"operation_id": OPERATION}}))?
+        .call(
+            json!({"name": "get_operation_status", "arguments": {"operation_id": OPERATION}}),
+            STEP,
+        )?
         .ok_or("DEMO_PROTOCOL_ERROR")?;
-    let replay = s.call(continuation)?.ok_or("DEMO_PROTOCOL_ERROR")?;
+    let replay = s.call(continuation, STEP)?.ok_or("DEMO_PROTOCOL_ERROR")?;
     s.exit_code()?;
 
     let status = &status["structuredContent"];

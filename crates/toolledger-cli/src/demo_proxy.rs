@@ -14,10 +14,8 @@
 //!
 //! Passes only when the charge files read back match.
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -25,6 +23,7 @@ use toolledger::authz::PrincipalStore;
 
 use crate::cmd_demo::DemoReport;
 use crate::common;
+use crate::demo_session::Session;
 
 const BACKEND: &str = "sqlite:demo";
 /// The operation id the client picks before its first send.
@@ -48,91 +47,10 @@ arguments = { reference = "{operation_id}" }
 found_when = "/structuredContent/found"
 "#;
 
-fn meta() -> Value {
-    json!({
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {},
-        "io.modelcontextprotocol/clientInfo": {"name": "toolledger-demo", "version": "1.0.0"},
-    })
-}
-
-/// A client of one MCP server process over its stdio.
-struct Session {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Receiver<String>,
-    next_id: i64,
-}
-
-impl Session {
-    fn start(mut command: Command) -> Result<Session, &'static str> {
-        let mut child = command
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|_| "DEMO_SPAWN_ERROR")?;
-        let stdout = child.stdout.take().ok_or("DEMO_SPAWN_ERROR")?;
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Ok(Session {
-            stdin: child.stdin.take(),
-            child,
-            lines: rx,
-            next_id: 1,
-        })
-    }
-
-    /// Sends one `tools/call` without waiting for its reply.
-    fn send(&mut self, name: &str, arguments: Value) -> Result<(), &'static str> {
-        let id = self.next_id;
-        self.next_id += 1;
-        let line = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-                          "params": {"name": name, "arguments": arguments, "_meta": meta()}});
-        let stdin = self.stdin.as_mut().ok_or("DEMO_IO_ERROR")?;
-        writeln!(stdin, "{line}").map_err(|_| "DEMO_IO_ERROR")?;
-        stdin.flush().map_err(|_| "DEMO_IO_ERROR")
-    }
-
-    /// The result of the next reply; `None` when the server closed without one.
-    fn reply(&mut self) -> Result<Option<Value>, &'static str> {
-        match self.lines.recv_timeout(STEP) {
-            Ok(line) => {
-                let v: Value = serde_json::from_str(&line).map_err(|_| "DEMO_PROTOCOL_ERROR")?;
-                Ok(Some(v["result"].clone()))
-            }
-            Err(_) => Ok(None),
-        }
-    }
-
-    /// One `tools/call` and its result.
-    fn call(&mut self, name: &str, arguments: Value) -> Result<Value, &'static str> {
-        self.send(name, arguments)?;
-        self.reply()?.ok_or("DEMO_PROTOCOL_ERROR")
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Kills the process and reaps it.
-    fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// Closes stdin and waits for the process to exit.
-    fn finish(mut self) {
-        self.stdin.take();
-        let _ = self.child.wait();
-    }
+/// One `tools/call` of `name` and its result.
+fn call(s: &mut Session, name: &str, arguments: Value) -> Result<Value, &'static str> {
+    s.call(json!({"name": name, "arguments": arguments}), STEP)?
+        .ok_or("DEMO_PROTOCOL_ERROR")
 }
 
 fn upstream(exe: &Path, charges: &Path, delay_ms: &str) -> Command {
@@ -224,15 +142,15 @@ fn charge_args(with_id: bool) -> Value {
 fn without_proxy(exe: &Path, dir: &Path) -> Result<Value, &'static str> {
     let file = dir.join("charges-without-proxy.sqlite");
     let mut s = Session::start(upstream(exe, &file, REPLY_DELAY_MS))?;
-    s.send("charge", charge_args(false))?;
+    s.send(json!({"name": "charge", "arguments": charge_args(false)}))?;
     wait_for_charges(&file, 1)?;
     // The charge server committed the charge and is killed before it replies.
-    let replied = s.lines.try_recv().is_ok();
+    let replied = s.reply(Duration::ZERO)?.is_some();
     s.kill();
 
     let mut s = Session::start(upstream(exe, &file, "0"))?;
-    let retry = s.call("charge", charge_args(false))?;
-    s.finish();
+    let retry = call(&mut s, "charge", charge_args(false))?;
+    s.exit_code()?;
     Ok(json!({
         "reply_lost": !replied,
         "retry": answer(&retry),
@@ -274,15 +192,19 @@ fn with_proxy(exe: &Path, dir: &Path) -> Result<Value, &'static str> {
         .env_remove("TOOLLEDGER_TEST_HOLD_AT")
         .env("RUST_LOG", "off");
     let mut s = Session::start(proxy)?;
-    s.send("charge", charge_args(true))?;
+    s.send(json!({"name": "charge", "arguments": charge_args(true)}))?;
     wait_for_charges(&file, 1)?;
     // The charge server committed the charge and is killed before it replies.
     kill(upstream_of(s.pid())?);
-    let first = s.reply()?.ok_or("DEMO_PROTOCOL_ERROR")?;
-    let retry = s.call("charge", charge_args(true))?;
-    let status = s.call("get_operation_status", json!({"operation_id": OPERATION}))?;
-    let replay = s.call("charge", charge_args(true))?;
-    s.finish();
+    let first = s.reply(STEP)?.ok_or("DEMO_PROTOCOL_ERROR")?;
+    let retry = call(&mut s, "charge", charge_args(true))?;
+    let status = call(
+        &mut s,
+        "get_operation_status",
+        json!({"operation_id": OPERATION}),
+    )?;
+    let replay = call(&mut s, "charge", charge_args(true))?;
+    s.exit_code()?;
 
     let status = &status["structuredContent"];
     let ledger_meta = &replay["_meta"]["io.toolledger/ledger"];

@@ -17,6 +17,7 @@ mod cmd_status;
 mod cmd_worker;
 mod demo_lost_reply;
 mod demo_proxy;
+mod demo_session;
 mod diagnose;
 mod upstream_example;
 
