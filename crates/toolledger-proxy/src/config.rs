@@ -186,6 +186,30 @@ pub const DEFAULT_AUTHORITY_TTL_SECONDS: i64 = 86_400;
 /// Default retention deadline (one week).
 pub const DEFAULT_RETENTION_TTL_SECONDS: i64 = 604_800;
 
+/// The TTLs and the call timeout of the file (`at` = "") or of one tool (`at` =
+/// "tools.NAME."), checked.
+fn check_limits(
+    at: &str,
+    authority: Option<i64>,
+    retention: Option<i64>,
+    timeout: Option<u64>,
+) -> Result<(), ConfigError> {
+    for (what, ttl) in [
+        ("authority_ttl_seconds", authority),
+        ("retention_ttl_seconds", retention),
+    ] {
+        if ttl.is_some_and(|s| !(1..=toolledger::runtime::MAX_TTL_SECONDS).contains(&s)) {
+            return Err(ConfigError::Invalid(format!("{at}{what} is out of range")));
+        }
+    }
+    if timeout == Some(0) {
+        return Err(ConfigError::Invalid(format!(
+            "{at}call_timeout_seconds must be at least 1"
+        )));
+    }
+    Ok(())
+}
+
 impl ProxyConfig {
     /// Parses the TOML text of a configuration file and checks it.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
@@ -223,19 +247,12 @@ impl ProxyConfig {
                     ));
                 }
             }
-            for (what, ttl) in [
-                ("authority_ttl_seconds", t.authority_ttl_seconds),
-                ("retention_ttl_seconds", t.retention_ttl_seconds),
-            ] {
-                if ttl.is_some_and(|s| !(1..=toolledger::runtime::MAX_TTL_SECONDS).contains(&s)) {
-                    return bad(format!("tools.{name}.{what} is out of range"));
-                }
-            }
-            if t.call_timeout_seconds == Some(0) {
-                return bad(format!(
-                    "tools.{name}.call_timeout_seconds must be at least 1"
-                ));
-            }
+            check_limits(
+                &format!("tools.{name}."),
+                t.authority_ttl_seconds,
+                t.retention_ttl_seconds,
+                t.call_timeout_seconds,
+            )?;
             if let Some(r) = &t.reconcile {
                 if r.found_when.as_deref().is_some_and(|p| !p.starts_with('/')) {
                     return bad(format!(
@@ -244,18 +261,12 @@ impl ProxyConfig {
                 }
             }
         }
-        for (what, ttl) in [
-            ("authority_ttl_seconds", self.authority_ttl_seconds),
-            ("retention_ttl_seconds", self.retention_ttl_seconds),
-        ] {
-            if ttl.is_some_and(|s| !(1..=toolledger::runtime::MAX_TTL_SECONDS).contains(&s)) {
-                return bad(format!("{what} is out of range"));
-            }
-        }
-        if self.call_timeout_seconds == Some(0) {
-            return bad("call_timeout_seconds must be at least 1".into());
-        }
-        Ok(())
+        check_limits(
+            "",
+            self.authority_ttl_seconds,
+            self.retention_ttl_seconds,
+            self.call_timeout_seconds,
+        )
     }
 
     /// The settings of upstream tool `name`, which the upstream marks read-only or not.
