@@ -10,7 +10,7 @@
 //! `toolledger::upstream`).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,8 +21,8 @@ use rmcp::model::{
     RequestMetaObject, ServerResult, Tool,
 };
 use rmcp::service::{
-    ClientLifecycleMode, ClientServiceExt, NotificationContext, Peer, PeerRequestOptions,
-    QuitReason, RunningService, RunningServiceCancellationToken, ServiceError,
+    ClientInitializeError, ClientLifecycleMode, ClientServiceExt, NotificationContext, Peer,
+    PeerRequestOptions, QuitReason, RunningService, RunningServiceCancellationToken, ServiceError,
 };
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
@@ -212,6 +212,28 @@ pub struct Upstream {
     me: std::sync::Weak<Upstream>,
     /// Milliseconds to wait before the next restart of a child that exited.
     backoff_ms: AtomicU64,
+    /// Set when the upstream answered `server/discover` only after the automatic lifecycle
+    /// had fallen back to `initialize`: every later connection uses MCP 2026-07-28 alone.
+    late_discover: AtomicBool,
+}
+
+/// Why a connection to the upstream was not made.
+enum Startup {
+    /// The automatic lifecycle's `server/discover` was answered after its fallback.
+    LateDiscover,
+    /// Any other failure.
+    Failed(UpstreamError),
+}
+
+impl Startup {
+    fn into_error(self) -> UpstreamError {
+        match self {
+            Startup::LateDiscover => UpstreamError::Transport(
+                "the upstream could not be started: its lifecycle could not be agreed".into(),
+            ),
+            Startup::Failed(e) => e,
+        }
+    }
 }
 
 impl std::fmt::Debug for Upstream {
@@ -245,6 +267,7 @@ impl Upstream {
             handler: ProxyClient::default(),
             me: me.clone(),
             backoff_ms: AtomicU64::new(1_000),
+            late_discover: AtomicBool::new(false),
         })
     }
 
@@ -255,6 +278,11 @@ impl Upstream {
 
     fn mode(&self) -> ClientLifecycleMode {
         let modern = vec![ProtocolVersion::V_2026_07_28];
+        if self.late_discover.load(Ordering::Relaxed) {
+            return ClientLifecycleMode::Discover {
+                preferred_versions: modern,
+            };
+        }
         match self.lifecycle {
             Lifecycle::Auto => ClientLifecycleMode::Auto {
                 preferred_versions: modern,
@@ -278,17 +306,40 @@ impl Upstream {
                 "the upstream connection closed; reconnecting");
         }
         let generation = self.starts.fetch_add(1, Ordering::Relaxed) + 1;
-        let connection = self.connect(generation).await?;
+        let connection = match self.connect(generation).await {
+            Err(Startup::LateDiscover) => {
+                // The upstream speaks MCP 2026-07-28 but took longer than the automatic
+                // lifecycle waits for its `server/discover` answer (a slow start on a loaded
+                // machine): connect again with the modern lifecycle alone, which waits.
+                self.late_discover.store(true, Ordering::Relaxed);
+                tracing::warn!(target: "toolledger::upstream", generation,
+                    "the upstream answered server/discover late; connecting again with MCP 2026-07-28");
+                self.connect(generation).await
+            }
+            other => other,
+        }
+        .map_err(Startup::into_error)?;
         let peer = connection.peer.clone();
         *current = Some(connection);
         Ok(peer)
     }
 
-    async fn connect(&self, generation: u64) -> Result<Connection, UpstreamError> {
+    async fn connect(&self, generation: u64) -> Result<Connection, Startup> {
         let failed = |e: &dyn std::fmt::Display| {
             tracing::warn!(target: "toolledger::upstream", generation, error = %e,
                 "the upstream could not be started");
-            UpstreamError::Transport(format!("the upstream could not be started: {e}"))
+            Startup::Failed(UpstreamError::Transport(format!(
+                "the upstream could not be started: {e}"
+            )))
+        };
+        let handshake = |e: ClientInitializeError| match e {
+            // The answer to `server/discover` arrived after the fallback to `initialize`.
+            ClientInitializeError::ConflictInitResponseId(..)
+                if self.lifecycle == Lifecycle::Auto =>
+            {
+                Startup::LateDiscover
+            }
+            e => failed(&e),
         };
         match &self.spec {
             UpstreamSpec::Stdio { command, args } => {
@@ -312,7 +363,7 @@ impl Upstream {
                     .clone()
                     .serve_with_lifecycle(transport, self.mode())
                     .await
-                    .map_err(|e| failed(&e))?;
+                    .map_err(handshake)?;
                 tracing::info!(target: "toolledger::upstream", generation, pid,
                     protocol = ?service.peer().peer_info().map(|i| i.protocol_version.clone()),
                     "upstream started");
@@ -349,7 +400,7 @@ impl Upstream {
                     .clone()
                     .serve_with_lifecycle(transport, self.mode())
                     .await
-                    .map_err(|e| failed(&e))?;
+                    .map_err(handshake)?;
                 tracing::info!(target: "toolledger::upstream", generation,
                     protocol = ?service.peer().peer_info().map(|i| i.protocol_version.clone()),
                     "upstream connected");
