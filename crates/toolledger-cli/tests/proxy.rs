@@ -486,6 +486,22 @@ fn principal_and_scopes_are_rechecked(db: Db) {
     let mut q = w.start_as("bob", &["--config", &config], 0, &[]);
     let refused = q.call("charge", charge("op-bob", 100));
     assert_eq!(error_of(&refused)["code"], "not_found", "{refused}");
+    // The principal is deactivated while the proxy runs: its next replay is refused (the
+    // server does not read the principal before a guarded call; the runtime does, in the
+    // snapshot it reads the operation in), and nothing is forwarded.
+    add_principal(&w.db, "pat", "acme", &[], &["payments:write"], false);
+    let again = p.call("charge", charge("op-s", 100));
+    assert_eq!(again["isError"], false, "{again}");
+    let out = toolledger()
+        .args(["principal", "revoke", "pat", "--all"])
+        .args(w.db.store_args())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let revoked = p.call("charge", charge("op-s", 100));
+    assert_eq!(error_of(&revoked)["code"], "permission_denied", "{revoked}");
+    let fresh = p.call("charge", charge("op-s2", 100));
+    assert_eq!(error_of(&fresh)["code"], "permission_denied", "{fresh}");
     assert_eq!(w.charges(), 1);
 }
 

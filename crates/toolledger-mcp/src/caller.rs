@@ -38,26 +38,51 @@ pub struct Caller {
     pub principal: Principal,
 }
 
-fn revoked() -> Error {
+/// The refusal of a caller that is not an active principal.
+pub fn revoked() -> Error {
     Error::denied("the caller is not an active principal")
 }
 
+impl Caller {
+    /// A caller known by name only, its principal not read: the tenant and subject are empty
+    /// and it holds no role or scope, so nothing that checks them lets it through. Given to
+    /// tools that read the principal themselves (see
+    /// [`McpTool::reads_principal`](crate::server::McpTool::reads_principal)).
+    pub fn unread(name: String) -> Caller {
+        Caller {
+            name,
+            principal: Principal {
+                tenant: String::new(),
+                subject: String::new(),
+                roles: Default::default(),
+                scopes: Default::default(),
+            },
+        }
+    }
+}
+
 impl CallerSource {
+    /// The principal name of the request in `ctx` (the configured one, or the one its bearer
+    /// token resolved to), without reading the principal store.
+    pub fn name(&self, ctx: &RequestContext<RoleServer>) -> Result<String, Error> {
+        match self {
+            CallerSource::Configured(name) => Ok(name.clone()),
+            CallerSource::BearerToken => ctx
+                .extensions
+                .get::<http::request::Parts>()
+                .and_then(|p| p.extensions.get::<AuthenticatedName>())
+                .map(|a| a.0.clone())
+                .ok_or_else(revoked),
+        }
+    }
+
     /// Resolves the caller of the request in `ctx`, re-reading the principal store.
     pub async fn resolve(
         &self,
         principals: &PrincipalStore,
         ctx: &RequestContext<RoleServer>,
     ) -> Result<Caller, Error> {
-        let name = match self {
-            CallerSource::Configured(name) => name.clone(),
-            CallerSource::BearerToken => ctx
-                .extensions
-                .get::<http::request::Parts>()
-                .and_then(|p| p.extensions.get::<AuthenticatedName>())
-                .map(|a| a.0.clone())
-                .ok_or_else(revoked)?,
-        };
+        let name = self.name(ctx)?;
         let principal = principals.resolve(&name).await?.ok_or_else(revoked)?;
         Ok(Caller { name, principal })
     }

@@ -62,6 +62,15 @@ pub trait McpTool: Send + Sync + 'static {
     /// Handles one call. Tool failures are returned in-band, protocol errors (an invalid
     /// `requestState`) as JSON-RPC errors; [`crate::reply::respond`] does both.
     fn call(&self, call: ToolCall) -> BoxFuture<'_, Result<CallToolResponse, ErrorData>>;
+
+    /// Whether the tool reads the caller's principal itself, in the same read of the store as
+    /// everything else it checks (a deferred runtime re-reads it in the snapshot it examines
+    /// the ledger in, and again in the transaction that records an intent). The server then
+    /// does not read the principal store before the call, and [`ToolCall::caller`] carries the
+    /// name only ([`Caller::unread`]). `false` unless a tool says so.
+    fn reads_principal(&self) -> bool {
+        false
+    }
 }
 
 /// The rmcp server handler.
@@ -181,7 +190,12 @@ impl ServerHandler for LedgerServer {
             ));
         };
         let started = std::time::Instant::now();
-        let caller = match self.caller.resolve(&self.principals, &context).await {
+        let caller = if tool.reads_principal() {
+            self.caller.name(&context).map(Caller::unread)
+        } else {
+            self.caller.resolve(&self.principals, &context).await
+        };
+        let caller = match caller {
             Ok(c) => c,
             Err(e) => {
                 let response = Ok(CallToolResponse::Complete(tool_error(&e)));

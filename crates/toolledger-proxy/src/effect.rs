@@ -62,7 +62,8 @@ pub fn stored_result(result: &CallToolResult) -> Value {
 /// resolution stores `{code, message}` instead).
 pub fn upstream_result(stored: &Value) -> Option<CallToolResult> {
     if let Some(v) = stored.get("upstream") {
-        return serde_json::from_value(v.clone()).ok();
+        // Read in place: a replay does not copy the stored result before decoding it.
+        return serde::Deserialize::deserialize(v).ok();
     }
     let text = stored.get("upstream_text")?.as_str()?;
     serde_json::from_str(text).ok()

@@ -8,8 +8,9 @@ use rmcp::model::{
     InputRequiredResult, JsonObject, ResultType, Tool,
 };
 use serde_json::{json, Map, Value};
+use toolledger::authz::PrincipalStore;
 use toolledger::engine::OperationRecord;
-use toolledger::model::{Error, ErrorCode, OperationState};
+use toolledger::model::{Error, ErrorCode, OperationState, Principal};
 use toolledger::outbox::{ClaimOutcome, EventState};
 use toolledger::runtime::{
     Answer, DeferredCall, Delivery, Processed, ProviderContext, Runtime, StatusQuery,
@@ -200,11 +201,16 @@ impl GuardedForward {
     /// What this call carries down to its forward: its route, the client's capabilities
     /// (when it can answer `input_required`) and, for a continuation, the upstream's state
     /// unsealed from ours.
-    fn scope(&self, call: &ToolCall, key: &str, arguments: &Value) -> Result<CallScope, Error> {
+    async fn scope(
+        &self,
+        call: &ToolCall,
+        key: &str,
+        arguments: &Value,
+    ) -> Result<CallScope, Error> {
         let continuation = match (&call.request_state, &call.input_responses) {
             (None, None) => None,
             (Some(token), Some(responses)) => {
-                let p = &call.caller.principal;
+                let p = &self.principal(call).await?;
                 let binding = self.sealer.open(
                     token,
                     &p.tenant,
@@ -244,7 +250,7 @@ impl GuardedForward {
     /// The upstream's request for input, passed to the client with the proxy's own sealed
     /// `requestState` (binding the caller, tool, operation id and arguments, and carrying the
     /// upstream's state).
-    fn ask(
+    async fn ask(
         &self,
         call: &ToolCall,
         key: &str,
@@ -258,7 +264,7 @@ impl GuardedForward {
                  answer; nothing was done",
             ));
         }
-        let p = &call.caller.principal;
+        let p = &self.principal(call).await?;
         let now = self.runtime.clock().now();
         let mut nonce = [0u8; 16];
         getrandom::fill(&mut nonce).map_err(|_| Error::unavailable("no randomness"))?;
@@ -282,31 +288,43 @@ impl GuardedForward {
         Ok(CallToolResponse::InputRequired(out))
     }
 
+    /// The caller's principal, read now (the server left it unread: see
+    /// [`McpTool::reads_principal`]); needed only to seal or open a continuation's state.
+    async fn principal(&self, call: &ToolCall) -> Result<Principal, Error> {
+        PrincipalStore::new(self.runtime.store().clone())
+            .resolve(&call.caller.name)
+            .await?
+            .ok_or_else(toolledger_mcp::caller::revoked)
+    }
+
     async fn run(&self, call: ToolCall) -> Result<CallToolResponse, ErrorData> {
         let outcome = async {
             let (key, arguments) = self.split(&call)?;
-            let scope = self.scope(&call, &key, &arguments)?;
+            let scope = self.scope(&call, &key, &arguments).await?;
             let deferred = DeferredCall {
                 principal: call.caller.name.clone(),
                 tool: self.definition.name.to_string(),
                 provider: ProviderContext::mcp(&key),
-                key: key.clone(),
-                arguments: arguments.clone(),
+                key,
+                arguments,
                 approval_id: None,
             };
+            // The principal is read (and its scopes checked) by the runtime, in the snapshot
+            // it reads the operation in.
             let (answer, captured) =
                 forwarding(scope.clone(), self.runtime.dispatch(&deferred, None)).await;
+            let (key, arguments) = (&deferred.key, &deferred.arguments);
             let settled = match captured {
                 Captured::Protocol(rpc) => return Ok(Err(rpc)),
                 Captured::InputRequired(asked) => {
-                    return Ok(Ok(self.ask(&call, &key, &arguments, asked)?))
+                    return Ok(Ok(self.ask(&call, key, arguments, asked).await?))
                 }
                 Captured::Nothing => self.settle(&deferred, answer?, scope).await?,
             };
             Ok(match settled {
                 Settled::Answer(r) => Ok(CallToolResponse::Complete(r)),
                 Settled::Protocol(rpc) => Err(rpc),
-                Settled::Asked(asked) => Ok(self.ask(&call, &key, &arguments, asked)?),
+                Settled::Asked(asked) => Ok(self.ask(&call, key, arguments, asked).await?),
             })
         }
         .await;
@@ -416,6 +434,13 @@ impl McpTool for GuardedForward {
 
     fn call(&self, call: ToolCall) -> BoxFuture<'_, Result<CallToolResponse, ErrorData>> {
         Box::pin(self.run(call))
+    }
+
+    /// The runtime reads the principal in the snapshot it examines the operation in (and
+    /// again when it records an intent): a read of the principal store before the call would
+    /// be a second read, and a second hand-off to the store's reader threads, per call.
+    fn reads_principal(&self) -> bool {
+        true
     }
 }
 
