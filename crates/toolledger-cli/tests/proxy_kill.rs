@@ -44,6 +44,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use support::clients;
 use support::wire::{add_principal, Db, Ledger};
+use toolledger_testkit::kill::{free_port, kill_pidfile, pid_wrapper, seed, Rng};
 
 on_both_backends!(at_most_one_upstream_effect_under_random_sigkills);
 
@@ -72,39 +73,6 @@ call_timeout_seconds = 2
 [tools.charge]
 forward_operation_id = "_meta"
 "#;
-
-/// A small seeded generator (splitmix64): the same seed, the same kill plan.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `lo..hi`.
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo)
-    }
-}
-
-fn seed() -> u64 {
-    match std::env::var("TOOLLEDGER_KILL_SEED") {
-        Ok(s) => s.parse().expect("TOOLLEDGER_KILL_SEED is a number"),
-        Err(_) => std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64,
-    }
-}
-
-/// One string quoted for `sh`.
-fn q(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Driver {
@@ -233,13 +201,13 @@ impl World<'_> {
 
     /// The upstream command, wrapped to record its pid in `pidfile`.
     fn upstream(&self, pidfile: &Path) -> String {
-        format!(
-            "echo $$ > {}; exec {} {}",
-            q(&pidfile.display().to_string()),
-            q(&self.python.display().to_string()),
-            q(&clients::proxy_fixture("charge_server.py")
-                .display()
-                .to_string()),
+        let charge_server = clients::proxy_fixture("charge_server.py");
+        pid_wrapper(
+            pidfile,
+            &[
+                self.python.display().to_string(),
+                charge_server.display().to_string(),
+            ],
         )
     }
 
@@ -269,14 +237,7 @@ impl World<'_> {
                 "Authorization: Bearer upstream-secret".into(),
             ]),
         }
-        let mut script = format!(
-            "echo $$ > {}; exec",
-            q(&self.pidfile(tag, "proxy").display().to_string())
-        );
-        for w in &words {
-            script.push(' ');
-            script.push_str(&q(w));
-        }
+        let script = pid_wrapper(&self.pidfile(tag, "proxy"), &words);
         let env: serde_json::Map<String, Value> = self
             .env()
             .into_iter()
@@ -613,25 +574,6 @@ impl Drop for HttpUpstream {
     }
 }
 
-/// SIGKILLs the process `pidfile` names, when it is one of this run's (its environment
-/// names this run's charge database) and still alive.
-fn kill_pidfile(pidfile: &Path, mark: &[u8]) -> bool {
-    let Ok(text) = std::fs::read_to_string(pidfile) else {
-        return false;
-    };
-    let Ok(pid) = text.trim().parse::<i32>() else {
-        return false;
-    };
-    let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
-        return false;
-    };
-    if !environ.split(|b| *b == 0).any(|kv| kv == mark) {
-        return false;
-    }
-    // SAFETY: kill(2) with a pid this run started (checked above) and SIGKILL.
-    unsafe { libc::kill(pid, libc::SIGKILL) == 0 }
-}
-
 #[derive(Clone, Copy, Debug)]
 enum Victim {
     Proxy,
@@ -650,7 +592,7 @@ fn killer(
     http: (&Mutex<HttpProxy>, &[&AtomicBool]),
     done: &AtomicBool,
 ) -> Vec<String> {
-    let mark = format!("CHARGE_DB={}", world.charge_db.display()).into_bytes();
+    let mark = format!("CHARGE_DB={}", world.charge_db.display());
     let mut kills = Vec::new();
     let started = Instant::now();
     while kills.len() < KILL_CYCLES && !done.load(Ordering::Relaxed) {
@@ -769,14 +711,6 @@ fn cli(db: &Db, args: &[&str]) -> support::Run {
     c.output().unwrap().into()
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The charge rows per reference (operation id).
 fn charges(path: &Path) -> BTreeMap<Option<String>, Vec<(i64, String, i64)>> {
     let conn = rusqlite::Connection::open(path).unwrap();
@@ -809,7 +743,7 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
     } else {
         "sqlite"
     };
-    let seed = seed();
+    let seed = seed("TOOLLEDGER_KILL_SEED");
     eprintln!(
         "proxy_kill: backend {backend}, seed {seed} (TOOLLEDGER_KILL_SEED={seed} replays the plan)"
     );
@@ -896,7 +830,7 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
         .filter(|(p, _)| p.upstream == Upstream::Url)
         .map(|(_, a)| a)
         .collect();
-    let mut upstream_rng = Rng(rng.next());
+    let mut upstream_rng = Rng(rng.next_u64());
     let http_active: Vec<&AtomicBool> = plans
         .iter()
         .zip(&active)

@@ -250,15 +250,33 @@ pub fn read_reply(reply: &Value) -> Reading {
     }
 }
 
-/// The default normalization: the reply as compact JSON with every `replayed` marker blanked,
-/// in the structured content and in JSON carried inside text content alike. Nothing else may
-/// differ between two answers for one operation.
+/// The tool's answer in a tool result, whatever client library printed it: `isError`
+/// (absent is `false`), `content`, `structuredContent` (absent when `null`) and `_meta` —
+/// without the members the protocol version or the library adds around it (`resultType`
+/// of MCP 2026-07-28, say).
+pub fn tool_answer(reply: &Value) -> Value {
+    let mut out = serde_json::Map::new();
+    out.insert("isError".into(), Value::Bool(reply["isError"] == true));
+    for name in ["content", "structuredContent", "_meta"] {
+        match reply.get(name) {
+            None | Some(Value::Null) => {}
+            Some(v) => {
+                out.insert(name.into(), v.clone());
+            }
+        }
+    }
+    Value::Object(out)
+}
+
+/// The default normalization: the [`tool_answer`] as compact JSON with every `replayed`
+/// marker blanked, in the structured content and in JSON carried inside text content alike.
+/// Nothing else may differ between two answers for one operation.
 pub fn without_replayed(reply: &Value) -> String {
     blank_members(reply, &["replayed"])
 }
 
-/// The reply as compact JSON with the values of the named members blanked wherever they
-/// appear, in nested objects and in JSON text inside strings (a replay of a deferred
+/// The [`tool_answer`] as compact JSON with the values of the named members blanked wherever
+/// they appear, in nested objects and in JSON text inside strings (a replay of a deferred
 /// operation, for one, says `"delivery": "local_replay"` where the first answer said
 /// `"fresh"`).
 pub fn blank_members(reply: &Value, names: &[&str]) -> String {
@@ -285,7 +303,7 @@ pub fn blank_members(reply: &Value, names: &[&str]) -> String {
             _ => v.clone(),
         }
     }
-    walk(reply, names).to_string()
+    walk(&tool_answer(reply), names).to_string()
 }
 
 /// One row of the ledger, as `toolledger operations list --json` prints it.
@@ -938,6 +956,14 @@ mod tests {
         assert_ne!(
             without_replayed(&ok("a", 1, false)),
             without_replayed(&ok("a", 2, false))
+        );
+        // The envelope a protocol version or a client library adds is not the answer.
+        let mut enveloped = ok("a", 1, true);
+        enveloped["resultType"] = json!("complete");
+        enveloped["structuredContent"]["replayed"] = json!(true);
+        assert_eq!(
+            without_replayed(&ok("a", 1, false)),
+            without_replayed(&enveloped)
         );
     }
 }

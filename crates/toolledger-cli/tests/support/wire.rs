@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use toolledger::effect::{EffectTx, RowExt};
 use toolledger::store::Store;
 use toolledger_testkit::conformance::Harness;
+use toolledger_testkit::db::ServerLock;
 pub use toolledger_testkit::stdio::{meta, Server};
 
 pub use super::{bin, toolledger};
@@ -168,7 +169,16 @@ impl Db {
     /// A fresh PostgreSQL schema; `None` when PostgreSQL tests are skipped (one loud line;
     /// in CI they fail instead).
     pub fn postgres() -> Option<Db> {
-        let h = Harness::postgres()?;
+        Some(Db::postgres_in(Harness::postgres()?))
+    }
+
+    /// A fresh PostgreSQL schema for a test that holds the server lock exclusively (it
+    /// restarts the server); `None` when PostgreSQL tests are skipped.
+    pub fn postgres_while_holding(exclusive: &ServerLock) -> Option<Db> {
+        Some(Db::postgres_in(Harness::postgres_while_holding(exclusive)?))
+    }
+
+    fn postgres_in(h: Harness) -> Db {
         // Creates the schema; the reference tables come with the CLI's own migrations.
         drop(h.open_with(Some(PG_BACKEND), (&[], &[]), false).unwrap());
         let url = h.database_url().unwrap();
@@ -177,7 +187,7 @@ impl Db {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::Postgres { h, url, store, dir };
         add_principals(&db);
-        Some(db)
+        db
     }
 }
 
