@@ -320,12 +320,12 @@ pub struct LedgerRow {
 }
 
 impl LedgerRow {
-    /// Whether the row is unfinished: `in_progress`, `accepted`, `processing` or
-    /// `outcome_unknown`.
+    /// Whether the row is unfinished, waiting for a worker, a status query or an operator:
+    /// `in_progress`, `accepted`, `processing`, `outcome_unknown` or `dead`.
     pub fn is_unfinished(&self) -> bool {
         matches!(
             self.state.as_str(),
-            "in_progress" | "accepted" | "processing" | "outcome_unknown"
+            "in_progress" | "accepted" | "processing" | "outcome_unknown" | "dead"
         )
     }
 }
