@@ -588,29 +588,47 @@ fn run(db: Db, pg: Option<&RestoreServer>) {
         } else {
             &mut replayer_stdio
         };
-        let run = replayer.run(calls);
-        assert!(
-            run.lost_at.is_none() && !run.lost_idle && run.unexpected.is_empty(),
-            "the replay pass loses nothing: {run:?}"
-        );
-        for (i, reply) in run.answers {
+        // `unavailable` (a store still reconnecting after the last fault) is asked again.
+        let mut pending: Vec<&Call> = calls.iter().collect();
+        for _ in 0..20 {
+            let batch: Vec<Call> = pending.iter().map(|c| (*c).clone()).collect();
+            let run = replayer.run(&batch);
             assert!(
-                read_reply(&reply).is_definitive(),
-                "{}: settled, yet {reply}",
-                calls[i].id
+                run.lost_at.is_none() && !run.lost_idle && run.unexpected.is_empty(),
+                "the replay pass loses nothing: {run:?}"
             );
-            replays.insert(calls[i].id.clone(), reply);
+            for (i, reply) in run.answers {
+                match read_reply(&reply) {
+                    Reading::Unavailable => continue,
+                    r => assert!(r.is_definitive(), "{}: settled, yet {reply}", batch[i].id),
+                }
+                replays.insert(batch[i].id.clone(), reply);
+            }
+            pending.retain(|c| !replays.contains_key(&c.id));
+            if pending.is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(500));
         }
+        assert!(pending.is_empty(), "still unavailable: {pending:?}");
     }
 
     // What the databases hold.
     let cli = world.cli();
     let rows = cli.rows().unwrap();
-    let mut effects = count_effects_store(
-        &db.store(),
-        "SELECT operation_key, count(*) FROM issues GROUP BY operation_key",
-    )
-    .unwrap();
+    // The read-back handle's connections may have died with the server: a few tries.
+    let mut effects = (0..20)
+        .find_map(|_| {
+            let r = count_effects_store(
+                &db.store(),
+                "SELECT operation_key, count(*) FROM issues GROUP BY operation_key",
+            );
+            if r.is_err() {
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            r.ok()
+        })
+        .expect("the issues are counted");
     effects.extend(
         count_effects_sqlite(
             &world.charges,
@@ -728,15 +746,25 @@ fn postgres_faults(rng: &mut Rng, url: &str, done: &AtomicBool) -> Vec<String> {
             restart_server().map(|()| true).unwrap()
         } else {
             let base = url.split('?').next().unwrap_or(url);
-            Command::new("psql")
-                .args([base, "-qAtc"])
-                .arg(
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-                     WHERE datname = current_database() AND pid <> pg_backend_pid()",
-                )
-                .output()
-                .map(|o| o.status.success())
-                .unwrap_or(false)
+            // The server may have no connection slot free for a moment: a few tries.
+            (0..5).any(|_| {
+                let out = Command::new("psql")
+                    .args([base, "-qAtc"])
+                    .arg(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                    )
+                    .output()
+                    .expect("psql runs");
+                if !out.status.success() {
+                    eprintln!(
+                        "torture_kill: {fault} failed: {}",
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    );
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                out.status.success()
+            })
         };
         if ok {
             eprintln!("torture_kill: {fault}");
