@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use support::clients;
-use support::wire::{add_principal, Db, Ledger};
+use support::wire::{add_order, add_principal, approve, Db, Ledger};
 use toolledger_testkit::db::{restart_server, test_database_url, RestoreServer, ServerLock};
 use toolledger_testkit::history::{
     blank_members, count_effects_sqlite, count_effects_store, read_reply, Checker, LedgerCli,
@@ -267,49 +267,18 @@ fn charge_calls(client: &str, seed: u64) -> Vec<Call> {
 
 /// Refund calls, each with its own order (owned by `alice`) and its approval by `ed`.
 fn refund_calls(world: &World, client: &str, seed: u64) -> Vec<Call> {
-    let ids: Vec<String> = (0..CALLS_PER_CLIENT)
-        .map(|i| format!("{client}-{seed:x}-{i}"))
-        .collect();
-    let store = world.db.store();
-    let orders: Vec<String> = ids.iter().map(|id| format!("ord-{id}")).collect();
-    let for_orders = orders.clone();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            for o in &for_orders {
-                toolledger_reference::refunds::ensure_order(&store, "acme", o, "alice", 5000, true)
-                    .await
-                    .unwrap();
-            }
-        })
-    })
-    .join()
-    .unwrap();
-    ids.iter()
-        .zip(&orders)
-        .map(|(id, order)| {
+    (0..CALLS_PER_CLIENT)
+        .map(|i| {
+            let id = format!("{client}-{seed:x}-{i}");
+            let order = format!("ord-{id}");
+            add_order(world.db, &order, "alice", 5000);
             let business = json!({"order_id": order, "amount_cents": 1200});
-            let out = world
-                .toolledger("approve")
-                .args(["--approver", "ed", "--tool", "refund_order"])
-                .args(["--requester", "alice", "--key", id])
-                .args(["--arguments", &business.to_string()])
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+            let approval = approve(world.db, &id, &business);
             Call::new(
-                id,
+                &id,
                 "refund_order",
                 json!({"idempotency_key": id, "order_id": order, "amount_cents": 1200,
-                       "approval": v["approval_id"]}),
+                       "approval": approval}),
             )
         })
         .collect()

@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::history::{read_reply, Reading, Recorder};
+use crate::stdio::line_reader;
 
 /// A small seeded generator (splitmix64): the same seed, the same kill plan.
 #[derive(Clone, Debug)]
@@ -131,6 +132,32 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free port")
+}
+
+/// Builds a target of the workspace at `manifest_dir` with `cargo build --quiet
+/// --message-format=json ARGS` (an example server, say: `["-p", "my-server", "--example",
+/// "notes"]`) and returns the path of the executable named `name`. Uses the `cargo` that
+/// runs the tests (`$CARGO`), else `cargo` on the path. Panics, with cargo's output, when the
+/// build fails.
+pub fn cargo_build(manifest_dir: &Path, args: &[&str], name: &str) -> PathBuf {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["build", "--quiet", "--message-format=json"])
+        .args(args)
+        .current_dir(manifest_dir)
+        .output()
+        .expect("cargo runs");
+    assert!(
+        out.status.success(),
+        "building {name} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == name)
+        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .unwrap_or_else(|| panic!("cargo names no executable {name}"))
 }
 
 /// When a [`Supervised`] process counts as started.
@@ -644,16 +671,7 @@ impl Client for RawStdioClient {
             run.lost_idle = true;
             return run;
         };
-        let stdout = child.stdout.take().expect("piped");
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let rx = line_reader(child.stdout.take().expect("piped"));
         let mut s = Spawned {
             stdin: child.stdin.take(),
             child,
@@ -887,16 +905,7 @@ impl Client for ScriptClient {
                 return run;
             }
         };
-        let stdout = child.stdout.take().expect("piped");
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let rx = line_reader(child.stdout.take().expect("piped"));
         let started = Instant::now();
         loop {
             match rx.recv_timeout(Duration::from_millis(500)) {
