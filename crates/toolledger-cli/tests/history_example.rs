@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use serde_json::json;
 use toolledger_testkit::history::{count_effects_sqlite, Checker, LedgerCli, Recorder};
 use toolledger_testkit::kill::{
-    cargo_build, drive, killer, pid_wrapper, seed, Call, Client, DrivePolicy, KillPlan,
+    cargo_build, drive, killer, pid_wrapper, start_run, Call, Client, DrivePolicy, KillPlan,
     RawStdioClient, Rng, Target,
 };
 
@@ -36,7 +36,7 @@ fn a_guarded_tool_keeps_its_history_under_random_sigkills() {
         &["-p", "toolledger-mcp", "--example", "guarded_tool"],
         "guarded_tool",
     );
-    let dir = tempfile::tempdir().unwrap();
+    let (seed, dir) = start_run("history_example", "notes");
     let database = dir.path().join("notes.sqlite");
     // Every server process carries this mark, so the killer never hits a stranger.
     let mark = ("NOTES_KILL_RUN", dir.path().display().to_string());
@@ -50,8 +50,6 @@ fn a_guarded_tool_keeps_its_history_under_random_sigkills() {
         .status()
         .unwrap();
     assert!(database.exists());
-    let seed = seed("TOOLLEDGER_KILL_SEED");
-    eprintln!("history_example: seed {seed}");
     let mut rng = Rng(seed);
 
     // One client per server process; each process records its pid for the killer.

@@ -37,14 +37,17 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{channel, RecvTimeoutError};
+use std::sync::mpsc::channel;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use support::clients;
 use support::wire::{add_principal, Db, Ledger};
-use toolledger_testkit::kill::{free_port, kill_pidfile, pid_wrapper, seed, Rng};
+use toolledger_testkit::history::without_replayed;
+use toolledger_testkit::kill::{
+    free_port, kill_pidfile, pid_wrapper, start_run, Call, Client, Rng, ScriptClient,
+};
 
 on_both_backends!(at_most_one_upstream_effect_under_random_sigkills);
 
@@ -160,18 +163,6 @@ fn status_ref(result: &Value) -> Option<String> {
     v["error"]["status_ref"].as_str().map(str::to_string)
 }
 
-/// The result text of a driver line `{"i": N, "result": {...}}`, with the ledger's
-/// `replayed` flag blanked (the only part a replay may change).
-fn result_text(line: &str) -> String {
-    let at = line.find("\"result\"").expect("a result line");
-    let text = line[at..].trim_end();
-    let text = text.strip_suffix('}').unwrap_or(text);
-    text.replace("\"replayed\": true", "\"replayed\": _")
-        .replace("\"replayed\": false", "\"replayed\": _")
-        .replace("\"replayed\":true", "\"replayed\":_")
-        .replace("\"replayed\":false", "\"replayed\":_")
-}
-
 /// Everything the processes of one run share.
 struct World<'a> {
     db: &'a Db,
@@ -278,23 +269,6 @@ impl World<'_> {
         spec
     }
 
-    fn driver(&self, plan: &Plan, spec: &Value) -> Command {
-        let mut c = match plan.driver {
-            Driver::PyClient | Driver::PySession => {
-                let mut c = Command::new(&self.python);
-                c.arg(clients::proxy_fixture("py_client.py"));
-                c
-            }
-            Driver::Ts => {
-                let mut c = Command::new(&self.node);
-                c.arg(clients::ts_client());
-                c
-            }
-        };
-        c.arg(spec.to_string());
-        c
-    }
-
     fn log(&self, name: &str) -> std::fs::File {
         std::fs::OpenOptions::new()
             .create(true)
@@ -306,74 +280,52 @@ impl World<'_> {
 
 /// What one run of a driver printed.
 struct DriverRun {
-    /// `(index into the calls sent, raw line, result)` per answered call.
+    /// `(index into the calls sent, the answer without its `replayed` markers, result)` per
+    /// answered call.
     answers: Vec<(usize, String, Value)>,
     /// The call in flight when the connection was lost.
     lost_at: Option<usize>,
     /// Lines that are neither results nor lost connections.
     other: Vec<String>,
+    /// 0, or 3 for a lost connection.
     code: i32,
 }
 
 fn run_driver(world: &World, plan: &Plan, tag: &str, ops: &[&Op]) -> DriverRun {
     let spec = world.spec(plan, tag, ops);
-    let mut child = world
-        .driver(plan, &spec)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(world.log(tag))
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
+    let (program, script) = match plan.driver {
+        Driver::PyClient | Driver::PySession => {
+            (&world.python, clients::proxy_fixture("py_client.py"))
         }
-    });
-    let started = Instant::now();
-    let mut run = DriverRun {
-        answers: Vec::new(),
-        lost_at: None,
-        other: Vec::new(),
-        code: 0,
+        Driver::Ts => (&world.node, clients::ts_client()),
     };
-    loop {
-        match rx.recv_timeout(Duration::from_millis(500)) {
-            Ok(line) => {
-                let v: Value = serde_json::from_str(&line)
-                    .unwrap_or_else(|e| panic!("{}: not JSON ({e}): {line}", plan.name));
-                let i = v["i"].as_u64().map(|i| i as usize);
-                if let (Some(i), Some(result)) = (i, v.get("result")) {
-                    run.answers.push((i, line.clone(), result.clone()));
-                } else if v.get("transport_error").is_some() {
-                    run.lost_at = i;
-                } else if v.get("connected").is_none() {
-                    run.other.push(line);
-                }
-            }
-            Err(RecvTimeoutError::Timeout) => {
-                if started.elapsed() > HANG {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    panic!(
-                        "{}: no end after {} s with {} calls; answered so far: {} (logs in {})",
-                        plan.name,
-                        HANG.as_secs(),
-                        ops.len(),
-                        run.answers.len(),
-                        world.dir.display()
-                    );
-                }
-            }
-            Err(RecvTimeoutError::Disconnected) => break,
-        }
+    let mut client = ScriptClient::new(
+        &plan.name,
+        program,
+        vec![script.display().to_string()],
+        &world.dir.join(format!("{tag}.log")),
+        move |_| spec.clone(),
+    );
+    client.hang = HANG;
+    let calls: Vec<Call> = ops
+        .iter()
+        .map(|o| Call::new(&o.id, "charge", Value::Null))
+        .collect();
+    let run = client.run(&calls);
+    DriverRun {
+        answers: run
+            .answers
+            .into_iter()
+            .map(|(i, v)| (i, without_replayed(&v), v))
+            .collect(),
+        code: if run.lost_at.is_some() || run.lost_idle {
+            3
+        } else {
+            0
+        },
+        lost_at: run.lost_at,
+        other: run.unexpected,
     }
-    run.code = child.wait().unwrap().code().unwrap_or(-1);
-    run
 }
 
 /// Runs `plan` until every call has a definitive answer.
@@ -416,7 +368,7 @@ fn drive(world: &World, plan: &Plan, seen: &Mutex<Vec<Seen>>, restarts: &AtomicU
                     waiting = true;
                     continue;
                 }
-                s.first = Some(result_text(line));
+                s.first = Some(line.clone());
                 s.value = Some(result.clone());
             }
             if let Some(k) = run.lost_at {
@@ -743,17 +695,9 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
     } else {
         "sqlite"
     };
-    let seed = seed("TOOLLEDGER_KILL_SEED");
-    eprintln!(
-        "proxy_kill: backend {backend}, seed {seed} (TOOLLEDGER_KILL_SEED={seed} replays the plan)"
-    );
+    let (seed, work) = start_run("proxy_kill", &format!("backend {backend}"));
     let mut rng = Rng(seed);
-
-    let mut work = tempfile::tempdir().unwrap();
-    // TOOLLEDGER_KILL_KEEP=1 keeps the logs, pid files and charge database.
-    work.disable_cleanup(std::env::var_os("TOOLLEDGER_KILL_KEEP").is_some());
     let dir = work.path().to_path_buf();
-    eprintln!("proxy_kill: files in {}", dir.display());
     let config = dir.join("proxy.toml");
     std::fs::write(&config, CONFIG).unwrap();
     let token = add_principal(&db, "hank", "acme", &["editor"], &[], true).unwrap();
@@ -895,11 +839,10 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
         );
         for (k, line, _) in &run.answers {
             let first = seen[*k].first.as_deref().unwrap();
-            if result_text(line) != first {
+            if line != first {
                 mismatched.push(format!(
                     "{}: first {first}\n   replay {}",
-                    plan.ops[*k].id,
-                    result_text(line)
+                    plan.ops[*k].id, line
                 ));
             }
         }

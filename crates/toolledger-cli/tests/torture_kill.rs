@@ -46,7 +46,7 @@ use toolledger_testkit::history::{
     LedgerRow, Reading, Recorder,
 };
 use toolledger_testkit::kill::{
-    drive, free_port, killer, pid_wrapper, seed, Call, Client, DrivePolicy, KillPlan,
+    drive, free_port, killer, pid_wrapper, start_run, Call, Client, DrivePolicy, KillPlan,
     RawHttpClient, RawStdioClient, Ready, Rng, ScriptClient, Supervised, Target,
 };
 
@@ -339,15 +339,9 @@ fn run(db: Db, pg: Option<&RestoreServer>) {
     } else {
         "sqlite"
     };
-    let seed = seed("TOOLLEDGER_KILL_SEED");
-    eprintln!(
-        "torture_kill: backend {backend}, seed {seed} (TOOLLEDGER_KILL_SEED={seed} replays the plan)"
-    );
+    let (seed, work) = start_run("torture_kill", &format!("backend {backend}"));
     let mut rng = Rng(seed);
-    let mut work = tempfile::tempdir().unwrap();
-    work.disable_cleanup(std::env::var_os("TOOLLEDGER_KILL_KEEP").is_some());
     let dir = work.path().to_path_buf();
-    eprintln!("torture_kill: files in {}", dir.display());
     let config = dir.join("proxy.toml");
     std::fs::write(&config, PROXY_CONFIG).unwrap();
 

@@ -76,6 +76,27 @@ pub fn seed(var: &str) -> u64 {
     }
 }
 
+/// The environment variable that replays a run's plan ([`start_run`]).
+pub const SEED_ENV: &str = "TOOLLEDGER_KILL_SEED";
+
+/// The environment variable that keeps a run's directory ([`start_run`]).
+pub const KEEP_ENV: &str = "TOOLLEDGER_KILL_KEEP";
+
+/// The start of a run called `label` (`about` says more, e.g. the backend): its seed
+/// ([`seed`] of [`SEED_ENV`]) and a fresh directory for its logs, pid files and databases,
+/// removed at the end unless [`KEEP_ENV`] is set. Both are printed on stderr.
+pub fn start_run(label: &str, about: &str) -> (u64, tempfile::TempDir) {
+    let seed = seed(SEED_ENV);
+    eprintln!("{label}: {about}, seed {seed} ({SEED_ENV}={seed} replays the plan)");
+    let mut dir = tempfile::tempdir().expect("a temporary directory");
+    dir.disable_cleanup(std::env::var_os(KEEP_ENV).is_some());
+    eprintln!(
+        "{label}: files in {} ({KEEP_ENV}=1 keeps them)",
+        dir.path().display()
+    );
+    (seed, dir)
+}
+
 /// One word quoted for `sh`.
 pub fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
