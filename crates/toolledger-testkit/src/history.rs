@@ -726,12 +726,14 @@ impl Report {
         );
     }
 
-    /// The figures as one JSON object: operations, sends, transport losses, replies lost after
-    /// commit, duplicates, changed results, acknowledged lost, undecided, strays, unsure, audit.
+    /// The figures as one JSON object: operations, sends, never sent, transport losses, replies
+    /// lost after commit, duplicates, changed results, acknowledged lost, undecided, strays,
+    /// unsure, audit.
     pub fn summary(&self) -> Value {
         json!({
             "operations": self.operations,
             "sends": self.sends,
+            "never_sent": self.never_sent,
             "transport_losses": self.transport_losses,
             "replies_lost_after_commit": self.replies_lost_after_commit,
             "duplicates": self.duplicates.len(),
