@@ -4,9 +4,7 @@
 #[macro_use]
 mod support;
 
-use std::process::Command;
-
-use serde_json::{json, Value};
+use serde_json::json;
 use support::wire::*;
 
 on_both_backends!(
@@ -14,42 +12,6 @@ on_both_backends!(
     refunds_need_an_approval_and_the_owner,
     the_payments_stand_in_keeps_its_receipts_where_downstream_db_says,
 );
-
-fn add_order(db: &Db, id: &str, owner: &str, amount: i64) {
-    let (store, id, owner) = (db.store(), id.to_string(), owner.to_string());
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            toolledger_reference::refunds::ensure_order(&store, "acme", &id, &owner, amount, true)
-                .await
-                .unwrap();
-        })
-    })
-    .join()
-    .unwrap();
-}
-
-fn approve(db: &Db, key: &str, business: &Value) -> String {
-    let out = Command::new(bin())
-        .arg("approve")
-        .args(db.store_args())
-        .envs(db.key_env())
-        .args(["--approver", "ed", "--tool", "refund_order"])
-        .args(["--requester", "alice", "--key", key])
-        .args(["--arguments", &business.to_string()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["approval_id"].as_str().unwrap().to_string()
-}
 
 fn an_approved_refund_is_delivered_once_and_replayed_by_key(db: Db) {
     add_principal(&db, "ed", "acme", &["approver"], &[], false);

@@ -37,13 +37,17 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{channel, RecvTimeoutError};
+use std::sync::mpsc::channel;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use support::clients;
 use support::wire::{add_principal, Db, Ledger};
+use toolledger_testkit::history::without_replayed;
+use toolledger_testkit::kill::{
+    free_port, kill_pidfile, pid_wrapper, start_run, Call, Client, Rng, ScriptClient,
+};
 
 on_both_backends!(at_most_one_upstream_effect_under_random_sigkills);
 
@@ -72,39 +76,6 @@ call_timeout_seconds = 2
 [tools.charge]
 forward_operation_id = "_meta"
 "#;
-
-/// A small seeded generator (splitmix64): the same seed, the same kill plan.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `lo..hi`.
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo)
-    }
-}
-
-fn seed() -> u64 {
-    match std::env::var("TOOLLEDGER_KILL_SEED") {
-        Ok(s) => s.parse().expect("TOOLLEDGER_KILL_SEED is a number"),
-        Err(_) => std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64,
-    }
-}
-
-/// One string quoted for `sh`.
-fn q(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Driver {
@@ -192,18 +163,6 @@ fn status_ref(result: &Value) -> Option<String> {
     v["error"]["status_ref"].as_str().map(str::to_string)
 }
 
-/// The result text of a driver line `{"i": N, "result": {...}}`, with the ledger's
-/// `replayed` flag blanked (the only part a replay may change).
-fn result_text(line: &str) -> String {
-    let at = line.find("\"result\"").expect("a result line");
-    let text = line[at..].trim_end();
-    let text = text.strip_suffix('}').unwrap_or(text);
-    text.replace("\"replayed\": true", "\"replayed\": _")
-        .replace("\"replayed\": false", "\"replayed\": _")
-        .replace("\"replayed\":true", "\"replayed\":_")
-        .replace("\"replayed\":false", "\"replayed\":_")
-}
-
 /// Everything the processes of one run share.
 struct World<'a> {
     db: &'a Db,
@@ -233,13 +192,13 @@ impl World<'_> {
 
     /// The upstream command, wrapped to record its pid in `pidfile`.
     fn upstream(&self, pidfile: &Path) -> String {
-        format!(
-            "echo $$ > {}; exec {} {}",
-            q(&pidfile.display().to_string()),
-            q(&self.python.display().to_string()),
-            q(&clients::proxy_fixture("charge_server.py")
-                .display()
-                .to_string()),
+        let charge_server = clients::proxy_fixture("charge_server.py");
+        pid_wrapper(
+            pidfile,
+            &[
+                self.python.display().to_string(),
+                charge_server.display().to_string(),
+            ],
         )
     }
 
@@ -269,14 +228,7 @@ impl World<'_> {
                 "Authorization: Bearer upstream-secret".into(),
             ]),
         }
-        let mut script = format!(
-            "echo $$ > {}; exec",
-            q(&self.pidfile(tag, "proxy").display().to_string())
-        );
-        for w in &words {
-            script.push(' ');
-            script.push_str(&q(w));
-        }
+        let script = pid_wrapper(&self.pidfile(tag, "proxy"), &words);
         let env: serde_json::Map<String, Value> = self
             .env()
             .into_iter()
@@ -317,23 +269,6 @@ impl World<'_> {
         spec
     }
 
-    fn driver(&self, plan: &Plan, spec: &Value) -> Command {
-        let mut c = match plan.driver {
-            Driver::PyClient | Driver::PySession => {
-                let mut c = Command::new(&self.python);
-                c.arg(clients::proxy_fixture("py_client.py"));
-                c
-            }
-            Driver::Ts => {
-                let mut c = Command::new(&self.node);
-                c.arg(clients::ts_client());
-                c
-            }
-        };
-        c.arg(spec.to_string());
-        c
-    }
-
     fn log(&self, name: &str) -> std::fs::File {
         std::fs::OpenOptions::new()
             .create(true)
@@ -345,74 +280,52 @@ impl World<'_> {
 
 /// What one run of a driver printed.
 struct DriverRun {
-    /// `(index into the calls sent, raw line, result)` per answered call.
+    /// `(index into the calls sent, the answer without its `replayed` markers, result)` per
+    /// answered call.
     answers: Vec<(usize, String, Value)>,
     /// The call in flight when the connection was lost.
     lost_at: Option<usize>,
     /// Lines that are neither results nor lost connections.
     other: Vec<String>,
+    /// 0, or 3 for a lost connection.
     code: i32,
 }
 
 fn run_driver(world: &World, plan: &Plan, tag: &str, ops: &[&Op]) -> DriverRun {
     let spec = world.spec(plan, tag, ops);
-    let mut child = world
-        .driver(plan, &spec)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(world.log(tag))
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
+    let (program, script) = match plan.driver {
+        Driver::PyClient | Driver::PySession => {
+            (&world.python, clients::proxy_fixture("py_client.py"))
         }
-    });
-    let started = Instant::now();
-    let mut run = DriverRun {
-        answers: Vec::new(),
-        lost_at: None,
-        other: Vec::new(),
-        code: 0,
+        Driver::Ts => (&world.node, clients::ts_client()),
     };
-    loop {
-        match rx.recv_timeout(Duration::from_millis(500)) {
-            Ok(line) => {
-                let v: Value = serde_json::from_str(&line)
-                    .unwrap_or_else(|e| panic!("{}: not JSON ({e}): {line}", plan.name));
-                let i = v["i"].as_u64().map(|i| i as usize);
-                if let (Some(i), Some(result)) = (i, v.get("result")) {
-                    run.answers.push((i, line.clone(), result.clone()));
-                } else if v.get("transport_error").is_some() {
-                    run.lost_at = i;
-                } else if v.get("connected").is_none() {
-                    run.other.push(line);
-                }
-            }
-            Err(RecvTimeoutError::Timeout) => {
-                if started.elapsed() > HANG {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    panic!(
-                        "{}: no end after {} s with {} calls; answered so far: {} (logs in {})",
-                        plan.name,
-                        HANG.as_secs(),
-                        ops.len(),
-                        run.answers.len(),
-                        world.dir.display()
-                    );
-                }
-            }
-            Err(RecvTimeoutError::Disconnected) => break,
-        }
+    let mut client = ScriptClient::new(
+        &plan.name,
+        program,
+        vec![script.display().to_string()],
+        &world.dir.join(format!("{tag}.log")),
+        move |_| spec.clone(),
+    );
+    client.hang = HANG;
+    let calls: Vec<Call> = ops
+        .iter()
+        .map(|o| Call::new(&o.id, "charge", Value::Null))
+        .collect();
+    let run = client.run(&calls);
+    DriverRun {
+        answers: run
+            .answers
+            .into_iter()
+            .map(|(i, v)| (i, without_replayed(&v), v))
+            .collect(),
+        code: if run.lost_at.is_some() || run.lost_idle {
+            3
+        } else {
+            0
+        },
+        lost_at: run.lost_at,
+        other: run.unexpected,
     }
-    run.code = child.wait().unwrap().code().unwrap_or(-1);
-    run
 }
 
 /// Runs `plan` until every call has a definitive answer.
@@ -455,7 +368,7 @@ fn drive(world: &World, plan: &Plan, seen: &Mutex<Vec<Seen>>, restarts: &AtomicU
                     waiting = true;
                     continue;
                 }
-                s.first = Some(result_text(line));
+                s.first = Some(line.clone());
                 s.value = Some(result.clone());
             }
             if let Some(k) = run.lost_at {
@@ -613,25 +526,6 @@ impl Drop for HttpUpstream {
     }
 }
 
-/// SIGKILLs the process `pidfile` names, when it is one of this run's (its environment
-/// names this run's charge database) and still alive.
-fn kill_pidfile(pidfile: &Path, mark: &[u8]) -> bool {
-    let Ok(text) = std::fs::read_to_string(pidfile) else {
-        return false;
-    };
-    let Ok(pid) = text.trim().parse::<i32>() else {
-        return false;
-    };
-    let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
-        return false;
-    };
-    if !environ.split(|b| *b == 0).any(|kv| kv == mark) {
-        return false;
-    }
-    // SAFETY: kill(2) with a pid this run started (checked above) and SIGKILL.
-    unsafe { libc::kill(pid, libc::SIGKILL) == 0 }
-}
-
 #[derive(Clone, Copy, Debug)]
 enum Victim {
     Proxy,
@@ -650,7 +544,7 @@ fn killer(
     http: (&Mutex<HttpProxy>, &[&AtomicBool]),
     done: &AtomicBool,
 ) -> Vec<String> {
-    let mark = format!("CHARGE_DB={}", world.charge_db.display()).into_bytes();
+    let mark = format!("CHARGE_DB={}", world.charge_db.display());
     let mut kills = Vec::new();
     let started = Instant::now();
     while kills.len() < KILL_CYCLES && !done.load(Ordering::Relaxed) {
@@ -769,14 +663,6 @@ fn cli(db: &Db, args: &[&str]) -> support::Run {
     c.output().unwrap().into()
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The charge rows per reference (operation id).
 fn charges(path: &Path) -> BTreeMap<Option<String>, Vec<(i64, String, i64)>> {
     let conn = rusqlite::Connection::open(path).unwrap();
@@ -809,17 +695,9 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
     } else {
         "sqlite"
     };
-    let seed = seed();
-    eprintln!(
-        "proxy_kill: backend {backend}, seed {seed} (TOOLLEDGER_KILL_SEED={seed} replays the plan)"
-    );
+    let (seed, work) = start_run("proxy_kill", &format!("backend {backend}"));
     let mut rng = Rng(seed);
-
-    let mut work = tempfile::tempdir().unwrap();
-    // TOOLLEDGER_KILL_KEEP=1 keeps the logs, pid files and charge database.
-    work.disable_cleanup(std::env::var_os("TOOLLEDGER_KILL_KEEP").is_some());
     let dir = work.path().to_path_buf();
-    eprintln!("proxy_kill: files in {}", dir.display());
     let config = dir.join("proxy.toml");
     std::fs::write(&config, CONFIG).unwrap();
     let token = add_principal(&db, "hank", "acme", &["editor"], &[], true).unwrap();
@@ -896,7 +774,7 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
         .filter(|(p, _)| p.upstream == Upstream::Url)
         .map(|(_, a)| a)
         .collect();
-    let mut upstream_rng = Rng(rng.next());
+    let mut upstream_rng = Rng(rng.next_u64());
     let http_active: Vec<&AtomicBool> = plans
         .iter()
         .zip(&active)
@@ -961,11 +839,10 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
         );
         for (k, line, _) in &run.answers {
             let first = seen[*k].first.as_deref().unwrap();
-            if result_text(line) != first {
+            if line != first {
                 mismatched.push(format!(
                     "{}: first {first}\n   replay {}",
-                    plan.ops[*k].id,
-                    result_text(line)
+                    plan.ops[*k].id, line
                 ));
             }
         }

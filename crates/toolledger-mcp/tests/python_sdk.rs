@@ -49,24 +49,11 @@ fn python() -> Option<PathBuf> {
 fn example_binary() -> PathBuf {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| {
-        let out = Command::new(env!("CARGO"))
-            .args(["build", "--quiet", "--message-format=json", "-p"])
-            .arg(env!("CARGO_PKG_NAME"))
-            .args(["--example", "guarded_tool"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .expect("run cargo");
-        assert!(
-            out.status.success(),
-            "building the example failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "guarded_tool")
-            .find_map(|m| m["executable"].as_str().map(PathBuf::from))
-            .expect("cargo names the example's executable")
+        toolledger_testkit::kill::cargo_build(
+            env!("CARGO_MANIFEST_DIR").as_ref(),
+            &["-p", env!("CARGO_PKG_NAME"), "--example", "guarded_tool"],
+            "guarded_tool",
+        )
     })
     .clone()
 }

@@ -60,6 +60,59 @@ impl ServerLock {
     }
 }
 
+/// The version of the one local PostgreSQL cluster (`/etc/postgresql/VERSION`).
+fn cluster_version() -> Option<String> {
+    std::fs::read_dir("/etc/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .next()
+}
+
+/// Whether the local PostgreSQL server accepts connections on 127.0.0.1:5432 (`pg_isready`).
+pub fn server_answers() -> bool {
+    std::process::Command::new("pg_isready")
+        .args(["-h", "127.0.0.1", "-p", "5432", "-q"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+fn pg_ctlcluster(action: &str) -> Result<(), String> {
+    let version = cluster_version().ok_or("no PostgreSQL cluster in /etc/postgresql")?;
+    let status = std::process::Command::new("pg_ctlcluster")
+        .args(["--skip-systemctl-redirect", &version, "main", action])
+        .status()
+        .map_err(|e| format!("pg_ctlcluster does not run: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("pg_ctlcluster {action} failed: {status}"))
+    }
+}
+
+/// Restarts the local PostgreSQL server (`pg_ctlcluster --skip-systemctl-redirect VERSION
+/// main restart`). Only for a test holding the [`ServerLock`] exclusively, with a
+/// [`RestoreServer`] alive.
+pub fn restart_server() -> Result<(), String> {
+    pg_ctlcluster("restart")
+}
+
+/// Starts the local PostgreSQL server again, whatever happened to the test, when dropped
+/// (waiting up to 60 s until it answers).
+#[derive(Debug)]
+pub struct RestoreServer;
+
+impl Drop for RestoreServer {
+    fn drop(&mut self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !server_answers() && std::time::Instant::now() < deadline {
+            let _ = pg_ctlcluster("start");
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+}
+
 static SKIP_NOTICE: Once = Once::new();
 
 /// The PostgreSQL URL tests use; `None` (after one loud line on stderr) when unset outside CI.

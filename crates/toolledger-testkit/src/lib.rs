@@ -10,7 +10,13 @@
 //!   receipts live in their own SQLite file), idempotent under the ledger's key and able to
 //!   answer status queries, and a wrapper counting the calls into it;
 //! - [`stdio`]: the one server spawner — a spawned stdio MCP server driven with raw JSON-RPC
-//!   lines.
+//!   lines;
+//! - [`history`]: the history checker — what every client sent and saw against what the
+//!   ledger and the effect tables hold (at most one effect per operation id, no acknowledged
+//!   operation lost, no changed result, nothing undecided, audit passes);
+//! - [`kill`]: the kill harness — supervised processes SIGKILLed at seeded random moments and
+//!   started again, and clients that resend every unanswered call under the same operation id
+//!   until it is definitive, recording into a history.
 //!
 //! PostgreSQL tests read `TOOLLEDGER_TEST_DATABASE_URL`; without it they are skipped with one
 //! loud line, except under `TOOLLEDGER_CI`, where they fail.
@@ -21,4 +27,6 @@ pub mod calls;
 pub mod conformance;
 pub mod db;
 pub mod downstream;
+pub mod history;
+pub mod kill;
 pub mod stdio;

@@ -31,16 +31,7 @@ impl Server {
             .stderr(stderr)
             .spawn()
             .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let rx = line_reader(child.stdout.take().unwrap());
         Server {
             stdin: child.stdin.take(),
             child,
@@ -176,6 +167,21 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The lines `from` yields, read on a thread of its own, until it ends (or the receiver is
+/// dropped).
+pub fn line_reader(from: impl std::io::Read + Send + 'static) -> Receiver<String> {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(from).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
 }
 
 /// Per-request metadata of MCP 2026-07-28.

@@ -6,7 +6,6 @@
 //! answer again before it ends. (`TOOLLEDGER_TEST_DATABASE_URL`; skipped with one loud line
 //! when unset, failing in CI.)
 
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,57 +17,7 @@ use toolledger::ErrorCode;
 use toolledger_testkit::conformance::{
     count, principal, test_database_url, widget_call, Harness, ServerLock, WidgetEffect,
 };
-
-fn cluster_version() -> String {
-    let out = std::fs::read_dir("/etc/postgresql")
-        .expect("a Debian PostgreSQL cluster (/etc/postgresql)")
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .next()
-        .expect("one cluster version");
-    out
-}
-
-fn server_answers() -> bool {
-    Command::new("pg_isready")
-        .args(["-h", "127.0.0.1", "-p", "5432", "-q"])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
-
-fn restart_server() {
-    let status = Command::new("pg_ctlcluster")
-        .args([
-            "--skip-systemctl-redirect",
-            &cluster_version(),
-            "main",
-            "restart",
-        ])
-        .status()
-        .expect("pg_ctlcluster");
-    assert!(status.success(), "pg_ctlcluster restart failed");
-}
-
-/// Restores the server whatever happens to the test.
-struct Restore;
-
-impl Drop for Restore {
-    fn drop(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !server_answers() && Instant::now() < deadline {
-            let _ = Command::new("pg_ctlcluster")
-                .args([
-                    "--skip-systemctl-redirect",
-                    &cluster_version(),
-                    "main",
-                    "start",
-                ])
-                .status();
-            std::thread::sleep(Duration::from_millis(500));
-        }
-    }
-}
+use toolledger_testkit::db::{restart_server, server_answers, RestoreServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_server_restart_mid_write_is_unavailable_then_recovers() {
@@ -76,7 +25,7 @@ async fn a_server_restart_mid_write_is_unavailable_then_recovers() {
         return;
     }
     let exclusive = ServerLock::acquire(true).unwrap();
-    let _restore = Restore;
+    let _restore = RestoreServer;
     let h = Harness::postgres_while_holding(&exclusive).expect("a PostgreSQL harness");
     let engine = Engine::new(h.open(), Arc::new(ManualClock::new(1_700_000_000)));
     let p = principal("t1", "alice");
@@ -109,7 +58,10 @@ async fn a_server_restart_mid_write_is_unavailable_then_recovers() {
         }));
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    tokio::task::spawn_blocking(restart_server).await.unwrap();
+    tokio::task::spawn_blocking(restart_server)
+        .await
+        .unwrap()
+        .unwrap();
     for t in in_flight {
         let err = t.await.unwrap().unwrap_err();
         assert_eq!(err.code, ErrorCode::Unavailable, "{err:?}");

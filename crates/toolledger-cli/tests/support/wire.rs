@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use toolledger::effect::{EffectTx, RowExt};
 use toolledger::store::Store;
 use toolledger_testkit::conformance::Harness;
+use toolledger_testkit::db::ServerLock;
 pub use toolledger_testkit::stdio::{meta, Server};
 
 pub use super::{bin, toolledger};
@@ -168,7 +169,16 @@ impl Db {
     /// A fresh PostgreSQL schema; `None` when PostgreSQL tests are skipped (one loud line;
     /// in CI they fail instead).
     pub fn postgres() -> Option<Db> {
-        let h = Harness::postgres()?;
+        Some(Db::postgres_in(Harness::postgres()?))
+    }
+
+    /// A fresh PostgreSQL schema for a test that holds the server lock exclusively (it
+    /// restarts the server); `None` when PostgreSQL tests are skipped.
+    pub fn postgres_while_holding(exclusive: &ServerLock) -> Option<Db> {
+        Some(Db::postgres_in(Harness::postgres_while_holding(exclusive)?))
+    }
+
+    fn postgres_in(h: Harness) -> Db {
         // Creates the schema; the reference tables come with the CLI's own migrations.
         drop(h.open_with(Some(PG_BACKEND), (&[], &[]), false).unwrap());
         let url = h.database_url().unwrap();
@@ -177,7 +187,7 @@ impl Db {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::Postgres { h, url, store, dir };
         add_principals(&db);
-        Some(db)
+        db
     }
 }
 
@@ -411,4 +421,43 @@ pub fn error_code(result: &Value) -> String {
         .as_str()
         .unwrap()
         .to_string()
+}
+
+/// Adds a refundable order `id` of `amount` cents owned by `owner` (tenant `acme`).
+pub fn add_order<L: Ledger + ?Sized>(db: &L, id: &str, owner: &str, amount: i64) {
+    let (store, id, owner) = (db.store(), id.to_string(), owner.to_string());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            toolledger_reference::refunds::ensure_order(&store, "acme", &id, &owner, amount, true)
+                .await
+                .unwrap();
+        })
+    })
+    .join()
+    .unwrap();
+}
+
+/// `toolledger approve` by `ed` of `alice`'s `refund_order` under `key` with `business`
+/// arguments; returns the approval id.
+pub fn approve<L: Ledger + ?Sized>(db: &L, key: &str, business: &Value) -> String {
+    let out = Command::new(bin())
+        .arg("approve")
+        .args(db.store_args())
+        .envs(db.key_env())
+        .args(["--approver", "ed", "--tool", "refund_order"])
+        .args(["--requester", "alice", "--key", key])
+        .args(["--arguments", &business.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["approval_id"].as_str().unwrap().to_string()
 }
