@@ -393,4 +393,55 @@ mod tests {
         );
         assert_eq!(code("{\"format\": "), "FIXTURE_INVALID_JSON");
     }
+
+    /// Every cut and single-byte edit of a good fixture is refused with a documented code
+    /// (the contract code exactly when the bytes are strict JSON) or is a fixture that keeps
+    /// every rule (the fuzz target `fixture` explores the same with coverage guidance).
+    #[test]
+    fn every_cut_and_byte_edit_of_a_fixture_is_refused_with_a_code_or_valid() {
+        const CODES: &[&str] = &[
+            "FIXTURE_TOO_LARGE",
+            "FIXTURE_NOT_UTF8",
+            "FIXTURE_TOO_DEEP",
+            "FIXTURE_DUPLICATE_KEY",
+            "FIXTURE_NON_FINITE",
+            "FIXTURE_INVALID_JSON",
+            "FIXTURE_CONTRACT_ERROR",
+        ];
+        let good = GOOD.as_bytes();
+        let mut accepted = 0;
+        for i in 0..good.len() {
+            let mut variants = vec![good[..i].to_vec()];
+            let mut deleted = good.to_vec();
+            deleted.remove(i);
+            variants.push(deleted);
+            for b in [b'"', b'{', b']', b'1', b'-', b'x', 0xff] {
+                let mut replaced = good.to_vec();
+                replaced[i] = b;
+                variants.push(replaced);
+            }
+            for bytes in variants {
+                let strict = json::parse(&bytes, &Limits::FIXTURE);
+                match parse(&bytes) {
+                    Ok(f) => {
+                        accepted += 1;
+                        assert!(strict.is_ok());
+                        assert!((0..=MAX_PORTABLE_TIMESTAMP).contains(&f.now));
+                        assert_eq!(f.tool, refunds::TOOL);
+                        assert!(f.arguments.is_object());
+                        assert!(refunds::provider_profiles().contains(&f.provider.profile()));
+                        for o in &f.setup.orders {
+                            assert!((1..=refunds::MAX_AMOUNT_CENTS).contains(&o.amount_cents));
+                        }
+                    }
+                    Err(e) => {
+                        assert!(CODES.contains(&e.code), "{e:?}");
+                        assert_eq!(e.code == "FIXTURE_CONTRACT_ERROR", strict.is_ok(), "{e:?}");
+                    }
+                }
+            }
+        }
+        // Edits inside string values (ids, names) leave valid fixtures: both sides are seen.
+        assert!(accepted > 0);
+    }
 }
