@@ -28,8 +28,20 @@ pub struct FixtureError {
     /// `FIXTURE_DUPLICATE_KEY`, `FIXTURE_NON_FINITE`, `FIXTURE_INVALID_JSON` or
     /// `FIXTURE_CONTRACT_ERROR`.
     pub code: &'static str,
-    /// Detail for humans (never a path, never the input).
+    /// Detail for humans: never a path, and of the input only an unknown field's name, cut
+    /// to [`MAX_ECHOED_CHARS`] characters.
     pub message: String,
+}
+
+/// The most characters of an unknown field's name a message repeats.
+pub const MAX_ECHOED_CHARS: usize = 32;
+
+/// `name` for a message: at most [`MAX_ECHOED_CHARS`] characters, `…` marking a cut.
+fn echoed(name: &str) -> String {
+    match name.char_indices().nth(MAX_ECHOED_CHARS) {
+        Some((at, _)) => format!("{}…", &name[..at]),
+        None => name.to_string(),
+    }
 }
 
 fn contract(message: impl Into<String>) -> FixtureError {
@@ -105,7 +117,7 @@ fn object<'a>(
         .ok_or_else(|| contract(format!("{what} must be an object")))?;
     for k in obj.keys() {
         if !required.contains(&k.as_str()) && !optional.contains(&k.as_str()) {
-            return Err(contract(format!("{what}: unknown field `{k}`")));
+            return Err(contract(format!("{what}: unknown field `{}`", echoed(k))));
         }
     }
     for k in required {
@@ -392,6 +404,25 @@ mod tests {
             "FIXTURE_CONTRACT_ERROR"
         );
         assert_eq!(code("{\"format\": "), "FIXTURE_INVALID_JSON");
+    }
+
+    /// Found by the fuzz target `fixture`: a long unknown field name was repeated whole in
+    /// the message. Now a message repeats at most 32 characters of it.
+    #[test]
+    fn an_unknown_field_is_named_in_at_most_32_characters() {
+        let name = format!("{}é{}", "a".repeat(31), "b".repeat(2000));
+        let text = GOOD.replacen("\"tool\"", &format!("\"{name}\": 1, \"tool\""), 1);
+        let e = parse(text.as_bytes()).unwrap_err();
+        assert_eq!(e.code, "FIXTURE_CONTRACT_ERROR");
+        assert_eq!(
+            e.message,
+            format!("fixture: unknown field `{}é…`", "a".repeat(31))
+        );
+        let short = GOOD.replacen("\"tool\"", "\"extra\": 1, \"tool\"", 1);
+        assert_eq!(
+            parse(short.as_bytes()).unwrap_err().message,
+            "fixture: unknown field `extra`"
+        );
     }
 
     /// Every cut and single-byte edit of a good fixture is refused with a documented code
