@@ -29,7 +29,9 @@ export RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4
 -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing"
 host=$(rustc -vV | sed -n 's/^host: //p')
 build_start=$(date +%s)
-cargo build --locked --release --target "$host" --bins
+# Not --locked: fuzz/Cargo.lock pins what it knows, and a dependency the workspace gained
+# since it was written is resolved here instead of failing the run.
+cargo build --release --target "$host" --bins
 echo "fuzz build: $(( $(date +%s) - build_start )) s"
 bin="target/$host/release"
 
