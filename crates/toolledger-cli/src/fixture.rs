@@ -28,8 +28,20 @@ pub struct FixtureError {
     /// `FIXTURE_DUPLICATE_KEY`, `FIXTURE_NON_FINITE`, `FIXTURE_INVALID_JSON` or
     /// `FIXTURE_CONTRACT_ERROR`.
     pub code: &'static str,
-    /// Detail for humans (never a path, never the input).
+    /// Detail for humans: never a path, and of the input only an unknown field's name, cut
+    /// to [`MAX_ECHOED_CHARS`] characters.
     pub message: String,
+}
+
+/// The most characters of an unknown field's name a message repeats.
+pub const MAX_ECHOED_CHARS: usize = 32;
+
+/// `name` for a message: at most [`MAX_ECHOED_CHARS`] characters, `…` marking a cut.
+fn echoed(name: &str) -> String {
+    match name.char_indices().nth(MAX_ECHOED_CHARS) {
+        Some((at, _)) => format!("{}…", &name[..at]),
+        None => name.to_string(),
+    }
 }
 
 fn contract(message: impl Into<String>) -> FixtureError {
@@ -105,7 +117,7 @@ fn object<'a>(
         .ok_or_else(|| contract(format!("{what} must be an object")))?;
     for k in obj.keys() {
         if !required.contains(&k.as_str()) && !optional.contains(&k.as_str()) {
-            return Err(contract(format!("{what}: unknown field `{k}`")));
+            return Err(contract(format!("{what}: unknown field `{}`", echoed(k))));
         }
     }
     for k in required {
@@ -392,5 +404,75 @@ mod tests {
             "FIXTURE_CONTRACT_ERROR"
         );
         assert_eq!(code("{\"format\": "), "FIXTURE_INVALID_JSON");
+    }
+
+    /// Found by the fuzz target `fixture`: a long unknown field name was repeated whole in
+    /// the message. Now a message repeats at most 32 characters of it.
+    #[test]
+    fn an_unknown_field_is_named_in_at_most_32_characters() {
+        let name = format!("{}é{}", "a".repeat(31), "b".repeat(2000));
+        let text = GOOD.replacen("\"tool\"", &format!("\"{name}\": 1, \"tool\""), 1);
+        let e = parse(text.as_bytes()).unwrap_err();
+        assert_eq!(e.code, "FIXTURE_CONTRACT_ERROR");
+        assert_eq!(
+            e.message,
+            format!("fixture: unknown field `{}é…`", "a".repeat(31))
+        );
+        let short = GOOD.replacen("\"tool\"", "\"extra\": 1, \"tool\"", 1);
+        assert_eq!(
+            parse(short.as_bytes()).unwrap_err().message,
+            "fixture: unknown field `extra`"
+        );
+    }
+
+    /// Every cut and single-byte edit of a good fixture is refused with a documented code
+    /// (the contract code exactly when the bytes are strict JSON) or is a fixture that keeps
+    /// every rule (the fuzz target `fixture` explores the same with coverage guidance).
+    #[test]
+    fn every_cut_and_byte_edit_of_a_fixture_is_refused_with_a_code_or_valid() {
+        const CODES: &[&str] = &[
+            "FIXTURE_TOO_LARGE",
+            "FIXTURE_NOT_UTF8",
+            "FIXTURE_TOO_DEEP",
+            "FIXTURE_DUPLICATE_KEY",
+            "FIXTURE_NON_FINITE",
+            "FIXTURE_INVALID_JSON",
+            "FIXTURE_CONTRACT_ERROR",
+        ];
+        let good = GOOD.as_bytes();
+        let mut accepted = 0;
+        for i in 0..good.len() {
+            let mut variants = vec![good[..i].to_vec()];
+            let mut deleted = good.to_vec();
+            deleted.remove(i);
+            variants.push(deleted);
+            for b in [b'"', b'{', b']', b'1', b'-', b'x', 0xff] {
+                let mut replaced = good.to_vec();
+                replaced[i] = b;
+                variants.push(replaced);
+            }
+            for bytes in variants {
+                let strict = json::parse(&bytes, &Limits::FIXTURE);
+                match parse(&bytes) {
+                    Ok(f) => {
+                        accepted += 1;
+                        assert!(strict.is_ok());
+                        assert!((0..=MAX_PORTABLE_TIMESTAMP).contains(&f.now));
+                        assert_eq!(f.tool, refunds::TOOL);
+                        assert!(f.arguments.is_object());
+                        assert!(refunds::provider_profiles().contains(&f.provider.profile()));
+                        for o in &f.setup.orders {
+                            assert!((1..=refunds::MAX_AMOUNT_CENTS).contains(&o.amount_cents));
+                        }
+                    }
+                    Err(e) => {
+                        assert!(CODES.contains(&e.code), "{e:?}");
+                        assert_eq!(e.code == "FIXTURE_CONTRACT_ERROR", strict.is_ok(), "{e:?}");
+                    }
+                }
+            }
+        }
+        // Edits inside string values (ids, names) leave valid fixtures: both sides are seen.
+        assert!(accepted > 0);
     }
 }
