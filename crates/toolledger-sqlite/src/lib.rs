@@ -1379,6 +1379,29 @@ mod tests {
     }
 
     #[test]
+    fn a_full_disk_is_transient_and_other_io_failures_are_io() {
+        let sqlite = |code: std::os::raw::c_int| {
+            map_err(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(code),
+                Some("/some/path/ledger.sqlite".into()),
+            ))
+        };
+        let full = sqlite(rusqlite::ffi::SQLITE_FULL);
+        assert!(matches!(full, StoreError::Unavailable(_)), "{full:?}");
+        assert!(full.is_transient());
+        assert!(!format!("{full:?}").contains("/some/path"));
+        for code in [
+            rusqlite::ffi::SQLITE_IOERR_FSYNC,
+            rusqlite::ffi::SQLITE_IOERR_WRITE,
+            rusqlite::ffi::SQLITE_READONLY,
+        ] {
+            let err = sqlite(code);
+            assert!(matches!(err, StoreError::Io), "{code}: {err:?}");
+            assert_eq!(err.cli_code(), "DATABASE_IO_ERROR");
+        }
+    }
+
+    #[test]
     fn network_filesystems_are_recognised_and_local_disks_are_not() {
         assert_eq!(network_filesystem_name(0x6969), Some("nfs"));
         assert_eq!(network_filesystem_name(0xff53_4d42), Some("cifs"));
