@@ -26,9 +26,14 @@
 //!   `toolledger proxy` over stdio, fresh and replayed, as four lines, `proxy-direct-fresh`,
 //!   `proxy-fresh`, `proxy-direct-lookup` and `proxy-replay`; the proxied lines carry what the
 //!   proxy adds (see [`proxy`]). Only when asked for with `--workload proxy`.
+//! - `overload`: fresh calls offered at `--overload-factor` times the store's measured
+//!   capacity for `--overload-seconds`, then checked: every call answered (a result or
+//!   `unavailable`), nothing acknowledged lost, memory before and at peak, and the rate served
+//!   right after (see [`overload`]). Only when asked for with `--workload overload`; at the
+//!   highest `--concurrency` given (64 by default).
 //!
-//! With `--backend postgres --database-url URL` the `ceiling`, `fresh`, `replay` and
-//! `conflict` workloads run against PostgreSQL, each in a fresh schema of that database
+//! With `--backend postgres --database-url URL` the `ceiling`, `fresh`, `replay`,
+//! `conflict` and `overload` workloads run against PostgreSQL, each in a fresh schema of that database
 //! (dropped afterwards); `ceiling` is then a raw one-row `INSERT … ON CONFLICT DO NOTHING` +
 //! `COMMIT` loop through the same store (compare it with `pgbench` on the same server). The
 //! `mcp-stdio`, `mcp-http`, `outbox-drain`, `operations-list` and `proxy` workloads are
@@ -38,6 +43,7 @@ mod ack;
 mod listing;
 mod mcp;
 mod outbox;
+mod overload;
 mod pg;
 mod proxy;
 mod report;
@@ -101,6 +107,9 @@ pub enum Workload {
     /// `charge` of the built-in example upstream, directly and through `toolledger proxy`
     /// over stdio, fresh and replayed (not part of the default set).
     Proxy,
+    /// Fresh calls offered at several times the store's capacity for a bounded time, then
+    /// checked (not part of the default set).
+    Overload,
 }
 
 impl Workload {
@@ -115,6 +124,7 @@ impl Workload {
             Workload::OutboxDrain => "outbox-drain",
             Workload::OperationsList => "operations-list",
             Workload::Proxy => "proxy",
+            Workload::Overload => "overload",
         }
     }
 }
@@ -168,6 +178,12 @@ pub struct BenchArgs {
     /// postgres`; created if missing, never dropped).
     #[arg(long, hide = true, value_name = "NAME")]
     pub ack_schema: Option<String>,
+    /// `overload`: how long calls arrive at the overload rate, in seconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub overload_seconds: f64,
+    /// `overload`: the offered rate as a multiple of the store's measured capacity.
+    #[arg(long, default_value_t = 4.0)]
+    pub overload_factor: f64,
 }
 
 /// Refuses the flag combinations a benchmark cannot run with, before anything is opened.
@@ -219,6 +235,17 @@ fn validate(args: &BenchArgs) -> Result<(), Failure> {
                 "schema names are lowercase letters, digits and underscores",
             );
         }
+    }
+    let positive = |x: f64| x.is_finite() && x > 0.0;
+    if !positive(args.overload_seconds)
+        || args.overload_seconds > 3600.0
+        || !positive(args.overload_factor)
+        || args.overload_factor > 1000.0
+    {
+        return refuse(
+            "INVALID_ARGUMENTS",
+            "--overload-seconds must be in (0, 3600] and --overload-factor in (0, 1000]",
+        );
     }
     if args.ops == 0
         || args.concurrency.contains(&0)
@@ -321,11 +348,18 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
     let mut seq = 0usize;
     let tune = tuning(args);
     for workload in workloads {
-        let levels: &[usize] = if workload == Workload::Ceiling {
-            &[1]
-        } else {
-            &concurrency
+        let highest = [concurrency.iter().copied().max().unwrap_or(64)];
+        let levels: &[usize] = match workload {
+            Workload::Ceiling => &[1],
+            Workload::Overload => &highest,
+            _ => &concurrency,
         };
+        if workload == Workload::Overload {
+            seq += 1;
+            let db = dir.path().join(format!("{seq:02}-overload.sqlite"));
+            run_overload(args, db, levels[0], tune).await?.print();
+            continue;
+        }
         for &c in levels {
             seq += 1;
             let db = dir
@@ -346,7 +380,8 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                         | Workload::McpHttp
                         | Workload::OutboxDrain
                         | Workload::OperationsList
-                        | Workload::Proxy => Vec::new(),
+                        | Workload::Proxy
+                        | Workload::Overload => Vec::new(),
                     };
                     tokio::task::spawn_blocking(move || pg.drop_schema())
                         .await
@@ -376,6 +411,7 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                         listing::run(db, c, args.ops, args.list_rows, tune).await?
                     }
                     Workload::Proxy => proxy::run(db, c, args.ops, tune.synchronous).await?,
+                    Workload::Overload => Vec::new(),
                 }
                 .into_iter()
                 .map(|mut r| {
@@ -394,6 +430,36 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
         }
     }
     Ok(())
+}
+
+/// The `overload` workload on the chosen backend, at `concurrency` closed-loop callers.
+async fn run_overload(
+    args: &BenchArgs,
+    db: PathBuf,
+    concurrency: usize,
+    tune: Tuning,
+) -> Result<overload::OverloadReport, &'static str> {
+    let shape = overload::Shape {
+        concurrency,
+        ops: args.ops,
+        seconds: args.overload_seconds,
+        factor: args.overload_factor,
+    };
+    let limits = toolledger::store::QueueLimits::default();
+    match (args.backend, &args.database_url) {
+        (Backend::Postgres, Some(url)) => {
+            let pg = pg::BenchSchema::open(url)?;
+            let report = overload::run(pg.engine(), shape, "postgres", "on", limits).await;
+            tokio::task::spawn_blocking(move || pg.drop_schema())
+                .await
+                .map_err(|_| "BENCH_FAILED")?;
+            report
+        }
+        _ => {
+            let engine = bench_engine(&db, tune)?;
+            overload::run(engine, shape, "sqlite", tune.synchronous.as_str(), limits).await
+        }
+    }
 }
 
 fn round2(x: f64) -> f64 {

@@ -20,6 +20,17 @@ fn may(path: &Path, mode: libc::c_int) -> bool {
     unsafe { libc::access(c.as_ptr(), mode) == 0 }
 }
 
+/// Whether the file system holding `path` is mounted read-only.
+fn read_only_file_system(path: &Path) -> bool {
+    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    let mut buf: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `buf` a properly sized out-parameter.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut buf) };
+    rc == 0 && buf.f_flag & libc::ST_RDONLY != 0
+}
+
 /// The directory a file of `path` lives in (`.` for a bare file name).
 fn dir_of(path: &Path) -> &Path {
     match path.parent() {
@@ -47,6 +58,12 @@ pub fn database_file(db: &Path) -> Option<&'static str> {
     if db.exists() {
         if !may(db, libc::R_OK) {
             return Some("the database file is not readable by this user");
+        }
+        if read_only_file_system(dir) {
+            return Some(
+                "the file system holding the database is mounted read-only; the read-only \
+                 commands (operations, status, audit) still work",
+            );
         }
         if !may(db, libc::W_OK) {
             return Some("the database file is not writable by this user");

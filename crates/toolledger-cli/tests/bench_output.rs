@@ -287,6 +287,83 @@ fn the_proxy_workload_prints_direct_and_proxied_lines_and_what_the_proxy_adds() 
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
 
+/// Checks one `overload` line: every call answered, nothing acknowledged lost, no effect of
+/// a refused call, normal service right after.
+fn check_overload_line(stdout: &str, backend: &str) {
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "{stdout}");
+    let v: Value = serde_json::from_str(lines[0]).unwrap();
+    let line = lines[0];
+    assert_eq!(v["workload"], "overload", "{line}");
+    assert_eq!(v["backend"], backend, "{line}");
+    let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}: {line}"));
+    let f = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k}: {line}"));
+    assert!(n("calls") > 0, "{line}");
+    assert_eq!(
+        n("applied") + n("unavailable") + n("other_errors") + n("unanswered"),
+        n("calls"),
+        "{line}"
+    );
+    assert_eq!(n("unanswered"), 0, "every call answered: {line}");
+    assert_eq!(n("other_errors"), 0, "a result or unavailable: {line}");
+    assert_eq!(n("acknowledged_lost"), 0, "{line}");
+    assert_eq!(v["extra_effects"], 0, "{line}");
+    assert_eq!(n("after_failed"), 0, "normal service right after: {line}");
+    assert_eq!(n("queue_depth"), 1024, "{line}");
+    assert_eq!(n("queue_wait_ms"), 5000, "{line}");
+    for k in [
+        "capacity_ops_per_sec",
+        "target_ops_per_sec",
+        "offered_ops_per_sec",
+        "seconds",
+        "after_ops_per_sec",
+        "rss_before_mb",
+    ] {
+        assert!(f(k) > 0.0, "{k}: {line}");
+    }
+    assert!(f("peak_rss_mb") >= f("rss_before_mb"), "{line}");
+    assert!(
+        (f("target_ops_per_sec") / f("capacity_ops_per_sec") - 3.0).abs() < 0.05,
+        "the factor: {line}"
+    );
+}
+
+const OVERLOAD: &[&str] = &[
+    "--workload",
+    "overload",
+    "--ops",
+    "300",
+    "--overload-seconds",
+    "1",
+    "--overload-factor",
+    "3",
+];
+
+#[test]
+fn the_overload_workload_answers_every_call_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = OVERLOAD.to_vec();
+    args.extend(["--db-dir", dir.path().to_str().unwrap()]);
+    let out = bench(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    check_overload_line(&String::from_utf8(out.stdout).unwrap(), "sqlite");
+    if let Some(url) = toolledger_testkit::db::test_database_url() {
+        let mut args = OVERLOAD.to_vec();
+        args.extend(["--backend", "postgres", "--database-url", &url]);
+        let out = bench(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        check_overload_line(&String::from_utf8(out.stdout).unwrap(), "postgres");
+    }
+}
+
 #[test]
 fn bad_options_are_refused_with_a_stable_code() {
     for (args, code) in [
@@ -316,6 +393,9 @@ fn bad_options_are_refused_with_a_stable_code() {
             "WORKLOAD_UNAVAILABLE",
         ),
         (&["--concurrency", "0"][..], "INVALID_ARGUMENTS"),
+        (&["--overload-seconds", "0"][..], "INVALID_ARGUMENTS"),
+        (&["--overload-factor", "0"][..], "INVALID_ARGUMENTS"),
+        (&["--overload-factor", "NaN"][..], "INVALID_ARGUMENTS"),
         (
             &[
                 "--backend",

@@ -87,6 +87,60 @@ pub trait Driver: Send + Sync + std::fmt::Debug + 'static {
     fn as_any(&self) -> &dyn Any;
 }
 
+/// How many jobs may wait in one of a store's queues (a writer's, the readers', the
+/// connection threads', the inline batch queue) and for how long.
+///
+/// A job that finds its queue holding `depth` jobs is answered [`StoreError::Unavailable`]
+/// at once; a queued job not started within `wait` is answered the same way without running.
+/// Either way it changed nothing, and the same call may simply be retried: under overload the
+/// store sheds the calls it cannot serve in time instead of queueing them without limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueLimits {
+    /// The most jobs waiting in one queue (at least 1).
+    pub depth: usize,
+    /// The longest a job waits in the queue before it is answered `unavailable`.
+    pub wait: std::time::Duration,
+}
+
+impl QueueLimits {
+    /// The default depth of a queue: 1024 jobs.
+    pub const DEFAULT_DEPTH: usize = 1024;
+    /// The default longest wait in a queue: 5 seconds (as long as SQLite's `busy_timeout`).
+    pub const DEFAULT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+    /// Whether a job queued at `queued_at` has waited past [`QueueLimits::wait`] by `now`.
+    pub fn expired(&self, queued_at: std::time::Instant, now: std::time::Instant) -> bool {
+        now.saturating_duration_since(queued_at) > self.wait
+    }
+}
+
+impl Default for QueueLimits {
+    fn default() -> Self {
+        QueueLimits {
+            depth: Self::DEFAULT_DEPTH,
+            wait: Self::DEFAULT_WAIT,
+        }
+    }
+}
+
+/// The error of a job refused because its queue is full (see [`QueueLimits`]).
+pub fn queue_full() -> StoreError {
+    overload_count("full");
+    StoreError::Unavailable("the store is overloaded: its queue is full".into())
+}
+
+/// The error of a job that waited in its queue past [`QueueLimits::wait`].
+pub fn queue_wait_expired() -> StoreError {
+    overload_count("wait");
+    StoreError::Unavailable("the store is overloaded: a queued job waited too long".into())
+}
+
+/// `toolledger_store_overload_total{reason}`: jobs answered `unavailable` because their queue
+/// was full (`full`) or they waited in it too long (`wait`).
+fn overload_count(reason: &'static str) {
+    metrics::counter!("toolledger_store_overload_total", "reason" => reason).increment(1);
+}
+
 /// Group commit of inline calls for a driver whose writers run in parallel: the ledger's
 /// inline path queues concurrent calls and runs up to a batch of them in one transaction on
 /// one of the driver's batch writers. The ledger decides everything about the calls; the
@@ -99,6 +153,11 @@ pub trait BatchDriver: Send + Sync + 'static {
     /// waiting for it. The job may run any number of transactions through its
     /// [`BatchWriter`] and answers its own callers.
     fn spawn_batch_job(&self, writer: usize, job: BatchJob) -> Result<(), StoreError>;
+
+    /// The bounds of the queue of calls waiting for a batch writer.
+    fn queue_limits(&self) -> QueueLimits {
+        QueueLimits::default()
+    }
 }
 
 /// A job for one batch writer (see [`BatchDriver::spawn_batch_job`]).

@@ -118,8 +118,12 @@ impl Driver for PgStore {
     }
 
     fn submit_write(&self, job: Box<dyn WriteJob>) {
-        let sent = self.submit(Box::new(move |slot: &mut Slot| {
+        let sent = self.submit(Box::new(move |slot: Result<&mut Slot, StoreError>| {
             let mut job = job;
+            let slot = match slot {
+                Ok(slot) => slot,
+                Err(e) => return job.finish(Some(e)),
+            };
             let out = write_on(slot, &mut |tx: &mut PgTx<'_>| {
                 if job.run(tx) {
                     Ok(())
@@ -132,13 +136,16 @@ impl Driver for PgStore {
                 Err(Failure::Store(e)) => job.finish(Some(e)),
             }
         }));
-        // A job that could not be sent is dropped, and its caller hears that the database
-        // thread stopped.
+        // A job that could not be sent has been answered why.
         drop(sent);
     }
 
     fn submit_read(&self, job: Box<dyn ReadJob>) {
-        let sent = self.submit(Box::new(move |slot: &mut Slot| {
+        let sent = self.submit(Box::new(move |slot: Result<&mut Slot, StoreError>| {
+            let slot = match slot {
+                Ok(slot) => slot,
+                Err(e) => return job.run(Err(e)),
+            };
             let mut job = Some(job);
             let out: Result<(), StoreError> = read_on(slot, |tx| {
                 if let Some(j) = job.take() {
@@ -150,6 +157,7 @@ impl Driver for PgStore {
                 j.run(Err(e));
             }
         }));
+        // A job that could not be sent has been answered why.
         drop(sent);
     }
 
@@ -182,6 +190,10 @@ impl BatchDriver for PgStore {
 
     fn spawn_batch_job(&self, writer: usize, job: BatchJob) -> Result<(), StoreError> {
         PgStore::spawn_batch_job(self, writer, move |w: &mut PgWriter<'_>| job(w))
+    }
+
+    fn queue_limits(&self) -> QueueLimits {
+        PgStore::queue_limits(self)
     }
 }
 

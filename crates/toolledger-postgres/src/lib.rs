@@ -68,7 +68,7 @@ mod tls;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::runtime::Runtime;
@@ -82,9 +82,11 @@ use toolledger_core::effect::{refuse_transaction_control, Dialect, EffectTx, Row
 use toolledger_core::model::Error;
 use toolledger_core::store::migrate::{self, Binding, MigrationHooks, MigrationRequest};
 use toolledger_core::store::{
-    BatchDriver, BatchJob, BatchTx, BatchWriter, Driver, Migration, ReadJob, Store, StoreError,
-    WriteJob,
+    queue_full, queue_wait_expired, BatchDriver, BatchJob, BatchTx, BatchWriter, Driver, Migration,
+    ReadJob, Store, StoreError, WriteJob,
 };
+
+pub use toolledger_core::store::QueueLimits;
 
 /// The migrations of the library's own tables in PostgreSQL dialect (namespace `toolledger`);
 /// the same versions as `CORE_MIGRATIONS` of the SQLite driver.
@@ -134,8 +136,18 @@ pub struct PgOptions {
     pub schema: Option<String>,
     /// Per-statement time limit.
     pub statement_timeout: Duration,
-    /// How long to wait for a connection (connect or pool) before answering `unavailable`.
+    /// How long a connection attempt may take (the TCP connect and the start-up exchange)
+    /// before the job that needed it is answered `unavailable`.
     pub connect_timeout: Duration,
+    /// The bounds of the queue of jobs waiting for a connection thread and of the queue of
+    /// inline calls waiting for a batch writer: a job that finds its queue full, or is not
+    /// started within the wait, is answered [`StoreError::Unavailable`] without running (see
+    /// [`QueueLimits`]).
+    pub queue: QueueLimits,
+    /// The longest a connection is used: an older one is closed and replaced before the next
+    /// transaction on it (so connections move to a restarted or failed-over server, and no
+    /// server-side session state grows without end).
+    pub max_lifetime: Duration,
     /// Connection threads that run batched inline calls (group commit: concurrent
     /// [`toolledger_core::engine::Engine::execute_inline`] calls share one transaction, one round
     /// trip for their lookups and one multi-row ledger insert). At least 1. They come in
@@ -167,6 +179,8 @@ impl PgOptions {
             schema: None,
             statement_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
+            queue: QueueLimits::default(),
+            max_lifetime: Duration::from_secs(30 * 60),
             batch_writers: 2,
             read_only: false,
         }
@@ -187,6 +201,18 @@ impl PgOptions {
     /// Allows forward migration of an existing database.
     pub fn allow_migrate(mut self, migrate: bool) -> Self {
         self.migrate = migrate;
+        self
+    }
+
+    /// Sets the bounds of the connection threads' and the batch writers' queues.
+    pub fn with_queue(mut self, queue: QueueLimits) -> Self {
+        self.queue = queue;
+        self
+    }
+
+    /// Sets the longest a connection is used before it is replaced.
+    pub fn with_max_lifetime(mut self, max_lifetime: Duration) -> Self {
+        self.max_lifetime = max_lifetime;
         self
     }
 
@@ -384,12 +410,17 @@ struct Slot {
     tls: Option<MakeRustlsConnect>,
     client: Option<Client>,
     statements: HashMap<String, Statement>,
+    /// When the current connection was made.
+    connected_at: Instant,
+    /// The longest a connection is used ([`PgOptions::max_lifetime`]).
+    max_lifetime: Duration,
 }
 
 impl Slot {
     fn new(
         config: Arc<tokio_postgres::Config>,
         tls: Option<MakeRustlsConnect>,
+        max_lifetime: Duration,
     ) -> Result<Slot, StoreError> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -401,11 +432,21 @@ impl Slot {
             tls,
             client: None,
             statements: HashMap::new(),
+            connected_at: Instant::now(),
+            max_lifetime,
         })
     }
 
-    /// The live connection, (re)connecting when there is none or it has closed.
+    /// The live connection, (re)connecting when there is none, it has closed or it is older
+    /// than [`PgOptions::max_lifetime`].
     fn connect(&mut self) -> Result<(), StoreError> {
+        if self.client.is_some() && self.connected_at.elapsed() > self.max_lifetime {
+            // Dropping the client ends its connection task, which closes the session.
+            self.client = None;
+            self.statements.clear();
+            metrics::counter!("toolledger_store_connections_recycled_total", "backend" => "postgres")
+                .increment(1);
+        }
         if self.client.is_some() {
             // Let the connection task read what arrived while the thread was idle (a server
             // that shut down has closed the socket), without a round trip.
@@ -445,6 +486,7 @@ impl Slot {
             }
         };
         self.client = Some(client);
+        self.connected_at = Instant::now();
         Ok(())
     }
 
@@ -825,16 +867,22 @@ impl EffectTx for PgTx<'_> {
     }
 }
 
-type Job = Box<dyn FnOnce(&mut Slot) + Send>;
+/// A job for a connection thread: the thread's connection slot, or why the job does not run
+/// (it waited in the queue too long).
+type Job = Box<dyn FnOnce(Result<&mut Slot, StoreError>) + Send>;
+
+/// A job for a batch writer's thread (the batcher bounds its own queue).
+type BatchSlotJob = Box<dyn FnOnce(&mut Slot) + Send>;
 
 struct Inner {
-    sender: Mutex<Option<crossbeam_channel::Sender<Job>>>,
+    sender: Mutex<Option<crossbeam_channel::Sender<(Instant, Job)>>>,
     /// One channel per batch writer thread (see [`PgOptions::batch_writers`]).
-    batch_senders: Mutex<Vec<crossbeam_channel::Sender<Job>>>,
+    batch_senders: Mutex<Vec<crossbeam_channel::Sender<BatchSlotJob>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     backend_id: String,
     schema: Option<String>,
     batch_writers: usize,
+    limits: QueueLimits,
 }
 
 impl Drop for Inner {
@@ -920,9 +968,24 @@ fn parse_config(
     Ok((config, tls))
 }
 
-fn worker_loop(receiver: crossbeam_channel::Receiver<Job>, mut slot: Slot, queue: &'static str) {
+fn worker_loop(
+    receiver: crossbeam_channel::Receiver<(Instant, Job)>,
+    mut slot: Slot,
+    limits: QueueLimits,
+) {
+    while let Ok((queued_at, job)) = receiver.recv() {
+        queue_depth("jobs", receiver.len());
+        if limits.expired(queued_at, Instant::now()) {
+            job(Err(queue_wait_expired()));
+        } else {
+            job(Ok(&mut slot));
+        }
+    }
+}
+
+fn batch_writer_loop(receiver: crossbeam_channel::Receiver<BatchSlotJob>, mut slot: Slot) {
     while let Ok(job) = receiver.recv() {
-        queue_depth(queue, receiver.len());
+        queue_depth("batch_writer", receiver.len());
         job(&mut slot);
     }
 }
@@ -960,14 +1023,15 @@ impl PgStore {
     pub fn open_unchecked(url: &str, opts: PgOptions) -> Result<Self, StoreError> {
         let (config, tls) = parse_config(url, &opts)?;
         let config = Arc::new(config);
-        let (sender, receiver) = crossbeam_channel::unbounded::<Job>();
+        let limits = opts.queue;
+        let (sender, receiver) = crossbeam_channel::bounded::<(Instant, Job)>(limits.depth.max(1));
         let mut threads = Vec::new();
         for i in 0..opts.max_connections.max(1) {
-            let slot = Slot::new(config.clone(), tls.clone())?;
+            let slot = Slot::new(config.clone(), tls.clone(), opts.max_lifetime)?;
             let receiver = receiver.clone();
             let t = std::thread::Builder::new()
                 .name(format!("toolledger-pg-{i}"))
-                .spawn(move || worker_loop(receiver, slot, "jobs"))
+                .spawn(move || worker_loop(receiver, slot, limits))
                 .map_err(|_| StoreError::Unavailable("cannot start a database thread".into()))?;
             threads.push(t);
         }
@@ -976,11 +1040,13 @@ impl PgStore {
         let batch_writers = opts.batch_writers.max(1);
         let mut batch_senders = Vec::with_capacity(batch_writers);
         for i in 0..batch_writers {
-            let slot = Slot::new(config.clone(), tls.clone())?;
-            let (sender, receiver) = crossbeam_channel::unbounded::<Job>();
+            let slot = Slot::new(config.clone(), tls.clone(), opts.max_lifetime)?;
+            // The batcher sends a writer's thread one job at a time (it claims the writer
+            // first), so this channel holds at most one.
+            let (sender, receiver) = crossbeam_channel::unbounded::<BatchSlotJob>();
             let t = std::thread::Builder::new()
                 .name(format!("toolledger-pg-batch-{i}"))
-                .spawn(move || worker_loop(receiver, slot, "batch_writer"))
+                .spawn(move || batch_writer_loop(receiver, slot))
                 .map_err(|_| StoreError::Unavailable("cannot start a database thread".into()))?;
             threads.push(t);
             batch_senders.push(sender);
@@ -993,6 +1059,7 @@ impl PgStore {
                 backend_id: String::new(),
                 schema: opts.schema.clone(),
                 batch_writers,
+                limits,
             }),
         })
     }
@@ -1007,25 +1074,45 @@ impl PgStore {
         self.inner.batch_writers
     }
 
+    /// The bounds of the store's queues ([`PgOptions::queue`]).
+    pub(crate) fn queue_limits(&self) -> QueueLimits {
+        self.inner.limits
+    }
+
     /// The schema the ledger lives in, if one was named.
     pub fn schema(&self) -> Option<&str> {
         self.inner.schema.as_deref()
     }
 
+    /// Queues `job` for a connection thread. A job that cannot be queued (the queue is full,
+    /// the store closed) is answered why, here, and the reason returned.
     fn submit(&self, job: Job) -> Result<(), StoreError> {
-        let guard = self
-            .inner
-            .sender
-            .lock()
-            .map_err(|_| StoreError::Unavailable("store poisoned".into()))?;
+        let refused = |job: Job, err: StoreError| {
+            job(Err(err.clone()));
+            Err(err)
+        };
+        let Ok(guard) = self.inner.sender.lock() else {
+            return refused(job, StoreError::Unavailable("store poisoned".into()));
+        };
         match guard.as_ref() {
-            Some(s) => {
-                s.send(job)
-                    .map_err(|_| StoreError::Unavailable("store closed".into()))?;
-                queue_depth("jobs", s.len());
-                Ok(())
+            Some(s) => match s.try_send((Instant::now(), job)) {
+                Ok(()) => {
+                    queue_depth("jobs", s.len());
+                    Ok(())
+                }
+                Err(crossbeam_channel::TrySendError::Full((_, job))) => {
+                    drop(guard);
+                    refused(job, queue_full())
+                }
+                Err(crossbeam_channel::TrySendError::Disconnected((_, job))) => {
+                    drop(guard);
+                    refused(job, StoreError::Unavailable("store closed".into()))
+                }
+            },
+            None => {
+                drop(guard);
+                refused(job, StoreError::Unavailable("store closed".into()))
             }
-            None => Err(StoreError::Unavailable("store closed".into())),
         }
     }
 
@@ -1036,7 +1123,7 @@ impl PgStore {
     ) -> Result<T, StoreError> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.submit(Box::new(move |slot| {
-            let _ = tx.send(f(slot));
+            let _ = tx.send(slot.and_then(f));
         }))?;
         rx.recv()
             .unwrap_or_else(|_| Err(StoreError::Unavailable("database thread stopped".into())))
@@ -1048,8 +1135,11 @@ impl PgStore {
         T: Send + 'static,
         E: From<StoreError> + Send + 'static,
     {
-        Box::new(move |slot: &mut Slot| {
-            let out = write_on(slot, &mut |tx: &mut PgTx<'_>| f(tx));
+        Box::new(move |slot: Result<&mut Slot, StoreError>| {
+            let out = match slot {
+                Ok(slot) => write_on(slot, &mut |tx: &mut PgTx<'_>| f(tx)),
+                Err(e) => Err(E::from(e)),
+            };
             let _ = reply.send(out);
         })
     }
@@ -1060,8 +1150,11 @@ impl PgStore {
         T: Send + 'static,
         E: From<StoreError> + Send + 'static,
     {
-        Box::new(move |slot: &mut Slot| {
-            let out = read_on(slot, f);
+        Box::new(move |slot: Result<&mut Slot, StoreError>| {
+            let out = match slot {
+                Ok(slot) => read_on(slot, f),
+                Err(e) => Err(E::from(e)),
+            };
             let _ = reply.send(out);
         })
     }

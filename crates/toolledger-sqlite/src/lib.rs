@@ -23,14 +23,18 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use tokio::sync::oneshot;
 
 use toolledger_core::effect::{Dialect, EffectTx};
 use toolledger_core::store::migrate::{self, Binding, MigrationHooks, MigrationRequest};
-use toolledger_core::store::{Driver, Migration, ReadJob, Store, StoreError, WriteJob};
+use toolledger_core::store::{
+    queue_full, queue_wait_expired, Driver, Migration, ReadJob, Store, StoreError, WriteJob,
+};
+
+pub use toolledger_core::store::QueueLimits;
 
 mod driver;
 mod effect_tx;
@@ -139,6 +143,10 @@ pub struct OpenOptions {
     /// migration; a file that is not a ledger is [`StoreError::NotALedger`] (see
     /// [`ReadMode`]).
     pub read_only: bool,
+    /// The bounds of the writer's queue and of the readers' queue: a job that finds its
+    /// queue full, or waits in it too long, is answered [`StoreError::Unavailable`] without
+    /// running (see [`QueueLimits`]).
+    pub queue: QueueLimits,
 }
 
 impl OpenOptions {
@@ -151,6 +159,7 @@ impl OpenOptions {
             readers: 4,
             synchronous: Synchronous::Full,
             read_only: false,
+            queue: QueueLimits::default(),
         }
     }
 
@@ -163,6 +172,7 @@ impl OpenOptions {
             readers: 4,
             synchronous: Synchronous::Full,
             read_only: false,
+            queue: QueueLimits::default(),
         }
     }
 
@@ -181,6 +191,12 @@ impl OpenOptions {
     /// Allows forward migration of an existing database.
     pub fn allow_migrate(mut self, migrate: bool) -> Self {
         self.migrate = migrate;
+        self
+    }
+
+    /// Sets the bounds of the writer's and the readers' queues.
+    pub fn with_queue(mut self, queue: QueueLimits) -> Self {
+        self.queue = queue;
         self
     }
 
@@ -203,10 +219,13 @@ type Job = Box<dyn FnOnce(Option<&Connection>) -> Pending + Send>;
 /// A read job for a reader thread: the thread's connection, or why it has none.
 type ReadJobFn = Box<dyn FnOnce(Result<&Connection, StoreError>) + Send>;
 
+/// A job in a queue, with when it was queued (see [`QueueLimits::wait`]).
+type Queued<J> = (Instant, J);
+
 /// The reader threads behind [`SqliteStore::read`], started on the first async read.
 #[derive(Default)]
 struct ReaderThreads {
-    sender: Option<crossbeam_channel::Sender<ReadJobFn>>,
+    sender: Option<crossbeam_channel::Sender<Queued<ReadJobFn>>>,
     handles: Vec<JoinHandle<()>>,
 }
 
@@ -232,7 +251,7 @@ struct StatCounters {
 struct Inner {
     path: PathBuf,
     backend_id: String,
-    sender: Mutex<Option<crossbeam_channel::Sender<Job>>>,
+    sender: Mutex<Option<crossbeam_channel::Sender<Queued<Job>>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
     readers: Mutex<Vec<Connection>>,
     max_readers: usize,
@@ -240,6 +259,8 @@ struct Inner {
     reader_threads: Mutex<ReaderThreads>,
     /// How the connections read, when the store was opened read-only.
     read_only: Option<ReadMode>,
+    /// The bounds of the writer's and the readers' queues.
+    limits: QueueLimits,
 }
 
 impl Drop for Inner {
@@ -297,11 +318,11 @@ pub(crate) fn map_err(e: rusqlite::Error) -> StoreError {
             C::DatabaseBusy | C::DatabaseLocked => {
                 StoreError::Unavailable("database is busy".into())
             }
-            C::CannotOpen
-            | C::PermissionDenied
-            | C::ReadOnly
-            | C::DiskFull
-            | C::SystemIoFailure => StoreError::Io,
+            // A full disk ends when space returns: the same call may simply be retried.
+            C::DiskFull => StoreError::Unavailable("the disk is full".into()),
+            C::CannotOpen | C::PermissionDenied | C::ReadOnly | C::SystemIoFailure => {
+                StoreError::Io
+            }
             C::NotADatabase | C::DatabaseCorrupt => {
                 StoreError::Corrupt("file is not a database".into())
             }
@@ -555,12 +576,13 @@ impl SqliteStore {
                 .map_err(map_err)?;
         }
 
-        let (sender, receiver) = crossbeam_channel::unbounded::<Job>();
+        let limits = opts.queue;
+        let (sender, receiver) = crossbeam_channel::bounded::<Queued<Job>>(limits.depth.max(1));
         let stats = Arc::new(StatCounters::default());
         let writer_stats = stats.clone();
         let writer = std::thread::Builder::new()
             .name("toolledger-sqlite-writer".into())
-            .spawn(move || writer_loop(conn, receiver, &writer_stats))
+            .spawn(move || writer_loop(conn, receiver, &writer_stats, limits))
             .map_err(|_| StoreError::Unavailable("cannot start writer thread".into()))?;
 
         Ok(SqliteStore {
@@ -574,6 +596,7 @@ impl SqliteStore {
                 stats,
                 reader_threads: Mutex::new(ReaderThreads::default()),
                 read_only: None,
+                limits,
             }),
         })
     }
@@ -621,8 +644,11 @@ impl SqliteStore {
         };
         match guard.as_ref() {
             Some(s) => {
-                s.send(job).map_err(|crossbeam_channel::SendError(job)| {
-                    (StoreError::Unavailable("writer stopped".into()), job)
+                s.try_send((Instant::now(), job)).map_err(|e| match e {
+                    crossbeam_channel::TrySendError::Full((_, job)) => (queue_full(), job),
+                    crossbeam_channel::TrySendError::Disconnected((_, job)) => {
+                        (StoreError::Unavailable("writer stopped".into()), job)
+                    }
                 })?;
                 queue_depth("writer", s.len());
                 Ok(())
@@ -724,14 +750,16 @@ impl SqliteStore {
             return Err((StoreError::Unavailable("reader pool poisoned".into()), job));
         };
         if threads.sender.is_none() {
-            let (sender, receiver) = crossbeam_channel::unbounded::<ReadJobFn>();
+            let limits = self.inner.limits;
+            let (sender, receiver) =
+                crossbeam_channel::bounded::<Queued<ReadJobFn>>(limits.depth.max(1));
             for i in 0..self.inner.max_readers {
                 let receiver = receiver.clone();
                 let path = self.inner.path.clone();
                 let mode = self.inner.read_only;
                 let spawned = std::thread::Builder::new()
                     .name(format!("toolledger-sqlite-reader-{i}"))
-                    .spawn(move || reader_loop(&path, mode, receiver));
+                    .spawn(move || reader_loop(&path, mode, receiver, limits));
                 match spawned {
                     Ok(handle) => threads.handles.push(handle),
                     Err(_) => {
@@ -744,8 +772,11 @@ impl SqliteStore {
         }
         match threads.sender.as_ref() {
             Some(s) => {
-                s.send(job).map_err(|crossbeam_channel::SendError(job)| {
-                    (StoreError::Unavailable("readers stopped".into()), job)
+                s.try_send((Instant::now(), job)).map_err(|e| match e {
+                    crossbeam_channel::TrySendError::Full((_, job)) => (queue_full(), job),
+                    crossbeam_channel::TrySendError::Disconnected((_, job)) => {
+                        (StoreError::Unavailable("readers stopped".into()), job)
+                    }
                 })?;
                 queue_depth("reader", s.len());
                 Ok(())
@@ -756,7 +787,8 @@ impl SqliteStore {
 
     /// Runs `f` on a read-only connection owned by one of the store's reader threads (never
     /// on the async runtime). At most [`OpenOptions::readers`] reads run at once; more wait
-    /// in a queue, so a burst of callers never opens extra connections. Wrap several reads in
+    /// in a queue bounded by [`OpenOptions::queue`], so a burst of callers never opens extra
+    /// connections. Wrap several reads in
     /// `BEGIN`…`COMMIT` for one snapshot; a transaction left open is rolled back.
     pub(crate) async fn read_conn<T, E, F>(&self, f: F) -> Result<T, E>
     where
@@ -869,11 +901,16 @@ fn connect_reader(path: &Path, mode: Option<ReadMode>) -> Result<Connection, Sto
 fn reader_loop(
     path: &Path,
     mode: Option<ReadMode>,
-    receiver: crossbeam_channel::Receiver<ReadJobFn>,
+    receiver: crossbeam_channel::Receiver<Queued<ReadJobFn>>,
+    limits: QueueLimits,
 ) {
     let mut conn: Option<Connection> = None;
-    while let Ok(job) = receiver.recv() {
+    while let Ok((queued_at, job)) = receiver.recv() {
         queue_depth("reader", receiver.len());
+        if limits.expired(queued_at, Instant::now()) {
+            job(Err(queue_wait_expired()));
+            continue;
+        }
         if let Err(e) = read_only::still_readable(path, mode) {
             job(Err(e));
             continue;
@@ -904,16 +941,32 @@ fn queue_depth(queue: &'static str, depth: usize) {
         .set(depth as f64);
 }
 
-fn writer_loop(conn: Connection, receiver: crossbeam_channel::Receiver<Job>, stats: &StatCounters) {
+fn writer_loop(
+    conn: Connection,
+    receiver: crossbeam_channel::Receiver<Queued<Job>>,
+    stats: &StatCounters,
+    limits: QueueLimits,
+) {
     while let Ok(first) = receiver.recv() {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match receiver.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
+        let now = Instant::now();
+        let mut batch = Vec::with_capacity(receiver.len().min(MAX_BATCH) + 1);
+        let mut next = Some(first);
+        while let Some((queued_at, job)) = next.take() {
+            if limits.expired(queued_at, now) {
+                // Waited too long: answered without running (it changed nothing).
+                let pending = job(None);
+                (pending.deliver)(Some(queue_wait_expired()));
+            } else {
+                batch.push(job);
+            }
+            if batch.len() < MAX_BATCH {
+                next = receiver.try_recv().ok();
             }
         }
         queue_depth("writer", receiver.len());
+        if batch.is_empty() {
+            continue;
+        }
         // Counted before the batch runs, so a caller that has been answered sees its batch.
         let n = batch.len() as u64;
         metrics::histogram!("toolledger_store_commit_batch_size", "backend" => "sqlite")
@@ -1323,6 +1376,29 @@ mod tests {
         };
         assert!(outbox("bogus").is_err());
         outbox("pending").unwrap();
+    }
+
+    #[test]
+    fn a_full_disk_is_transient_and_other_io_failures_are_io() {
+        let sqlite = |code: std::os::raw::c_int| {
+            map_err(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(code),
+                Some("/some/path/ledger.sqlite".into()),
+            ))
+        };
+        let full = sqlite(rusqlite::ffi::SQLITE_FULL);
+        assert!(matches!(full, StoreError::Unavailable(_)), "{full:?}");
+        assert!(full.is_transient());
+        assert!(!format!("{full:?}").contains("/some/path"));
+        for code in [
+            rusqlite::ffi::SQLITE_IOERR_FSYNC,
+            rusqlite::ffi::SQLITE_IOERR_WRITE,
+            rusqlite::ffi::SQLITE_READONLY,
+        ] {
+            let err = sqlite(code);
+            assert!(matches!(err, StoreError::Io), "{code}: {err:?}");
+            assert_eq!(err.cli_code(), "DATABASE_IO_ERROR");
+        }
     }
 
     #[test]

@@ -189,6 +189,7 @@ pub(crate) fn open(path: PathBuf, opts: &OpenOptions) -> Result<SqliteStore, Sto
             stats: Arc::new(StatCounters::default()),
             reader_threads: Mutex::new(ReaderThreads::default()),
             read_only: Some(mode),
+            limits: opts.queue,
         }),
     })
 }

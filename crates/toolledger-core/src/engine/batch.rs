@@ -33,6 +33,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use tokio::sync::oneshot;
 
@@ -42,7 +43,9 @@ use super::{
 use crate::clock::SharedClock;
 use crate::effect::{EffectTx, RowExt, SqlValue};
 use crate::model::{Error, OperationState};
-use crate::store::{BatchDriver, BatchTx, BatchWriter, StoreError};
+use crate::store::{
+    queue_full, queue_wait_expired, BatchDriver, BatchTx, BatchWriter, QueueLimits, StoreError,
+};
 
 /// The most calls one batch holds. PostgreSQL keeps up to 64 subtransaction ids per
 /// transaction in shared memory; more makes every other session's snapshot checks slower.
@@ -58,6 +61,8 @@ struct Pending {
     effect: Arc<dyn InlineEffect>,
     reply: oneshot::Sender<Result<Written, Error>>,
     attempts: u32,
+    /// When the call first entered the queue.
+    queued_at: Instant,
 }
 
 struct State {
@@ -72,6 +77,7 @@ pub(crate) struct Batcher {
     clock: SharedClock,
     fault: Option<FaultHook>,
     writers: usize,
+    limits: QueueLimits,
     state: Mutex<State>,
 }
 
@@ -101,8 +107,10 @@ impl Batcher {
         fault: Option<FaultHook>,
     ) -> Self {
         let writers = store.batch_writers();
+        let limits = store.queue_limits();
         Batcher {
             writers,
+            limits,
             store,
             clock,
             fault,
@@ -125,15 +133,22 @@ impl Batcher {
             effect,
             reply,
             attempts: 0,
+            queued_at: Instant::now(),
         });
         answer
             .await
             .unwrap_or_else(|_| Err(Error::unavailable("the database writer stopped")))
     }
 
+    /// Queues `pending`, or answers it `unavailable` when the queue is full.
     fn enqueue(self: &Arc<Self>, pending: Pending) {
         let start = {
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            if st.queue.len() >= self.limits.depth.max(1) {
+                drop(st);
+                let _ = pending.reply.send(Err(Error::from(queue_full())));
+                return;
+            }
             st.queue.push_back(pending);
             queue_depth(st.queue.len());
             claim_writer(&mut st)
@@ -180,6 +195,22 @@ impl Batcher {
                 }
                 let batch = take_batch(&mut st.queue);
                 queue_depth(st.queue.len());
+                batch
+            };
+            // Calls that waited past the queue's limit are answered without running.
+            let now = Instant::now();
+            let batch = if batch.iter().any(|p| self.limits.expired(p.queued_at, now)) {
+                let (live, expired): (Vec<Pending>, Vec<Pending>) = batch
+                    .into_iter()
+                    .partition(|p| !self.limits.expired(p.queued_at, now));
+                for p in expired {
+                    let _ = p.reply.send(Err(Error::from(queue_wait_expired())));
+                }
+                if live.is_empty() {
+                    continue;
+                }
+                live
+            } else {
                 batch
             };
             // The batch's calls share one transaction (and one commit, when any is fresh).
