@@ -183,7 +183,7 @@ async fn secure_headers(request: axum::extract::Request, next: axum::middleware:
     );
     h.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     response
 }

@@ -14,7 +14,7 @@ table{border-collapse:collapse;width:100%;background:#fff;margin:.5rem 0 1rem}\
 th,td{text-align:left;padding:.35rem .6rem;border-bottom:1px solid #e3e6eb;font-size:.9rem;vertical-align:top}\
 th{background:#eef0f4}code,pre{font-family:ui-monospace,monospace;font-size:.85rem}\
 pre{white-space:pre-wrap;word-break:break-all;margin:0}\
-.counts{display:flex;gap:.6rem;flex-wrap:wrap}.count{background:#fff;border:1px solid #e3e6eb;padding:.5rem .8rem;min-width:9rem}\
+.counts{display:flex;gap:.6rem;flex-wrap:wrap;margin-bottom:1rem}.count{background:#fff;border:1px solid #e3e6eb;padding:.5rem .8rem;min-width:9rem;text-decoration:none;color:inherit}\
 .count b{display:block;font-size:1.4rem}.state{font-weight:600}\
 .outcome_unknown,.dead{color:#b42318}.stuck,.partial{color:#b54708}.accepted{color:#175cd3}\
 .note{background:#fff8e6;border:1px solid #f5d58a;padding:.5rem .8rem}\
