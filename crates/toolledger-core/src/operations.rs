@@ -19,6 +19,8 @@ use crate::model::OperationState;
 use crate::outbox;
 use crate::store::StoreError;
 
+pub use crate::ledger::IN_PROGRESS_EXPIRY_SECS;
+
 /// The most rows one [`list`] returns.
 pub const MAX_LIST_LIMIT: u32 = 10_000;
 
@@ -86,7 +88,7 @@ pub enum Unsure {
     /// The effect may have happened without a local receipt (`outcome_unknown`).
     OutcomeUnknown,
     /// An inline operation `in_progress` past the in-progress expiry (unchanged for
-    /// [`ledger::IN_PROGRESS_EXPIRY_SECS`]).
+    /// [`IN_PROGRESS_EXPIRY_SECS`]).
     Stuck,
     /// A multi-step inline operation whose later step failed (`partial`).
     Partial,
