@@ -1,6 +1,7 @@
 //! The console's pages mounted on `serve --http --console` (beside `/mcp`, under the same
 //! Host/Origin rules, outside the bearer layer of `/mcp`; `--console` needs `--http`), and
-//! `toolledger console` on its own (health endpoints, an existing ledger only).
+//! `proxy --http --console` likewise, and `toolledger console` on its own (health endpoints, an
+//! existing ledger only).
 
 #[macro_use]
 mod support;
@@ -110,4 +111,52 @@ fn the_console_refuses_a_missing_ledger() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(!db.exists(), "no ledger is created");
+}
+
+/// `proxy --http --console` serves the pages beside the proxied `/mcp`.
+#[test]
+fn the_proxy_serves_the_console_too() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let db = Db::sqlite();
+    let dir = tempfile::tempdir().unwrap();
+    let charges = dir.path().join("charges.sqlite");
+    let mut child = std::process::Command::new(support::bin())
+        .arg("proxy")
+        .args(db.store_args())
+        .args(["--http", "127.0.0.1:0", "--console", "--"])
+        .arg(support::bin())
+        .args(["upstream-example", "--db"])
+        .arg(&charges)
+        .env_remove("TOOLLEDGER_ALLOWED_HOSTS")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let url = stderr
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            serde_json::from_str::<serde_json::Value>(&l).ok()?["listening"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .expect("the proxy listens");
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_string();
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        s,
+        "GET /console/login HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.contains("name=\"csrf\""));
+    let _ = child.kill();
+    let _ = child.wait();
 }
