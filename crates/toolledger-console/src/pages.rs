@@ -85,6 +85,33 @@ pub fn age(secs: i64) -> String {
     }
 }
 
+/// Unix seconds as a UTC date and time (`2026-01-01 00:00:00 UTC`).
+pub fn when(secs: i64) -> String {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (proleptic Gregorian calendar).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+/// A time field of the timeline (Unix seconds) as [`when`]; `—` when absent.
+fn time(v: &Value) -> String {
+    v.as_i64().map_or_else(|| field(v), when)
+}
+
 /// The unsure kind of an operation in the list.
 fn kind_of(op: &OperationSummary) -> &'static str {
     Unsure::ALL
@@ -266,7 +293,7 @@ pub fn operation(viewer: (&str, &str), s: &Shown<'_>) -> Markup {
                 tr { th { "state" } td { span id="state" class={ "state " (field(&op["state"])) } { (field(&op["state"])) }
                     @if op["stuck"] == Value::Bool(true) { " (stuck past the in-progress expiry)" } } }
                 tr { th { "age" } td { (age(op["age_seconds"].as_i64().unwrap_or(0))) } }
-                tr { th { "created / updated" } td { (field(&op["created_at"])) " / " (field(&op["updated_at"])) } }
+                tr { th { "created / updated" } td { (time(&op["created_at"])) " / " (time(&op["updated_at"])) } }
                 tr { th { "request digest" } td { code { (field(&op["request_digest"])) } } }
                 tr { th { "arguments" } td {
                     @if s.arguments { (json_block(&op["arguments"])) } @else {
@@ -286,7 +313,7 @@ pub fn operation(viewer: (&str, &str), s: &Shown<'_>) -> Markup {
                 tbody {
                     @for e in t["events"].as_array().into_iter().flatten() {
                         tr {
-                            td { (field(&e["at"])) }
+                            td { (time(&e["at"])) }
                             td.kind { (field(&e["kind"])) }
                             td { @if s.result { (json_block(&e["detail"])) } @else { (result_withheld) } }
                         }
@@ -301,8 +328,8 @@ pub fn operation(viewer: (&str, &str), s: &Shown<'_>) -> Markup {
                     thead { tr { th { "at" } th { "attempt" } th { "fencing token" } th { "lease owner" } th { "lease until" } } }
                     tbody {
                         @for c in t["claims"].as_array().into_iter().flatten() {
-                            tr { td { (field(&c["at"])) } td { (field(&c["attempt"])) } td { (field(&c["fencing_token"])) }
-                                 td { (field(&c["lease_owner"])) } td { (field(&c["lease_until"])) } }
+                            tr { td { (time(&c["at"])) } td { (field(&c["attempt"])) } td { (field(&c["fencing_token"])) }
+                                 td { (field(&c["lease_owner"])) } td { (time(&c["lease_until"])) } }
                         }
                     }
                 }
@@ -321,7 +348,7 @@ pub fn operation(viewer: (&str, &str), s: &Shown<'_>) -> Markup {
                     tr { th { "operator" } td { (field(&t["resolution"]["operator"])) } }
                     tr { th { "reason" } td.reason { (field(&t["resolution"]["reason"])) } }
                     tr { th { "previous state" } td { (field(&t["resolution"]["previous_state"])) } }
-                    tr { th { "at" } td { (field(&t["resolution"]["at"])) } }
+                    tr { th { "at" } td { (time(&t["resolution"]["at"])) } }
                 }
             }
             @if !s.resolve_as.is_empty() {
@@ -371,6 +398,13 @@ mod tests {
         assert_eq!(age(200), "3m 20s");
         assert_eq!(age(7500), "2h 5m");
         assert_eq!(age(4 * 86400 + 3 * 3600 + 5), "4d 3h");
+    }
+
+    #[test]
+    fn unix_seconds_read_as_utc_dates() {
+        assert_eq!(when(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(when(1_767_225_600), "2026-01-01 00:00:00 UTC");
+        assert_eq!(when(951_825_599), "2000-02-29 11:59:59 UTC");
     }
 
     #[test]
