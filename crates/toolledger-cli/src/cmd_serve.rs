@@ -13,6 +13,9 @@
 //! `/mcp` answers only requests whose `Host` (and `Origin`, when present) names a loopback
 //! host or an `--allowed-host`; `/healthz` and `/readyz` answer any host, so probes that
 //! address the server by its pod or instance IP work.
+//!
+//! With `--console`, the operator console's pages (`toolledger_console`) are served under
+//! `/console` beside `/mcp`, under the same Host/Origin rules and with their own sessions.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
