@@ -22,6 +22,9 @@
 //!   `--list-rows` operations (default 100,000), without and with a state filter, as two
 //!   lines, `operations-list` and `operations-list-state` (see [`listing`]). Only when asked
 //!   for with `--workload operations-list`: its seed is large.
+//! - `console-list`: the operator console's list page (`GET /console`, rendered HTML) on a
+//!   ledger of `--list-rows` operations, over HTTP (see [`console`]). Only when asked for
+//!   with `--workload console-list`: its seed is large.
 //! - `proxy`: `charge` of the built-in example upstream called directly and through
 //!   `toolledger proxy` over stdio, fresh and replayed, as four lines, `proxy-direct-fresh`,
 //!   `proxy-fresh`, `proxy-direct-lookup` and `proxy-replay`; the proxied lines carry what the
@@ -36,10 +39,11 @@
 //! `conflict` and `overload` workloads run against PostgreSQL, each in a fresh schema of that database
 //! (dropped afterwards); `ceiling` is then a raw one-row `INSERT … ON CONFLICT DO NOTHING` +
 //! `COMMIT` loop through the same store (compare it with `pgbench` on the same server). The
-//! `mcp-stdio`, `mcp-http`, `outbox-drain`, `operations-list` and `proxy` workloads are
-//! SQLite-only.
+//! `mcp-stdio`, `mcp-http`, `outbox-drain`, `operations-list`, `console-list` and `proxy`
+//! workloads are SQLite-only.
 
 mod ack;
+mod console;
 mod listing;
 mod mcp;
 mod outbox;
@@ -104,6 +108,9 @@ pub enum Workload {
     /// The first page of `operations list` on a large ledger, without and with a state
     /// filter (not part of the default set).
     OperationsList,
+    /// The operator console's list page over HTTP on a large ledger (not part of the default
+    /// set).
+    ConsoleList,
     /// `charge` of the built-in example upstream, directly and through `toolledger proxy`
     /// over stdio, fresh and replayed (not part of the default set).
     Proxy,
@@ -123,6 +130,7 @@ impl Workload {
             Workload::McpHttp => "mcp-http",
             Workload::OutboxDrain => "outbox-drain",
             Workload::OperationsList => "operations-list",
+            Workload::ConsoleList => "console-list",
             Workload::Proxy => "proxy",
             Workload::Overload => "overload",
         }
@@ -150,7 +158,7 @@ pub struct BenchArgs {
     /// Operations per workload and concurrency.
     #[arg(long, default_value_t = 5000)]
     pub ops: usize,
-    /// Operations seeded into the ledger `operations-list` reads (untimed).
+    /// Operations seeded into the ledger `operations-list` and `console-list` read (untimed).
     #[arg(long, default_value_t = 100_000)]
     pub list_rows: usize,
     /// Storage backend.
@@ -204,13 +212,15 @@ fn validate(args: &BenchArgs) -> Result<(), Failure> {
                     | Workload::McpHttp
                     | Workload::OutboxDrain
                     | Workload::OperationsList
+                    | Workload::ConsoleList
                     | Workload::Proxy
             )
         })
     {
         return refuse(
             "WORKLOAD_UNAVAILABLE",
-            "mcp-stdio, mcp-http, outbox-drain, operations-list and proxy run on SQLite only",
+            "mcp-stdio, mcp-http, outbox-drain, operations-list, console-list and proxy run on \
+             SQLite only",
         );
     }
     if postgres && args.sqlite_synchronous != SyncMode::Full {
@@ -340,6 +350,7 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                     | Workload::McpHttp
                     | Workload::OutboxDrain
                     | Workload::OperationsList
+                    | Workload::ConsoleList
                     | Workload::Proxy
             )
         });
@@ -380,6 +391,7 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                         | Workload::McpHttp
                         | Workload::OutboxDrain
                         | Workload::OperationsList
+                        | Workload::ConsoleList
                         | Workload::Proxy
                         | Workload::Overload => Vec::new(),
                     };
@@ -409,6 +421,9 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                     Workload::OutboxDrain => vec![outbox::run(db, c, args.ops, tune).await?],
                     Workload::OperationsList => {
                         listing::run(db, c, args.ops, args.list_rows, tune).await?
+                    }
+                    Workload::ConsoleList => {
+                        console::run(db, c, args.ops, args.list_rows, tune).await?
                     }
                     Workload::Proxy => proxy::run(db, c, args.ops, tune.synchronous).await?,
                     Workload::Overload => Vec::new(),

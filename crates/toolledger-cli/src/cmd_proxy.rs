@@ -57,6 +57,9 @@ pub struct ProxyArgs {
         value_delimiter = ','
     )]
     pub allowed_hosts: Vec<String>,
+    /// With --http: also serve the operator console at `http://ADDR/console`.
+    #[arg(long, requires = "http")]
+    pub console: bool,
     /// The proxy's configuration (TOML): which tools are guarded and how.
     #[arg(long, value_name = "FILE")]
     pub config: Option<std::path::PathBuf>,
@@ -169,6 +172,7 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
         tracing::info!(metrics = %format!("http://{local}/metrics"), "serving metrics");
     }
     let principals = PrincipalStore::new(store.clone()).with_clock(clock.clone());
+    let principals_for_console = principals.clone();
     match args.http {
         None => {
             serve_stdio(
@@ -185,8 +189,18 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
                 addr,
                 built.tools,
                 principals,
-                hosts,
-                clock,
+                hosts.clone(),
+                clock.clone(),
+                args.console.then(|| {
+                    // The proxy's operations are settled offline, as `toolledger resolve`
+                    // settles them: the runtime starts with no tool of its own.
+                    let rt = toolledger::runtime::Runtime::new(
+                        store.clone(),
+                        clock.clone(),
+                        toolledger::runtime::Registry::new(),
+                    );
+                    crate::cmd_console::console(&principals_for_console, clock, rt).router(hosts)
+                }),
             )
             .await
         }

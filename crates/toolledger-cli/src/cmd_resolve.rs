@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 use toolledger::clock::{ManualClock, SharedClock, SystemClock};
-use toolledger::runtime::{Answer, Resolution, ResolveAs, RuntimeError};
+use toolledger::runtime::{Answer, Resolution, ResolveAs, Runtime, RuntimeError};
 use toolledger::Error;
 use toolledger_cli::common::{self, RuntimeStoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
@@ -62,24 +62,14 @@ pub fn run(args: ResolveArgs, store: StoreConfig) -> Result<Outcome, Failure> {
             Some(t) => Arc::new(ManualClock::new(t)),
             None => Arc::new(SystemClock),
         };
-        let mut rt = runtime(&store, &ledger, clock.clone())?;
-        // An operation the proxy recorded: its tool is not one of ours; settle it offline.
-        if let Ok(Some(record)) = rt.inspect(&args.status_ref).await {
-            if toolledger_proxy::offline::is_proxied(&record)
-                && rt.registry().tool(&record.scope.tool).is_none()
-            {
-                let (tool, downstream) = toolledger_proxy::offline::tool_for(&record);
-                let registry = rt.registry().clone().register(tool, downstream);
-                rt = toolledger::runtime::Runtime::new(ledger.clone(), clock, registry);
-            }
-        }
+        let rt = runtime(&store, &ledger, clock)?;
         let resolution = Resolution {
             status_ref: args.status_ref,
             outcome: args.outcome,
             reason: args.reason,
             operator: args.operator,
         };
-        match rt.resolve(&resolution).await {
+        match settle(rt, &resolution).await {
             Ok(Answer::Done {
                 status_ref,
                 state,
@@ -109,4 +99,21 @@ pub fn run(args: ResolveArgs, store: StoreConfig) -> Result<Outcome, Failure> {
             ))),
         }
     })
+}
+
+/// Settles `resolution` with `rt`: the one resolution code path of `toolledger resolve` and
+/// the console. An operation the proxy recorded whose tool `rt` does not know is settled
+/// offline (its tool registered from the operation's own record, without the upstream).
+pub(crate) async fn settle(rt: Runtime, resolution: &Resolution) -> Result<Answer, RuntimeError> {
+    let mut rt = rt;
+    if let Ok(Some(record)) = rt.inspect(&resolution.status_ref).await {
+        if toolledger_proxy::offline::is_proxied(&record)
+            && rt.registry().tool(&record.scope.tool).is_none()
+        {
+            let (tool, downstream) = toolledger_proxy::offline::tool_for(&record);
+            let registry = rt.registry().clone().register(tool, downstream);
+            rt = Runtime::new(rt.store().clone(), rt.clock().clone(), registry);
+        }
+    }
+    rt.resolve(resolution).await
 }

@@ -13,6 +13,9 @@
 //! `/mcp` answers only requests whose `Host` (and `Origin`, when present) names a loopback
 //! host or an `--allowed-host`; `/healthz` and `/readyz` answer any host, so probes that
 //! address the server by its pod or instance IP work.
+//!
+//! With `--console`, the operator console's pages (`toolledger_console`) are served under
+//! `/console` beside `/mcp`, under the same Host/Origin rules and with their own sessions.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -55,6 +58,9 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub allowed_hosts: Vec<String>,
+    /// With --http: also serve the operator console at `http://ADDR/console`.
+    #[arg(long, requires = "http")]
+    pub console: bool,
     /// Pin the clock to this Unix second (testing aid; production uses wall time).
     #[arg(long, value_name = "SECS")]
     pub clock_epoch: Option<i64>,
@@ -120,6 +126,9 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
             retention_ttl: Some(args.replay_ttl),
         });
     let principals = PrincipalStore::new(store.clone()).with_clock(clock.clone());
+    let console = args
+        .console
+        .then(|| crate::cmd_console::console(&principals, clock.clone(), runtime.clone()));
     let env = ToolEnv {
         runtime: Some(runtime),
         guard,
@@ -136,7 +145,10 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
     }
     match args.http {
         None => serve_stdio("toolledger", args.principal.as_deref(), tools, principals).await,
-        Some(addr) => serve_http("toolledger", addr, tools, principals, hosts, clock).await,
+        Some(addr) => {
+            let console = console.map(|c| c.router(hosts.clone()));
+            serve_http("toolledger", addr, tools, principals, hosts, clock, console).await
+        }
     }
 }
 
@@ -204,7 +216,7 @@ pub(crate) async fn serve_stdio(
 
 /// Serves `tools` as server `name` over streamable HTTP at `http://ADDR/mcp` (bearer
 /// principals, Host/Origin rules, strict bodies), with `/healthz`, `/readyz` and `/metrics`,
-/// until SIGTERM or SIGINT.
+/// and the operator console's pages when given, until SIGTERM or SIGINT.
 pub(crate) async fn serve_http(
     name: &str,
     addr: SocketAddr,
@@ -212,6 +224,7 @@ pub(crate) async fn serve_http(
     principals: PrincipalStore,
     hosts: AllowedHosts,
     clock: SharedClock,
+    console: Option<axum::Router>,
 ) -> Result<(), Failure> {
     let server = LedgerServer::new(name, tools, principals.clone(), CallerSource::BearerToken);
     // rmcp checks the Host header against the same list (after ours, which runs first and
@@ -244,6 +257,12 @@ pub(crate) async fn serve_http(
         ))
         .merge(health_routes(store.clone()))
         .merge(metrics_routes(store, clock));
+    // The console's pages carry their own Host/Origin guard and sessions; the bearer layer
+    // of `/mcp` is not theirs.
+    let app = match console {
+        Some(pages) => app.merge(pages),
+        None => app,
+    };
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|_| Failure::code("BIND_ERROR"))?;
@@ -263,7 +282,7 @@ pub(crate) async fn serve_http(
 /// `GET /healthz` (liveness: the process serves requests) and `GET /readyz` (readiness: the
 /// ledger's store answers a read), both outside the bearer layer and without any detail a
 /// stranger could use beyond the backend id.
-fn health_routes(store: Store) -> axum::Router {
+pub(crate) fn health_routes(store: Store) -> axum::Router {
     use axum::http::StatusCode;
     use axum::routing::get;
     axum::Router::new()
@@ -294,7 +313,7 @@ fn health_routes(store: Store) -> axum::Router {
 
 /// Resolves on SIGTERM or SIGINT: the server then stops accepting connections, finishes the
 /// requests in flight and exits 0.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};

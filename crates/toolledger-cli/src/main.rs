@@ -5,6 +5,7 @@ mod cmd_approve;
 mod cmd_audit;
 mod cmd_bench;
 mod cmd_call;
+mod cmd_console;
 mod cmd_demo;
 mod cmd_dispatch;
 mod cmd_fingerprint;
@@ -83,6 +84,9 @@ enum Command {
         #[command(flatten)]
         store: StoreArgs,
     },
+    /// Operator console: web pages listing unsure operations, their timelines, and a
+    /// resolve form for operators (`--http ADDR`, then open http://ADDR/console).
+    Console(cmd_console::ConsoleArgs),
     /// Run the reference MCP server (stdio, or streamable HTTP with --http).
     Serve(cmd_serve::ServeArgs),
     /// Put the ledger in front of another MCP server: `toolledger proxy [flags] -- COMMAND
@@ -200,6 +204,10 @@ fn run_command(cli: Cli, opened: &mut Option<StoreConfig>) -> Result<Outcome, Fa
         Command::Serve(args) => {
             let store = remember(opened, args.store.resolve(Access::OpenOrCreate)?);
             cmd_serve::run(args, store)
+        }
+        Command::Console(args) => {
+            let store = remember(opened, args.store.resolve(Access::Existing)?);
+            cmd_console::run(args, store)
         }
         Command::Proxy(args) => {
             let store = remember(opened, args.store.resolve(Access::OpenOrCreate)?);

@@ -205,6 +205,47 @@ fn operations_list_prints_a_line_without_and_one_with_a_state_filter() {
 }
 
 #[test]
+fn console_list_prints_one_line_of_pages_that_listed_the_stuck_operations() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = bench(&[
+        "--workload",
+        "console-list",
+        "--list-rows",
+        "2500",
+        "--concurrency",
+        "4",
+        "--ops",
+        "40",
+        "--db-dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{stdout}");
+    let l = &lines[0];
+    assert_eq!(l["workload"], "console-list", "{l}");
+    assert_eq!(l["backend"], "sqlite", "{l}");
+    assert_eq!(l["concurrency"], 4, "{l}");
+    assert_eq!(l["rows"], 2500, "{l}");
+    assert_eq!(l["ops"], 40, "{l}");
+    // Every page answered 200 with the two operations (one in a thousand) left in progress,
+    // listed as stuck.
+    assert_eq!(l["succeeded"], 40, "{l}");
+    assert_eq!(l["failed"], 0, "{l}");
+    let (p50, p99) = (l["p50_us"].as_u64().unwrap(), l["p99_us"].as_u64().unwrap());
+    assert!(p50 <= p99, "{l}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
 fn the_proxy_workload_prints_direct_and_proxied_lines_and_what_the_proxy_adds() {
     let dir = tempfile::tempdir().unwrap();
     let out = bench(&[
@@ -389,6 +430,17 @@ fn bad_options_are_refused_with_a_stable_code() {
                 "postgres://u@127.0.0.1:1/db",
                 "--workload",
                 "proxy",
+            ][..],
+            "WORKLOAD_UNAVAILABLE",
+        ),
+        (
+            &[
+                "--backend",
+                "postgres",
+                "--database-url",
+                "postgres://u@127.0.0.1:1/db",
+                "--workload",
+                "console-list",
             ][..],
             "WORKLOAD_UNAVAILABLE",
         ),

@@ -538,8 +538,17 @@ pub(crate) fn list_rows(
         if oldest_first { "ASC" } else { "DESC" },
         params.len()
     );
+    summary_rows(tx, &sql, &params)
+}
+
+/// Runs `sql`, which selects [`SUMMARY_COLUMNS`], and decodes its rows.
+fn summary_rows(
+    tx: &mut dyn EffectTx,
+    sql: &str,
+    params: &[SqlValue],
+) -> Result<Vec<SummaryRow>, StoreError> {
     let rows = tx
-        .query(&sql, &params)
+        .query(sql, params)
         .map_err(|e| crate::outbox::store_error(tx, e))?;
     rows.iter()
         .map(|row| {
@@ -556,6 +565,102 @@ pub(crate) fn list_rows(
                 created_at: column(row.int(8))?,
                 updated_at: column(row.int(9))?,
             })
+        })
+        .collect()
+}
+
+/// The unsure operations an operator looks at: rows in one of `states` where an
+/// `in_progress` row counts only once it is stuck (last changed at or before
+/// `stuck_at_most`), of `tenant` and `tool` when given, created at or before
+/// `created_at_most` when given.
+pub(crate) struct UnsureFilter<'a> {
+    pub(crate) states: &'a [OperationState],
+    pub(crate) stuck_at_most: i64,
+    pub(crate) tenant: Option<&'a str>,
+    pub(crate) tool: Option<&'a str>,
+    pub(crate) created_at_most: Option<i64>,
+}
+
+impl UnsureFilter<'_> {
+    /// The `WHERE` clause and its parameters.
+    fn sql(&self) -> (String, Vec<SqlValue>) {
+        let mut params: Vec<SqlValue> = Vec::new();
+        let mut marks = Vec::with_capacity(self.states.len());
+        for st in self.states {
+            params.push(st.as_str().into());
+            marks.push(format!("?{}", params.len()));
+        }
+        params.push(self.stuck_at_most.into());
+        let mut clauses = vec![
+            format!("state IN ({})", marks.join(", ")),
+            format!(
+                "(state <> 'in_progress' OR updated_at <= ?{})",
+                params.len()
+            ),
+        ];
+        if let Some(t) = self.tenant {
+            params.push(t.into());
+            clauses.push(format!("tenant = ?{}", params.len()));
+        }
+        if let Some(t) = self.tool {
+            params.push(t.into());
+            clauses.push(format!("tool = ?{}", params.len()));
+        }
+        if let Some(c) = self.created_at_most {
+            params.push(c.into());
+            clauses.push(format!("created_at <= ?{}", params.len()));
+        }
+        (clauses.join(" AND "), params)
+    }
+}
+
+/// One page of the unsure operations `f` selects, newest first: the rows created before the
+/// operation `before` (a status reference; from the newest when `None`), at most `limit`.
+/// Served by the `operations_by_state` index.
+pub(crate) fn unsure_rows(
+    tx: &mut dyn EffectTx,
+    f: &UnsureFilter<'_>,
+    before: Option<&str>,
+    limit: i64,
+) -> Result<Vec<SummaryRow>, StoreError> {
+    let (mut filter, mut params) = f.sql();
+    if let Some(r) = before {
+        params.push(r.into());
+        filter.push_str(&format!(
+            " AND id < (SELECT id FROM operations WHERE status_ref = ?{})",
+            params.len()
+        ));
+    }
+    params.push(limit.into());
+    let sql = format!(
+        "SELECT {SUMMARY_COLUMNS} FROM operations WHERE {filter} ORDER BY id DESC LIMIT ?{}",
+        params.len()
+    );
+    summary_rows(tx, &sql, &params)
+}
+
+/// How many unsure operations `f` selects in each state, with the creation time of the
+/// oldest: `(state, count, oldest created_at)` for the states that hold any.
+pub(crate) fn unsure_counts(
+    tx: &mut dyn EffectTx,
+    f: &UnsureFilter<'_>,
+) -> Result<Vec<(OperationState, i64, i64)>, StoreError> {
+    let (filter, params) = f.sql();
+    let sql = format!(
+        "SELECT state, count(*), min(created_at) FROM operations WHERE {filter} \
+         GROUP BY state ORDER BY state"
+    );
+    let rows = tx
+        .query(&sql, &params)
+        .map_err(|e| crate::outbox::store_error(tx, e))?;
+    rows.iter()
+        .map(|row| {
+            Ok((
+                OperationState::parse(&column(row.text(0))?)
+                    .ok_or_else(|| contract("unknown operation state"))?,
+                column(row.int(1))?,
+                column(row.int(2))?,
+            ))
         })
         .collect()
 }

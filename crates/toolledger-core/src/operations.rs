@@ -19,6 +19,8 @@ use crate::model::OperationState;
 use crate::outbox;
 use crate::store::StoreError;
 
+pub use crate::ledger::IN_PROGRESS_EXPIRY_SECS;
+
 /// The most rows one [`list`] returns.
 pub const MAX_LIST_LIMIT: u32 = 10_000;
 
@@ -77,19 +79,194 @@ pub fn list(tx: &mut dyn EffectTx, q: &ListQuery) -> Result<Vec<OperationSummary
         limit,
         q.oldest_first,
     )?;
-    Ok(rows
+    Ok(rows.into_iter().map(|r| summary(r, q.now)).collect())
+}
+
+/// A kind of unsure operation: one an operator may have to look at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Unsure {
+    /// The effect may have happened without a local receipt (`outcome_unknown`).
+    OutcomeUnknown,
+    /// An inline operation `in_progress` past the in-progress expiry (unchanged for
+    /// [`IN_PROGRESS_EXPIRY_SECS`]).
+    Stuck,
+    /// A multi-step inline operation whose later step failed (`partial`).
+    Partial,
+    /// A deferred operation whose outbox event exhausted its attempts (`dead`).
+    Dead,
+    /// A deferred operation accepted and not yet claimed by a worker (the backlog).
+    Accepted,
+}
+
+impl Unsure {
+    /// Every kind, in the order the console shows them.
+    pub const ALL: [Unsure; 5] = [
+        Unsure::OutcomeUnknown,
+        Unsure::Stuck,
+        Unsure::Partial,
+        Unsure::Dead,
+        Unsure::Accepted,
+    ];
+
+    /// The stable name (`outcome_unknown`, `stuck`, `partial`, `dead`, `accepted`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unsure::OutcomeUnknown => "outcome_unknown",
+            Unsure::Stuck => "stuck",
+            Unsure::Partial => "partial",
+            Unsure::Dead => "dead",
+            Unsure::Accepted => "accepted",
+        }
+    }
+
+    /// The kind named `s` ([`Unsure::as_str`]).
+    pub fn parse(s: &str) -> Option<Unsure> {
+        Unsure::ALL.into_iter().find(|u| u.as_str() == s)
+    }
+
+    /// The ledger state operations of this kind are in.
+    pub fn state(self) -> OperationState {
+        match self {
+            Unsure::OutcomeUnknown => OperationState::OutcomeUnknown,
+            Unsure::Stuck => OperationState::InProgress,
+            Unsure::Partial => OperationState::Partial,
+            Unsure::Dead => OperationState::Dead,
+            Unsure::Accepted => OperationState::Accepted,
+        }
+    }
+
+    fn of_state(state: OperationState) -> Option<Unsure> {
+        Unsure::ALL.into_iter().find(|u| u.state() == state)
+    }
+}
+
+/// The most rows one [`unsure`] page holds.
+pub const MAX_PAGE: u32 = 500;
+
+/// What [`unsure`] selects.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UnsureQuery {
+    /// Only these kinds (every kind when empty).
+    pub kinds: Vec<Unsure>,
+    /// Only operations of this tenant (every tenant when `None`).
+    pub tenant: Option<String>,
+    /// Only operations of this tool.
+    pub tool: Option<String>,
+    /// Only operations created at least this many seconds before `now`.
+    pub older_than: Option<i64>,
+    /// The time ages and the in-progress expiry are measured at (Unix seconds).
+    pub now: i64,
+    /// At most this many rows (1 to [`MAX_PAGE`]).
+    pub limit: u32,
+    /// The page after the one that ended with this status reference (the first page when
+    /// `None`).
+    pub after: Option<String>,
+}
+
+/// One page of unsure operations.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnsurePage {
+    /// The operations, newest first.
+    pub rows: Vec<OperationSummary>,
+    /// The status reference to pass as [`UnsureQuery::after`] for the next page; `None` on
+    /// the last page.
+    pub next: Option<String>,
+}
+
+/// How many operations of one kind are unsure, and for how long the oldest has been.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct UnsureCount {
+    /// The kind.
+    #[serde(serialize_with = "unsure_name")]
+    pub kind: Unsure,
+    /// How many operations.
+    pub count: i64,
+    /// `now - created_at` of the oldest (`None` when there is none).
+    pub oldest_age_seconds: Option<i64>,
+}
+
+fn unsure_name<S: serde::Serializer>(u: &Unsure, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(u.as_str())
+}
+
+fn kinds_states(kinds: &[Unsure]) -> Vec<OperationState> {
+    let kinds = if kinds.is_empty() {
+        &Unsure::ALL[..]
+    } else {
+        kinds
+    };
+    let mut states: Vec<OperationState> = kinds.iter().map(|k| k.state()).collect();
+    states.sort_by_key(|s| s.as_str());
+    states.dedup();
+    states
+}
+
+fn summary(r: ledger::SummaryRow, now: i64) -> OperationSummary {
+    OperationSummary {
+        age_seconds: now.saturating_sub(r.created_at).max(0),
+        status_ref: r.status_ref,
+        tool: r.tool,
+        key: r.key,
+        tenant: r.tenant,
+        subject: r.subject,
+        effect_kind: r.effect_kind,
+        state: r.state,
+        created_at: r.created_at,
+        updated_at: r.updated_at,
+    }
+}
+
+/// One page of the unsure operations [`UnsureQuery`] selects, newest first (by creation
+/// order). An `in_progress` operation is listed only once it is stuck.
+pub fn unsure(tx: &mut dyn EffectTx, q: &UnsureQuery) -> Result<UnsurePage, StoreError> {
+    let limit = q.limit.clamp(1, MAX_PAGE);
+    let states = kinds_states(&q.kinds);
+    let filter = ledger::UnsureFilter {
+        states: &states,
+        stuck_at_most: q.now.saturating_sub(ledger::IN_PROGRESS_EXPIRY_SECS),
+        tenant: q.tenant.as_deref(),
+        tool: q.tool.as_deref(),
+        created_at_most: q.older_than.map(|s| q.now.saturating_sub(s)),
+    };
+    let mut rows = ledger::unsure_rows(tx, &filter, q.after.as_deref(), i64::from(limit) + 1)?;
+    let more = rows.len() > limit as usize;
+    rows.truncate(limit as usize);
+    let rows: Vec<OperationSummary> = rows.into_iter().map(|r| summary(r, q.now)).collect();
+    let next = if more {
+        rows.last().map(|r| r.status_ref.clone())
+    } else {
+        None
+    };
+    Ok(UnsurePage { rows, next })
+}
+
+/// Every kind of unsure operation with its count and the age of its oldest, of `tenant`
+/// when given, at `now` (kinds holding none have count 0).
+pub fn unsure_counts(
+    tx: &mut dyn EffectTx,
+    tenant: Option<&str>,
+    now: i64,
+) -> Result<Vec<UnsureCount>, StoreError> {
+    let states = kinds_states(&[]);
+    let filter = ledger::UnsureFilter {
+        states: &states,
+        stuck_at_most: now.saturating_sub(ledger::IN_PROGRESS_EXPIRY_SECS),
+        tenant,
+        tool: None,
+        created_at_most: None,
+    };
+    let found = ledger::unsure_counts(tx, &filter)?;
+    Ok(Unsure::ALL
         .into_iter()
-        .map(|r| OperationSummary {
-            age_seconds: q.now.saturating_sub(r.created_at).max(0),
-            status_ref: r.status_ref,
-            tool: r.tool,
-            key: r.key,
-            tenant: r.tenant,
-            subject: r.subject,
-            effect_kind: r.effect_kind,
-            state: r.state,
-            created_at: r.created_at,
-            updated_at: r.updated_at,
+        .map(|kind| {
+            let hit = found
+                .iter()
+                .find(|(state, _, _)| Unsure::of_state(*state) == Some(kind));
+            UnsureCount {
+                kind,
+                count: hit.map_or(0, |h| h.1),
+                oldest_age_seconds: hit.map(|h| now.saturating_sub(h.2).max(0)),
+            }
         })
         .collect())
 }

@@ -87,7 +87,7 @@ fn listing(
 }
 
 /// Seeds `rows` operations; returns how many were left `in_progress`.
-async fn seed(engine: &Engine, rows: usize) -> Result<usize, &'static str> {
+pub(super) async fn seed(engine: &Engine, rows: usize) -> Result<usize, &'static str> {
     let measured = drive("seed", 64, rows, {
         let engine = engine.clone();
         move |i| {

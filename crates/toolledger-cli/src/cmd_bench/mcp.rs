@@ -61,10 +61,11 @@ enum Transport {
     },
 }
 
-type HttpConnection = hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>;
+pub(super) type HttpConnection =
+    hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>;
 
 /// Opens one HTTP/1.1 connection to `addr` (its driver runs on the runtime).
-async fn http_connection(addr: &str) -> Option<HttpConnection> {
+pub(super) async fn http_connection(addr: &str) -> Option<HttpConnection> {
     let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
     let _ = stream.set_nodelay(true);
     let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))

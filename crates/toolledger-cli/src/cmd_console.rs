@@ -1,0 +1,112 @@
+//! `toolledger console --http ADDR [store flags]`: the operator console on its own, at
+//! `http://ADDR/console` (see `toolledger_console` for the pages and their rules).
+//!
+//! The console lists the ledger's unsure operations, shows an operation's timeline, and lets
+//! a principal holding the role `operator` settle one: it signs in with a bearer token
+//! (`toolledger principal token add`) and resolves through the same code path as
+//! `toolledger resolve`. Requests must name a loopback host or an `--allowed-host` (Host, and
+//! Origin when present); `/healthz` and `/readyz` answer any host. Sessions live in memory
+//! and end when the process stops. The same pages are served by `serve --http --console`
+//! and `proxy --http --console`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use toolledger::authz::PrincipalStore;
+use toolledger::clock::{ManualClock, SharedClock, SystemClock};
+use toolledger::runtime::{Resolution, Runtime};
+use toolledger_cli::common::{RuntimeStoreArgs, StoreConfig};
+use toolledger_cli::exit::{Failure, Outcome};
+use toolledger_cli::telemetry::{init_logs, LogFormat};
+use toolledger_console::{Console, Resolver};
+
+use crate::cmd_serve::{allowed_hosts, health_routes, shutdown_signal};
+
+/// Options of `toolledger console`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ConsoleArgs {
+    #[command(flatten)]
+    pub store: RuntimeStoreArgs,
+    /// Serve the console at `http://ADDR/console`.
+    #[arg(long, value_name = "ADDR")]
+    pub http: SocketAddr,
+    /// A host name the console is reached by, besides the loopback names (repeatable; `HOST`
+    /// for any port, `HOST:PORT` for one). Requests whose Host header, or Origin header when
+    /// present, names another host are refused with 403.
+    #[arg(
+        long = "allowed-host",
+        value_name = "HOST",
+        env = "TOOLLEDGER_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
+    pub allowed_hosts: Vec<String>,
+    /// Pin the clock to this Unix second (testing aid; production uses wall time).
+    #[arg(long, value_name = "SECS")]
+    pub clock_epoch: Option<i64>,
+    /// Log line format on stderr (the level comes from RUST_LOG, default info).
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// The console's resolver: [`crate::cmd_resolve::settle`] with `rt`.
+pub(crate) fn resolver(rt: Runtime) -> Resolver {
+    Arc::new(move |resolution: Resolution| {
+        let rt = rt.clone();
+        Box::pin(async move { crate::cmd_resolve::settle(rt, &resolution).await })
+    })
+}
+
+/// The console over `store` for the servers' `--console`: resolving with `rt`.
+pub(crate) fn console(principals: &PrincipalStore, clock: SharedClock, rt: Runtime) -> Console {
+    Console::new(
+        principals.store().clone(),
+        principals.clone(),
+        clock,
+        resolver(rt),
+    )
+}
+
+/// Runs the console until SIGTERM or SIGINT.
+pub fn run(args: ConsoleArgs, config: StoreConfig) -> Result<Outcome, Failure> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|_| Failure::code("RUNTIME_ERROR"))?;
+    runtime
+        .block_on(serve(args, config))
+        .map(|()| Outcome::Pass)
+}
+
+async fn serve(args: ConsoleArgs, config: StoreConfig) -> Result<(), Failure> {
+    init_logs(args.log_format);
+    let hosts = allowed_hosts(&args.allowed_hosts)?;
+    let store = config.open()?;
+    let clock: SharedClock = match args.clock_epoch {
+        Some(epoch) => Arc::new(ManualClock::new(epoch)),
+        None => Arc::new(SystemClock),
+    };
+    let rt = crate::cmd_dispatch::runtime(&config, &store, clock.clone())?;
+    let principals = PrincipalStore::new(store.clone()).with_clock(clock.clone());
+    let app = console(&principals, clock, rt)
+        .router(hosts)
+        .route(
+            "/",
+            axum::routing::get(|| async { axum::response::Redirect::to("/console") }),
+        )
+        .merge(health_routes(store));
+    let listener = tokio::net::TcpListener::bind(args.http)
+        .await
+        .map_err(|_| Failure::code("BIND_ERROR"))?;
+    let local = listener
+        .local_addr()
+        .map_err(|_| Failure::code("BIND_ERROR"))?;
+    eprintln!(
+        "{}",
+        serde_json::json!({"listening": format!("http://{local}/console")})
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(|_| Failure::code("SERVE_ERROR"))
+}

@@ -1,0 +1,162 @@
+//! The console's pages mounted on `serve --http --console` (beside `/mcp`, under the same
+//! Host/Origin rules, outside the bearer layer of `/mcp`; `--console` needs `--http`), and
+//! `proxy --http --console` likewise, and `toolledger console` on its own (health endpoints, an
+//! existing ledger only).
+
+#[macro_use]
+mod support;
+#[path = "support/raw.rs"]
+mod raw;
+
+use raw::RawHttp;
+use support::wire::*;
+
+fn the_console_is_served_beside_mcp(db: Db) {
+    let plain = RawHttp::start(&db, &[], &[]);
+    assert_eq!(plain.request("GET", "/console/login", &[], b"").status, 404);
+    drop(plain);
+
+    let s = RawHttp::start(&db, &["--console"], &[]);
+    let login = s.request("GET", "/console/login", &[], b"");
+    assert_eq!(login.status, 200, "{}", login.body);
+    assert!(login.body.contains("name=\"csrf\""));
+    let cookie = login.header("set-cookie").unwrap();
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"));
+    // Without a session the list leads to the login form; no bearer token is asked for.
+    let list = s.request("GET", "/console", &[], b"");
+    assert_eq!(list.status, 303);
+    assert_eq!(list.header("location"), Some("/console/login"));
+    // The servers' Host and Origin rules hold for the console too.
+    let foreign = s.request("GET", "/console/login", &[("Host", "evil.example")], b"");
+    assert_eq!(foreign.status, 403);
+    let cross = s.request(
+        "POST",
+        "/console/login",
+        &[("Origin", "http://evil.example")],
+        b"",
+    );
+    assert_eq!(cross.status, 403);
+    // `/mcp` still wants its bearer token.
+    assert_eq!(s.post(&[], b"{}").status, 401);
+}
+
+on_both_backends!(
+    the_console_is_served_beside_mcp,
+    the_console_runs_on_its_own
+);
+
+#[test]
+fn console_needs_http() {
+    let db = Db::sqlite();
+    let out = serve_command(&db, &["--console".to_string()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// `toolledger console` on its own: health endpoints for any host, `/` leads to the console.
+fn the_console_runs_on_its_own(db: Db) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut child = std::process::Command::new(support::bin())
+        .arg("console")
+        .args(["--http", "127.0.0.1:0"])
+        .args(db.store_args())
+        .envs(db.key_env())
+        .env_remove("TOOLLEDGER_ALLOWED_HOSTS")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let addr = v["listening"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("http://")
+        .trim_end_matches("/console")
+        .to_string();
+    let get = |path: &str, host: &str| {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut r = String::new();
+        s.read_to_string(&mut r).unwrap();
+        r
+    };
+    assert!(get("/healthz", "10.0.0.7").starts_with("HTTP/1.1 200"));
+    assert!(get("/readyz", "10.0.0.7").starts_with("HTTP/1.1 200"));
+    let root = get("/", &addr);
+    assert!(root.starts_with("HTTP/1.1 303"), "{root}");
+    assert!(root.contains("location: /console"), "{root}");
+    assert!(get("/console/login", &addr).starts_with("HTTP/1.1 200"));
+    assert!(get("/console/login", "evil.example").starts_with("HTTP/1.1 403"));
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn the_console_refuses_a_missing_ledger() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("absent.sqlite");
+    let out = support::toolledger()
+        .args(["console", "--http", "127.0.0.1:0", "--db"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!db.exists(), "no ledger is created");
+}
+
+/// `proxy --http --console` serves the pages beside the proxied `/mcp`.
+#[test]
+fn the_proxy_serves_the_console_too() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let db = Db::sqlite();
+    let dir = tempfile::tempdir().unwrap();
+    let charges = dir.path().join("charges.sqlite");
+    let mut child = std::process::Command::new(support::bin())
+        .arg("proxy")
+        .args(db.store_args())
+        .args(["--http", "127.0.0.1:0", "--console", "--"])
+        .arg(support::bin())
+        .args(["upstream-example", "--db"])
+        .arg(&charges)
+        .env_remove("TOOLLEDGER_ALLOWED_HOSTS")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let url = stderr
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            serde_json::from_str::<serde_json::Value>(&l).ok()?["listening"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .expect("the proxy listens");
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_string();
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        s,
+        "GET /console/login HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.contains("name=\"csrf\""));
+    let _ = child.kill();
+    let _ = child.wait();
+}
