@@ -20,7 +20,7 @@ use toolledger_cli::exit::{Failure, Outcome};
 use toolledger_cli::telemetry::{init_logs, LogFormat};
 use toolledger_console::{Console, Resolver};
 
-use crate::cmd_serve::{allowed_hosts, health_routes, shutdown_signal};
+use crate::cmd_serve::{health_routes, listen, AllowedHostArgs};
 
 /// Options of `toolledger console`.
 #[derive(clap::Args, Debug, Clone)]
@@ -30,16 +30,8 @@ pub struct ConsoleArgs {
     /// Serve the console at `http://ADDR/console`.
     #[arg(long, value_name = "ADDR")]
     pub http: SocketAddr,
-    /// A host name the console is reached by, besides the loopback names (repeatable; `HOST`
-    /// for any port, `HOST:PORT` for one). Requests whose Host header, or Origin header when
-    /// present, names another host are refused with 403.
-    #[arg(
-        long = "allowed-host",
-        value_name = "HOST",
-        env = "TOOLLEDGER_ALLOWED_HOSTS",
-        value_delimiter = ','
-    )]
-    pub allowed_hosts: Vec<String>,
+    #[command(flatten)]
+    pub hosts: AllowedHostArgs,
     /// Pin the clock to this Unix second (testing aid; production uses wall time).
     #[arg(long, value_name = "SECS")]
     pub clock_epoch: Option<i64>,
@@ -80,7 +72,7 @@ pub fn run(args: ConsoleArgs, config: StoreConfig) -> Result<Outcome, Failure> {
 
 async fn serve(args: ConsoleArgs, config: StoreConfig) -> Result<(), Failure> {
     init_logs(args.log_format);
-    let hosts = allowed_hosts(&args.allowed_hosts)?;
+    let hosts = args.hosts.resolve()?;
     let store = config.open()?;
     let clock: SharedClock = match args.clock_epoch {
         Some(epoch) => Arc::new(ManualClock::new(epoch)),
@@ -95,18 +87,5 @@ async fn serve(args: ConsoleArgs, config: StoreConfig) -> Result<(), Failure> {
             axum::routing::get(|| async { axum::response::Redirect::to("/console") }),
         )
         .merge(health_routes(store));
-    let listener = tokio::net::TcpListener::bind(args.http)
-        .await
-        .map_err(|_| Failure::code("BIND_ERROR"))?;
-    let local = listener
-        .local_addr()
-        .map_err(|_| Failure::code("BIND_ERROR"))?;
-    eprintln!(
-        "{}",
-        serde_json::json!({"listening": format!("http://{local}/console")})
-    );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .map_err(|_| Failure::code("SERVE_ERROR"))
+    listen(args.http, "/console", app).await
 }

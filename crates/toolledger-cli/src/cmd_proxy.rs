@@ -24,7 +24,7 @@ use toolledger_cli::telemetry::{init_logs, spawn_metrics_server, TelemetryArgs};
 use toolledger_mcp::{Guard, GuardConfig};
 use toolledger_proxy::{Lifecycle, Proxy, ProxyConfig, Upstream, UpstreamSpec};
 
-use crate::cmd_serve::{allowed_hosts, bound_keys, serve_http, serve_stdio};
+use crate::cmd_serve::{bound_keys, serve_http, serve_stdio, AllowedHostArgs};
 
 /// `--upstream-lifecycle` values.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -49,14 +49,8 @@ pub struct ProxyArgs {
     /// Serve streamable HTTP at `http://ADDR/mcp` with bearer tokens instead of stdio.
     #[arg(long, value_name = "ADDR")]
     pub http: Option<SocketAddr>,
-    /// With --http: a host name the proxy is reached by, besides the loopback names.
-    #[arg(
-        long = "allowed-host",
-        value_name = "HOST",
-        env = "TOOLLEDGER_ALLOWED_HOSTS",
-        value_delimiter = ','
-    )]
-    pub allowed_hosts: Vec<String>,
+    #[command(flatten)]
+    pub hosts: AllowedHostArgs,
     /// With --http: also serve the operator console at `http://ADDR/console`.
     #[arg(long, requires = "http")]
     pub console: bool,
@@ -138,7 +132,7 @@ fn proxy_config(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
 
 async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
     init_logs(args.telemetry.log_format);
-    let hosts = allowed_hosts(&args.allowed_hosts)?;
+    let hosts = args.hosts.resolve()?;
     let spec = upstream_spec(&args)?;
     let proxy_config = proxy_config(&args)?;
     let store = config.open()?;

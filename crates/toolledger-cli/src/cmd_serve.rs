@@ -48,16 +48,8 @@ pub struct ServeArgs {
     /// Serve streamable HTTP at `http://ADDR/mcp` with bearer tokens instead of stdio.
     #[arg(long, value_name = "ADDR")]
     pub http: Option<SocketAddr>,
-    /// With --http: a host name the server is reached by, besides the loopback names
-    /// (repeatable; `HOST` for any port, `HOST:PORT` for one). Requests whose Host header,
-    /// or Origin header when present, names another host are refused with 403.
-    #[arg(
-        long = "allowed-host",
-        value_name = "HOST",
-        env = "TOOLLEDGER_ALLOWED_HOSTS",
-        value_delimiter = ','
-    )]
-    pub allowed_hosts: Vec<String>,
+    #[command(flatten)]
+    pub hosts: AllowedHostArgs,
     /// With --http: also serve the operator console at `http://ADDR/console`.
     #[arg(long, requires = "http")]
     pub console: bool,
@@ -100,7 +92,7 @@ pub fn run(args: ServeArgs, config: StoreConfig) -> Result<Outcome, Failure> {
 
 async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
     init_logs(args.telemetry.log_format);
-    let hosts = allowed_hosts(&args.allowed_hosts)?;
+    let hosts = args.hosts.resolve()?;
     let store = config.open()?;
     let clock: SharedClock = match args.clock_epoch {
         Some(epoch) => Arc::new(ManualClock::new(epoch)),
@@ -152,11 +144,47 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
     }
 }
 
-/// The `--allowed-host` list. An empty entry (a trailing comma in the variable) names nothing
-/// and is skipped.
-pub(crate) fn allowed_hosts(entries: &[String]) -> Result<AllowedHosts, Failure> {
-    AllowedHosts::with_hosts(entries.iter().filter(|h| !h.trim().is_empty()))
-        .map_err(|e| Failure::explained("ALLOWED_HOST_INVALID", e.to_string()))
+/// The `--allowed-host` flag of the HTTP servers (`serve`, `proxy`, `console`).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct AllowedHostArgs {
+    /// With --http: a host name the server is reached by, besides the loopback names
+    /// (repeatable; `HOST` for any port, `HOST:PORT` for one). Requests whose Host header,
+    /// or Origin header when present, names another host are refused with 403.
+    #[arg(
+        long = "allowed-host",
+        value_name = "HOST",
+        env = "TOOLLEDGER_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
+    pub allowed_hosts: Vec<String>,
+}
+
+impl AllowedHostArgs {
+    /// The `--allowed-host` list. An empty entry (a trailing comma in the variable) names
+    /// nothing and is skipped.
+    pub(crate) fn resolve(&self) -> Result<AllowedHosts, Failure> {
+        AllowedHosts::with_hosts(self.allowed_hosts.iter().filter(|h| !h.trim().is_empty()))
+            .map_err(|e| Failure::explained("ALLOWED_HOST_INVALID", e.to_string()))
+    }
+}
+
+/// Binds `addr`, says where `path` is served (`{"listening": URL}` on stderr), and serves
+/// `app` until SIGTERM or SIGINT.
+pub(crate) async fn listen(addr: SocketAddr, path: &str, app: axum::Router) -> Result<(), Failure> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|_| Failure::code("BIND_ERROR"))?;
+    let local = listener
+        .local_addr()
+        .map_err(|_| Failure::code("BIND_ERROR"))?;
+    eprintln!(
+        "{}",
+        serde_json::json!({"listening": format!("http://{local}{path}")})
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(|_| Failure::code("SERVE_ERROR"))
 }
 
 /// The ledger's keys, loaded and bound to the database: keys other than the ones it was
@@ -263,20 +291,7 @@ pub(crate) async fn serve_http(
         Some(pages) => app.merge(pages),
         None => app,
     };
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|_| Failure::code("BIND_ERROR"))?;
-    let local = listener
-        .local_addr()
-        .map_err(|_| Failure::code("BIND_ERROR"))?;
-    eprintln!(
-        "{}",
-        serde_json::json!({"listening": format!("http://{local}/mcp")})
-    );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .map_err(|_| Failure::code("SERVE_ERROR"))
+    listen(addr, "/mcp", app).await
 }
 
 /// `GET /healthz` (liveness: the process serves requests) and `GET /readyz` (readiness: the
