@@ -18,7 +18,7 @@ use toolledger::runtime::{Resolution, Runtime};
 use toolledger_cli::common::{RuntimeStoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
 use toolledger_cli::telemetry::{init_logs, LogFormat};
-use toolledger_console::{Console, Resolver};
+use toolledger_console::{Console, Evidence, Resolver};
 
 use crate::cmd_serve::{health_routes, listen, AllowedHostArgs};
 
@@ -45,6 +45,15 @@ pub(crate) fn resolver(rt: Runtime) -> Resolver {
     Arc::new(move |resolution: Resolution| {
         let rt = rt.clone();
         Box::pin(async move { crate::cmd_resolve::settle(rt, &resolution).await })
+    })
+}
+
+/// The console's downstream evidence: [`Runtime::downstream_evidence`] with `rt` (whose
+/// registry knows the deferred tools and their downstreams).
+pub(crate) fn evidence(rt: Runtime) -> Evidence {
+    Arc::new(move |operator: String, status_ref: String| {
+        let rt = rt.clone();
+        Box::pin(async move { rt.downstream_evidence(&operator, &status_ref).await })
     })
 }
 
@@ -80,7 +89,8 @@ async fn serve(args: ConsoleArgs, config: StoreConfig) -> Result<(), Failure> {
     };
     let rt = crate::cmd_dispatch::runtime(&config, &store, clock.clone())?;
     let principals = PrincipalStore::new(store.clone()).with_clock(clock.clone());
-    let app = console(&principals, clock, rt)
+    let app = console(&principals, clock, rt.clone())
+        .with_evidence(evidence(rt))
         .router(hosts)
         .route(
             "/",

@@ -118,9 +118,10 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
             retention_ttl: Some(args.replay_ttl),
         });
     let principals = PrincipalStore::new(store.clone()).with_clock(clock.clone());
-    let console = args
-        .console
-        .then(|| crate::cmd_console::console(&principals, clock.clone(), runtime.clone()));
+    let console = args.console.then(|| {
+        crate::cmd_console::console(&principals, clock.clone(), runtime.clone())
+            .with_evidence(crate::cmd_console::evidence(runtime.clone()))
+    });
     let env = ToolEnv {
         runtime: Some(runtime),
         guard,

@@ -389,6 +389,15 @@ async fn drive(db: &Db, base: &str, port: u16, profile: &Path, lost: &str, xss: 
     c.find(Locator::Id("claims"))
         .await
         .expect("the claim, its lease and fencing token");
+    // The payments service is asked, at this view, what it holds: nothing.
+    let evidence = c
+        .find(Locator::Id("downstream-evidence"))
+        .await
+        .expect("what the downstream holds, shown to the operator")
+        .text()
+        .await
+        .unwrap();
+    assert!(evidence.contains("holds no receipt"), "{evidence}");
     screenshot(&c, "operation.png").await;
 
     // "succeeded" is refused exactly as `toolledger resolve` refuses it: no receipt.

@@ -64,6 +64,15 @@ pub const PAGE_ROWS: u32 = 50;
 pub type Resolver =
     Arc<dyn Fn(Resolution) -> BoxFuture<'static, Result<Answer, RuntimeError>> + Send + Sync>;
 
+/// Asks the downstream what it holds for a deferred operation, for an operator
+/// (`Runtime::downstream_evidence`: its receipt or `None`; nothing is written).
+/// Arguments: the operator's principal name, the status reference.
+pub type Evidence = Arc<
+    dyn Fn(String, String) -> BoxFuture<'static, Result<Option<serde_json::Value>, RuntimeError>>
+        + Send
+        + Sync,
+>;
+
 /// The console over one ledger.
 #[derive(Clone)]
 pub struct Console {
@@ -75,6 +84,7 @@ struct Inner {
     principals: PrincipalStore,
     clock: SharedClock,
     resolver: Resolver,
+    evidence: std::sync::OnceLock<Evidence>,
     sessions: Sessions,
 }
 
@@ -118,9 +128,18 @@ impl Console {
                 principals,
                 clock,
                 resolver,
+                evidence: std::sync::OnceLock::new(),
                 sessions: Sessions::default(),
             }),
         }
+    }
+
+    /// Shows operators, on a deferred operation's page, what its downstream holds now
+    /// (asked at each view of the page; nothing is written). Without it the page shows only
+    /// the ledger's own evidence. Set once; a later call changes nothing.
+    pub fn with_evidence(self, evidence: Evidence) -> Self {
+        let _ = self.inner.evidence.set(evidence);
+        self
     }
 
     /// The pages, at `/console` and below, behind the Host/Origin rules of `hosts`.
@@ -487,8 +506,17 @@ async fn render_operation(
             Err(n) => (&[], Some(n)),
         }
     };
+    let downstream = match c.inner.evidence.get() {
+        Some(ask) if operator_here && kind == "deferred" => Some(
+            ask(viewer.name.clone(), status_ref.to_string())
+                .await
+                .map_err(|e| e.to_string()),
+        ),
+        _ => None,
+    };
     let shown = Shown {
         timeline: &t,
+        downstream: downstream.as_ref(),
         arguments: own,
         result: own || viewer.operator(),
         resolve_as,

@@ -243,6 +243,10 @@ pub fn list(
 pub struct Shown<'a> {
     /// The timeline (core's `operations::timeline` JSON).
     pub timeline: &'a Value,
+    /// What the downstream holds now (a receipt or none), or why it could not be asked;
+    /// `None`: not asked (not an operator of the tenant, an inline operation, or no
+    /// downstream known to this process).
+    pub downstream: Option<&'a Result<Option<Value>, String>>,
     /// Whether the viewer may read arguments (the operation's own principal).
     pub arguments: bool,
     /// Whether the viewer may read the stored result, event details, intent and receipt.
@@ -341,6 +345,16 @@ pub fn operation(viewer: (&str, &str), s: &Shown<'_>) -> Markup {
                 h3 { "Intent" } (json_block(&t["intent"]))
                 h3 { "Receipt" } (json_block(&t["receipt"]))
             } @else { p { (result_withheld) } }
+            @if let Some(answer) = s.downstream {
+                h2 { "Evidence: what the downstream holds now" }
+                div id="downstream-evidence" {
+                    @match answer {
+                        Ok(Some(receipt)) => { p { "The downstream holds a receipt: the effect happened." } (json_block(receipt)) }
+                        Ok(None) => { p { "The downstream holds no receipt for this operation." } }
+                        Err(why) => { p.error { "The downstream could not be asked: " (why) } }
+                    }
+                }
+            }
             h2 { "Resolution" }
             @if t["resolution"].is_null() { p id="resolution" { "Not resolved by an operator." } } @else {
                 table id="resolution" {

@@ -246,6 +246,24 @@ async fn an_operator_resolves_an_unknown_outcome_without_receipt_as_failed() {
         ),
         ErrorCode::OutcomeUnknown
     );
+    // What the downstream holds, for the operator of the tenant only: no receipt.
+    assert_eq!(rt.downstream_evidence("olga", &sr).await.unwrap(), None);
+    let evidence_code = |r: Result<Option<Value>, RuntimeError>| match r {
+        Err(RuntimeError::Refused(e)) => e.code,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert_eq!(
+        evidence_code(rt.downstream_evidence("alice", &sr).await),
+        ErrorCode::PermissionDenied
+    );
+    assert_eq!(
+        evidence_code(rt.downstream_evidence("omar", &sr).await),
+        ErrorCode::NotFound
+    );
+    assert_eq!(
+        evidence_code(rt.downstream_evidence("olga", "op_nonexistent").await),
+        ErrorCode::NotFound
+    );
     assert_eq!(unchanged(&h).await, before);
 
     let done = rt
@@ -309,6 +327,10 @@ async fn a_receipt_refuses_resolving_as_failed_and_resolving_as_succeeded_reconc
     let sr = unknown_operation(&h, &rt, "refund-1").await;
     h.clock.set(T0 + 30);
     let before = (h.counts().await, events(&h).await);
+    // The downstream holds the receipt; asking for it records nothing.
+    let receipt = rt.downstream_evidence("olga", &sr).await.unwrap().unwrap();
+    assert_eq!(receipt["status_ref"], sr.as_str(), "{receipt}");
+    assert_eq!((h.counts().await, events(&h).await), before);
     assert_eq!(
         code(
             rt.resolve(&resolution(&sr, ResolveAs::Failed, "olga"))

@@ -60,6 +60,49 @@ impl Runtime {
         answer
     }
 
+    /// What the downstream holds for the deferred operation `status_ref`, for an operator
+    /// deciding how to settle it: the downstream's receipt, or `None` when it holds none. The
+    /// downstream's status is asked (nothing is submitted) and nothing is written: a receipt
+    /// found here is not reconciled into the ledger (an explicit status query or `resolve`
+    /// records it).
+    ///
+    /// `operator` must currently hold [`OPERATOR_ROLE`] in the operation's tenant
+    /// (`permission_denied`); a reference outside the tenant, or of an inline operation, is
+    /// `not_found`; a downstream that does not answer is `unavailable`.
+    pub async fn downstream_evidence(
+        &self,
+        operator: &str,
+        status_ref: &str,
+    ) -> Result<Option<Value>, RuntimeError> {
+        check_id("operator", operator, 128)?;
+        check_id("status_ref", status_ref, 128).map_err(|_| Error::not_found())?;
+        let (who, reference) = (operator.to_string(), status_ref.to_string());
+        let record = self
+            .store
+            .read(
+                move |tx: &mut dyn EffectTx| -> Result<DeferredRecord, RuntimeError> {
+                    let Some(operator) = resolve(tx, &who)? else {
+                        return Err(Error::denied("unknown or inactive operator").into());
+                    };
+                    if !operator.has_role(OPERATOR_ROLE) {
+                        return Err(
+                            Error::denied("the principal does not hold the role operator").into(),
+                        );
+                    }
+                    match load_status_ref(tx, &reference)? {
+                        Loaded::Deferred(rec) if rec.scope.tenant == operator.tenant => Ok(*rec),
+                        _ => Err(Error::not_found().into()),
+                    }
+                },
+            )
+            .await?;
+        let (_, downstream) = self.tool(&record.scope.tool)?;
+        downstream
+            .status(&record.status_ref)
+            .await
+            .map_err(|_| Error::unavailable("the downstream status query failed").into())
+    }
+
     async fn resolve_unlogged(&self, resolution: &Resolution) -> Result<Answer, RuntimeError> {
         let r = resolution.clone();
         let n = r.reason.chars().count();
