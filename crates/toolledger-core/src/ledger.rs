@@ -598,13 +598,17 @@ impl UnsureFilter<'_> {
                 params.len()
             ),
         ];
+        // `tenant || ''` and `tool || ''`: the unique scope index leads with the tenant (and
+        // another with the tool), and without statistics SQLite would take one of them for an
+        // equality on its first column and walk every operation of the tenant or tool; the
+        // few unsure rows are found through `operations_by_state` instead.
         if let Some(t) = self.tenant {
             params.push(t.into());
-            clauses.push(format!("tenant = ?{}", params.len()));
+            clauses.push(format!("tenant || '' = ?{}", params.len()));
         }
         if let Some(t) = self.tool {
             params.push(t.into());
-            clauses.push(format!("tool = ?{}", params.len()));
+            clauses.push(format!("tool || '' = ?{}", params.len()));
         }
         if let Some(c) = self.created_at_most {
             params.push(c.into());
