@@ -173,23 +173,6 @@ fn xss_operation(db: &Db) -> String {
     .unwrap()
 }
 
-fn add_order(db: &Db, id: &str, owner: &str, amount: i64) {
-    let (store, id, owner) = (db.store(), id.to_string(), owner.to_string());
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            toolledger_reference::refunds::ensure_order(&store, "acme", &id, &owner, amount, true)
-                .await
-                .unwrap();
-        })
-    })
-    .join()
-    .unwrap();
-}
-
 /// The payments stand-in's file of `db` (the default beside `--db`).
 fn downstream_file(db: &Db) -> PathBuf {
     let args = db.store_args();
@@ -203,21 +186,7 @@ fn lost_refund(db: &Db) -> String {
     add_principal(db, "ed", "acme", &["approver"], &[], false);
     add_order(db, "o-1", "alice", 5000);
     let business = json!({"order_id": "o-1", "amount_cents": 1200});
-    let out = Command::new(bin())
-        .arg("approve")
-        .args(db.store_args())
-        .envs(db.key_env())
-        .args(["--approver", "ed", "--tool", "refund_order"])
-        .args(["--requester", "alice", "--key", "refund-1"])
-        .args(["--arguments", &business.to_string()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let approval: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let approval = approve(db, "refund-1", &business);
     let mut s = Server::start(db, "alice", &[]);
     // Answered: the server has opened the payments service's file. Now its receipts table
     // is away, so the refund's delivery fails after it may have reached the service.
@@ -228,7 +197,7 @@ fn lost_refund(db: &Db) -> String {
     let reply = s.call(
         "refund_order",
         json!({"idempotency_key": "refund-1", "order_id": "o-1", "amount_cents": 1200,
-               "approval": approval["approval_id"]}),
+               "approval": approval}),
     );
     side.execute_batch("ALTER TABLE receipts_away RENAME TO downstream_receipts")
         .unwrap();
