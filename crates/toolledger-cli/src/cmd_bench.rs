@@ -30,13 +30,17 @@
 //!   `proxy-fresh`, `proxy-direct-lookup` and `proxy-replay`; the proxied lines carry what the
 //!   proxy adds (see [`proxy`]). Only when asked for with `--workload proxy`.
 //! - `overload`: fresh calls offered at `--overload-factor` times the store's measured
-//!   capacity for `--overload-seconds`, then checked: every call answered (a result or
-//!   `unavailable`), nothing acknowledged lost, memory before and at peak, and the rate served
-//!   right after (see [`overload`]). Only when asked for with `--workload overload`; at the
+//!   capacity for `--overload-seconds` by `--overload-callers` callers, then checked: every
+//!   call answered (a result or `unavailable`), nothing acknowledged lost, memory before, once
+//!   a second, at peak and after, and the rate served right after (see [`overload`]). The
+//!   engine runs in this process. Only when asked for with `--workload overload`; at the
 //!   highest `--concurrency` given (64 by default).
+//! - `overload-http`: the same against `create_automation` of a `toolledger serve --http`
+//!   child (with `--max-in-flight`), one keep-alive connection per caller; the memory is the
+//!   server's alone. Only when asked for with `--workload overload-http`.
 //!
 //! With `--backend postgres --database-url URL` the `ceiling`, `fresh`, `replay`,
-//! `conflict` and `overload` workloads run against PostgreSQL, each in a fresh schema of that database
+//! `conflict`, `overload` and `overload-http` workloads run against PostgreSQL, each in a fresh schema of that database
 //! (dropped afterwards); `ceiling` is then a raw one-row `INSERT … ON CONFLICT DO NOTHING` +
 //! `COMMIT` loop through the same store (compare it with `pgbench` on the same server). The
 //! `mcp-stdio`, `mcp-http`, `outbox-drain`, `operations-list`, `console-list` and `proxy`
@@ -115,8 +119,11 @@ pub enum Workload {
     /// over stdio, fresh and replayed (not part of the default set).
     Proxy,
     /// Fresh calls offered at several times the store's capacity for a bounded time, then
-    /// checked (not part of the default set).
+    /// checked; the engine in this process (not part of the default set).
     Overload,
+    /// The same against `toolledger serve --http` in its own process, whose memory is
+    /// reported (not part of the default set).
+    OverloadHttp,
 }
 
 impl Workload {
@@ -133,6 +140,7 @@ impl Workload {
             Workload::ConsoleList => "console-list",
             Workload::Proxy => "proxy",
             Workload::Overload => "overload",
+            Workload::OverloadHttp => "overload-http",
         }
     }
 }
@@ -192,6 +200,13 @@ pub struct BenchArgs {
     /// `overload`: the offered rate as a multiple of the store's measured capacity.
     #[arg(long, default_value_t = 4.0)]
     pub overload_factor: f64,
+    /// `overload`: callers issuing the overload's calls (the most calls in flight; with
+    /// `overload-http`, one connection each).
+    #[arg(long, default_value_t = 2048)]
+    pub overload_callers: usize,
+    /// `overload-http`: the server's `--max-in-flight`.
+    #[arg(long, default_value_t = crate::cmd_serve::DEFAULT_MAX_IN_FLIGHT as usize)]
+    pub max_in_flight: usize,
 }
 
 /// Refuses the flag combinations a benchmark cannot run with, before anything is opened.
@@ -261,10 +276,19 @@ fn validate(args: &BenchArgs) -> Result<(), Failure> {
         || args.concurrency.contains(&0)
         || args.readers == Some(0)
         || args.list_rows == 0
+        || args.overload_callers == 0
+        || args.max_in_flight == 0
     {
         return refuse(
             "INVALID_ARGUMENTS",
-            "--ops, --concurrency, --readers and --list-rows must be at least 1",
+            "--ops, --concurrency, --readers, --list-rows, --overload-callers and \
+             --max-in-flight must be at least 1",
+        );
+    }
+    if args.overload_callers > 100_000 || args.max_in_flight > 1_000_000 {
+        return refuse(
+            "INVALID_ARGUMENTS",
+            "--overload-callers is at most 100000 and --max-in-flight at most 1000000",
         );
     }
     Ok(())
@@ -362,13 +386,17 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
         let highest = [concurrency.iter().copied().max().unwrap_or(64)];
         let levels: &[usize] = match workload {
             Workload::Ceiling => &[1],
-            Workload::Overload => &highest,
+            Workload::Overload | Workload::OverloadHttp => &highest,
             _ => &concurrency,
         };
-        if workload == Workload::Overload {
+        if matches!(workload, Workload::Overload | Workload::OverloadHttp) {
             seq += 1;
-            let db = dir.path().join(format!("{seq:02}-overload.sqlite"));
-            run_overload(args, db, levels[0], tune).await?.print();
+            let db = dir
+                .path()
+                .join(format!("{seq:02}-{}.sqlite", workload.name()));
+            run_overload(args, workload, db, levels[0], tune)
+                .await?
+                .print();
             continue;
         }
         for &c in levels {
@@ -393,7 +421,8 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                         | Workload::OperationsList
                         | Workload::ConsoleList
                         | Workload::Proxy
-                        | Workload::Overload => Vec::new(),
+                        | Workload::Overload
+                        | Workload::OverloadHttp => Vec::new(),
                     };
                     tokio::task::spawn_blocking(move || pg.drop_schema())
                         .await
@@ -426,7 +455,7 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                         console::run(db, c, args.ops, args.list_rows, tune).await?
                     }
                     Workload::Proxy => proxy::run(db, c, args.ops, tune.synchronous).await?,
-                    Workload::Overload => Vec::new(),
+                    Workload::Overload | Workload::OverloadHttp => Vec::new(),
                 }
                 .into_iter()
                 .map(|mut r| {
@@ -447,9 +476,11 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// The `overload` workload on the chosen backend, at `concurrency` closed-loop callers.
+/// The `overload` or `overload-http` workload on the chosen backend, at `concurrency`
+/// closed-loop callers.
 async fn run_overload(
     args: &BenchArgs,
+    workload: Workload,
     db: PathBuf,
     concurrency: usize,
     tune: Tuning,
@@ -459,20 +490,56 @@ async fn run_overload(
         ops: args.ops,
         seconds: args.overload_seconds,
         factor: args.overload_factor,
+        callers: args.overload_callers,
+        closed_loop_max: if workload == Workload::OverloadHttp {
+            args.max_in_flight
+        } else {
+            usize::MAX
+        },
     };
-    let limits = toolledger::store::QueueLimits::default();
-    match (args.backend, &args.database_url) {
-        (Backend::Postgres, Some(url)) => {
+    let postgres = args.backend == Backend::Postgres;
+    let labels = overload::Labels {
+        workload: workload.name(),
+        backend: if postgres { "postgres" } else { "sqlite" },
+        synchronous: if postgres {
+            "on"
+        } else {
+            tune.synchronous.as_str()
+        },
+        limits: toolledger::store::QueueLimits::default(),
+        max_in_flight: (workload == Workload::OverloadHttp).then_some(args.max_in_flight),
+    };
+    let url = args.database_url.as_deref().filter(|_| postgres);
+    if workload == Workload::OverloadHttp {
+        let connections = args
+            .overload_callers
+            .max(concurrency)
+            .max(overload::CAPACITY_CALLERS);
+        let server = overload::HttpServer::start(
+            &db,
+            tune.synchronous,
+            url,
+            args.max_in_flight,
+            connections,
+        )
+        .await?;
+        let report = overload::run(server.target.clone(), shape, labels).await;
+        server.finish().await;
+        return report;
+    }
+    match url {
+        Some(url) => {
             let pg = pg::BenchSchema::open(url)?;
-            let report = overload::run(pg.engine(), shape, "postgres", "on", limits).await;
+            let target = Arc::new(overload::EngineTarget(pg.engine()));
+            let report = overload::run(target, shape, labels).await;
             tokio::task::spawn_blocking(move || pg.drop_schema())
                 .await
                 .map_err(|_| "BENCH_FAILED")?;
             report
         }
-        _ => {
-            let engine = bench_engine(&db, tune)?;
-            overload::run(engine, shape, "sqlite", tune.synchronous.as_str(), limits).await
+        None => {
+            let target = Arc::new(overload::EngineTarget(bench_engine(&db, tune)?));
+            overload::run(target, shape, labels).await
         }
     }
 }

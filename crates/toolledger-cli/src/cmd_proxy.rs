@@ -24,7 +24,7 @@ use toolledger_cli::telemetry::{init_logs, spawn_metrics_server, TelemetryArgs};
 use toolledger_mcp::{Guard, GuardConfig};
 use toolledger_proxy::{Lifecycle, Proxy, ProxyConfig, Upstream, UpstreamSpec};
 
-use crate::cmd_serve::{bound_keys, serve_http, serve_stdio, AllowedHostArgs};
+use crate::cmd_serve::{bound_keys, serve_http, serve_stdio, HttpFrontArgs};
 
 /// `--upstream-lifecycle` values.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -50,7 +50,7 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "ADDR")]
     pub http: Option<SocketAddr>,
     #[command(flatten)]
-    pub hosts: AllowedHostArgs,
+    pub front: HttpFrontArgs,
     /// With --http: also serve the operator console at `http://ADDR/console`.
     #[arg(long, requires = "http")]
     pub console: bool,
@@ -132,7 +132,7 @@ fn proxy_config(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
 
 async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
     init_logs(args.telemetry.log_format);
-    let hosts = args.hosts.resolve()?;
+    let front = args.front.resolve()?;
     let spec = upstream_spec(&args)?;
     let proxy_config = proxy_config(&args)?;
     let store = config.open()?;
@@ -183,7 +183,7 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
                 addr,
                 built.tools,
                 principals,
-                hosts.clone(),
+                front.clone(),
                 clock.clone(),
                 args.console.then(|| {
                     // The proxy's operations are settled offline, as `toolledger resolve`
@@ -193,7 +193,8 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
                         clock.clone(),
                         toolledger::runtime::Registry::new(),
                     );
-                    crate::cmd_console::console(&principals_for_console, clock, rt).router(hosts)
+                    crate::cmd_console::console(&principals_for_console, clock, rt)
+                        .router(front.hosts)
                 }),
             )
             .await

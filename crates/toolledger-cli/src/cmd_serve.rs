@@ -28,7 +28,9 @@ use toolledger::clock::{ManualClock, SharedClock, SystemClock};
 use toolledger::engine::Engine;
 use toolledger::store::Store;
 use toolledger_mcp::keys::KeyError;
-use toolledger_mcp::wire::http::{end_session, guard_host_and_origin, strict_body, AllowedHosts};
+use toolledger_mcp::wire::http::{
+    end_session, guard_host_and_origin, limit_in_flight, strict_body, AllowedHosts, InFlight,
+};
 use toolledger_mcp::wire::MAX_MESSAGE_BYTES;
 use toolledger_mcp::{bearer_auth, CallerSource, Guard, GuardConfig, KeyMaterial, LedgerServer};
 
@@ -49,7 +51,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR")]
     pub http: Option<SocketAddr>,
     #[command(flatten)]
-    pub hosts: AllowedHostArgs,
+    pub front: HttpFrontArgs,
     /// With --http: also serve the operator console at `http://ADDR/console`.
     #[arg(long, requires = "http")]
     pub console: bool,
@@ -92,7 +94,7 @@ pub fn run(args: ServeArgs, config: StoreConfig) -> Result<Outcome, Failure> {
 
 async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
     init_logs(args.telemetry.log_format);
-    let hosts = args.hosts.resolve()?;
+    let front = args.front.resolve()?;
     let store = config.open()?;
     let clock: SharedClock = match args.clock_epoch {
         Some(epoch) => Arc::new(ManualClock::new(epoch)),
@@ -139,8 +141,8 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
     match args.http {
         None => serve_stdio("toolledger", args.principal.as_deref(), tools, principals).await,
         Some(addr) => {
-            let console = console.map(|c| c.router(hosts.clone()));
-            serve_http("toolledger", addr, tools, principals, hosts, clock, console).await
+            let console = console.map(|c| c.router(front.hosts.clone()));
+            serve_http("toolledger", addr, tools, principals, front, clock, console).await
         }
     }
 }
@@ -158,6 +160,46 @@ pub struct AllowedHostArgs {
         value_delimiter = ','
     )]
     pub allowed_hosts: Vec<String>,
+}
+
+/// The front of the MCP HTTP servers (`serve`, `proxy`): the hosts they answer for and how
+/// many requests they handle at once.
+#[derive(clap::Args, Debug, Clone)]
+pub struct HttpFrontArgs {
+    #[command(flatten)]
+    pub hosts: AllowedHostArgs,
+    /// With --http: requests handled at once; one more is answered 503 `unavailable` with
+    /// `Retry-After: 1` at once (nothing ran: retry it under the same operation id).
+    #[arg(
+        long,
+        value_name = "N",
+        env = "TOOLLEDGER_MAX_IN_FLIGHT",
+        default_value_t = DEFAULT_MAX_IN_FLIGHT,
+        value_parser = clap::value_parser!(u32).range(1..=1_000_000)
+    )]
+    pub max_in_flight: u32,
+}
+
+/// `--max-in-flight` by default: as many requests as the store's queues hold jobs, so a
+/// server past its capacity refuses at its door before its queues refuse inside it.
+pub const DEFAULT_MAX_IN_FLIGHT: u32 = 1024;
+
+/// What [`HttpFrontArgs`] resolve to.
+#[derive(Clone, Debug)]
+pub(crate) struct HttpFront {
+    /// The hosts the server answers for.
+    pub hosts: AllowedHosts,
+    /// Requests handled at once.
+    pub max_in_flight: usize,
+}
+
+impl HttpFrontArgs {
+    pub(crate) fn resolve(&self) -> Result<HttpFront, Failure> {
+        Ok(HttpFront {
+            hosts: self.hosts.resolve()?,
+            max_in_flight: self.max_in_flight as usize,
+        })
+    }
 }
 
 impl AllowedHostArgs {
@@ -251,10 +293,14 @@ pub(crate) async fn serve_http(
     addr: SocketAddr,
     tools: Vec<Arc<dyn toolledger_mcp::McpTool>>,
     principals: PrincipalStore,
-    hosts: AllowedHosts,
+    front: HttpFront,
     clock: SharedClock,
     console: Option<axum::Router>,
 ) -> Result<(), Failure> {
+    let HttpFront {
+        hosts,
+        max_in_flight,
+    } = front;
     let server = LedgerServer::new(name, tools, principals.clone(), CallerSource::BearerToken);
     // rmcp checks the Host header against the same list (after ours, which runs first and
     // also judges Origin), and reads at most the wire entry's largest message.
@@ -266,9 +312,9 @@ pub(crate) async fn serve_http(
     let sessions = Arc::new(LocalSessionManager::default());
     let service = StreamableHttpService::new(move || Ok(server.clone()), sessions.clone(), config);
     let store = principals.store().clone();
-    // Around `/mcp`, outermost first: Host and Origin (403), the bearer token (401), the
-    // strict body (400/413), the end of a legacy session (204/404). The health endpoints
-    // and `/metrics` are outside all of them.
+    // Around `/mcp`, outermost first: the in-flight limit (503), Host and Origin (403), the
+    // bearer token (401), the strict body (400/413), the end of a legacy session (204/404).
+    // The health endpoints and `/metrics` are outside all of them.
     let app = axum::Router::new()
         .nest_service("/mcp", service)
         .layer(axum::middleware::from_fn_with_state(
@@ -283,6 +329,10 @@ pub(crate) async fn serve_http(
         .layer(axum::middleware::from_fn_with_state(
             Arc::new(hosts),
             guard_host_and_origin,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(InFlight::new(max_in_flight)),
+            limit_in_flight,
         ))
         .merge(health_routes(store.clone()))
         .merge(metrics_routes(store, clock));

@@ -330,13 +330,19 @@ fn the_proxy_workload_prints_direct_and_proxied_lines_and_what_the_proxy_adds() 
 
 /// Checks one `overload` line: every call answered, nothing acknowledged lost, no effect of
 /// a refused call, normal service right after.
-fn check_overload_line(stdout: &str, backend: &str) {
+fn check_overload_line(stdout: &str, workload: &str, backend: &str) -> Value {
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 1, "{stdout}");
     let v: Value = serde_json::from_str(lines[0]).unwrap();
     let line = lines[0];
-    assert_eq!(v["workload"], "overload", "{line}");
+    assert_eq!(v["workload"], workload, "{line}");
     assert_eq!(v["backend"], backend, "{line}");
+    let process = if workload == "overload" {
+        "bench"
+    } else {
+        "server"
+    };
+    assert_eq!(v["process"], process, "{line}");
     let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}: {line}"));
     let f = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k}: {line}"));
     assert!(n("calls") > 0, "{line}");
@@ -363,10 +369,20 @@ fn check_overload_line(stdout: &str, backend: &str) {
         assert!(f(k) > 0.0, "{k}: {line}");
     }
     assert!(f("peak_rss_mb") >= f("rss_before_mb"), "{line}");
+    assert!(f("rss_after_mb") > 0.0, "{line}");
+    let by_second = v["rss_by_second_mb"].as_array().unwrap();
+    assert!(
+        by_second
+            .iter()
+            .all(|m| m.as_f64().is_some_and(|m| m > 0.0 && m <= f("peak_rss_mb"))),
+        "{line}"
+    );
+    assert!(n("shed") <= n("unavailable"), "{line}");
     assert!(
         (f("target_ops_per_sec") / f("capacity_ops_per_sec") - 3.0).abs() < 0.05,
         "the factor: {line}"
     );
+    v
 }
 
 const OVERLOAD: &[&str] = &[
@@ -391,7 +407,15 @@ fn the_overload_workload_answers_every_call_and_loses_nothing() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    check_overload_line(&String::from_utf8(out.stdout).unwrap(), "sqlite");
+    let v = check_overload_line(
+        &String::from_utf8(out.stdout).unwrap(),
+        "overload",
+        "sqlite",
+    );
+    assert_eq!(
+        v["shed"], 0,
+        "no HTTP server, nothing shed at its door: {v}"
+    );
     if let Some(url) = toolledger_testkit::db::test_database_url() {
         let mut args = OVERLOAD.to_vec();
         args.extend(["--backend", "postgres", "--database-url", &url]);
@@ -401,7 +425,58 @@ fn the_overload_workload_answers_every_call_and_loses_nothing() {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        check_overload_line(&String::from_utf8(out.stdout).unwrap(), "postgres");
+        check_overload_line(
+            &String::from_utf8(out.stdout).unwrap(),
+            "overload",
+            "postgres",
+        );
+    }
+}
+
+/// `overload-http`: a `serve --http` child with a small in-flight limit, more callers than
+/// it lets in; every call answered, nothing lost, the server's memory reported.
+#[test]
+fn the_overload_http_workload_answers_every_call_and_reports_the_servers_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut base = OVERLOAD.to_vec();
+    base[1] = "overload-http";
+    base.extend([
+        "--overload-callers",
+        "64",
+        "--max-in-flight",
+        "8",
+        "--concurrency",
+        "4",
+    ]);
+    let mut args = base.clone();
+    args.extend(["--db-dir", dir.path().to_str().unwrap()]);
+    let out = bench(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = check_overload_line(
+        &String::from_utf8(out.stdout).unwrap(),
+        "overload-http",
+        "sqlite",
+    );
+    assert_eq!(v["max_in_flight"], 8, "{v}");
+    assert_eq!(v["callers"], 64, "{v}");
+    if let Some(url) = toolledger_testkit::db::test_database_url() {
+        let mut args = base.clone();
+        args.extend(["--backend", "postgres", "--database-url", &url]);
+        let out = bench(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        check_overload_line(
+            &String::from_utf8(out.stdout).unwrap(),
+            "overload-http",
+            "postgres",
+        );
     }
 }
 
@@ -448,6 +523,8 @@ fn bad_options_are_refused_with_a_stable_code() {
         (&["--overload-seconds", "0"][..], "INVALID_ARGUMENTS"),
         (&["--overload-factor", "0"][..], "INVALID_ARGUMENTS"),
         (&["--overload-factor", "NaN"][..], "INVALID_ARGUMENTS"),
+        (&["--overload-callers", "0"][..], "INVALID_ARGUMENTS"),
+        (&["--max-in-flight", "0"][..], "INVALID_ARGUMENTS"),
         (
             &[
                 "--backend",

@@ -17,6 +17,7 @@ on_both_backends!(
     legacy_initialize_lifecycle_over_http_lists_and_calls_tools,
     metrics_count_the_calls_and_the_ledger_and_logs_name_no_arguments,
     a_store_error_under_an_inline_call_is_logged_with_tool_operation_and_code,
+    a_request_past_the_in_flight_limit_gets_503_unavailable_and_changes_nothing,
 );
 
 fn start_http(db: &Db) -> RawHttp {
@@ -401,4 +402,164 @@ fn a_store_error_under_an_inline_call_is_logged_with_tool_operation_and_code(db:
     ] {
         assert!(!all.contains(leak), "a log line names {leak}: {all}");
     }
+}
+
+/// A `tools/call` of `create_automation` under `request_id` as raw HTTP: the request head
+/// (with `Content-Length`) and the body, separately.
+fn create_request(server: &RawHttp, token: &str, request_id: &str) -> (String, Vec<u8>) {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "create_automation", "_meta": meta(),
+        "arguments": {"request_id": request_id, "interval_minutes": 30}}})
+    .to_string()
+    .into_bytes();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         Authorization: Bearer {token}\r\nMCP-Protocol-Version: 2026-07-28\r\n\
+         Mcp-Method: tools/call\r\nMcp-Name: create_automation\r\n\
+         Content-Length: {}\r\n\r\n",
+        server.addr,
+        body.len()
+    );
+    (head, body)
+}
+
+fn a_request_past_the_in_flight_limit_gets_503_unavailable_and_changes_nothing(db: Db) {
+    use std::io::{Read, Write};
+    let token = add_principal(&db, "busy", "acme", &[], &["automation:write"], true).unwrap();
+    let server = start_http_logging(&db, &["--max-in-flight", "1"]).0;
+
+    // A takes the one slot: its head is sent, its body only in part, so the server holds the
+    // request (reading the body) until the rest comes.
+    let (head, body) = create_request(&server, &token, "held-1");
+    let mut held = std::net::TcpStream::connect(&server.addr).unwrap();
+    held.write_all(head.as_bytes()).unwrap();
+    held.write_all(&body[..10]).unwrap();
+    held.flush().unwrap();
+    // Wait until it holds the slot: a bare GET then finds no room (and is otherwise 401).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let probe = get(&server, "/mcp");
+        if probe.status == 503 {
+            break;
+        }
+        assert_eq!(probe.status, 401, "{probe:?}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the held request never took the slot"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+
+    // B, a whole call, is refused at once: 503, Retry-After, the stable code, nothing run.
+    let (b_head, b_body) = create_request(&server, &token, "refused-1");
+    let mut whole = b_head.into_bytes();
+    whole.extend_from_slice(&b_body);
+    let refused = server.request("POST", "/mcp", &[], b"");
+    assert_eq!(
+        refused.status, 503,
+        "a bodiless POST is refused before it is read"
+    );
+    let mut b = std::net::TcpStream::connect(&server.addr).unwrap();
+    b.write_all(&whole).unwrap();
+    let mut raw = String::new();
+    let _ = b.read_to_string(&mut raw);
+    assert!(raw.starts_with("HTTP/1.1 503"), "{raw}");
+    assert!(raw.to_ascii_lowercase().contains("retry-after: 1"), "{raw}");
+    let (_, json_body) = raw.split_once("\r\n\r\n").unwrap();
+    let v: Value = serde_json::from_str(json_body).unwrap();
+    assert_eq!(v["error"]["code"], "unavailable", "{raw}");
+    for secret in [token.as_str(), "refused-1", "interval_minutes"] {
+        assert!(!raw.contains(secret), "the refusal echoes {secret}: {raw}");
+    }
+    // The official SDKs' clients, refused the same way, report a failed exchange (never a
+    // result), and nothing ran.
+    let sdk_ids = ["sdk-py", "sdk-ts"];
+    let sdks = sdk_drivers();
+    for ((program, driver), id) in sdks.iter().zip(sdk_ids) {
+        let (code, lines) = sdk_call(program, driver, &server, &token, id);
+        assert_eq!(code, Some(3), "{driver:?}: a lost exchange: {lines:?}");
+        assert!(
+            lines.iter().all(|l| l.get("result").is_none()),
+            "{driver:?}: {lines:?}"
+        );
+    }
+    assert_eq!(scalar(&db, "SELECT count(*) FROM operations"), 0);
+    assert_eq!(scalar(&db, "SELECT count(*) FROM automations"), 0);
+
+    // A's body completes: it runs as if nothing happened.
+    held.write_all(&body[10..]).unwrap();
+    let mut raw = String::new();
+    let _ = held.read_to_string(&mut raw);
+    assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+    let (_, json_body) = raw.split_once("\r\n\r\n").unwrap();
+    let v: Value = serde_json::from_str(json_body).unwrap_or_else(|e| panic!("{e}: {raw}"));
+    assert_eq!(v["result"]["structuredContent"]["replayed"], false, "{raw}");
+
+    // B, retried under the same id once there is room, is applied now (nothing was stored
+    // before), and its retry replays.
+    let create = json!({"name": "create_automation",
+                        "arguments": {"request_id": "refused-1", "interval_minutes": 30}});
+    let first = call(&server, &token, create.clone());
+    assert_eq!(first["structuredContent"]["replayed"], false, "{first}");
+    let again = call(&server, &token, create);
+    assert_eq!(again["structuredContent"]["replayed"], true, "{again}");
+    // The SDKs' retries under the same ids are applied now.
+    for ((program, driver), id) in sdks.iter().zip(sdk_ids) {
+        let (code, lines) = sdk_call(program, driver, &server, &token, id);
+        assert_eq!(code, Some(0), "{driver:?}: {lines:?}");
+        let result = lines.iter().find_map(|l| l.get("result")).unwrap();
+        assert_eq!(result["structuredContent"]["replayed"], false, "{result}");
+    }
+    assert_eq!(
+        scalar(&db, "SELECT count(*) FROM automations"),
+        2 + sdks.len() as i64
+    );
+
+    let m = get(&server, "/metrics");
+    let shed = sample(&m.body, "toolledger_http_requests_shed_total", &[]).unwrap_or(0.0);
+    assert!(
+        shed >= 3.0,
+        "the probe, the bodiless POST and B: {}",
+        m.body
+    );
+}
+
+/// The official SDKs' drivers: (interpreter, script) of the Python SDK's `Client` and the
+/// TypeScript SDK v2 (none when an interpreter is missing outside CI; a failure in CI).
+fn sdk_drivers() -> Vec<(std::path::PathBuf, std::path::PathBuf)> {
+    let mut drivers = Vec::new();
+    if let Some(py) = support::clients::python() {
+        drivers.push((py, support::clients::proxy_fixture("py_client.py")));
+    }
+    if let Some(node) = support::clients::node() {
+        drivers.push((node, support::clients::ts_client()));
+    }
+    drivers
+}
+
+/// One `create_automation` under `request_id` by an SDK driver over HTTP (MCP 2026-07-28);
+/// its exit code (3: the exchange was lost) and output lines.
+fn sdk_call(
+    program: &std::path::Path,
+    driver: &std::path::Path,
+    server: &RawHttp,
+    token: &str,
+    request_id: &str,
+) -> (Option<i32>, Vec<Value>) {
+    let spec = json!({"transport": "http", "url": format!("http://{}/mcp", server.addr),
+        "token": token, "lifecycle": "2026-07-28", "api": "client",
+        "calls": [{"name": "create_automation",
+                   "arguments": {"request_id": request_id, "interval_minutes": 30}}]});
+    let out = std::process::Command::new(program)
+        .arg(driver)
+        .arg(spec.to_string())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let lines = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    (out.status.code(), lines)
 }

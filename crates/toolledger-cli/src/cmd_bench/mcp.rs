@@ -26,7 +26,7 @@ use toolledger::store::sqlite::Synchronous;
 use super::report::{peak_rss_mb, Report};
 use super::run::{drive, Measured};
 
-const BACKEND_ID: &str = "sqlite:bench-mcp";
+pub(super) const BACKEND_ID: &str = "sqlite:bench-mcp";
 const PRINCIPAL: &str = "bench";
 
 type Pending = Arc<Mutex<HashMap<i64, oneshot::Sender<Value>>>>;
@@ -53,7 +53,8 @@ enum Transport {
         lines: Option<mpsc::UnboundedSender<String>>,
         pending: Pending,
     },
-    /// Streamable HTTP: one keep-alive HTTP/1.1 connection per caller, taken from a pool.
+    /// Streamable HTTP: one keep-alive HTTP/1.1 connection per caller, taken from a pool (a
+    /// new one when the pool is empty).
     Http {
         connections: tokio::sync::Mutex<Vec<HttpConnection>>,
         authority: String,
@@ -103,6 +104,27 @@ impl Wire {
     }
 }
 
+/// The ledger a `serve` child runs on.
+pub(super) enum ServerDb {
+    /// A SQLite file.
+    Sqlite {
+        /// The ledger file.
+        path: PathBuf,
+        /// Its `synchronous` mode.
+        synchronous: Synchronous,
+    },
+    /// A PostgreSQL database (a URL whose `options` may set the `search_path`); `dir` holds the
+    /// files the server keeps beside its ledger.
+    Postgres {
+        /// The connection URL.
+        url: String,
+        /// The ledger's backend id.
+        backend_id: String,
+        /// A directory for the server's side files.
+        dir: PathBuf,
+    },
+}
+
 impl McpClient {
     async fn start(
         db: &Path,
@@ -111,29 +133,36 @@ impl McpClient {
         token: Option<String>,
         connections: usize,
     ) -> Result<Arc<McpClient>, &'static str> {
-        let exe = std::env::current_exe().map_err(|_| "BENCH_SERVER_UNAVAILABLE")?;
-        let mut command = tokio::process::Command::new(exe);
-        command
-            .arg("serve")
-            .arg("--db")
-            .arg(db)
-            .args(["--backend-id", BACKEND_ID])
-            .args(["--sqlite-synchronous", synchronous.as_str()])
-            .env_remove("TOOLLEDGER_STATE_KEY_HEX")
-            .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX");
+        let db = ServerDb::Sqlite {
+            path: db.to_path_buf(),
+            synchronous,
+        };
         if wire == Wire::Stdio {
+            let mut command = serve_command(&db)?;
             command.args(["--principal", PRINCIPAL]);
             return McpClient::over_stdio(command);
         }
+        McpClient::start_http(&db, &[], token.ok_or("BENCH_SETUP_FAILED")?, connections).await
+    }
+
+    /// Starts `serve --http` on `db` with `extra` flags and opens `connections` keep-alive
+    /// connections to it, each request carrying `token`.
+    pub(super) async fn start_http(
+        db: &ServerDb,
+        extra: &[String],
+        token: String,
+        connections: usize,
+    ) -> Result<Arc<McpClient>, &'static str> {
+        let mut command = serve_command(db)?;
         command
             .args(["--http", "127.0.0.1:0"])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
         let mut child = command.spawn().map_err(|_| "BENCH_SERVER_UNAVAILABLE")?;
         let pid = child.id().ok_or("BENCH_SERVER_UNAVAILABLE")?;
-        let token = token.ok_or("BENCH_SETUP_FAILED")?;
         let transport = http_transport(&mut child, &token, connections).await?;
         Ok(Arc::new(McpClient {
             child,
@@ -213,7 +242,11 @@ impl McpClient {
                 authority,
                 authorization,
             } => {
-                let mut conn = connections.lock().await.pop()?;
+                let pooled = connections.lock().await.pop();
+                let mut conn = match pooled {
+                    Some(conn) => conn,
+                    None => http_connection(authority).await?,
+                };
                 let req = hyper::Request::post("/mcp")
                     .header("host", authority.as_str())
                     .header("authorization", authorization.as_str())
@@ -292,6 +325,49 @@ impl McpClient {
         let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
         let _ = self.child.kill().await;
     }
+}
+
+/// `toolledger serve` on `db` (no transport flags yet). On PostgreSQL the server's keys come
+/// from the environment, fresh for each run.
+fn serve_command(db: &ServerDb) -> Result<tokio::process::Command, &'static str> {
+    let exe = std::env::current_exe().map_err(|_| "BENCH_SERVER_UNAVAILABLE")?;
+    let mut command = tokio::process::Command::new(exe);
+    command.arg("serve");
+    match db {
+        ServerDb::Sqlite { path, synchronous } => {
+            command
+                .arg("--db")
+                .arg(path)
+                .args(["--backend-id", BACKEND_ID])
+                .args(["--sqlite-synchronous", synchronous.as_str()])
+                .env_remove("TOOLLEDGER_STATE_KEY_HEX")
+                .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX");
+        }
+        ServerDb::Postgres {
+            url,
+            backend_id,
+            dir,
+        } => {
+            command
+                .arg("--db")
+                .arg(dir.join("serve.sqlite"))
+                .args(["--database-url", url])
+                .args(["--backend-id", backend_id])
+                .env("TOOLLEDGER_STATE_KEY_HEX", random_hex()?)
+                .env("TOOLLEDGER_FINGERPRINT_KEY_HEX", random_hex()?);
+        }
+    }
+    Ok(command)
+}
+
+/// 32 random bytes in hex.
+fn random_hex() -> Result<String, &'static str> {
+    use std::io::Read;
+    let mut b = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|_| "BENCH_SETUP_FAILED")?;
+    Ok(hex::encode(b))
 }
 
 /// Reads the address `serve --http` announces on stderr and opens `connections` keep-alive
@@ -386,6 +462,15 @@ pub(super) fn process_cpu_of(pid: u32) -> Duration {
 async fn prepare_db(db: &Path, token: bool) -> Result<Option<String>, &'static str> {
     let store = crate::common::open_store(db, Some(BACKEND_ID.to_string()), false)
         .map_err(|e| e.cli_code())?;
+    add_principal(store.into(), token).await
+}
+
+/// Adds the bench principal (scope `automation:write`) to the ledger `store`; with `token`,
+/// the principal gets a bearer token, which is returned.
+pub(super) async fn add_principal(
+    store: toolledger::store::Store,
+    token: bool,
+) -> Result<Option<String>, &'static str> {
     toolledger::authz::PrincipalStore::new(store)
         .add(
             PRINCIPAL,

@@ -1,93 +1,239 @@
-//! The `overload` workload: fresh calls offered at several times what the store can serve,
-//! for a bounded time, then checked.
+//! The `overload` and `overload-http` workloads: fresh calls offered at several times what the
+//! server can serve, for a bounded time, then checked.
+//!
+//! `overload` calls the engine in this process (the store's own queues are what refuses);
+//! `overload-http` calls `create_automation` on a `toolledger serve --http` child process over
+//! keep-alive HTTP/1.1 connections (the server's in-flight limit and the store's queues refuse),
+//! so the memory it reports is the server's alone.
 //!
 //! 1. *Capacity*: `--ops` fresh calls, closed loop, at [`CAPACITY_CALLERS`] callers (at least
-//!    `--concurrency`) measure what the store serves when its batches are full (after as many
-//!    calls to warm it up).
-//! 2. *Overload*: for `--overload-seconds`, fresh calls arrive at `--overload-factor` times
-//!    that rate (open loop: each call is issued on schedule, whether or not earlier ones were
-//!    answered). The store's bounded queues answer what they cannot serve in time
-//!    `unavailable`.
+//!    `--concurrency`, at most the server's in-flight limit) measure what is served when the
+//!    store's batches are full (after as many calls to warm it up).
+//! 2. *Overload*: for `--overload-seconds`, fresh calls are due at `--overload-factor` times
+//!    that rate (open loop: each call is due on schedule, whether or not earlier ones were
+//!    answered), issued by `--overload-callers` callers, so at most that many are in flight
+//!    (a call due while every caller waits is issued late, and the lag is reported). What
+//!    cannot be served in time is answered `unavailable`.
 //! 3. *Check*: every call was answered (a result or `unavailable`); every acknowledged call
-//!    replays its acknowledged result; the effect table holds exactly one row per
+//!    replays its acknowledged result; the effect table gained exactly one row per
 //!    acknowledged call (a call answered `unavailable` wrote nothing).
 //! 4. *After*: `--ops` fresh calls again, closed loop, measure normal service right after.
 //!
-//! One JSON line reports the rates, the answers, what was lost (must be 0), and the process's
-//! resident memory before the overload and at its peak.
+//! One JSON line reports the rates, the answers, what was lost (must be 0), and the measured
+//! process's resident memory before, at its peak, once a second during the overload, and
+//! after it.
 
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use serde_json::json;
 use toolledger::effect::{EffectTx, RowExt};
 use toolledger::engine::{Engine, InlineEffect};
-use toolledger::store::QueueLimits;
+use toolledger::store::{QueueLimits, Store};
 use toolledger::{Error, ErrorCode};
 
+use super::mcp::McpClient;
 use super::run::drive;
-use super::{bench_call, fresh_op, key_of, BenchEffect};
+use super::{bench_call, key_of, BenchEffect};
 
 /// Closed-loop callers of the capacity phase, at least: enough to fill the stores' batches
 /// (SQLite commits up to 128 jobs at once), well below a queue's default depth.
 pub const CAPACITY_CALLERS: usize = 256;
 
-/// A call not answered yet.
-const PENDING: i64 = -1;
-/// A call answered `unavailable`.
-const UNAVAILABLE: i64 = -2;
-/// A call answered with any other error.
-const OTHER: i64 = -3;
+/// How one call was answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// Applied now; the effect's row id.
+    Applied(i64),
+    /// Replayed; the effect's row id.
+    Replayed(i64),
+    /// `unavailable` from the store (its queue was full or the wait too long).
+    Unavailable,
+    /// 503 `unavailable` from the HTTP server's in-flight limit (nothing was read).
+    Shed,
+    /// Any other answer, or none (the transport failed).
+    Other,
+}
+
+/// A call in flight.
+pub type Call = Pin<Box<dyn Future<Output = Answer> + Send>>;
+
+/// What an overload run drives.
+pub trait Target: Send + Sync + 'static {
+    /// Operation `i` of `phase` (its key is the same every time it is called).
+    fn call(&self, phase: &'static str, i: usize) -> Call;
+    /// Effect rows written so far.
+    fn effect_rows(&self) -> Pin<Box<dyn Future<Output = Result<i64, &'static str>> + Send>>;
+    /// The process whose memory is reported: `self` or a pid.
+    fn process(&self) -> String;
+}
+
+/// The engine in this process, with the bench's inline effect.
+pub struct EngineTarget(pub Engine);
+
+impl Target for EngineTarget {
+    fn call(&self, phase: &'static str, i: usize) -> Call {
+        let engine = self.0.clone();
+        Box::pin(async move {
+            let key = key_of(phase, i);
+            let effect: Arc<dyn InlineEffect> = Arc::new(BenchEffect::new(key.clone(), i as i64));
+            match engine
+                .execute_inline(bench_call(key, i as i64, false), effect)
+                .await
+            {
+                Ok(o) => match (o.result["effect_id"].as_i64(), o.replayed) {
+                    (Some(id), false) => Answer::Applied(id),
+                    (Some(id), true) => Answer::Replayed(id),
+                    (None, _) => Answer::Other,
+                },
+                Err(e) if e.code == ErrorCode::Unavailable => Answer::Unavailable,
+                Err(_) => Answer::Other,
+            }
+        })
+    }
+
+    fn effect_rows(&self) -> Pin<Box<dyn Future<Output = Result<i64, &'static str>> + Send>> {
+        count_rows(self.0.store().clone(), "SELECT count(*) FROM bench_effects")
+    }
+
+    fn process(&self) -> String {
+        "self".into()
+    }
+}
+
+/// `create_automation` on a `serve --http` child; `store` is the same ledger, opened here to
+/// count the effect rows.
+pub(super) struct HttpTarget {
+    /// The server and the connections to it.
+    pub(super) client: Arc<McpClient>,
+    /// The server's ledger.
+    pub(super) store: Store,
+}
+
+impl Target for HttpTarget {
+    fn call(&self, phase: &'static str, i: usize) -> Call {
+        let client = self.client.clone();
+        Box::pin(async move {
+            let arguments = json!({"request_id": key_of(phase, i), "interval_minutes": 30});
+            let Some(reply) = client.call("create_automation", arguments).await else {
+                return Answer::Other;
+            };
+            // The in-flight limit's 503 body is `{"error": {"code": "unavailable", …}}`.
+            if reply["error"]["code"] == "unavailable" {
+                return Answer::Shed;
+            }
+            let result = &reply["result"];
+            if result["isError"] == false {
+                let content = &result["structuredContent"];
+                return match (content["id"].as_i64(), content["replayed"].as_bool()) {
+                    (Some(id), Some(false)) => Answer::Applied(id),
+                    (Some(id), Some(true)) => Answer::Replayed(id),
+                    _ => Answer::Other,
+                };
+            }
+            match toolledger_mcp::reply::error_of(result) {
+                Some(e) if e["code"] == "unavailable" => Answer::Unavailable,
+                _ => Answer::Other,
+            }
+        })
+    }
+
+    fn effect_rows(&self) -> Pin<Box<dyn Future<Output = Result<i64, &'static str>> + Send>> {
+        count_rows(self.store.clone(), "SELECT count(*) FROM automations")
+    }
+
+    fn process(&self) -> String {
+        self.client.pid().to_string()
+    }
+}
+
+fn count_rows(
+    store: Store,
+    sql: &'static str,
+) -> Pin<Box<dyn Future<Output = Result<i64, &'static str>> + Send>> {
+    Box::pin(async move {
+        store
+            .read(move |tx: &mut dyn EffectTx| -> Result<i64, Error> {
+                tx.query_opt(sql, &[])?
+                    .ok_or_else(|| Error::unavailable("no count"))?
+                    .int(0)
+            })
+            .await
+            .map_err(|_| "BENCH_FAILED")
+    })
+}
 
 /// How the overload phase is shaped.
 #[derive(Clone, Copy, Debug)]
 pub struct Shape {
-    /// Closed-loop callers of the capacity and after phases.
+    /// Closed-loop callers of the after phase (and of the capacity phase, at least).
     pub concurrency: usize,
     /// Calls of the capacity and after phases.
     pub ops: usize,
-    /// How long calls arrive at the overload rate.
+    /// How long calls are due at the overload rate.
     pub seconds: f64,
     /// The overload rate as a multiple of the measured capacity.
     pub factor: f64,
+    /// Callers of the overload phase: at most this many calls in flight.
+    pub callers: usize,
+    /// The most closed-loop callers (the server's in-flight limit, so the closed-loop phases
+    /// are never refused at the door).
+    pub closed_loop_max: usize,
 }
 
-/// The `overload` line.
+/// The `overload` / `overload-http` line.
 #[derive(Debug, Serialize)]
 pub struct OverloadReport {
-    /// Always `overload`.
+    /// `overload` or `overload-http`.
     pub workload: &'static str,
     /// Storage backend.
     pub backend: &'static str,
-    /// Fresh calls per second the store served, closed loop, before the overload.
+    /// Whose memory the `rss` fields are: `bench` (this process, the engine and the load
+    /// generator) or `server` (the `serve --http` child alone).
+    pub process: &'static str,
+    /// Fresh calls per second served, closed loop, before the overload.
     pub capacity_ops_per_sec: f64,
     /// Calls per second the overload aimed at (`--overload-factor` × capacity).
     pub target_ops_per_sec: f64,
-    /// Calls per second actually offered (the calls over the time it took to issue them).
+    /// Calls per second actually issued (the calls over the time it took to issue them).
     pub offered_ops_per_sec: f64,
-    /// How long calls were offered.
+    /// Seconds from the first call issued to the last.
     pub seconds: f64,
-    /// Calls offered.
+    /// Callers of the overload phase (the most calls in flight).
+    pub callers: usize,
+    /// How late the most delayed call was issued, in milliseconds (every caller was waiting).
+    pub max_issue_lag_ms: u64,
+    /// Calls issued.
     pub calls: usize,
     /// Calls answered with a result.
     pub applied: usize,
-    /// Calls answered `unavailable`.
+    /// Calls answered `unavailable`, by the store or by the in-flight limit.
     pub unavailable: usize,
-    /// Calls answered with another error.
+    /// Of those, the ones the HTTP server's in-flight limit answered (503).
+    pub shed: usize,
+    /// Calls answered with another error, or whose transport failed.
     pub other_errors: usize,
-    /// Calls never answered.
+    /// Calls not answered within the patience (four queue waits and 30 s).
     pub unanswered: usize,
     /// Acknowledged calls whose replay did not return the acknowledged result.
     pub acknowledged_lost: usize,
-    /// Effect rows beyond one per acknowledged call (an `unavailable` call that wrote).
+    /// Effect rows beyond one per acknowledged call (an `unavailable` call that wrote); a
+    /// negative number is acknowledged calls without their row.
     pub extra_effects: i64,
     /// The longest any call waited for its answer, in milliseconds.
     pub max_answer_ms: u64,
-    /// Resident memory of the process before the overload, in MiB.
+    /// Resident memory of the measured process before the overload, in MiB.
     pub rss_before_mb: f64,
-    /// Peak resident memory of the process during the run, in MiB.
+    /// Its peak resident memory from the overload's start to the end of the run, in MiB.
     pub peak_rss_mb: f64,
+    /// Its resident memory at the end of each second of the overload, in MiB.
+    pub rss_by_second_mb: Vec<f64>,
+    /// Its resident memory once every call was answered and checked, in MiB.
+    pub rss_after_mb: f64,
     /// Fresh calls per second served right after the overload (closed loop).
     pub after_ops_per_sec: f64,
     /// Calls of the after phase that failed (must be 0).
@@ -96,6 +242,9 @@ pub struct OverloadReport {
     pub queue_depth: usize,
     /// The store's longest queue wait, in milliseconds.
     pub queue_wait_ms: u64,
+    /// The HTTP server's in-flight limit (`overload-http` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<usize>,
     /// SQLite `synchronous` mode, or `on` for PostgreSQL.
     pub synchronous: &'static str,
 }
@@ -110,9 +259,9 @@ impl OverloadReport {
     }
 }
 
-/// Resident memory (`VmRSS`) of this process, in MiB with one decimal.
-fn rss_mb() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+/// Resident memory (`VmRSS`) of process `pid` (`self` for this one), in MiB with one decimal.
+fn rss_mb(pid: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kb: f64 = status
         .lines()
         .find(|l| l.starts_with("VmRSS:"))
@@ -122,31 +271,59 @@ fn rss_mb() -> f64 {
     (kb / 1024.0 * 10.0).round() / 10.0
 }
 
-/// Runs the workload on `engine` (a fresh database with the bench table).
-pub async fn run(
-    engine: Engine,
+/// What one overload caller saw.
+#[derive(Default)]
+struct Tally {
+    applied: Vec<(u32, i64)>,
+    unavailable: usize,
+    shed: usize,
+    other: usize,
+    unanswered: usize,
+    max_answer_us: u64,
+}
+
+/// The fixed parts of the report.
+pub struct Labels {
+    /// `overload` or `overload-http`.
+    pub workload: &'static str,
+    /// Storage backend.
+    pub backend: &'static str,
+    /// SQLite `synchronous` mode, or `on`.
+    pub synchronous: &'static str,
+    /// The store's queue limits.
+    pub limits: QueueLimits,
+    /// The HTTP server's in-flight limit.
+    pub max_in_flight: Option<usize>,
+}
+
+/// Runs the workload on `target` (a fresh database).
+pub async fn run<T: Target>(
+    target: Arc<T>,
     shape: Shape,
-    backend: &'static str,
-    synchronous: &'static str,
-    limits: QueueLimits,
+    labels: Labels,
 ) -> Result<OverloadReport, &'static str> {
+    let process = target.process();
     // 1. Capacity, after a warm-up of as many calls.
-    let callers = shape.concurrency.max(CAPACITY_CALLERS);
+    let callers = shape
+        .concurrency
+        .max(CAPACITY_CALLERS)
+        .min(shape.closed_loop_max);
+    let closed_loop = shape.concurrency.min(shape.closed_loop_max);
     let mut capacity = None;
     for phase in ["warm-up", "capacity"] {
-        let engine = engine.clone();
+        let t = target.clone();
         let measured = drive(phase, callers, shape.ops, move |i| {
-            let engine = engine.clone();
+            let call = t.call(phase, i);
             async move {
-                let out = fresh_op(&engine, key_of(phase, i), i as i64).await;
-                if let Err(e) = &out {
+                let answer = call.await;
+                if !matches!(answer, Answer::Applied(_)) {
                     // Said once per failed call on stderr, so a failed run says why.
                     eprintln!(
                         "{}",
-                        serde_json::json!({"phase": phase, "code": e.code.as_str(), "message": e.message})
+                        json!({"phase": phase, "answer": format!("{answer:?}")})
                     );
                 }
-                matches!(out, Ok(true))
+                matches!(answer, Answer::Applied(_))
             }
         })
         .await;
@@ -156,151 +333,250 @@ pub async fn run(
         capacity = Some(measured);
     }
     let capacity = capacity.ok_or("BENCH_FAILED")?;
-    if capacity.failed > 0 {
-        return Err("BENCH_FAILED");
-    }
     let capacity_rate = shape.ops as f64 / capacity.elapsed.as_secs_f64().max(1e-9);
     let offered = (capacity_rate * shape.factor).max(1.0);
     let calls = (offered * shape.seconds).ceil() as usize;
+    let rows_before = target.effect_rows().await?;
 
-    // 2. Overload, open loop.
-    let outcomes: Arc<Vec<AtomicI64>> =
-        Arc::new((0..calls).map(|_| AtomicI64::new(PENDING)).collect());
-    let max_answer_us = Arc::new(AtomicI64::new(0));
-    let rss_before_mb = rss_mb();
-    super::report::reset_peak_rss();
+    // 2. Overload: calls due on schedule, issued by a bounded set of callers.
+    let rss_before_mb = rss_mb(&process);
+    let _ = std::fs::write(format!("/proc/{process}/clear_refs"), "5");
+    let patience = labels.limits.wait * 4 + Duration::from_secs(30);
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = {
+        let sampling = sampling.clone();
+        let process = process.clone();
+        tokio::spawn(async move {
+            let mut by_second = Vec::new();
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.tick().await;
+            while sampling.load(Ordering::Relaxed) {
+                tick.tick().await;
+                by_second.push(rss_mb(&process));
+            }
+            by_second
+        })
+    };
     let started = Instant::now();
-    let mut issued = 0usize;
-    let mut ticker = tokio::time::interval(Duration::from_millis(1));
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let answered = Arc::new(AtomicUsize::new(0));
-    while issued < calls {
-        ticker.tick().await;
-        let due = ((started.elapsed().as_secs_f64() * offered) as usize).min(calls);
-        while issued < due {
-            let i = issued;
-            issued += 1;
-            let engine = engine.clone();
-            let outcomes = outcomes.clone();
-            let max_answer_us = max_answer_us.clone();
-            let answered = answered.clone();
-            tokio::spawn(async move {
+    let next = Arc::new(AtomicUsize::new(0));
+    let max_lag_us = Arc::new(AtomicU64::new(0));
+    let last_issue_us = Arc::new(AtomicU64::new(0));
+    let mut workers = Vec::with_capacity(shape.callers);
+    for _ in 0..shape.callers.max(1) {
+        let (target, next) = (target.clone(), next.clone());
+        let (max_lag_us, last_issue_us) = (max_lag_us.clone(), last_issue_us.clone());
+        workers.push(tokio::spawn(async move {
+            let mut tally = Tally::default();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= calls {
+                    break;
+                }
+                let due = started + Duration::from_secs_f64(i as f64 / offered);
+                let now = Instant::now();
+                if due > now {
+                    tokio::time::sleep_until(due.into()).await;
+                } else {
+                    max_lag_us.fetch_max((now - due).as_micros() as u64, Ordering::Relaxed);
+                }
                 let t0 = Instant::now();
-                let key = key_of("overload", i);
-                let effect: Arc<dyn InlineEffect> =
-                    Arc::new(BenchEffect::new(key.clone(), i as i64));
-                let out = engine
-                    .execute_inline(bench_call(key, i as i64, false), effect)
-                    .await;
-                let value = match out {
-                    Ok(o) if !o.replayed => effect_id(&o.result).unwrap_or(OTHER),
-                    Ok(_) => OTHER,
-                    Err(e) if e.code == ErrorCode::Unavailable => UNAVAILABLE,
-                    Err(_) => OTHER,
-                };
-                outcomes[i].store(value, Ordering::Relaxed);
-                max_answer_us.fetch_max(t0.elapsed().as_micros() as i64, Ordering::Relaxed);
-                answered.fetch_add(1, Ordering::Release);
-            });
-        }
+                last_issue_us.fetch_max(
+                    t0.duration_since(started).as_micros() as u64,
+                    Ordering::Relaxed,
+                );
+                match tokio::time::timeout(patience, target.call("overload", i)).await {
+                    Ok(Answer::Applied(id)) => tally.applied.push((i as u32, id)),
+                    Ok(Answer::Unavailable) => tally.unavailable += 1,
+                    Ok(Answer::Shed) => tally.shed += 1,
+                    Ok(Answer::Replayed(_) | Answer::Other) => tally.other += 1,
+                    Err(_) => tally.unanswered += 1,
+                }
+                tally.max_answer_us = tally.max_answer_us.max(t0.elapsed().as_micros() as u64);
+            }
+            tally
+        }));
     }
-    let seconds = started.elapsed().as_secs_f64();
-    // Every call is answered within the queue's wait plus one transaction; give it ample time.
-    let patience = limits.wait * 4 + Duration::from_secs(30);
-    let drain_started = Instant::now();
-    while answered.load(Ordering::Acquire) < calls && drain_started.elapsed() < patience {
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    let mut all = Tally::default();
+    for worker in workers {
+        let t = worker.await.map_err(|_| "BENCH_FAILED")?;
+        all.applied.extend(t.applied);
+        all.unavailable += t.unavailable;
+        all.shed += t.shed;
+        all.other += t.other;
+        all.unanswered += t.unanswered;
+        all.max_answer_us = all.max_answer_us.max(t.max_answer_us);
     }
-
-    let mut applied = Vec::new();
-    let (mut unavailable, mut other, mut unanswered) = (0, 0, 0);
-    for (i, o) in outcomes.iter().enumerate() {
-        match o.load(Ordering::Relaxed) {
-            PENDING => unanswered += 1,
-            UNAVAILABLE => unavailable += 1,
-            OTHER => other += 1,
-            id => applied.push((i, id)),
-        }
-    }
+    sampling.store(false, Ordering::Relaxed);
+    let seconds = (last_issue_us.load(Ordering::Relaxed) as f64 / 1e6).max(1e-6);
 
     // 3. Check: every acknowledged call replays its result; one effect row per call.
-    let acknowledged = Arc::new(applied);
+    let acknowledged = Arc::new(std::mem::take(&mut all.applied));
     let lost = if acknowledged.is_empty() {
         0
     } else {
-        let acks = acknowledged.clone();
-        let engine = engine.clone();
-        drive("read back", shape.concurrency, acks.len(), move |j| {
-            let engine = engine.clone();
+        let (acks, t) = (acknowledged.clone(), target.clone());
+        drive("read back", closed_loop, acks.len(), move |j| {
             let (i, id) = acks[j];
-            async move {
-                let key = key_of("overload", i);
-                let effect: Arc<dyn InlineEffect> =
-                    Arc::new(BenchEffect::new(key.clone(), i as i64));
-                matches!(
-                    engine.execute_inline(bench_call(key, i as i64, false), effect).await,
-                    Ok(o) if o.replayed && effect_id(&o.result) == Some(id)
-                )
-            }
+            let call = t.call("overload", i as usize);
+            async move { call.await == Answer::Replayed(id) }
         })
         .await
         .failed
     };
-    let rows = engine
-        .store()
-        .read(|tx: &mut dyn EffectTx| -> Result<i64, Error> {
-            tx.query_opt(
-                "SELECT count(*) FROM bench_effects WHERE operation_key LIKE 'overload-%'",
-                &[],
-            )?
-            .ok_or_else(|| Error::unavailable("no count"))?
-            .int(0)
-        })
-        .await
-        .map_err(|_| "BENCH_FAILED")?;
+    let rows = target.effect_rows().await? - rows_before;
+    let rss_by_second_mb = sampler.await.unwrap_or_default();
+    let rss_after_mb = rss_mb(&process);
 
     // 4. Normal service right after.
     let after = {
-        let engine = engine.clone();
-        drive("after", shape.concurrency, shape.ops, move |i| {
-            let engine = engine.clone();
-            async move {
-                matches!(
-                    fresh_op(&engine, key_of("after", i), i as i64).await,
-                    Ok(true)
-                )
-            }
+        let t = target.clone();
+        drive("after", closed_loop, shape.ops, move |i| {
+            let call = t.call("after", i);
+            async move { matches!(call.await, Answer::Applied(_)) }
         })
         .await
     };
-    let peak_rss_mb = super::report::peak_rss_mb("self").unwrap_or(0.0);
+    // The kernel's high-water mark lags the resident counters a little; a sample above it
+    // is the peak.
+    let peak_rss_mb = rss_by_second_mb
+        .iter()
+        .copied()
+        .chain([rss_before_mb, rss_after_mb])
+        .fold(
+            super::report::peak_rss_mb(&process).unwrap_or(0.0),
+            f64::max,
+        );
     let round = |x: f64| (x * 10.0).round() / 10.0;
     Ok(OverloadReport {
-        workload: "overload",
-        backend,
+        workload: labels.workload,
+        backend: labels.backend,
+        process: if process == "self" { "bench" } else { "server" },
         capacity_ops_per_sec: round(capacity_rate),
         target_ops_per_sec: round(offered),
-        offered_ops_per_sec: round(calls as f64 / seconds.max(1e-9)),
+        offered_ops_per_sec: round(calls as f64 / seconds),
         seconds: (seconds * 100.0).round() / 100.0,
+        callers: shape.callers,
+        max_issue_lag_ms: max_lag_us.load(Ordering::Relaxed) / 1000,
         calls,
         applied: acknowledged.len(),
-        unavailable,
-        other_errors: other,
-        unanswered,
+        unavailable: all.unavailable + all.shed,
+        shed: all.shed,
+        other_errors: all.other,
+        unanswered: all.unanswered,
         acknowledged_lost: lost,
         extra_effects: rows - acknowledged.len() as i64,
-        max_answer_ms: (max_answer_us.load(Ordering::Relaxed).max(0) / 1000) as u64,
+        max_answer_ms: all.max_answer_us / 1000,
         rss_before_mb,
         peak_rss_mb,
+        rss_by_second_mb,
+        rss_after_mb,
         after_ops_per_sec: round(shape.ops as f64 / after.elapsed.as_secs_f64().max(1e-9)),
         after_failed: after.failed,
-        queue_depth: limits.depth,
-        queue_wait_ms: limits.wait.as_millis() as u64,
-        synchronous,
+        queue_depth: labels.limits.depth,
+        queue_wait_ms: labels.limits.wait.as_millis() as u64,
+        max_in_flight: labels.max_in_flight,
+        synchronous: labels.synchronous,
     })
 }
 
-/// The effect row id in a bench result.
-fn effect_id(result: &serde_json::Value) -> Option<i64> {
-    result["effect_id"].as_i64()
+/// An `overload-http` server: the child, the ledger it runs on (opened here too), and what to
+/// drop when done.
+pub(super) struct HttpServer {
+    /// The target the workload drives.
+    pub(super) target: Arc<HttpTarget>,
+    /// The PostgreSQL store whose schema is dropped afterwards.
+    pg: Option<toolledger::store::postgres::PgStore>,
+}
+
+impl HttpServer {
+    /// Starts `serve --http --max-in-flight N` on a fresh ledger: the SQLite file `db`, or a
+    /// fresh schema of the PostgreSQL database at `url`; `connections` keep-alive connections
+    /// are opened to it.
+    pub(super) async fn start(
+        db: &std::path::Path,
+        synchronous: toolledger::store::sqlite::Synchronous,
+        url: Option<&str>,
+        max_in_flight: usize,
+        connections: usize,
+    ) -> Result<HttpServer, &'static str> {
+        raise_open_files_limit();
+        let (server_db, store, pg) = match url {
+            None => {
+                let store: Store =
+                    crate::common::open_store(db, Some(super::mcp::BACKEND_ID.to_string()), false)
+                        .map_err(|e| e.cli_code())?
+                        .into();
+                let server_db = super::mcp::ServerDb::Sqlite {
+                    path: db.to_path_buf(),
+                    synchronous,
+                };
+                (server_db, store, None)
+            }
+            Some(url) => {
+                use toolledger::store::postgres::{PgOptions, PgStore};
+                let schema = format!("tl_bench_{}", super::pg::random_suffix()?);
+                let backend_id = "postgres:bench-mcp".to_string();
+                let pg = PgStore::open(
+                    url,
+                    PgOptions::new(backend_id.clone())
+                        .with_migrations(toolledger_reference::PG_MIGRATIONS)
+                        .in_schema(schema.clone()),
+                )
+                .map_err(|e| e.cli_code())?;
+                let separator = if url.contains('?') { '&' } else { '?' };
+                let server_db = super::mcp::ServerDb::Postgres {
+                    url: format!("{url}{separator}options=-c%20search_path%3D{schema}"),
+                    backend_id,
+                    dir: db.parent().unwrap_or(db).to_path_buf(),
+                };
+                (server_db, Store::from(pg.clone()), Some(pg))
+            }
+        };
+        let token = super::mcp::add_principal(store.clone(), true)
+            .await?
+            .ok_or("BENCH_SETUP_FAILED")?;
+        let extra = ["--max-in-flight".to_string(), max_in_flight.to_string()];
+        let started = McpClient::start_http(&server_db, &extra, token, connections).await;
+        let client = match started {
+            Ok(client) => client,
+            Err(code) => {
+                if let Some(pg) = pg {
+                    let _ = tokio::task::spawn_blocking(move || pg.drop_schema_blocking()).await;
+                }
+                return Err(code);
+            }
+        };
+        Ok(HttpServer {
+            target: Arc::new(HttpTarget { client, store }),
+            pg,
+        })
+    }
+
+    /// Stops the server and drops the PostgreSQL schema.
+    pub(super) async fn finish(self) {
+        let HttpServer { target, pg } = self;
+        if let Ok(target) = Arc::try_unwrap(target) {
+            super::mcp::finish(target.client).await;
+        }
+        if let Some(pg) = pg {
+            let _ = tokio::task::spawn_blocking(move || pg.drop_schema_blocking()).await;
+        }
+    }
+}
+
+/// Raises this process's soft limit of open files to its hard limit (the server child
+/// inherits it): `overload-http` holds thousands of connections.
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed by pointer.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
 }

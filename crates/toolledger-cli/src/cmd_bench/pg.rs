@@ -36,7 +36,7 @@ pub struct BenchSchema {
     engine: Engine,
 }
 
-fn random_suffix() -> Result<String, &'static str> {
+pub(super) fn random_suffix() -> Result<String, &'static str> {
     use std::io::Read;
     let mut b = [0u8; 8];
     std::fs::File::open("/dev/urandom")

@@ -12,6 +12,10 @@
 //! - [`end_session`]: `DELETE` of a legacy session answers 204 No Content once the session
 //!   is closed (rmcp answers 202, which clients read as a failed termination) and 404 for a
 //!   session the server does not know.
+//! - [`limit_in_flight`]: at most [`InFlight::limit`] requests are handled at once; one more
+//!   is answered 503 `unavailable` with `Retry-After: 1` at once, without being read, so a
+//!   server under more load than it can serve keeps its memory bounded and answers every
+//!   request (a refused call did nothing: the client retries it under the same operation id).
 
 use std::sync::Arc;
 
@@ -281,6 +285,59 @@ pub async fn end_session<M: SessionManager>(
             "no such session",
         )
     }
+}
+
+/// How many requests an HTTP endpoint handles at once ([`limit_in_flight`]).
+#[derive(Debug)]
+pub struct InFlight {
+    permits: Arc<tokio::sync::Semaphore>,
+    limit: usize,
+}
+
+impl InFlight {
+    /// At most `limit` requests at once (at least 1).
+    pub fn new(limit: usize) -> Self {
+        let limit = limit.max(1);
+        InFlight {
+            permits: Arc::new(tokio::sync::Semaphore::new(limit)),
+            limit,
+        }
+    }
+
+    /// The most requests handled at once.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Requests being handled now.
+    pub fn in_flight(&self) -> usize {
+        self.limit - self.permits.available_permits()
+    }
+}
+
+/// Middleware: handles the request while fewer than [`InFlight::limit`] others are handled;
+/// otherwise answers 503 `{"error": {"code": "unavailable", …}}` with `Retry-After: 1` at
+/// once, without reading the body, and counts it in
+/// `toolledger_http_requests_shed_total`. The permit is held until the response's head is
+/// ready (for a JSON response, the whole call).
+pub async fn limit_in_flight(
+    State(limit): State<Arc<InFlight>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Ok(_permit) = limit.permits.clone().try_acquire_owned() else {
+        metrics::counter!("toolledger_http_requests_shed_total").increment(1);
+        let mut response = json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "the server is handling as many requests as it can; retry the same request later",
+        );
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+        return response;
+    };
+    next.run(request).await
 }
 
 #[cfg(test)]
