@@ -97,5 +97,11 @@ async fn serve(args: ConsoleArgs, config: StoreConfig) -> Result<(), Failure> {
             axum::routing::get(|| async { axum::response::Redirect::to("/console") }),
         )
         .merge(health_routes(store));
-    listen(args.http, "/console", app).await
+    listen(
+        args.http,
+        "/console",
+        app,
+        crate::cmd_serve::DEFAULT_MAX_CONNECTIONS as usize,
+    )
+    .await
 }

@@ -174,6 +174,7 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
                 args.principal.as_deref(),
                 built.tools,
                 principals,
+                front.max_in_flight,
             )
             .await
         }

@@ -30,6 +30,7 @@ use toolledger::store::Store;
 use toolledger_mcp::keys::KeyError;
 use toolledger_mcp::wire::http::{
     end_session, guard_host_and_origin, limit_in_flight, strict_body, AllowedHosts, InFlight,
+    LimitedListener,
 };
 use toolledger_mcp::wire::MAX_MESSAGE_BYTES;
 use toolledger_mcp::{bearer_auth, CallerSource, Guard, GuardConfig, KeyMaterial, LedgerServer};
@@ -139,7 +140,16 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
         tracing::info!(metrics = %format!("http://{local}/metrics"), "serving metrics");
     }
     match args.http {
-        None => serve_stdio("toolledger", args.principal.as_deref(), tools, principals).await,
+        None => {
+            serve_stdio(
+                "toolledger",
+                args.principal.as_deref(),
+                tools,
+                principals,
+                front.max_in_flight,
+            )
+            .await
+        }
         Some(addr) => {
             let console = console.map(|c| c.router(front.hosts.clone()));
             serve_http("toolledger", addr, tools, principals, front, clock, console).await
@@ -168,8 +178,9 @@ pub struct AllowedHostArgs {
 pub struct HttpFrontArgs {
     #[command(flatten)]
     pub hosts: AllowedHostArgs,
-    /// With --http: requests handled at once; one more is answered 503 `unavailable` with
-    /// `Retry-After: 1` at once (nothing ran: retry it under the same operation id).
+    /// Requests handled at once. Over --http one more is answered 503 `unavailable` with
+    /// `Retry-After: 1` at once (nothing ran: retry it under the same operation id); on stdio
+    /// no further message is read until one is answered.
     #[arg(
         long,
         value_name = "N",
@@ -178,7 +189,20 @@ pub struct HttpFrontArgs {
         value_parser = clap::value_parser!(u32).range(1..=1_000_000)
     )]
     pub max_in_flight: u32,
+    /// With --http: connections open at once; while that many are open the next one waits to
+    /// be accepted until one closes.
+    #[arg(
+        long,
+        value_name = "N",
+        env = "TOOLLEDGER_MAX_CONNECTIONS",
+        default_value_t = DEFAULT_MAX_CONNECTIONS,
+        value_parser = clap::value_parser!(u32).range(1..=1_000_000)
+    )]
+    pub max_connections: u32,
 }
+
+/// `--max-connections` by default (the console's fixed limit, too).
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 4096;
 
 /// `--max-in-flight` by default: as many requests as the store's queues hold jobs, so a
 /// server past its capacity refuses at its door before its queues refuse inside it.
@@ -191,6 +215,8 @@ pub(crate) struct HttpFront {
     pub hosts: AllowedHosts,
     /// Requests handled at once.
     pub max_in_flight: usize,
+    /// Connections open at once.
+    pub max_connections: usize,
 }
 
 impl HttpFrontArgs {
@@ -198,6 +224,7 @@ impl HttpFrontArgs {
         Ok(HttpFront {
             hosts: self.hosts.resolve()?,
             max_in_flight: self.max_in_flight as usize,
+            max_connections: self.max_connections as usize,
         })
     }
 }
@@ -212,8 +239,13 @@ impl AllowedHostArgs {
 }
 
 /// Binds `addr`, says where `path` is served (`{"listening": URL}` on stderr), and serves
-/// `app` until SIGTERM or SIGINT.
-pub(crate) async fn listen(addr: SocketAddr, path: &str, app: axum::Router) -> Result<(), Failure> {
+/// `app` to at most `max_connections` connections at once until SIGTERM or SIGINT.
+pub(crate) async fn listen(
+    addr: SocketAddr,
+    path: &str,
+    app: axum::Router,
+    max_connections: usize,
+) -> Result<(), Failure> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|_| Failure::code("BIND_ERROR"))?;
@@ -224,7 +256,7 @@ pub(crate) async fn listen(addr: SocketAddr, path: &str, app: axum::Router) -> R
         "{}",
         serde_json::json!({"listening": format!("http://{local}{path}")})
     );
-    axum::serve(listener, app)
+    axum::serve(LimitedListener::new(listener, max_connections), app)
         .with_graceful_shutdown(shutdown_signal())
         .await
         .map_err(|_| Failure::code("SERVE_ERROR"))
@@ -250,12 +282,13 @@ pub(crate) async fn bound_keys(
 }
 
 /// Serves `tools` as server `name` on stdio, to the caller `principal` (required, and it
-/// must exist), until stdin closes.
+/// must exist), with at most `max_in_flight` requests unanswered, until stdin closes.
 pub(crate) async fn serve_stdio(
     name: &str,
     principal: Option<&str>,
     tools: Vec<Arc<dyn toolledger_mcp::McpTool>>,
     principals: PrincipalStore,
+    max_in_flight: usize,
 ) -> Result<(), Failure> {
     let Some(principal) = principal else {
         return Err(Failure::code("PRINCIPAL_REQUIRED"));
@@ -279,7 +312,8 @@ pub(crate) async fn serve_stdio(
     // clients launch a server) are driven by the IO reactor instead of a blocking-pool thread
     // hand-off per read and write; other streams fall back to the blocking handles. A client
     // that leaves before the session starts ends it (exit 0).
-    if let Ok(running) = server.serve(toolledger_mcp::wire::stdio::stdio()).await {
+    let transport = toolledger_mcp::wire::stdio::stdio().with_max_in_flight(max_in_flight);
+    if let Ok(running) = server.serve(transport).await {
         let _ = running.waiting().await;
     }
     Ok(())
@@ -300,6 +334,7 @@ pub(crate) async fn serve_http(
     let HttpFront {
         hosts,
         max_in_flight,
+        max_connections,
     } = front;
     let server = LedgerServer::new(name, tools, principals.clone(), CallerSource::BearerToken);
     // rmcp checks the Host header against the same list (after ours, which runs first and
@@ -342,7 +377,7 @@ pub(crate) async fn serve_http(
         Some(pages) => app.merge(pages),
         None => app,
     };
-    listen(addr, "/mcp", app).await
+    listen(addr, "/mcp", app, max_connections).await
 }
 
 /// `GET /healthz` (liveness: the process serves requests) and `GET /readyz` (readiness: the

@@ -18,6 +18,7 @@ on_both_backends!(
     metrics_count_the_calls_and_the_ledger_and_logs_name_no_arguments,
     a_store_error_under_an_inline_call_is_logged_with_tool_operation_and_code,
     a_request_past_the_in_flight_limit_gets_503_unavailable_and_changes_nothing,
+    a_connection_past_the_connection_limit_waits_until_one_closes,
 );
 
 fn start_http(db: &Db) -> RawHttp {
@@ -562,4 +563,55 @@ fn sdk_call(
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
     (out.status.code(), lines)
+}
+
+/// Sends `GET /healthz` on `stream` (keep-alive) and reads one response: its status line, or
+/// `None` when nothing came within `wait`.
+fn healthz_on(
+    stream: &mut std::net::TcpStream,
+    addr: &str,
+    wait: std::time::Duration,
+) -> Option<String> {
+    use std::io::{Read, Write};
+    stream
+        .write_all(format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .unwrap();
+    stream.set_read_timeout(Some(wait)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&got).contains("\r\n\r\n") {
+        match stream.read(&mut buf) {
+            Ok(0) => return None,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(_) => return None,
+        }
+    }
+    let text = String::from_utf8_lossy(&got).into_owned();
+    Some(text.lines().next().unwrap_or_default().to_string())
+}
+
+fn a_connection_past_the_connection_limit_waits_until_one_closes(db: Db) {
+    let server = start_http_logging(&db, &["--max-connections", "1"]).0;
+    let long = std::time::Duration::from_secs(30);
+    // A holds the one connection (keep-alive) and is served.
+    let mut a = std::net::TcpStream::connect(&server.addr).unwrap();
+    let status = healthz_on(&mut a, &server.addr, long).expect("A is served");
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    // B's connect completes in the kernel, but the server does not take it while A is open.
+    let mut b = std::net::TcpStream::connect(&server.addr).unwrap();
+    let early = healthz_on(&mut b, &server.addr, std::time::Duration::from_millis(500));
+    assert_eq!(early, None, "B was served while A held the only connection");
+    // A closes: B is taken and served.
+    drop(a);
+    use std::io::Read;
+    b.set_read_timeout(Some(long)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&got).contains("\r\n\r\n") {
+        let n = b.read(&mut buf).unwrap();
+        assert!(n > 0, "B's connection closed unanswered");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
 }

@@ -489,7 +489,7 @@ pub(super) struct HttpServer {
 }
 
 impl HttpServer {
-    /// Starts `serve --http --max-in-flight N` on a fresh ledger: the SQLite file `db`, or a
+    /// Starts `serve --http --max-in-flight N` (with room for `connections`) on a fresh ledger: the SQLite file `db`, or a
     /// fresh schema of the PostgreSQL database at `url`; `connections` keep-alive connections
     /// are opened to it.
     pub(super) async fn start(
@@ -535,7 +535,14 @@ impl HttpServer {
         let token = super::mcp::add_principal(store.clone(), true)
             .await?
             .ok_or("BENCH_SETUP_FAILED")?;
-        let extra = ["--max-in-flight".to_string(), max_in_flight.to_string()];
+        // Room for every connection of the bench: the workload measures the in-flight limit,
+        // not callers left waiting to be accepted.
+        let extra = [
+            "--max-in-flight".to_string(),
+            max_in_flight.to_string(),
+            "--max-connections".to_string(),
+            (connections + 64).to_string(),
+        ];
         let started = McpClient::start_http(&server_db, &extra, token, connections).await;
         let client = match started {
             Ok(client) => client,

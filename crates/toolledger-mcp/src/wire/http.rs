@@ -16,6 +16,9 @@
 //!   is answered 503 `unavailable` with `Retry-After: 1` at once, without being read, so a
 //!   server under more load than it can serve keeps its memory bounded and answers every
 //!   request (a refused call did nothing: the client retries it under the same operation id).
+//! - [`LimitedListener`]: at most so many connections open at once; the next one waits in the
+//!   kernel's accept queue until one closes, so the memory the open connections hold is
+//!   bounded as well.
 
 use std::sync::Arc;
 
@@ -338,6 +341,105 @@ pub async fn limit_in_flight(
         return response;
     };
     next.run(request).await
+}
+
+/// A TCP listener that keeps at most `limit` connections open: while that many are open it
+/// accepts no more (they wait in the kernel's accept queue), and a connection's slot is freed
+/// when the server drops it.
+#[derive(Debug)]
+pub struct LimitedListener {
+    inner: tokio::net::TcpListener,
+    permits: Arc<tokio::sync::Semaphore>,
+}
+
+impl LimitedListener {
+    /// `inner`, keeping at most `limit` connections open (at least 1).
+    pub fn new(inner: tokio::net::TcpListener, limit: usize) -> Self {
+        LimitedListener {
+            inner,
+            permits: Arc::new(tokio::sync::Semaphore::new(limit.max(1))),
+        }
+    }
+}
+
+/// A connection accepted by a [`LimitedListener`], holding its slot until dropped.
+#[derive(Debug)]
+pub struct LimitedStream {
+    stream: tokio::net::TcpStream,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl axum::serve::Listener for LimitedListener {
+    type Io = LimitedStream;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        let slot = loop {
+            match self.permits.clone().acquire_owned().await {
+                Ok(slot) => break slot,
+                // The semaphore is never closed; were it, accept without a slot.
+                Err(_) => tokio::task::yield_now().await,
+            }
+        };
+        let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
+        (
+            LimitedStream {
+                stream,
+                _slot: slot,
+            },
+            addr,
+        )
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
+}
+
+impl tokio::io::AsyncRead for LimitedStream {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for LimitedStream {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
 }
 
 #[cfg(test)]

@@ -11,6 +11,11 @@
 //!   the writer writes everything queued so far, so under load one write carries many lines.
 //! - The server keeps serving after a refused line; only end of input or an I/O error ends
 //!   the session. Empty lines are skipped.
+//! - Requests in flight are bounded ([`StdioTransport::with_max_in_flight`], default
+//!   [`DEFAULT_MAX_IN_FLIGHT`]): while that many requests are unanswered, no further line is
+//!   read, so a client that pipelines without limit is slowed by the pipe (its writes block)
+//!   instead of growing the server's memory. A request counts from the moment it is handed to
+//!   rmcp until its response or error is handed back.
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -31,6 +36,40 @@ const MAX_LINE: usize = MAX_MESSAGE_BYTES + 2;
 /// A line buffer grown past this by a large message is given back after it.
 const KEEP_CAPACITY: usize = 64 << 10;
 
+/// Requests in flight on one stdio connection by default: as many as a store's queue holds.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
+
+/// Requests handed to rmcp and not yet answered.
+#[derive(Debug, Default)]
+struct InFlight {
+    count: std::sync::atomic::AtomicUsize,
+    answered: tokio::sync::Notify,
+}
+
+impl InFlight {
+    /// One request answered (never below zero).
+    fn done(&self) {
+        let _ = self.count.fetch_update(
+            std::sync::atomic::Ordering::AcqRel,
+            std::sync::atomic::Ordering::Acquire,
+            |n| n.checked_sub(1),
+        );
+        self.answered.notify_waiters();
+    }
+
+    /// Waits until fewer than `limit` requests are in flight. Cancel-safe: it changes nothing.
+    async fn room(&self, limit: usize) {
+        loop {
+            // Created before the check, so an answer between the check and the wait wakes it.
+            let answered = self.answered.notified();
+            if self.count.load(std::sync::atomic::Ordering::Acquire) < limit {
+                return;
+            }
+            answered.await;
+        }
+    }
+}
+
 /// rmcp's `Transport<RoleServer>` over a reader and a writer of newline-delimited JSON-RPC
 /// (a server's stdin and stdout), with the strict wire entry on every incoming line.
 pub struct StdioTransport<R, W> {
@@ -43,6 +82,8 @@ pub struct StdioTransport<R, W> {
     /// An answer was handed to the writer whose bytes may not all be written yet.
     flushing: bool,
     out: Arc<Shared<W>>,
+    in_flight: Arc<InFlight>,
+    max_in_flight: usize,
 }
 
 /// The writing half, shared by every reply in flight.
@@ -143,7 +184,16 @@ where
                     written: 0,
                 }),
             }),
+            in_flight: Arc::new(InFlight::default()),
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
         }
+    }
+
+    /// At most `limit` requests unanswered (at least 1); at the limit no further line is read
+    /// until one is answered.
+    pub fn with_max_in_flight(mut self, limit: usize) -> Self {
+        self.max_in_flight = limit.max(1);
+        self
     }
 
     /// Reads one line into `self.line` without letting it grow past [`MAX_LINE`]. Cancel-safe:
@@ -227,6 +277,14 @@ where
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
         // rmcp calls `send` on its service loop and runs the future in a task of its own:
         // the reply is encoded there, in parallel with other replies, not on the loop.
+        let answers_request = match &item {
+            rmcp::model::JsonRpcMessage::Response(_) => true,
+            rmcp::model::JsonRpcMessage::Error(e) => e.id.is_some(),
+            _ => false,
+        };
+        if answers_request {
+            self.in_flight.done();
+        }
         let out = self.out.clone();
         async move {
             let mut bytes = serde_json::to_vec(&item)?;
@@ -241,6 +299,7 @@ where
             if (self.answer.is_some() || self.flushing) && self.answer_refused().await.is_err() {
                 return None;
             }
+            self.in_flight.room(self.max_in_flight).await;
             match self.read_line().await {
                 LineRead::Line => {}
                 LineRead::Oversized => {
@@ -258,7 +317,14 @@ where
             }
             match checked {
                 None => continue,
-                Some(Ok(message)) => return Some(message),
+                Some(Ok(message)) => {
+                    if matches!(message, rmcp::model::JsonRpcMessage::Request(_)) {
+                        self.in_flight
+                            .count
+                            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                    }
+                    return Some(message);
+                }
                 Some(Err(error)) => self.refuse(&error),
             }
         }
@@ -397,5 +463,54 @@ mod tests {
         let answer: Value =
             serde_json::from_str(&answers.next_line().await.unwrap().unwrap()).unwrap();
         assert_eq!(answer["error"]["code"], -32700);
+    }
+
+    #[tokio::test]
+    async fn past_its_in_flight_limit_the_transport_reads_nothing_until_a_request_is_answered() {
+        let (t, mut feed, mut answers) = transport();
+        let mut t = t.with_max_in_flight(2);
+        for id in 1..=3 {
+            feed.write_all(
+                format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"ping\"}}\n").as_bytes(),
+            )
+            .await
+            .unwrap();
+        }
+        let id_of = |m: RxJsonRpcMessage<RoleServer>| match m {
+            rmcp::model::JsonRpcMessage::Request(r) => r.id,
+            other => panic!("not a request: {other:?}"),
+        };
+        assert_eq!(
+            id_of(t.receive().await.unwrap()),
+            rmcp::model::RequestId::Number(1)
+        );
+        assert_eq!(
+            id_of(t.receive().await.unwrap()),
+            rmcp::model::RequestId::Number(2)
+        );
+        // Two unanswered: the third line is in the pipe but not read.
+        poll_then_cancel(&mut t).await;
+        assert!(t.line.is_empty(), "the third line is not taken");
+        // Answering the first makes room; an error without an id answers no request.
+        let unanswerable: TxJsonRpcMessage<RoleServer> =
+            rmcp::model::JsonRpcMessage::Error(rmcp::model::JsonRpcError {
+                jsonrpc: Default::default(),
+                id: None,
+                error: rmcp::model::ErrorData::parse_error("x", None),
+            });
+        t.send(unanswerable).await.unwrap();
+        poll_then_cancel(&mut t).await;
+        let answer: TxJsonRpcMessage<RoleServer> = rmcp::model::JsonRpcMessage::response(
+            rmcp::model::ServerResult::empty(()),
+            rmcp::model::RequestId::Number(1),
+        );
+        t.send(answer).await.unwrap();
+        assert_eq!(
+            id_of(t.receive().await.unwrap()),
+            rmcp::model::RequestId::Number(3)
+        );
+        for _ in 0..2 {
+            answers.next_line().await.unwrap().unwrap();
+        }
     }
 }
