@@ -394,6 +394,8 @@ const OVERLOAD: &[&str] = &[
     "1",
     "--overload-factor",
     "3",
+    "--overload-callers",
+    "64",
 ];
 
 #[test]
@@ -440,14 +442,7 @@ fn the_overload_http_workload_answers_every_call_and_reports_the_servers_memory(
     let dir = tempfile::tempdir().unwrap();
     let mut base = OVERLOAD.to_vec();
     base[1] = "overload-http";
-    base.extend([
-        "--overload-callers",
-        "64",
-        "--max-in-flight",
-        "8",
-        "--concurrency",
-        "4",
-    ]);
+    base.extend(["--max-in-flight", "8", "--concurrency", "4"]);
     let mut args = base.clone();
     args.extend(["--db-dir", dir.path().to_str().unwrap()]);
     let out = bench(&args);

@@ -61,9 +61,17 @@ async fn sign_in(conn: &mut HttpConnection, host: &str, token: &str) -> Option<S
         .body(Full::new(Bytes::from(form)))
         .ok()?;
     let response = conn.send_request(post).await.ok()?;
-    let session = cookies(&response)
+    let Some(session) = cookies(&response)
         .into_iter()
-        .find(|c| c.starts_with("toolledger_console="))?;
+        .find(|c| c.starts_with("toolledger_console="))
+    else {
+        // Said on stderr, so a failed run says why.
+        eprintln!(
+            "{}",
+            serde_json::json!({"phase": "login", "status": response.status().as_u16()})
+        );
+        return None;
+    };
     let _ = response.into_body().collect().await.ok()?;
     Some(session)
 }
