@@ -297,6 +297,17 @@ fn open_sqlite(
     SqliteStore::open(db, opts)
 }
 
+/// `bytes` random bytes from the operating system, in hex (names of test schemas and runs,
+/// throwaway keys); `None` when no randomness could be read.
+pub fn random_hex(bytes: usize) -> Option<String> {
+    use std::io::Read;
+    let mut b = vec![0u8; bytes];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .ok()?;
+    Some(hex::encode(b))
+}
+
 /// Prints one JSON object on stdout.
 pub fn print_json(value: &Value) {
     println!("{value}");

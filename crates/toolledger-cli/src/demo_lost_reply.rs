@@ -45,12 +45,7 @@ enum Target {
 }
 
 fn random_hex() -> Result<String, &'static str> {
-    use std::io::Read;
-    let mut b = [0u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .map_err(|_| "DEMO_IO_ERROR")?;
-    Ok(hex::encode(b))
+    crate::common::random_hex(32).ok_or("DEMO_IO_ERROR")
 }
 
 impl Target {

@@ -398,39 +398,44 @@ const OVERLOAD: &[&str] = &[
     "64",
 ];
 
-#[test]
-fn the_overload_workload_answers_every_call_and_loses_nothing() {
+/// Runs `bench` with `args` on SQLite, and on PostgreSQL when the test database is set; each
+/// line checked by [`check_overload_line`] as `workload`, returned.
+fn overload_lines(args: &[&str], workload: &str) -> Vec<Value> {
     let dir = tempfile::tempdir().unwrap();
-    let mut args = OVERLOAD.to_vec();
-    args.extend(["--db-dir", dir.path().to_str().unwrap()]);
-    let out = bench(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v = check_overload_line(
-        &String::from_utf8(out.stdout).unwrap(),
-        "overload",
-        "sqlite",
-    );
-    assert_eq!(
-        v["shed"], 0,
-        "no HTTP server, nothing shed at its door: {v}"
-    );
-    if let Some(url) = toolledger_testkit::db::test_database_url() {
-        let mut args = OVERLOAD.to_vec();
-        args.extend(["--backend", "postgres", "--database-url", &url]);
-        let out = bench(&args);
+    let sqlite = ["--db-dir", dir.path().to_str().unwrap()];
+    let url = toolledger_testkit::db::test_database_url();
+    let postgres = url
+        .as_deref()
+        .map(|url| ["--backend", "postgres", "--database-url", url]);
+    let mut lines = Vec::new();
+    for (backend, extra) in [
+        ("sqlite", Some(&sqlite[..])),
+        ("postgres", postgres.as_ref().map(|p| &p[..])),
+    ] {
+        let Some(extra) = extra else { continue };
+        let mut all = args.to_vec();
+        all.extend_from_slice(extra);
+        let out = bench(&all);
         assert!(
             out.status.success(),
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        check_overload_line(
+        lines.push(check_overload_line(
             &String::from_utf8(out.stdout).unwrap(),
-            "overload",
-            "postgres",
+            workload,
+            backend,
+        ));
+    }
+    lines
+}
+
+#[test]
+fn the_overload_workload_answers_every_call_and_loses_nothing() {
+    for v in overload_lines(OVERLOAD, "overload") {
+        assert_eq!(
+            v["shed"], 0,
+            "no HTTP server, nothing shed at its door: {v}"
         );
     }
 }
@@ -439,39 +444,12 @@ fn the_overload_workload_answers_every_call_and_loses_nothing() {
 /// it lets in; every call answered, nothing lost, the server's memory reported.
 #[test]
 fn the_overload_http_workload_answers_every_call_and_reports_the_servers_memory() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut base = OVERLOAD.to_vec();
-    base[1] = "overload-http";
-    base.extend(["--max-in-flight", "8", "--concurrency", "4"]);
-    let mut args = base.clone();
-    args.extend(["--db-dir", dir.path().to_str().unwrap()]);
-    let out = bench(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v = check_overload_line(
-        &String::from_utf8(out.stdout).unwrap(),
-        "overload-http",
-        "sqlite",
-    );
-    assert_eq!(v["max_in_flight"], 8, "{v}");
-    assert_eq!(v["callers"], 64, "{v}");
-    if let Some(url) = toolledger_testkit::db::test_database_url() {
-        let mut args = base.clone();
-        args.extend(["--backend", "postgres", "--database-url", &url]);
-        let out = bench(&args);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        check_overload_line(
-            &String::from_utf8(out.stdout).unwrap(),
-            "overload-http",
-            "postgres",
-        );
+    let mut args = OVERLOAD.to_vec();
+    args[1] = "overload-http";
+    args.extend(["--max-in-flight", "8", "--concurrency", "4"]);
+    for v in overload_lines(&args, "overload-http") {
+        assert_eq!(v["max_in_flight"], 8, "{v}");
+        assert_eq!(v["callers"], 64, "{v}");
     }
 }
 

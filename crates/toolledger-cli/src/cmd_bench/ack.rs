@@ -52,12 +52,7 @@ pub async fn run_pg(
 
 /// Eight random hex digits naming one run's keys.
 fn run_id() -> Result<String, &'static str> {
-    use std::io::Read;
-    let mut b = [0u8; 4];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .map_err(|_| "DATABASE_IO_ERROR")?;
-    Ok(hex::encode(b))
+    crate::common::random_hex(4).ok_or("DATABASE_IO_ERROR")
 }
 
 /// The stream itself: operation `i` runs under `<prefix>-<i>` and its key is printed (and

@@ -300,7 +300,7 @@ impl McpClient {
     }
 
     pub(super) fn reset_peak_rss(&self) {
-        let _ = std::fs::write(format!("/proc/{}/clear_refs", self.pid), "5");
+        super::report::reset_peak_rss_of(&self.pid.to_string());
     }
 
     pub(super) fn cpu(&self) -> Duration {
@@ -353,21 +353,16 @@ fn serve_command(db: &ServerDb) -> Result<tokio::process::Command, &'static str>
                 .arg(dir.join("serve.sqlite"))
                 .args(["--database-url", url])
                 .args(["--backend-id", backend_id])
-                .env("TOOLLEDGER_STATE_KEY_HEX", random_hex()?)
-                .env("TOOLLEDGER_FINGERPRINT_KEY_HEX", random_hex()?);
+                .env("TOOLLEDGER_STATE_KEY_HEX", key_hex()?)
+                .env("TOOLLEDGER_FINGERPRINT_KEY_HEX", key_hex()?);
         }
     }
     Ok(command)
 }
 
-/// 32 random bytes in hex.
-fn random_hex() -> Result<String, &'static str> {
-    use std::io::Read;
-    let mut b = [0u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .map_err(|_| "BENCH_SETUP_FAILED")?;
-    Ok(hex::encode(b))
+/// A fresh 32-byte key in hex.
+fn key_hex() -> Result<String, &'static str> {
+    crate::common::random_hex(32).ok_or("BENCH_SETUP_FAILED")
 }
 
 /// Reads the address `serve --http` announces on stderr and opens `connections` keep-alive

@@ -37,6 +37,7 @@ use toolledger::store::{QueueLimits, Store};
 use toolledger::{Error, ErrorCode};
 
 use super::mcp::McpClient;
+use super::report::rss_mb;
 use super::run::drive;
 use super::{bench_call, key_of, BenchEffect};
 
@@ -259,18 +260,6 @@ impl OverloadReport {
     }
 }
 
-/// Resident memory (`VmRSS`) of process `pid` (`self` for this one), in MiB with one decimal.
-fn rss_mb(pid: &str) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kb: f64 = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0);
-    (kb / 1024.0 * 10.0).round() / 10.0
-}
-
 /// What one overload caller saw.
 #[derive(Default)]
 struct Tally {
@@ -340,7 +329,7 @@ pub async fn run<T: Target>(
 
     // 2. Overload: calls due on schedule, issued by a bounded set of callers.
     let rss_before_mb = rss_mb(&process);
-    let _ = std::fs::write(format!("/proc/{process}/clear_refs"), "5");
+    super::report::reset_peak_rss_of(&process);
     let patience = labels.limits.wait * 4 + Duration::from_secs(30);
     let sampling = Arc::new(AtomicBool::new(true));
     let sampler = {
@@ -484,14 +473,14 @@ pub async fn run<T: Target>(
 pub(super) struct HttpServer {
     /// The target the workload drives.
     pub(super) target: Arc<HttpTarget>,
-    /// The PostgreSQL store whose schema is dropped afterwards.
-    pg: Option<toolledger::store::postgres::PgStore>,
+    /// The PostgreSQL schema dropped afterwards.
+    pg: Option<super::pg::BenchSchema>,
 }
 
 impl HttpServer {
-    /// Starts `serve --http --max-in-flight N` (with room for `connections`) on a fresh ledger: the SQLite file `db`, or a
-    /// fresh schema of the PostgreSQL database at `url`; `connections` keep-alive connections
-    /// are opened to it.
+    /// Starts `serve --http --max-in-flight N` (with room for `connections`) on a fresh
+    /// ledger: the SQLite file `db`, or a fresh schema of the PostgreSQL database at `url`;
+    /// `connections` keep-alive connections are opened to it.
     pub(super) async fn start(
         db: &std::path::Path,
         synchronous: toolledger::store::sqlite::Synchronous,
@@ -513,23 +502,19 @@ impl HttpServer {
                 (server_db, store, None)
             }
             Some(url) => {
-                use toolledger::store::postgres::{PgOptions, PgStore};
-                let schema = format!("tl_bench_{}", super::pg::random_suffix()?);
-                let backend_id = "postgres:bench-mcp".to_string();
-                let pg = PgStore::open(
+                let backend_id = "postgres:bench-mcp";
+                let pg = super::pg::BenchSchema::open_with(
                     url,
-                    PgOptions::new(backend_id.clone())
-                        .with_migrations(toolledger_reference::PG_MIGRATIONS)
-                        .in_schema(schema.clone()),
-                )
-                .map_err(|e| e.cli_code())?;
+                    backend_id,
+                    toolledger_reference::PG_MIGRATIONS,
+                )?;
                 let separator = if url.contains('?') { '&' } else { '?' };
                 let server_db = super::mcp::ServerDb::Postgres {
-                    url: format!("{url}{separator}options=-c%20search_path%3D{schema}"),
-                    backend_id,
+                    url: format!("{url}{separator}options=-c%20search_path%3D{}", pg.name()),
+                    backend_id: backend_id.to_string(),
                     dir: db.parent().unwrap_or(db).to_path_buf(),
                 };
-                (server_db, Store::from(pg.clone()), Some(pg))
+                (server_db, pg.engine().store().clone(), Some(pg))
             }
         };
         let token = super::mcp::add_principal(store.clone(), true)
@@ -547,9 +532,7 @@ impl HttpServer {
         let client = match started {
             Ok(client) => client,
             Err(code) => {
-                if let Some(pg) = pg {
-                    let _ = tokio::task::spawn_blocking(move || pg.drop_schema_blocking()).await;
-                }
+                drop_schema(pg).await;
                 return Err(code);
             }
         };
@@ -565,9 +548,13 @@ impl HttpServer {
         if let Ok(target) = Arc::try_unwrap(target) {
             super::mcp::finish(target.client).await;
         }
-        if let Some(pg) = pg {
-            let _ = tokio::task::spawn_blocking(move || pg.drop_schema_blocking()).await;
-        }
+        drop_schema(pg).await;
+    }
+}
+
+async fn drop_schema(pg: Option<super::pg::BenchSchema>) {
+    if let Some(pg) = pg {
+        let _ = tokio::task::spawn_blocking(move || pg.drop_schema()).await;
     }
 }
 

@@ -36,21 +36,23 @@ pub struct BenchSchema {
     engine: Engine,
 }
 
-pub(super) fn random_suffix() -> Result<String, &'static str> {
-    use std::io::Read;
-    let mut b = [0u8; 8];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .map_err(|_| "DATABASE_IO_ERROR")?;
-    Ok(hex::encode(b))
-}
-
 impl BenchSchema {
     /// Creates `tl_bench_<random>` in the database at `url` with the bench tables.
     pub fn open(url: &str) -> Result<BenchSchema, &'static str> {
-        let mut opts = PgOptions::new("postgres:bench")
-            .with_migrations(BENCH_PG_MIGRATIONS)
-            .in_schema(format!("tl_bench_{}", random_suffix()?));
+        BenchSchema::open_with(url, "postgres:bench", BENCH_PG_MIGRATIONS)
+    }
+
+    /// Creates `tl_bench_<random>` in the database at `url`, a ledger bound to `backend_id`
+    /// with `migrations` besides the core's.
+    pub fn open_with(
+        url: &str,
+        backend_id: &str,
+        migrations: &'static [Migration],
+    ) -> Result<BenchSchema, &'static str> {
+        let suffix = crate::common::random_hex(8).ok_or("DATABASE_IO_ERROR")?;
+        let mut opts = PgOptions::new(backend_id)
+            .with_migrations(migrations)
+            .in_schema(format!("tl_bench_{suffix}"));
         opts.max_connections = 64;
         let store = PgStore::open(url, opts).map_err(|e| e.cli_code())?;
         let clock: SharedClock = Arc::new(SystemClock);
@@ -61,6 +63,11 @@ impl BenchSchema {
     /// An engine over the schema.
     pub fn engine(&self) -> Engine {
         self.engine.clone()
+    }
+
+    /// The schema's name.
+    pub fn name(&self) -> &str {
+        self.store.schema().unwrap_or_default()
     }
 
     /// Drops the schema (blocking).

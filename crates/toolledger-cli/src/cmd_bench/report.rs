@@ -152,18 +152,34 @@ impl Report {
     }
 }
 
-/// Peak resident set (`VmHWM`) of `/proc/<pid>/status`, in MiB with one decimal.
-pub fn peak_rss_mb(pid: &str) -> Option<f64> {
+/// A memory field (`VmHWM`, `VmRSS`) of `/proc/<pid>/status` (`pid` may be `self`), in MiB
+/// with one decimal.
+fn status_mb(pid: &str, field: &str) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some((kb / 1024.0 * 10.0).round() / 10.0)
 }
 
-/// Resets this process's peak-RSS mark to its current RSS, so each workload reports its own
+/// Peak resident set (`VmHWM`) of process `pid`, in MiB with one decimal.
+pub fn peak_rss_mb(pid: &str) -> Option<f64> {
+    status_mb(pid, "VmHWM:")
+}
+
+/// Resident set (`VmRSS`) of process `pid` now, in MiB with one decimal (0 when unknown).
+pub fn rss_mb(pid: &str) -> f64 {
+    status_mb(pid, "VmRSS:").unwrap_or(0.0)
+}
+
+/// Resets process `pid`'s peak-RSS mark to its current RSS, so each workload reports its own
 /// peak (Linux ≥ 4.0; ignored elsewhere).
+pub fn reset_peak_rss_of(pid: &str) {
+    let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
+}
+
+/// [`reset_peak_rss_of`] this process.
 pub fn reset_peak_rss() {
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    reset_peak_rss_of("self");
 }
 
 #[cfg(test)]

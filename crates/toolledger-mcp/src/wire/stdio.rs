@@ -47,14 +47,17 @@ struct InFlight {
 }
 
 impl InFlight {
-    /// One request answered (never below zero).
-    fn done(&self) {
-        let _ = self.count.fetch_update(
+    /// One request answered (never below zero). Only a reader at the limit waits, so only
+    /// an answer that leaves the limit wakes it.
+    fn done(&self, limit: usize) {
+        let before = self.count.fetch_update(
             std::sync::atomic::Ordering::AcqRel,
             std::sync::atomic::Ordering::Acquire,
             |n| n.checked_sub(1),
         );
-        self.answered.notify_waiters();
+        if before.is_ok_and(|n| n >= limit) {
+            self.answered.notify_waiters();
+        }
     }
 
     /// Waits until fewer than `limit` requests are in flight. Cancel-safe: it changes nothing.
@@ -283,7 +286,7 @@ where
             _ => false,
         };
         if answers_request {
-            self.in_flight.done();
+            self.in_flight.done(self.max_in_flight);
         }
         let out = self.out.clone();
         async move {
