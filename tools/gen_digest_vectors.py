@@ -51,6 +51,50 @@ def canon_int(n):
     return str(n)
 
 
+def es_number(f):
+    """ECMAScript Number::toString of a finite nonzero double (RFC 8785 section 3.2.2.3).
+
+    Python's repr gives the shortest digits that round-trip; only the layout differs."""
+    sign = "-" if f < 0 else ""
+    t = Decimal(repr(abs(f))).normalize().as_tuple()
+    digits = "".join(map(str, t.digits))
+    k = len(digits)
+    n = k + t.exponent
+    if k <= n <= 21:
+        body = digits + "0" * (n - k)
+    elif 0 < n <= 21:
+        body = digits[:n] + "." + digits[n:]
+    elif -6 < n <= 0:
+        body = "0." + "0" * (-n) + digits
+    else:
+        e = n - 1
+        body = digits[0] + ("." + digits[1:] if k > 1 else "") + "e" + ("-" if e < 0 else "+") + str(abs(e))
+    return sign + body
+
+
+def canon_float(f):
+    if f != f or f in (float("inf"), float("-inf")):
+        raise Refused("non_finite_number")
+    if f.is_integer():
+        if abs(f) <= MAX_SAFE:
+            return str(int(f))
+        if abs(f) < 1e21:
+            # A double cannot hold every such integer: two of them would share one form.
+            raise Refused("integer_out_of_range")
+    return es_number(f)
+
+
+def canon_decimal(d):
+    if not d.is_finite():
+        raise Refused("non_finite_number")
+    if d == d.to_integral_value() and abs(d) < Decimal(10) ** 21:
+        return canon_int(int(d))
+    f = float(d)  # correctly rounded
+    if f in (float("inf"), float("-inf")) or f == 0:
+        raise Refused("number_out_of_range")
+    return canon_float(f)
+
+
 def canon(v):
     if v is None:
         return "null"
@@ -61,17 +105,9 @@ def canon(v):
     if isinstance(v, int):
         return canon_int(v)
     if isinstance(v, float):
-        if v != v or v in (float("inf"), float("-inf")):
-            raise Refused("non_finite_number")
-        if not v.is_integer():
-            raise Refused("non_integral_number")
-        return canon_int(int(v))
+        return canon_float(v)
     if isinstance(v, Decimal):
-        if not v.is_finite():
-            raise Refused("non_finite_number")
-        if v != v.to_integral_value():
-            raise Refused("non_integral_number")
-        return canon_int(int(v))
+        return canon_decimal(v)
     if isinstance(v, str):
         return canon_str(v)
     if isinstance(v, list):
@@ -440,6 +476,19 @@ def canonicalize_cases():
         '"\\ud800"',
         '"\\udc00x"',
         '{"k": "\\ud800\\u0041"}',
+        "12.5",
+        "-0.5",
+        "0.10",
+        "1e-7",
+        "1.5e300",
+        "1e21",
+        "123456789012345678901234",
+        "999999999999999999999.5",
+        "0.99999999999999999999",
+        "9007199254740993.5",
+        "1e-400",
+        "-1e400",
+        '{"amount": 12.50, "ratio": 0.333333333333333333333}',
     ]
     out = []
     for t in texts:
@@ -447,6 +496,97 @@ def canonicalize_cases():
             out.append({"text": t, "canonical": canon(strict_loads(t))})
         except Refused as e:
             out.append({"text": t, "error": e.args[0]})
+    return out
+
+
+# RFC 8785 appendix B: IEEE 754 bit patterns and their JCS form. The integral ones from 2^53 up
+# to 10^21 are refused by the canonical form (a double cannot hold every such integer).
+RFC8785_NUMBERS = [
+    ("0000000000000000", "0"),
+    ("8000000000000000", "0"),
+    ("0000000000000001", "5e-324"),
+    ("8000000000000001", "-5e-324"),
+    ("7fefffffffffffff", "1.7976931348623157e+308"),
+    ("ffefffffffffffff", "-1.7976931348623157e+308"),
+    ("4340000000000000", "9007199254740992"),
+    ("c340000000000000", "-9007199254740992"),
+    ("4430000000000000", "295147905179352830000"),
+    ("7fffffffffffffff", "NaN"),
+    ("7ff0000000000000", "Infinity"),
+    ("44b52d02c7e14af5", "9.999999999999997e+22"),
+    ("44b52d02c7e14af6", "1e+23"),
+    ("44b52d02c7e14af7", "1.0000000000000001e+23"),
+    ("444b1ae4d6e2ef4e", "999999999999999700000"),
+    ("444b1ae4d6e2ef4f", "999999999999999900000"),
+    ("444b1ae4d6e2ef50", "1e+21"),
+    ("3eb0c6f7a0b5ed8c", "9.999999999999997e-7"),
+    ("3eb0c6f7a0b5ed8d", "0.000001"),
+    ("41b3de4355555553", "333333333.3333332"),
+    ("41b3de4355555554", "333333333.33333325"),
+    ("41b3de4355555555", "333333333.3333333"),
+    ("41b3de4355555556", "333333333.3333334"),
+    ("41b3de4355555557", "333333333.33333343"),
+    ("becbf647612f3696", "-0.0000033333333333333333"),
+    ("43143ff3c1cb0959", "1424953923781206.2"),
+]
+
+
+def number_cases():
+    """Doubles by bit pattern: RFC 8785's examples, then random ones (their own seed, so the
+    sections above are unchanged)."""
+    import struct
+
+    frng = random.Random(8785)
+    bits = [b for b, _ in RFC8785_NUMBERS]
+    while len(bits) < 200:
+        kind = frng.random()
+        if kind < 0.5:
+            f = frng.uniform(-1e6, 1e6)
+        elif kind < 0.8:
+            f = frng.uniform(-1, 1) * 10 ** frng.randint(-30, 30)
+        else:
+            f = struct.unpack(">d", frng.getrandbits(64).to_bytes(8, "big"))[0]
+        bits.append(struct.pack(">d", f).hex())
+    out = []
+    for b in bits:
+        f = struct.unpack(">d", bytes.fromhex(b))[0]
+        case = {"bits": b}
+        if b in dict(RFC8785_NUMBERS) and f == f and abs(f) != float("inf"):
+            jcs = es_number(f) if f != 0 else "0"
+            assert jcs == dict(RFC8785_NUMBERS)[b], (b, jcs)
+        try:
+            case["canonical"] = canon_float(f)
+        except Refused as e:
+            case["error"] = e.args[0]
+        out.append(case)
+    return out
+
+
+def float_fingerprint_cases():
+    """Fingerprints and request digests of arguments with non-integral numbers."""
+    frng = random.Random(1285)
+    args = [
+        {"amount": 12.5},
+        {"amount": 0.1, "currency": "EUR"},
+        {"ratio": 1e-7, "big": 1.5e300, "neg": -2.25},
+        {"nested": {"prices": [19.99, 0.5, 1e21, 1e-6]}},
+        {"amount": 12.5, "n": 3},
+    ]
+    while len(args) < 20:
+        args.append({"x": frng.uniform(-1000, 1000), "y": [frng.random() for _ in range(2)]})
+    out = []
+    for a in args:
+        req = {"principal": "alice", "tool_id": "charge", "tool_version": "1", "arguments": a}
+        cs, ir, fp = fingerprint(KAT_KEY, req)
+        text = canon(request_object("acme", "alice", contract("charge"), a))
+        out.append({
+            "key_hex": KAT_KEY.hex(),
+            "input": req,
+            "line": json.dumps(req),
+            "fingerprint": fp,
+            "request_canonical": text,
+            "request_digest": sha256_hex(text.encode("utf-8")),
+        })
     return out
 
 
@@ -459,6 +599,8 @@ def main():
         "call_binding": call_binding_cases(),
         "fingerprint": fingerprint_cases(),
         "canonicalize": canonicalize_cases(),
+        "numbers": number_cases(),
+        "float_fingerprint": float_fingerprint_cases(),
     }
     kat = doc["fingerprint"][0]
     assert kat["fingerprint"] == "8053811d58bacfa928adfe862a3e1bda8040d18feef86b1b6eca9cd807c2cd97"

@@ -231,9 +231,9 @@ fn each_kind_of_bad_line_is_reported() {
             "line 1: invalid_input",
         ),
         (
-            br#"{"principal":"a","tool_id":"t","tool_version":"1","arguments":{"n":1.5}}"#
+            br#"{"principal":"a","tool_id":"t","tool_version":"1","arguments":{"n":1e17}}"#
                 .to_vec(),
-            "line 1: non_integral_number",
+            "line 1: integer_out_of_range",
         ),
         (
             br#"{"principal":"a","tool_id":"t","tool_version":"1","arguments":{"n":9007199254740992}}"#

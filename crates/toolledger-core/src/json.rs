@@ -1,8 +1,14 @@
 //! Strict JSON and its canonical form.
 //!
 //! Values are `serde_json::Value` so they move freely between the ledger, rmcp and handlers, but
-//! only values inside the canonical domain can be encoded: integers with |n| ≤ 2^53−1 (an
-//! integral float such as `1.0` is written `1`), strings, booleans, null, arrays and objects.
+//! only values inside the canonical domain can be encoded: strings, booleans, null, arrays,
+//! objects and numbers. Numbers are written as RFC 8785 (JCS) writes them: an integer with
+//! |n| ≤ 2^53−1 as its digits (an integral float such as `1.0` is written `1`), any other
+//! number as the ECMAScript shortest round-trip form of the IEEE double it denotes (`12.5`,
+//! `0.1`, `1e-7`, `1.5e+300`). NaN, ±Infinity and numbers outside the double range are refused,
+//! and so is an integer from 2^53 up to 10^21 (`integer_out_of_range`): a double cannot hold
+//! every such integer, so two different ones (`9007199254740993` and `9007199254740992`)
+//! would silently get one canonical form. Send such numbers (ids, say) as strings.
 
 use serde_json::Value;
 
@@ -25,6 +31,26 @@ impl JsonError {
             code,
             message: message.into(),
         }
+    }
+
+    /// The same error one level down, under the member or index `segment`: the message starts
+    /// with the JSON pointer of the refused value (`at /amount: …`, `at /items/0: …`), so a
+    /// caller learns which field to fix. Long member names are shortened.
+    fn within(mut self, segment: &str) -> Self {
+        let mut escaped: String = segment
+            .chars()
+            .take(64)
+            .collect::<String>()
+            .replace('~', "~0")
+            .replace('/', "~1");
+        if segment.chars().count() > 64 {
+            escaped.push('…');
+        }
+        self.message = match self.message.strip_prefix("at ") {
+            Some(rest) => format!("at /{escaped}{rest}"),
+            None => format!("at /{escaped}: {}", self.message),
+        };
+        self
     }
 }
 
@@ -49,7 +75,7 @@ pub fn write_canonical(value: &Value, out: &mut String) -> Result<(), JsonError>
                 if i > 0 {
                     out.push(',');
                 }
-                write_canonical(item, out)?;
+                write_canonical(item, out).map_err(|e| e.within(&i.to_string()))?;
             }
             out.push(']');
         }
@@ -84,7 +110,7 @@ fn write_entries<'v>(
         }
         write_string(k, out);
         out.push(':');
-        write_canonical(v, out)?;
+        write_canonical(v, out).map_err(|e| e.within(k))?;
     }
     out.push('}');
     Ok(())
@@ -125,10 +151,79 @@ pub fn canonical_integer(n: &serde_json::Number) -> Result<i64, JsonError> {
 }
 
 fn write_number(n: &serde_json::Number, out: &mut String) -> Result<(), JsonError> {
-    let i = canonical_integer(n)?;
     use std::fmt::Write;
+    if let Some(f) = n.as_f64().filter(|_| n.is_f64()) {
+        return write_double(f, out);
+    }
+    let i = canonical_integer(n)?;
     let _ = write!(out, "{i}");
     Ok(())
+}
+
+/// The smallest magnitude JCS writes in exponent form; below it an integral double is written
+/// with all its digits.
+const EXPONENT_FORM: f64 = 1e21;
+
+fn out_of_safe_range() -> JsonError {
+    JsonError::new(
+        "integer_out_of_range",
+        "integers beyond ±(2^53−1) are not held exactly by every client; send such a number \
+         as a string",
+    )
+}
+
+/// Writes a double: an integral one within ±(2^53−1) as an integer, any other in the RFC 8785
+/// (JCS) form, the ECMAScript shortest round-trip form. An integral double from 2^53 up to
+/// 10^21 is refused (`integer_out_of_range`): it may stand for an integer a double cannot hold,
+/// and two such integers would silently become one.
+fn write_double(f: f64, out: &mut String) -> Result<(), JsonError> {
+    use std::fmt::Write;
+    if !f.is_finite() {
+        return Err(JsonError::new(
+            "non_finite_number",
+            "NaN and Infinity are not JSON",
+        ));
+    }
+    if f.fract() == 0.0 {
+        if f.abs() <= MAX_SAFE_INTEGER as f64 {
+            let _ = write!(out, "{}", f as i64);
+            return Ok(());
+        }
+        if f.abs() < EXPONENT_FORM {
+            return Err(out_of_safe_range());
+        }
+    }
+    write_jcs_double(f, out);
+    Ok(())
+}
+
+/// Appends the ECMAScript `Number::toString` form of the finite double `f` (RFC 8785 section
+/// 3.2.2.3): the shortest digits that round-trip (of two equally near, the even one), in plain
+/// notation for decimal exponents from -6 to 20 and in exponent notation (`1e+21`, `1.5e-7`)
+/// otherwise.
+fn write_jcs_double(f: f64, out: &mut String) {
+    let mut buffer = ryu_js::Buffer::new();
+    out.push_str(buffer.format_finite(f));
+}
+
+/// The JSON value of the double `f` as the canonical domain holds it: an integral double within
+/// ±(2^53−1) becomes the integer, other finite doubles stay doubles; `Err` (a stable code) for
+/// what [`write_canonical`] refuses.
+fn double_value(f: f64) -> Result<Value, &'static str> {
+    if !f.is_finite() {
+        return Err("number_out_of_range");
+    }
+    if f.fract() == 0.0 {
+        if f.abs() <= MAX_SAFE_INTEGER as f64 {
+            return Ok(Value::Number((f as i64).into()));
+        }
+        if f.abs() < EXPONENT_FORM {
+            return Err("integer_out_of_range");
+        }
+    }
+    serde_json::Number::from_f64(f)
+        .map(Value::Number)
+        .ok_or("number_out_of_range")
 }
 
 fn write_string(s: &str, out: &mut String) {
@@ -265,14 +360,15 @@ pub fn check_depth(bytes: &[u8], max_depth: usize) -> Result<(), JsonError> {
 ///    - `non_finite_number`: the literals `NaN`, `Infinity` and `-Infinity`;
 ///    - `invalid_escape`: an escape other than `\" \\ \/ \b \f \n \r \t \uXXXX`;
 ///    - `lone_surrogate`: a `\u` escape of a surrogate that is not part of a high–low pair;
-///    - `non_integral_number`: a number whose exact decimal value is not an integer, decided
-///      from the digits and the exponent without floating point (`1.0`, `10e-1` and `1e2`
-///      are the integers 1, 1 and 100; `1.5` and `1e-1` are refused);
-///    - `integer_out_of_range`: an integral number with |n| > 2^53 − 1 (a number that is both
-///      non-integral and large is `non_integral_number`).
+///    - `integer_out_of_range`: a number whose exact decimal value is an integer with
+///      2^53 − 1 < |n| < 10^21, decided from the digits and the exponent without floating
+///      point (`1.0`, `10e-1` and `1e2` are the integers 1, 1 and 100);
+///    - `number_out_of_range`: a number beyond the range of a double (`1e400`), or a nonzero
+///      one so small that it rounds to zero (`1e-400`).
 ///
-/// Every number in the result is an integer (`-0` becomes `0`). Messages give a byte offset,
-/// never the input itself.
+/// An integer within ±(2^53−1) is an integer in the result (`-0` becomes `0`); any other number
+/// is the double its digits round to (`0.1`, `1.5e300`), or the integer when that double is
+/// integral and within ±(2^53−1). Messages give a byte offset, never the input itself.
 pub fn parse(bytes: &[u8], limits: &Limits) -> Result<Value, JsonError> {
     if bytes.len() > limits.max_bytes {
         return Err(JsonError::new(
@@ -643,24 +739,47 @@ impl<'a> Parser<'a> {
                 exponent = -exponent;
             }
         }
-        integer_from_parts(negative, int, frac, exponent).map_err(|code| {
-            let what = if code == "non_integral_number" {
-                "only integral numbers are in the canonical domain"
-            } else {
-                "integers must lie within ±(2^53−1)"
+        let exact = integer_from_parts(negative, int, frac, exponent);
+        let value = match exact {
+            Exact::Integer(v) => Ok(v),
+            Exact::Beyond => Err("integer_out_of_range"),
+            // A fraction, or a magnitude written in exponent form by JCS: the double the
+            // digits round to (Rust's parse rounds correctly).
+            Exact::Double => {
+                let text = &self.text[start..self.pos];
+                match text.parse::<f64>() {
+                    Ok(f) if f == 0.0 => Err("number_out_of_range"),
+                    Ok(f) => double_value(f),
+                    Err(_) => Err("syntax"),
+                }
+            }
+        };
+        value.map_err(|code| {
+            let what = match code {
+                "integer_out_of_range" => {
+                    "integers beyond ±(2^53−1) are not held exactly by every client; send \
+                     such a number as a string"
+                }
+                "number_out_of_range" => "the number is outside the range of a 64-bit float",
+                _ => "invalid number",
             };
             self.err_at(code, what, start)
         })
     }
 }
 
-/// The integer `±(int.frac) × 10^exponent`, decided exactly on the digits.
-fn integer_from_parts(
-    negative: bool,
-    int: &[u8],
-    frac: &[u8],
-    exponent: i64,
-) -> Result<Value, &'static str> {
+/// What the digits of a number denote exactly.
+enum Exact {
+    /// An integer within ±(2^53−1).
+    Integer(Value),
+    /// An integer from 2^53 up to (not including) 10^21.
+    Beyond,
+    /// A number with a fraction, or of magnitude 10^21 or more: held as the nearest double.
+    Double,
+}
+
+/// What `±(int.frac) × 10^exponent` denotes, decided exactly on the digits.
+fn integer_from_parts(negative: bool, int: &[u8], frac: &[u8], exponent: i64) -> Exact {
     let len = int.len() + frac.len();
     let digit = |k: usize| -> u8 {
         if k < int.len() {
@@ -670,7 +789,7 @@ fn integer_from_parts(
         }
     };
     let Some(first) = (0..len).find(|&k| digit(k) != 0) else {
-        return Ok(Value::Number(0.into()));
+        return Exact::Integer(Value::Number(0.into()));
     };
     let last = (first..len)
         .rev()
@@ -683,11 +802,15 @@ fn integer_from_parts(
         .saturating_sub(frac.len() as i64)
         .saturating_add(trailing_zeros);
     if scale < 0 {
-        return Err("non_integral_number");
+        return Exact::Double;
     }
-    // 2^53 − 1 has 16 decimal digits.
-    if significant.saturating_add(scale) > 16 {
-        return Err("integer_out_of_range");
+    let width = significant.saturating_add(scale);
+    // 10^21 has 22 decimal digits; 2^53 − 1 has 16.
+    if width >= 22 {
+        return Exact::Double;
+    }
+    if width > 16 {
+        return Exact::Beyond;
     }
     let mut magnitude: u64 = 0;
     for k in first..=last {
@@ -695,10 +818,10 @@ fn integer_from_parts(
     }
     magnitude *= 10u64.pow(scale as u32);
     if magnitude > MAX_SAFE_INTEGER as u64 {
-        return Err("integer_out_of_range");
+        return Exact::Beyond;
     }
     let n = magnitude as i64;
-    Ok(Value::Number(if negative { -n } else { n }.into()))
+    Exact::Integer(Value::Number(if negative { -n } else { n }.into()))
 }
 
 #[cfg(test)]
@@ -716,12 +839,17 @@ mod tests {
     }
 
     #[test]
-    fn integral_floats_become_integers_and_fractions_are_refused() {
+    fn integral_floats_become_integers_and_fractions_take_the_jcs_form() {
         assert_eq!(canonical_string(&json!(1.0)).unwrap(), "1");
         assert_eq!(canonical_string(&json!(-0.0)).unwrap(), "0");
+        assert_eq!(canonical_string(&json!(1.5)).unwrap(), "1.5");
+        assert_eq!(canonical_string(&json!(12.5)).unwrap(), "12.5");
+        assert_eq!(canonical_string(&json!(1e300)).unwrap(), "1e+300");
         assert_eq!(
-            canonical_string(&json!(1.5)).unwrap_err().code,
-            "non_integral_number"
+            canonical_string(&json!(9_007_199_254_740_992.0_f64))
+                .unwrap_err()
+                .code,
+            "integer_out_of_range"
         );
         assert_eq!(
             canonical_string(&json!(9_007_199_254_740_992_i64))
@@ -737,6 +865,42 @@ mod tests {
             canonical_string(&json!(u64::MAX)).unwrap_err().code,
             "integer_out_of_range"
         );
+    }
+
+    #[test]
+    fn a_refusal_names_the_pointer_of_the_refused_value() {
+        let e = canonical_string(&json!({"order": {"lines": [1, {"qty": 9.1e15}]}})).unwrap_err();
+        assert_eq!(e.code, "integer_out_of_range");
+        assert!(e.message.starts_with("at /order/lines/1/qty: "), "{}", e.message);
+        let e = canonical_string(&json!({"a/b~": f64::MAX.floor() / 1e300})).map(|_| ());
+        assert!(e.is_ok());
+        let e = canonical_string(&json!({"a/b~": 1e17})).unwrap_err();
+        assert!(e.message.starts_with("at /a~1b~0: "), "{}", e.message);
+    }
+
+    #[test]
+    fn the_jcs_form_of_rfc_8785s_examples() {
+        // RFC 8785 appendix B, including the integral doubles the canonical form refuses
+        // (their JCS text is still checked here).
+        for (bits, expected) in [
+            (0x0000000000000001_u64, "5e-324"),
+            (0x8000000000000001, "-5e-324"),
+            (0x7fefffffffffffff, "1.7976931348623157e+308"),
+            (0x4340000000000000, "9007199254740992"),
+            (0x4430000000000000, "295147905179352830000"),
+            (0x44b52d02c7e14af6, "1e+23"),
+            (0x444b1ae4d6e2ef4f, "999999999999999900000"),
+            (0x444b1ae4d6e2ef50, "1e+21"),
+            (0x3eb0c6f7a0b5ed8c, "9.999999999999997e-7"),
+            (0x3eb0c6f7a0b5ed8d, "0.000001"),
+            (0x41b3de4355555554, "333333333.33333325"),
+            (0xbecbf647612f3696, "-0.0000033333333333333333"),
+            (0x43143ff3c1cb0959, "1424953923781206.2"),
+        ] {
+            let mut out = String::new();
+            write_jcs_double(f64::from_bits(bits), &mut out);
+            assert_eq!(out, expected, "{bits:016x}");
+        }
     }
 
     #[test]

@@ -131,6 +131,76 @@ fn canonicalization_matches_the_vectors() {
     }
 }
 
+/// Doubles by bit pattern (RFC 8785's appendix B examples first, then random ones): the
+/// canonical form is the JCS form the independent implementation computed, or the same refusal.
+/// Each is checked as an in-memory double and as the text the strict parser reads back.
+#[test]
+fn non_integral_numbers_take_the_rfc_8785_form() {
+    let cases = vectors()["numbers"].as_array().cloned().unwrap_or_default();
+    assert!(cases.len() >= 100, "{} number vectors", cases.len());
+    assert_eq!(s(&cases[12]["canonical"]), "1e+23", "RFC 8785's examples come first");
+    for case in cases {
+        let bits = u64::from_str_radix(s(&case["bits"]), 16).unwrap();
+        let f = f64::from_bits(bits);
+        let value = serde_json::Number::from_f64(f).map(Value::Number);
+        match (&case["canonical"], &case["error"]) {
+            (Value::String(expected), _) => {
+                let value = value.expect("a finite double");
+                assert_eq!(canonical_string(&value).unwrap(), *expected, "{bits:016x}");
+                // The canonical text reads back as the same double.
+                let back = canonicalize(expected.as_bytes(), &Limits::DEFAULT).unwrap();
+                assert_eq!(back, *expected, "{bits:016x}");
+                // And the shortest Rust form of the double parses to the same canonical form.
+                let text = format!("{f:e}");
+                assert_eq!(
+                    canonicalize(text.as_bytes(), &Limits::DEFAULT).unwrap(),
+                    *expected,
+                    "{text}"
+                );
+            }
+            (_, Value::String(code)) => {
+                if let Some(value) = value {
+                    assert_eq!(
+                        canonical_string(&value).unwrap_err().code,
+                        code,
+                        "{bits:016x}"
+                    );
+                } else {
+                    assert_eq!(code, "non_finite_number", "{bits:016x}");
+                }
+            }
+            _ => panic!("malformed vector {case}"),
+        }
+    }
+}
+
+/// Fingerprints and request digests of arguments carrying non-integral numbers.
+#[test]
+fn float_arguments_fingerprint_as_the_vectors_say() {
+    let cases = section("float_fingerprint");
+    for case in cases {
+        let key = FingerprintKey::from_hex(s(&case["key_hex"])).unwrap();
+        let input = FingerprintInput::from_value(case["input"].clone()).unwrap();
+        assert_eq!(fingerprint(&key, &input).unwrap(), s(&case["fingerprint"]));
+        let from_line =
+            FingerprintInput::from_json(s(&case["line"]).as_bytes(), &Limits::DEFAULT).unwrap();
+        assert_eq!(
+            fingerprint(&key, &from_line).unwrap(),
+            s(&case["fingerprint"])
+        );
+        let contract = ToolContract::uniform("charge", "1");
+        let arguments = &case["input"]["arguments"];
+        assert_eq!(
+            request_canonical("acme", "alice", &contract, arguments).unwrap(),
+            s(&case["request_canonical"])
+        );
+        assert_eq!(
+            request_digest("acme", "alice", &contract, arguments).unwrap(),
+            s(&case["request_digest"])
+        );
+    }
+}
+
 fn contract() -> ToolContract {
     ToolContract::uniform("create_issue", "1")
 }
@@ -186,10 +256,10 @@ fn request_digest_covers_the_intent_and_nothing_else() {
 #[test]
 fn digests_refuse_values_outside_the_canonical_domain() {
     assert_eq!(
-        request_digest("a", "b", &contract(), &json!({"x": 1.5}))
+        request_digest("a", "b", &contract(), &json!({"x": 9.1e15}))
             .unwrap_err()
             .code,
-        "non_integral_number"
+        "integer_out_of_range"
     );
     assert_eq!(
         result_digest(&json!([9_007_199_254_740_992_u64]))
@@ -199,10 +269,10 @@ fn digests_refuse_values_outside_the_canonical_domain() {
     );
     let key = FingerprintKey::from_bytes(KAT_KEY).unwrap();
     let mut input = FingerprintInput::from_json(KAT_LINE.as_bytes(), &Limits::DEFAULT).unwrap();
-    input.continuation_state = Some(json!(0.25));
+    input.continuation_state = Some(json!(1e20));
     assert_eq!(
         fingerprint(&key, &input).unwrap_err().code,
-        "non_integral_number"
+        "integer_out_of_range"
     );
 }
 
@@ -387,8 +457,8 @@ fn fingerprint_input_is_read_strictly() {
             "duplicate_key",
         ),
         (
-            r#"{"principal":"a","tool_id":"t","tool_version":"1","arguments":{"n":1.5}}"#,
-            "non_integral_number",
+            r#"{"principal":"a","tool_id":"t","tool_version":"1","arguments":{"n":1e17}}"#,
+            "integer_out_of_range",
         ),
         (
             r#"{"principal":"a","tool_id":"t","tool_version":"1","arguments":NaN}"#,

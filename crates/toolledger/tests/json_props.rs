@@ -124,10 +124,11 @@ fn oracle(negative: bool, int: &str, frac: &str, exp: i32) -> Result<i64, &'stat
             digits[point as usize..].to_string(),
         )
     };
-    if after.bytes().any(|b| b != b'0') {
-        return Err("non_integral_number");
-    }
     let whole = whole.trim_start_matches('0');
+    // A fraction, or 10^21 and beyond: the double (checked by the caller).
+    if after.bytes().any(|b| b != b'0') || whole.len() >= 22 {
+        return Err("double");
+    }
     let max = MAX_SAFE_INTEGER.to_string();
     if whole.len() > max.len() || (whole.len() == max.len() && whole > max.as_str()) {
         return Err("integer_out_of_range");
@@ -231,6 +232,26 @@ proptest! {
         let got = parse(text.as_bytes(), &Limits::DEFAULT);
         match expected {
             Ok(n) => prop_assert_eq!(got.unwrap(), Value::Number(n.into()), "{}", text),
+            Err("double") => {
+                let f: f64 = text.parse().unwrap();
+                match got {
+                    Ok(v) => {
+                        // The double the digits round to (an integral one within ±(2^53−1)
+                        // as that integer).
+                        let g = v.as_f64().unwrap();
+                        prop_assert_eq!(g, f, "{}", text);
+                        prop_assert!(f != 0.0 && f.is_finite(), "{}", text);
+                        prop_assert_eq!(v.is_f64(), f.fract() != 0.0 || f.abs() >= 1e21, "{}", text);
+                    }
+                    Err(e) if f == 0.0 || !f.is_finite() => {
+                        prop_assert_eq!(e.code, "number_out_of_range", "{}", text)
+                    }
+                    Err(e) => {
+                        prop_assert_eq!(e.code, "integer_out_of_range", "{}", text);
+                        prop_assert!(f.fract() == 0.0 && f.abs() < 1e21, "{}", text);
+                    }
+                }
+            }
             Err(code) => prop_assert_eq!(got.unwrap_err().code, code, "{}", text),
         }
     }

@@ -14,9 +14,10 @@
 //! The strict rules (the ledger's, from [`toolledger::json`]) are: UTF-8 only; no byte order
 //! mark; no duplicate object key at any depth; no lone surrogate escape; no `NaN`/`Infinity`;
 //! no number outside the range of a 64-bit float. `tools/call` params, which the ledger
-//! fingerprints and stores, must moreover be in the canonical domain: integers within
-//! ±(2^53−1) only, at most [`Limits::DEFAULT`] in size and depth. Anywhere else in a message
-//! (a progress notification, an elicitation answer) a non-integral number is accepted.
+//! fingerprints and stores, are moreover held to [`Limits::DEFAULT`] in size and depth. Any
+//! number a double holds passes the wire (`12.5`, `1e-7`); an integer beyond ±(2^53−1) too:
+//! a guarded tool refuses it in-band (`invalid_arguments` naming the field), a tool passed
+//! through forwards it.
 //!
 //! Error messages name the broken rule and a byte offset, never the input.
 
@@ -165,7 +166,7 @@ fn outside_the_fast_path(bytes: &[u8], first: JsonError) -> Result<Value, WireEr
     // may still be acceptable wire JSON.
     if !matches!(
         first.code,
-        "non_integral_number" | "integer_out_of_range" | "too_large" | "too_deep"
+        "integer_out_of_range" | "too_large" | "too_deep"
     ) {
         return Err(WireError::parse(&first));
     }
@@ -195,7 +196,14 @@ fn tool_call_params_error(bytes: &[u8]) -> Option<WireError> {
     }
     let id = request_id(&text(envelope.id)?)?;
     let params = envelope.params?;
-    match strict::parse(params.get().as_bytes(), &Limits::DEFAULT) {
+    let checked = match strict::parse(params.get().as_bytes(), &Limits::DEFAULT) {
+        // An integer a double cannot hold is the tool's to judge (a guarded tool refuses it
+        // in-band naming the field; a tool passed through forwards it): only the other rules
+        // are the wire's.
+        Err(e) if e.code == "integer_out_of_range" => wire_parse(params.get().as_bytes()),
+        other => other,
+    };
+    match checked {
         Ok(_) => None,
         Err(e) => Some(WireError::invalid_params(
             id,
@@ -492,6 +500,21 @@ mod tests {
     }
 
     #[test]
+    fn every_number_a_tool_may_take_passes_the_wire_as_received() {
+        let line = br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"convert","arguments":{"amount":12.5,"rate":1e-7,"id":9007199254740993,"big":123456789012345678}}}"#;
+        let message = check_message(line).expect("accepted");
+        let ClientJsonRpcMessage::Request(request) = message else {
+            panic!("a request")
+        };
+        let value = serde_json::to_value(&request.request).unwrap();
+        let arguments = &value["params"]["arguments"];
+        assert_eq!(arguments["amount"], json!(12.5));
+        assert_eq!(arguments["rate"], json!(1e-7));
+        assert_eq!(arguments["id"], json!(9_007_199_254_740_993_u64));
+        assert_eq!(arguments["big"], json!(123_456_789_012_345_678_u64));
+    }
+
+    #[test]
     fn strict_breaks_in_tool_call_params_are_invalid_params_naming_the_rule() {
         let cases: [(&[u8], &str); 6] = [
             (
@@ -500,9 +523,9 @@ mod tests {
             ),
             (br#"{"x":{"y":1,"y":2}}"#, "duplicate_key"),
             (br#"{"x":"\ud800"}"#, "lone_surrogate"),
-            (br#"{"x":1e400}"#, "integer_out_of_range"),
-            (br#"{"x":1.5}"#, "non_integral_number"),
-            (br#"{"x":9007199254740992}"#, "integer_out_of_range"),
+            (br#"{"x":1e400}"#, "number_out_of_range"),
+            (br#"{"x":1e-400}"#, "number_out_of_range"),
+            (br#"{"x":9007199254740992,"x":1}"#, "duplicate_key"),
         ];
         for (arguments, rule) in cases {
             let mut line = br#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"t","arguments":"#.to_vec();
