@@ -167,8 +167,7 @@ const EXPONENT_FORM: f64 = 1e21;
 fn out_of_safe_range() -> JsonError {
     JsonError::new(
         "integer_out_of_range",
-        "integers beyond ±(2^53−1) are not held exactly by every client; send such a number \
-         as a string",
+        "integers beyond ±(2^53−1) are sent as strings",
     )
 }
 
@@ -757,8 +756,7 @@ impl<'a> Parser<'a> {
         value.map_err(|code| {
             let what = match code {
                 "integer_out_of_range" => {
-                    "integers beyond ±(2^53−1) are not held exactly by every client; send \
-                     such a number as a string"
+                    "integers beyond ±(2^53−1) are sent as strings"
                 }
                 "number_out_of_range" => "the number is outside the range of a 64-bit float",
                 _ => "invalid number",
