@@ -156,10 +156,8 @@ impl DeferredTool for ProxiedTool {
         let Value::Object(map) = arguments else {
             return Err(Error::invalid("arguments must be an object"));
         };
-        if toolledger::json::canonical_string(arguments).is_err() {
-            return Err(Error::invalid(
-                "arguments must be in the ledger's JSON domain (integers only, no fractions)",
-            ));
+        if let Err(e) = toolledger::json::canonical_string(arguments) {
+            return Err(Error::invalid(format!("arguments {}", e.message)));
         }
         if let Some(v) = &self.validator {
             toolledger_mcp::guarded::check_arguments(v, map)?;
