@@ -156,7 +156,7 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
     let hook = crate::cmd_dispatch::hold_hook();
     let built = Proxy::build(&store, clock.clone(), guard, upstream, &proxy_config, hook)
         .await
-        .map_err(|e| Failure::explained("UPSTREAM_UNAVAILABLE", e.to_string()))?;
+        .map_err(|e| Failure::explained("UPSTREAM_UNAVAILABLE", e.detail()))?;
     tracing::info!(target: "toolledger::proxy", guarded = ?built.guarded,
         passed_through = ?built.passed_through, "proxying the upstream's tools");
     if let Some(at) = args.telemetry.metrics {

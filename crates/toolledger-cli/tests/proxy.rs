@@ -694,7 +694,113 @@ fn an_upstream_round_asking_for_input_passes_through_bound_to_the_operation(db: 
     assert!(kinds.contains(&"awaiting_input".to_string()), "{kinds:?}");
 }
 
+/// A charge server on streamable HTTP at `port`, sharing the world's charge file.
+fn http_upstream(w: &World, port: u16) -> std::process::Child {
+    let child = Command::new(&w.python)
+        .arg(proxy_fixture("charge_server.py"))
+        .args(["--http", &port.to_string()])
+        .env("CHARGE_DB", w.charge_db())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < until, "the HTTP upstream never listened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
+}
+
+/// An upstream that cannot be reached has not been sent anything: the call is `unavailable`
+/// (retryable), nothing is unsure, the timeline says `not_sent`, and once the upstream is back
+/// the retry under the same operation id forwards it, once. Neither the answer nor the log
+/// carries the upstream's URL secrets or an internal type name.
+fn an_unreachable_upstream_is_not_sent_and_the_retry_forwards(db: Db) {
+    let Some(w) = World::new(db) else { return };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut upstream = http_upstream(&w, port);
+    let url = format!("http://127.0.0.1:{port}/mcp?token=url-secret-123");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(w.log())
+        .unwrap();
+    let mut c = toolledger();
+    c.arg("proxy")
+        .args(w.db.store_args())
+        .args(["--principal", "alice", "--upstream-url", &url])
+        .env_remove("TOOLLEDGER_STATE_KEY_HEX")
+        .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX")
+        .envs(w.db.key_env());
+    let mut p = Server::spawn_with_stderr(c, Stdio::from(log));
+    let first = p.call("charge", charge("op-up", 100));
+    assert_eq!(first["isError"], false, "{first}");
+    let _ = upstream.kill();
+    let _ = upstream.wait();
+    // The upstream is gone: nothing can be sent.
+    let down = p.call("charge", charge("op-down", 200));
+    let e = error_of(&down);
+    assert_eq!(e["code"], "unavailable", "not outcome_unknown: {down}");
+    assert_eq!(ledger_meta(&down)["retryable"], true, "{down}");
+    let again = p.call("charge", charge("op-down", 200));
+    assert_eq!(error_of(&again)["code"], "unavailable", "{again}");
+    // A read-only tool passed through says the same, without internals.
+    let look = p.call("find_charge", json!({"reference": "op-up"}));
+    assert_eq!(error_of(&look)["code"], "unavailable", "{look}");
+    for answer in [&down, &again, &look] {
+        let text = answer.to_string();
+        for leak in [
+            "url-secret-123",
+            "127.0.0.1",
+            "rmcp",
+            "reqwest",
+            "WorkerTransport",
+        ] {
+            assert!(!text.contains(leak), "{leak} leaked: {text}");
+        }
+    }
+    let kinds: Vec<String> =
+        w.db.pairs("SELECT kind, detail FROM operation_events ORDER BY id")
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+    assert!(kinds.contains(&"not_sent".to_string()), "{kinds:?}");
+    assert!(
+        !kinds
+            .iter()
+            .any(|k| k == "sent_outcome_unknown" || k == "attempt_refused"),
+        "{kinds:?}"
+    );
+    let (code, unsure) = w.cli(&["operations", "list", "--state", "outcome_unknown"]);
+    assert_eq!(code, 0);
+    assert!(!unsure.contains("op-down"), "nothing is unsure: {unsure}");
+    // Back up: the retry forwards, once.
+    let mut upstream = http_upstream(&w, port);
+    let ok = p.call("charge", charge("op-down", 200));
+    assert_eq!(ok["isError"], false, "{ok}");
+    assert_eq!(ledger_meta(&ok)["replayed"], false);
+    let replay = p.call("charge", charge("op-down", 200));
+    assert_eq!(ledger_meta(&replay)["replayed"], true, "{replay}");
+    assert_eq!(w.charges(), 2, "one charge per operation id");
+    let _ = upstream.kill();
+    let _ = upstream.wait();
+    drop(p);
+    let log = std::fs::read_to_string(w.log()).unwrap();
+    assert!(
+        !log.contains("url-secret-123"),
+        "the URL's query reached the log: {log}"
+    );
+    assert!(log.contains("token=[redacted]"), "{log}");
+}
+
 on_both_backends!(
+    an_unreachable_upstream_is_not_sent_and_the_retry_forwards,
     an_upstream_round_asking_for_input_passes_through_bound_to_the_operation,
     progress_and_cancellation_pass_through,
     the_tool_list,

@@ -755,9 +755,7 @@ impl<'a> Parser<'a> {
         };
         value.map_err(|code| {
             let what = match code {
-                "integer_out_of_range" => {
-                    "integers beyond ±(2^53−1) are sent as strings"
-                }
+                "integer_out_of_range" => "integers beyond ±(2^53−1) are sent as strings",
                 "number_out_of_range" => "the number is outside the range of a 64-bit float",
                 _ => "invalid number",
             };
@@ -869,7 +867,11 @@ mod tests {
     fn a_refusal_names_the_pointer_of_the_refused_value() {
         let e = canonical_string(&json!({"order": {"lines": [1, {"qty": 9.1e15}]}})).unwrap_err();
         assert_eq!(e.code, "integer_out_of_range");
-        assert!(e.message.starts_with("at /order/lines/1/qty: "), "{}", e.message);
+        assert!(
+            e.message.starts_with("at /order/lines/1/qty: "),
+            "{}",
+            e.message
+        );
         let e = canonical_string(&json!({"a/b~": f64::MAX.floor() / 1e300})).map(|_| ());
         assert!(e.is_ok());
         let e = canonical_string(&json!({"a/b~": 1e17})).unwrap_err();

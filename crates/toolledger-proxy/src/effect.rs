@@ -257,6 +257,9 @@ pub enum Captured {
     Protocol(ErrorData),
     /// The upstream asked for input and did not act; the event was given back.
     InputRequired(InputRequiredResult),
+    /// The forward never reached the upstream; the event was given back uncounted. What the
+    /// caller may be told (no address, no internal names).
+    NotSent(String),
 }
 
 struct Forwarding {
@@ -442,7 +445,11 @@ impl Downstream for UpstreamEffect {
                         "the upstream answered with a JSON-RPC error".into(),
                     ))
                 }
-                Err(e) => Err(DownstreamError::Unavailable(e.to_string())),
+                Err(e) if e.not_sent() => {
+                    capture(Captured::NotSent(e.to_string()));
+                    Err(DownstreamError::NotSent(e.detail()))
+                }
+                Err(e) => Err(DownstreamError::Unavailable(e.detail())),
             }
         })
     }

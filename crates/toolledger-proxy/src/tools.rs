@@ -319,12 +319,14 @@ impl GuardedForward {
                 Captured::InputRequired(asked) => {
                     return Ok(Ok(self.ask(&call, key, arguments, asked).await?))
                 }
+                Captured::NotSent(why) => Settled::NotSent(why),
                 Captured::Nothing => self.settle(&deferred, answer?, scope).await?,
             };
             Ok(match settled {
                 Settled::Answer(r) => Ok(CallToolResponse::Complete(r)),
                 Settled::Protocol(rpc) => Err(rpc),
                 Settled::Asked(asked) => Ok(self.ask(&call, key, arguments, asked).await?),
+                Settled::NotSent(why) => Ok(CallToolResponse::Complete(not_sent(key, &why))),
             })
         }
         .await;
@@ -374,6 +376,7 @@ impl GuardedForward {
                     match captured {
                         Captured::Protocol(rpc) => return Ok(Settled::Protocol(rpc)),
                         Captured::InputRequired(asked) => return Ok(Settled::Asked(asked)),
+                        Captured::NotSent(why) => return Ok(Settled::NotSent(why)),
                         Captured::Nothing => {}
                     }
                     match processed? {
@@ -422,6 +425,24 @@ enum Settled {
     Protocol(ErrorData),
     /// The upstream asked for input.
     Asked(InputRequiredResult),
+    /// The forward never reached the upstream.
+    NotSent(String),
+}
+
+/// The answer to a call whose forward never reached the upstream: `unavailable`, retryable
+/// under the same operation id (nothing was sent, nothing is unsure; the next call forwards).
+fn not_sent(key: &str, why: &str) -> CallToolResult {
+    let mut r = tool_error(&Error::unavailable(format!(
+        "{why}; nothing happened: retry later with the same operation id"
+    )));
+    let mut meta = r.meta.take().unwrap_or_default();
+    meta.insert(
+        META_LEDGER.into(),
+        json!({"operationId": key, "replayed": false, "state": OperationState::Accepted.as_str(),
+               "retryable": true}),
+    );
+    r.meta = Some(meta);
+    complete(r)
 }
 
 /// The `step` of the proxy's sealed continuation state.
@@ -480,9 +501,13 @@ impl McpTool for Passthrough {
                 }
                 Ok(answer) => Ok(answer),
                 Err(UpstreamError::Protocol(rpc)) => Err(rpc),
-                Err(e) => Ok(CallToolResponse::Complete(tool_error(&Error::unavailable(
-                    e.to_string(),
-                )))),
+                Err(e) => {
+                    tracing::warn!(target: "toolledger::proxy", tool = %self.definition.name,
+                        error = %e.detail(), "a passed-through call got no answer");
+                    Ok(CallToolResponse::Complete(tool_error(&Error::unavailable(
+                        e.to_string(),
+                    ))))
+                }
             }
         })
     }
@@ -599,7 +624,7 @@ impl ProxyStatus {
                 }
                 Ok(false) => {}
                 Err(e) => tracing::warn!(target: "toolledger::proxy",
-                    status_ref = %record.status_ref, error = %e, "the reconcile lookup failed"),
+                    status_ref = %record.status_ref, error = %e.detail(), "the reconcile lookup failed"),
             }
             return;
         }

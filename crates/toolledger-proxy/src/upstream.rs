@@ -102,7 +102,7 @@ fn response(result: ServerResult) -> Result<CallToolResponse, UpstreamError> {
         // A reply without `content` decodes as an empty result.
         ServerResult::EmptyResult(_) => Ok(CallToolResponse::Complete(CallToolResult::default())),
         _ => Err(UpstreamError::Transport(
-            "the upstream's answer to tools/call is not a tool result".into(),
+            "its answer to tools/call is not a tool result".into(),
         )),
     }
 }
@@ -151,14 +151,23 @@ pub enum Lifecycle {
 }
 
 /// Why a call to the upstream did not produce an answer.
+///
+/// The `Display` form is what a client may be told: it names no internal type and no upstream
+/// address. [`UpstreamError::detail`] adds what an operator needs in the log, with the
+/// upstream URL's credentials and query values redacted.
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum UpstreamError {
     /// The upstream answered with a JSON-RPC error: passed back to the client unchanged.
     #[error("the upstream answered with a JSON-RPC error")]
     Protocol(ErrorData),
-    /// The connection failed or closed before an answer (whether the upstream acted is not
-    /// known).
-    #[error("the upstream connection failed: {0}")]
+    /// The request provably never reached the upstream: no connection could be made (refused,
+    /// the name did not resolve, the child could not be started or was restarting), or the
+    /// request was not written. Nothing can have happened; the call may be made again.
+    #[error("the upstream could not be reached; the call was not sent")]
+    NotSent(String),
+    /// The connection failed or closed after the request may have been sent and before an
+    /// answer (whether the upstream acted is not known).
+    #[error("the connection to the upstream failed before it answered")]
     Transport(String),
     /// No answer within the call timeout (the request was cancelled upstream).
     #[error("the upstream did not answer within {0} s")]
@@ -168,13 +177,108 @@ pub enum UpstreamError {
     Cancelled,
 }
 
+impl UpstreamError {
+    /// The error with its detail, for the log (secrets in the upstream URL redacted).
+    pub fn detail(&self) -> String {
+        match self {
+            UpstreamError::NotSent(d) | UpstreamError::Transport(d) if !d.is_empty() => {
+                format!("{self} ({})", redact_urls(d))
+            }
+            _ => self.to_string(),
+        }
+    }
+
+    /// Whether the request provably never reached the upstream.
+    pub fn not_sent(&self) -> bool {
+        matches!(self, UpstreamError::NotSent(_))
+    }
+}
+
+/// `text` with the user information and query values of every `http://` or `https://` URL in
+/// it replaced by `[redacted]` (a token in `?key=…` must not reach a log).
+pub fn redact_urls(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = ["http://", "https://"]
+        .iter()
+        .filter_map(|scheme| rest.find(scheme))
+        .min()
+    {
+        out.push_str(&rest[..at]);
+        let url_len = rest[at..]
+            .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | ')' | '>' | '<' | ','))
+            .unwrap_or(rest.len() - at);
+        out.push_str(&redact_url(&rest[at..at + url_len]));
+        rest = &rest[at + url_len..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn redact_url(url: &str) -> String {
+    let (scheme, after) = url.split_at(url.find("://").map_or(0, |i| i + 3));
+    let authority_end = after.find(['/', '?', '#']).unwrap_or(after.len());
+    let (authority, path) = after.split_at(authority_end);
+    let authority = match authority.rfind('@') {
+        Some(i) => format!("[redacted]@{}", &authority[i + 1..]),
+        None => authority.to_string(),
+    };
+    let (path, fragment) = match path.find('#') {
+        Some(i) => path.split_at(i),
+        None => (path, ""),
+    };
+    let path = match path.split_once('?') {
+        Some((p, query)) => {
+            let pairs: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((k, _)) => format!("{k}=[redacted]"),
+                    None => pair.to_string(),
+                })
+                .collect();
+            format!("{p}?{}", pairs.join("&"))
+        }
+        None => path.to_string(),
+    };
+    let fragment = if fragment.is_empty() {
+        ""
+    } else {
+        "#[redacted]"
+    };
+    format!("{scheme}{authority}{path}{fragment}")
+}
+
+/// The detail of a transport error without rmcp's wrapper (which names internal types).
+fn transport_detail(e: &rmcp::transport::DynamicTransportError) -> String {
+    e.error.to_string()
+}
+
 impl From<ServiceError> for UpstreamError {
     fn from(e: ServiceError) -> Self {
         match e {
             ServiceError::McpError(data) => UpstreamError::Protocol(data),
             ServiceError::Timeout { timeout } => UpstreamError::Timeout(timeout.as_secs()),
-            other => UpstreamError::Transport(other.to_string()),
+            ServiceError::TransportSend(t) => UpstreamError::Transport(transport_detail(&t)),
+            ServiceError::TransportClosed => {
+                UpstreamError::Transport("the connection closed".into())
+            }
+            _ => UpstreamError::Transport(String::new()),
         }
+    }
+}
+
+/// Whether a failed send of a request over HTTP provably never reached the upstream: the
+/// connection was never made (refused, unresolvable name, TLS handshake) or the transport had
+/// already stopped before the request was handed to it.
+fn http_not_sent(e: &rmcp::transport::DynamicTransportError) -> bool {
+    use rmcp::transport::streamable_http_client::StreamableHttpError;
+    match e
+        .error
+        .downcast_ref::<StreamableHttpError<reqwest::Error>>()
+    {
+        Some(StreamableHttpError::Client(r)) => r.is_connect(),
+        Some(StreamableHttpError::TransportChannelClosed) => true,
+        _ => false,
     }
 }
 
@@ -228,9 +332,9 @@ enum Startup {
 impl Startup {
     fn into_error(self) -> UpstreamError {
         match self {
-            Startup::LateDiscover => UpstreamError::Transport(
-                "the upstream could not be started: its lifecycle could not be agreed".into(),
-            ),
+            Startup::LateDiscover => {
+                UpstreamError::NotSent("its lifecycle could not be agreed".into())
+            }
             Startup::Failed(e) => e,
         }
     }
@@ -326,11 +430,10 @@ impl Upstream {
 
     async fn connect(&self, generation: u64) -> Result<Connection, Startup> {
         let failed = |e: &dyn std::fmt::Display| {
-            tracing::warn!(target: "toolledger::upstream", generation, error = %e,
+            let detail = redact_urls(&e.to_string());
+            tracing::warn!(target: "toolledger::upstream", generation, error = %detail,
                 "the upstream could not be started");
-            Startup::Failed(UpstreamError::Transport(format!(
-                "the upstream could not be started: {e}"
-            )))
+            Startup::Failed(UpstreamError::NotSent(detail))
         };
         let handshake = |e: ClientInitializeError| match e {
             // The answer to `server/discover` arrived after the fallback to `initialize`.
@@ -464,11 +567,21 @@ impl Upstream {
                 .is_some_and(|c| c.generation == generation);
             if stale {
                 if let Err(e) = upstream.peer().await {
-                    tracing::warn!(target: "toolledger::upstream", error = %e,
+                    tracing::warn!(target: "toolledger::upstream", error = %e.detail(),
                         "the upstream did not start again; the next call tries once more");
                 }
             }
         });
+    }
+
+    /// Whether the failed send `e` provably left nothing with the upstream: over stdio the
+    /// line was not written (a request is read only once its whole line is), over HTTP the
+    /// connection was never made.
+    fn unsent(&self, e: &rmcp::transport::DynamicTransportError) -> bool {
+        match &self.spec {
+            UpstreamSpec::Stdio { .. } => true,
+            UpstreamSpec::Http { .. } => http_not_sent(e),
+        }
     }
 
     /// The upstream's tools (every page).
@@ -499,7 +612,11 @@ impl Upstream {
         route: &CallRoute,
         capabilities: Option<&ClientCapabilities>,
     ) -> Result<CallToolResponse, UpstreamError> {
-        let peer = self.peer().await?;
+        // No connection: nothing was sent.
+        let peer = self.peer().await.map_err(|e| match e {
+            UpstreamError::NotSent(d) | UpstreamError::Transport(d) => UpstreamError::NotSent(d),
+            other => other,
+        })?;
         let mut options = PeerRequestOptions::no_options();
         let modern = peer
             .peer_info()
@@ -512,7 +629,11 @@ impl Upstream {
         // rmcp gives every request a progress token of its own; the upstream's progress for
         // this call arrives under it and is routed to the client's token.
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
-        let handle = peer.send_request_with_option(request, options).await?;
+        // Refused before the transport had it: nothing was sent.
+        let handle = peer
+            .send_request_with_option(request, options)
+            .await
+            .map_err(|e| UpstreamError::NotSent(UpstreamError::from(e).detail()))?;
         let mut guard = RouteGuard(self.handler.routes.clone(), None);
         if let Some(client) = &route.progress {
             if let Ok(mut routes) = self.handler.routes.lock() {
@@ -527,7 +648,13 @@ impl Upstream {
             answer = tokio::time::timeout(timeout, handle.await_response()) => match answer {
                 Ok(answer) => {
                     abandoned.0 = None;
-                    response(answer?)
+                    match answer {
+                        Ok(answer) => response(answer),
+                        Err(ServiceError::TransportSend(t)) if self.unsent(&t) => {
+                            Err(UpstreamError::NotSent(transport_detail(&t)))
+                        }
+                        Err(e) => Err(e.into()),
+                    }
                 }
                 Err(_) => Err(UpstreamError::Timeout(timeout.as_secs())),
             },

@@ -138,7 +138,11 @@ fn canonicalization_matches_the_vectors() {
 fn non_integral_numbers_take_the_rfc_8785_form() {
     let cases = vectors()["numbers"].as_array().cloned().unwrap_or_default();
     assert!(cases.len() >= 100, "{} number vectors", cases.len());
-    assert_eq!(s(&cases[12]["canonical"]), "1e+23", "RFC 8785's examples come first");
+    assert_eq!(
+        s(&cases[12]["canonical"]),
+        "1e+23",
+        "RFC 8785's examples come first"
+    );
     for case in cases {
         let bits = u64::from_str_radix(s(&case["bits"]), 16).unwrap();
         let f = f64::from_bits(bits);

@@ -78,7 +78,10 @@ fn non_integral_numbers_become_the_double_they_denote() {
         ("1e-7", "1e-7"),
         ("1.5e300", "1.5e+300"),
         ("1e21", "1e+21"),
-        ("{\"a\": [10000000000000000000000000000000]}", "{\"a\":[1e+31]}"),
+        (
+            "{\"a\": [10000000000000000000000000000000]}",
+            "{\"a\":[1e+31]}",
+        ),
     ] {
         let v = ok(text);
         assert_eq!(canonical_string(&v).unwrap(), canonical, "{text}");
@@ -103,7 +106,13 @@ fn integers_beyond_two_to_the_53_are_refused() {
 
 #[test]
 fn numbers_outside_the_double_range_are_refused() {
-    for text in ["1e400", "-1e400", "1e99999999999999999999", "1e-400", "1e-99999999999999999999"] {
+    for text in [
+        "1e400",
+        "-1e400",
+        "1e99999999999999999999",
+        "1e-400",
+        "1e-99999999999999999999",
+    ] {
         assert_eq!(code_of(text.as_bytes()), "number_out_of_range", "{text}");
     }
 }

@@ -91,12 +91,18 @@ impl Runtime {
     }
 
     /// Records a failed attempt (conditional on the token); the lease stays until it expires.
+    /// The event is `attempt_refused` when `state` is `None` (refused before the downstream
+    /// call), `sent_outcome_unknown` when the operation becomes unsure.
     pub(super) async fn record_attempt(
         &self,
         lease: &Lease,
         code: &str,
         state: Option<OperationState>,
     ) -> Result<(), RuntimeError> {
+        let kind = match state {
+            None => "attempt_refused",
+            Some(_) => "sent_outcome_unknown",
+        };
         tracing::warn!(
             target: "toolledger::worker", event_id = lease.event_id,
             operation = lease.operation_id, attempt = lease.attempt, code,
@@ -116,7 +122,7 @@ impl Runtime {
                     tx,
                     lease.operation_id,
                     now,
-                    "attempt_refused",
+                    kind,
                     &json!({"code": code, "attempt": lease.attempt, "fencing_token": lease.token}),
                 )
             })
@@ -133,18 +139,39 @@ impl Runtime {
             target: "toolledger::worker", event_id = lease.event_id,
             operation = lease.operation_id, attempt = lease.attempt,
             "awaiting input: the event is given back for the continuation");
+        self.give_back(lease, "input_required", "awaiting_input", None)
+            .await
+    }
+
+    /// Gives the event of `lease` back because its request provably never reached the
+    /// downstream: pending again, uncounted, the operation `accepted`, a `not_sent` event
+    /// recorded with `why`. The next call (or worker pass) forwards it.
+    async fn not_sent(&self, lease: &Lease, why: &str) -> Result<(), RuntimeError> {
+        tracing::warn!(
+            target: "toolledger::worker", event_id = lease.event_id,
+            operation = lease.operation_id, attempt = lease.attempt, reason = why,
+            "not sent: the downstream was not reached; the event is given back");
+        self.give_back(lease, "not_sent", "not_sent", Some(why))
+            .await
+    }
+
+    async fn give_back(
+        &self,
+        lease: &Lease,
+        code: &'static str,
+        kind: &'static str,
+        why: Option<&str>,
+    ) -> Result<(), RuntimeError> {
         let lease = lease.clone();
+        let mut detail = json!({"attempt": lease.attempt, "fencing_token": lease.token});
+        if let Some(why) = why {
+            detail["reason"] = json!(why);
+        }
         self.write_at(move |_, tx, now| -> Result<(), RuntimeError> {
-            outbox::rearm(tx, &lease, "input_required", now)?.map_err(RuntimeError::Fenced)?;
+            outbox::rearm(tx, &lease, code, now)?.map_err(RuntimeError::Fenced)?;
             ledger::mark_deferred(tx, lease.operation_id, OperationState::Accepted, now)
                 .map_err(|e| stored(tx, e))?;
-            insert_event(
-                tx,
-                lease.operation_id,
-                now,
-                "awaiting_input",
-                &json!({"attempt": lease.attempt, "fencing_token": lease.token}),
-            )
+            insert_event(tx, lease.operation_id, now, kind, &detail)
         })
         .await
     }
@@ -216,6 +243,10 @@ impl Runtime {
                 self.rearm(&lease).await?;
                 return Ok(unknown(OperationState::Accepted));
             }
+            Err(DownstreamError::NotSent(why)) => {
+                self.not_sent(&lease, &why).await?;
+                return Ok(unknown(OperationState::Accepted));
+            }
             Err(DownstreamError::Failed { result }) if json::canonical_string(&result).is_ok() => {
                 let answer = self.fail(&lease, result).await?;
                 return Ok(Processed::Delivered(answer));
@@ -229,6 +260,7 @@ impl Runtime {
                         "downstream_refusal_invalid"
                     }
                     DownstreamError::Continue => "downstream_continue",
+                    DownstreamError::NotSent(_) => "downstream_not_sent",
                 };
                 self.record_attempt(&lease, code, Some(OperationState::OutcomeUnknown))
                     .await?;
