@@ -747,7 +747,7 @@ impl<'a> Parser<'a> {
             Exact::Double => {
                 let text = &self.text[start..self.pos];
                 match text.parse::<f64>() {
-                    Ok(f) if f == 0.0 => Err("number_out_of_range"),
+                    Ok(0.0) => Err("number_out_of_range"),
                     Ok(f) => double_value(f),
                     Err(_) => Err("syntax"),
                 }
