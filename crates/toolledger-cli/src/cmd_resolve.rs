@@ -6,8 +6,9 @@
 //! - A deferred operation (`outcome_unknown`, `dead`, or `processing` whose lease has
 //!   expired) resolves as `succeeded` or `failed`. The payments service is asked first: with
 //!   a receipt, `--as failed` is refused and `--as succeeded` reconciles it (transaction C);
-//!   without one, `--as succeeded` is refused and `--as failed` stores the failure result
-//!   `{code: "resolved_failed", message}`.
+//!   without one, `--as succeeded` needs `--evidence JSON` (what the operator verified,
+//!   recorded as the receipt with operator and reason) and `--as failed` stores the failure
+//!   result `{code: "resolved_failed", message}`.
 //! - An inline operation stuck `in_progress` (unchanged for the in-progress expiry, 300 s)
 //!   resolves as `applied` or `partial`, with its first step's result; a `partial` one may be
 //!   resolved as `applied` once its remaining steps were done by hand.
@@ -39,7 +40,8 @@ pub struct ResolveArgs {
     /// The operation's opaque reference.
     #[arg(long)]
     pub status_ref: String,
-    /// The outcome to record. Deferred: `succeeded` (needs the downstream's receipt) or
+    /// The outcome to record. Deferred: `succeeded` (needs the downstream's receipt, or
+    /// `--evidence`) or
     /// `failed` (refused when the downstream holds a receipt). Inline: `applied` or `partial`.
     #[arg(long = "as", value_parser = parse_as)]
     pub outcome: ResolveAs,
@@ -49,6 +51,11 @@ pub struct ResolveArgs {
     /// The operator's principal name (role `operator` in the operation's tenant).
     #[arg(long)]
     pub operator: String,
+    /// What you verified, as a JSON object (`{"message_id": "…"}`): lets a deferred
+    /// operation whose downstream holds no receipt be resolved as `succeeded`, with this as
+    /// its receipt; every retry is then told the effect happened, with this evidence.
+    #[arg(long, value_name = "JSON")]
+    pub evidence: Option<String>,
     /// Use this Unix time instead of the wall clock (tests).
     #[arg(long)]
     pub clock_epoch: Option<i64>,
@@ -68,6 +75,19 @@ pub fn run(args: ResolveArgs, store: StoreConfig) -> Result<Outcome, Failure> {
             outcome: args.outcome,
             reason: args.reason,
             operator: args.operator,
+            evidence: match &args.evidence {
+                None => None,
+                Some(text) => Some(
+                    toolledger::json::parse(text.as_bytes(), &toolledger::json::Limits::DEFAULT)
+                        .ok()
+                        .filter(serde_json::Value::is_object)
+                        .ok_or_else(|| {
+                            Failure::Refused(Error::invalid(
+                                "--evidence takes a JSON object (what you verified)",
+                            ))
+                        })?,
+                ),
+            },
         };
         match settle(rt, &resolution).await {
             Ok(Answer::Done {

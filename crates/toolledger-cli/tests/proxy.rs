@@ -151,6 +151,49 @@ impl World {
         }
     }
 
+    /// The Python SDK's driver (`api`: `client` or `session`) against a proxy it starts on the
+    /// world's ledger with `extra` flags: lists the tools, then makes `calls`. Its lines.
+    fn py(&self, extra: &[&str], api: &str, calls: Value) -> Vec<Value> {
+        let mut args = vec!["proxy".to_string()];
+        args.extend(self.db.store_args());
+        args.extend(["--principal".into(), "alice".into()]);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend([
+            "--".into(),
+            self.python.display().to_string(),
+            proxy_fixture("charge_server.py").display().to_string(),
+        ]);
+        let mut env = serde_json::Map::new();
+        for (k, v) in self.db.key_env() {
+            env.insert(k.into(), json!(v));
+        }
+        env.insert("CHARGE_DB".into(), json!(self.charge_db()));
+        env.insert(
+            "PATH".into(),
+            json!(std::env::var("PATH").unwrap_or_default()),
+        );
+        let spec = json!({"transport": "stdio", "lifecycle": "legacy", "api": api,
+            "list_tools": true, "calls": calls,
+            "server": {"command": support::BIN, "args": args, "env": env}});
+        let out = Command::new(&self.python)
+            .arg(proxy_fixture("py_client.py"))
+            .arg(spec.to_string())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "the Python SDK failed: {lines:?}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        lines
+    }
+
     fn cli(&self, args: &[&str]) -> (i32, String) {
         let out = toolledger()
             .arg(args[0])
@@ -163,6 +206,15 @@ impl World {
             String::from_utf8_lossy(&out.stdout).into_owned(),
         )
     }
+}
+
+/// The result of call `i` in the Python driver's lines.
+fn py_result(lines: &[Value], i: usize) -> Value {
+    lines
+        .iter()
+        .find(|l| l["i"] == i)
+        .and_then(|l| l.get("result").cloned())
+        .unwrap_or_else(|| panic!("call {i} has no result: {lines:?}"))
 }
 
 fn charge(op: &str, amount: i64) -> Value {
@@ -350,6 +402,7 @@ fn a_lost_upstream_answer_is_unknown_until_reconciled(db: Db) {
         tool = "find_charge"
         arguments = { reference = "{operation_id}" }
         found_when = "/structuredContent/found"
+        result = { charge_id = "/structuredContent/charge/id", customer = "/structuredContent/charge/customer", amount_cents = "/structuredContent/charge/amount_cents" }
         "#,
     );
     let config = config.display().to_string();
@@ -383,14 +436,44 @@ fn a_lost_upstream_answer_is_unknown_until_reconciled(db: Db) {
     assert_eq!(status["ledgerState"], "succeeded");
     let replay = p.call("charge", charge("op-lost", 900));
     assert_eq!(replay["isError"], false, "{replay}");
+    // The configured mapping of the lookup's answer, in the tool's own output schema; never
+    // the lookup's answer dressed as the tool's.
     assert_eq!(
-        replay["structuredContent"]["found"], true,
-        "the lookup's answer: {replay}"
-    );
-    assert_eq!(
-        replay["structuredContent"]["charge"]["reference"], "op-lost",
+        replay["structuredContent"],
+        json!({"charge_id": 1, "customer": "c-1", "amount_cents": 900}),
         "{replay}"
     );
+    assert!(
+        replay["structuredContent"].get("found").is_none(),
+        "{replay}"
+    );
+    assert_eq!(
+        replay["_meta"]["io.toolledger/confirmed"]["by"], "lookup",
+        "{replay}"
+    );
+    assert_eq!(
+        replay["_meta"]["io.toolledger/confirmed"]["evidence"]["structuredContent"]["charge"]
+            ["reference"],
+        "op-lost",
+        "the evidence: {replay}"
+    );
+    assert_eq!(w.charges(), 1, "never a second forward");
+    drop(p);
+    // The official Python SDK, which checks a success against the tool's output schema,
+    // accepts the replay (its `Client` and its session).
+    for api in ["client", "session"] {
+        let lines = w.py(
+            &["--config", &config],
+            api,
+            json!([{"name": "charge", "arguments": charge("op-lost", 900)}]),
+        );
+        let r = py_result(&lines, 0);
+        assert_eq!(r["isError"], false, "{api}: {lines:?}");
+        assert_eq!(
+            r["structuredContent"]["amount_cents"], 900,
+            "{api}: {lines:?}"
+        );
+    }
     assert_eq!(w.charges(), 1, "never a second forward");
     w.wait_for_log("upstream started");
     let log = std::fs::read_to_string(w.log()).unwrap();
@@ -694,6 +777,71 @@ fn an_upstream_round_asking_for_input_passes_through_bound_to_the_operation(db: 
     assert!(kinds.contains(&"awaiting_input".to_string()), "{kinds:?}");
 }
 
+/// An operator who verified the effect records it with evidence; every retry is then told the
+/// effect happened, in a shape the Python SDK accepts for a tool with an output schema (an
+/// error result `effect_confirmed`: no result conforming to the schema exists).
+fn an_operator_confirms_a_success_with_evidence(db: Db) {
+    let Some(w) = World::new(db) else { return };
+    let config = w.config("[tools.slow]\ncall_timeout_seconds = 1\n");
+    let config = config.display().to_string();
+    let mut p = w.start(&["--config", &config], 0);
+    let r = p.call("slow", json!({"seconds": 2.5, "operation_id": "op-e"}));
+    let e = error_of(&r);
+    assert_eq!(e["code"], "outcome_unknown", "{r}");
+    let status_ref = e["status_ref"].as_str().unwrap().to_string();
+    add_principal(&w.db, "olga", "acme", &["operator"], &[], false);
+    let resolve = |extra: &[&str]| {
+        let mut args = vec![
+            "resolve",
+            "--status-ref",
+            &status_ref,
+            "--as",
+            "succeeded",
+            "--reason",
+            "the upstream's log shows the sleep finished",
+            "--operator",
+            "olga",
+        ];
+        args.extend_from_slice(extra);
+        w.cli(&args)
+    };
+    let (code, out) = resolve(&[]);
+    assert_eq!(code, 1, "no receipt, no evidence: refused: {out}");
+    let (code, out) = resolve(&["--evidence", "[1]"]);
+    assert_eq!(code, 1, "evidence is an object: {out}");
+    let (code, out) = resolve(&[
+        "--evidence",
+        r#"{"log_line": "slept 2.5s", "seconds": 2.5}"#,
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let replay = p.call("slow", json!({"seconds": 2.5, "operation_id": "op-e"}));
+    assert_eq!(error_of(&replay)["code"], "effect_confirmed", "{replay}");
+    assert_eq!(ledger_meta(&replay)["state"], "succeeded", "{replay}");
+    let confirmed = &replay["_meta"]["io.toolledger/confirmed"];
+    assert_eq!(confirmed["by"], "operator", "{replay}");
+    assert_eq!(confirmed["operator"], "olga");
+    assert_eq!(confirmed["evidence"]["seconds"], 2.5);
+    let status = p.status("op-e");
+    assert_eq!(status["state"], "applied", "{status}");
+    drop(p);
+    for api in ["client", "session"] {
+        let lines = w.py(
+            &["--config", &config],
+            api,
+            json!([{"name": "slow", "arguments": {"seconds": 2.5, "operation_id": "op-e"}}]),
+        );
+        let r = py_result(&lines, 0);
+        assert_eq!(r["isError"], true, "{api}: {lines:?}");
+        assert!(
+            r.to_string().contains("effect_confirmed"),
+            "{api}: {lines:?}"
+        );
+    }
+    let (code, audit) = w.cli(&["audit"]);
+    assert_eq!(code, 0, "{audit}");
+    assert!(audit.contains("\"gate\":\"PASS\""), "{audit}");
+}
+
 /// A charge server on streamable HTTP at `port`, sharing the world's charge file.
 fn http_upstream(w: &World, port: u16) -> std::process::Child {
     let child = Command::new(&w.python)
@@ -800,6 +948,7 @@ fn an_unreachable_upstream_is_not_sent_and_the_retry_forwards(db: Db) {
 }
 
 on_both_backends!(
+    an_operator_confirms_a_success_with_evidence,
     an_unreachable_upstream_is_not_sent_and_the_retry_forwards,
     an_upstream_round_asking_for_input_passes_through_bound_to_the_operation,
     progress_and_cancellation_pass_through,

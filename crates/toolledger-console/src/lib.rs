@@ -358,6 +358,8 @@ struct ChangeForm {
     outcome: Option<String>,
     #[serde(default)]
     reason: Option<String>,
+    #[serde(default)]
+    evidence: Option<String>,
 }
 
 fn csrf_refused(viewer: Option<&Viewer>) -> Response {
@@ -588,6 +590,24 @@ async fn resolve(
         outcome,
         reason: f.reason.unwrap_or_default().replace("\r\n", "\n"),
         operator: viewer.name.clone(),
+        evidence: match f.evidence.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(text) => {
+                match toolledger::json::parse(text.as_bytes(), &toolledger::json::Limits::DEFAULT) {
+                    Ok(v) if v.is_object() => Some(v),
+                    _ => {
+                        return render_operation(
+                            &c,
+                            &viewer,
+                            &status_ref,
+                            StatusCode::UNPROCESSABLE_ENTITY,
+                            Some(("invalid_arguments", "the evidence must be a JSON object")),
+                        )
+                        .await
+                    }
+                }
+            }
+        },
     };
     match (c.inner.resolver)(resolution).await {
         Ok(Answer::Done { .. }) => Redirect::to(&format!(

@@ -379,6 +379,8 @@ pub fn operation(viewer: (&str, &str), s: &Shown<'_>) -> Markup {
                     }
                     label for="reason" { "Reason (required)" }
                     textarea id="reason" name="reason" rows="3" maxlength="512" required {}
+                    label for="evidence" { "Evidence (a JSON object of what you verified; needed to record succeeded when the downstream holds no receipt)" }
+                    textarea id="evidence" name="evidence" rows="3" maxlength="16384" placeholder="{\"message_id\": \"…\"}" {}
                     p { button type="submit" id="resolve-submit" { "Resolve" } }
                 }
             } @else if let Some(note) = s.resolve_note {

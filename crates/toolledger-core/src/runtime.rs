@@ -297,6 +297,15 @@ pub trait DeferredTool: Send + Sync + 'static {
     /// arguments, and returns the tool result. Generic bindings (status ref, scope, request
     /// digest) are already checked by the runtime.
     fn accept_receipt(&self, arguments: &Value, receipt: &Value) -> Result<Value, Error>;
+
+    /// The stored result of an operation an operator confirmed as succeeded without a
+    /// downstream receipt, on the evidence `confirmation` (`{by: "operator", operator, reason,
+    /// evidence}`): what every retry is answered with. It must say the effect happened and
+    /// carry the evidence; it must not pretend to be the downstream's own answer. The default
+    /// is `{"confirmed": confirmation}`.
+    fn confirmed_result(&self, _arguments: &Value, confirmation: &Value) -> Result<Value, Error> {
+        Ok(json!({ "confirmed": confirmation }))
+    }
 }
 
 type ToolEntry = (Arc<dyn DeferredTool>, Arc<dyn Downstream>);
@@ -624,6 +633,10 @@ pub struct Resolution {
     /// The operator's principal name: must currently hold [`OPERATOR_ROLE`] in the
     /// operation's tenant.
     pub operator: String,
+    /// What the operator verified (a JSON object: an upstream's message id, a payment
+    /// reference, a screenshot's link): with it, a deferred operation whose downstream holds
+    /// no receipt may be resolved as `succeeded`, and this is recorded as its receipt.
+    pub evidence: Option<Value>,
 }
 
 /// The role a principal needs to resolve unknown outcomes.

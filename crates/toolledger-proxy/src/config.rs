@@ -105,9 +105,54 @@ pub struct Reconcile {
     /// number. Without it, any result that is not an error is evidence.
     #[serde(default)]
     pub found_when: Option<String>,
+    /// How to build the guarded tool's own result from the lookup's answer once it found the
+    /// effect, for a tool that declares an `outputSchema`: a JSON object whose string members
+    /// starting with `/` are JSON pointers into the lookup's tool result (`result =
+    /// "/structuredContent/email/message_id"`), every other member a literal. The built
+    /// result must conform to the tool's output schema, or it is not used.
+    #[serde(default)]
+    pub result: Option<serde_json::Map<String, Value>>,
 }
 
+/// Why a lookup answer could not be mapped into a result.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unmapped(pub String);
+
 impl Reconcile {
+    /// The guarded tool's result built from the lookup's answer `found` by [`Reconcile::result`]
+    /// (`None` when no mapping is configured); `Err` names a pointer that resolves to nothing.
+    pub fn map_result(&self, found: &Value) -> Option<Result<Value, Unmapped>> {
+        fn build(template: &Value, found: &Value) -> Result<Value, Unmapped> {
+            match template {
+                Value::String(p) if p.starts_with('/') => found
+                    .pointer(p)
+                    .cloned()
+                    .ok_or_else(|| Unmapped(format!("the pointer {p} resolves to nothing"))),
+                Value::Object(o) => o
+                    .iter()
+                    .map(|(k, v)| Ok((k.clone(), build(v, found)?)))
+                    .collect::<Result<_, _>>()
+                    .map(Value::Object),
+                Value::Array(a) => a
+                    .iter()
+                    .map(|v| build(v, found))
+                    .collect::<Result<_, _>>()
+                    .map(Value::Array),
+                other => Ok(other.clone()),
+            }
+        }
+        let template = self.result.as_ref()?;
+        Some(build(&Value::Object(template.clone()), found))
+    }
+
+    /// Whether `found_when` resolves to anything at all in `result` (a pointer that resolves
+    /// to nothing is a misconfiguration, not a "no").
+    pub fn pointer_resolves(&self, result: &Value) -> bool {
+        self.found_when
+            .as_ref()
+            .is_none_or(|p| result.pointer(p).is_some())
+    }
+
     /// The lookup's arguments for operation `key`.
     pub fn arguments_for(&self, key: &str) -> serde_json::Map<String, Value> {
         fn substitute(v: &Value, key: &str) -> Value {

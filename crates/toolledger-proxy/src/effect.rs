@@ -78,6 +78,8 @@ pub struct ProxiedTool {
     validator: Option<jsonschema::Validator>,
     /// Whether the upstream declares the key argument itself (then it is forwarded).
     declares_key: bool,
+    /// The upstream's output schema, compiled, when it declares one that compiles.
+    output: Option<Arc<jsonschema::Validator>>,
 }
 
 impl ProxiedTool {
@@ -116,11 +118,17 @@ impl ProxiedTool {
                 None
             }
         };
+        let output = tool
+            .output_schema
+            .as_ref()
+            .and_then(|s| jsonschema::validator_for(&Value::Object(s.as_ref().clone())).ok())
+            .map(Arc::new);
         ProxiedTool {
             contract,
             policy,
             validator,
             declares_key,
+            output,
         }
     }
 
@@ -192,7 +200,10 @@ impl DeferredTool for ProxiedTool {
             .get("result")
             .cloned()
             .ok_or_else(|| Error::invalid("the receipt carries no result"))?;
-        if result.get("upstream").is_none() && result.get("upstream_text").is_none() {
+        if result.get("upstream").is_none()
+            && result.get("upstream_text").is_none()
+            && result.get("confirmed").is_none()
+        {
             return Err(Error::invalid(
                 "the receipt's result is not an upstream result",
             ));
@@ -295,6 +306,37 @@ pub struct UpstreamEffect {
     policy: ToolPolicy,
     declares_key: bool,
     evidence: Handoff<Value>,
+    /// The tool's output schema, compiled (a mapped reconcile result is checked against it).
+    output: Option<Arc<jsonschema::Validator>>,
+}
+
+/// The shape of a JSON value for a log line: its member names and types, never its values.
+pub fn shape(v: &Value) -> String {
+    fn walk(v: &Value, depth: usize, out: &mut String) {
+        match v {
+            Value::Object(o) if depth < 3 => {
+                out.push('{');
+                for (i, (k, x)) in o.iter().take(12).enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(k);
+                    out.push(':');
+                    walk(x, depth + 1, out);
+                }
+                out.push('}');
+            }
+            Value::Object(_) => out.push_str("object"),
+            Value::Array(a) => out.push_str(&format!("array[{}]", a.len())),
+            Value::String(_) => out.push_str("string"),
+            Value::Number(_) => out.push_str("number"),
+            Value::Bool(_) => out.push_str("bool"),
+            Value::Null => out.push_str("null"),
+        }
+    }
+    let mut out = String::new();
+    walk(v, 0, &mut out);
+    out
 }
 
 impl std::fmt::Debug for UpstreamEffect {
@@ -314,6 +356,7 @@ impl UpstreamEffect {
             policy: tool.policy.clone(),
             declares_key: tool.declares_key,
             evidence: Handoff::default(),
+            output: tool.output.clone(),
         }
     }
 
@@ -334,17 +377,41 @@ impl UpstreamEffect {
             return Ok(false);
         };
         let seen = serde_json::to_value(&result).unwrap_or(Value::Null);
+        if !reconcile.pointer_resolves(&seen) {
+            tracing::warn!(target: "toolledger::proxy", status_ref = %record.status_ref,
+                tool = %self.tool, lookup = %reconcile.tool,
+                found_when = reconcile.found_when.as_deref().unwrap_or(""),
+                answer_shape = %shape(&seen),
+                "the reconcile rule's found_when pointer resolves to nothing in the lookup's \
+                 answer: the rule cannot find the effect; check the configuration");
+            return Ok(false);
+        }
         if !reconcile.is_evidence(&seen) {
             tracing::info!(target: "toolledger::proxy", status_ref = %record.status_ref,
                 tool = %self.tool, lookup = %reconcile.tool, "reconcile lookup found no effect");
             return Ok(false);
         }
-        let mut stored = stored_result(&result);
-        if let Value::Object(m) = &mut stored {
-            m.insert(
-                "reconciled_by".into(),
-                Value::String(reconcile.tool.clone()),
-            );
+        let evidence = if toolledger::json::canonical_string(&seen).is_ok() {
+            seen.clone()
+        } else {
+            json!({ "text": seen.to_string() })
+        };
+        let mut stored = json!({
+            "confirmed": {"by": "lookup", "lookup": reconcile.tool, "evidence": evidence},
+        });
+        match reconcile.map_result(&seen) {
+            None => {}
+            Some(Ok(mapped)) => match self.conforms(&mapped) {
+                Ok(()) => stored["mapped"] = mapped,
+                Err(why) => tracing::warn!(target: "toolledger::proxy",
+                    status_ref = %record.status_ref, tool = %self.tool, why = %why,
+                    "the reconcile rule's result does not conform to the tool's output schema; \
+                     retries are told the effect happened without it"),
+            },
+            Some(Err(why)) => tracing::warn!(target: "toolledger::proxy",
+                status_ref = %record.status_ref, tool = %self.tool, why = %why.0,
+                answer_shape = %shape(&seen),
+                "the reconcile rule's result mapping does not fit the lookup's answer"),
         }
         let request = downstream_request(record);
         self.evidence
@@ -352,6 +419,16 @@ impl UpstreamEffect {
         tracing::info!(target: "toolledger::proxy", status_ref = %record.status_ref,
             tool = %self.tool, lookup = %reconcile.tool, "reconcile lookup found the effect");
         Ok(true)
+    }
+
+    /// Whether `mapped` conforms to the tool's output schema (anything does without one).
+    fn conforms(&self, mapped: &Value) -> Result<(), String> {
+        match &self.output {
+            Some(v) => v
+                .validate(mapped)
+                .map_err(|e| format!("at {}: {}", e.instance_path(), e)),
+            None => Ok(()),
+        }
     }
 
     fn params(&self, key: &str, arguments: &Value) -> CallToolRequestParams {

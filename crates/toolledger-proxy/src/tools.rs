@@ -111,9 +111,67 @@ fn with_ledger_meta(
     complete(result)
 }
 
+/// The answer to a retry of an operation whose effect was confirmed without the upstream's
+/// own answer (a reconcile lookup found it, or an operator confirmed it): stored as
+/// `{confirmed: {by, lookup | operator, reason?, evidence}, mapped?}`.
+///
+/// - with `mapped` (the configured mapping of the lookup's answer, checked against the tool's
+///   output schema when it was recorded): a success whose `structuredContent` is `mapped`;
+/// - else, for a tool without an output schema: a success whose text says the effect happened
+///   and whose `structuredContent` is `{effect_confirmed: true, confirmed}`;
+/// - else (an output schema, no mapping): an error result with code `effect_confirmed`,
+///   because no result conforming to the schema exists and clients validate successes
+///   against it. Its message says the effect happened.
+///
+/// Every form carries the confirmation in `_meta["io.toolledger/confirmed"]`.
+pub fn confirmed_reply(stored: &Value, output_schema: bool) -> Option<CallToolResult> {
+    let confirmation = stored.get("confirmed")?;
+    let who = match confirmation["by"].as_str() {
+        Some("operator") => format!(
+            "by operator {}",
+            confirmation["operator"].as_str().unwrap_or("?")
+        ),
+        _ => format!(
+            "by the upstream's lookup {}",
+            confirmation["lookup"].as_str().unwrap_or("?")
+        ),
+    };
+    let message = format!(
+        "The effect of this call happened: it was confirmed {who} after the upstream's own \
+         answer was lost. Do not call again under a new operation id."
+    );
+    let mut out = match stored.get("mapped") {
+        Some(mapped) => {
+            let mut r = CallToolResult::structured(mapped.clone());
+            r.content = vec![ContentBlock::text(mapped.to_string())];
+            r
+        }
+        None if output_schema => CallToolResult::error(vec![ContentBlock::text(
+            json!({"error": {"code": "effect_confirmed", "message": message},
+                   "confirmed": confirmation})
+            .to_string(),
+        )]),
+        None => {
+            let mut r = CallToolResult::structured(
+                json!({"effect_confirmed": true, "confirmed": confirmation}),
+            );
+            r.content = vec![ContentBlock::text(format!(
+                "{message} Evidence: {}",
+                confirmation["evidence"]
+            ))];
+            r
+        }
+    };
+    let mut meta = out.meta.take().unwrap_or_default();
+    meta.insert("io.toolledger/confirmed".into(), confirmation.clone());
+    out.meta = Some(meta);
+    Some(out)
+}
+
 /// The client's answer for a runtime answer: the upstream's stored result as it was (with
-/// the ledger's `_meta`), an operator's resolution as an error result, or `outcome_unknown`.
-pub fn reply(key: &str, answer: &Answer) -> CallToolResult {
+/// the ledger's `_meta`), a confirmed effect ([`confirmed_reply`]; `output_schema`: whether
+/// the tool declares one), an operator's failure as an error result, or `outcome_unknown`.
+pub fn reply(key: &str, answer: &Answer, output_schema: bool) -> CallToolResult {
     match answer {
         Answer::Done {
             status_ref,
@@ -121,11 +179,13 @@ pub fn reply(key: &str, answer: &Answer) -> CallToolResult {
             delivery,
             result,
         } => {
-            let out = upstream_result(result).unwrap_or_else(|| {
-                let code = result["code"].as_str().unwrap_or("failed");
-                let message = result["message"].as_str().unwrap_or("the operation failed");
-                error_result(code, message, Some(status_ref))
-            });
+            let out = upstream_result(result)
+                .or_else(|| confirmed_reply(result, output_schema))
+                .unwrap_or_else(|| {
+                    let code = result["code"].as_str().unwrap_or("failed");
+                    let message = result["message"].as_str().unwrap_or("the operation failed");
+                    error_result(code, message, Some(status_ref))
+                });
             with_ledger_meta(out, key, status_ref, *delivery != Delivery::Fresh, *state)
         }
         Answer::Unknown { status_ref, state } => with_ledger_meta(
@@ -167,6 +227,10 @@ impl GuardedForward {
             runtime,
             sealer,
         }
+    }
+
+    fn output_schema(&self) -> bool {
+        self.definition.output_schema.is_some()
     }
 
     /// The operation id of a call, and its upstream arguments (the id removed unless the
@@ -351,7 +415,7 @@ impl GuardedForward {
     ) -> Result<Settled, Error> {
         let key = deferred.key.as_str();
         let Answer::Unknown { status_ref, state } = &answer else {
-            return Ok(Settled::Answer(reply(key, &answer)));
+            return Ok(Settled::Answer(reply(key, &answer, self.output_schema())));
         };
         if matches!(state, OperationState::Accepted | OperationState::Processing) {
             if let Some(event) = self.runtime.event_of(status_ref).await? {
@@ -400,7 +464,7 @@ impl GuardedForward {
                 };
                 if let Some(again) = again {
                     if !matches!(again, Answer::Unknown { .. }) {
-                        return Ok(Settled::Answer(reply(key, &again)));
+                        return Ok(Settled::Answer(reply(key, &again, self.output_schema())));
                     }
                 }
             }
@@ -413,7 +477,7 @@ impl GuardedForward {
                 *state
             },
         };
-        Ok(Settled::Answer(reply(key, &unknown)))
+        Ok(Settled::Answer(reply(key, &unknown, self.output_schema())))
     }
 }
 

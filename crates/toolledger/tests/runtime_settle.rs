@@ -183,6 +183,7 @@ fn resolution(status_ref: &str, outcome: ResolveAs, operator: &str) -> Resolutio
         outcome,
         reason: "checked the payments dashboard".into(),
         operator: operator.into(),
+        evidence: None,
     }
 }
 

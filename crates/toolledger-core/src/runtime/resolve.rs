@@ -164,6 +164,7 @@ impl Runtime {
             .status(&record.status_ref)
             .await
             .map_err(|_| Error::unavailable("the downstream status query failed"))?;
+        let mut operator_receipt = None;
         let checked = match (&receipt, r.outcome) {
             (Some(_), ResolveAs::Failed) => {
                 return Err(Error::conflict(
@@ -172,16 +173,31 @@ impl Runtime {
                 )
                 .into())
             }
-            (None, ResolveAs::Succeeded) => {
-                return Err(Error::new(
-                    ErrorCode::OutcomeUnknown,
-                    "the downstream holds no receipt: success cannot be recorded without one",
-                )
-                .into())
-            }
+            (None, ResolveAs::Succeeded) => match &r.evidence {
+                None => {
+                    return Err(Error::new(
+                        ErrorCode::OutcomeUnknown,
+                        "the downstream holds no receipt: success is recorded only with the \
+                         operator's evidence (--evidence JSON)",
+                    )
+                    .into())
+                }
+                Some(evidence) => {
+                    let (result, receipt) =
+                        Self::operator_receipt(tool.as_ref(), &record, &r, evidence)?;
+                    let receipt_id = receipt["receipt_id"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string();
+                    operator_receipt = Some(receipt);
+                    Some((result, receipt_id))
+                }
+            },
             (Some(receipt), _) => Some(Self::check_receipt(tool.as_ref(), &record, receipt)?),
             (None, _) => None,
         };
+        let by_operator = operator_receipt.is_some();
+        let receipt = operator_receipt.or(receipt);
         let identity = query_identity(&record.provider, &record.status_ref);
         self.write_at(move |_, tx, now| -> Result<Answer, RuntimeError> {
             let current = load_locked(tx, record.id)?;
@@ -212,8 +228,11 @@ impl Runtime {
                         result,
                         now,
                     )?;
-                    detail["evidence"] = json!("receipt");
+                    detail["evidence"] = json!(if by_operator { "operator" } else { "receipt" });
                     detail["receipt_id"] = json!(receipt_id);
+                    if let Some(evidence) = &r.evidence {
+                        detail["operator_evidence"] = evidence.clone();
+                    }
                     Answer::Done {
                         status_ref: current.status_ref.clone(),
                         state: OperationState::Succeeded,
@@ -319,6 +338,44 @@ impl Runtime {
             })
         })
         .await
+    }
+
+    /// The result and receipt of a success an operator confirmed on `evidence` (a JSON object
+    /// in the canonical domain, at most 16 KiB): the receipt binds the operation as a
+    /// downstream's would, names the operator and carries the evidence.
+    fn operator_receipt(
+        tool: &dyn DeferredTool,
+        record: &DeferredRecord,
+        r: &Resolution,
+        evidence: &Value,
+    ) -> Result<(Value, Value), RuntimeError> {
+        let text = json::canonical_string(evidence)
+            .map_err(|e| Error::invalid(format!("evidence {}", e.message)))?;
+        if !evidence.is_object() || text.len() > 16 * 1024 {
+            return Err(Error::invalid("evidence must be a JSON object of at most 16 KiB").into());
+        }
+        let confirmation = json!({
+            "by": "operator",
+            "operator": r.operator,
+            "reason": r.reason,
+            "evidence": evidence,
+        });
+        let result = tool.confirmed_result(&record.arguments, &confirmation)?;
+        json::canonical_string(&result)
+            .map_err(|_| contract_violation("the confirmed result is not canonical"))?;
+        let request = downstream_request(record);
+        let request_text = json::canonical_string(&request)
+            .map_err(|_| contract_violation("request not canonical"))?;
+        let receipt = json!({
+            "receipt_id": format!("operator-{}", &digest::sha256_hex(record.status_ref.as_bytes())[..32]),
+            "status_ref": record.status_ref,
+            "scope_digest": record.downstream_key,
+            "request_sha256": digest::sha256_hex(request_text.as_bytes()),
+            "request": request,
+            "result": result,
+            "confirmed": confirmation,
+        });
+        Ok((result, receipt))
     }
 
     /// A deferred operation resolves as `succeeded` or `failed`.
