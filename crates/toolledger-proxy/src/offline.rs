@@ -1,9 +1,10 @@
 //! Proxied operations settled without the proxy: what `toolledger resolve` registers for an
 //! operation the proxy recorded, whose upstream it cannot reach.
 //!
-//! The offline tool has the operation's recorded contract and no evidence: resolving as
+//! The offline tool has the operation's recorded contract and no upstream: resolving as
 //! `failed` records the operator's word (with their reason) — the reconcile lookup is not
-//! run; resolving as `succeeded` is refused, because there is no upstream answer to store.
+//! run; resolving as `succeeded` needs the operator's evidence (`--evidence JSON`), which is
+//! recorded as the receipt, and every retry through the proxy is told the effect happened.
 //! Run `get_operation_status` through the proxy first when the tool has a reconcile lookup:
 //! it records the upstream's evidence itself.
 
