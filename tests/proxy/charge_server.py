@@ -11,6 +11,11 @@ Tools:
       amount_cents <= 0: a tool error (isError true), no row.
       amount_cents == 13: a JSON-RPC error response (-32602), no row.
       CHARGE_DELAY_MS: sleep that long after the row is committed and before answering.
+  pay(customer, amount, currency="EUR")
+      Like charge with a decimal amount (a float): inserts one row whose amount_cents is
+      round(amount * 100) and answers {payment_id, customer, amount, currency} (declared
+      output schema, structured content).
+  convert(amount, rate)        read-only: {converted: amount * rate}
   find_charge(reference)       read-only: {found, charge: {...} | null}
   count_charges()              read-only: {count}
   slow(seconds)                sleeps, with progress notifications when the caller sent a
@@ -61,6 +66,17 @@ class Charged(BaseModel):
     charge_id: int
     customer: str
     amount_cents: int
+
+
+class Paid(BaseModel):
+    payment_id: int
+    customer: str
+    amount: float
+    currency: str
+
+
+class Converted(BaseModel):
+    converted: float
 
 
 class Charge(BaseModel):
@@ -190,6 +206,24 @@ async def charge(
         content=[TextContent(type="text", text=f"Charged {customer} {amount_cents} cents (charge {charge_id}).")],
         structured_content=out.model_dump(mode="json"),
     )
+
+
+@server.tool(
+    description="Pay a decimal amount. Every call creates a new charge.",
+    annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False),
+)
+async def pay(customer: str, amount: float, ctx: Context, currency: str = "EUR") -> Paid:
+    if amount <= 0:
+        raise ToolError(f"amount must be positive, got {amount}")
+    reference = operation_id(ctx)
+    payment_id = await anyio.to_thread.run_sync(insert_charge, customer, round(amount * 100), reference, None)
+    log(f"pay {payment_id}: {customer} {amount} {currency} reference={reference!r}")
+    return Paid(payment_id=payment_id, customer=customer, amount=amount, currency=currency)
+
+
+@server.tool(description="Convert an amount at a rate.", annotations=ToolAnnotations(read_only_hint=True))
+async def convert(amount: float, rate: float) -> Converted:
+    return Converted(converted=amount * rate)
 
 
 class Confirmation(BaseModel):

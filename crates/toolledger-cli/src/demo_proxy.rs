@@ -45,6 +45,7 @@ forward_operation_id = "_meta"
 tool = "find_charge"
 arguments = { reference = "{operation_id}" }
 found_when = "/structuredContent/found"
+result = { charge_id = "/structuredContent/charge/id", customer = "/structuredContent/charge/customer", amount_cents = "/structuredContent/charge/amount_cents" }
 "#;
 
 /// One `tools/call` of `name` and its result.
@@ -208,7 +209,8 @@ fn with_proxy(exe: &Path, dir: &Path) -> Result<Value, &'static str> {
 
     let status = &status["structuredContent"];
     let ledger_meta = &replay["_meta"]["io.toolledger/ledger"];
-    let found = &replay["structuredContent"];
+    let charged = &replay["structuredContent"];
+    let confirmed = &replay["_meta"]["io.toolledger/confirmed"];
     Ok(json!({
         "first_answer": answer(&first),
         "retry_answer": answer(&retry),
@@ -218,9 +220,9 @@ fn with_proxy(exe: &Path, dir: &Path) -> Result<Value, &'static str> {
         },
         "replay": {
             "replayed": ledger_meta["replayed"],
-            "found_charge": found["found"],
-            "charge_id": found["charge"]["id"],
-            "reference": found["charge"]["reference"],
+            "confirmed_by": confirmed["by"],
+            "charge_id": charged["charge_id"],
+            "reference": confirmed["evidence"]["structuredContent"]["charge"]["reference"],
         },
         "charges": charges(&file),
     }))
@@ -247,7 +249,7 @@ pub fn run() -> Result<DemoReport, &'static str> {
         "the_status_query_finds_the_charge": with["status"]["state"] == "applied"
             && with["status"]["settled"] == true,
         "the_retry_then_gets_it_back": with["replay"]["replayed"] == true
-            && with["replay"]["found_charge"] == true
+            && with["replay"]["confirmed_by"] == "lookup"
             && with["replay"]["charge_id"] == 1
             && with["replay"]["reference"] == OPERATION,
         "with_the_proxy_one_charge": with["charges"] == 1,

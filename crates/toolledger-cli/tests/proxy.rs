@@ -777,6 +777,67 @@ fn an_upstream_round_asking_for_input_passes_through_bound_to_the_operation(db: 
     assert!(kinds.contains(&"awaiting_input".to_string()), "{kinds:?}");
 }
 
+/// Real tools take decimal amounts: a read-only tool passed through gets `12.5` and `1e-7` as
+/// sent, a guarded one records `12.5` in canonical form (`12.50` is the same intent, `12.51`
+/// another), the replay is the upstream's answer, and the official Python SDK's `Client`
+/// validates it against the tool's output schema. An integer no double holds is refused
+/// in-band, naming the field, and nothing is recorded.
+fn fractional_numbers_pass_and_are_one_intent(db: Db) {
+    let Some(w) = World::new(db) else { return };
+    let mut p = w.start(&[], 0);
+    let converted = p.call("convert", json!({"amount": 12.5, "rate": 1e-7}));
+    assert_eq!(converted["isError"], false, "{converted}");
+    assert_eq!(
+        converted["structuredContent"]["converted"],
+        json!(12.5 * 1e-7)
+    );
+    let pay =
+        |amount: Value| json!({"customer": "c-1", "amount": amount, "operation_id": "op-pay"});
+    let first = p.call("pay", pay(json!(12.5)));
+    assert_eq!(first["isError"], false, "{first}");
+    assert_eq!(first["structuredContent"]["amount"], json!(12.5));
+    // `12.50` on the wire is the same number.
+    let meta = support::wire::meta();
+    p.send_line(&format!(r#"{{"jsonrpc":"2.0","id":77,"method":"tools/call","params":{{"name":"pay","arguments":{{"customer":"c-1","amount":12.50,"operation_id":"op-pay"}},"_meta":{meta}}}}}"#));
+    let again = p.recv_result(77);
+    assert_eq!(ledger_meta(&again)["replayed"], true, "{again}");
+    assert_eq!(again["structuredContent"], first["structuredContent"]);
+    let other = p.call("pay", pay(json!(12.51)));
+    assert_eq!(error_of(&other)["code"], "operation_conflict", "{other}");
+    p.send_line(&format!(r#"{{"jsonrpc":"2.0","id":78,"method":"tools/call","params":{{"name":"pay","arguments":{{"customer":"c-1","amount":9007199254740993,"operation_id":"op-big"}},"_meta":{meta}}}}}"#));
+    let big = p.recv_result(78);
+    let e = error_of(&big);
+    assert_eq!(e["code"], "invalid_arguments", "{big}");
+    assert!(e["message"].as_str().unwrap().contains("/amount"), "{big}");
+    assert_eq!(w.charges(), 1, "one payment");
+    drop(p);
+    let lines = w.py(
+        &[],
+        "client",
+        json!([
+            {"name": "pay", "arguments": pay(json!(12.5))},
+            {"name": "convert", "arguments": {"amount": 2.5, "rate": 0.5}},
+        ]),
+    );
+    let replay = py_result(&lines, 0);
+    assert_eq!(replay["isError"], false, "{lines:?}");
+    assert_eq!(
+        replay["structuredContent"]["amount"],
+        json!(12.5),
+        "{lines:?}"
+    );
+    assert_eq!(
+        py_result(&lines, 1)["structuredContent"]["converted"],
+        json!(1.25)
+    );
+    assert_eq!(w.charges(), 1, "one payment");
+    assert_eq!(
+        w.db.scalar("SELECT count(*) FROM operations WHERE arguments LIKE '%12.5%'"),
+        1,
+        "the intent holds 12.5"
+    );
+}
+
 /// An operator who verified the effect records it with evidence; every retry is then told the
 /// effect happened, in a shape the Python SDK accepts for a tool with an output schema (an
 /// error result `effect_confirmed`: no result conforming to the schema exists).
@@ -948,6 +1009,7 @@ fn an_unreachable_upstream_is_not_sent_and_the_retry_forwards(db: Db) {
 }
 
 on_both_backends!(
+    fractional_numbers_pass_and_are_one_intent,
     an_operator_confirms_a_success_with_evidence,
     an_unreachable_upstream_is_not_sent_and_the_retry_forwards,
     an_upstream_round_asking_for_input_passes_through_bound_to_the_operation,
