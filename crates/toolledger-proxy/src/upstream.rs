@@ -267,21 +267,6 @@ impl From<ServiceError> for UpstreamError {
     }
 }
 
-/// Whether a failed send of a request over HTTP provably never reached the upstream: the
-/// connection was never made (refused, unresolvable name, TLS handshake) or the transport had
-/// already stopped before the request was handed to it.
-fn http_not_sent(e: &rmcp::transport::DynamicTransportError) -> bool {
-    use rmcp::transport::streamable_http_client::StreamableHttpError;
-    match e
-        .error
-        .downcast_ref::<StreamableHttpError<reqwest::Error>>()
-    {
-        Some(StreamableHttpError::Client(r)) => r.is_connect(),
-        Some(StreamableHttpError::TransportChannelClosed) => true,
-        _ => false,
-    }
-}
-
 struct Connection {
     generation: u64,
     peer: Peer<RoleClient>,
@@ -577,10 +562,10 @@ impl Upstream {
     /// Whether the failed send `e` provably left nothing with the upstream: over stdio the
     /// line was not written (a request is read only once its whole line is), over HTTP the
     /// connection was never made.
-    fn unsent(&self, e: &rmcp::transport::DynamicTransportError) -> bool {
+    fn unsent(&self, _e: &rmcp::transport::DynamicTransportError) -> bool {
         match &self.spec {
             UpstreamSpec::Stdio { .. } => true,
-            UpstreamSpec::Http { .. } => http_not_sent(e),
+            UpstreamSpec::Http { .. } => false,
         }
     }
 
