@@ -18,9 +18,10 @@
 //!
 //! Each client calls `charge` for its own list of operation ids. A client whose connection
 //! is lost starts again and sends every call not yet answered definitively, with the same
-//! operation id: a result, or an in-band error other than `operation_in_progress` (an
-//! `outcome_unknown` answer is definitive for now; its status ref is kept). A call the proxy
-//! cannot forward because the HTTP upstream is down is `outcome_unknown` too.
+//! operation id: a result, or an in-band error other than `operation_in_progress` and
+//! `unavailable` (an `outcome_unknown` answer is definitive for now; its status ref is kept).
+//! A call the proxy cannot send because the HTTP upstream is down is `unavailable`: nothing was
+//! sent, and the client's retry forwards it.
 //!
 //! Afterwards: no operation id has two charge rows; a fresh proxy replays every first
 //! definitive answer byte for byte (but for `replayed`); every unsure operation is listed
@@ -363,7 +364,12 @@ fn drive(world: &World, plan: &Plan, seen: &Mutex<Vec<Seen>>, restarts: &AtomicU
             for (k, line, result) in &run.answers {
                 let s = &mut seen[pending[*k]];
                 s.sends += 1;
-                if reading(result) == Reading::Error(Some("operation_in_progress".into())) {
+                // Not definitive: the forward is running elsewhere, or it never left (the
+                // upstream was down or restarting; nothing was sent). Both are retried.
+                let read = reading(result);
+                if read == Reading::Error(Some("operation_in_progress".into()))
+                    || read == Reading::Error(Some("unavailable".into()))
+                {
                     s.in_progress = true;
                     waiting = true;
                     continue;
@@ -901,14 +907,6 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
                 Reading::Error(None) => {
                     assert_eq!(op.amount, 0, "{}: {value}", op.id);
                     assert!(row.is_none(), "{}: a refused charge left a row", op.id);
-                }
-                // The upstream was down or restarting: nothing was sent, nothing happened.
-                Reading::Error(Some(code)) if code == "unavailable" => {
-                    assert!(
-                        row.is_none(),
-                        "{}: a call answered as not sent left a charge",
-                        op.id
-                    );
                 }
                 Reading::Error(Some(code)) => {
                     assert_eq!(code, "outcome_unknown", "{}: {value}", op.id);

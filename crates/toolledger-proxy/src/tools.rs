@@ -469,6 +469,13 @@ impl GuardedForward {
                 }
             }
         }
+        // Still `accepted`: the intent is recorded and no forward is claimed or in flight, so
+        // nothing was sent; the next retry forwards it.
+        if *state == OperationState::Accepted {
+            return Ok(Settled::NotSent(
+                "the upstream was not called for this operation".into(),
+            ));
+        }
         let unknown = Answer::Unknown {
             status_ref: status_ref.clone(),
             state: if *state == OperationState::Processing {

@@ -253,6 +253,17 @@ fn transport_detail(e: &rmcp::transport::DynamicTransportError) -> String {
     e.error.to_string()
 }
 
+/// Whether a failed send of a request over HTTP provably never reached the upstream: the
+/// connection was never made (refused, unresolvable name, TLS handshake). A closed worker
+/// channel is no such proof: the worker may have posted the request before it stopped.
+fn http_not_sent(e: &rmcp::transport::DynamicTransportError) -> bool {
+    use rmcp::transport::streamable_http_client::StreamableHttpError;
+    matches!(
+        e.error.downcast_ref::<StreamableHttpError<reqwest::Error>>(),
+        Some(StreamableHttpError::Client(r)) if r.is_connect()
+    )
+}
+
 impl From<ServiceError> for UpstreamError {
     fn from(e: ServiceError) -> Self {
         match e {
@@ -562,10 +573,10 @@ impl Upstream {
     /// Whether the failed send `e` provably left nothing with the upstream: over stdio the
     /// line was not written (a request is read only once its whole line is), over HTTP the
     /// connection was never made.
-    fn unsent(&self, _e: &rmcp::transport::DynamicTransportError) -> bool {
+    fn unsent(&self, e: &rmcp::transport::DynamicTransportError) -> bool {
         match &self.spec {
             UpstreamSpec::Stdio { .. } => true,
-            UpstreamSpec::Http { .. } => false,
+            UpstreamSpec::Http { .. } => http_not_sent(e),
         }
     }
 
