@@ -175,23 +175,9 @@ impl World {
         let spec = json!({"transport": "stdio", "lifecycle": "legacy", "api": api,
             "list_tools": true, "calls": calls,
             "server": {"command": support::BIN, "args": args, "env": env}});
-        let out = Command::new(&self.python)
-            .arg(proxy_fixture("py_client.py"))
-            .arg(spec.to_string())
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect();
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "the Python SDK failed: {lines:?}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        lines
+        let mut driver = Command::new(&self.python);
+        driver.arg(proxy_fixture("py_client.py"));
+        support::clients::run_driver(driver, &spec)
     }
 
     fn cli(&self, args: &[&str]) -> (i32, String) {
@@ -206,15 +192,6 @@ impl World {
             String::from_utf8_lossy(&out.stdout).into_owned(),
         )
     }
-}
-
-/// The result of call `i` in the Python driver's lines.
-fn py_result(lines: &[Value], i: usize) -> Value {
-    lines
-        .iter()
-        .find(|l| l["i"] == i)
-        .and_then(|l| l.get("result").cloned())
-        .unwrap_or_else(|| panic!("call {i} has no result: {lines:?}"))
 }
 
 fn charge(op: &str, amount: i64) -> Value {
@@ -467,7 +444,7 @@ fn a_lost_upstream_answer_is_unknown_until_reconciled(db: Db) {
             api,
             json!([{"name": "charge", "arguments": charge("op-lost", 900)}]),
         );
-        let r = py_result(&lines, 0);
+        let r = support::clients::driver_result(&lines, 0);
         assert_eq!(r["isError"], false, "{api}: {lines:?}");
         assert_eq!(
             r["structuredContent"]["amount_cents"], 900,
@@ -819,7 +796,7 @@ fn fractional_numbers_pass_and_are_one_intent(db: Db) {
             {"name": "convert", "arguments": {"amount": 2.5, "rate": 0.5}},
         ]),
     );
-    let replay = py_result(&lines, 0);
+    let replay = support::clients::driver_result(&lines, 0);
     assert_eq!(replay["isError"], false, "{lines:?}");
     assert_eq!(
         replay["structuredContent"]["amount"],
@@ -827,7 +804,7 @@ fn fractional_numbers_pass_and_are_one_intent(db: Db) {
         "{lines:?}"
     );
     assert_eq!(
-        py_result(&lines, 1)["structuredContent"]["converted"],
+        support::clients::driver_result(&lines, 1)["structuredContent"]["converted"],
         json!(1.25)
     );
     assert_eq!(w.charges(), 1, "one payment");
@@ -891,7 +868,7 @@ fn an_operator_confirms_a_success_with_evidence(db: Db) {
             api,
             json!([{"name": "slow", "arguments": {"seconds": 2.5, "operation_id": "op-e"}}]),
         );
-        let r = py_result(&lines, 0);
+        let r = support::clients::driver_result(&lines, 0);
         assert_eq!(r["isError"], true, "{api}: {lines:?}");
         assert!(
             r.to_string().contains("effect_confirmed"),

@@ -36,7 +36,7 @@ fn interpreters() -> Option<(PathBuf, PathBuf)> {
 /// Runs `driver` on `spec`; its output lines.
 fn drive(driver: Driver, spec: &Value, py: &PathBuf, node: &PathBuf) -> Vec<Value> {
     let mut spec = spec.clone();
-    let mut c = match driver {
+    let c = match driver {
         Driver::PyClient | Driver::PySession => {
             spec["api"] = json!(if matches!(driver, Driver::PyClient) {
                 "client"
@@ -53,32 +53,12 @@ fn drive(driver: Driver, spec: &Value, py: &PathBuf, node: &PathBuf) -> Vec<Valu
             c
         }
     };
-    let out = c
-        .arg(spec.to_string())
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap();
-    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{driver:?} failed: {lines:?}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    lines
+    support::clients::run_driver(c, &spec)
 }
 
 /// The answer to call `i` (a result), from a driver's lines.
 fn result(lines: &[Value], i: usize) -> Value {
-    lines
-        .iter()
-        .find(|l| l["i"] == i)
-        .and_then(|l| l.get("result").cloned())
-        .unwrap_or_else(|| panic!("call {i} has no result: {lines:?}"))
+    support::clients::driver_result(lines, i)
 }
 
 fn tools(lines: &[Value]) -> Vec<Value> {

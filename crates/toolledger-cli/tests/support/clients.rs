@@ -55,3 +55,38 @@ pub fn ts_client() -> PathBuf {
 pub fn server_everything() -> PathBuf {
     repo().join("tests/js/node_modules/@modelcontextprotocol/server-everything/dist/index.js")
 }
+
+/// Runs a client driver (`tests/proxy/py_client.py`, `ts_client.mjs`): `command` with the JSON
+/// `spec` as its one argument. Its JSON output lines; panics with them and its stderr unless
+/// it exits 0.
+pub fn run_driver(
+    mut command: std::process::Command,
+    spec: &serde_json::Value,
+) -> Vec<serde_json::Value> {
+    let out = command
+        .arg(spec.to_string())
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{command:?} failed: {lines:?}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    lines
+}
+
+/// The result of call `i` in a driver's lines.
+pub fn driver_result(lines: &[serde_json::Value], i: usize) -> serde_json::Value {
+    lines
+        .iter()
+        .find(|l| l["i"] == i)
+        .and_then(|l| l.get("result").cloned())
+        .unwrap_or_else(|| panic!("call {i} has no result: {lines:?}"))
+}
