@@ -85,7 +85,8 @@ pub use worker::{Worker, WorkerFailure, WorkerRun};
 
 use record::*;
 pub use record::{
-    approval_target, downstream_request, query_identity, DeferredRecord, IntentApproval,
+    approval_target, bound_receipt, downstream_request, query_identity, DeferredRecord,
+    IntentApproval,
 };
 
 /// Prefix of the purpose-bound identity a status query derives. Provider ids carrying it are

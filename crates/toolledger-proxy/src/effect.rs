@@ -23,7 +23,7 @@ use serde_json::{json, Map, Value};
 use toolledger::downstream::{BoxFuture, Downstream, DownstreamError};
 use toolledger::effect::EffectTx;
 use toolledger::model::{Error, Principal, Scope, ToolContract};
-use toolledger::runtime::{downstream_request, DeferredRecord, DeferredTool};
+use toolledger::runtime::{bound_receipt, downstream_request, DeferredRecord, DeferredTool};
 
 use crate::config::{Forward, ToolPolicy, META_OPERATION_ID};
 use crate::upstream::{CallRoute, Upstream, UpstreamError};
@@ -462,15 +462,8 @@ impl UpstreamEffect {
 
 /// The receipt of a forward: the runtime's generic bindings plus the stored result.
 fn receipt(request: &Value, result: Value) -> Value {
-    let text = toolledger::json::canonical_string(request).unwrap_or_default();
-    json!({
-        "receipt_id": format!("upstream-{}", request["status_ref"].as_str().unwrap_or("")),
-        "status_ref": request["status_ref"],
-        "scope_digest": request["scope_digest"],
-        "request_sha256": toolledger::digest::sha256_hex(text.as_bytes()),
-        "request": request,
-        "result": result,
-    })
+    let id = format!("upstream-{}", request["status_ref"].as_str().unwrap_or(""));
+    bound_receipt(request, &id, result)
 }
 
 impl Downstream for UpstreamEffect {

@@ -608,11 +608,8 @@ impl Upstream {
         route: &CallRoute,
         capabilities: Option<&ClientCapabilities>,
     ) -> Result<CallToolResponse, UpstreamError> {
-        // No connection: nothing was sent.
-        let peer = self.peer().await.map_err(|e| match e {
-            UpstreamError::NotSent(d) | UpstreamError::Transport(d) => UpstreamError::NotSent(d),
-            other => other,
-        })?;
+        // No connection (every error of `peer` is NotSent): nothing was sent.
+        let peer = self.peer().await?;
         let mut options = PeerRequestOptions::no_options();
         let modern = peer
             .peer_info()

@@ -261,6 +261,21 @@ pub fn downstream_request(record: &DeferredRecord) -> Value {
     })
 }
 
+/// A receipt for `request` (a [`downstream_request`]) that binds it as the runtime checks: its
+/// status ref, scope digest, the SHA-256 of its canonical form and the request itself, with
+/// `receipt_id` and the `result` to record.
+pub fn bound_receipt(request: &Value, receipt_id: &str, result: Value) -> Value {
+    let text = json::canonical_string(request).unwrap_or_default();
+    json!({
+        "receipt_id": receipt_id,
+        "status_ref": request["status_ref"],
+        "scope_digest": request["scope_digest"],
+        "request_sha256": crate::digest::sha256_hex(text.as_bytes()),
+        "request": request,
+        "result": result,
+    })
+}
+
 /// The purpose-bound identity of a status query: derived from the original call and the
 /// status ref, fixed to the purpose `query_status`, never usable for dispatch.
 pub fn query_identity(provider: &ProviderContext, status_ref: &str) -> String {

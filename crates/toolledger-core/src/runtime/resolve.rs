@@ -363,18 +363,12 @@ impl Runtime {
         let result = tool.confirmed_result(&record.arguments, &confirmation)?;
         json::canonical_string(&result)
             .map_err(|_| contract_violation("the confirmed result is not canonical"))?;
-        let request = downstream_request(record);
-        let request_text = json::canonical_string(&request)
-            .map_err(|_| contract_violation("request not canonical"))?;
-        let receipt = json!({
-            "receipt_id": format!("operator-{}", &digest::sha256_hex(record.status_ref.as_bytes())[..32]),
-            "status_ref": record.status_ref,
-            "scope_digest": record.downstream_key,
-            "request_sha256": digest::sha256_hex(request_text.as_bytes()),
-            "request": request,
-            "result": result,
-            "confirmed": confirmation,
-        });
+        let receipt_id = format!(
+            "operator-{}",
+            &digest::sha256_hex(record.status_ref.as_bytes())[..32]
+        );
+        let mut receipt = bound_receipt(&downstream_request(record), &receipt_id, result.clone());
+        receipt["confirmed"] = confirmation;
         Ok((result, receipt))
     }
 
