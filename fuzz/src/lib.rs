@@ -17,8 +17,8 @@ pub const JSON_CODES: &[&str] = &[
     "non_finite_number",
     "invalid_escape",
     "lone_surrogate",
-    "non_integral_number",
     "integer_out_of_range",
+    "number_out_of_range",
     "non_canonical",
 ];
 
@@ -38,9 +38,18 @@ pub fn check_json_error(e: &JsonError) {
     assert!(e.message.len() <= 120, "long message: {e:?}");
 }
 
-/// Asserts that `v` is inside the canonical domain: integers within ±(2^53−1) only.
+/// Asserts that `v` is inside the canonical domain: integers within ±(2^53−1), and finite
+/// doubles that are not integral or are at least 10^21 in magnitude.
 pub fn assert_in_domain(v: &Value) {
     match v {
+        Value::Number(n) if n.is_f64() => {
+            let f = n.as_f64().unwrap();
+            assert!(f.is_finite(), "{f}");
+            assert!(
+                f.fract() != 0.0 || f.abs() >= 1e21,
+                "an integral double: {f}"
+            );
+        }
         Value::Number(n) => {
             let i = n.as_i64().unwrap_or_else(|| panic!("not an i64: {n}"));
             assert!((-MAX_SAFE_INTEGER..=MAX_SAFE_INTEGER).contains(&i), "{i}");
@@ -51,10 +60,53 @@ pub fn assert_in_domain(v: &Value) {
     }
 }
 
+/// The ECMAScript `Number::toString` form of the finite, nonzero double `f` (RFC 8785),
+/// written from the specification: the fewest significant digits that read back as `f`, of
+/// those the nearest (ties to even: Rust's fixed-precision formatting is exact and rounds
+/// half to even), laid out plainly for decimal exponents from -7 to 20 and as `d.ddde±x`
+/// otherwise.
+fn oracle_double(f: f64, out: &mut String) {
+    let a = f.abs();
+    let sci = (0..=16)
+        .map(|p| format!("{a:.p$e}"))
+        .find(|s| s.parse::<f64>() == Ok(a))
+        .unwrap_or_else(|| format!("{a:e}"));
+    let (mantissa, exp) = sci.split_once('e').unwrap();
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    let digits = digits.trim_end_matches('0');
+    let digits = if digits.is_empty() { "0" } else { digits };
+    let k = digits.len() as i32;
+    let n = exp.parse::<i32>().unwrap() + 1;
+    if f < 0.0 {
+        out.push('-');
+    }
+    if k <= n && n <= 21 {
+        out.push_str(digits);
+        out.push_str(&"0".repeat((n - k) as usize));
+    } else if 0 < n && n <= 21 {
+        out.push_str(&digits[..n as usize]);
+        out.push('.');
+        out.push_str(&digits[n as usize..]);
+    } else if -6 < n && n <= 0 {
+        out.push_str("0.");
+        out.push_str(&"0".repeat((-n) as usize));
+        out.push_str(digits);
+    } else {
+        out.push_str(&digits[..1]);
+        if k > 1 {
+            out.push('.');
+            out.push_str(&digits[1..]);
+        }
+        let e = n - 1;
+        out.push_str(&format!("e{}{}", if e < 0 { '-' } else { '+' }, e.abs()));
+    }
+}
+
 /// The canonical form of `v`, written independently of `toolledger::json` from the published
 /// rules: no whitespace; object keys sorted by Unicode scalar value; strings escape only `"`,
 /// `\` and U+0000–U+001F (`\b \f \n \r \t` short, others `\u00xx` lowercase), everything
-/// else raw; integers within ±(2^53−1) only, an integral float written as the integer.
+/// else raw; integers within ±(2^53−1), an integral float written as the integer; other
+/// doubles in the ECMAScript form, integral ones from 2^53 up to 10^21 refused.
 /// `None` when `v` is outside the canonical domain.
 pub fn oracle_canonical(v: &Value) -> Option<String> {
     let mut out = String::new();
@@ -73,7 +125,14 @@ fn oracle_write(v: &Value, out: &mut String) -> Option<()> {
                 return None;
             } else {
                 let f = n.as_f64()?;
-                if !f.is_finite() || f.trunc() != f || f.abs() > MAX_SAFE_INTEGER as f64 {
+                if !f.is_finite() {
+                    return None;
+                }
+                if f.trunc() != f || f.abs() >= 1e21 {
+                    oracle_double(f, out);
+                    return Some(());
+                }
+                if f.abs() > MAX_SAFE_INTEGER as f64 {
                     return None;
                 }
                 f as i64

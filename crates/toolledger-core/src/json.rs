@@ -35,19 +35,33 @@ impl JsonError {
 
     /// The same error one level down, under the member or index `segment`: the message starts
     /// with the JSON pointer of the refused value (`at /amount: …`, `at /items/0: …`), so a
-    /// caller learns which field to fix. Long member names are shortened.
+    /// caller learns which field to fix. The message stays short: a member name is cut at 24
+    /// characters and a pointer longer than 48 keeps its innermost part (`at …/lines/0: …`).
     fn within(mut self, segment: &str) -> Self {
         let mut escaped: String = segment
             .chars()
-            .take(64)
+            .take(24)
             .collect::<String>()
             .replace('~', "~0")
             .replace('/', "~1");
-        if segment.chars().count() > 64 {
+        if segment.chars().count() > 24 {
             escaped.push('…');
         }
-        self.message = match self.message.strip_prefix("at ") {
-            Some(rest) => format!("at /{escaped}{rest}"),
+        // The base messages hold no ": ", so the last one ends the pointer.
+        self.message = match self
+            .message
+            .strip_prefix("at ")
+            .and_then(|rest| rest.rsplit_once(": "))
+        {
+            Some((pointer, _)) if pointer.starts_with('…') => self.message,
+            Some((pointer, message)) => {
+                let longer = format!("/{escaped}{pointer}");
+                if longer.chars().count() > 48 {
+                    format!("at …{pointer}: {message}")
+                } else {
+                    format!("at {longer}: {message}")
+                }
+            }
             None => format!("at /{escaped}: {}", self.message),
         };
         self
@@ -876,6 +890,16 @@ mod tests {
         assert!(e.is_ok());
         let e = canonical_string(&json!({"a/b~": 1e17})).unwrap_err();
         assert!(e.message.starts_with("at /a~1b~0: "), "{}", e.message);
+        // However deep and however long the names, the message stays short and keeps the
+        // innermost part of the pointer.
+        let mut v = json!({"x".repeat(100): 1e17});
+        for _ in 0..20 {
+            v = json!({"y".repeat(100): [v]});
+        }
+        let e = canonical_string(&v).unwrap_err();
+        assert!(e.message.len() <= 120, "{}", e.message);
+        assert!(e.message.starts_with("at …/"), "{}", e.message);
+        assert!(e.message.ends_with("are sent as strings"), "{}", e.message);
     }
 
     #[test]
