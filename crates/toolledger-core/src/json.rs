@@ -136,16 +136,10 @@ pub fn canonical_integer(n: &serde_json::Number) -> Result<i64, JsonError> {
         if (-MAX_SAFE_INTEGER..=MAX_SAFE_INTEGER).contains(&i) {
             return Ok(i);
         }
-        return Err(JsonError::new(
-            "integer_out_of_range",
-            "integers must lie within ±(2^53−1)",
-        ));
+        return Err(out_of_safe_range());
     }
     if n.as_u64().is_some() {
-        return Err(JsonError::new(
-            "integer_out_of_range",
-            "integers must lie within ±(2^53−1)",
-        ));
+        return Err(out_of_safe_range());
     }
     match n.as_f64() {
         Some(f) if !f.is_finite() => Err(JsonError::new(
@@ -157,10 +151,7 @@ pub fn canonical_integer(n: &serde_json::Number) -> Result<i64, JsonError> {
             "only integral numbers are in the canonical domain",
         )),
         Some(f) if f.abs() <= MAX_SAFE_INTEGER as f64 => Ok(f as i64),
-        _ => Err(JsonError::new(
-            "integer_out_of_range",
-            "integers must lie within ±(2^53−1)",
-        )),
+        _ => Err(out_of_safe_range()),
     }
 }
 
