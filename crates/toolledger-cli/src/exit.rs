@@ -313,7 +313,8 @@ pub fn hint(code: &str) -> Option<&'static str> {
         }
         "KEY_ERROR" => {
             "the keys could not be loaded: check TOOLLEDGER_STATE_KEY_HEX and \
-             TOOLLEDGER_FINGERPRINT_KEY_HEX, or the key file beside the database"
+             TOOLLEDGER_FINGERPRINT_KEY_HEX (both required with PostgreSQL; `openssl rand -hex \
+             32` makes a key), or the key file beside the SQLite database"
         }
         "BIND_ERROR" => "the --http address could not be bound: it is in use or not permitted",
         "SERVE_ERROR" => "the HTTP server stopped with an error",

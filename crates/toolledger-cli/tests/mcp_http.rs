@@ -112,6 +112,9 @@ fn missing_unknown_or_malformed_tokens_get_401_before_dispatch(db: Db) {
         let r = post(&server, &h, &body);
         assert_eq!(r.status, 401, "{headers:?}: {}", r.body);
         assert_eq!(r.header("www-authenticate"), Some("Bearer"));
+        // The body is JSON, and says so.
+        assert_eq!(r.header("content-type"), Some("application/json"));
+        assert_eq!(r.json()["error"]["code"], "unauthorized", "{}", r.body);
         assert!(!r.body.contains("tl_"), "no token echoed: {}", r.body);
     }
     assert_eq!(count(&db, "operations"), 0);

@@ -10,7 +10,7 @@ use std::process::Command;
 
 use serde_json::Value;
 use support::bin;
-use toolledger::effect::EffectTx;
+use toolledger::effect::{EffectTx, SqlValue};
 use toolledger_testkit::conformance::{test_database_url, Harness};
 
 struct Out {
@@ -267,4 +267,66 @@ fn bench_runs_the_ledger_workloads_on_postgres() {
         .output()
         .unwrap();
     assert_eq!(refused.status.code(), Some(2));
+}
+
+#[test]
+fn serve_and_proxy_without_keys_on_postgres_name_the_missing_variables() {
+    let Some(h) = Harness::postgres() else { return };
+    let store = h.open();
+    let url = h.database_url().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dir.path().join("payments.sqlite").display().to_string();
+    assert_eq!(run(&url, &["migrate"]).code, 0);
+    let key = "ab".repeat(32);
+    let start = |args: &[&str], state_key: Option<&str>| {
+        let mut command = Command::new(bin());
+        // The URL before any `--`: what follows one is the proxy's upstream command.
+        command
+            .arg(args[0])
+            .args(["--database-url", &url])
+            .args(&args[1..])
+            .current_dir(dir.path())
+            .env_remove("TOOLLEDGER_DATABASE_URL")
+            .env_remove("TOOLLEDGER_STATE_KEY_HEX")
+            .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX");
+        if let Some(k) = state_key {
+            command.env("TOOLLEDGER_STATE_KEY_HEX", k);
+        }
+        let out = command.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        let v: Value = serde_json::from_str(&stderr).unwrap_or_else(|e| panic!("{e}: {stderr}"));
+        assert_eq!(v["error"]["code"], "KEY_ERROR", "{stderr}");
+        let message = v["error"]["message"].as_str().unwrap().to_string();
+        // No path, no URL, no key: only the variables and how to make a key.
+        for leak in ["/", "postgres:", "127.0.0.1", &key] {
+            assert!(!message.contains(leak), "{leak:?} in {message}");
+        }
+        assert!(message.contains("openssl rand -hex 32"), "{message}");
+        message
+    };
+    let serve = ["serve", "--http", "127.0.0.1:0", "--downstream-db", &ds];
+    let proxy = ["proxy", "--http", "127.0.0.1:0", "--", "true"];
+    for args in [&serve[..], &proxy[..]] {
+        let message = start(args, None);
+        assert!(
+            message.starts_with(
+                "TOOLLEDGER_STATE_KEY_HEX and TOOLLEDGER_FINGERPRINT_KEY_HEX are not set"
+            ),
+            "{args:?}: {message}"
+        );
+        // With the state key given, only the fingerprint key is named.
+        let message = start(args, Some(&key));
+        assert!(
+            message.starts_with("TOOLLEDGER_FINGERPRINT_KEY_HEX is not set"),
+            "{args:?}: {message}"
+        );
+        assert!(!message.contains("TOOLLEDGER_STATE_KEY_HEX"), "{message}");
+    }
+    // Nothing was recorded: the keys are checked before they are bound to the database.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let bound = rt
+        .block_on(store.read(|tx: &mut dyn EffectTx| tx.query("SELECT count(*) FROM key_ids", &[])))
+        .unwrap();
+    assert_eq!(bound, vec![vec![SqlValue::Integer(0)]]);
 }

@@ -108,7 +108,10 @@ pub async fn bearer_auth(
     let unauthorized = || {
         (
             StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, "Bearer")],
+            [
+                (header::WWW_AUTHENTICATE, "Bearer"),
+                (header::CONTENT_TYPE, "application/json"),
+            ],
             "{\"error\":{\"code\":\"unauthorized\",\"message\":\"a valid bearer token is required\"}}",
         )
             .into_response()
@@ -122,6 +125,11 @@ pub async fn bearer_auth(
             next.run(request).await
         }
         Ok(None) => unauthorized(),
-        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "store unavailable").into_response(),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::CONTENT_TYPE, "application/json")],
+            "{\"error\":{\"code\":\"unavailable\",\"message\":\"store unavailable\"}}",
+        )
+            .into_response(),
     }
 }

@@ -47,6 +47,15 @@ pub enum KeyError {
     /// The key file could not be read, created or parsed.
     #[error("the key file beside the database could not be read or created")]
     File,
+    /// A key variable is unset and there is no key file to fall back on (a PostgreSQL ledger
+    /// has none): names the unset variables and how to make a key.
+    #[error("{}", unset_message(*.state, *.fingerprint))]
+    Unset {
+        /// `TOOLLEDGER_STATE_KEY_HEX` is unset.
+        state: bool,
+        /// `TOOLLEDGER_FINGERPRINT_KEY_HEX` is unset.
+        fingerprint: bool,
+    },
     /// The key file is readable by others.
     #[error("the key file beside the database must have mode 0600")]
     Permissions,
@@ -69,6 +78,19 @@ pub enum KeyError {
     /// The key ids could not be read or recorded.
     #[error("the key ids could not be read or recorded in the database")]
     Store,
+}
+
+fn unset_message(state: bool, fingerprint: bool) -> String {
+    let unset = match (state, fingerprint) {
+        (true, true) => format!("{STATE_KEY_ENV} and {FINGERPRINT_KEY_ENV} are"),
+        (true, false) => format!("{STATE_KEY_ENV} is"),
+        _ => format!("{FINGERPRINT_KEY_ENV} is"),
+    };
+    format!(
+        "{unset} not set, and there is no key file to fall back on (a PostgreSQL ledger has \
+         none): set each to 32 random bytes in hex (`openssl rand -hex 32` makes one), the same \
+         on every server of the ledger"
+    )
 }
 
 /// What [`bind`] found in the database.
@@ -227,7 +249,8 @@ pub fn load_or_create_key_file(db: &Path) -> Result<(Vec<u8>, Vec<u8>), KeyError
 
 impl KeyMaterial {
     /// Keys from the environment, falling back to the key file beside `db` for any that is
-    /// unset. With `db = None` both variables are required.
+    /// unset. With `db = None` both variables are required ([`KeyError::Unset`] names the
+    /// missing ones).
     pub fn load(db: Option<&Path>) -> Result<Self, KeyError> {
         Self::from_values(
             std::env::var(STATE_KEY_ENV).ok(),
@@ -248,7 +271,12 @@ impl KeyMaterial {
         let file = if state_hex.is_none() || fingerprint_hex.is_none() {
             match db {
                 Some(db) => Some(load_or_create_key_file(db)?),
-                None => return Err(KeyError::File),
+                None => {
+                    return Err(KeyError::Unset {
+                        state: state_hex.is_none(),
+                        fingerprint: fingerprint_hex.is_none(),
+                    })
+                }
             }
         } else {
             None
@@ -314,10 +342,30 @@ mod tests {
             KeyMaterial::from_values(Some(good.clone()), Some("zz".repeat(32)), None).unwrap_err(),
             KeyError::NotHex(FINGERPRINT_KEY_ENV)
         );
+        let unset = KeyMaterial::from_values(Some(good), None, None).unwrap_err();
         assert_eq!(
-            KeyMaterial::from_values(Some(good), None, None).unwrap_err(),
-            KeyError::File
+            unset,
+            KeyError::Unset {
+                state: false,
+                fingerprint: true
+            }
         );
+        let message = unset.to_string();
+        assert!(
+            message.starts_with("TOOLLEDGER_FINGERPRINT_KEY_HEX is not set"),
+            "{message}"
+        );
+        assert!(!message.contains(STATE_KEY_ENV), "{message}");
+        let both = KeyMaterial::from_values(None, Some(String::new()), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            both.starts_with(
+                "TOOLLEDGER_STATE_KEY_HEX and TOOLLEDGER_FINGERPRINT_KEY_HEX are not set"
+            ),
+            "{both}"
+        );
+        assert!(both.contains("`openssl rand -hex 32`"), "{both}");
     }
 
     #[cfg(unix)]

@@ -168,7 +168,7 @@ impl LedgerGuardBuilder {
         let keys = match self.keys {
             Some(keys) => keys,
             None => match KeyMaterial::load(key_file) {
-                Err(KeyError::File) if postgres => return Err(OpenError::KeysRequired),
+                Err(KeyError::Unset { .. }) if postgres => return Err(OpenError::KeysRequired),
                 other => other?,
             },
         };
