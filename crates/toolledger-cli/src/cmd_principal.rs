@@ -128,6 +128,61 @@ impl PrincipalCmd {
     }
 }
 
+/// The principal a stdio `toolledger proxy` acts for when no `--principal` is given: stdio is
+/// trusted configuration (whoever launches the process owns the ledger file), so it needs no
+/// setup. Created on first use with no roles or scopes.
+pub(crate) const LOCAL_PRINCIPAL: &str = "local";
+
+/// The tenant [`LOCAL_PRINCIPAL`] is created in.
+pub(crate) const LOCAL_TENANT: &str = "local";
+
+/// The local principal for a stdio session of `command`: created as `principal add local
+/// --tenant local` would create it when the ledger has none, used as it is when it is active
+/// (whatever grants it was given since), and refused (`PRINCIPAL_INACTIVE`) when it was
+/// deactivated: re-activating it is the operator's decision, not a launch's.
+pub(crate) async fn local_principal(ps: &PrincipalStore, command: &str) -> Result<String, Failure> {
+    let inactive = || {
+        Failure::explained(
+            "PRINCIPAL_INACTIVE",
+            format!(
+                "`{command}` on stdio without --principal acts for the principal \
+                 {LOCAL_PRINCIPAL:?}, which is deactivated in this ledger; re-activate it with \
+                 `toolledger principal add {LOCAL_PRINCIPAL} --tenant {LOCAL_TENANT} --replace`, \
+                 or pass --principal NAME"
+            ),
+        )
+    };
+    match ps.entry(LOCAL_PRINCIPAL).await.map_err(refused)? {
+        Some(entry) if entry.active => return Ok(LOCAL_PRINCIPAL.to_string()),
+        Some(_) => return Err(inactive()),
+        None => {}
+    }
+    // Two sessions launched at once both get here: one creates it, the other finds it
+    // unchanged.
+    let outcome = ps
+        .put(
+            LOCAL_PRINCIPAL,
+            LOCAL_TENANT,
+            &[],
+            &[],
+            IfExists::Keep,
+            false,
+        )
+        .await
+        .map_err(refused)?;
+    if matches!(outcome, PutOutcome::Created(_)) {
+        tracing::info!(
+            principal = LOCAL_PRINCIPAL,
+            tenant = LOCAL_TENANT,
+            "created the local principal the stdio session acts for"
+        );
+    }
+    match ps.resolve(LOCAL_PRINCIPAL).await.map_err(refused)? {
+        Some(_) => Ok(LOCAL_PRINCIPAL.to_string()),
+        None => Err(inactive()),
+    }
+}
+
 /// A refusal of the principal store, as its upper-case code with its message (exit 2).
 fn refused(e: Error) -> Failure {
     Failure::Explained {

@@ -8,9 +8,11 @@
 //!
 //! The upstream is a command the proxy starts (and starts again when it exited, at the next
 //! call) talking MCP on stdio, its stderr going to the proxy's log; or a streamable HTTP
-//! endpoint. Clients reach the proxy on stdio (as `--principal`) or over streamable HTTP with
-//! bearer tokens, exactly as `toolledger serve`. What is guarded and how: see
-//! `toolledger_proxy` and docs/proxy.md.
+//! endpoint. Clients reach the proxy on stdio (as `--principal`, by default the principal
+//! `local` in tenant `local`, created on first use: whoever launches a stdio proxy already owns
+//! its ledger file, so desktop clients need no setup) or over streamable HTTP with bearer
+//! tokens, exactly as `toolledger serve`. What is guarded and how: see `toolledger_proxy`,
+//! docs/proxy.md and docs/clients.md.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -24,7 +26,7 @@ use toolledger_cli::telemetry::{init_logs, spawn_metrics_server, TelemetryArgs};
 use toolledger_mcp::{Guard, GuardConfig};
 use toolledger_proxy::{Lifecycle, Proxy, ProxyConfig, Upstream, UpstreamSpec};
 
-use crate::cmd_serve::{bound_keys, serve_http, serve_stdio, HttpFrontArgs};
+use crate::cmd_serve::{bound_keys, serve_http, serve_stdio, stdio_principal, HttpFrontArgs};
 
 /// `--upstream-lifecycle` values.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -44,6 +46,7 @@ pub struct ProxyArgs {
     #[command(flatten)]
     pub store: StoreArgs,
     /// Principal the stdio caller acts as (resolved from the principal store on each call).
+    /// Default: the principal `local` (tenant `local`), created on first use.
     #[arg(long)]
     pub principal: Option<String>,
     /// Serve streamable HTTP at `http://ADDR/mcp` with bearer tokens instead of stdio.
@@ -147,6 +150,12 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
         GuardConfig::default(),
     )
     .map_err(|_| Failure::code("KEY_ERROR"))?;
+    let principals = PrincipalStore::new(store.clone()).with_clock(clock.clone());
+    // Who the stdio client acts for is settled before the upstream is started.
+    let stdio_caller = match args.http {
+        None => Some(stdio_principal("proxy", args.principal.as_deref(), true, &principals).await?),
+        Some(_) => None,
+    };
     let lifecycle = match args.upstream_lifecycle {
         LifecycleArg::Auto => Lifecycle::Auto,
         LifecycleArg::Legacy => Lifecycle::Legacy,
@@ -165,20 +174,20 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
             .map_err(Failure::code)?;
         tracing::info!(metrics = %format!("http://{local}/metrics"), "serving metrics");
     }
-    let principals = PrincipalStore::new(store.clone()).with_clock(clock.clone());
     let principals_for_console = principals.clone();
-    match args.http {
-        None => {
+    match (args.http, stdio_caller) {
+        (None, Some(caller)) => {
             serve_stdio(
                 "toolledger-proxy",
-                args.principal.as_deref(),
+                caller,
                 built.tools,
                 principals,
                 front.max_in_flight,
             )
             .await
         }
-        Some(addr) => {
+        (None, None) => unreachable!("a stdio session's caller is resolved above"),
+        (Some(addr), _) => {
             serve_http(
                 "toolledger-proxy",
                 addr,

@@ -1,9 +1,10 @@
 //! `toolledger serve`: the reference MCP server, on stdio or streamable HTTP.
 //!
-//! stdio by default, with the caller named by `--principal` and re-resolved from the principal
-//! store on every call. `--http ADDR` serves streamable HTTP at `/mcp`, mapping
-//! `Authorization: Bearer` tokens to principals (unknown or missing token → 401 before any
-//! dispatch). Both MCP 2026-07-28 (no initialize, multi-round) and the older initialize
+//! stdio by default, with the caller named by `--principal` (required: the reference tools
+//! check roles and scopes, which a principal made up on the spot would not have) and
+//! re-resolved from the principal store on every call. `--http ADDR` serves streamable HTTP at
+//! `/mcp`, mapping `Authorization: Bearer` tokens to principals (unknown or missing token → 401
+//! before any dispatch). Both MCP 2026-07-28 (no initialize, multi-round) and the older initialize
 //! lifecycle are served; in the latter, `create_issue` asks for its body by elicitation (or
 //! answers `continuation_unsupported` to a client that declared no form elicitation).
 //!
@@ -121,6 +122,12 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
             retention_ttl: Some(args.replay_ttl),
         });
     let principals = PrincipalStore::new(store.clone()).with_clock(clock.clone());
+    let stdio_caller = match args.http {
+        None => {
+            Some(stdio_principal("serve", args.principal.as_deref(), false, &principals).await?)
+        }
+        Some(_) => None,
+    };
     let console = args.console.then(|| {
         crate::cmd_console::console(&principals, clock.clone(), runtime.clone())
             .with_evidence(crate::cmd_console::evidence(runtime.clone()))
@@ -139,21 +146,15 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
             .map_err(Failure::code)?;
         tracing::info!(metrics = %format!("http://{local}/metrics"), "serving metrics");
     }
-    match args.http {
-        None => {
-            serve_stdio(
-                "toolledger",
-                args.principal.as_deref(),
-                tools,
-                principals,
-                front.max_in_flight,
-            )
-            .await
-        }
-        Some(addr) => {
+    match (args.http, stdio_caller) {
+        (Some(addr), _) => {
             let console = console.map(|c| c.router(front.hosts.clone()));
             serve_http("toolledger", addr, tools, principals, front, clock, console).await
         }
+        (None, Some(caller)) => {
+            serve_stdio("toolledger", caller, tools, principals, front.max_in_flight).await
+        }
+        (None, None) => unreachable!("a stdio session's caller is resolved above"),
     }
 }
 
@@ -281,33 +282,54 @@ pub(crate) async fn bound_keys(
     Ok(keys)
 }
 
-/// Serves `tools` as server `name` on stdio, to the caller `principal` (required, and it
-/// must exist), with at most `max_in_flight` requests unanswered, until stdin closes.
-pub(crate) async fn serve_stdio(
-    name: &str,
-    principal: Option<&str>,
-    tools: Vec<Arc<dyn toolledger_mcp::McpTool>>,
-    principals: PrincipalStore,
-    max_in_flight: usize,
-) -> Result<(), Failure> {
-    let Some(principal) = principal else {
-        return Err(Failure::code("PRINCIPAL_REQUIRED"));
+/// The principal a stdio session of `command` (`serve`, `proxy`) acts for, decided before
+/// anything else starts (the proxy's upstream included): `--principal NAME`, which must be an
+/// active principal of the ledger; without it, the local principal
+/// ([`crate::cmd_principal::local_principal`], created on first use) when `local_by_default`,
+/// else `PRINCIPAL_REQUIRED`.
+pub(crate) async fn stdio_principal(
+    command: &str,
+    named: Option<&str>,
+    local_by_default: bool,
+    principals: &PrincipalStore,
+) -> Result<String, Failure> {
+    let Some(principal) = named else {
+        if local_by_default {
+            return crate::cmd_principal::local_principal(principals, command).await;
+        }
+        return Err(Failure::explained(
+            "PRINCIPAL_REQUIRED",
+            format!(
+                "`{command}` on stdio acts for one principal: pass --principal NAME (or use \
+                 --http, where each caller presents a bearer token)"
+            ),
+        ));
     };
     // A principal that does not exist (or was deactivated) would be denied every call:
     // refuse to start instead. It is still re-read on every call.
     if !matches!(principals.resolve(principal).await, Ok(Some(_))) {
         return Err(Failure::explained(
             "PRINCIPAL_NOT_FOUND",
-            "--principal names no active principal of this ledger; add it with \
-             `toolledger principal add`",
+            format!(
+                "`{command} --principal` names no active principal of this ledger; add it with \
+                 `toolledger principal add`"
+            ),
         ));
     }
-    let server = LedgerServer::new(
-        name,
-        tools,
-        principals,
-        CallerSource::Configured(principal.to_string()),
-    );
+    Ok(principal.to_string())
+}
+
+/// Serves `tools` as server `name` on stdio, to the caller `principal` ([`stdio_principal`];
+/// re-read on every call), with at most `max_in_flight` requests unanswered, until stdin
+/// closes.
+pub(crate) async fn serve_stdio(
+    name: &str,
+    principal: String,
+    tools: Vec<Arc<dyn toolledger_mcp::McpTool>>,
+    principals: PrincipalStore,
+    max_in_flight: usize,
+) -> Result<(), Failure> {
+    let server = LedgerServer::new(name, tools, principals, CallerSource::Configured(principal));
     // The strict transport: every line checked, every refused line answered. Pipes (how MCP
     // clients launch a server) are driven by the IO reactor instead of a blocking-pool thread
     // hand-off per read and write; other streams fall back to the blocking handles. A client

@@ -22,9 +22,12 @@ use crate::exit::Failure;
 /// The ledger flags of every command that opens the ledger.
 #[derive(clap::Args, Debug, Clone)]
 pub struct StoreArgs {
-    /// SQLite database file (ignored with --database-url).
-    #[arg(long, default_value = "toolledger.sqlite")]
-    pub db: PathBuf,
+    /// SQLite database file (ignored with --database-url). Default: `toolledger/ledger.sqlite`
+    /// in the platform data directory, whatever the working directory: e.g.
+    /// ~/.local/share/toolledger/ledger.sqlite on Linux ($XDG_DATA_HOME/toolledger/… when
+    /// that is set), ~/Library/Application Support/toolledger/ledger.sqlite on macOS.
+    #[arg(long, env = DB_ENV, value_name = "PATH")]
+    pub db: Option<PathBuf>,
     /// PostgreSQL database (`postgres://user@host:port/db`) instead of the SQLite file; many
     /// servers and workers on many hosts may share it.
     #[arg(long, env = "TOOLLEDGER_DATABASE_URL", value_name = "URL")]
@@ -50,9 +53,9 @@ pub struct StoreArgs {
 /// Where the payments stand-in keeps its receipts (the commands of the deferred runtime).
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct DownstreamArgs {
-    /// The payments stand-in's own SQLite file (default: `<db>.downstream.sqlite`; with
-    /// `--database-url` that is `toolledger.sqlite.downstream.sqlite` in the working
-    /// directory unless `--db` or this option says otherwise).
+    /// The payments stand-in's own SQLite file (default: `<db>.downstream.sqlite` beside the
+    /// ledger file, also with `--database-url`, where `--db` names no ledger but still places
+    /// this file).
     #[arg(long)]
     pub downstream_db: Option<PathBuf>,
 }
@@ -92,6 +95,29 @@ impl From<SyncMode> for Synchronous {
             SyncMode::Normal => Synchronous::Normal,
         }
     }
+}
+
+/// The environment variable that names the SQLite ledger when `--db` is not given.
+pub const DB_ENV: &str = "TOOLLEDGER_DB";
+
+/// The default SQLite ledger: `toolledger/ledger.sqlite` in the platform data directory
+/// (`$XDG_DATA_HOME`, else `~/.local/share`, on Linux; `~/Library/Application Support` on
+/// macOS), so a command finds the same ledger from any working directory; `None` when no such
+/// directory can be determined (no home directory).
+pub fn default_db_path() -> Option<PathBuf> {
+    dirs::data_dir().map(|d| d.join("toolledger").join("ledger.sqlite"))
+}
+
+/// Creates `dir` and any missing parents, readable by the owner only on Unix (0700).
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        builder.mode(0o700);
+    }
+    builder.create(dir)
 }
 
 /// What a command needs of the ledger when it opens it.
@@ -141,9 +167,16 @@ pub struct StoreConfig {
     pub backend_id: Option<String>,
     /// What the command needs of the ledger.
     pub access: Access,
-    /// `--db`: the SQLite ledger, and with PostgreSQL still the place the defaults of the
-    /// files kept beside the ledger derive from.
+    /// `--db` (or `TOOLLEDGER_DB`, or [`default_db_path`]): the SQLite ledger, and with
+    /// PostgreSQL still the place the defaults of the files kept beside the ledger derive
+    /// from. Empty only with PostgreSQL when no default could be determined and the command
+    /// keeps no file beside the ledger.
     pub db: PathBuf,
+    /// The default location's directory when the command keeps a file there (no `--db`, no
+    /// `TOOLLEDGER_DB`; the SQLite ledger, or on PostgreSQL a runtime command's payments
+    /// stand-in without `--downstream-db`): created (0700 on Unix) before a command that may
+    /// write opens the ledger.
+    pub default_dir: Option<PathBuf>,
     /// The payments stand-in's own SQLite file.
     pub downstream: PathBuf,
 }
@@ -152,12 +185,40 @@ pub struct StoreConfig {
 /// for the commands without `--downstream-db` (their stand-in file is the default one).
 ///
 /// Pure: nothing is opened or created. Refuses `--sqlite-synchronous normal` with
-/// `--database-url` (`INVALID_ARGUMENTS`), which the command line already refuses when parsed.
+/// `--database-url` (`INVALID_ARGUMENTS`), which the command line already refuses when parsed,
+/// and a SQLite ledger (or a payments stand-in's file placed beside it) that would need the
+/// default location when there is none (`DATA_DIR_UNKNOWN`).
 pub fn resolve(
     store: &StoreArgs,
     downstream: Option<&DownstreamArgs>,
     access: Access,
 ) -> Result<StoreConfig, Failure> {
+    resolve_with(store, downstream, access, default_db_path)
+}
+
+/// [`resolve`] with the default location given by `default_db`.
+fn resolve_with(
+    store: &StoreArgs,
+    downstream: Option<&DownstreamArgs>,
+    access: Access,
+    default_db: impl FnOnce() -> Option<PathBuf>,
+) -> Result<StoreConfig, Failure> {
+    let explicit_downstream = downstream.and_then(|d| d.downstream_db.clone());
+    // The default is needed for a SQLite ledger, and for the payments stand-in's file of a
+    // runtime command that does not name it; the other commands on PostgreSQL keep no file.
+    let needs_db =
+        store.database_url.is_none() || (downstream.is_some() && explicit_downstream.is_none());
+    let (db, default_dir) = match &store.db {
+        Some(db) => (db.clone(), None),
+        None => match default_db() {
+            Some(db) => {
+                let dir = db.parent().map(Path::to_path_buf).filter(|_| needs_db);
+                (db, dir)
+            }
+            None if needs_db => return Err(Failure::code("DATA_DIR_UNKNOWN")),
+            None => (PathBuf::new(), None),
+        },
+    };
     let backend = match &store.database_url {
         Some(url) => {
             if store.sqlite_synchronous != SyncMode::Full {
@@ -169,18 +230,23 @@ pub fn resolve(
             Backend::Postgres { url: url.clone() }
         }
         None => Backend::Sqlite {
-            path: store.db.clone(),
+            path: db.clone(),
             synchronous: store.sqlite_synchronous.into(),
         },
     };
-    let downstream = downstream
-        .and_then(|d| d.downstream_db.clone())
-        .unwrap_or_else(|| toolledger_reference::refunds::default_downstream_path(&store.db));
+    let downstream = explicit_downstream.unwrap_or_else(|| {
+        if db.as_os_str().is_empty() {
+            PathBuf::new()
+        } else {
+            toolledger_reference::refunds::default_downstream_path(&db)
+        }
+    });
     Ok(StoreConfig {
         backend,
         backend_id: store.backend_id.clone(),
         access,
-        db: store.db.clone(),
+        db,
+        default_dir,
         downstream,
     })
 }
@@ -215,11 +281,15 @@ impl StoreConfig {
         }
         let migrate = self.access == Access::Migrate;
         match &self.backend {
-            Backend::Postgres { url } => Ok(open_postgres(url, self.backend_id.clone(), migrate)?),
+            Backend::Postgres { url } => {
+                self.create_default_dir()?;
+                Ok(open_postgres(url, self.backend_id.clone(), migrate)?)
+            }
             Backend::Sqlite { path, synchronous } => {
                 if self.access == Access::Existing && !path.exists() {
                     return Err(Failure::code("DATABASE_NOT_FOUND"));
                 }
+                self.create_default_dir()?;
                 Ok(open_sqlite(path, self.backend_id.clone(), migrate, *synchronous)?.into())
             }
         }
@@ -227,6 +297,24 @@ impl StoreConfig {
 }
 
 impl StoreConfig {
+    /// Creates [`StoreConfig::default_dir`] when it is missing (0700 on Unix), for a command
+    /// that may write. A `--db` in a missing directory is left alone: that is the caller's
+    /// mistake to see (`DATABASE_IO_ERROR`), not a directory to make up.
+    fn create_default_dir(&self) -> Result<(), Failure> {
+        match &self.default_dir {
+            Some(dir) if self.access != Access::ReadOnly && !dir.is_dir() => {
+                create_private_dir(dir).map_err(|_| {
+                    Failure::explained(
+                        "DATABASE_IO_ERROR",
+                        "the default ledger's directory (toolledger/ in the platform data \
+                         directory) could not be created; pass --db PATH or set TOOLLEDGER_DB",
+                    )
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// [`StoreConfig::open`] for [`Access::ReadOnly`].
     fn open_read_only(&self) -> Result<Store, Failure> {
         match &self.backend {
@@ -319,7 +407,7 @@ mod tests {
 
     fn args(url: Option<&str>, sync: SyncMode) -> StoreArgs {
         StoreArgs {
-            db: PathBuf::from("dir/ledger.sqlite"),
+            db: Some(PathBuf::from("dir/ledger.sqlite")),
             database_url: url.map(str::to_string),
             backend_id: Some("sqlite:x".into()),
             sqlite_synchronous: sync,
@@ -380,15 +468,80 @@ mod tests {
     fn an_existing_ledger_is_required_when_the_command_says_so() {
         let dir = tempfile::tempdir().unwrap();
         let mut a = args(None, SyncMode::Full);
-        a.db = dir.path().join("missing.sqlite");
+        let db = dir.path().join("missing.sqlite");
+        a.db = Some(db.clone());
         a.backend_id = None;
         match a.resolve(Access::Existing).unwrap().open() {
             Err(Failure::Code(c)) => assert_eq!(c, "DATABASE_NOT_FOUND"),
             Err(other) => panic!("{other:?}"),
             Ok(_) => panic!("opened a missing ledger"),
         }
-        assert!(!a.db.exists(), "nothing was created");
+        assert!(!db.exists(), "nothing was created");
         a.resolve(Access::OpenOrCreate).unwrap().open().unwrap();
-        assert!(a.db.exists());
+        assert!(db.exists());
+    }
+
+    #[test]
+    fn without_db_the_default_location_is_used_and_its_directory_created_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let default = dir.path().join("data/toolledger/ledger.sqlite");
+        let mut a = args(None, SyncMode::Full);
+        a.db = None;
+        a.backend_id = None;
+        let c = resolve_with(&a, None, Access::ReadOnly, || Some(default.clone())).unwrap();
+        assert_eq!(c.sqlite_path(), Some(default.as_path()));
+        assert_eq!(c.default_dir.as_deref(), default.parent());
+        assert_eq!(
+            c.downstream,
+            dir.path()
+                .join("data/toolledger/ledger.sqlite.downstream.sqlite")
+        );
+        assert!(c.open().is_err(), "read-only opens no missing ledger");
+        assert!(
+            !default.parent().unwrap().exists(),
+            "and creates no directory"
+        );
+        let c = resolve_with(&a, None, Access::OpenOrCreate, || Some(default.clone())).unwrap();
+        c.open().unwrap();
+        assert!(default.exists());
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(default.parent().unwrap())
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o700);
+        }
+    }
+
+    #[test]
+    fn no_default_location_is_refused_only_where_one_is_needed() {
+        let mut a = args(None, SyncMode::Full);
+        a.db = None;
+        match resolve_with(&a, None, Access::OpenOrCreate, || None) {
+            Err(Failure::Code(c)) => assert_eq!(c, "DATA_DIR_UNKNOWN"),
+            other => panic!("{other:?}"),
+        }
+        // PostgreSQL keeps no file beside the ledger for a command without the stand-in ...
+        a.database_url = Some("postgres://u@h/db".into());
+        let c = resolve_with(&a, None, Access::OpenOrCreate, || None).unwrap();
+        assert!(c.is_postgres());
+        let c = resolve_with(&a, None, Access::OpenOrCreate, || {
+            Some("/d/toolledger/ledger.sqlite".into())
+        })
+        .unwrap();
+        assert_eq!(c.default_dir, None, "so it makes no directory");
+        // ... while a runtime command's stand-in file needs a place, or --downstream-db.
+        let none = DownstreamArgs::default();
+        match resolve_with(&a, Some(&none), Access::OpenOrCreate, || None) {
+            Err(Failure::Code(c)) => assert_eq!(c, "DATA_DIR_UNKNOWN"),
+            other => panic!("{other:?}"),
+        }
+        let named = DownstreamArgs {
+            downstream_db: Some("pay.sqlite".into()),
+        };
+        let c = resolve_with(&a, Some(&named), Access::OpenOrCreate, || None).unwrap();
+        assert_eq!(c.downstream, PathBuf::from("pay.sqlite"));
     }
 }

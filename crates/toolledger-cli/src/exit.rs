@@ -288,8 +288,13 @@ pub fn hint(code: &str) -> Option<&'static str> {
              (--database-url)"
         }
         "DATABASE_NOT_FOUND" => {
-            "there is no ledger at --db; check --db (and --database-url), or create the \
+            "there is no ledger at --db (TOOLLEDGER_DB, or by default toolledger/ledger.sqlite \
+             in the platform data directory); check --db (and --database-url), or create the \
              ledger with `toolledger migrate`"
+        }
+        "DATA_DIR_UNKNOWN" => {
+            "the default ledger lives in the platform data directory, and none could be \
+             determined (no home directory); pass --db PATH or set TOOLLEDGER_DB"
         }
         "DOWNSTREAM_IO_ERROR" | "DOWNSTREAM_UNAVAILABLE" => {
             "the payments stand-in's file could not be opened or created; check --downstream-db"
@@ -308,7 +313,7 @@ pub fn hint(code: &str) -> Option<&'static str> {
         "USAGE_ERROR" => "the command line is not valid; see `toolledger --help`",
         "ARGUMENTS_INVALID_JSON" => "--arguments is not valid JSON",
         "PRINCIPAL_REQUIRED" => {
-            "`serve` on stdio acts for one principal: pass --principal NAME (or serve --http, \
+            "`serve` on stdio acts for one principal: pass --principal NAME (or use --http, \
              where each caller presents a bearer token)"
         }
         "KEY_ERROR" => {

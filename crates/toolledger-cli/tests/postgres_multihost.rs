@@ -33,10 +33,14 @@ fn run(url: &str, args: &[&str]) -> (i32, Value) {
 }
 
 /// One `toolledger serve` on stdio acting for `alice`.
-fn start_server(url: &str) -> Server {
+/// A `serve` on the shared ledger; its payments stand-in keeps its receipts in `downstream`
+/// (not the default location in the user's data directory).
+fn start_server(url: &str, downstream: &Path) -> Server {
     let mut command = toolledger();
     command
         .args(["serve", "--principal", "alice", "--database-url", url])
+        .arg("--downstream-db")
+        .arg(downstream)
         .env("TOOLLEDGER_STATE_KEY_HEX", STATE_KEY)
         .env("TOOLLEDGER_FINGERPRINT_KEY_HEX", FP_KEY);
     Server::spawn(command)
@@ -177,8 +181,9 @@ async fn two_servers_and_two_workers_share_one_postgres_ledger() {
     let _ = w1.0.wait();
 
     // --- Inline effects: the same continuation to both servers at once; one server killed. ---
-    let mut a = start_server(&url);
-    let mut b = start_server(&url);
+    let servers_downstream = dir.path().join("servers-payments.sqlite");
+    let mut a = start_server(&url, &servers_downstream);
+    let mut b = start_server(&url, &servers_downstream);
     const M: usize = 8;
     let mut a_alive = true;
     let mut id = 0;
