@@ -275,6 +275,7 @@ mod tests {
             created_at: 0,
             updated_at: 0,
             age_seconds: age,
+            lease_until: None,
         }
     }
 

@@ -256,20 +256,19 @@ async fn list_page(
         Err(r) => return r,
     };
     let nonempty = |s: Option<String>| s.filter(|s| !s.trim().is_empty());
-    let kind = match nonempty(p.kind) {
-        None => None,
-        Some(k) => match Unsure::parse(&k) {
-            Some(k) => Some(k),
-            None => {
-                return refused(
+    let kind =
+        match nonempty(p.kind) {
+            None => None,
+            Some(k) => match Unsure::parse(&k) {
+                Some(k) => Some(k),
+                None => return refused(
                     Some(&viewer),
                     StatusCode::BAD_REQUEST,
                     "invalid_arguments",
-                    "kind must be outcome_unknown, stuck, partial, dead or accepted",
-                )
-            }
-        },
-    };
+                    "kind must be outcome_unknown, lease_expired, stuck, partial, dead or accepted",
+                ),
+            },
+        };
     let older_than = match nonempty(p.older_than) {
         None => None,
         Some(o) => match o.trim().parse::<i64>() {

@@ -16,7 +16,7 @@ th{background:#eef0f4}code,pre{font-family:ui-monospace,monospace;font-size:.85r
 pre{white-space:pre-wrap;word-break:break-all;margin:0}\
 .counts{display:flex;gap:.6rem;flex-wrap:wrap;margin-bottom:1rem}.count{background:#fff;border:1px solid #e3e6eb;padding:.5rem .8rem;min-width:9rem;text-decoration:none;color:inherit}\
 .count b{display:block;font-size:1.4rem}.state{font-weight:600}\
-.outcome_unknown,.dead{color:#b42318}.stuck,.partial{color:#b54708}.accepted{color:#175cd3}\
+.outcome_unknown,.lease_expired,.dead{color:#b42318}.stuck,.partial{color:#b54708}.accepted{color:#175cd3}\
 .note{background:#fff8e6;border:1px solid #f5d58a;padding:.5rem .8rem}\
 .error{background:#fdecec;border:1px solid #f3b4b4;padding:.5rem .8rem}\
 form.filters{display:flex;gap:.6rem;align-items:end;flex-wrap:wrap}label{display:block;font-size:.85rem}\
@@ -220,7 +220,8 @@ pub fn list(
                                 td { a href={ "/console/operations/" (encode(&op.status_ref)) } { code { (op.status_ref) } } }
                                 td.tool { (op.tool) }
                                 td { (op.tenant) " / " (op.subject) }
-                                td { span class={ "state " (kind_of(op)) } { (kind_of(op)) } }
+                                td { span class={ "state " (kind_of(op)) } { (kind_of(op)) }
+                                    @if let Some(until) = op.lease_until { " (lease ended " (when(until)) ")" } }
                                 td { (age(op.age_seconds)) }
                             }
                         }

@@ -480,7 +480,8 @@ pub(crate) fn partial_to_applied(tx: &mut dyn EffectTx, id: i64, now: i64) -> Re
 
 /// The summary columns of the operators' list, in the order [`list_rows`] reads them.
 const SUMMARY_COLUMNS: &str = "id, status_ref, tool, idempotency_key, tenant, subject, \
-    effect_kind, state, created_at, updated_at";
+    effect_kind, state, created_at, updated_at, CASE WHEN state = 'processing' THEN \
+    (SELECT lease_until FROM outbox WHERE outbox.operation_id = operations.id) END";
 
 /// One row of the operators' list: who, what, which state, when.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -495,6 +496,7 @@ pub(crate) struct SummaryRow {
     pub(crate) state: OperationState,
     pub(crate) created_at: i64,
     pub(crate) updated_at: i64,
+    pub(crate) lease_until: Option<i64>,
 }
 
 /// Operations in any of `states` (every state when empty), of `tool` when given, created at
@@ -564,6 +566,7 @@ fn summary_rows(
                     .ok_or_else(|| contract("unknown operation state"))?,
                 created_at: column(row.int(8))?,
                 updated_at: column(row.int(9))?,
+                lease_until: column(row.opt_int(10))?,
             })
         })
         .collect()
@@ -571,11 +574,13 @@ fn summary_rows(
 
 /// The unsure operations an operator looks at: rows in one of `states` where an
 /// `in_progress` row counts only once it is stuck (last changed at or before
-/// `stuck_at_most`), of `tenant` and `tool` when given, created at or before
-/// `created_at_most` when given.
+/// `stuck_at_most`) and a `processing` row only once its lease has ended (at or before
+/// `now`), of `tenant` and `tool` when given, created at or before `created_at_most` when
+/// given.
 pub(crate) struct UnsureFilter<'a> {
     pub(crate) states: &'a [OperationState],
     pub(crate) stuck_at_most: i64,
+    pub(crate) now: i64,
     pub(crate) tenant: Option<&'a str>,
     pub(crate) tool: Option<&'a str>,
     pub(crate) created_at_most: Option<i64>,
@@ -598,6 +603,12 @@ impl UnsureFilter<'_> {
                 params.len()
             ),
         ];
+        params.push(self.now.into());
+        clauses.push(format!(
+            "(state <> 'processing' OR id IN (SELECT operation_id FROM outbox \
+             WHERE state = 'processing' AND lease_until <= ?{}))",
+            params.len()
+        ));
         // `tenant || ''` and `tool || ''`: the unique scope index leads with the tenant (and
         // another with the tool), and without statistics SQLite would take one of them for an
         // equality on its first column and walk every operation of the tenant or tool; the

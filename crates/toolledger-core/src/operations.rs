@@ -7,8 +7,10 @@
 //! shown to the operator as stored, except that the value of every object member whose name
 //! looks like a secret (`token`, `secret`, `password`, `passphrase`, `credential`,
 //! `authorization`, `api_key`/`apikey`, `private_key`, in any case) is replaced by
-//! `"[redacted]"` ([`redact_secrets`]). Bearer tokens and keys are never stored in the ledger
-//! in the first place (only token hashes, in the principal store, which is not shown).
+//! `"[redacted]"` ([`redact_secrets`]), and where the stored result, an event or the receipt
+//! echoes such an argument's value inside a string, that part of the string is masked too
+//! ([`redact_echoes`]). Bearer tokens and keys are never stored in the ledger in the first
+//! place (only token hashes, in the principal store, which is not shown).
 
 use serde::Serialize;
 use serde_json::{json, Map, Value};
@@ -64,6 +66,9 @@ pub struct OperationSummary {
     pub updated_at: i64,
     /// `now - created_at`, never negative.
     pub age_seconds: i64,
+    /// A `processing` operation's lease end (Unix seconds); absent in every other state.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_until: Option<i64>,
 }
 
 /// The operations [`ListQuery`] selects, newest first (or oldest first). Creation order is
@@ -96,19 +101,25 @@ pub enum Unsure {
     Dead,
     /// A deferred operation accepted and not yet claimed by a worker (the backlog).
     Accepted,
+    /// A deferred operation `processing` under a lease that has ended: the worker or proxy
+    /// that held it is presumed gone, and its callers are told `outcome_unknown` (a worker
+    /// with attempts left may still claim it again).
+    LeaseExpired,
 }
 
 impl Unsure {
     /// Every kind, in the order the console shows them.
-    pub const ALL: [Unsure; 5] = [
+    pub const ALL: [Unsure; 6] = [
         Unsure::OutcomeUnknown,
+        Unsure::LeaseExpired,
         Unsure::Stuck,
         Unsure::Partial,
         Unsure::Dead,
         Unsure::Accepted,
     ];
 
-    /// The stable name (`outcome_unknown`, `stuck`, `partial`, `dead`, `accepted`).
+    /// The stable name (`outcome_unknown`, `lease_expired`, `stuck`, `partial`, `dead`,
+    /// `accepted`).
     pub fn as_str(self) -> &'static str {
         match self {
             Unsure::OutcomeUnknown => "outcome_unknown",
@@ -116,6 +127,7 @@ impl Unsure {
             Unsure::Partial => "partial",
             Unsure::Dead => "dead",
             Unsure::Accepted => "accepted",
+            Unsure::LeaseExpired => "lease_expired",
         }
     }
 
@@ -132,6 +144,7 @@ impl Unsure {
             Unsure::Partial => OperationState::Partial,
             Unsure::Dead => OperationState::Dead,
             Unsure::Accepted => OperationState::Accepted,
+            Unsure::LeaseExpired => OperationState::Processing,
         }
     }
 
@@ -213,17 +226,20 @@ fn summary(r: ledger::SummaryRow, now: i64) -> OperationSummary {
         state: r.state,
         created_at: r.created_at,
         updated_at: r.updated_at,
+        lease_until: r.lease_until,
     }
 }
 
 /// One page of the unsure operations [`UnsureQuery`] selects, newest first (by creation
-/// order). An `in_progress` operation is listed only once it is stuck.
+/// order). An `in_progress` operation is listed only once it is stuck, a `processing` one only
+/// once its lease has ended.
 pub fn unsure(tx: &mut dyn EffectTx, q: &UnsureQuery) -> Result<UnsurePage, StoreError> {
     let limit = q.limit.clamp(1, MAX_PAGE);
     let states = kinds_states(&q.kinds);
     let filter = ledger::UnsureFilter {
         states: &states,
         stuck_at_most: q.now.saturating_sub(ledger::IN_PROGRESS_EXPIRY_SECS),
+        now: q.now,
         tenant: q.tenant.as_deref(),
         tool: q.tool.as_deref(),
         created_at_most: q.older_than.map(|s| q.now.saturating_sub(s)),
@@ -251,6 +267,7 @@ pub fn unsure_counts(
     let filter = ledger::UnsureFilter {
         states: &states,
         stuck_at_most: now.saturating_sub(ledger::IN_PROGRESS_EXPIRY_SECS),
+        now,
         tenant,
         tool: None,
         created_at_most: None,
@@ -343,6 +360,80 @@ pub fn redact_secrets(value: &Value) -> Value {
     }
 }
 
+/// Secret values shorter than this are masked only where a string equals them: a short value
+/// (`"1"`) inside longer text is more likely a coincidence than an echo.
+pub const MIN_ECHOED_SECRET_CHARS: usize = 4;
+
+/// The string values of every object member of `value` whose name looks like a secret (the
+/// ones [`redact_secrets`] hides), at any depth, longest first, without duplicates.
+pub fn secret_values(value: &Value) -> Vec<String> {
+    fn strings(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::String(s) if !s.is_empty() => out.push(s.clone()),
+            Value::Array(a) => a.iter().for_each(|x| strings(x, out)),
+            Value::Object(m) => m.values().for_each(|x| strings(x, out)),
+            _ => {}
+        }
+    }
+    fn walk(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                for (k, x) in m {
+                    if secret_name(k) {
+                        strings(x, out);
+                    } else {
+                        walk(x, out);
+                    }
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|x| walk(x, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(value, &mut out);
+    out.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+    out.dedup();
+    out
+}
+
+/// `value` as [`redact_secrets`] shows it, and with every occurrence of one of `secrets` (as
+/// [`secret_values`] lists them) inside a string replaced by `[redacted]` — a value
+/// shorter than [`MIN_ECHOED_SECRET_CHARS`] only where the whole string equals it.
+pub fn redact_echoes(value: &Value, secrets: &[String]) -> Value {
+    fn mask(v: &Value, secrets: &[String]) -> Value {
+        match v {
+            Value::String(s) => {
+                let mut out = s.clone();
+                for secret in secrets {
+                    if out == *secret {
+                        return json!("[redacted]");
+                    }
+                    if secret.chars().count() >= MIN_ECHOED_SECRET_CHARS
+                        && out.contains(secret.as_str())
+                    {
+                        out = out.replace(secret.as_str(), "[redacted]");
+                    }
+                }
+                Value::String(out)
+            }
+            Value::Array(a) => Value::Array(a.iter().map(|x| mask(x, secrets)).collect()),
+            Value::Object(m) => Value::Object(
+                m.iter()
+                    .map(|(k, x)| (k.clone(), mask(x, secrets)))
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    }
+    let redacted = redact_secrets(value);
+    if secrets.is_empty() {
+        redacted
+    } else {
+        mask(&redacted, secrets)
+    }
+}
+
 /// The selected operation's timeline at `now` (see the module docs), as one JSON object:
 /// `operation`, `events`, `claims`, `intent`, `outbox`, `receipt`, `resolution`.
 pub fn timeline(tx: &mut dyn EffectTx, selector: &Selector, now: i64) -> Result<Found, StoreError> {
@@ -375,6 +466,7 @@ fn stored(tx: &mut dyn EffectTx, e: crate::Error) -> StoreError {
 
 fn build(tx: &mut dyn EffectTx, row: &LedgerRow, now: i64) -> Result<Value, StoreError> {
     let c = &row.contract;
+    let secrets = secret_values(&row.arguments);
     let operation = json!({
         "status_ref": row.status_ref,
         "tool": row.tool,
@@ -389,8 +481,8 @@ fn build(tx: &mut dyn EffectTx, row: &LedgerRow, now: i64) -> Result<Value, Stor
             "handler_rev": c.handler_rev, "producer_rev": c.producer_rev,
             "policy_rev": c.policy_rev,
         },
-        "arguments": redact_secrets(&row.arguments),
-        "result": row.result.as_ref().map(redact_secrets),
+        "arguments": redact_echoes(&row.arguments, &secrets),
+        "result": row.result.as_ref().map(|r| redact_echoes(r, &secrets)),
         "authority_deadline": row.authority_deadline,
         "retention_deadline": row.retention_deadline,
         "created_at": row.created_at,
@@ -417,7 +509,7 @@ fn build(tx: &mut dyn EffectTx, row: &LedgerRow, now: i64) -> Result<Value, Stor
                 r["at"] = json!(at);
                 resolution = r;
             }
-            json!({"id": id, "at": at, "kind": kind, "detail": redact_secrets(&detail)})
+            json!({"id": id, "at": at, "kind": kind, "detail": redact_echoes(&detail, &secrets)})
         })
         .collect();
     let outbox = match outbox::for_operation(tx, row.id)? {
@@ -435,7 +527,7 @@ fn build(tx: &mut dyn EffectTx, row: &LedgerRow, now: i64) -> Result<Value, Stor
         }),
     };
     let intent = intent(tx, row.id)?;
-    let receipt = receipt(tx, row.id)?;
+    let receipt = receipt(tx, row.id, &secrets)?;
     let mut out = json!({
         "operation": operation,
         "events": events,
@@ -487,7 +579,7 @@ fn intent(tx: &mut dyn EffectTx, id: i64) -> Result<Value, StoreError> {
 }
 
 /// The local receipt reconciled for the operation (`null` when there is none).
-fn receipt(tx: &mut dyn EffectTx, id: i64) -> Result<Value, StoreError> {
+fn receipt(tx: &mut dyn EffectTx, id: i64, secrets: &[String]) -> Result<Value, StoreError> {
     let row = tx
         .query_opt(
             "SELECT receipt_id, reconciled_via, fencing_token, query_identity, reconciled_at,
@@ -506,7 +598,7 @@ fn receipt(tx: &mut dyn EffectTx, id: i64) -> Result<Value, StoreError> {
         "fencing_token": column(r.opt_int(2))?,
         "query_identity": column(r.opt_text(3))?,
         "reconciled_at": column(r.int(4))?,
-        "receipt": redact_secrets(&receipt),
+        "receipt": redact_echoes(&receipt, secrets),
         "receipt_digest": column(r.text(6))?,
         "call_binding_digest": column(r.text(7))?,
     }))
@@ -535,5 +627,34 @@ mod tests {
             redact_secrets(&json!({"fencing_token": 3}))["fencing_token"],
             3
         );
+    }
+
+    #[test]
+    fn a_secret_argument_echoed_in_a_result_is_masked_there_too() {
+        let args = json!({"to": "bob@example.com", "api_key": "sk-live-4242",
+                          "auth": {"password": ["hunter22", "pw"]}});
+        let secrets = secret_values(&args);
+        assert_eq!(secrets, vec!["sk-live-4242", "hunter22", "pw"]);
+        let result = json!({
+            "content": [{"type": "text", "text": "sent with key sk-live-4242 to bob@example.com"}],
+            "structuredContent": {"key": "sk-live-4242", "short": "pw", "word": "pwned", "n": 1},
+        });
+        let r = redact_echoes(&result, &secrets);
+        assert_eq!(
+            r["content"][0]["text"],
+            "sent with key [redacted] to bob@example.com"
+        );
+        assert_eq!(r["structuredContent"]["key"], "[redacted]");
+        assert_eq!(
+            r["structuredContent"]["short"], "[redacted]",
+            "a whole short value"
+        );
+        assert_eq!(
+            r["structuredContent"]["word"], "pwned",
+            "not inside other text"
+        );
+        assert_eq!(r["structuredContent"]["n"], 1);
+        assert_eq!(redact_echoes(&args, &secrets)["to"], "bob@example.com");
+        assert_eq!(redact_echoes(&result, &[]), result);
     }
 }

@@ -294,3 +294,50 @@ async fn the_lease_is_renewed_while_the_downstream_call_runs() {
         Processed::Delivered(_)
     ));
 }
+
+#[tokio::test]
+async fn a_processing_operation_is_unsure_once_its_lease_has_ended() {
+    use toolledger::operations::{unsure, unsure_counts, Unsure, UnsureQuery};
+    use toolledger::store::Store;
+    let h = Harness::new().await;
+    let (event, status_ref) = accepted(&h, "refund-1").await;
+    lease(h.runtime.claim(event, "w1").await.unwrap());
+    let store = Store::from(h.store.clone());
+    let look = |now: i64| {
+        let store = store.clone();
+        async move {
+            store
+                .read(move |tx| {
+                    let q = UnsureQuery {
+                        kinds: vec![Unsure::LeaseExpired],
+                        now,
+                        limit: 10,
+                        ..UnsureQuery::default()
+                    };
+                    let page = unsure(tx, &q)?;
+                    let counts = unsure_counts(tx, None, now)?;
+                    Ok::<_, toolledger::store::StoreError>((page, counts))
+                })
+                .await
+                .unwrap()
+        }
+    };
+    let count_of = |counts: &[toolledger::operations::UnsureCount]| {
+        counts
+            .iter()
+            .find(|c| c.kind == Unsure::LeaseExpired)
+            .map(|c| c.count)
+    };
+    // A live lease: someone may be calling the downstream right now; not unsure.
+    let (page, counts) = look(T0 + 29).await;
+    assert!(page.rows.is_empty(), "{page:?}");
+    assert_eq!(count_of(&counts), Some(0));
+    // Once it has ended: listed, with the lease's end.
+    let (page, counts) = look(T0 + 30).await;
+    assert_eq!(page.rows.len(), 1);
+    assert_eq!(page.rows[0].status_ref, status_ref);
+    assert_eq!(page.rows[0].state, OperationState::Processing);
+    assert_eq!(page.rows[0].lease_until, Some(T0 + 30));
+    assert_eq!(count_of(&counts), Some(1));
+    assert_eq!(Unsure::parse("lease_expired"), Some(Unsure::LeaseExpired));
+}
