@@ -21,7 +21,9 @@ Tools:
   slow(seconds)                sleeps, with progress notifications when the caller sent a
                                progress token; answers {slept}. No annotations.
 
-Environment: CHARGE_DB (the SQLite file; required), CHARGE_DELAY_MS (optional).
+Environment: CHARGE_DB (the SQLite file; required), CHARGE_DELAY_MS (optional),
+CHARGE_BEARER (optional, HTTP only: every request must carry `Authorization: Bearer <it>`,
+or it is answered 401).
 Several server processes may share one CHARGE_DB: WAL mode, a busy timeout, and each insert is
 its own short IMMEDIATE transaction.
 
@@ -284,6 +286,22 @@ async def slow(seconds: float, ctx: Context) -> Slept:
     return Slept(slept=seconds)
 
 
+def require_bearer(app, token: str):
+    """The ASGI app `app` behind a bearer token check: 401 without `Authorization: Bearer token`."""
+    expected = f"Bearer {token}".encode()
+
+    async def guarded(scope, receive, send):
+        if scope["type"] == "http" and dict(scope["headers"]).get(b"authorization") != expected:
+            log("refused a request without the bearer token")
+            await send({"type": "http.response.start", "status": 401,
+                        "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"unauthorized"})
+            return
+        await app(scope, receive, send)
+
+    return guarded
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="A side-effecting MCP server backed by SQLite.")
     parser.add_argument("--http", type=int, metavar="PORT", help="serve streamable HTTP at 127.0.0.1:PORT/mcp")
@@ -294,7 +312,14 @@ def main() -> None:
         sys.stdout.flush()
         os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
         log(f"serving http://127.0.0.1:{args.http}/mcp (db {db_path()})")
-        server.run("streamable-http", host="127.0.0.1", port=args.http, streamable_http_path="/mcp")
+        bearer = os.environ.get("CHARGE_BEARER")
+        if bearer is None:
+            server.run("streamable-http", host="127.0.0.1", port=args.http, streamable_http_path="/mcp")
+        else:
+            import uvicorn
+
+            app = require_bearer(server.streamable_http_app(streamable_http_path="/mcp"), bearer)
+            uvicorn.run(app, host="127.0.0.1", port=args.http, log_level="warning")
     else:
         log(f"serving stdio (db {db_path()})")
         server.run()

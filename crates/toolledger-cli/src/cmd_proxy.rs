@@ -3,7 +3,7 @@
 //! ```text
 //! toolledger proxy [--db PATH | --database-url URL] [--principal NAME | --http ADDR]
 //!                  [--config proxy.toml] -- UPSTREAM_COMMAND [ARGS…]
-//! toolledger proxy … --upstream-url https://host/mcp [--upstream-header 'Authorization: Bearer …']
+//! toolledger proxy … --upstream-url https://host/mcp [--upstream-headers-file FILE]
 //! ```
 //!
 //! The upstream is a command the proxy starts (and starts again when it exited, at the next
@@ -24,7 +24,7 @@ use toolledger_cli::common::{StoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
 use toolledger_cli::telemetry::{init_logs, spawn_metrics_server, TelemetryArgs};
 use toolledger_mcp::{Guard, GuardConfig};
-use toolledger_proxy::{Lifecycle, Proxy, ProxyConfig, Upstream, UpstreamSpec};
+use toolledger_proxy::{BuildError, Lifecycle, Proxy, ProxyConfig, Upstream, UpstreamSpec};
 
 use crate::cmd_serve::{bound_keys, serve_http, serve_stdio, stdio_principal, HttpFrontArgs};
 
@@ -64,8 +64,15 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "URL", conflicts_with = "upstream")]
     pub upstream_url: Option<String>,
     /// A header sent to the HTTP upstream with every request, `Name: value` (repeatable).
+    /// A secret here is visible to every user of the machine (`ps`): prefer
+    /// `--upstream-headers-file`, `TOOLLEDGER_UPSTREAM_HEADERS` or the configuration's
+    /// `[upstream_headers]`.
     #[arg(long, value_name = "HEADER", requires = "upstream_url")]
     pub upstream_header: Vec<String>,
+    /// A file of headers for the HTTP upstream, one `Name: value` per line (`#` starts a
+    /// comment line).
+    #[arg(long, value_name = "FILE", requires = "upstream_url")]
+    pub upstream_headers_file: Option<std::path::PathBuf>,
     /// The MCP lifecycle spoken to the upstream.
     #[arg(long, value_enum, default_value = "auto")]
     pub upstream_lifecycle: LifecycleArg,
@@ -91,22 +98,73 @@ pub fn run(args: ProxyArgs, config: StoreConfig) -> Result<Outcome, Failure> {
     result.map(|()| Outcome::Pass)
 }
 
-fn upstream_spec(args: &ProxyArgs) -> Result<UpstreamSpec, Failure> {
-    if let Some(url) = &args.upstream_url {
-        let mut headers = Vec::new();
-        for h in &args.upstream_header {
-            let Some((name, value)) = h.split_once(':') else {
-                return Err(Failure::explained(
-                    "UPSTREAM_HEADER_INVALID",
-                    "--upstream-header takes `Name: value`",
-                ));
-            };
-            headers.push((name.trim().to_string(), value.trim().to_string()));
+/// The environment variable holding headers for the HTTP upstream, one `Name: value` per line.
+pub const UPSTREAM_HEADERS_ENV: &str = "TOOLLEDGER_UPSTREAM_HEADERS";
+
+/// `Name: value` lines (blank lines and `#` comments skipped) from `source`.
+fn header_lines(text: &str, source: &str) -> Result<Vec<(String, String)>, Failure> {
+    let mut out = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
         }
+        let Some((name, value)) = line.split_once(':') else {
+            return Err(Failure::explained(
+                "UPSTREAM_HEADER_INVALID",
+                format!("{source} takes `Name: value` lines"),
+            ));
+        };
+        out.push((name.trim().to_string(), value.trim().to_string()));
+    }
+    Ok(out)
+}
+
+/// The HTTP upstream's headers, from the configuration's `[upstream_headers]`, then
+/// `--upstream-headers-file`, then `TOOLLEDGER_UPSTREAM_HEADERS`, then `--upstream-header`;
+/// a later source's header replaces an earlier one of the same name.
+fn upstream_headers(
+    args: &ProxyArgs,
+    config: &ProxyConfig,
+) -> Result<Vec<(String, String)>, Failure> {
+    let mut all = config
+        .upstream_headers(|name| std::env::var(name).ok())
+        .map_err(|e| Failure::explained("CONFIG_INVALID", e.to_string()))?;
+    if let Some(path) = &args.upstream_headers_file {
+        let text = std::fs::read_to_string(path).map_err(|_| {
+            Failure::explained(
+                "UPSTREAM_HEADER_INVALID",
+                "the --upstream-headers-file cannot be read (missing, unreadable or not UTF-8)",
+            )
+        })?;
+        all.extend(header_lines(&text, "--upstream-headers-file")?);
+    }
+    if let Ok(text) = std::env::var(UPSTREAM_HEADERS_ENV) {
+        all.extend(header_lines(&text, UPSTREAM_HEADERS_ENV)?);
+    }
+    for h in &args.upstream_header {
+        all.extend(header_lines(h, "--upstream-header")?);
+    }
+    let mut headers: Vec<(String, String)> = Vec::new();
+    for (name, value) in all {
+        headers.retain(|(n, _)| !n.eq_ignore_ascii_case(&name));
+        headers.push((name, value));
+    }
+    Ok(headers)
+}
+
+fn upstream_spec(args: &ProxyArgs, config: &ProxyConfig) -> Result<UpstreamSpec, Failure> {
+    let headers = upstream_headers(args, config)?;
+    if let Some(url) = &args.upstream_url {
         return Ok(UpstreamSpec::Http {
             url: url.clone(),
             headers,
         });
+    }
+    if !headers.is_empty() {
+        return Err(Failure::explained(
+            "UPSTREAM_HEADER_INVALID",
+            "upstream headers are for an HTTP upstream (--upstream-url); this upstream is a command",
+        ));
     }
     let Some((command, rest)) = args.upstream.split_first() else {
         return Err(Failure::explained(
@@ -136,8 +194,8 @@ fn proxy_config(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
 async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
     init_logs(args.telemetry.log_format);
     let front = args.front.resolve()?;
-    let spec = upstream_spec(&args)?;
     let proxy_config = proxy_config(&args)?;
+    let spec = upstream_spec(&args, &proxy_config)?;
     let store = config.open()?;
     let clock: SharedClock = match args.clock_epoch {
         Some(epoch) => Arc::new(ManualClock::new(epoch)),
@@ -165,7 +223,10 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
     let hook = crate::cmd_dispatch::hold_hook();
     let built = Proxy::build(&store, clock.clone(), guard, upstream, &proxy_config, hook)
         .await
-        .map_err(|e| Failure::explained("UPSTREAM_UNAVAILABLE", e.detail()))?;
+        .map_err(|e| match e {
+            BuildError::Upstream(e) => Failure::explained("UPSTREAM_UNAVAILABLE", e.detail()),
+            BuildError::Config(why) => Failure::explained("CONFIG_INVALID", why),
+        })?;
     tracing::info!(target: "toolledger::proxy", guarded = ?built.guarded,
         passed_through = ?built.passed_through, "proxying the upstream's tools");
     if let Some(at) = args.telemetry.metrics {

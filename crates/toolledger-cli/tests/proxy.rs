@@ -153,7 +153,10 @@ impl World {
 
     /// The Python SDK's driver (`api`: `client` or `session`) against a proxy it starts on the
     /// world's ledger with `extra` flags: lists the tools, then makes `calls`. Its lines.
-    fn py(&self, extra: &[&str], api: &str, calls: Value) -> Vec<Value> {
+    /// The proxy (before `extra`: this world's ledger as alice; after: the charge server)
+    /// driven by an official SDK's client: `api` is the Python SDK's `client` or `session`, or
+    /// `ts` for the TypeScript SDK v2 (`None` when Node is missing outside CI, loudly).
+    fn client(&self, extra: &[&str], api: &str, calls: Value) -> Option<Vec<Value>> {
         let mut args = vec!["proxy".to_string()];
         args.extend(self.db.store_args());
         args.extend(["--principal".into(), "alice".into()]);
@@ -175,9 +178,16 @@ impl World {
         let spec = json!({"transport": "stdio", "lifecycle": "legacy", "api": api,
             "list_tools": true, "calls": calls,
             "server": {"command": support::BIN, "args": args, "env": env}});
-        let mut driver = Command::new(&self.python);
-        driver.arg(proxy_fixture("py_client.py"));
-        support::clients::run_driver(driver, &spec)
+        let driver = if api == "ts" {
+            let mut c = Command::new(support::clients::node()?);
+            c.arg(support::clients::ts_client());
+            c
+        } else {
+            let mut c = Command::new(&self.python);
+            c.arg(proxy_fixture("py_client.py"));
+            c
+        };
+        Some(support::clients::run_driver(driver, &spec))
     }
 
     fn cli(&self, args: &[&str]) -> (i32, String) {
@@ -411,6 +421,28 @@ fn a_lost_upstream_answer_is_unknown_until_reconciled(db: Db) {
     assert_eq!(status["state"], "applied", "{status}");
     assert_eq!(status["authoritative"], true);
     assert_eq!(status["ledgerState"], "succeeded");
+    // The operator sees the lookup's answer on the timeline, before the reconciled receipt.
+    let (code, shown) = w.cli(&["operations", "show", &status_ref]);
+    assert_eq!(code, 0, "{shown}");
+    let shown: Value = serde_json::from_str(&shown).unwrap();
+    let kinds: Vec<&str> = shown["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    let at = kinds.iter().position(|k| *k == "reconcile_lookup");
+    assert!(
+        at.is_some_and(|i| kinds[i + 1..].contains(&"receipt_reconciled")),
+        "{kinds:?}"
+    );
+    let looked = &shown["events"][at.unwrap()]["detail"];
+    assert_eq!(looked["lookup"], "find_charge", "{looked}");
+    assert_eq!(looked["found"], true, "{looked}");
+    assert_eq!(
+        looked["answer"]["structuredContent"]["charge"]["reference"], "op-lost",
+        "{looked}"
+    );
     let replay = p.call("charge", charge("op-lost", 900));
     assert_eq!(replay["isError"], false, "{replay}");
     // The configured mapping of the lookup's answer, in the tool's own output schema; never
@@ -436,14 +468,16 @@ fn a_lost_upstream_answer_is_unknown_until_reconciled(db: Db) {
     );
     assert_eq!(w.charges(), 1, "never a second forward");
     drop(p);
-    // The official Python SDK, which checks a success against the tool's output schema,
-    // accepts the replay (its `Client` and its session).
-    for api in ["client", "session"] {
-        let lines = w.py(
+    // The official SDKs, which check a success against the tool's output schema, accept the
+    // replay: the Python SDK's `Client` and its session, the TypeScript SDK v2's client.
+    for api in ["client", "session", "ts"] {
+        let Some(lines) = w.client(
             &["--config", &config],
             api,
             json!([{"name": "charge", "arguments": charge("op-lost", 900)}]),
-        );
+        ) else {
+            continue;
+        };
         let r = support::clients::driver_result(&lines, 0);
         assert_eq!(r["isError"], false, "{api}: {lines:?}");
         assert_eq!(
@@ -462,13 +496,45 @@ fn a_lost_upstream_answer_is_unknown_until_reconciled(db: Db) {
 
 fn a_timeout_is_outcome_unknown_and_resolvable(db: Db) {
     let Some(w) = World::new(db) else { return };
-    let config = w.config("[tools.slow]\ncall_timeout_seconds = 1\n");
+    // A reconcile rule whose pointer is not in the lookup's answer: it cannot decide, and says
+    // so in the log and on the timeline.
+    let config = w.config(
+        r#"
+        [tools.slow]
+        call_timeout_seconds = 1
+        [tools.slow.reconcile]
+        tool = "find_charge"
+        arguments = { reference = "{operation_id}" }
+        found_when = "/structuredContent/nope"
+        "#,
+    );
     let config = config.display().to_string();
     let mut p = w.start(&["--config", &config], 0);
     let r = p.call("slow", json!({"seconds": 3, "operation_id": "op-t"}));
     let e = error_of(&r);
     assert_eq!(e["code"], "outcome_unknown", "{r}");
     let status_ref = e["status_ref"].as_str().unwrap().to_string();
+    let status = p.status("op-t");
+    assert_eq!(status["ledgerState"], "outcome_unknown", "{status}");
+    w.wait_for_log("found_when pointer resolves to nothing");
+    let log = std::fs::read_to_string(w.log()).unwrap();
+    assert!(log.contains("/structuredContent/nope"), "{log}");
+    let (_, shown) = w.cli(&["operations", "show", &status_ref]);
+    let shown: Value = serde_json::from_str(&shown).unwrap();
+    let looked = shown["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|e| e["kind"] == "reconcile_lookup")
+        .map(|e| e["detail"].clone())
+        .unwrap_or_else(|| panic!("no lookup event: {shown}"));
+    assert_eq!(looked["found"], false, "{looked}");
+    let problem = looked["problem"].as_str().unwrap_or_default();
+    assert!(
+        problem.contains("/structuredContent/nope") && problem.contains("structuredContent:{"),
+        "names the pointer and the answer's shape: {looked}"
+    );
     add_principal(&w.db, "olga", "acme", &["operator"], &[], false);
     let (code, out) = w.cli(&[
         "resolve",
@@ -624,6 +690,30 @@ fn bad_configuration_and_upstream_are_refused(db: Db) {
     assert_eq!(out.status.code(), Some(2));
     let err = failure(&out.stderr);
     assert_eq!(err["error"]["code"], "CONFIG_INVALID", "{err}");
+    // Reconcile rules are checked against the upstream's tools at start.
+    for (rule, names) in [
+        ("tool = \"find_charge\"", "found_when is required"),
+        (
+            "tool = \"lookup_everything\"\nfound_when = \"/x\"",
+            "lookup_everything, which the upstream does not list",
+        ),
+        (
+            "tool = \"charge\"\nfound_when = \"/x\"",
+            "does not mark it read-only",
+        ),
+    ] {
+        let config = w.config(&format!("[tools.charge.reconcile]\n{rule}\n"));
+        let out = w
+            .command("alice", &["--config", &config.display().to_string()], 0)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{rule}");
+        let err = failure(&out.stderr);
+        assert_eq!(err["error"]["code"], "CONFIG_INVALID", "{err}");
+        let message = err["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(names), "{rule}: {err}");
+    }
     let out = toolledger()
         .arg("proxy")
         .args(w.db.store_args())
@@ -756,8 +846,8 @@ fn an_upstream_round_asking_for_input_passes_through_bound_to_the_operation(db: 
 
 /// Real tools take decimal amounts: a read-only tool passed through gets `12.5` and `1e-7` as
 /// sent, a guarded one records `12.5` in canonical form (`12.50` is the same intent, `12.51`
-/// another), the replay is the upstream's answer, and the official Python SDK's `Client`
-/// validates it against the tool's output schema. An integer no double holds is refused
+/// another), the replay is the upstream's answer, and the official Python SDK's `Client` and
+/// the TypeScript SDK v2 validate it against the tool's output schema. An integer no double holds is refused
 /// in-band, naming the field, and nothing is recorded.
 fn fractional_numbers_pass_and_are_one_intent(db: Db) {
     let Some(w) = World::new(db) else { return };
@@ -788,25 +878,29 @@ fn fractional_numbers_pass_and_are_one_intent(db: Db) {
     assert!(e["message"].as_str().unwrap().contains("/amount"), "{big}");
     assert_eq!(w.charges(), 1, "one payment");
     drop(p);
-    let lines = w.py(
-        &[],
-        "client",
-        json!([
-            {"name": "pay", "arguments": pay(json!(12.5))},
-            {"name": "convert", "arguments": {"amount": 2.5, "rate": 0.5}},
-        ]),
-    );
-    let replay = support::clients::driver_result(&lines, 0);
-    assert_eq!(replay["isError"], false, "{lines:?}");
-    assert_eq!(
-        replay["structuredContent"]["amount"],
-        json!(12.5),
-        "{lines:?}"
-    );
-    assert_eq!(
-        support::clients::driver_result(&lines, 1)["structuredContent"]["converted"],
-        json!(1.25)
-    );
+    for api in ["client", "ts"] {
+        let Some(lines) = w.client(
+            &[],
+            api,
+            json!([
+                {"name": "pay", "arguments": pay(json!(12.5))},
+                {"name": "convert", "arguments": {"amount": 2.5, "rate": 0.5}},
+            ]),
+        ) else {
+            continue;
+        };
+        let replay = support::clients::driver_result(&lines, 0);
+        assert_eq!(replay["isError"], false, "{api}: {lines:?}");
+        assert_eq!(
+            replay["structuredContent"]["amount"],
+            json!(12.5),
+            "{api}: {lines:?}"
+        );
+        assert_eq!(
+            support::clients::driver_result(&lines, 1)["structuredContent"]["converted"],
+            json!(1.25)
+        );
+    }
     assert_eq!(w.charges(), 1, "one payment");
     assert_eq!(
         w.db.scalar("SELECT count(*) FROM operations WHERE arguments LIKE '%12.5%'"),
@@ -816,7 +910,8 @@ fn fractional_numbers_pass_and_are_one_intent(db: Db) {
 }
 
 /// An operator who verified the effect records it with evidence; every retry is then told the
-/// effect happened, in a shape the Python SDK accepts for a tool with an output schema (an
+/// effect happened, in a shape the official SDKs (Python `Client` and session, TypeScript v2)
+/// accept for a tool with an output schema (an
 /// error result `effect_confirmed`: no result conforming to the schema exists).
 fn an_operator_confirms_a_success_with_evidence(db: Db) {
     let Some(w) = World::new(db) else { return };
@@ -862,12 +957,14 @@ fn an_operator_confirms_a_success_with_evidence(db: Db) {
     let status = p.status("op-e");
     assert_eq!(status["state"], "applied", "{status}");
     drop(p);
-    for api in ["client", "session"] {
-        let lines = w.py(
+    for api in ["client", "session", "ts"] {
+        let Some(lines) = w.client(
             &["--config", &config],
             api,
             json!([{"name": "slow", "arguments": {"seconds": 2.5, "operation_id": "op-e"}}]),
-        );
+        ) else {
+            continue;
+        };
         let r = support::clients::driver_result(&lines, 0);
         assert_eq!(r["isError"], true, "{api}: {lines:?}");
         assert!(

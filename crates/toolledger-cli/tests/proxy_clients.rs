@@ -297,6 +297,9 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// An HTTP upstream that refuses requests without its bearer token: the token reaches it from
+/// the configuration file's `${ENV}` substitution, from a headers file and from
+/// `TOOLLEDGER_UPSTREAM_HEADERS` — never from the command line.
 fn an_http_upstream(db: Db) {
     let Some((py, node)) = interpreters() else {
         return;
@@ -304,10 +307,12 @@ fn an_http_upstream(db: Db) {
     let dir = tempfile::tempdir().unwrap();
     let cdb = charge_db(&dir);
     let port = free_port();
+    let secret = "upstream-secret-4f1c";
     let mut upstream = Command::new(&py)
         .arg(proxy_fixture("charge_server.py"))
         .args(["--http", &port.to_string()])
         .env("CHARGE_DB", &cdb)
+        .env("CHARGE_BEARER", secret)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -319,28 +324,93 @@ fn an_http_upstream(db: Db) {
         std::thread::sleep(Duration::from_millis(50));
     }
     let url = format!("http://127.0.0.1:{port}/mcp");
-    let mut args = vec!["proxy".to_string()];
-    args.extend(db.store_args());
-    args.extend([
-        "--principal".into(),
-        "alice".into(),
-        "--upstream-url".into(),
-        url,
-        "--upstream-header".into(),
-        "Authorization: Bearer upstream-secret".into(),
-    ]);
-    let mut e = serde_json::Map::new();
-    for (k, v) in db.key_env() {
-        e.insert(k.into(), json!(v));
-    }
-    let server = json!({"command": support::BIN, "args": args, "env": e});
-    for driver in DRIVERS {
+    let config = dir.path().join("proxy.toml");
+    std::fs::write(
+        &config,
+        "[upstream_headers]\nAuthorization = \"Bearer ${CHARGE_TOKEN}\"\n",
+    )
+    .unwrap();
+    let headers_file = dir.path().join("headers");
+    std::fs::write(
+        &headers_file,
+        format!("# the upstream's token\nAuthorization: Bearer {secret}\n"),
+    )
+    .unwrap();
+    let base = |extra: &[&str]| {
+        let mut args = vec!["proxy".to_string()];
+        args.extend(db.store_args());
+        args.extend([
+            "--principal".into(),
+            "alice".into(),
+            "--upstream-url".into(),
+        ]);
+        args.push(url.clone());
+        args.extend(extra.iter().map(|s| s.to_string()));
+        assert!(
+            args.iter().all(|a| !a.contains(secret)),
+            "not on the command line"
+        );
+        let mut e = serde_json::Map::new();
+        for (k, v) in db.key_env() {
+            e.insert(k.into(), json!(v));
+        }
+        (args, e)
+    };
+    let config_arg = config.display().to_string();
+    let file_arg = headers_file.display().to_string();
+    let (args, mut e) = base(&["--config", &config_arg]);
+    e.insert("CHARGE_TOKEN".into(), json!(secret));
+    let from_config = json!({"command": support::BIN, "args": args, "env": e});
+    let (args, e) = base(&["--upstream-headers-file", &file_arg]);
+    let from_file = json!({"command": support::BIN, "args": args, "env": e});
+    let (args, mut e) = base(&[]);
+    e.insert(
+        "TOOLLEDGER_UPSTREAM_HEADERS".into(),
+        json!(format!("Authorization: Bearer {secret}")),
+    );
+    let from_env = json!({"command": support::BIN, "args": args, "env": e});
+    for (driver, server) in DRIVERS.into_iter().zip([from_config, from_file, from_env]) {
         let op = format!("upstream-http-{driver:?}");
         let spec = json!({"transport": "stdio", "server": server, "lifecycle": "legacy",
                           "calls": charge_calls(&op)});
         check_charge_story(&drive(driver, &spec, &py, &node), &op);
     }
     assert_eq!(charges(&cdb), 3);
+
+    // Without the variable the configuration names, the proxy refuses to start and says which
+    // variable; with a wrong token the upstream refuses and the proxy says so, showing no token.
+    let (args, e) = base(&["--config", &config_arg]);
+    let out = std::process::Command::new(support::BIN)
+        .args(&args)
+        .envs(
+            e.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string())),
+        )
+        .env_remove("CHARGE_TOKEN")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("CONFIG_INVALID") && stderr.contains("${CHARGE_TOKEN}"),
+        "{stderr}"
+    );
+    let (args, e) = base(&["--config", &config_arg]);
+    let out = std::process::Command::new(support::BIN)
+        .args(&args)
+        .envs(
+            e.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string())),
+        )
+        .env("CHARGE_TOKEN", "wrong-token-77")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("UPSTREAM_UNAVAILABLE"), "{stderr}");
+    assert!(!stderr.contains("wrong-token-77"), "{stderr}");
     let _ = upstream.kill();
     let _ = upstream.wait();
 }
@@ -424,6 +494,57 @@ fn the_inspector_lists_and_calls_through_the_proxy(db: Db) {
     assert_eq!(ledger(&again)["replayed"], true, "{again}");
     assert_eq!(again["structuredContent"], first["structuredContent"]);
     assert_eq!(charges(&cdb), 1, "one charge for two Inspector runs");
+
+    // An effect an operator confirmed: the Inspector takes the answer every retry gets.
+    let config = dir.path().join("proxy.toml");
+    std::fs::write(&config, "[tools.slow]\ncall_timeout_seconds = 1\n").unwrap();
+    let mut timed = server.clone();
+    let at = timed["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|a| a == "--")
+        .unwrap();
+    let args = timed["args"].as_array_mut().unwrap();
+    args.insert(at, json!(config.display().to_string()));
+    args.insert(at, json!("--config"));
+    let slow = json!({"seconds": 2.5, "operation_id": "insp-slow"}).to_string();
+    let call = [
+        "--method",
+        "tools/call",
+        "--tool-name",
+        "slow",
+        "--tool-args-json",
+        &slow,
+    ];
+    let lost = inspector(&node, dir.path(), &timed, &call);
+    assert!(lost.to_string().contains("outcome_unknown"), "{lost}");
+    let status_ref = ledger(&lost)["statusRef"].as_str().unwrap().to_string();
+    add_principal(&db, "olga", "acme", &["operator"], &[], false);
+    let resolved = toolledger()
+        .args(["resolve", "--status-ref", &status_ref, "--as", "succeeded"])
+        .args([
+            "--reason",
+            "the upstream's log shows it",
+            "--operator",
+            "olga",
+        ])
+        .args(["--evidence", r#"{"log_line": "slept 2.5s"}"#])
+        .args(db.store_args())
+        .envs(db.key_env())
+        .output()
+        .unwrap();
+    assert!(resolved.status.success(), "{resolved:?}");
+    let confirmed = inspector(&node, dir.path(), &timed, &call);
+    assert_eq!(confirmed["isError"], true, "{confirmed}");
+    assert!(
+        confirmed.to_string().contains("effect_confirmed"),
+        "{confirmed}"
+    );
+    assert_eq!(
+        confirmed["_meta"]["io.toolledger/confirmed"]["by"], "operator",
+        "{confirmed}"
+    );
 }
 
 on_both_backends!(

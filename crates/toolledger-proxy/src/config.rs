@@ -9,6 +9,9 @@
 //! authority_ttl_seconds = 86400            # how long a retry may still replay (and a forward run)
 //! retention_ttl_seconds = 604800           # how long a stored result is replayed
 //!
+//! [upstream_headers]                 # sent to an HTTP upstream (--upstream-url) with every request
+//! Authorization = "Bearer ${UPSTREAM_TOKEN}"   # ${NAME}: the environment variable NAME
+//!
 //! [tools.charge]
 //! guarded = true                     # default: guarded unless the upstream marks it readOnlyHint
 //! key_argument = "operation_id"      # this tool's operation id argument
@@ -58,6 +61,11 @@ pub struct ProxyConfig {
     /// Per tool, by the upstream's tool name.
     #[serde(default)]
     pub tools: BTreeMap<String, ToolConfig>,
+    /// Headers sent to an HTTP upstream with every request, by name; `${NAME}` in a value is
+    /// replaced by the environment variable `NAME` when the proxy starts
+    /// ([`ProxyConfig::upstream_headers`]), so a secret need not be written in the file.
+    #[serde(default)]
+    pub upstream_headers: BTreeMap<String, String>,
 }
 
 /// One tool's settings; unset ones take the file's defaults.
@@ -102,7 +110,7 @@ pub struct Reconcile {
     pub arguments: serde_json::Map<String, Value>,
     /// A JSON pointer into the lookup's tool result (`/structuredContent/found`): the effect
     /// happened when it points at `true`, a non-empty string, array or object, or a non-zero
-    /// number. Without it, any result that is not an error is evidence.
+    /// number. Required: a configuration without it is refused.
     #[serde(default)]
     pub found_when: Option<String>,
     /// How to build the guarded tool's own result from the lookup's answer once it found the
@@ -255,7 +263,58 @@ fn check_limits(
     Ok(())
 }
 
+/// Replaces every `${NAME}` in `value` by `env(NAME)`; `Err` names the first variable that is
+/// not set. `$` not followed by `{NAME}` stays as it is.
+pub fn substitute_env(value: &str, env: impl Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(at) = rest.find("${") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 2..];
+        let name_len = after.find('}').filter(|&n| {
+            n > 0
+                && !after.as_bytes()[0].is_ascii_digit()
+                && after[..n]
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        });
+        match name_len {
+            Some(n) => {
+                let name = &after[..n];
+                out.push_str(&env(name).ok_or_else(|| name.to_string())?);
+                rest = &after[n + 1..];
+            }
+            None => {
+                out.push_str("${");
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
 impl ProxyConfig {
+    /// The `[upstream_headers]` with `${NAME}` replaced from the environment `env`, in name
+    /// order; `Err` says which header names which unset variable (never a value).
+    pub fn upstream_headers(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Vec<(String, String)>, ConfigError> {
+        self.upstream_headers
+            .iter()
+            .map(|(name, value)| {
+                substitute_env(value, &env)
+                    .map(|v| (name.clone(), v))
+                    .map_err(|var| {
+                        ConfigError::Invalid(format!(
+                            "upstream_headers.{name} uses ${{{var}}}, which is not set in the environment"
+                        ))
+                    })
+            })
+            .collect()
+    }
+
     /// Parses the TOML text of a configuration file and checks it.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
         let config: ProxyConfig =
@@ -275,6 +334,15 @@ impl ProxyConfig {
         if let Some(a) = &self.operation_id_argument {
             if !name_ok(a) {
                 return bad("operation_id_argument must be 1 to 64 letters, digits, _ or -".into());
+            }
+        }
+        for (name, value) in &self.upstream_headers {
+            let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+            if name.is_empty() || !name.chars().all(token) {
+                return bad("upstream_headers has a name that is not a valid header name".into());
+            }
+            if value.chars().any(|c| c.is_control() && c != '\t') {
+                return bad(format!("upstream_headers.{name} holds a control character"));
             }
         }
         for (name, t) in &self.tools {
@@ -299,6 +367,12 @@ impl ProxyConfig {
                 t.call_timeout_seconds,
             )?;
             if let Some(r) = &t.reconcile {
+                if r.found_when.is_none() {
+                    return bad(format!(
+                        "tools.{name}.reconcile.found_when is required: a JSON pointer into the \
+                         lookup's result that is true when the effect happened"
+                    ));
+                }
                 if r.found_when.as_deref().is_some_and(|p| !p.starts_with('/')) {
                     return bad(format!(
                         "tools.{name}.reconcile.found_when must be a JSON pointer (\"/…\")"
@@ -400,6 +474,33 @@ mod tests {
     }
 
     #[test]
+    fn upstream_headers_take_their_secrets_from_the_environment() {
+        let c = ProxyConfig::parse(
+            "[upstream_headers]\nAuthorization = \"Bearer ${TL_TOKEN}\"\nX-Plain = \"a$b ${ c}\"\n",
+        )
+        .unwrap();
+        let env = |name: &str| (name == "TL_TOKEN").then(|| "s3cret".to_string());
+        assert_eq!(
+            c.upstream_headers(env).unwrap(),
+            vec![
+                ("Authorization".to_string(), "Bearer s3cret".to_string()),
+                ("X-Plain".to_string(), "a$b ${ c}".to_string()),
+            ]
+        );
+        let unset = c.upstream_headers(|_| None).unwrap_err().to_string();
+        assert!(unset.contains("${TL_TOKEN}"), "{unset}");
+        assert!(unset.contains("upstream_headers.Authorization"), "{unset}");
+        assert_eq!(
+            substitute_env("${A}${A}x", |_| Some("1".into())),
+            Ok("11x".into())
+        );
+        assert_eq!(
+            substitute_env("${1A}", |_| Some("1".into())),
+            Ok("${1A}".into())
+        );
+    }
+
+    #[test]
     fn unknown_keys_and_bad_values_are_refused() {
         for text in [
             "nonsense = 1",
@@ -408,6 +509,9 @@ mod tests {
             "[tools.a]\nauthority_ttl_seconds = 0",
             "call_timeout_seconds = 0",
             "[tools.a.reconcile]\ntool = \"b\"\nfound_when = \"found\"",
+            "[tools.a.reconcile]\ntool = \"b\"",
+            "[upstream_headers]\n\"Bad Name\" = \"x\"",
+            "[upstream_headers]\nX-A = \"line\\nbreak\"",
         ] {
             assert!(ProxyConfig::parse(text).is_err(), "{text}");
         }

@@ -212,6 +212,40 @@ impl DeferredTool for ProxiedTool {
     }
 }
 
+/// What one reconcile lookup saw, recorded on the operation as a `reconcile_lookup` event
+/// ([`Lookup::event_detail`]) so an operator sees the last answer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lookup {
+    /// The lookup tool.
+    pub lookup: String,
+    /// Whether the answer is evidence of the effect.
+    pub found: bool,
+    /// The lookup's tool result (absent when the lookup failed).
+    pub answer: Option<Value>,
+    /// What kept the lookup from deciding, or from building the tool's result.
+    pub problem: Option<String>,
+}
+
+/// The most bytes of a lookup's answer an event keeps; a larger one is kept as its shape.
+pub const MAX_RECORDED_ANSWER_BYTES: usize = 16 * 1024;
+
+impl Lookup {
+    /// The event's detail: `{lookup, found, answer | answer_shape, problem?}`.
+    pub fn event_detail(&self) -> Value {
+        let mut d = json!({"lookup": self.lookup, "found": self.found});
+        if let Some(answer) = &self.answer {
+            match toolledger::json::canonical_string(answer) {
+                Ok(text) if text.len() <= MAX_RECORDED_ANSWER_BYTES => d["answer"] = answer.clone(),
+                _ => d["answer_shape"] = json!(shape(answer)),
+            }
+        }
+        if let Some(p) = &self.problem {
+            d["problem"] = json!(p);
+        }
+        d
+    }
+}
+
 /// Values handed from one step of a call to a later one by status ref, taken once: the
 /// receipt a reconcile lookup found, which the runtime's status query then records.
 #[derive(Clone)]
@@ -360,65 +394,94 @@ impl UpstreamEffect {
         }
     }
 
-    /// Runs the tool's reconcile lookup for the operation `record` (no lookup configured:
-    /// `Ok(false)`). With evidence of the effect, its receipt is left for the runtime's next
-    /// status query of this operation, which records it (transaction C) as the result.
-    pub async fn look_up(&self, record: &DeferredRecord) -> Result<bool, UpstreamError> {
-        let Some(reconcile) = &self.policy.reconcile else {
-            return Ok(false);
-        };
+    /// Runs the tool's reconcile lookup for the operation `record` (`None` when none is
+    /// configured) and says what it saw. With evidence of the effect, its receipt is left for
+    /// the runtime's next status query of this operation, which records it (transaction C)
+    /// as the result.
+    pub async fn look_up(&self, record: &DeferredRecord) -> Option<Lookup> {
+        let reconcile = self.policy.reconcile.as_ref()?;
         let mut params = CallToolRequestParams::new(reconcile.tool.clone());
         params.arguments = Some(reconcile.arguments_for(&record.scope.key));
-        let answer = self
+        let mut seen = Lookup {
+            lookup: reconcile.tool.clone(),
+            found: false,
+            answer: None,
+            problem: None,
+        };
+        let answer = match self
             .upstream
             .call_tool(params, self.timeout(), &CallRoute::default())
-            .await?;
-        let CallToolResponse::Complete(result) = answer else {
-            return Ok(false);
+            .await
+        {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(target: "toolledger::proxy", status_ref = %record.status_ref,
+                    error = %e.detail(), "the reconcile lookup failed");
+                seen.problem = Some(format!("the lookup failed: {e}"));
+                return Some(seen);
+            }
         };
-        let seen = serde_json::to_value(&result).unwrap_or(Value::Null);
-        if !reconcile.pointer_resolves(&seen) {
+        let CallToolResponse::Complete(result) = answer else {
+            seen.problem = Some("the lookup asked for input; a lookup cannot be answered".into());
+            return Some(seen);
+        };
+        let answer = serde_json::to_value(&result).unwrap_or(Value::Null);
+        seen.answer = Some(answer.clone());
+        if !reconcile.pointer_resolves(&answer) {
+            let found_when = reconcile.found_when.as_deref().unwrap_or("");
             tracing::warn!(target: "toolledger::proxy", status_ref = %record.status_ref,
-                tool = %self.tool, lookup = %reconcile.tool,
-                found_when = reconcile.found_when.as_deref().unwrap_or(""),
-                answer_shape = %shape(&seen),
+                tool = %self.tool, lookup = %reconcile.tool, found_when,
+                answer_shape = %shape(&answer),
                 "the reconcile rule's found_when pointer resolves to nothing in the lookup's \
                  answer: the rule cannot find the effect; check the configuration");
-            return Ok(false);
+            seen.problem = Some(format!(
+                "found_when {found_when} resolves to nothing in the answer, shaped {}",
+                shape(&answer)
+            ));
+            return Some(seen);
         }
-        if !reconcile.is_evidence(&seen) {
+        if !reconcile.is_evidence(&answer) {
             tracing::info!(target: "toolledger::proxy", status_ref = %record.status_ref,
                 tool = %self.tool, lookup = %reconcile.tool, "reconcile lookup found no effect");
-            return Ok(false);
+            return Some(seen);
         }
-        let evidence = if toolledger::json::canonical_string(&seen).is_ok() {
-            seen.clone()
+        let evidence = if toolledger::json::canonical_string(&answer).is_ok() {
+            answer.clone()
         } else {
-            json!({ "text": seen.to_string() })
+            json!({ "text": answer.to_string() })
         };
         let mut stored = json!({
             "confirmed": {"by": "lookup", "lookup": reconcile.tool, "evidence": evidence},
         });
-        match reconcile.map_result(&seen) {
+        match reconcile.map_result(&answer) {
             None => {}
             Some(Ok(mapped)) => match self.conforms(&mapped) {
                 Ok(()) => stored["mapped"] = mapped,
-                Err(why) => tracing::warn!(target: "toolledger::proxy",
-                    status_ref = %record.status_ref, tool = %self.tool, why = %why,
-                    "the reconcile rule's result does not conform to the tool's output schema; \
-                     retries are told the effect happened without it"),
+                Err(why) => {
+                    tracing::warn!(target: "toolledger::proxy",
+                        status_ref = %record.status_ref, tool = %self.tool, why = %why,
+                        "the reconcile rule's result does not conform to the tool's output \
+                         schema; retries are told the effect happened without it");
+                    seen.problem = Some(format!(
+                        "the mapped result does not conform to the output schema ({why})"
+                    ));
+                }
             },
-            Some(Err(why)) => tracing::warn!(target: "toolledger::proxy",
-                status_ref = %record.status_ref, tool = %self.tool, why = %why.0,
-                answer_shape = %shape(&seen),
-                "the reconcile rule's result mapping does not fit the lookup's answer"),
+            Some(Err(why)) => {
+                tracing::warn!(target: "toolledger::proxy",
+                    status_ref = %record.status_ref, tool = %self.tool, why = %why.0,
+                    answer_shape = %shape(&answer),
+                    "the reconcile rule's result mapping does not fit the lookup's answer");
+                seen.problem = Some(format!("the result mapping does not fit: {}", why.0));
+            }
         }
         let request = downstream_request(record);
         self.evidence
             .put(&record.status_ref, receipt(&request, stored));
         tracing::info!(target: "toolledger::proxy", status_ref = %record.status_ref,
             tool = %self.tool, lookup = %reconcile.tool, "reconcile lookup found the effect");
-        Ok(true)
+        seen.found = true;
+        Some(seen)
     }
 
     /// Whether `mapped` conforms to the tool's output schema (anything does without one).

@@ -64,6 +64,67 @@ use tools::{GuardedForward, Passthrough, ProxyStatus, StatusEntry};
 /// runs; after a crash the operation reads as `outcome_unknown` once it has expired.
 pub const LEASE_MARGIN_SECONDS: u64 = 30;
 
+/// Why the proxy could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The upstream could not be reached, or did not list its tools.
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+    /// The configuration does not fit the upstream's tools (the message names the key).
+    #[error("{0}")]
+    Config(String),
+}
+
+/// Checks the configuration against the tools the upstream lists: every reconcile lookup of a
+/// guarded tool names a tool the upstream lists and the proxy passes through as read-only (a
+/// lookup runs unasked, so it must not act). Settings for tools the upstream does not list
+/// and lookups of tools that are not guarded are only warned about.
+fn check_against(listed: &[rmcp::model::Tool], config: &ProxyConfig) -> Result<(), BuildError> {
+    let policy_of = |name: &str| {
+        listed.iter().find(|t| t.name == name).map(|t| {
+            let read_only = t
+                .annotations
+                .as_ref()
+                .and_then(|a| a.read_only_hint)
+                .unwrap_or(false);
+            config.policy(name, read_only)
+        })
+    };
+    for (name, settings) in &config.tools {
+        let Some(policy) = policy_of(name) else {
+            tracing::warn!(target: "toolledger::proxy", tool = %name,
+                "the configuration has settings for a tool the upstream does not list");
+            continue;
+        };
+        let Some(reconcile) = &settings.reconcile else {
+            continue;
+        };
+        if !policy.guarded {
+            tracing::warn!(target: "toolledger::proxy", tool = %name,
+                "the tool is passed through, so its reconcile lookup is never used");
+            continue;
+        }
+        match policy_of(&reconcile.tool) {
+            None => {
+                return Err(BuildError::Config(format!(
+                    "tools.{name}.reconcile.tool names {}, which the upstream does not list",
+                    reconcile.tool
+                )))
+            }
+            Some(p) if p.guarded => {
+                return Err(BuildError::Config(format!(
+                    "tools.{name}.reconcile.tool names {lookup}, which is guarded: the upstream \
+                     does not mark it read-only (readOnlyHint), and a lookup must not act; if it \
+                     is read-only, say so with [tools.{lookup}] guarded = false",
+                    lookup = reconcile.tool
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
 /// What the proxy serves: the tools, in the upstream's order, then `get_operation_status`.
 pub struct Proxy {
     /// Every tool, ready for a [`toolledger_mcp::LedgerServer`].
@@ -79,7 +140,8 @@ impl Proxy {
     /// (as the configuration and the upstream's read-only hints say) run through the ledger's
     /// runtime, the others are forwarded as they are. `guard` reads the ledger for status
     /// queries; `hook`, when given, is awaited at each of the runtime's crash points (tests
-    /// hold the process there to kill it).
+    /// hold the process there to kill it). The configuration is checked against the listed
+    /// tools first.
     pub async fn build(
         store: &Store,
         clock: SharedClock,
@@ -87,8 +149,9 @@ impl Proxy {
         upstream: Arc<Upstream>,
         config: &ProxyConfig,
         hook: Option<PointHook>,
-    ) -> Result<Proxy, UpstreamError> {
+    ) -> Result<Proxy, BuildError> {
         let listed = upstream.list_tools().await?;
+        check_against(&listed, config)?;
         let mut registry = Registry::new().allow_profile(ProviderProfile::mcp());
         let mut plan = Vec::new();
         for tool in listed {

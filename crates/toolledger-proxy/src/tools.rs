@@ -678,24 +678,31 @@ impl ProxyStatus {
             let Ok(Some(record)) = entry.runtime.inspect(&row.status_ref).await else {
                 return;
             };
-            match entry.effect.look_up(&record).await {
-                Ok(true) => {
-                    let query = StatusQuery {
-                        principal: caller.name.clone(),
-                        tool: name.clone(),
-                        key: key.to_string(),
-                        arguments: record.arguments.clone(),
-                        provider: ProviderContext::mcp(key),
-                        status_ref: record.status_ref.clone(),
-                    };
-                    if let Err(e) = entry.runtime.status(&query).await {
-                        tracing::warn!(target: "toolledger::proxy", status_ref = %record.status_ref,
-                            error = %e, "the reconcile lookup's receipt was not recorded");
-                    }
+            let Some(seen) = entry.effect.look_up(&record).await else {
+                return;
+            };
+            if let Err(e) = self
+                .guard
+                .engine()
+                .record_event(row.id, "reconcile_lookup", seen.event_detail())
+                .await
+            {
+                tracing::warn!(target: "toolledger::proxy", status_ref = %record.status_ref,
+                    error = %e, "the reconcile lookup's answer was not recorded");
+            }
+            if seen.found {
+                let query = StatusQuery {
+                    principal: caller.name.clone(),
+                    tool: name.clone(),
+                    key: key.to_string(),
+                    arguments: record.arguments.clone(),
+                    provider: ProviderContext::mcp(key),
+                    status_ref: record.status_ref.clone(),
+                };
+                if let Err(e) = entry.runtime.status(&query).await {
+                    tracing::warn!(target: "toolledger::proxy", status_ref = %record.status_ref,
+                        error = %e, "the reconcile lookup's receipt was not recorded");
                 }
-                Ok(false) => {}
-                Err(e) => tracing::warn!(target: "toolledger::proxy",
-                    status_ref = %record.status_ref, error = %e.detail(), "the reconcile lookup failed"),
             }
             return;
         }

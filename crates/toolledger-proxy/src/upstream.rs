@@ -487,9 +487,9 @@ impl Upstream {
                         continue;
                     }
                     let n = http::HeaderName::from_bytes(name.as_bytes())
-                        .map_err(|_| failed(&"an --upstream-header name is invalid"))?;
+                        .map_err(|_| failed(&"an upstream header name is invalid"))?;
                     let v = http::HeaderValue::from_str(value)
-                        .map_err(|_| failed(&"an --upstream-header value is invalid"))?;
+                        .map_err(|_| failed(&"an upstream header value is invalid"))?;
                     custom.insert(n, v);
                 }
                 let config = config.custom_headers(custom);
