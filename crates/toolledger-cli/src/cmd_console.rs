@@ -32,6 +32,8 @@ pub struct ConsoleArgs {
     pub http: SocketAddr,
     #[command(flatten)]
     pub hosts: AllowedHostArgs,
+    #[command(flatten)]
+    pub listener: crate::cmd_serve::ListenerArgs,
     /// Pin the clock to this Unix second (testing aid; production uses wall time).
     #[arg(long, value_name = "SECS")]
     pub clock_epoch: Option<i64>,
@@ -97,11 +99,5 @@ async fn serve(args: ConsoleArgs, config: StoreConfig) -> Result<(), Failure> {
             axum::routing::get(|| async { axum::response::Redirect::to("/console") }),
         )
         .merge(health_routes(store));
-    listen(
-        args.http,
-        "/console",
-        app,
-        crate::cmd_serve::DEFAULT_MAX_CONNECTIONS as usize,
-    )
-    .await
+    listen(args.http, "/console", app, args.listener.limits()).await
 }

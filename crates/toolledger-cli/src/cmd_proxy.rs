@@ -230,9 +230,14 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
     tracing::info!(target: "toolledger::proxy", guarded = ?built.guarded,
         passed_through = ?built.passed_through, "proxying the upstream's tools");
     if let Some(at) = args.telemetry.metrics {
-        let local = spawn_metrics_server(at, store.clone(), clock.clone())
-            .await
-            .map_err(Failure::code)?;
+        let local = spawn_metrics_server(
+            at,
+            store.clone(),
+            clock.clone(),
+            front.limits.header_timeout,
+        )
+        .await
+        .map_err(Failure::code)?;
         tracing::info!(metrics = %format!("http://{local}/metrics"), "serving metrics");
     }
     let principals_for_console = principals.clone();

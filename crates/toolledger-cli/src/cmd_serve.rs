@@ -20,6 +20,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
@@ -30,8 +31,8 @@ use toolledger::engine::Engine;
 use toolledger::store::Store;
 use toolledger_mcp::keys::KeyError;
 use toolledger_mcp::wire::http::{
-    end_session, guard_host_and_origin, limit_in_flight, strict_body, AllowedHosts, InFlight,
-    LimitedListener,
+    self as wire_http, end_session, guard_host_and_origin, limit_in_flight, limit_per_principal,
+    strict_body, AllowedHosts, BodyTimeout, ConnectionLimits, InFlight, PerPrincipal,
 };
 use toolledger_mcp::wire::MAX_MESSAGE_BYTES;
 use toolledger_mcp::{bearer_auth, CallerSource, Guard, GuardConfig, KeyMaterial, LedgerServer};
@@ -141,9 +142,14 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
     };
     let tools = registry(&env);
     if let Some(at) = args.telemetry.metrics {
-        let local = spawn_metrics_server(at, store.clone(), clock.clone())
-            .await
-            .map_err(Failure::code)?;
+        let local = spawn_metrics_server(
+            at,
+            store.clone(),
+            clock.clone(),
+            front.limits.header_timeout,
+        )
+        .await
+        .map_err(Failure::code)?;
         tracing::info!(metrics = %format!("http://{local}/metrics"), "serving metrics");
     }
     match (args.http, stdio_caller) {
@@ -190,6 +196,35 @@ pub struct HttpFrontArgs {
         value_parser = clap::value_parser!(u32).range(1..=1_000_000)
     )]
     pub max_in_flight: u32,
+    /// With --http: requests of one principal handled at once, so that one caller cannot take
+    /// every slot of --max-in-flight; one more is answered 503 `unavailable` with
+    /// `Retry-After: 1` before anything runs.
+    #[arg(
+        long,
+        value_name = "N",
+        env = "TOOLLEDGER_MAX_IN_FLIGHT_PER_PRINCIPAL",
+        default_value_t = wire_http::DEFAULT_MAX_IN_FLIGHT_PER_PRINCIPAL as u32,
+        value_parser = clap::value_parser!(u32).range(1..=1_000_000)
+    )]
+    pub max_in_flight_per_principal: u32,
+    /// With --http: seconds a JSON request body may take to arrive in full; a slower one is
+    /// answered 408 `body_timeout` and its connection closed.
+    #[arg(
+        long,
+        value_name = "SECS",
+        env = "TOOLLEDGER_BODY_TIMEOUT",
+        default_value_t = wire_http::DEFAULT_BODY_TIMEOUT.as_secs(),
+        value_parser = clap::value_parser!(u64).range(1..=3600)
+    )]
+    pub body_timeout: u64,
+    #[command(flatten)]
+    pub listener: ListenerArgs,
+}
+
+/// The connection limits of an HTTP listener (`serve --http`, `proxy --http`, `console`, and
+/// the header timeout of `--metrics`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ListenerArgs {
     /// With --http: connections open at once; while that many are open the next one waits to
     /// be accepted until one closes.
     #[arg(
@@ -200,10 +235,30 @@ pub struct HttpFrontArgs {
         value_parser = clap::value_parser!(u32).range(1..=1_000_000)
     )]
     pub max_connections: u32,
+    /// Seconds a connection may take to send a complete request head — from when it opens,
+    /// and again while it idles between requests; then it is closed.
+    #[arg(
+        long,
+        value_name = "SECS",
+        env = "TOOLLEDGER_HEADER_TIMEOUT",
+        default_value_t = wire_http::DEFAULT_HEADER_TIMEOUT.as_secs(),
+        value_parser = clap::value_parser!(u64).range(1..=3600)
+    )]
+    pub header_timeout: u64,
 }
 
-/// `--max-connections` by default (the console's fixed limit, too).
-pub const DEFAULT_MAX_CONNECTIONS: u32 = 4096;
+impl ListenerArgs {
+    /// The limits these flags set.
+    pub(crate) fn limits(&self) -> ConnectionLimits {
+        ConnectionLimits {
+            max_connections: self.max_connections as usize,
+            header_timeout: Duration::from_secs(self.header_timeout),
+        }
+    }
+}
+
+/// `--max-connections` by default.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = wire_http::DEFAULT_MAX_CONNECTIONS as u32;
 
 /// `--max-in-flight` by default: as many requests as the store's queues hold jobs, so a
 /// server past its capacity refuses at its door before its queues refuse inside it.
@@ -216,8 +271,12 @@ pub(crate) struct HttpFront {
     pub hosts: AllowedHosts,
     /// Requests handled at once.
     pub max_in_flight: usize,
-    /// Connections open at once.
-    pub max_connections: usize,
+    /// Requests of one principal handled at once.
+    pub max_in_flight_per_principal: usize,
+    /// How long a request body may take.
+    pub body_timeout: Duration,
+    /// The listener's limits.
+    pub limits: ConnectionLimits,
 }
 
 impl HttpFrontArgs {
@@ -225,7 +284,9 @@ impl HttpFrontArgs {
         Ok(HttpFront {
             hosts: self.hosts.resolve()?,
             max_in_flight: self.max_in_flight as usize,
-            max_connections: self.max_connections as usize,
+            max_in_flight_per_principal: self.max_in_flight_per_principal as usize,
+            body_timeout: Duration::from_secs(self.body_timeout),
+            limits: self.listener.limits(),
         })
     }
 }
@@ -240,12 +301,12 @@ impl AllowedHostArgs {
 }
 
 /// Binds `addr`, says where `path` is served (`{"listening": URL}` on stderr), and serves
-/// `app` to at most `max_connections` connections at once until SIGTERM or SIGINT.
+/// `app` within `limits` until SIGTERM or SIGINT.
 pub(crate) async fn listen(
     addr: SocketAddr,
     path: &str,
     app: axum::Router,
-    max_connections: usize,
+    limits: ConnectionLimits,
 ) -> Result<(), Failure> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -257,8 +318,7 @@ pub(crate) async fn listen(
         "{}",
         serde_json::json!({"listening": format!("http://{local}{path}")})
     );
-    axum::serve(LimitedListener::new(listener, max_connections), app)
-        .with_graceful_shutdown(shutdown_signal())
+    wire_http::serve(listener, app, limits, shutdown_signal())
         .await
         .map_err(|_| Failure::code("SERVE_ERROR"))
 }
@@ -356,7 +416,9 @@ pub(crate) async fn serve_http(
     let HttpFront {
         hosts,
         max_in_flight,
-        max_connections,
+        max_in_flight_per_principal,
+        body_timeout,
+        limits,
     } = front;
     let server = LedgerServer::new(name, tools, principals.clone(), CallerSource::BearerToken);
     // rmcp checks the Host header against the same list (after ours, which runs first and
@@ -370,7 +432,8 @@ pub(crate) async fn serve_http(
     let service = StreamableHttpService::new(move || Ok(server.clone()), sessions.clone(), config);
     let store = principals.store().clone();
     // Around `/mcp`, outermost first: the in-flight limit (503), Host and Origin (403), the
-    // bearer token (401), the strict body (400/413), the end of a legacy session (204/404).
+    // bearer token (401), the principal's share of the in-flight limit (503), the strict body
+    // within its deadline (400/408/413), the end of a legacy session (204/404).
     // The health endpoints and `/metrics` are outside all of them.
     let app = axum::Router::new()
         .nest_service("/mcp", service)
@@ -378,7 +441,14 @@ pub(crate) async fn serve_http(
             sessions,
             end_session::<LocalSessionManager>,
         ))
-        .layer(axum::middleware::from_fn(strict_body))
+        .layer(axum::middleware::from_fn_with_state(
+            BodyTimeout(body_timeout),
+            strict_body,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(PerPrincipal::new(max_in_flight_per_principal)),
+            limit_per_principal,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             Arc::new(principals),
             bearer_auth,
@@ -399,7 +469,7 @@ pub(crate) async fn serve_http(
         Some(pages) => app.merge(pages),
         None => app,
     };
-    listen(addr, "/mcp", app, max_connections).await
+    listen(addr, "/mcp", app, limits).await
 }
 
 /// `GET /healthz` (liveness: the process serves requests) and `GET /readyz` (readiness: the

@@ -122,10 +122,14 @@ pub fn run(args: WorkerArgs, store: StoreConfig) -> Result<Outcome, Failure> {
             None => Arc::new(SystemClock),
         };
         if let Some(at) = args.telemetry.metrics {
-            let local =
-                toolledger_cli::telemetry::spawn_metrics_server(at, ledger.clone(), clock.clone())
-                    .await
-                    .map_err(Failure::code)?;
+            let local = toolledger_cli::telemetry::spawn_metrics_server(
+                at,
+                ledger.clone(),
+                clock.clone(),
+                toolledger_mcp::wire::http::DEFAULT_HEADER_TIMEOUT,
+            )
+            .await
+            .map_err(Failure::code)?;
             tracing::info!(metrics = %format!("http://{local}/metrics"), "serving metrics");
         }
         let rt = runtime(&store, &ledger, clock)?.with_config(RuntimeConfig {

@@ -136,20 +136,36 @@ pub fn metrics_routes(store: Store, clock: SharedClock) -> axum::Router {
     )
 }
 
-/// Serves `GET /metrics` alone on `addr` until the process ends (for stdio `serve` and for
-/// `worker`). Returns once listening; a bind failure is `BIND_ERROR`.
+/// Connections the `--metrics` listener keeps open at once (a scraper needs one or two).
+pub const METRICS_MAX_CONNECTIONS: usize = 64;
+
+/// Serves `GET /metrics` and `GET /healthz` on `addr` until the process ends (for stdio `serve`,
+/// the proxy on stdio and `worker`), at most [`METRICS_MAX_CONNECTIONS`] connections at once,
+/// each closed when it sends no request head within `header_timeout`. Returns once listening;
+/// a bind failure is `BIND_ERROR`.
 pub async fn spawn_metrics_server(
     addr: SocketAddr,
     store: Store,
     clock: SharedClock,
+    header_timeout: std::time::Duration,
 ) -> Result<SocketAddr, &'static str> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|_| "BIND_ERROR")?;
     let local = listener.local_addr().map_err(|_| "BIND_ERROR")?;
-    let app = metrics_routes(store, clock);
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let app = metrics_routes(store, clock).route(
+        "/healthz",
+        axum::routing::get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
+    );
+    let limits = toolledger_mcp::wire::http::ConnectionLimits {
+        max_connections: METRICS_MAX_CONNECTIONS,
+        header_timeout,
+    };
+    tokio::spawn(toolledger_mcp::wire::http::serve(
+        listener,
+        app,
+        limits,
+        std::future::pending(),
+    ));
     Ok(local)
 }

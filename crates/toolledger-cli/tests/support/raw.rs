@@ -199,6 +199,11 @@ pub struct HttpResponse {
 }
 
 impl HttpResponse {
+    /// The response in `raw`, as read from a connection.
+    pub fn parse_text(raw: &str) -> HttpResponse {
+        HttpResponse::parse(raw.as_bytes())
+    }
+
     fn parse(raw: &[u8]) -> HttpResponse {
         let raw = String::from_utf8_lossy(raw).into_owned();
         let (head, rest) = raw

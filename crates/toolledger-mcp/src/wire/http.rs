@@ -16,9 +16,14 @@
 //!   is answered 503 `unavailable` with `Retry-After: 1` at once, without being read, so a
 //!   server under more load than it can serve keeps its memory bounded and answers every
 //!   request (a refused call did nothing: the client retries it under the same operation id).
-//! - [`LimitedListener`]: at most so many connections open at once; the next one waits in the
-//!   kernel's accept queue until one closes, so the memory the open connections hold is
-//!   bounded as well.
+//! - [`limit_per_principal`]: inside the bearer layer, at most [`PerPrincipal::limit`]
+//!   requests of one principal at once, so one caller cannot take every slot of the whole
+//!   limit; one more is answered the same 503.
+//! - [`serve`]: the listener: at most so many connections open at once (the next one waits in
+//!   the kernel's accept queue until one closes), and a connection that sends no complete
+//!   request head in time — new, slow, or idle between requests — is closed; with
+//!   [`strict_body`]'s body deadline, a slow or idle client holds neither a connection nor a
+//!   request slot for long.
 
 use std::sync::Arc;
 
@@ -220,29 +225,37 @@ fn jsonrpc_error(status: StatusCode, error: &WireError) -> Response {
         .into_response()
 }
 
+/// How long a request body may take to arrive in full ([`strict_body`]'s state).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BodyTimeout(pub std::time::Duration);
+
+/// [`BodyTimeout`] by default.
+pub const DEFAULT_BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl Default for BodyTimeout {
+    fn default() -> Self {
+        BodyTimeout(DEFAULT_BODY_TIMEOUT)
+    }
+}
+
 /// Middleware: checks a JSON POST body with the strict wire entry before the MCP service
-/// reads it. Refused: 400 with the JSON-RPC error body (-32700, -32600 or -32602 with the
-/// request's id); over [`MAX_MESSAGE_BYTES`]: 413 with the -32700 `too_large` body. Other
-/// requests (GET, DELETE, another content type) pass untouched; the service answers them.
-pub async fn strict_body(request: Request, next: Next) -> Response {
+/// reads it. The body must arrive in full within the [`BodyTimeout`] (408 `body_timeout`
+/// otherwise, and the connection is closed: a slow body cannot hold a request slot). Refused:
+/// 400 with the JSON-RPC error body (-32700, -32600 or -32602 with the request's id); over
+/// [`MAX_MESSAGE_BYTES`]: 413 with the -32700 `too_large` body. Other requests (GET, DELETE,
+/// another content type) pass untouched; the service answers them.
+pub async fn strict_body(
+    State(deadline): State<BodyTimeout>,
+    request: Request,
+    next: Next,
+) -> Response {
     if request.method() != Method::POST || !is_json(request.headers()) {
         return next.run(request).await;
     }
     let (parts, body) = request.into_parts();
-    let bytes = match axum::body::to_bytes(body, MAX_MESSAGE_BYTES).await {
+    let bytes = match read_body_within(body, MAX_MESSAGE_BYTES, deadline.0).await {
         Ok(bytes) => bytes,
-        Err(e) => {
-            let too_large = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-            if too_large {
-                return jsonrpc_error(StatusCode::PAYLOAD_TOO_LARGE, &WireError::too_large());
-            }
-            return json_error(
-                StatusCode::BAD_REQUEST,
-                "body_unreadable",
-                "the request body could not be read",
-            );
-        }
+        Err(refusal) => return refusal,
     };
     if let Err(error) = check_message(&bytes) {
         tracing::debug!(
@@ -330,115 +343,232 @@ pub async fn limit_in_flight(
 ) -> Response {
     let Ok(_permit) = limit.permits.clone().try_acquire_owned() else {
         metrics::counter!("toolledger_http_requests_shed_total").increment(1);
-        let mut response = json_error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
+        return shed(
             "the server is handling as many requests as it can; retry the same request later",
         );
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
-        return response;
     };
     next.run(request).await
 }
 
-/// A TCP listener that keeps at most `limit` connections open: while that many are open it
-/// accepts no more (they wait in the kernel's accept queue), and a connection's slot is freed
-/// when the server drops it.
+/// How many requests one principal may have handled at once ([`limit_per_principal`]), beside
+/// the endpoint's whole [`InFlight`] limit, so that one caller cannot take every slot.
 #[derive(Debug)]
-pub struct LimitedListener {
-    inner: tokio::net::TcpListener,
-    permits: Arc<tokio::sync::Semaphore>,
+pub struct PerPrincipal {
+    limit: usize,
+    held: std::sync::Mutex<std::collections::HashMap<String, usize>>,
 }
 
-impl LimitedListener {
-    /// `inner`, keeping at most `limit` connections open (at least 1).
-    pub fn new(inner: tokio::net::TcpListener, limit: usize) -> Self {
-        LimitedListener {
-            inner,
-            permits: Arc::new(tokio::sync::Semaphore::new(limit.max(1))),
+/// [`PerPrincipal`]'s limit by default.
+pub const DEFAULT_MAX_IN_FLIGHT_PER_PRINCIPAL: usize = 256;
+
+/// One request's share of its principal's [`PerPrincipal`] limit, given back when dropped.
+struct Share {
+    owner: Arc<PerPrincipal>,
+    name: String,
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        let mut held = self.owner.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = held.get_mut(&self.name) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.name);
+            }
         }
     }
 }
 
-/// A connection accepted by a [`LimitedListener`], holding its slot until dropped.
-#[derive(Debug)]
-pub struct LimitedStream {
-    stream: tokio::net::TcpStream,
-    _slot: tokio::sync::OwnedSemaphorePermit,
+impl PerPrincipal {
+    /// At most `limit` requests of one principal at once (at least 1).
+    pub fn new(limit: usize) -> Self {
+        PerPrincipal {
+            limit: limit.max(1),
+            held: std::sync::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// The most requests of one principal handled at once.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    fn try_take(self: &Arc<Self>, name: &str) -> Option<Share> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let n = held.entry(name.to_string()).or_insert(0);
+        if *n >= self.limit {
+            return None;
+        }
+        *n += 1;
+        Some(Share {
+            owner: self.clone(),
+            name: name.to_string(),
+        })
+    }
 }
 
-impl axum::serve::Listener for LimitedListener {
-    type Io = LimitedStream;
-    type Addr = std::net::SocketAddr;
+/// The 503 `unavailable` answer with `Retry-After: 1` of a request refused before it ran.
+fn shed(message: &str) -> Response {
+    let mut response = json_error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message);
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+    response
+}
 
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        let slot = loop {
-            match self.permits.clone().acquire_owned().await {
-                Ok(slot) => break slot,
-                // The semaphore is never closed; were it, accept without a slot.
-                Err(_) => tokio::task::yield_now().await,
-            }
-        };
-        let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
-        (
-            LimitedStream {
-                stream,
-                _slot: slot,
+/// Middleware, inside the bearer layer: handles the request while its principal has fewer
+/// than [`PerPrincipal::limit`] others handled; otherwise answers 503 `unavailable` with
+/// `Retry-After: 1` before the body is read, counted in
+/// `toolledger_http_requests_shed_per_principal_total`. Requests without an authenticated
+/// principal pass.
+pub async fn limit_per_principal(
+    State(limit): State<Arc<PerPrincipal>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(name) = request
+        .extensions()
+        .get::<crate::caller::AuthenticatedName>()
+        .map(|n| n.0.clone())
+    else {
+        return next.run(request).await;
+    };
+    let Some(_share) = limit.try_take(&name) else {
+        metrics::counter!("toolledger_http_requests_shed_per_principal_total").increment(1);
+        return shed(
+            "this caller has as many requests in flight as one caller may; retry the same \
+             request later",
+        );
+    };
+    next.run(request).await
+}
+
+/// The limits of one HTTP listener ([`serve`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Connections open at once; while that many are open the next one waits in the kernel's
+    /// accept queue until one closes.
+    pub max_connections: usize,
+    /// How long a connection may take to send a complete request head: from when it opens,
+    /// and again from when it finished a response on a kept-alive connection (the idle wait
+    /// counts). A connection that takes longer is closed.
+    pub header_timeout: std::time::Duration,
+}
+
+/// [`ConnectionLimits::max_connections`] by default.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// [`ConnectionLimits::header_timeout`] by default.
+pub const DEFAULT_HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long [`serve`] lets open connections finish after it was told to stop.
+pub const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+        }
+    }
+}
+
+/// Serves `app` over HTTP/1.1 on `listener` within `limits` until `shutdown` completes, then
+/// lets open connections finish their requests (at most [`DRAIN_TIMEOUT`]).
+///
+/// Each connection is hyper's HTTP/1 connection with a timer: one that does not send a
+/// complete request head within [`ConnectionLimits::header_timeout`] — a new connection that
+/// sends nothing, or sends its head slowly, or a kept-alive one idle between requests — is
+/// closed (counted in `toolledger_http_connections_timed_out_total`). At most
+/// [`ConnectionLimits::max_connections`] are open at once. A request body's own deadline is
+/// [`read_body_within`]'s.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    limits: ConnectionLimits,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    let service = hyper_util::service::TowerToHyperService::new(app);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
             },
-            addr,
-        )
+            () = &mut shutdown => break,
+        };
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait a little rather than spin.
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let connection =
+            graceful.watch(builder.serve_connection(TokioIo::new(stream), service.clone()));
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                if e.is_timeout() {
+                    metrics::counter!("toolledger_http_connections_timed_out_total").increment(1);
+                    tracing::debug!("closed a connection that sent no request head in time");
+                }
+            }
+            drop(slot);
+        });
     }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.inner.local_addr()
-    }
+    drop(listener);
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown()).await;
+    Ok(())
 }
 
-impl tokio::io::AsyncRead for LimitedStream {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.stream).poll_read(cx, buf)
-    }
-}
-
-impl tokio::io::AsyncWrite for LimitedStream {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
+/// The whole body of `request`, at most `limit` bytes, read within `deadline`: `Err` is the
+/// response to send instead — 413 with the JSON-RPC `too_large` error over the limit, 408
+/// `body_timeout` past the deadline (counted in `toolledger_http_body_timeouts_total`), 400
+/// `body_unreadable` when the connection failed.
+pub async fn read_body_within(
+    body: Body,
+    limit: usize,
+    deadline: std::time::Duration,
+) -> Result<axum::body::Bytes, Response> {
+    match tokio::time::timeout(deadline, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) => {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            Err(if too_large {
+                jsonrpc_error(StatusCode::PAYLOAD_TOO_LARGE, &WireError::too_large())
+            } else {
+                json_error(
+                    StatusCode::BAD_REQUEST,
+                    "body_unreadable",
+                    "the request body could not be read",
+                )
+            })
+        }
+        Err(_) => {
+            metrics::counter!("toolledger_http_body_timeouts_total").increment(1);
+            let mut response = json_error(
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                "the request body did not arrive in time",
+            );
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+            Err(response)
+        }
     }
 }
 

@@ -1,0 +1,243 @@
+//! Hostile sockets against `serve --http` and the `--metrics` listener: connections that send
+//! nothing, send their request head slowly, idle between requests, or send their body slowly
+//! are closed after their timeouts (set small here); a listener whose connection cap is full of
+//! idle sockets serves a valid caller once they time out; a slow body frees its request slot;
+//! one principal cannot take every slot from another. No duration is asserted beyond "before
+//! the test's own bound".
+
+#[macro_use]
+mod support;
+#[path = "support/raw.rs"]
+mod raw;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use raw::{HttpResponse, RawHttp};
+use serde_json::json;
+use support::wire::*;
+
+/// How long a test waits for the server to close a connection it should close.
+const BOUND: Duration = Duration::from_secs(20);
+
+/// Whether the server closed `stream` (end of stream or reset) before [`BOUND`], reading and
+/// discarding whatever it sends first.
+fn closed_by_server(stream: &mut TcpStream) -> bool {
+    stream.set_read_timeout(Some(BOUND)).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+fn health(addr: &str) -> String {
+    format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n")
+}
+
+fn tools_list(addr: &str, token: &str) -> String {
+    let mut meta = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}});
+    meta["params"]["_meta"] = support::wire::meta();
+    let body = meta.to_string();
+    format!(
+        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/list\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// Sends `request` on a new connection and reads the whole answer.
+fn exchange(addr: &str, request: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(BOUND)).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A `tools/list` POST whose body never arrives in full: `Content-Length` says 200, 10 bytes
+/// are sent. Returns the open connection.
+fn slow_body(addr: &str, token: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/list\r\n\
+         Content-Length: 200\r\n\r\n{{\"jsonrpc\""
+    )
+    .unwrap();
+    s
+}
+
+fn principal(db: &Db, name: &str) -> String {
+    add_principal(db, name, "acme", &["editor"], &["automation:write"], true).unwrap()
+}
+
+#[test]
+fn idle_slow_and_kept_alive_connections_are_closed() {
+    let db = Db::sqlite();
+    let server = RawHttp::start(&db, &["--header-timeout", "1"], &[]);
+    // A connection that sends nothing.
+    let mut silent = TcpStream::connect(&server.addr).unwrap();
+    assert!(
+        closed_by_server(&mut silent),
+        "an idle connection stays open"
+    );
+    // A head sent a byte at a time: the timeout covers the whole head, not each byte.
+    let mut slow = TcpStream::connect(&server.addr).unwrap();
+    let head = health(&server.addr);
+    let started = Instant::now();
+    let mut refused = false;
+    for b in head.as_bytes().iter().take(head.len() - 2) {
+        if slow.write_all(&[*b]).is_err() || started.elapsed() > BOUND {
+            refused = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(
+        refused || closed_by_server(&mut slow),
+        "a slow head keeps its connection"
+    );
+    // A kept-alive connection: served, then closed once it idles.
+    let mut kept = TcpStream::connect(&server.addr).unwrap();
+    kept.write_all(head.as_bytes()).unwrap();
+    kept.set_read_timeout(Some(BOUND)).unwrap();
+    let mut first = [0u8; 12];
+    kept.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200");
+    assert!(closed_by_server(&mut kept), "an idle kept-alive connection");
+}
+
+#[test]
+fn a_cap_full_of_idle_sockets_serves_a_caller_once_they_time_out() {
+    let db = Db::sqlite();
+    let server = RawHttp::start(
+        &db,
+        &["--header-timeout", "2", "--max-connections", "4"],
+        &[],
+    );
+    let idle: Vec<TcpStream> = (0..4)
+        .map(|_| TcpStream::connect(&server.addr).unwrap())
+        .collect();
+    let answer = exchange(
+        &server.addr,
+        &format!(
+            "GET /healthz HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            server.addr
+        ),
+    );
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    drop(idle);
+}
+
+#[test]
+fn a_slow_body_is_refused_and_frees_its_slot() {
+    let db = Db::sqlite();
+    let token = principal(&db, "alice");
+    let server = RawHttp::start(&db, &["--body-timeout", "1", "--max-in-flight", "1"], &[]);
+    let mut s = slow_body(&server.addr, &token);
+    s.set_read_timeout(Some(BOUND)).unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let r = String::from_utf8_lossy(&raw);
+    assert!(r.starts_with("HTTP/1.1 408"), "{r}");
+    assert!(r.contains("body_timeout"), "{r}");
+    // The only request slot is free again.
+    let served = exchange(&server.addr, &tools_list(&server.addr, &token));
+    assert!(served.starts_with("HTTP/1.1 200"), "{served}");
+    assert!(served.contains("get_operation_status"), "{served}");
+}
+
+#[test]
+fn one_principal_cannot_take_every_slot() {
+    let db = Db::sqlite();
+    let alice = principal(&db, "alice");
+    let bob = principal(&db, "bob");
+    let server = RawHttp::start(
+        &db,
+        &["--max-in-flight-per-principal", "1", "--body-timeout", "30"],
+        &[],
+    );
+    // Alice's one share is held by a body that is still arriving.
+    let holding = slow_body(&server.addr, &alice);
+    std::thread::sleep(Duration::from_millis(300));
+    let refused = exchange(&server.addr, &tools_list(&server.addr, &alice));
+    let r = HttpResponse::parse_text(&refused);
+    assert_eq!(r.status, 503, "{refused}");
+    assert_eq!(r.header("retry-after"), Some("1"), "{refused}");
+    assert_eq!(r.json()["error"]["code"], "unavailable", "{refused}");
+    // Bob is served meanwhile.
+    let served = exchange(&server.addr, &tools_list(&server.addr, &bob));
+    assert!(served.starts_with("HTTP/1.1 200"), "{served}");
+    drop(holding);
+    // Once alice's request is gone, her share is back.
+    let until = Instant::now() + BOUND;
+    loop {
+        let again = exchange(&server.addr, &tools_list(&server.addr, &alice));
+        if again.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "alice's share never came back: {again}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn the_metrics_listener_is_bounded_and_answers_health() {
+    let db = Db::sqlite();
+    principal(&db, "alice");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = serve_command(
+        &db,
+        &[
+            "--principal".into(),
+            "alice".into(),
+            "--metrics".into(),
+            addr.clone(),
+            "--header-timeout".into(),
+            "1".into(),
+        ],
+    )
+    .stdin(Stdio::piped())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let until = Instant::now() + BOUND;
+    while TcpStream::connect(&addr).is_err() {
+        assert!(
+            Instant::now() < until,
+            "the metrics listener never listened"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let answer = exchange(
+        &addr,
+        &format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
+    );
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"ok\""), "{answer}");
+    let mut silent = TcpStream::connect(&addr).unwrap();
+    assert!(closed_by_server(&mut silent), "an idle metrics connection");
+    let _ = child.kill();
+    let _ = child.wait();
+}
