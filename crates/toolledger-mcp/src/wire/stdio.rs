@@ -15,7 +15,9 @@
 //!   [`DEFAULT_MAX_IN_FLIGHT`]): while that many requests are unanswered, no further line is
 //!   read, so a client that pipelines without limit is slowed by the pipe (its writes block)
 //!   instead of growing the server's memory. A request counts from the moment it is handed to
-//!   rmcp until its response or error is handed back.
+//!   rmcp until its response or error is written: a client that stops reading its answers
+//!   stops the server reading its requests (back-pressure), so the replies waiting to be
+//!   written are bounded too.
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -39,11 +41,24 @@ const KEEP_CAPACITY: usize = 64 << 10;
 /// Requests in flight on one stdio connection by default: as many as a store's queue holds.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
 
-/// Requests handed to rmcp and not yet answered.
+/// Requests handed to rmcp whose answer is not yet written.
 #[derive(Debug, Default)]
 struct InFlight {
     count: std::sync::atomic::AtomicUsize,
     answered: tokio::sync::Notify,
+}
+
+/// One request's place in [`InFlight`], given back when dropped: once its answer is written,
+/// or when writing it failed or was abandoned.
+struct Answering {
+    in_flight: Arc<InFlight>,
+    limit: usize,
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.in_flight.done(self.limit);
+    }
 }
 
 impl InFlight {
@@ -285,15 +300,18 @@ where
             rmcp::model::JsonRpcMessage::Error(e) => e.id.is_some(),
             _ => false,
         };
-        if answers_request {
-            self.in_flight.done(self.max_in_flight);
-        }
+        let answering = answers_request.then(|| Answering {
+            in_flight: self.in_flight.clone(),
+            limit: self.max_in_flight,
+        });
         let out = self.out.clone();
         async move {
             let mut bytes = serde_json::to_vec(&item)?;
             bytes.push(b'\n');
             out.queue(&bytes);
-            out.write_queued().await
+            let written = out.write_queued().await;
+            drop(answering);
+            written
         }
     }
 
@@ -515,5 +533,61 @@ mod tests {
         for _ in 0..2 {
             answers.next_line().await.unwrap().unwrap();
         }
+    }
+
+    #[tokio::test]
+    async fn a_client_that_does_not_read_its_answers_is_not_read_from() {
+        // The answers' pipe holds 64 bytes and nobody reads it.
+        let (t, mut feed, mut answers) = transport_with(64);
+        let mut t = t.with_max_in_flight(1);
+        for id in 1..=2 {
+            feed.write_all(
+                format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"ping\"}}\n").as_bytes(),
+            )
+            .await
+            .unwrap();
+        }
+        assert!(matches!(
+            t.receive().await,
+            Some(rmcp::model::JsonRpcMessage::Request(_))
+        ));
+        // The answer is larger than the pipe: its write cannot finish.
+        let big = rmcp::model::CallToolResult::success(vec![rmcp::model::ContentBlock::text(
+            "x".repeat(4096),
+        )]);
+        let answer: TxJsonRpcMessage<RoleServer> = rmcp::model::JsonRpcMessage::response(
+            rmcp::model::ServerResult::CallToolResult(big),
+            rmcp::model::RequestId::Number(1),
+        );
+        let writing = tokio::spawn(t.send(answer));
+        tokio::task::yield_now().await;
+        // Answered but not written: the second request is not read.
+        for _ in 0..3 {
+            poll_then_cancel(&mut t).await;
+            tokio::task::yield_now().await;
+        }
+        assert!(t.line.is_empty(), "the second line is not taken");
+        // The client reads: the answer is written, and the next request is read.
+        let mut drained = Vec::new();
+        let reader = tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            loop {
+                use tokio::io::AsyncReadExt;
+                match answers.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => drained.extend_from_slice(&buf[..n]),
+                }
+                if drained.ends_with(b"\n") {
+                    break;
+                }
+            }
+            drained
+        });
+        writing.await.unwrap().unwrap();
+        assert!(reader.await.unwrap().len() > 4096);
+        assert!(matches!(
+            t.receive().await,
+            Some(rmcp::model::JsonRpcMessage::Request(_))
+        ));
     }
 }
