@@ -43,9 +43,11 @@ fn flood(mut command: Command) -> (usize, u64) {
     let sent = Arc::new(AtomicUsize::new(0));
     let counter = sent.clone();
     std::thread::spawn(move || {
-        let init = format!(
-            "{{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{{\"protocolVersion\":\"2025-11-25\",\"capabilities\":{{}},\"clientInfo\":{{\"name\":\"flood\",\"version\":\"1\"}}}}}}\n\
-             {{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}}\n"
+        let init = concat!(
+            r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"flood","version":"1"}}}"#,
+            "\n",
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            "\n"
         );
         if stdin.write_all(init.as_bytes()).is_err() {
             return;
