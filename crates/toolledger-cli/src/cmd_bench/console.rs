@@ -44,6 +44,8 @@ async fn sign_in(conn: &mut HttpConnection, host: &str, token: &str) -> Option<S
         .header("host", host)
         .body(Full::new(Bytes::new()))
         .ok()?;
+    // The connection takes its next request only once it has finished the last one.
+    conn.ready().await.ok()?;
     let response = conn.send_request(page).await.ok()?;
     let login_cookie = cookies(&response)
         .into_iter()
@@ -60,6 +62,7 @@ async fn sign_in(conn: &mut HttpConnection, host: &str, token: &str) -> Option<S
         .header("content-type", "application/x-www-form-urlencoded")
         .body(Full::new(Bytes::from(form)))
         .ok()?;
+    conn.ready().await.ok()?;
     let response = conn.send_request(post).await.ok()?;
     let Some(session) = cookies(&response)
         .into_iter()
@@ -85,6 +88,9 @@ async fn list(conn: &mut HttpConnection, host: &str, cookie: &str, expected: usi
     else {
         return false;
     };
+    if conn.ready().await.is_err() {
+        return false;
+    }
     let Ok(response) = conn.send_request(req).await else {
         return false;
     };

@@ -260,6 +260,7 @@ impl McpClient {
                     )))
                     .ok()?;
                 let reply = async {
+                    conn.ready().await.ok()?;
                     let response = conn.send_request(req).await.ok()?;
                     let body = http_body_util::BodyExt::collect(response.into_body())
                         .await
