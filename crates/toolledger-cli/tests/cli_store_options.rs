@@ -66,3 +66,40 @@ fn a_server_with_synchronous_normal_answers_and_replays_calls() {
     assert_eq!(count(&db, "operations"), 1);
     assert_eq!(count(&db, "automations"), 1);
 }
+
+/// A ledger and the payments stand-in's file hold arguments in plain text: whatever the umask,
+/// the files a command creates (and SQLite's log beside them) are the owner's alone.
+#[cfg(unix)]
+#[test]
+fn new_databases_are_readable_by_their_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ledger.sqlite");
+    let out = toolledger()
+        .args(["principal", "add", "alice", "--tenant", "acme", "--db"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let out = toolledger()
+        .args(["worker", "--once", "--db"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if name.ends_with(".sqlite") || name.ends_with("-wal") || name.ends_with("-shm") {
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0, "{name} is {mode:o}");
+            seen += 1;
+        }
+    }
+    assert!(
+        dir.path().join("ledger.sqlite.downstream.sqlite").exists(),
+        "the worker opened the stand-in's file"
+    );
+    assert!(seen >= 2, "{seen}");
+}

@@ -396,8 +396,32 @@ pub fn detect_network_filesystem(_path: &Path) -> Option<&'static str> {
     None
 }
 
-/// Opens a connection with the ledger's pragmas.
+/// Creates the database file at `path`, empty and readable by its owner only (mode 0600 on
+/// Unix, whatever the umask), unless it exists: a ledger holds arguments and results in plain
+/// text. SQLite gives the write-ahead log and shared-memory files it creates beside it the
+/// same mode. A path SQLite reads as a URI or `:memory:` is left alone.
+pub fn create_private_file(path: &Path) -> std::io::Result<()> {
+    let text = path.to_string_lossy();
+    if text.starts_with("file:") || text == ":memory:" || text.is_empty() {
+        return Ok(());
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    match options.open(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Opens a connection with the ledger's pragmas (creating the file, private, when missing).
 pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {
+    create_private_file(path).map_err(|_| StoreError::Io)?;
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE

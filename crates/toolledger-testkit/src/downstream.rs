@@ -78,6 +78,8 @@ fn unavailable(e: rusqlite::Error) -> DownstreamError {
 impl SqliteDownstream {
     /// Opens (creating if needed) the stand-in's file at `path` (WAL, `synchronous=FULL`).
     pub fn open(path: impl AsRef<Path>, clock: SharedClock) -> Result<Self, DownstreamError> {
+        toolledger::store::sqlite::create_private_file(path.as_ref())
+            .map_err(|_| DownstreamError::Unavailable("downstream store error".into()))?;
         let conn = Connection::open(path.as_ref()).map_err(unavailable)?;
         conn.busy_timeout(Duration::from_millis(5000))
             .map_err(unavailable)?;
