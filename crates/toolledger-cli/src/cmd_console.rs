@@ -34,6 +34,10 @@ pub struct ConsoleArgs {
     pub hosts: AllowedHostArgs,
     #[command(flatten)]
     pub listener: crate::cmd_serve::ListenerArgs,
+    /// Mark the console's cookies `Secure` (sent back over HTTPS only): for a console behind a
+    /// TLS-terminating proxy. A request carrying `X-Forwarded-Proto: https` gets them anyway.
+    #[arg(long, env = "TOOLLEDGER_SECURE_COOKIES")]
+    pub secure_cookies: bool,
     /// Pin the clock to this Unix second (testing aid; production uses wall time).
     #[arg(long, value_name = "SECS")]
     pub clock_epoch: Option<i64>,
@@ -93,6 +97,7 @@ async fn serve(args: ConsoleArgs, config: StoreConfig) -> Result<(), Failure> {
     let principals = PrincipalStore::new(store.clone()).with_clock(clock.clone());
     let app = console(&principals, clock, rt.clone())
         .with_evidence(evidence(rt))
+        .with_secure_cookies(args.secure_cookies)
         .router(hosts)
         .route(
             "/",

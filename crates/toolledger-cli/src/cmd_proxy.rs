@@ -57,6 +57,10 @@ pub struct ProxyArgs {
     /// With --http: also serve the operator console at `http://ADDR/console`.
     #[arg(long, requires = "http")]
     pub console: bool,
+    /// Mark the console's cookies `Secure` (sent back over HTTPS only): for a console behind a
+    /// TLS-terminating proxy. A request carrying `X-Forwarded-Proto: https` gets them anyway.
+    #[arg(long, requires = "console", env = "TOOLLEDGER_SECURE_COOKIES")]
+    pub secure_cookies: bool,
     /// The proxy's configuration (TOML): which tools are guarded and how.
     #[arg(long, value_name = "FILE")]
     pub config: Option<std::path::PathBuf>,
@@ -270,6 +274,7 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
                         toolledger::runtime::Registry::new(),
                     );
                     crate::cmd_console::console(&principals_for_console, clock, rt)
+                        .with_secure_cookies(args.secure_cookies)
                         .router(front.hosts)
                 }),
             )

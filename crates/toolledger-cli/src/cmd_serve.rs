@@ -58,6 +58,10 @@ pub struct ServeArgs {
     /// With --http: also serve the operator console at `http://ADDR/console`.
     #[arg(long, requires = "http")]
     pub console: bool,
+    /// Mark the console's cookies `Secure` (sent back over HTTPS only): for a console behind a
+    /// TLS-terminating proxy. A request carrying `X-Forwarded-Proto: https` gets them anyway.
+    #[arg(long, requires = "console", env = "TOOLLEDGER_SECURE_COOKIES")]
+    pub secure_cookies: bool,
     /// Pin the clock to this Unix second (testing aid; production uses wall time).
     #[arg(long, value_name = "SECS")]
     pub clock_epoch: Option<i64>,
@@ -132,6 +136,7 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
     let console = args.console.then(|| {
         crate::cmd_console::console(&principals, clock.clone(), runtime.clone())
             .with_evidence(crate::cmd_console::evidence(runtime.clone()))
+            .with_secure_cookies(args.secure_cookies)
     });
     let env = ToolEnv {
         runtime: Some(runtime),
@@ -421,6 +426,7 @@ pub(crate) async fn serve_http(
         limits,
     } = front;
     let server = LedgerServer::new(name, tools, principals.clone(), CallerSource::BearerToken);
+    let metrics_hosts = hosts.clone();
     // rmcp checks the Host header against the same list (after ours, which runs first and
     // also judges Origin), and reads at most the wire entry's largest message.
     let config = StreamableHttpServerConfig::default()
@@ -462,7 +468,7 @@ pub(crate) async fn serve_http(
             limit_in_flight,
         ))
         .merge(health_routes(store.clone()))
-        .merge(metrics_routes(store, clock));
+        .merge(metrics_routes(store, clock, metrics_hosts));
     // The console's pages carry their own Host/Origin guard and sessions; the bearer layer
     // of `/mcp` is not theirs.
     let app = match console {

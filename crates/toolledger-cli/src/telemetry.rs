@@ -2,7 +2,8 @@
 //!
 //! Logs: `tracing` events to stderr, filtered by `RUST_LOG` (default `info`), as text or as one
 //! JSON object per line (`--log-format json`). They name tools, operation ids, principals and
-//! outcomes, never arguments, tokens or keys. stdout is left alone: on stdio it is the MCP
+//! outcomes, never arguments, tokens or keys; rmcp's events are capped at `info` (its debug
+//! events carry whole messages) unless `RUST_LOG` names `rmcp`. stdout is left alone: on stdio it is the MCP
 //! channel.
 //!
 //! Metrics: Prometheus text from the process's `metrics` recorder, at `GET /metrics` on
@@ -22,6 +23,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use toolledger::clock::SharedClock;
 use toolledger::model::OperationState;
 use toolledger::store::Store;
+use toolledger_mcp::wire::http::AllowedHosts;
 
 /// How log lines are written.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -47,7 +49,18 @@ pub struct TelemetryArgs {
 /// Installs the stderr log subscriber once (later calls do nothing).
 pub fn init_logs(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let spec = std::env::var("RUST_LOG").unwrap_or_default();
+    let mut filter = EnvFilter::try_new(&spec)
+        .ok()
+        .filter(|_| !spec.trim().is_empty())
+        .unwrap_or_else(|| EnvFilter::new("info"));
+    if !spec.contains("rmcp") {
+        // rmcp's debug and trace events carry whole messages (tool arguments, inputResponses):
+        // kept out unless RUST_LOG names rmcp itself.
+        if let Ok(directive) = "rmcp=info".parse() {
+            filter = filter.add_directive(directive);
+        }
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -61,14 +74,64 @@ pub fn init_logs(format: LogFormat) {
     };
 }
 
-/// The process's Prometheus recorder, installed on first use.
+/// Buckets of the latency histograms (seconds): calls answered from the ledger take tens of
+/// microseconds, fresh ones a commit (a millisecond or a few), deferred and proxied ones the
+/// downstream's time (up to the call timeout).
+pub const LATENCY_BUCKETS: [f64; 18] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 60.0,
+];
+
+/// Buckets of the commit batch size histogram (jobs or calls per transaction).
+pub const BATCH_BUCKETS: [f64; 10] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
+
+/// Every series the process exports, with its type and `# HELP` text.
+pub const SERIES: [(&str, &str, &str); 17] = [
+    ("counter", "toolledger_tool_calls_total", "Tool calls answered, by tool and outcome (fresh, replayed, failed, outcome_unknown, …)."),
+    ("histogram", "toolledger_tool_call_duration_seconds", "Time from a tool call's arrival to its answer, by tool."),
+    ("counter", "toolledger_fencing_rejections_total", "Writes refused because the outbox event's fencing token moved on, by step."),
+    ("counter", "toolledger_http_requests_shed_total", "HTTP requests answered 503 by the in-flight limit before they were read."),
+    ("counter", "toolledger_http_requests_shed_per_principal_total", "HTTP requests answered 503 because their principal had its share of the in-flight limit."),
+    ("counter", "toolledger_http_body_timeouts_total", "HTTP request bodies that did not arrive within the body timeout (408)."),
+    ("counter", "toolledger_http_connections_timed_out_total", "HTTP connections closed because no request head arrived within the header timeout."),
+    ("counter", "toolledger_store_connections_recycled_total", "Database connections replaced after a failure, by backend."),
+    ("counter", "toolledger_store_overload_total", "Store jobs answered unavailable because their queue was full or they waited too long, by reason."),
+    ("gauge", "toolledger_store_queue_depth", "Jobs waiting in a store queue, as last seen, by backend and queue."),
+    ("histogram", "toolledger_store_commit_batch_size", "Jobs (SQLite writer) or inline calls (PostgreSQL batch) per transaction, by backend."),
+    ("counter", "toolledger_worker_events_total", "Outbox events a worker finished, by outcome."),
+    ("counter", "toolledger_worker_passes_total", "Worker passes over the ready outbox events."),
+    ("gauge", "toolledger_operations", "Operations in the ledger, by state (read at each scrape)."),
+    ("gauge", "toolledger_operation_oldest_age_seconds", "Age of the oldest operation in each state (read at each scrape)."),
+    ("gauge", "toolledger_outbox_events", "Outbox events, by state (read at each scrape)."),
+    ("gauge", "toolledger_outbox_oldest_age_seconds", "Age of the oldest outbox event in each state (read at each scrape)."),
+];
+
+/// The process's Prometheus recorder, installed on first use: latencies and batch sizes as
+/// histograms with buckets (aggregatable across instances), every series with `# HELP`.
 pub fn recorder() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE.get_or_init(|| {
-        let recorder = PrometheusBuilder::new().build_recorder();
+        use metrics_exporter_prometheus::Matcher;
+        let builder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &LATENCY_BUCKETS)
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full("toolledger_store_commit_batch_size".into()),
+                    &BATCH_BUCKETS,
+                )
+            })
+            .unwrap_or_else(|_| PrometheusBuilder::new());
+        let recorder = builder.build_recorder();
         let handle = recorder.handle();
         // Another recorder installed first (never the case in the binary) keeps its own.
         let _ = metrics::set_global_recorder(recorder);
+        for (kind, name, help) in SERIES {
+            match kind {
+                "counter" => metrics::describe_counter!(name, help),
+                "gauge" => metrics::describe_gauge!(name, help),
+                _ => metrics::describe_histogram!(name, help),
+            }
+        }
         handle
     })
 }
@@ -112,28 +175,67 @@ pub async fn render(store: &Store, clock: &SharedClock) -> Result<String, ()> {
     Ok(handle.render())
 }
 
-/// `GET /metrics` over `store`, to merge into a server's router (outside any bearer layer).
-pub fn metrics_routes(store: Store, clock: SharedClock) -> axum::Router {
+/// Whether a request may read `/metrics`: its `Host` is an IP address (a page that rebinds
+/// its DNS name to this server still sends its own name) or one of `hosts`, and a present
+/// `Origin` names one of `hosts`.
+pub fn metrics_reader_allowed(hosts: &AllowedHosts, headers: &axum::http::HeaderMap) -> bool {
+    use axum::http::header;
+    let value = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    let host_ok = value(header::HOST).is_some_and(|h| {
+        hosts.allows_host(h)
+            || h.parse::<axum::http::uri::Authority>().is_ok_and(|a| {
+                a.host()
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .parse::<std::net::IpAddr>()
+                    .is_ok()
+            })
+    });
+    host_ok && value(header::ORIGIN).is_none_or(|o| hosts.allows_origin(o))
+}
+
+/// `GET /metrics` over `store`, to merge into a server's router (outside any bearer layer),
+/// answered only to readers [`metrics_reader_allowed`] admits (403 `host_not_allowed`
+/// otherwise).
+pub fn metrics_routes(store: Store, clock: SharedClock, hosts: AllowedHosts) -> axum::Router {
     use axum::http::{header, StatusCode};
     use axum::response::IntoResponse;
     recorder();
-    axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let (store, clock) = (store.clone(), clock.clone());
-            async move {
-                match render(&store, &clock).await {
-                    Ok(text) => (
-                        StatusCode::OK,
-                        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-                        text,
-                    )
-                        .into_response(),
-                    Err(()) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
-                }
+    let hosts = std::sync::Arc::new(hosts);
+    let guard = move |request: axum::extract::Request, next: axum::middleware::Next| {
+        let hosts = hosts.clone();
+        async move {
+            if metrics_reader_allowed(&hosts, request.headers()) {
+                next.run(request).await
+            } else {
+                (
+                    StatusCode::FORBIDDEN,
+                    [(header::CONTENT_TYPE, "application/json")],
+                    "{\"error\":{\"code\":\"host_not_allowed\",\"message\":\"this host may not read the metrics\"}}",
+                )
+                    .into_response()
             }
-        }),
-    )
+        }
+    };
+    axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let (store, clock) = (store.clone(), clock.clone());
+                async move {
+                    match render(&store, &clock).await {
+                        Ok(text) => (
+                            StatusCode::OK,
+                            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                            text,
+                        )
+                            .into_response(),
+                        Err(()) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+                    }
+                }
+            }),
+        )
+        .layer(axum::middleware::from_fn(guard))
 }
 
 /// Connections the `--metrics` listener keeps open at once (a scraper needs one or two).
@@ -153,7 +255,11 @@ pub async fn spawn_metrics_server(
         .await
         .map_err(|_| "BIND_ERROR")?;
     let local = listener.local_addr().map_err(|_| "BIND_ERROR")?;
-    let app = metrics_routes(store, clock).route(
+    // The hosts of TOOLLEDGER_ALLOWED_HOSTS (besides IP addresses and loopback names) may read.
+    let named = std::env::var("TOOLLEDGER_ALLOWED_HOSTS").unwrap_or_default();
+    let hosts = AllowedHosts::with_hosts(named.split(',').filter(|h| !h.trim().is_empty()))
+        .unwrap_or_else(|_| AllowedHosts::loopback());
+    let app = metrics_routes(store, clock, hosts).route(
         "/healthz",
         axum::routing::get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
     );

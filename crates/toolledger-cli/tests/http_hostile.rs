@@ -83,6 +83,33 @@ fn principal(db: &Db, name: &str) -> String {
     add_principal(db, name, "acme", &["editor"], &["automation:write"], true).unwrap()
 }
 
+/// `/metrics` answers a loopback name or an IP address in `Host`, and refuses another name (a
+/// page that rebinds its DNS name to the server sends its own name).
+fn assert_metrics_readers(addr: &str) {
+    let get = |host: &str, origin: Option<&str>| {
+        let origin = origin.map_or(String::new(), |o| format!("Origin: {o}\r\n"));
+        exchange(
+            addr,
+            &format!("GET /metrics HTTP/1.1\r\nHost: {host}\r\n{origin}Connection: close\r\n\r\n"),
+        )
+    };
+    assert!(get(addr, None).starts_with("HTTP/1.1 200"));
+    assert!(get("10.20.30.40:9100", None).starts_with("HTTP/1.1 200"));
+    assert!(get("[fd00::1]:9100", None).starts_with("HTTP/1.1 200"));
+    let rebound = get("evil.example:9100", None);
+    assert!(rebound.starts_with("HTTP/1.1 403"), "{rebound}");
+    assert!(rebound.contains("host_not_allowed"), "{rebound}");
+    let foreign = get(addr, Some("http://evil.example"));
+    assert!(foreign.starts_with("HTTP/1.1 403"), "{foreign}");
+}
+
+#[test]
+fn metrics_on_the_http_listener_refuse_foreign_host_names() {
+    let db = Db::sqlite();
+    let server = RawHttp::start(&db, &[], &[]);
+    assert_metrics_readers(&server.addr);
+}
+
 #[test]
 fn idle_slow_and_kept_alive_connections_are_closed() {
     let db = Db::sqlite();
@@ -236,6 +263,7 @@ fn the_metrics_listener_is_bounded_and_answers_health() {
     );
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.contains("\"ok\""), "{answer}");
+    assert_metrics_readers(&addr);
     let mut silent = TcpStream::connect(&addr).unwrap();
     assert!(closed_by_server(&mut silent), "an idle metrics connection");
     let _ = child.kill();

@@ -263,7 +263,13 @@ fn sample(metrics: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
 
 fn metrics_count_the_calls_and_the_ledger_and_logs_name_no_arguments(db: Db) {
     let token = add_principal(&db, "meter", "acme", &[], &["automation:write"], true).unwrap();
-    let (server, logs) = start_http_logging(&db, &["--log-format", "json"]);
+    // At debug level too: rmcp's own debug events carry whole messages, which the server keeps
+    // out of its log unless RUST_LOG names rmcp.
+    let (server, logs) = RawHttp::start_logging(
+        &db,
+        &["--clock-epoch", "1800000000", "--log-format", "json"],
+        &[("RUST_LOG", "debug")],
+    );
     let create = json!({"name": "create_automation",
                         "arguments": {"request_id": "m-1", "interval_minutes": 30}});
     let first = call(&server, &token, create.clone());
@@ -302,6 +308,27 @@ fn metrics_count_the_calls_and_the_ledger_and_logs_name_no_arguments(db: Db) {
         "{}",
         m.body
     );
+    // Latencies are histograms with buckets (aggregatable across instances), not summaries,
+    // and every series says what it is.
+    assert!(
+        sample(
+            &m.body,
+            "toolledger_tool_call_duration_seconds_bucket",
+            &[("tool", "create_automation"), ("le", "0.001")]
+        )
+        .is_some(),
+        "{}",
+        m.body
+    );
+    assert!(!m.body.contains("quantile=\""), "{}", m.body);
+    for line in m.body.lines().filter(|l| l.starts_with("# TYPE ")) {
+        let name = line.split(' ').nth(2).unwrap();
+        assert!(
+            m.body.contains(&format!("# HELP {name} ")),
+            "{name} has no HELP: {}",
+            m.body
+        );
+    }
     let applied = scalar(
         &db,
         "SELECT count(*) FROM operations WHERE state = 'applied'",
@@ -331,6 +358,7 @@ fn metrics_count_the_calls_and_the_ledger_and_logs_name_no_arguments(db: Db) {
         .unwrap_or_else(|| panic!("no log line of the replay: {lines:?}"));
     assert_eq!(replayed["principal"], "meter");
     assert_eq!(replayed["level"], "INFO");
+
     let all = lines
         .iter()
         .map(Value::to_string)

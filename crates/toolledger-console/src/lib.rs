@@ -86,6 +86,43 @@ struct Inner {
     resolver: Resolver,
     evidence: std::sync::OnceLock<Evidence>,
     sessions: Sessions,
+    secure_cookies: std::sync::atomic::AtomicBool,
+}
+
+/// Middleware: adds `Secure` to every cookie the response sets when the console says so
+/// ([`Console::with_secure_cookies`]) or the request came through TLS
+/// (`X-Forwarded-Proto: https`).
+async fn secure_cookies(
+    State(c): State<Console>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let forwarded_tls = request
+        .headers()
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("https"));
+    let secure = forwarded_tls
+        || c.inner
+            .secure_cookies
+            .load(std::sync::atomic::Ordering::Relaxed);
+    let mut response = next.run(request).await;
+    if secure {
+        let cookies: Vec<HeaderValue> = response
+            .headers()
+            .get_all(header::SET_COOKIE)
+            .iter()
+            .cloned()
+            .collect();
+        response.headers_mut().remove(header::SET_COOKIE);
+        for v in cookies {
+            let marked = format!("{}; Secure", v.to_str().unwrap_or_default());
+            if let Ok(v) = HeaderValue::from_str(&marked) {
+                response.headers_mut().append(header::SET_COOKIE, v);
+            }
+        }
+    }
+    response
 }
 
 /// The logged-in principal of a request.
@@ -130,6 +167,7 @@ impl Console {
                 resolver,
                 evidence: std::sync::OnceLock::new(),
                 sessions: Sessions::default(),
+                secure_cookies: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -139,6 +177,16 @@ impl Console {
     /// the ledger's own evidence. Set once; a later call changes nothing.
     pub fn with_evidence(self, evidence: Evidence) -> Self {
         let _ = self.inner.evidence.set(evidence);
+        self
+    }
+
+    /// Marks every cookie `Secure` (sent back over HTTPS only), for a console reached through a
+    /// TLS-terminating proxy. Without it, a request that arrives with
+    /// `X-Forwarded-Proto: https` gets `Secure` cookies all the same.
+    pub fn with_secure_cookies(self, on: bool) -> Self {
+        self.inner
+            .secure_cookies
+            .store(on, std::sync::atomic::Ordering::Relaxed);
         self
     }
 
@@ -152,6 +200,10 @@ impl Console {
             .route("/console/operations/{status_ref}", get(operation_page))
             .route("/console/operations/{status_ref}/resolve", post(resolve))
             .with_state(self.clone())
+            .layer(axum::middleware::from_fn_with_state(
+                self.clone(),
+                secure_cookies,
+            ))
             .layer(axum::middleware::from_fn(secure_headers))
             .layer(axum::middleware::from_fn_with_state(
                 Arc::new(hosts),

@@ -496,3 +496,48 @@ fn the_list_is_paginated_on_postgres() {
     let store = pg.open(pg.options(None, &[])).unwrap();
     block_on(pagination(store));
 }
+
+/// Cookies are `Secure` when the operator says the console is reached over TLS, or when the
+/// request came through a TLS-terminating proxy (`X-Forwarded-Proto: https`); not otherwise.
+#[test]
+fn cookies_are_secure_behind_tls() {
+    let (_f, store) = sqlite();
+    block_on(async move {
+        let w = world(store).await;
+        let login_cookie = |r: &Reply| {
+            set_cookies(r)
+                .into_iter()
+                .find(|c| c.starts_with("toolledger_console_login="))
+                .expect("a login cookie")
+        };
+        let plain = send(&w.app, get("/console/login", None)).await;
+        assert!(
+            !login_cookie(&plain).contains("Secure"),
+            "{plain:?}",
+            plain = plain.headers
+        );
+        let forwarded = Request::get("/console/login")
+            .header(header::HOST, "127.0.0.1")
+            .header("x-forwarded-proto", "https")
+            .body(Body::empty())
+            .unwrap();
+        let r = send(&w.app, forwarded).await;
+        assert!(login_cookie(&r).ends_with("; Secure"), "{:?}", r.headers);
+        let rt = Runtime::new(w.store.clone(), Arc::new(w.clock.clone()), Registry::new());
+        let resolver: Resolver = Arc::new(move |r: Resolution| {
+            let rt = rt.clone();
+            Box::pin(async move { rt.resolve(&r).await })
+        });
+        let principals = PrincipalStore::new(w.store.clone());
+        let secure = Console::new(
+            w.store.clone(),
+            principals,
+            Arc::new(w.clock.clone()),
+            resolver,
+        )
+        .with_secure_cookies(true)
+        .router(AllowedHosts::loopback());
+        let r = send(&secure, get("/console/login", None)).await;
+        assert!(login_cookie(&r).ends_with("; Secure"), "{:?}", r.headers);
+    });
+}
