@@ -31,8 +31,9 @@ use toolledger::engine::Engine;
 use toolledger::store::Store;
 use toolledger_mcp::keys::KeyError;
 use toolledger_mcp::wire::http::{
-    self as wire_http, end_session, guard_host_and_origin, limit_in_flight, limit_per_principal,
-    strict_body, AllowedHosts, BodyTimeout, ConnectionLimits, InFlight, PerPrincipal,
+    self as wire_http, bind_sessions, end_session, guard_host_and_origin, limit_in_flight,
+    limit_per_principal, strict_body, AllowedHosts, BodyTimeout, ConnectionLimits, InFlight,
+    PerPrincipal, SessionOwners,
 };
 use toolledger_mcp::wire::MAX_MESSAGE_BYTES;
 use toolledger_mcp::{bearer_auth, CallerSource, Guard, GuardConfig, KeyMaterial, LedgerServer};
@@ -439,13 +440,18 @@ pub(crate) async fn serve_http(
     let store = principals.store().clone();
     // Around `/mcp`, outermost first: the in-flight limit (503), Host and Origin (403), the
     // bearer token (401), the principal's share of the in-flight limit (503), the strict body
-    // within its deadline (400/408/413), the end of a legacy session (204/404).
+    // within its deadline (400/408/413), a legacy session's owner (404 for another
+    // principal), the end of a legacy session (204/404).
     // The health endpoints and `/metrics` are outside all of them.
     let app = axum::Router::new()
         .nest_service("/mcp", service)
         .layer(axum::middleware::from_fn_with_state(
-            sessions,
+            sessions.clone(),
             end_session::<LocalSessionManager>,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(SessionOwners::new(sessions)),
+            bind_sessions::<LocalSessionManager>,
         ))
         .layer(axum::middleware::from_fn_with_state(
             BodyTimeout(body_timeout),

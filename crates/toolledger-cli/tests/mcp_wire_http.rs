@@ -24,6 +24,7 @@ on_both_backends!(
     foreign_hosts_and_origins_get_403_before_authentication,
     allowed_hosts_from_the_flag_and_the_environment_answer,
     ending_a_legacy_session_answers_204_and_an_unknown_one_404,
+    a_legacy_session_belongs_to_the_principal_that_opened_it,
     python_sdk_ends_a_legacy_session_without_a_warning,
 );
 
@@ -358,6 +359,58 @@ fn allowed_hosts_from_the_flag_and_the_environment_answer(db: Db) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("ALLOWED_HOST_INVALID"), "{stderr}");
     nothing_written(&db);
+}
+
+/// Another principal presenting a legacy session's id can neither call in it nor end it: 404,
+/// as for a session that does not exist; its owner still can.
+fn a_legacy_session_belongs_to_the_principal_that_opened_it(db: Db) {
+    let alice = auth(&token(&db));
+    let bob = auth(&add_principal(&db, "bob", "acme", &["editor"], &[], true).unwrap());
+    let server = RawHttp::start(&db, &[], &[]);
+    let init = server.post(
+        &[("Authorization", &alice)],
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "wire-legacy", "version": "1"}}})
+        .to_string()
+        .as_bytes(),
+    );
+    assert_eq!(init.status, 200, "{}", init.body);
+    let session = init.header("mcp-session-id").unwrap().to_string();
+    let headers = |bearer: &str| {
+        vec![
+            ("Authorization".to_string(), bearer.to_string()),
+            ("Mcp-Session-Id".to_string(), session.clone()),
+            ("MCP-Protocol-Version".to_string(), "2025-11-25".to_string()),
+            ("Content-Type".to_string(), "application/json".to_string()),
+            (
+                "Accept".to_string(),
+                "application/json, text/event-stream".to_string(),
+            ),
+        ]
+    };
+    let send = |bearer: &str, method: &str, body: &[u8]| {
+        let h = headers(bearer);
+        let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        server.request(method, "/mcp", &h, body)
+    };
+    let initialized = send(
+        &alice,
+        "POST",
+        br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    );
+    assert!(initialized.status < 300, "{}", initialized.body);
+    let list = br#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+    let theirs = send(&bob, "POST", list);
+    assert_eq!(theirs.status, 404, "{}", theirs.body);
+    assert_eq!(theirs.json()["error"]["code"], "session_not_found");
+    let ended = send(&bob, "DELETE", b"");
+    assert_eq!(ended.status, 404, "{}", ended.body);
+    let mine = send(&alice, "POST", list);
+    assert_eq!(mine.status, 200, "{}", mine.body);
+    assert!(mine.body.contains("get_operation_status"), "{}", mine.body);
+    let end = send(&alice, "DELETE", b"");
+    assert_eq!(end.status, 204, "{}", end.body);
 }
 
 fn ending_a_legacy_session_answers_204_and_an_unknown_one_404(db: Db) {

@@ -303,6 +303,109 @@ pub async fn end_session<M: SessionManager>(
     }
 }
 
+/// Which principal opened each legacy session ([`bind_sessions`]' state).
+pub struct SessionOwners<M> {
+    sessions: Arc<M>,
+    owners: std::sync::Mutex<std::collections::HashMap<String, String>>,
+}
+
+/// Sessions remembered before the ones the session manager no longer knows are forgotten.
+const SESSION_OWNERS_PRUNE_AT: usize = 10_000;
+
+impl<M: SessionManager> SessionOwners<M> {
+    /// The owners of the sessions `sessions` holds.
+    pub fn new(sessions: Arc<M>) -> Self {
+        SessionOwners {
+            sessions,
+            owners: std::sync::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    fn owner(&self, id: &str) -> Option<String> {
+        let owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+        owners.get(id).cloned()
+    }
+
+    async fn remember(&self, id: String, owner: String) {
+        let stale: Vec<String> = {
+            let owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+            if owners.len() < SESSION_OWNERS_PRUNE_AT {
+                Vec::new()
+            } else {
+                owners.keys().cloned().collect()
+            }
+        };
+        let mut gone = Vec::new();
+        for known in stale {
+            if !self
+                .sessions
+                .has_session(&Arc::from(known.as_str()))
+                .await
+                .unwrap_or(false)
+            {
+                gone.push(known);
+            }
+        }
+        let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+        for g in gone {
+            owners.remove(&g);
+        }
+        owners.insert(id, owner);
+    }
+
+    fn forget(&self, id: &str) {
+        let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+        owners.remove(id);
+    }
+}
+
+/// Middleware, inside the bearer layer: a legacy session (`Mcp-Session-Id`) belongs to the
+/// principal whose request opened it. Another principal presenting its id — to call in it, or
+/// to `DELETE` it — is answered 404 `session_not_found`, as for a session that does not exist.
+pub async fn bind_sessions<M: SessionManager>(
+    State(owners): State<Arc<SessionOwners<M>>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let caller = request
+        .extensions()
+        .get::<crate::caller::AuthenticatedName>()
+        .map(|n| n.0.clone());
+    let presented = request
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let deleting = request.method() == Method::DELETE;
+    if let Some(id) = &presented {
+        if let Some(owner) = owners.owner(id) {
+            if caller.as_deref() != Some(owner.as_str()) {
+                return json_error(
+                    StatusCode::NOT_FOUND,
+                    "session_not_found",
+                    "no such session",
+                );
+            }
+        }
+    }
+    let response = next.run(request).await;
+    match (&presented, caller) {
+        (None, Some(caller)) => {
+            let opened = response
+                .headers()
+                .get("mcp-session-id")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            if let Some(id) = opened {
+                owners.remember(id, caller).await;
+            }
+        }
+        (Some(id), _) if deleting && response.status().is_success() => owners.forget(id),
+        _ => {}
+    }
+    response
+}
+
 /// How many requests an HTTP endpoint handles at once ([`limit_in_flight`]).
 #[derive(Debug)]
 pub struct InFlight {
