@@ -176,13 +176,20 @@ fn two_principals_over_http_are_isolated_as_on_stdio(db: Db) {
     );
     assert_eq!(st["structuredContent"]["state"], "unknown");
     assert_eq!(st["structuredContent"]["principal"], "bob");
-    // Operation ids share one namespace: another principal's id is refused at once.
-    let taken = call(
+    // Operation ids are each principal's own: bob's call under alice's id is his own
+    // operation (asked for its body like any new one), neither refused nor told hers exists.
+    let bobs = call(
         &server,
         &bob,
         json!({"name": "create_issue", "arguments": args("h-2")}),
     );
-    assert_eq!(error_code(&taken), "operation_conflict");
+    let bobs_state = request_state(&bobs);
+    let done = cont(&bob, &bobs_state, "bravo")["result"].clone();
+    assert_eq!(done["structuredContent"]["replayed"], false, "{done}");
+    assert_eq!(done["structuredContent"]["state"], "applied", "{done}");
+    // Alice's state is still refused for bob, bob's for alice.
+    assert_state_invalid(&cont(&bob, &token, "alpha"));
+    assert_state_invalid(&cont(&alice, &bobs_state, "bravo"));
 
     let mine = call(
         &server,
@@ -192,8 +199,8 @@ fn two_principals_over_http_are_isolated_as_on_stdio(db: Db) {
     assert_eq!(mine["structuredContent"]["state"], "applied");
     assert_eq!(mine["structuredContent"]["storedResult"], "created 1");
     assert_eq!(mine["structuredContent"]["principal"], "alice");
-    assert_eq!(count(&db, "issues"), 1);
-    assert_eq!(count(&db, "operations"), 1);
+    assert_eq!(count(&db, "issues"), 2);
+    assert_eq!(count(&db, "operations"), 2);
 }
 
 fn legacy_initialize_lifecycle_over_http_lists_and_calls_tools(db: Db) {
@@ -464,24 +471,33 @@ fn a_request_past_the_in_flight_limit_gets_503_unavailable_and_changes_nothing(d
     // A takes the one slot: its head is sent, its body only in part, so the server holds the
     // request (reading the body) until the rest comes.
     let (head, body) = create_request(&server, &token, "held-1");
-    let mut held = std::net::TcpStream::connect(&server.addr).unwrap();
-    held.write_all(head.as_bytes()).unwrap();
-    held.write_all(&body[..10]).unwrap();
-    held.flush().unwrap();
-    // Wait until it holds the slot: a bare GET then finds no room (and is otherwise 401).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let probe = get(&server, "/mcp");
-        if probe.status == 503 {
-            break;
+    let mut held = 'held: loop {
+        let mut held = std::net::TcpStream::connect(&server.addr).unwrap();
+        held.write_all(head.as_bytes()).unwrap();
+        held.write_all(&body[..10]).unwrap();
+        held.flush().unwrap();
+        // Wait until it holds the slot: a bare GET then finds no room (and is otherwise 401).
+        // A probe that held the slot when A arrived had A refused: then A starts over.
+        loop {
+            let probe = get(&server, "/mcp");
+            if probe.status == 503 {
+                break 'held held;
+            }
+            assert_eq!(probe.status, 401, "{probe:?}");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the held request never took the slot"
+            );
+            held.set_nonblocking(true).unwrap();
+            let answered = matches!(held.peek(&mut [0u8; 1]), Ok(n) if n > 0);
+            held.set_nonblocking(false).unwrap();
+            if answered {
+                continue 'held;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        assert_eq!(probe.status, 401, "{probe:?}");
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the held request never took the slot"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    };
 
     // B, a whole call, is refused at once: 503, Retry-After, the stable code, nothing run.
     let (b_head, b_body) = create_request(&server, &token, "refused-1");

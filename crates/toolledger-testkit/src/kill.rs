@@ -844,6 +844,14 @@ impl Client for RawHttpClient {
                         run.answers.push((i, v["result"].clone()));
                         break;
                     }
+                    Some(v)
+                        if v.get("jsonrpc").is_none() && v["error"]["code"] == "unavailable" =>
+                    {
+                        // The HTTP layer's own 503 (a store still reconnecting, a full
+                        // server): nothing was decided, as for an exchange that was lost.
+                        run.lost_at = Some(i);
+                        return run;
+                    }
                     Some(v) => {
                         // A JSON-RPC error with no result: the server is shutting down or the
                         // request was refused before the tool ran.
