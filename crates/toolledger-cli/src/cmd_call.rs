@@ -182,7 +182,6 @@ async fn call_registered(
     let guard_config = GuardConfig {
         authority_ttl: args.authority_ttl.unwrap_or(defaults.authority_ttl),
         retention_ttl: args.replay_ttl.unwrap_or(defaults.retention_ttl),
-        shared_key_namespace: true,
         ..defaults
     };
     let engine = Engine::new(store.clone(), clock.clone());

@@ -118,7 +118,7 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
         authority_ttl: args.authority_ttl,
         retention_ttl: args.replay_ttl,
         request_state_ttl: args.request_state_ttl,
-        shared_key_namespace: true,
+        shared_key_namespace: false,
     };
     let guard = Guard::new(engine, &keys, guard_config).map_err(|_| Failure::code("KEY_ERROR"))?;
     let runtime = toolledger_reference::refunds::runtime(&store, &config.downstream, clock.clone())

@@ -244,13 +244,20 @@ fn another_principal_cannot_use_alices_token_see_her_status_or_reuse_her_id(db: 
         assert_eq!(st["principal"], other);
         assert_eq!(st["matchingIds"], json!([]));
         assert_eq!(st["storedResult"], Value::Null);
-        // Operation ids share one namespace: another principal's id is refused at once.
-        let taken = b.call("create_issue", args("case-06"));
-        assert_eq!(error_code(&taken), "operation_conflict");
+        // Operation ids are each principal's own: the same id is another operation, which
+        // neither learns of nor blocks alice's.
+        let (_, mine) = create(&mut b, "case-06", other);
+        assert_eq!(mine["structuredContent"]["replayed"], false, "{mine}");
+        assert_eq!(mine["structuredContent"]["state"], "applied", "{mine}");
         assert_eq!(b.finish(), 0);
     }
-    assert_eq!(count(&db, "issues"), 1);
-    assert_eq!(count(&db, "operations"), 1);
+    assert_eq!(count(&db, "issues"), 3);
+    assert_eq!(count(&db, "operations"), 3);
+    // Alice's own operation is untouched: her retry still replays her answer.
+    let mut a = Server::start(&db, "alice", &["--clock-epoch", EPOCH]);
+    let again = a.resume("create_issue", args("case-06"), &token, body("alpha"));
+    assert_eq!(again["structuredContent"]["replayed"], true, "{again}");
+    assert_eq!(a.finish(), 0);
 }
 
 fn after_the_authority_deadline_even_an_exact_replay_is_refused_but_status_reads(db: Db) {

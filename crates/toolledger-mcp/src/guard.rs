@@ -37,8 +37,9 @@ pub struct GuardConfig {
     pub retention_ttl: i64,
     /// Seconds a sealed `requestState` stays valid.
     pub request_state_ttl: i64,
-    /// Whether operation ids share one namespace across principals: another
-    /// principal's use of an id is `operation_conflict`.
+    /// Whether operation ids share one namespace across principals: another principal's use
+    /// of an id is `operation_conflict` (off by default: each principal's ids are its own,
+    /// and another principal's call under the same id is its own operation).
     pub shared_key_namespace: bool,
 }
 
@@ -48,7 +49,7 @@ impl Default for GuardConfig {
             authority_ttl: 24 * 3600,
             retention_ttl: 7 * 24 * 3600,
             request_state_ttl: 3600,
-            shared_key_namespace: true,
+            shared_key_namespace: false,
         }
     }
 }
