@@ -22,7 +22,7 @@ use toolledger::clock::{ManualClock, SharedClock, SystemClock};
 use toolledger::engine::Engine;
 use toolledger_cli::common::{StoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
-use toolledger_cli::telemetry::{init_logs, spawn_metrics_server, TelemetryArgs};
+use toolledger_cli::telemetry::{init_logs, start_metrics, TelemetryArgs};
 use toolledger_mcp::{Guard, GuardConfig};
 use toolledger_proxy::{BuildError, Lifecycle, Proxy, ProxyConfig, Upstream, UpstreamSpec};
 
@@ -233,17 +233,14 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
         })?;
     tracing::info!(target: "toolledger::proxy", guarded = ?built.guarded,
         passed_through = ?built.passed_through, "proxying the upstream's tools");
-    if let Some(at) = args.telemetry.metrics {
-        let local = spawn_metrics_server(
-            at,
-            store.clone(),
-            clock.clone(),
-            front.limits.header_timeout,
-        )
-        .await
-        .map_err(Failure::code)?;
-        tracing::info!(metrics = %format!("http://{local}/metrics"), "serving metrics");
-    }
+    start_metrics(
+        args.telemetry.metrics,
+        &store,
+        &clock,
+        front.limits.header_timeout,
+    )
+    .await
+    .map_err(Failure::code)?;
     let principals_for_console = principals.clone();
     match (args.http, stdio_caller) {
         (None, Some(caller)) => {

@@ -40,7 +40,7 @@ use toolledger_mcp::{bearer_auth, CallerSource, Guard, GuardConfig, KeyMaterial,
 
 use crate::common::{RuntimeStoreArgs, StoreConfig};
 use crate::exit::{Failure, Outcome};
-use toolledger_cli::telemetry::{init_logs, metrics_routes, spawn_metrics_server, TelemetryArgs};
+use toolledger_cli::telemetry::{init_logs, metrics_routes, start_metrics, TelemetryArgs};
 use toolledger_reference::tools::{registry, Fault, Faults, ToolEnv};
 
 /// Options of `toolledger serve`.
@@ -147,17 +147,14 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
         principals: principals.clone(),
     };
     let tools = registry(&env);
-    if let Some(at) = args.telemetry.metrics {
-        let local = spawn_metrics_server(
-            at,
-            store.clone(),
-            clock.clone(),
-            front.limits.header_timeout,
-        )
-        .await
-        .map_err(Failure::code)?;
-        tracing::info!(metrics = %format!("http://{local}/metrics"), "serving metrics");
-    }
+    start_metrics(
+        args.telemetry.metrics,
+        &store,
+        &clock,
+        front.limits.header_timeout,
+    )
+    .await
+    .map_err(Failure::code)?;
     match (args.http, stdio_caller) {
         (Some(addr), _) => {
             let console = console.map(|c| c.router(front.hosts.clone()));

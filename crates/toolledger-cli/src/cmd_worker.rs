@@ -121,17 +121,14 @@ pub fn run(args: WorkerArgs, store: StoreConfig) -> Result<Outcome, Failure> {
             Some(t) => Arc::new(ManualClock::new(t)),
             None => Arc::new(SystemClock),
         };
-        if let Some(at) = args.telemetry.metrics {
-            let local = toolledger_cli::telemetry::spawn_metrics_server(
-                at,
-                ledger.clone(),
-                clock.clone(),
-                toolledger_mcp::wire::http::DEFAULT_HEADER_TIMEOUT,
-            )
-            .await
-            .map_err(Failure::code)?;
-            tracing::info!(metrics = %format!("http://{local}/metrics"), "serving metrics");
-        }
+        toolledger_cli::telemetry::start_metrics(
+            args.telemetry.metrics,
+            &ledger,
+            &clock,
+            toolledger_mcp::wire::http::DEFAULT_HEADER_TIMEOUT,
+        )
+        .await
+        .map_err(Failure::code)?;
         let rt = runtime(&store, &ledger, clock)?.with_config(RuntimeConfig {
             lease_seconds: args.lease_seconds,
             max_attempts: args.max_attempts,

@@ -238,6 +238,21 @@ pub fn metrics_routes(store: Store, clock: SharedClock, hosts: AllowedHosts) -> 
         .layer(axum::middleware::from_fn(guard))
 }
 
+/// Serves the `--metrics` listener ([`spawn_metrics_server`]) when `at` names an address, and
+/// logs where.
+pub async fn start_metrics(
+    at: Option<SocketAddr>,
+    store: &Store,
+    clock: &SharedClock,
+    header_timeout: std::time::Duration,
+) -> Result<(), &'static str> {
+    if let Some(at) = at {
+        let local = spawn_metrics_server(at, store.clone(), clock.clone(), header_timeout).await?;
+        tracing::info!(metrics = %format!("http://{local}/metrics"), "serving metrics");
+    }
+    Ok(())
+}
+
 /// Connections the `--metrics` listener keeps open at once (a scraper needs one or two).
 pub const METRICS_MAX_CONNECTIONS: usize = 64;
 

@@ -6,8 +6,6 @@
 #[path = "support/doc.rs"]
 mod doc;
 
-use std::process::Command;
-
 use serde_json::Value;
 
 /// A port nothing listens on now.
@@ -75,17 +73,7 @@ fn the_curl_example_calls_a_guarded_tool_and_its_retry_replays_the_answer() {
     assert_eq!(unmarked(first), unmarked(retry));
 
     // One operation, applied once.
-    let list = Command::new(doc::BIN)
-        .args(["operations", "list", "--db", "ledger.sqlite", "--json"])
-        .current_dir(dir.path())
-        .env_remove("TOOLLEDGER_DATABASE_URL")
-        .output()
-        .unwrap();
-    assert!(list.status.success());
-    let rows: Vec<Value> = String::from_utf8_lossy(&list.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = doc::ledger_rows(dir.path());
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0]["tool"], "create_automation");
     assert_eq!(rows[0]["key"], "auto-1");

@@ -361,14 +361,10 @@ fn allowed_hosts_from_the_flag_and_the_environment_answer(db: Db) {
     nothing_written(&db);
 }
 
-/// Another principal presenting a legacy session's id can neither call in it nor end it: 404,
-/// as for a session that does not exist; its owner still can.
-fn a_legacy_session_belongs_to_the_principal_that_opened_it(db: Db) {
-    let alice = auth(&token(&db));
-    let bob = auth(&add_principal(&db, "bob", "acme", &["editor"], &[], true).unwrap());
-    let server = RawHttp::start(&db, &[], &[]);
+/// Opens a legacy (2025-11-25) session as `bearer`; its `Mcp-Session-Id`.
+fn legacy_session(server: &RawHttp, bearer: &str) -> String {
     let init = server.post(
-        &[("Authorization", &alice)],
+        &[("Authorization", bearer)],
         json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-11-25", "capabilities": {},
             "clientInfo": {"name": "wire-legacy", "version": "1"}}})
@@ -376,7 +372,16 @@ fn a_legacy_session_belongs_to_the_principal_that_opened_it(db: Db) {
         .as_bytes(),
     );
     assert_eq!(init.status, 200, "{}", init.body);
-    let session = init.header("mcp-session-id").unwrap().to_string();
+    init.header("mcp-session-id").unwrap().to_string()
+}
+
+/// Another principal presenting a legacy session's id can neither call in it nor end it: 404,
+/// as for a session that does not exist; its owner still can.
+fn a_legacy_session_belongs_to_the_principal_that_opened_it(db: Db) {
+    let alice = auth(&token(&db));
+    let bob = auth(&add_principal(&db, "bob", "acme", &["editor"], &[], true).unwrap());
+    let server = RawHttp::start(&db, &[], &[]);
+    let session = legacy_session(&server, &alice);
     let headers = |bearer: &str| {
         vec![
             ("Authorization".to_string(), bearer.to_string()),
@@ -416,16 +421,7 @@ fn a_legacy_session_belongs_to_the_principal_that_opened_it(db: Db) {
 fn ending_a_legacy_session_answers_204_and_an_unknown_one_404(db: Db) {
     let bearer = auth(&token(&db));
     let server = RawHttp::start(&db, &[], &[]);
-    let init = server.post(
-        &[("Authorization", &bearer)],
-        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-11-25", "capabilities": {},
-            "clientInfo": {"name": "wire-legacy", "version": "1"}}})
-        .to_string()
-        .as_bytes(),
-    );
-    assert_eq!(init.status, 200, "{}", init.body);
-    let session = init.header("mcp-session-id").unwrap().to_string();
+    let session = legacy_session(&server, &bearer);
     let headers = [
         ("Authorization", bearer.as_str()),
         ("Mcp-Session-Id", session.as_str()),

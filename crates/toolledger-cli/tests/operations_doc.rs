@@ -5,8 +5,6 @@
 #[path = "support/doc.rs"]
 mod doc;
 
-use std::process::Command;
-
 use serde_json::Value;
 
 #[test]
@@ -54,17 +52,7 @@ fn section_1_runs_as_written_and_settles_the_refund() {
         }
     }
     // The end state the page describes: the refund succeeded, its receipt reconciled.
-    let list = Command::new(doc::BIN)
-        .args(["operations", "list", "--db", "ledger.sqlite", "--json"])
-        .current_dir(dir.path())
-        .env_remove("TOOLLEDGER_DATABASE_URL")
-        .output()
-        .unwrap();
-    assert!(list.status.success());
-    let rows: Vec<Value> = String::from_utf8_lossy(&list.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = doc::ledger_rows(dir.path());
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0]["status_ref"], status_ref.as_str());
     assert_eq!(rows[0]["state"], "succeeded");

@@ -379,36 +379,32 @@ fn an_http_upstream(db: Db) {
 
     // Without the variable the configuration names, the proxy refuses to start and says which
     // variable; with a wrong token the upstream refuses and the proxy says so, showing no token.
-    let (args, e) = base(&["--config", &config_arg]);
-    let out = std::process::Command::new(support::BIN)
-        .args(&args)
-        .envs(
-            e.iter()
-                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string())),
-        )
-        .env_remove("CHARGE_TOKEN")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    // The proxy started with `--config` and `token` as CHARGE_TOKEN (unset when `None`): it
+    // must refuse to start; its stderr.
+    let refused = |token: Option<&str>| {
+        let (args, e) = base(&["--config", &config_arg]);
+        let mut command = std::process::Command::new(support::BIN);
+        command
+            .args(&args)
+            .envs(
+                e.iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string())),
+            )
+            .env_remove("CHARGE_TOKEN")
+            .stdin(Stdio::null());
+        if let Some(t) = token {
+            command.env("CHARGE_TOKEN", t);
+        }
+        let out = command.output().unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let stderr = refused(None);
     assert!(
         stderr.contains("CONFIG_INVALID") && stderr.contains("${CHARGE_TOKEN}"),
         "{stderr}"
     );
-    let (args, e) = base(&["--config", &config_arg]);
-    let out = std::process::Command::new(support::BIN)
-        .args(&args)
-        .envs(
-            e.iter()
-                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string())),
-        )
-        .env("CHARGE_TOKEN", "wrong-token-77")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let stderr = refused(Some("wrong-token-77"));
     assert!(stderr.contains("UPSTREAM_UNAVAILABLE"), "{stderr}");
     assert!(!stderr.contains("wrong-token-77"), "{stderr}");
     let _ = upstream.kill();

@@ -469,3 +469,19 @@ pub fn example_fixture(name: &str) -> PathBuf {
         .join("../../examples/fixtures")
         .join(name)
 }
+
+/// The rows of `toolledger operations list --json` over `ledger.sqlite` in `dir` (what a page's
+/// commands left behind).
+pub fn ledger_rows(dir: &Path) -> Vec<serde_json::Value> {
+    let list = std::process::Command::new(BIN)
+        .args(["operations", "list", "--db", "ledger.sqlite", "--json"])
+        .current_dir(dir)
+        .env_remove("TOOLLEDGER_DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(list.status.success(), "{list:?}");
+    String::from_utf8_lossy(&list.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
