@@ -543,7 +543,103 @@ fn the_inspector_lists_and_calls_through_the_proxy(db: Db) {
     );
 }
 
+/// server-everything's `simulate-research-query` declares `execution.taskSupport: "required"`
+/// (a plain `tools/call` of it can only fail), which rmcp's tool type does not keep: the proxy
+/// reads it from the upstream's own answers, over stdio and over HTTP, passes the tool through
+/// unguarded and says why at start.
+fn a_tool_that_requires_tasks_is_passed_through(db: Db) {
+    let Some((py, node)) = interpreters() else {
+        return;
+    };
+    let everything = server_everything().display().to_string();
+    let port = free_port();
+    let mut http_upstream = Command::new(&node)
+        .args([everything.as_str(), "streamableHttp"])
+        .env("PORT", port.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < until, "server-everything never listened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let stdio = vec![
+        node.display().to_string(),
+        everything.clone(),
+        "stdio".into(),
+    ];
+    let over_http = proxy_server(&db, &[], &[]);
+    let mut over_http_args: Vec<Value> = over_http["args"].as_array().unwrap().clone();
+    // `… --principal alice --` → `… --principal alice --upstream-url URL`.
+    over_http_args.pop();
+    over_http_args.extend([json!("--upstream-url"), json!(url)]);
+    let mut over_http = over_http.clone();
+    over_http["args"] = json!(over_http_args);
+    for (upstream, server) in [
+        ("stdio", proxy_server(&db, &stdio, &[])),
+        ("http", over_http),
+    ] {
+        let spec = json!({"transport": "stdio", "server": server, "lifecycle": "legacy",
+                          "list_tools": true, "calls": []});
+        let lines = drive(Driver::PyClient, &spec, &py, &node);
+        let listed = tools(&lines);
+        let schema = |n: &str| {
+            listed
+                .iter()
+                .find(|t| t["name"] == n)
+                .unwrap_or_else(|| panic!("{upstream}: {n} not listed: {listed:?}"))["inputSchema"]
+                .clone()
+        };
+        assert!(
+            schema("simulate-research-query")["properties"]
+                .get("operation_id")
+                .is_none(),
+            "{upstream}: a tool that requires tasks is not guarded"
+        );
+        assert!(
+            schema("toggle-simulated-logging")["properties"]
+                .get("operation_id")
+                .is_some(),
+            "{upstream}: the other tools are guarded as before"
+        );
+        // The start-up warning names the tool and the reason.
+        let args: Vec<String> = server["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect();
+        let mut proxy = toolledger()
+            .args(&args)
+            .envs(db.key_env())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = BufReader::new(proxy.stderr.take().unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let warning = stderr.lines().map_while(Result::ok).find(|l| {
+                l.contains("simulate-research-query") && l.contains("requires task execution")
+            });
+            let _ = tx.send(warning);
+        });
+        let warned = rx.recv_timeout(Duration::from_secs(60)).ok().flatten();
+        let _ = proxy.kill();
+        let _ = proxy.wait();
+        assert!(warned.is_some(), "{upstream}: no start-up warning");
+    }
+    let _ = http_upstream.kill();
+    let _ = http_upstream.wait();
+}
+
 on_both_backends!(
+    a_tool_that_requires_tasks_is_passed_through,
     the_inspector_lists_and_calls_through_the_proxy,
     server_everything_through_the_proxy,
     sdk_clients_replay_through_the_proxy,

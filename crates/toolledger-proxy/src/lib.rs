@@ -41,6 +41,7 @@
 pub mod config;
 pub mod effect;
 pub mod offline;
+pub mod tasks;
 pub mod tools;
 pub mod upstream;
 
@@ -150,7 +151,7 @@ impl Proxy {
         config: &ProxyConfig,
         hook: Option<PointHook>,
     ) -> Result<Proxy, BuildError> {
-        let listed = upstream.list_tools().await?;
+        let (listed, task_required) = upstream.list_tools().await?;
         check_against(&listed, config)?;
         let mut registry = Registry::new().allow_profile(ProviderProfile::mcp());
         let mut plan = Vec::new();
@@ -165,7 +166,12 @@ impl Proxy {
                 .as_ref()
                 .and_then(|a| a.read_only_hint)
                 .unwrap_or(false);
-            let policy = config.policy(&tool.name, read_only);
+            let mut policy = config.policy(&tool.name, read_only);
+            if policy.guarded && task_required.contains(tool.name.as_ref()) {
+                tracing::warn!(target: "toolledger::proxy", tool = %tool.name,
+                    "the upstream's tool requires task execution (execution.taskSupport = \"required\"), which the ledger's forward cannot do; it is passed through unguarded");
+                policy.guarded = false;
+            }
             if policy.guarded {
                 let proxied = Arc::new(ProxiedTool::new(&tool, policy));
                 let effect = Arc::new(UpstreamEffect::new(upstream.clone(), &proxied));

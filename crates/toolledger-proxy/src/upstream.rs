@@ -9,7 +9,7 @@
 //! and the child's stderr goes to the proxy's log, line by line (target
 //! `toolledger::upstream`).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,11 +25,13 @@ use rmcp::service::{
     PeerRequestOptions, QuitReason, RunningService, RunningServiceCancellationToken, ServiceError,
 };
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{ClientHandler, RoleClient, RoleServer};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
+
+use crate::tasks::{self, ChildTransport, TaskRequired};
 
 /// Where a forwarded call's progress notifications go, and what cancels it: the client's
 /// request, as the proxy received it.
@@ -315,6 +317,8 @@ pub struct Upstream {
     /// Set when the upstream answered `server/discover` only after the automatic lifecycle
     /// had fallen back to `initialize`: every later connection uses MCP 2026-07-28 alone.
     late_discover: AtomicBool,
+    /// Filled from a stdio child's own `tools/list` answers while [`Upstream::list_tools`] runs.
+    task_required: Arc<TaskRequired>,
 }
 
 /// Why a connection to the upstream was not made.
@@ -368,6 +372,7 @@ impl Upstream {
             me: me.clone(),
             backoff_ms: AtomicU64::new(1_000),
             late_discover: AtomicBool::new(false),
+            task_required: Arc::default(),
         })
     }
 
@@ -443,10 +448,14 @@ impl Upstream {
         match &self.spec {
             UpstreamSpec::Stdio { command, args } => {
                 let mut cmd = tokio::process::Command::new(command);
-                cmd.args(args);
-                let (transport, stderr) = TokioChildProcess::builder(cmd)
+                cmd.args(args)
+                    .stdin(std::process::Stdio::piped())
+                    .stdout(std::process::Stdio::piped())
                     .stderr(std::process::Stdio::piped())
-                    .spawn()
+                    .kill_on_drop(true);
+                let mut child = cmd.spawn().map_err(|e| failed(&e))?;
+                let stderr = child.stderr.take();
+                let transport = ChildTransport::new(child, self.task_required.clone())
                     .map_err(|e| failed(&e))?;
                 let pid = transport.id();
                 if let Some(stderr) = stderr {
@@ -580,10 +589,32 @@ impl Upstream {
         }
     }
 
-    /// The upstream's tools (every page).
-    pub async fn list_tools(&self) -> Result<Vec<Tool>, UpstreamError> {
+    /// The upstream's tools (every page), and the names of those whose
+    /// `execution.taskSupport` is `required` (read from the upstream's own answers: rmcp's
+    /// `Tool` does not keep `execution`). An HTTP upstream whose tools cannot be listed a second
+    /// time, on a session of the proxy's own, is taken to require tasks for none (logged).
+    pub async fn list_tools(&self) -> Result<(Vec<Tool>, BTreeSet<String>), UpstreamError> {
         let peer = self.peer().await?;
-        Ok(peer.list_all_tools().await?)
+        match &self.spec {
+            UpstreamSpec::Stdio { .. } => {
+                self.task_required.start();
+                let tools = peer.list_all_tools().await;
+                let required = self.task_required.finish();
+                Ok((tools?, required))
+            }
+            UpstreamSpec::Http { url, headers } => {
+                let tools = peer.list_all_tools().await?;
+                let required = match tasks::list_over_http(url, headers).await {
+                    Ok(required) => required,
+                    Err(e) => {
+                        tracing::warn!(target: "toolledger::proxy", error = %redact_urls(&e),
+                            "the upstream's tools could not be listed a second time to read their task support; none is taken to require tasks");
+                        BTreeSet::new()
+                    }
+                };
+                Ok((tools, required))
+            }
+        }
     }
 
     /// One `tools/call`, answered within `timeout` (after which the request is cancelled
