@@ -35,9 +35,17 @@ use std::process::ExitCode;
 use clap::Parser;
 use common::{Access, StoreArgs};
 
+/// `toolledger --version`: the package's version and the commit it was built from.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("TOOLLEDGER_BUILD_COMMIT"),
+    ")"
+);
+
 /// A durable ledger for side-effecting tool calls.
 #[derive(Parser, Debug)]
-#[command(name = "toolledger", version, about)]
+#[command(name = "toolledger", version = VERSION, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -100,6 +108,14 @@ enum Command {
     /// demo and benchmark run it as their upstream. Not a supported interface.
     #[command(hide = true)]
     UpstreamExample(upstream_example::UpstreamExampleArgs),
+    /// Print a shell completion script on stdout (`toolledger completions bash >
+    /// ~/.local/share/bash-completion/completions/toolledger`).
+    Completions {
+        /// The shell the script is for.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) on stdout (`toolledger manpage > toolledger.1`).
+    Manpage,
 }
 
 fn main() -> ExitCode {
@@ -214,5 +230,17 @@ fn run_command(cli: Cli, opened: &mut Option<StoreConfig>) -> Result<Outcome, Fa
             cmd_proxy::run(args, store)
         }
         Command::UpstreamExample(args) => upstream_example::run(args),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            let mut command = Cli::command();
+            clap_complete::generate(shell, &mut command, "toolledger", &mut std::io::stdout());
+            Ok(Outcome::Pass)
+        }
+        Command::Manpage => {
+            use clap::CommandFactory;
+            // Like println!: a closed stdout is the reader's choice, not an error to report.
+            let _ = clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout());
+            Ok(Outcome::Pass)
+        }
     }
 }

@@ -108,10 +108,51 @@ fn help_and_version_still_print_normally_and_exit_0() {
     }
     let r = run(&["--version"]);
     assert_eq!(r.code, 0);
-    assert_eq!(
-        r.stdout.trim(),
-        format!("toolledger {}", env!("CARGO_PKG_VERSION"))
+    // The version, then the commit the binary was built from (this checkout's, in tests).
+    let version = r.stdout.trim();
+    let commit = version
+        .strip_prefix(&format!(
+            "toolledger {} (commit ",
+            env!("CARGO_PKG_VERSION")
+        ))
+        .and_then(|rest| rest.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("--version: {version}"));
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    match head {
+        Some(head) => assert!(head.starts_with(commit) && commit.len() == 12, "{version}"),
+        None => eprintln!("SKIPPED: no git checkout; --version said {version}"),
+    }
+}
+
+#[test]
+fn completions_and_the_man_page_name_every_command() {
+    for shell in ["bash", "zsh", "fish"] {
+        let r = run(&["completions", shell]);
+        assert_eq!(r.code, 0, "{shell}: {}", r.stderr);
+        for command in ["proxy", "serve", "operations", "resolve"] {
+            assert!(
+                r.stdout.contains(command),
+                "{shell} completion lacks {command}"
+            );
+        }
+    }
+    let r = run(&["completions", "tcsh"]);
+    assert_eq!(r.code, 2, "an unknown shell is a usage error");
+    let r = run(&["manpage"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stdout.starts_with(".ie") || r.stdout.contains(".TH toolledger"),
+        "roff"
     );
+    for command in ["proxy", "serve", "operations", "resolve", "completions"] {
+        assert!(r.stdout.contains(command), "the man page lacks {command}");
+    }
 }
 
 #[test]
