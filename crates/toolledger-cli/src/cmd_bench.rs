@@ -56,6 +56,7 @@ mod pg;
 mod proxy;
 mod report;
 mod run;
+mod unread;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -124,6 +125,10 @@ pub enum Workload {
     /// The same against `toolledger serve --http` in its own process, whose memory is
     /// reported (not part of the default set).
     OverloadHttp,
+    /// A stdio client that writes `tools/list` for `--overload-seconds` and never reads the
+    /// answers, against `serve` and `proxy`; the server's memory is reported (not part of the
+    /// default set).
+    OverloadStdio,
 }
 
 impl Workload {
@@ -141,6 +146,7 @@ impl Workload {
             Workload::Proxy => "proxy",
             Workload::Overload => "overload",
             Workload::OverloadHttp => "overload-http",
+            Workload::OverloadStdio => "overload-stdio",
         }
     }
 }
@@ -194,7 +200,8 @@ pub struct BenchArgs {
     /// postgres`; created if missing, never dropped).
     #[arg(long, hide = true, value_name = "NAME")]
     pub ack_schema: Option<String>,
-    /// `overload`: how long calls arrive at the overload rate, in seconds.
+    /// `overload`: how long calls arrive at the overload rate, in seconds (`overload-stdio`:
+    /// how long the client writes without reading).
     #[arg(long, default_value_t = 10.0)]
     pub overload_seconds: f64,
     /// `overload`: the offered rate as a multiple of the store's measured capacity.
@@ -229,13 +236,14 @@ fn validate(args: &BenchArgs) -> Result<(), Failure> {
                     | Workload::OperationsList
                     | Workload::ConsoleList
                     | Workload::Proxy
+                    | Workload::OverloadStdio
             )
         })
     {
         return refuse(
             "WORKLOAD_UNAVAILABLE",
-            "mcp-stdio, mcp-http, outbox-drain, operations-list, console-list and proxy run on \
-             SQLite only",
+            "mcp-stdio, mcp-http, outbox-drain, operations-list, console-list, proxy and \
+             overload-stdio run on SQLite only",
         );
     }
     if postgres && args.sqlite_synchronous != SyncMode::Full {
@@ -376,6 +384,7 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                     | Workload::OperationsList
                     | Workload::ConsoleList
                     | Workload::Proxy
+                    | Workload::OverloadStdio
             )
         });
     }
@@ -389,6 +398,16 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
             Workload::Overload | Workload::OverloadHttp => &highest,
             _ => &concurrency,
         };
+        if workload == Workload::OverloadStdio {
+            seq += 1;
+            let db = dir
+                .path()
+                .join(format!("{seq:02}-{}.sqlite", workload.name()));
+            for r in unread::run(&db, args.overload_seconds, tune.synchronous).await? {
+                r.print();
+            }
+            continue;
+        }
         if matches!(workload, Workload::Overload | Workload::OverloadHttp) {
             seq += 1;
             let db = dir
@@ -422,7 +441,8 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                         | Workload::ConsoleList
                         | Workload::Proxy
                         | Workload::Overload
-                        | Workload::OverloadHttp => Vec::new(),
+                        | Workload::OverloadHttp
+                        | Workload::OverloadStdio => Vec::new(),
                     };
                     tokio::task::spawn_blocking(move || pg.drop_schema())
                         .await
@@ -455,7 +475,9 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                         console::run(db, c, args.ops, args.list_rows, tune).await?
                     }
                     Workload::Proxy => proxy::run(db, c, args.ops, tune.synchronous).await?,
-                    Workload::Overload | Workload::OverloadHttp => Vec::new(),
+                    Workload::Overload | Workload::OverloadHttp | Workload::OverloadStdio => {
+                        Vec::new()
+                    }
                 }
                 .into_iter()
                 .map(|mut r| {

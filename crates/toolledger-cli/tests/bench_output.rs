@@ -540,3 +540,47 @@ fn bad_options_are_refused_with_a_stable_code() {
         assert_eq!(err["error"]["code"], code, "{args:?}");
     }
 }
+
+/// `overload-stdio`: against `serve` and `proxy`, a client that never reads is soon blocked
+/// (the server stopped reading requests while its answers waited), and once it reads again
+/// every request it wrote is answered.
+#[test]
+fn a_client_that_never_reads_is_held_back_and_then_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = bench(&[
+        "--workload",
+        "overload-stdio",
+        "--overload-seconds",
+        "3",
+        "--db-dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let servers: Vec<&str> = lines
+        .iter()
+        .map(|v| v["server"].as_str().unwrap())
+        .collect();
+    assert_eq!(servers, ["serve", "proxy"], "{stdout}");
+    for v in &lines {
+        assert_eq!(v["workload"], "overload-stdio", "{v}");
+        let written = v["requests_written"].as_u64().unwrap();
+        assert!(written > 0, "{v}");
+        assert_eq!(v["writes_blocked_at_end"], true, "back-pressure: {v}");
+        assert_eq!(v["answered"], written, "{v}");
+        assert_eq!(v["lost"], 0, "{v}");
+        assert!(v["server_peak_rss_mb"].as_f64().unwrap() > 0.0, "{v}");
+        assert!(
+            !v["server_rss_mb_per_second"].as_array().unwrap().is_empty(),
+            "{v}"
+        );
+    }
+}

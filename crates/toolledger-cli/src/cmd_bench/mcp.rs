@@ -27,7 +27,7 @@ use super::report::{peak_rss_mb, Report};
 use super::run::{drive, Measured};
 
 pub(super) const BACKEND_ID: &str = "sqlite:bench-mcp";
-const PRINCIPAL: &str = "bench";
+pub(super) const PRINCIPAL: &str = "bench";
 
 type Pending = Arc<Mutex<HashMap<i64, oneshot::Sender<Value>>>>;
 
@@ -330,7 +330,7 @@ impl McpClient {
 
 /// `toolledger serve` on `db` (no transport flags yet). On PostgreSQL the server's keys come
 /// from the environment, fresh for each run.
-fn serve_command(db: &ServerDb) -> Result<tokio::process::Command, &'static str> {
+pub(super) fn serve_command(db: &ServerDb) -> Result<tokio::process::Command, &'static str> {
     let exe = std::env::current_exe().map_err(|_| "BENCH_SERVER_UNAVAILABLE")?;
     let mut command = tokio::process::Command::new(exe);
     command.arg("serve");
@@ -455,7 +455,7 @@ pub(super) fn process_cpu_of(pid: u32) -> Duration {
 
 /// Creates the database with the bench principal (scope `automation:write`); with `token`, the
 /// principal gets a bearer token, which is returned.
-async fn prepare_db(db: &Path, token: bool) -> Result<Option<String>, &'static str> {
+pub(super) async fn prepare_db(db: &Path, token: bool) -> Result<Option<String>, &'static str> {
     let store = crate::common::open_store(db, Some(BACKEND_ID.to_string()), false)
         .map_err(|e| e.cli_code())?;
     add_principal(store.into(), token).await

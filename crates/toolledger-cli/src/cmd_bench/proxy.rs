@@ -55,6 +55,18 @@ struct Files {
     config: PathBuf,
 }
 
+impl Files {
+    /// The ledger `ledger` and the other files beside it.
+    fn beside(ledger: &Path) -> Files {
+        Files {
+            direct_charges: ledger.with_extension("direct-charges.sqlite"),
+            charges: ledger.with_extension("charges.sqlite"),
+            ledger: ledger.to_path_buf(),
+            config: ledger.with_extension("proxy.toml"),
+        }
+    }
+}
+
 fn upstream_command(exe: &Path, charges: &Path, synchronous: Synchronous) -> Vec<String> {
     vec![
         exe.display().to_string(),
@@ -102,6 +114,18 @@ async fn prepare(files: &Files) -> Result<(), &'static str> {
         .await
         .map_err(|_| "BENCH_SETUP_FAILED")?;
     Ok(())
+}
+
+/// `toolledger proxy` in front of the example upstream, on a new ledger `ledger` (with the
+/// bench principal) and the configuration and charges files beside it.
+pub(super) async fn prepared(
+    ledger: &Path,
+    synchronous: Synchronous,
+) -> Result<tokio::process::Command, &'static str> {
+    let exe = std::env::current_exe().map_err(|_| "BENCH_SERVER_UNAVAILABLE")?;
+    let files = Files::beside(ledger);
+    prepare(&files).await?;
+    Ok(proxied(&exe, &files, synchronous))
 }
 
 /// What a call is expected to answer.
@@ -207,12 +231,7 @@ pub async fn run(
     synchronous: Synchronous,
 ) -> Result<Vec<Report>, &'static str> {
     let exe = std::env::current_exe().map_err(|_| "BENCH_SERVER_UNAVAILABLE")?;
-    let files = Files {
-        direct_charges: db.with_extension("direct-charges.sqlite"),
-        charges: db.with_extension("charges.sqlite"),
-        ledger: db.clone(),
-        config: db.with_extension("proxy.toml"),
-    };
+    let files = Files::beside(&db);
     prepare(&files).await?;
 
     let client = McpClient::over_stdio(direct(&exe, &files.direct_charges, synchronous))?;
