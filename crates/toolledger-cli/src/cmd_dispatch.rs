@@ -32,8 +32,8 @@ use toolledger::{Error, OperationState};
 use toolledger_cli::common::{self, RuntimeStoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
 use toolledger_cli::fixture::{self, Fixture, Setup};
+use toolledger_reference::downstream::SqliteDownstream;
 use toolledger_reference::refunds;
-use toolledger_testkit::downstream::SqliteDownstream;
 
 /// Environment variable naming a crash point at which the process stops and waits to be killed
 /// (a testing aid for real SIGKILL tests): it prints `{"held_at":POINT}` on stderr first.

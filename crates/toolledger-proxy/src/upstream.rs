@@ -363,6 +363,11 @@ fn client_config() -> ClientConfig {
 impl Upstream {
     /// An upstream at `spec`, not yet connected.
     pub fn new(spec: UpstreamSpec, lifecycle: Lifecycle) -> Arc<Self> {
+        if matches!(spec, UpstreamSpec::Http { .. }) {
+            // reqwest is built without a crypto provider of its own: ring, as everywhere else.
+            // An error means one is installed already.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
         Arc::new_cyclic(|me| Upstream {
             spec,
             lifecycle,

@@ -1,12 +1,15 @@
 //! toolledger-reference: the reference tool domains that `toolledger serve`, the demos and the
 //! benchmarks use.
 //!
-//! This crate is built only on the public APIs of `toolledger` and `toolledger-mcp` (plus the
-//! payments service stand-in of `toolledger-testkit`), exactly as a user's own server would be:
-//! nothing here reaches into a private module of the library or of the binary.
+//! This crate is built only on the public APIs of `toolledger` and `toolledger-mcp`, exactly as
+//! a user's own server would be: nothing here reaches into a private module of the library or
+//! of the binary.
 //!
 //! - [`automations`]: `create_automation` and `set_interval`, request-id receipts on the
 //!   inline engine.
+//! - [`downstream`]: the payments service stand-in `refund_order` delivers to (receipts in a
+//!   SQLite file of its own, committed apart from the ledger), which `toolledger dispatch` and
+//!   `toolledger worker` drive.
 //! - [`issues`]: `create_issue`, a multi-round tool (`input_required`, or elicitation under the
 //!   initialize lifecycle) with a compensated second step.
 //! - [`drafts`]: `create_draft`, an inline effect that needs a human approval.
@@ -21,6 +24,7 @@
 use toolledger::store::Migration;
 
 pub mod automations;
+pub mod downstream;
 pub mod drafts;
 pub mod issues;
 pub mod refunds;

@@ -19,6 +19,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::downstream::SqliteDownstream;
 use serde_json::{json, Map, Value};
 use toolledger::approval::ApprovalTarget;
 use toolledger::clock::SharedClock;
@@ -32,7 +33,6 @@ use toolledger::store::Migration;
 use toolledger::store::Store;
 use toolledger::{Error, ErrorCode, Principal, Scope, ToolContract};
 use toolledger_mcp::DeferredArguments;
-use toolledger_testkit::downstream::SqliteDownstream;
 
 /// Migration namespace of this domain.
 pub const NAMESPACE: &str = "reference.refunds";

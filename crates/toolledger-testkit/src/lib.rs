@@ -26,7 +26,8 @@
 pub mod calls;
 pub mod conformance;
 pub mod db;
-pub mod downstream;
+/// The payments service stand-in, which the reference domain ships (re-exported for tests).
+pub use toolledger_reference::downstream;
 pub mod history;
 pub mod kill;
 pub mod stdio;
