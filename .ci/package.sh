@@ -112,6 +112,9 @@ rm -rf "$check/src" && mkdir -p "$check/src"
   while read -r name version; do
     echo "$name = { path = \"src/$name-$version\" }"
   done <<<"$members"
+  # The workspace's own profiles, so that the dependencies' check artifacts in target/ (left
+  # by clippy in CI) are the ones this check needs.
+  sed -n '/^\[profile\./,$p' Cargo.toml
 } >"$check/Cargo.toml"
 while read -r name version; do
   # -m: the files get the time of extraction, not the fixed time cargo writes into every
@@ -121,7 +124,9 @@ done <<<"$members"
 cp Cargo.lock "$check/Cargo.lock"
 # Not --locked: a dev-dependency left out of a published manifest drops its edge from the lock
 # file. Every package's version must stay as it is, which is checked below.
-CARGO_TARGET_DIR="$check/target" cargo check --workspace --manifest-path "$check/Cargo.toml"
+# The repository's target/ is shared: the unpacked members are other packages (other paths)
+# than the workspace's, and the third-party crates they share are not checked twice.
+CARGO_TARGET_DIR="$PWD/target" cargo check --workspace --manifest-path "$check/Cargo.toml"
 python3 - Cargo.lock "$check/Cargo.lock" <<'EOF'
 import sys, tomllib
 def versions(path):
