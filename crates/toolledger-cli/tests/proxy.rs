@@ -988,11 +988,7 @@ fn http_upstream(w: &World, port: u16) -> std::process::Child {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let until = Instant::now() + Duration::from_secs(60);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < until, "the HTTP upstream never listened");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    support::clients::wait_listening(port, "the HTTP upstream");
     child
 }
 

@@ -13,7 +13,7 @@ mod support;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::clients::{node, proxy_fixture, python, server_everything, ts_client};
@@ -318,11 +318,7 @@ fn an_http_upstream(db: Db) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let until = Instant::now() + Duration::from_secs(60);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < until, "the HTTP upstream never listened");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    support::clients::wait_listening(port, "the HTTP upstream");
     let url = format!("http://127.0.0.1:{port}/mcp");
     let config = dir.path().join("proxy.toml");
     std::fs::write(
@@ -561,11 +557,7 @@ fn a_tool_that_requires_tasks_is_passed_through(db: Db) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let until = Instant::now() + Duration::from_secs(60);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < until, "server-everything never listened");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    support::clients::wait_listening(port, "server-everything");
     let url = format!("http://127.0.0.1:{port}/mcp");
     let stdio = vec![
         node.display().to_string(),

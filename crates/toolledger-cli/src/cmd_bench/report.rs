@@ -142,13 +142,15 @@ impl Report {
 
     /// Prints the line on stdout.
     pub fn print(&self) {
-        match serde_json::to_string(self) {
-            Ok(line) => println!("{line}"),
-            Err(_) => println!(
-                "{{\"workload\":\"{}\",\"error\":\"unprintable\"}}",
-                self.workload
-            ),
-        }
+        print_line(self, &self.workload);
+    }
+}
+
+/// Prints one report line of `workload` on stdout (a placeholder line if it cannot be encoded).
+pub fn print_line(line: &impl serde::Serialize, workload: &str) {
+    match serde_json::to_string(line) {
+        Ok(line) => println!("{line}"),
+        Err(_) => println!("{{\"workload\":\"{workload}\",\"error\":\"unprintable\"}}"),
     }
 }
 

@@ -26,7 +26,7 @@ use toolledger::store::sqlite::Synchronous;
 
 use super::mcp::{self, ServerDb};
 use super::proxy;
-use super::report::{peak_rss_mb, reset_peak_rss_of, rss_mb};
+use super::report::{peak_rss_mb, print_line, reset_peak_rss_of, rss_mb};
 
 /// How long the client waits for the answers it did not read, once it reads again.
 const DRAIN_LIMIT: Duration = Duration::from_secs(120);
@@ -59,13 +59,7 @@ pub struct UnreadReport {
 impl UnreadReport {
     /// Prints the line on stdout.
     pub fn print(&self) {
-        match serde_json::to_string(self) {
-            Ok(line) => println!("{line}"),
-            Err(_) => println!(
-                "{{\"workload\":\"{}\",\"error\":\"unprintable\"}}",
-                self.workload
-            ),
-        }
+        print_line(self, self.workload);
     }
 }
 

@@ -90,3 +90,13 @@ pub fn driver_result(lines: &[serde_json::Value], i: usize) -> serde_json::Value
         .and_then(|l| l.get("result").cloned())
         .unwrap_or_else(|| panic!("call {i} has no result: {lines:?}"))
 }
+
+/// Waits until something listens on `127.0.0.1:port` (an upstream just spawned); panics
+/// naming `what` after a minute.
+pub fn wait_listening(port: u16, what: &str) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < until, "{what} never listened");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
