@@ -7,7 +7,7 @@
 #   target/dist/toolledger-cli-linux-x64-<version>.tgz         npm `@toolledger/cli-linux-x64`
 #
 # Steps (each one timed; the table is printed at the end and kept in target/dist/timings.txt):
-#   release build   cargo build --release -p toolledger-cli: nothing to do when CI built it
+#   release build   cargo build --release -p toolledger-cli --no-default-features (no bench harness)
 #                   already; otherwise this is the run's one release compile
 #   share           the man page and the bash/zsh/fish completions, from the built binary
 #   maturin         maturin from PyPI, in its own venv under target/dist-tools/
@@ -115,10 +115,16 @@ CLEAN_PATH=$(clean_path)
 
 # ---------------------------------------------------------------------------------------------
 begin "release build"
-cargo build --release -p toolledger-cli --locked
+cargo build --release -p toolledger-cli --no-default-features --locked
 [ -x "$BIN" ] || die "$BIN was not built"
 bin_sha=$(sha "$BIN")
 "$BIN" --version
+# The packaged binary carries no bench harness: the command is known and says how to get it.
+bench_rc=0
+bench_err=$("$BIN" bench --ops 1 2>&1 >/dev/null) || bench_rc=$?
+[ "$bench_rc" = 2 ] && grep -q '"code":"BENCH_NOT_BUILT"' <<<"$bench_err" \
+  || die "the packaged binary should refuse bench with BENCH_NOT_BUILT (exit $bench_rc: $bench_err)"
+echo "bench harness left out: $bench_err"
 end
 
 # ---------------------------------------------------------------------------------------------
@@ -194,7 +200,7 @@ else
   echo "maturin reused the release build: target/release/toolledger unchanged (sha256 $bin_sha)"
 fi
 # And the other way round: cargo finds maturin's build fresh, so the two are one build.
-cargo build --release -p toolledger-cli --locked -v >"$DIST/cargo-after-maturin.log" 2>&1 \
+cargo build --release -p toolledger-cli --no-default-features --locked -v >"$DIST/cargo-after-maturin.log" 2>&1 \
   || { tail -n 40 "$DIST/cargo-after-maturin.log" >&2; die "cargo build failed after maturin"; }
 if grep -E '^ *(Dirty|Compiling) toolledger' "$DIST/cargo-after-maturin.log"; then
   die "cargo build --release compiles again after maturin's build: the two builds' flags differ (see [tool.maturin] in pyproject.toml)"

@@ -17,6 +17,8 @@ use toolledger::store::postgres::{PgOptions, PgStore};
 use toolledger::store::sqlite::{OpenOptions, SqliteStore, Synchronous};
 use toolledger::store::{Store, StoreError};
 
+use toolledger_reference::ledger::open_sqlite;
+
 use crate::exit::Failure;
 
 /// The ledger flags of every command that opens the ledger.
@@ -78,24 +80,7 @@ impl RuntimeStoreArgs {
     }
 }
 
-/// `--sqlite-synchronous` values.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum SyncMode {
-    /// `synchronous=FULL`: every commit is flushed to the disk.
-    #[default]
-    Full,
-    /// `synchronous=NORMAL`: commits are flushed at checkpoints only.
-    Normal,
-}
-
-impl From<SyncMode> for Synchronous {
-    fn from(m: SyncMode) -> Self {
-        match m {
-            SyncMode::Full => Synchronous::Full,
-            SyncMode::Normal => Synchronous::Normal,
-        }
-    }
-}
+pub use toolledger_reference::ledger::SyncMode;
 
 /// The environment variable that names the SQLite ledger when `--db` is not given.
 pub const DB_ENV: &str = "TOOLLEDGER_DB";
@@ -368,31 +353,11 @@ pub fn open_store(
     open_sqlite(db, backend_id, migrate, Synchronous::Full)
 }
 
-fn open_sqlite(
-    db: &Path,
-    backend_id: Option<String>,
-    migrate: bool,
-    synchronous: Synchronous,
-) -> Result<SqliteStore, StoreError> {
-    let mut opts = match backend_id {
-        Some(id) => OpenOptions::new(id),
-        None => OpenOptions::any_backend(),
-    };
-    opts = opts
-        .with_migrations(toolledger_reference::MIGRATIONS)
-        .allow_migrate(migrate)
-        .with_synchronous(synchronous);
-    SqliteStore::open(db, opts)
-}
-
 /// `bytes` random bytes from the operating system, in hex (names of test schemas and runs,
 /// throwaway keys); `None` when no randomness could be read.
 pub fn random_hex(bytes: usize) -> Option<String> {
-    use std::io::Read;
     let mut b = vec![0u8; bytes];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .ok()?;
+    getrandom::fill(&mut b).ok()?;
     Some(hex::encode(b))
 }
 

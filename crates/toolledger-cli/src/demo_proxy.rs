@@ -92,7 +92,7 @@ fn wait_for_charges(path: &Path, n: i64) -> Result<(), &'static str> {
 fn upstream_of(proxy: u32) -> Result<i32, &'static str> {
     let until = Instant::now() + STEP;
     loop {
-        if let Some(pid) = crate::upstream_example::child_of(proxy) {
+        if let Some(pid) = toolledger_proxy::upstream_pid(proxy) {
             return Ok(pid as i32);
         }
         if Instant::now() > until {

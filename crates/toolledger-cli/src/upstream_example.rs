@@ -286,19 +286,3 @@ pub fn run(args: UpstreamExampleArgs) -> Result<Outcome, Failure> {
     runtime.shutdown_background();
     Ok(Outcome::Pass)
 }
-
-/// The pid of a child process of `parent` (the upstream a proxy started), from `/proc`.
-pub fn child_of(parent: u32) -> Option<u32> {
-    std::fs::read_dir("/proc").ok()?.find_map(|entry| {
-        let pid = entry.ok()?.file_name().to_str()?.parse::<u32>().ok()?;
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // After the parenthesised command name come the state, then the parent's pid.
-        let i = stat.rfind(')')?;
-        let ppid = stat[i + 1..]
-            .split_whitespace()
-            .nth(1)?
-            .parse::<u32>()
-            .ok()?;
-        (ppid == parent).then_some(pid)
-    })
-}

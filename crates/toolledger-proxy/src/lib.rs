@@ -229,3 +229,21 @@ impl Proxy {
         Ok(out)
     }
 }
+
+/// The pid of the stdio upstream a `toolledger proxy` process started: its child, read from
+/// `/proc` (Linux; `None` elsewhere, and until the child exists). What a script, a demo or a
+/// benchmark needs to watch or stop the upstream behind a running proxy.
+pub fn upstream_pid(proxy_pid: u32) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.find_map(|entry| {
+        let pid = entry.ok()?.file_name().to_str()?.parse::<u32>().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // After the parenthesised command name come the state, then the parent's pid.
+        let i = stat.rfind(')')?;
+        let ppid = stat[i + 1..]
+            .split_whitespace()
+            .nth(1)?
+            .parse::<u32>()
+            .ok()?;
+        (ppid == proxy_pid).then_some(pid)
+    })
+}

@@ -10,6 +10,7 @@
 //! - [`downstream`]: the payments service stand-in `refund_order` delivers to (receipts in a
 //!   SQLite file of its own, committed apart from the ledger), which `toolledger dispatch` and
 //!   `toolledger worker` drive.
+//! - [`ledger`]: opening a SQLite ledger with the reference tables.
 //! - [`issues`]: `create_issue`, a multi-round tool (`input_required`, or elicitation under the
 //!   initialize lifecycle) with a compensated second step.
 //! - [`drafts`]: `create_draft`, an inline effect that needs a human approval.
@@ -27,6 +28,7 @@ pub mod automations;
 pub mod downstream;
 pub mod drafts;
 pub mod issues;
+pub mod ledger;
 pub mod refunds;
 pub mod tools;
 

@@ -107,8 +107,13 @@ fn proxied(exe: &Path, files: &Files, synchronous: Synchronous) -> tokio::proces
 /// Creates the ledger with the bench principal and writes the proxy's configuration.
 async fn prepare(files: &Files) -> Result<(), &'static str> {
     std::fs::write(&files.config, CONFIG).map_err(|_| "BENCH_SETUP_FAILED")?;
-    let store = crate::common::open_store(&files.ledger, Some(BACKEND_ID.to_string()), false)
-        .map_err(|e| e.cli_code())?;
+    let store = toolledger_reference::ledger::open_sqlite(
+        &files.ledger,
+        Some(BACKEND_ID.to_string()),
+        false,
+        Synchronous::Full,
+    )
+    .map_err(|e| e.cli_code())?;
     toolledger::authz::PrincipalStore::new(store)
         .add(PRINCIPAL, "bench", &[], &[], false)
         .await
@@ -159,7 +164,7 @@ fn as_expected(reply: &Value, expect: Expect) -> bool {
 /// The upstream a line's calls end at: the server itself, or the proxy's child.
 fn upstream_pid(client: &McpClient, through_proxy: bool) -> Option<u32> {
     if through_proxy {
-        crate::upstream_example::child_of(client.pid())
+        toolledger_proxy::upstream_pid(client.pid())
     } else {
         Some(client.pid())
     }

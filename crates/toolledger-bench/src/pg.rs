@@ -49,7 +49,7 @@ impl BenchSchema {
         backend_id: &str,
         migrations: &'static [Migration],
     ) -> Result<BenchSchema, &'static str> {
-        let suffix = crate::common::random_hex(8).ok_or("DATABASE_IO_ERROR")?;
+        let suffix = crate::random_hex(8).ok_or("DATABASE_IO_ERROR")?;
         let mut opts = PgOptions::new(backend_id)
             .with_migrations(migrations)
             .in_schema(format!("tl_bench_{suffix}"));

@@ -491,10 +491,14 @@ impl HttpServer {
         raise_open_files_limit();
         let (server_db, store, pg) = match url {
             None => {
-                let store: Store =
-                    crate::common::open_store(db, Some(super::mcp::BACKEND_ID.to_string()), false)
-                        .map_err(|e| e.cli_code())?
-                        .into();
+                let store: Store = toolledger_reference::ledger::open_sqlite(
+                    db,
+                    Some(super::mcp::BACKEND_ID.to_string()),
+                    false,
+                    toolledger::store::sqlite::Synchronous::Full,
+                )
+                .map_err(|e| e.cli_code())?
+                .into();
                 let server_db = super::mcp::ServerDb::Sqlite {
                     path: db.to_path_buf(),
                     synchronous,

@@ -363,7 +363,7 @@ pub(super) fn serve_command(db: &ServerDb) -> Result<tokio::process::Command, &'
 
 /// A fresh 32-byte key in hex.
 fn key_hex() -> Result<String, &'static str> {
-    crate::common::random_hex(32).ok_or("BENCH_SETUP_FAILED")
+    crate::random_hex(32).ok_or("BENCH_SETUP_FAILED")
 }
 
 /// Reads the address `serve --http` announces on stderr and opens `connections` keep-alive
@@ -456,8 +456,13 @@ pub(super) fn process_cpu_of(pid: u32) -> Duration {
 /// Creates the database with the bench principal (scope `automation:write`); with `token`, the
 /// principal gets a bearer token, which is returned.
 pub(super) async fn prepare_db(db: &Path, token: bool) -> Result<Option<String>, &'static str> {
-    let store = crate::common::open_store(db, Some(BACKEND_ID.to_string()), false)
-        .map_err(|e| e.cli_code())?;
+    let store = toolledger_reference::ledger::open_sqlite(
+        db,
+        Some(BACKEND_ID.to_string()),
+        false,
+        Synchronous::Full,
+    )
+    .map_err(|e| e.cli_code())?;
     add_principal(store.into(), token).await
 }
 

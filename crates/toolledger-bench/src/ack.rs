@@ -13,7 +13,7 @@ use toolledger::store::postgres::{PgOptions, PgStore};
 
 use super::pg::BENCH_PG_MIGRATIONS;
 use super::{bench_engine, fresh_op, key_of, Tuning};
-use crate::exit::{Failure, Outcome};
+use crate::Failure;
 
 /// Runs `ops` fresh operations with `concurrency` callers against the SQLite file `path`,
 /// under the keys `ack-<run>-00000000`, … with `<run>` random per process, so every run on
@@ -23,7 +23,7 @@ pub async fn run(
     concurrency: usize,
     ops: usize,
     tuning: Tuning,
-) -> Result<Outcome, Failure> {
+) -> Result<(), Failure> {
     let run = run_id().map_err(Failure::code)?;
     let engine = bench_engine(&path, tuning).map_err(Failure::code)?;
     stream(engine, format!("ack-{run}"), concurrency, ops).await
@@ -38,7 +38,7 @@ pub async fn run_pg(
     schema: &str,
     concurrency: usize,
     ops: usize,
-) -> Result<Outcome, Failure> {
+) -> Result<(), Failure> {
     let run = run_id().map_err(Failure::code)?;
     let mut opts = PgOptions::new("postgres:bench")
         .with_migrations(BENCH_PG_MIGRATIONS)
@@ -52,7 +52,7 @@ pub async fn run_pg(
 
 /// Eight random hex digits naming one run's keys.
 fn run_id() -> Result<String, &'static str> {
-    crate::common::random_hex(4).ok_or("DATABASE_IO_ERROR")
+    crate::random_hex(4).ok_or("DATABASE_IO_ERROR")
 }
 
 /// The stream itself: operation `i` runs under `<prefix>-<i>` and its key is printed (and
@@ -62,7 +62,7 @@ async fn stream(
     prefix: String,
     concurrency: usize,
     ops: usize,
-) -> Result<Outcome, Failure> {
+) -> Result<(), Failure> {
     let prefix = Arc::new(prefix);
     let measured = super::run::drive("ack", concurrency, ops, move |i| {
         let engine = engine.clone();
@@ -81,5 +81,5 @@ async fn stream(
     if measured.failed > 0 {
         return Err(Failure::code("BENCH_FAILED"));
     }
-    Ok(Outcome::Pass)
+    Ok(())
 }
