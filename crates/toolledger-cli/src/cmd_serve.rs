@@ -22,21 +22,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::ServiceExt;
 use toolledger::authz::PrincipalStore;
 use toolledger::clock::{ManualClock, SharedClock, SystemClock};
 use toolledger::engine::Engine;
 use toolledger::store::Store;
+pub(crate) use toolledger_mcp::front::health_routes;
+use toolledger_mcp::front::HttpFront;
 use toolledger_mcp::keys::KeyError;
-use toolledger_mcp::wire::http::{
-    self as wire_http, bind_sessions, end_session, guard_host_and_origin, limit_in_flight,
-    limit_per_principal, strict_body, AllowedHosts, BodyTimeout, ConnectionLimits, InFlight,
-    PerPrincipal, SessionOwners,
-};
-use toolledger_mcp::wire::MAX_MESSAGE_BYTES;
-use toolledger_mcp::{bearer_auth, CallerSource, Guard, GuardConfig, KeyMaterial, LedgerServer};
+use toolledger_mcp::wire::http::{self as wire_http, AllowedHosts, ConnectionLimits};
+use toolledger_mcp::{CallerSource, Guard, GuardConfig, KeyMaterial, LedgerServer};
 
 use crate::common::{RuntimeStoreArgs, StoreConfig};
 use crate::exit::{Failure, Outcome};
@@ -263,26 +258,11 @@ impl ListenerArgs {
 /// `--max-connections` by default.
 pub const DEFAULT_MAX_CONNECTIONS: u32 = wire_http::DEFAULT_MAX_CONNECTIONS as u32;
 
-/// `--max-in-flight` by default: as many requests as the store's queues hold jobs, so a
-/// server past its capacity refuses at its door before its queues refuse inside it.
-pub const DEFAULT_MAX_IN_FLIGHT: u32 = 1024;
-
-/// What [`HttpFrontArgs`] resolve to.
-#[derive(Clone, Debug)]
-pub(crate) struct HttpFront {
-    /// The hosts the server answers for.
-    pub hosts: AllowedHosts,
-    /// Requests handled at once.
-    pub max_in_flight: usize,
-    /// Requests of one principal handled at once.
-    pub max_in_flight_per_principal: usize,
-    /// How long a request body may take.
-    pub body_timeout: Duration,
-    /// The listener's limits.
-    pub limits: ConnectionLimits,
-}
+/// `--max-in-flight` by default.
+pub const DEFAULT_MAX_IN_FLIGHT: u32 = toolledger_mcp::front::DEFAULT_MAX_IN_FLIGHT as u32;
 
 impl HttpFrontArgs {
+    /// The library's front with these flags' settings.
     pub(crate) fn resolve(&self) -> Result<HttpFront, Failure> {
         Ok(HttpFront {
             hosts: self.hosts.resolve()?,
@@ -416,101 +396,20 @@ pub(crate) async fn serve_http(
     clock: SharedClock,
     console: Option<axum::Router>,
 ) -> Result<(), Failure> {
-    let HttpFront {
-        hosts,
-        max_in_flight,
-        max_in_flight_per_principal,
-        body_timeout,
-        limits,
-    } = front;
     let server = LedgerServer::new(name, tools, principals.clone(), CallerSource::BearerToken);
-    let metrics_hosts = hosts.clone();
-    // rmcp checks the Host header against the same list (after ours, which runs first and
-    // also judges Origin), and reads at most the wire entry's largest message.
-    let config = StreamableHttpServerConfig::default()
-        .with_json_response(true)
-        .with_sse_keep_alive(None)
-        .with_allowed_hosts(hosts.entries())
-        .with_max_request_body_bytes(MAX_MESSAGE_BYTES);
-    let sessions = Arc::new(LocalSessionManager::default());
-    let service = StreamableHttpService::new(move || Ok(server.clone()), sessions.clone(), config);
     let store = principals.store().clone();
-    // Around `/mcp`, outermost first: the in-flight limit (503), Host and Origin (403), the
-    // bearer token (401), the principal's share of the in-flight limit (503), the strict body
-    // within its deadline (400/408/413), a legacy session's owner (404 for another
-    // principal), the end of a legacy session (204/404).
-    // The health endpoints and `/metrics` are outside all of them.
-    let app = axum::Router::new()
-        .nest_service("/mcp", service)
-        .layer(axum::middleware::from_fn_with_state(
-            sessions.clone(),
-            end_session::<LocalSessionManager>,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::new(SessionOwners::new(sessions)),
-            bind_sessions::<LocalSessionManager>,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            BodyTimeout(body_timeout),
-            strict_body,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::new(PerPrincipal::new(max_in_flight_per_principal)),
-            limit_per_principal,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::new(principals),
-            bearer_auth,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::new(hosts),
-            guard_host_and_origin,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::new(InFlight::new(max_in_flight)),
-            limit_in_flight,
-        ))
+    // `/mcp` inside the library's front; the health endpoints and `/metrics` are outside it.
+    let app = front
+        .router(server, principals)
         .merge(health_routes(store.clone()))
-        .merge(metrics_routes(store, clock, metrics_hosts));
+        .merge(metrics_routes(store, clock, front.hosts.clone()));
     // The console's pages carry their own Host/Origin guard and sessions; the bearer layer
     // of `/mcp` is not theirs.
     let app = match console {
         Some(pages) => app.merge(pages),
         None => app,
     };
-    listen(addr, "/mcp", app, limits).await
-}
-
-/// `GET /healthz` (liveness: the process serves requests) and `GET /readyz` (readiness: the
-/// ledger's store answers a read), both outside the bearer layer and without any detail a
-/// stranger could use beyond the backend id.
-pub(crate) fn health_routes(store: Store) -> axum::Router {
-    use axum::http::StatusCode;
-    use axum::routing::get;
-    axum::Router::new()
-        .route(
-            "/healthz",
-            get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
-        )
-        .route(
-            "/readyz",
-            get(move || {
-                let store = store.clone();
-                async move {
-                    let answered = store.read(|tx| tx.query("SELECT 1", &[]).map(|_| ())).await;
-                    match answered {
-                        Ok(()) => (
-                            StatusCode::OK,
-                            axum::Json(serde_json::json!({"status": "ready"})),
-                        ),
-                        Err(_) => (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            axum::Json(serde_json::json!({"status": "unavailable"})),
-                        ),
-                    }
-                }
-            }),
-        )
+    listen(addr, "/mcp", app, front.limits).await
 }
 
 /// Resolves on SIGTERM or SIGINT: the server then stops accepting connections, finishes the

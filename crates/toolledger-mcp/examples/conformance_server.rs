@@ -37,14 +37,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use rand::RngCore;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::{schema_for_output, RequestState};
 use rmcp::handler::server::wrapper::{Json, Parameters};
 use rmcp::model::{CallToolResponse, ClientCapabilities, InputRequest};
 use rmcp::service::RequestContext;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{schemars, tool, tool_handler, tool_router, RoleServer, ServerHandler};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -52,10 +49,9 @@ use toolledger::effect::{EffectTx, RowExt};
 use toolledger::engine::InlineEffect;
 use toolledger::model::{Error, ErrorCode, Principal, ToolContract};
 use toolledger::store::Migration;
+use toolledger_mcp::front::{health_routes, HttpFront};
 use toolledger_mcp::guard::outcome_json;
-use toolledger_mcp::{
-    bearer_auth, status_router, Guarded, GuardedRequest, LedgerGuard, Receipt, Refusal,
-};
+use toolledger_mcp::{status_router, Guarded, GuardedRequest, LedgerGuard, Receipt, Refusal};
 
 /// The application's own table: one row per committed operation, with what it answered.
 pub const FIXTURE_EFFECTS: Migration = Migration {
@@ -77,7 +73,7 @@ pub const PRINCIPAL: &str = "conformance";
 /// A fresh server-minted operation id.
 fn mint() -> String {
     let mut bytes = [0u8; 16];
-    rand::rng().fill_bytes(&mut bytes);
+    getrandom::fill(&mut bytes).expect("the operating system's random source");
     format!("op-{}", hex::encode(bytes))
 }
 
@@ -584,7 +580,8 @@ impl Fixtures {
 impl ServerHandler for Fixtures {}
 
 /// Opens the ledger at `database` (a SQLite file or a `postgres://` URL) and builds the HTTP
-/// application: `/mcp` (streamable HTTP, both lifecycles) behind the bearer layer.
+/// application: `/mcp` (streamable HTTP, both lifecycles) inside the library's front (Host and
+/// Origin, bearer tokens, the strict body, limits), and the health routes.
 pub async fn open(
     database: &str,
 ) -> Result<(LedgerGuard, axum::Router), Box<dyn std::error::Error>> {
@@ -595,18 +592,10 @@ pub async fn open(
         .open()?;
     let tool_router = ledger.router(Fixtures::tool_router() + status_router())?;
     let server = Fixtures { tool_router };
-    let config = StreamableHttpServerConfig::default()
-        .with_json_response(true)
-        .with_sse_keep_alive(None);
-    let service = StreamableHttpService::new(
-        move || Ok(server.clone()),
-        Arc::new(LocalSessionManager::default()),
-        config,
-    );
-    let principals = Arc::new(ledger.principals().clone());
-    let app = axum::Router::new().nest_service("/mcp", service).layer(
-        axum::middleware::from_fn_with_state(principals, bearer_auth),
-    );
+    let principals = ledger.principals().clone();
+    let app = HttpFront::default()
+        .router(server, principals.clone())
+        .merge(health_routes(principals.store().clone()));
     Ok((ledger, app))
 }
 
@@ -630,6 +619,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     let url = format!("http://{}/mcp", listener.local_addr()?);
     eprintln!("{}", json!({"listening": url, "token": token}));
-    axum::serve(listener, app).await?;
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    HttpFront::default().serve(listener, app, shutdown).await?;
     Ok(())
 }

@@ -110,7 +110,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let given = std::env::args().skip(1).find(|a| a != "serve");
     let database = given.or(std::env::var("TOOLLEDGER_DATABASE_URL").ok());
     let (_ledger, notes) = open(&database.unwrap_or(temporary)).await?;
-    let running = notes.serve(rmcp::transport::stdio()).await?;
+    // The strict stdio transport: every line checked before rmcp reads it, every refused one
+    // answered, and at most so many requests unanswered.
+    let running = notes.serve(toolledger_mcp::wire::stdio::stdio()).await?;
     running.waiting().await?;
     Ok(())
 }

@@ -5,11 +5,16 @@
 //! answered `401 Unauthorized` and never dispatched. Known tokens are looked up by hash only
 //! (the store keeps SHA-256 hex, never the token).
 
+#[cfg(feature = "http")]
 use std::sync::Arc;
 
+#[cfg(feature = "http")]
 use axum::extract::{Request, State};
+#[cfg(feature = "http")]
 use axum::http::{header, StatusCode};
+#[cfg(feature = "http")]
 use axum::middleware::Next;
+#[cfg(feature = "http")]
 use axum::response::{IntoResponse, Response};
 use rmcp::service::RequestContext;
 use rmcp::RoleServer;
@@ -88,8 +93,9 @@ impl CallerSource {
     }
 }
 
-/// Axum middleware: `Authorization: Bearer <token>` → [`AuthenticatedName`] in the request's
+/// Axum middleware (feature `http`): `Authorization: Bearer <token>` → [`AuthenticatedName`] in the request's
 /// extensions, or `401` before anything else runs.
+#[cfg(feature = "http")]
 pub async fn bearer_auth(
     State(principals): State<Arc<PrincipalStore>>,
     mut request: Request,

@@ -15,7 +15,6 @@
 
 use std::sync::Arc;
 
-use rand::RngCore;
 use rmcp::model::{InputRequest, InputRequests, InputRequiredResult};
 use serde_json::{json, Map, Value};
 use toolledger::clock::SharedClock;
@@ -255,7 +254,7 @@ impl Guard {
     ) -> Result<InputRequiredResult, Error> {
         let now = self.clock().now();
         let mut nonce = [0u8; 16];
-        rand::rng().fill_bytes(&mut nonce);
+        getrandom::fill(&mut nonce).map_err(|_| Error::unavailable("no randomness"))?;
         let binding = StateBinding {
             tenant: request.caller.principal.tenant.clone(),
             subject: request.caller.principal.subject.clone(),

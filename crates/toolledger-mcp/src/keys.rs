@@ -20,7 +20,6 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use toolledger::effect::EffectTx;
@@ -191,7 +190,7 @@ pub fn key_file_path(db: &Path) -> PathBuf {
 
 fn random_key() -> String {
     let mut key = [0u8; 32];
-    rand::rng().fill_bytes(&mut key);
+    getrandom::fill(&mut key).expect("the operating system's random source");
     hex::encode(key)
 }
 

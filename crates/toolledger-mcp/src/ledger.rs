@@ -22,8 +22,8 @@ use std::sync::Arc;
 use toolledger::authz::PrincipalStore;
 use toolledger::clock::{SharedClock, SystemClock};
 use toolledger::engine::Engine;
+use toolledger::is_postgres_url;
 use toolledger::model::Error;
-use toolledger::store::postgres::is_postgres_url;
 use toolledger::store::{Migration, Store, StoreError};
 use toolledger::{Ledger, LedgerOptions};
 
@@ -124,7 +124,7 @@ impl LedgerGuardBuilder {
     }
 
     /// Every call is made by the principal its bearer token resolved to (HTTP behind
-    /// [`crate::caller::bearer_auth`]). This is the default: without a bearer layer no call
+    /// `bearer_auth`, feature `http`). This is the default: without a bearer layer no call
     /// has a caller, so nothing runs.
     pub fn bearer_tokens(mut self) -> Self {
         self.caller = Some(CallerSource::BearerToken);

@@ -5,7 +5,7 @@
 //!
 //! Guarding an ordinary rmcp server:
 //! - [`LedgerGuard`] (built by [`LedgerGuard::builder`]): opens the ledger — a SQLite file, or
-//!   PostgreSQL for a `postgres://` URL — with the application's own portable migrations,
+//!   PostgreSQL for a `postgres://` URL (feature `postgres`) — with the application's own portable migrations,
 //!   loads the keys and fixes where callers come from (a configured principal on stdio,
 //!   bearer tokens over HTTP).
 //! - [`Guarded`]: an rmcp extractor. A guarded tool is a plain `#[tool]` method taking typed
@@ -35,13 +35,21 @@
 //! - [`reply`]: in-band tool results and errors.
 //! - [`wire`]: the strict wire entry of a server: every incoming message checked with the
 //!   ledger's strict JSON rules before rmcp reads it, every refused one answered with a
-//!   JSON-RPC error — [`wire::StdioTransport`] for stdio, axum middleware for HTTP
-//!   ([`wire::http`]).
+//!   JSON-RPC error — [`wire::StdioTransport`] for stdio (serve a guarded server with
+//!   `server.serve(wire::stdio::stdio())`), axum middleware for HTTP (`wire::http`).
+//! - `front` (feature `http`): the whole `/mcp` service of an HTTP server in one builder —
+//!   Host/Origin, bearer tokens, the strict body, in-flight and connection limits, sessions,
+//!   health routes — around any rmcp `ServerHandler`.
+//!
+//! Features: `http` (the streamable HTTP front: axum and hyper), `postgres` (a `postgres://`
+//! ledger). Without either, a guard on a SQLite file served over stdio.
 
 #![warn(missing_docs)]
 
 pub mod caller;
 pub mod deferred;
+#[cfg(feature = "http")]
+pub mod front;
 pub mod guard;
 pub mod guarded;
 pub mod keys;
@@ -54,7 +62,9 @@ pub mod status;
 pub mod tool;
 pub mod wire;
 
-pub use caller::{bearer_auth, AuthenticatedName, Caller, CallerSource};
+#[cfg(feature = "http")]
+pub use caller::bearer_auth;
+pub use caller::{AuthenticatedName, Caller, CallerSource};
 pub use deferred::{DeferredArguments, DeferredMcpTool, DeferredOutcome, DeferredReply};
 pub use guard::{Guard, GuardConfig, GuardedRequest, Resumed};
 pub use guarded::{status_router, Guarded, Receipt, Refusal};

@@ -190,7 +190,7 @@ fn python_sdk_drives_the_example_on_postgres() {
         _ => return skip_or_fail("TOOLLEDGER_TEST_DATABASE_URL (postgres://user@host:port/db)"),
     };
     // A schema of its own: created here, named in the URL the server gets, dropped at the end.
-    let schema = format!("tl_guard_{:016x}", rand::random::<u64>());
+    let schema = toolledger_testkit::db::fresh_schema_name();
     let admin =
         PgStore::open_unchecked(&url, PgOptions::any_backend().in_schema(schema.clone())).unwrap();
     let create = format!("CREATE SCHEMA {schema}");

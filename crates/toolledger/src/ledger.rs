@@ -36,7 +36,7 @@ impl Ledger {
 
     /// [`Ledger::open`] with options.
     pub fn open_with(target: &str, opts: LedgerOptions) -> Result<Self, StoreError> {
-        if target.starts_with("postgres://") || target.starts_with("postgresql://") {
+        if is_postgres_url(target) {
             return open_postgres(target, opts);
         }
         open_sqlite(target, opts)
@@ -46,6 +46,12 @@ impl Ledger {
     pub fn store(&self) -> Store {
         self.store.clone()
     }
+}
+
+/// Whether [`Ledger::open`] takes `target` for a PostgreSQL URL (`postgres://` or
+/// `postgresql://`) rather than a SQLite file path, with or without the `postgres` feature.
+pub fn is_postgres_url(target: &str) -> bool {
+    target.starts_with("postgres://") || target.starts_with("postgresql://")
 }
 
 impl From<Ledger> for Store {

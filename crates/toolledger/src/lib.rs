@@ -41,4 +41,4 @@ pub mod store {
 
 mod ledger;
 
-pub use ledger::{Ledger, LedgerOptions};
+pub use ledger::{is_postgres_url, Ledger, LedgerOptions};

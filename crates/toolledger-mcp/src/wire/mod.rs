@@ -21,6 +21,7 @@
 //!
 //! Error messages name the broken rule and a byte offset, never the input.
 
+#[cfg(feature = "http")]
 pub mod http;
 pub mod stdio;
 

@@ -1,0 +1,177 @@
+//! The whole HTTP front of a guarded MCP server, in one builder (feature `http`).
+//!
+//! [`HttpFront::router`] returns `/mcp` — rmcp's streamable HTTP service around your
+//! `ServerHandler` — inside every layer the wire guarantees need, outermost first:
+//!
+//! 1. the in-flight limit ([`HttpFront::max_in_flight`]; one more request is 503 `unavailable`
+//!    with `Retry-After: 1`, unread);
+//! 2. `Host` and `Origin` ([`HttpFront::hosts`]; 403 for any other host: DNS rebinding and
+//!    cross-site requests never reach authentication);
+//! 3. the bearer token (401 unless it names an active principal; the principal is what
+//!    [`crate::Guarded`] and [`crate::CallerSource::BearerToken`] act for);
+//! 4. the principal's share of the in-flight limit ([`HttpFront::max_in_flight_per_principal`]);
+//! 5. the strict body, read within [`HttpFront::body_timeout`] (400 for a message the ledger's
+//!    strict JSON refuses, 408, 413);
+//! 6. a legacy session's owner (404 for another principal's session id) and the end of a
+//!    session (`DELETE` → 204, or 404 for an unknown one).
+//!
+//! [`health_routes`] adds `GET /healthz` and `GET /readyz` outside all of them, and
+//! [`HttpFront::serve`] runs the listener with [`HttpFront::limits`]: at most so many
+//! connections, and a connection that sends no complete request head in time is closed.
+//!
+//! ```no_run
+//! # async fn run(server: impl rmcp::ServerHandler + Clone + Send + Sync + 'static,
+//! #              principals: toolledger::authz::PrincipalStore,
+//! #              store: toolledger::store::Store) -> std::io::Result<()> {
+//! use toolledger_mcp::front::{health_routes, HttpFront};
+//!
+//! let front = HttpFront::default(); // loopback hosts only; see the fields for the limits
+//! let app = front.router(server, principals).merge(health_routes(store));
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! front.serve(listener, app, std::future::pending()).await
+//! # }
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use toolledger::authz::PrincipalStore;
+use toolledger::store::Store;
+
+use crate::caller::bearer_auth;
+use crate::wire::http::{
+    bind_sessions, end_session, guard_host_and_origin, limit_in_flight, limit_per_principal,
+    strict_body, AllowedHosts, BodyTimeout, ConnectionLimits, InFlight, PerPrincipal,
+    SessionOwners, DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_IN_FLIGHT_PER_PRINCIPAL,
+};
+use crate::wire::MAX_MESSAGE_BYTES;
+
+/// [`HttpFront::max_in_flight`] by default: as many requests as the store's queues hold jobs,
+/// so a server past its capacity refuses at its door before its queues refuse inside it.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
+
+/// The HTTP front's settings. [`Default`]: loopback hosts only, [`DEFAULT_MAX_IN_FLIGHT`],
+/// [`DEFAULT_MAX_IN_FLIGHT_PER_PRINCIPAL`], [`DEFAULT_BODY_TIMEOUT`] and the default
+/// [`ConnectionLimits`].
+#[derive(Clone, Debug)]
+pub struct HttpFront {
+    /// The hosts the server answers for (`Host`, and `Origin` when present).
+    pub hosts: AllowedHosts,
+    /// Requests handled at once.
+    pub max_in_flight: usize,
+    /// Requests of one principal handled at once.
+    pub max_in_flight_per_principal: usize,
+    /// How long a request body may take to arrive in full.
+    pub body_timeout: Duration,
+    /// The listener's connection limits.
+    pub limits: ConnectionLimits,
+}
+
+impl Default for HttpFront {
+    fn default() -> Self {
+        HttpFront {
+            hosts: AllowedHosts::loopback(),
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            max_in_flight_per_principal: DEFAULT_MAX_IN_FLIGHT_PER_PRINCIPAL,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+            limits: ConnectionLimits::default(),
+        }
+    }
+}
+
+impl HttpFront {
+    /// `/mcp`: `server` (cloned for each session) as rmcp's streamable HTTP service, JSON
+    /// responses, within every layer of the front; callers are the principals of
+    /// `principals` their bearer tokens name.
+    pub fn router<S>(&self, server: S, principals: PrincipalStore) -> axum::Router
+    where
+        S: rmcp::ServerHandler + Clone + Send + Sync + 'static,
+    {
+        // rmcp checks the Host header against the same list (after ours, which runs first and
+        // also judges Origin), and reads at most the wire entry's largest message.
+        let config = StreamableHttpServerConfig::default()
+            .with_json_response(true)
+            .with_sse_keep_alive(None)
+            .with_allowed_hosts(self.hosts.entries())
+            .with_max_request_body_bytes(MAX_MESSAGE_BYTES);
+        let sessions = Arc::new(LocalSessionManager::default());
+        let service =
+            StreamableHttpService::new(move || Ok(server.clone()), sessions.clone(), config);
+        // Layers wrap outward: the last added runs first.
+        axum::Router::new()
+            .nest_service("/mcp", service)
+            .layer(axum::middleware::from_fn_with_state(
+                sessions.clone(),
+                end_session::<LocalSessionManager>,
+            ))
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::new(SessionOwners::new(sessions)),
+                bind_sessions::<LocalSessionManager>,
+            ))
+            .layer(axum::middleware::from_fn_with_state(
+                BodyTimeout(self.body_timeout),
+                strict_body,
+            ))
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::new(PerPrincipal::new(self.max_in_flight_per_principal)),
+                limit_per_principal,
+            ))
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::new(principals),
+                bearer_auth,
+            ))
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::new(self.hosts.clone()),
+                guard_host_and_origin,
+            ))
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::new(InFlight::new(self.max_in_flight)),
+                limit_in_flight,
+            ))
+    }
+
+    /// Serves `app` on `listener` within [`HttpFront::limits`] until `shutdown` completes,
+    /// then lets open connections finish (see [`crate::wire::http::serve`]).
+    pub async fn serve(
+        &self,
+        listener: tokio::net::TcpListener,
+        app: axum::Router,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> std::io::Result<()> {
+        crate::wire::http::serve(listener, app, self.limits, shutdown).await
+    }
+}
+
+/// `GET /healthz` (liveness: the process serves requests) and `GET /readyz` (readiness: the
+/// ledger's store answers a read), for any host and without a token, and with no detail a
+/// stranger could use.
+pub fn health_routes(store: Store) -> axum::Router {
+    use axum::http::StatusCode;
+    use axum::routing::get;
+    axum::Router::new()
+        .route(
+            "/healthz",
+            get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
+        )
+        .route(
+            "/readyz",
+            get(move || {
+                let store = store.clone();
+                async move {
+                    let answered = store.read(|tx| tx.query("SELECT 1", &[]).map(|_| ())).await;
+                    match answered {
+                        Ok(()) => (
+                            StatusCode::OK,
+                            axum::Json(serde_json::json!({"status": "ready"})),
+                        ),
+                        Err(_) => (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            axum::Json(serde_json::json!({"status": "unavailable"})),
+                        ),
+                    }
+                }
+            }),
+        )
+}
