@@ -83,8 +83,8 @@ pub type DemoFn = fn() -> Result<DemoReport, &'static str>;
 
 /// Every demo, in the order bare `toolledger demo` runs them.
 pub const DEMOS: &[(&str, DemoFn)] = &[
-    ("lost-reply", crate::demo_lost_reply::run),
-    ("proxy", crate::demo_proxy::run),
+    ("lost-reply", crate::demo::lost_reply::run),
+    ("proxy", crate::demo::proxy::run),
     ("receipts", receipts),
 ];
 
@@ -99,7 +99,7 @@ pub fn run(args: DemoArgs) -> Result<Outcome, Failure> {
     let mut lines = Vec::new();
     for (name, demo) in &selected {
         let outcome = match (&args.database_url, *name) {
-            (Some(url), "lost-reply") => crate::demo_lost_reply::run_on(Some(url)),
+            (Some(url), "lost-reply") => crate::demo::lost_reply::run_on(Some(url)),
             _ => demo(),
         };
         let r = outcome.map_err(Failure::code)?;

@@ -16,11 +16,8 @@ mod cmd_resolve;
 mod cmd_serve;
 mod cmd_status;
 mod cmd_worker;
-mod demo_lost_reply;
-mod demo_proxy;
-mod demo_session;
+mod demo;
 mod diagnose;
-mod upstream_example;
 
 use toolledger_cli::common::{self, StoreConfig};
 use toolledger_cli::exit::{self, Failure, Outcome};
@@ -107,7 +104,7 @@ enum Command {
     /// reference); `find_charge {reference}` and `count_charges` are read-only. The proxy's
     /// demo and benchmark run it as their upstream. Not a supported interface.
     #[command(hide = true)]
-    UpstreamExample(upstream_example::UpstreamExampleArgs),
+    UpstreamExample(demo::upstream::UpstreamExampleArgs),
     /// Print a shell completion script on stdout (`toolledger completions bash >
     /// ~/.local/share/bash-completion/completions/toolledger`).
     Completions {
@@ -229,7 +226,7 @@ fn run_command(cli: Cli, opened: &mut Option<StoreConfig>) -> Result<Outcome, Fa
             let store = remember(opened, args.store.resolve(Access::OpenOrCreate)?);
             cmd_proxy::run(args, store)
         }
-        Command::UpstreamExample(args) => upstream_example::run(args),
+        Command::UpstreamExample(args) => demo::upstream::run(args),
         Command::Completions { shell } => {
             use clap::CommandFactory;
             let mut command = Cli::command();

@@ -26,7 +26,7 @@ use toolledger::store::Store;
 
 use crate::cmd_demo::DemoReport;
 use crate::common;
-use crate::demo_session::Session;
+use crate::demo::session::Session;
 
 const BACKEND: &str = "sqlite:demo";
 const PG_BACKEND: &str = "postgres:demo";

@@ -23,7 +23,7 @@ use toolledger::authz::PrincipalStore;
 
 use crate::cmd_demo::DemoReport;
 use crate::common;
-use crate::demo_session::Session;
+use crate::demo::session::Session;
 
 const BACKEND: &str = "sqlite:demo";
 /// The operation id the client picks before its first send.
