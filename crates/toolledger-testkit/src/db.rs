@@ -320,3 +320,43 @@ pub async fn scalar(store: &Store, sql: &str) -> i64 {
 pub async fn count(store: &Store, table: &str) -> i64 {
     scalar(store, &format!("SELECT count(*) FROM {table}")).await
 }
+
+/// The text one query (without parameters) answers, read in one snapshot of `store`; `None`
+/// when it answers no row, or NULL.
+pub async fn opt_text(store: &Store, sql: &str) -> Option<String> {
+    let sql = sql.to_string();
+    store
+        .read(
+            move |tx: &mut dyn EffectTx| match tx.query_opt(&sql, &[])? {
+                Some(row) => row.opt_text(0),
+                None => Ok(None),
+            },
+        )
+        .await
+        .expect("a text or nothing")
+}
+
+/// The integer one query (without parameters) answers, read in one snapshot of `store`;
+/// `None` when it answers no row, or NULL.
+pub async fn opt_int(store: &Store, sql: &str) -> Option<i64> {
+    let sql = sql.to_string();
+    store
+        .read(
+            move |tx: &mut dyn EffectTx| match tx.query_opt(&sql, &[])? {
+                Some(row) => row.opt_int(0),
+                None => Ok(None),
+            },
+        )
+        .await
+        .expect("an integer or nothing")
+}
+
+/// Runs `sql`, statements without parameters (DDL, tampering with stored rows, changing a
+/// test's business state), in one write transaction of `store`. Panics when it fails.
+pub async fn execute_batch(store: &Store, sql: &str) {
+    let sql = sql.to_string();
+    store
+        .write(move |tx: &mut dyn EffectTx| tx.execute_batch(&sql))
+        .await
+        .expect("the SQL batch");
+}
