@@ -1,25 +1,20 @@
-//! The principal store: principals, roles and scopes re-read on every check, bearer tokens
-//! stored hashed.
+//! The principal store on each driver (SQLite and PostgreSQL, through the conformance
+//! [`Harness`]): principals, roles and scopes re-read on every check, bearer tokens stored
+//! hashed.
 
 use std::collections::BTreeSet;
 
 use toolledger::authz::*;
 use toolledger::model::ErrorCode;
-use toolledger::store::sqlite::{OpenOptions, SqliteStore};
+use toolledger_testkit::both_drivers;
+use toolledger_testkit::conformance::Harness;
 
 fn s(v: &[&str]) -> Vec<String> {
     v.iter().map(|x| x.to_string()).collect()
 }
 
-fn open() -> (tempfile::TempDir, PrincipalStore) {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path().join("p.sqlite"), OpenOptions::new("p")).unwrap();
-    (dir, PrincipalStore::new(store))
-}
-
-#[tokio::test]
-async fn add_resolve_revoke_and_tokens() {
-    let (_d, ps) = open();
+async fn add_resolve_revoke_and_tokens(h: &Harness) {
+    let ps = PrincipalStore::new(h.open());
     let token = ps
         .add(
             "alice",
@@ -74,9 +69,8 @@ async fn add_resolve_revoke_and_tokens() {
     assert_eq!(ps.list().await.unwrap().len(), 1);
 }
 
-#[tokio::test]
-async fn bad_input_is_refused_and_writes_nothing() {
-    let (_d, ps) = open();
+async fn bad_input_is_refused_and_writes_nothing(h: &Harness) {
+    let ps = PrincipalStore::new(h.open());
     for (name, tenant, scope) in [
         ("", "t", "s"),
         ("a b", "t", "s"),
@@ -97,3 +91,8 @@ async fn bad_input_is_refused_and_writes_nothing() {
     let err = ps.revoke("a", &[], &[], false).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::InvalidArguments);
 }
+
+both_drivers!(
+    add_resolve_revoke_and_tokens,
+    bad_input_is_refused_and_writes_nothing,
+);

@@ -1,6 +1,6 @@
-//! The inline engine against a real SQLite file with a tiny test effect: replay, conflict,
-//! deadlines, shared key namespaces, multi-step operations, fault points, rollback and the
-//! storage contract.
+//! The inline engine on each driver (SQLite and PostgreSQL, through the conformance
+//! [`Harness`]) with a tiny test effect: replay, conflict, deadlines, shared key namespaces,
+//! multi-step operations, fault points, rollback and the storage contract.
 
 use std::sync::{Arc, Mutex};
 
@@ -10,45 +10,55 @@ use toolledger::effect::{EffectTx, SqlValue};
 use toolledger::engine::{
     Begun, Engine, FaultPoint, InlineCall, InlineEffect, OperationRecord, Outcome,
 };
-use toolledger::store::sqlite::SqliteStore;
-use toolledger::store::Migration;
+use toolledger::store::{Migration, Store};
 use toolledger::{Error, ErrorCode, OperationState, Principal, ToolContract};
+use toolledger_testkit::both_drivers;
 use toolledger_testkit::calls::{inline_call, principal};
-use toolledger_testkit::db::SqliteFile;
+use toolledger_testkit::conformance::{Harness, T0};
+use toolledger_testkit::db::{count, execute_batch};
 
-const WIDGETS: &[Migration] = &[Migration {
-    namespace: "test.widgets",
-    version: 1,
-    sql: "CREATE TABLE widgets(
-              id INTEGER PRIMARY KEY,
-              tenant TEXT NOT NULL,
-              name TEXT NOT NULL CHECK (length(name) BETWEEN 1 AND 32)
-          ) STRICT;
-          CREATE TABLE hidden(tenant TEXT NOT NULL) STRICT;",
-}];
+/// The tenants [`MakeWidget`] hides (`(sqlite, postgres)`); its rows go to the harness's
+/// `widgets` table.
+const HIDDEN: (&[Migration], &[Migration]) = (
+    &[Migration {
+        namespace: "test.hidden",
+        version: 1,
+        sql: "CREATE TABLE hidden(tenant TEXT NOT NULL) STRICT;",
+    }],
+    &[Migration {
+        namespace: "test.hidden",
+        version: 1,
+        sql: "CREATE TABLE hidden(tenant TEXT NOT NULL);",
+    }],
+);
 
-const T0: i64 = 1_700_000_000;
-
-struct Fixture {
-    db: SqliteFile,
+struct Fixture<'h> {
+    h: &'h Harness,
     clock: ManualClock,
     engine: Engine,
 }
 
-fn fixture() -> Fixture {
-    let db = SqliteFile::new("engine.sqlite");
-    let store = open(&db);
-    let clock = ManualClock::new(T0);
-    let shared: SharedClock = Arc::new(clock.clone());
-    Fixture {
-        db,
-        clock,
-        engine: Engine::new(store, shared),
+impl Fixture<'_> {
+    /// The rows of `table`.
+    async fn count(&self, table: &str) -> i64 {
+        count(self.engine.store(), table).await
     }
 }
 
-fn open(db: &SqliteFile) -> SqliteStore {
-    db.open("engine-test", WIDGETS)
+fn fixture(h: &Harness) -> Fixture<'_> {
+    let clock = ManualClock::new(T0);
+    let shared: SharedClock = Arc::new(clock.clone());
+    Fixture {
+        h,
+        clock,
+        engine: Engine::new(open(h), shared),
+    }
+}
+
+/// A new handle on the harness's database.
+fn open(h: &Harness) -> Store {
+    h.open_with(Some("engine-test"), HIDDEN, false)
+        .expect("open the test database")
 }
 
 fn call(who: &Principal, key: &str, name: &str) -> InlineCall {
@@ -116,9 +126,8 @@ fn code(r: Result<Outcome, Error>) -> ErrorCode {
     r.unwrap_err().code
 }
 
-#[tokio::test]
-async fn exact_retry_replays_the_stored_result_without_a_second_effect() {
-    let f = fixture();
+async fn exact_retry_replays_the_stored_result_without_a_second_effect(h: &Harness) {
+    let f = fixture(h);
     let alice = principal("team-a", "alice");
     let effect = MakeWidget::new("gear");
     let first = f
@@ -133,7 +142,7 @@ async fn exact_retry_replays_the_stored_result_without_a_second_effect() {
     assert_eq!(*effect.replay_checks.lock().unwrap(), 0);
 
     // Through a new store handle, as after a lost reply.
-    let again = Engine::new(open(&f.db), Arc::new(f.clock.clone()));
+    let again = Engine::new(open(f.h), Arc::new(f.clock.clone()));
     let second = again
         .execute_inline(call(&alice, "k1", "gear"), effect.clone())
         .await
@@ -143,8 +152,8 @@ async fn exact_retry_replays_the_stored_result_without_a_second_effect() {
     assert_eq!(second.status_ref, first.status_ref);
     assert_eq!(second.operation_id, first.operation_id);
     assert_eq!(*effect.replay_checks.lock().unwrap(), 1);
-    assert_eq!(f.db.count("widgets"), 1);
-    assert_eq!(f.db.count("operations"), 1);
+    assert_eq!(f.count("widgets").await, 1);
+    assert_eq!(f.count("operations").await, 1);
 
     let rec = f
         .engine
@@ -171,9 +180,8 @@ async fn exact_retry_replays_the_stored_result_without_a_second_effect() {
     assert_eq!(by_ref, rec);
 }
 
-#[tokio::test]
-async fn same_key_with_another_intent_is_a_conflict_and_writes_nothing() {
-    let f = fixture();
+async fn same_key_with_another_intent_is_a_conflict_and_writes_nothing(h: &Harness) {
+    let f = fixture(h);
     let alice = principal("team-a", "alice");
     f.engine
         .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
@@ -199,8 +207,8 @@ async fn same_key_with_another_intent_is_a_conflict_and_writes_nothing() {
         code(f.engine.execute_inline(c, MakeWidget::new("gear")).await),
         ErrorCode::OperationConflict
     );
-    assert_eq!(f.db.count("widgets"), 1);
-    assert_eq!(f.db.count("operations"), 1);
+    assert_eq!(f.count("widgets").await, 1);
+    assert_eq!(f.count("operations").await, 1);
 
     // The same key under another subject or tenant is a separate scope.
     for who in [principal("team-a", "bob"), principal("team-b", "alice")] {
@@ -211,20 +219,21 @@ async fn same_key_with_another_intent_is_a_conflict_and_writes_nothing() {
             .unwrap();
         assert!(!o.replayed);
     }
-    assert_eq!(f.db.count("operations"), 3);
+    assert_eq!(f.count("operations").await, 3);
 }
 
-#[tokio::test]
-async fn authorization_runs_before_the_ledger_lookup() {
-    let f = fixture();
+async fn authorization_runs_before_the_ledger_lookup(h: &Harness) {
+    let f = fixture(h);
     let alice = principal("team-a", "alice");
     f.engine
         .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
         .await
         .unwrap();
-    f.db.side()
-        .execute("INSERT INTO hidden(tenant) VALUES ('team-a')", [])
-        .unwrap();
+    execute_batch(
+        f.engine.store(),
+        "INSERT INTO hidden(tenant) VALUES ('team-a')",
+    )
+    .await;
     // The saved result is not returned, and a conflicting intent cannot probe the key.
     for name in ["gear", "cog"] {
         assert_eq!(
@@ -244,13 +253,12 @@ async fn authorization_runs_before_the_ledger_lookup() {
         ),
         ErrorCode::NotFound
     );
-    assert_eq!(f.db.count("widgets"), 1);
-    assert_eq!(f.db.count("operations"), 1);
+    assert_eq!(f.count("widgets").await, 1);
+    assert_eq!(f.count("operations").await, 1);
 }
 
-#[tokio::test]
-async fn authority_deadline_blocks_even_an_exact_replay_but_not_a_status_read() {
-    let f = fixture();
+async fn authority_deadline_blocks_even_an_exact_replay_but_not_a_status_read(h: &Harness) {
+    let f = fixture(h);
     let alice = principal("team-a", "alice");
     let mut c = call(&alice, "k1", "gear");
     c.authority_deadline = Some(T0 + 10);
@@ -296,12 +304,11 @@ async fn authority_deadline_blocks_even_an_exact_replay_but_not_a_status_read() 
         .unwrap();
     assert_eq!(rec.authority_deadline, Some(T0 + 10));
     assert_eq!(rec.state, OperationState::Applied);
-    assert_eq!(f.db.count("widgets"), 1);
+    assert_eq!(f.count("widgets").await, 1);
 }
 
-#[tokio::test]
-async fn deadline_boundary_is_half_open() {
-    let f = fixture();
+async fn deadline_boundary_is_half_open(h: &Harness) {
+    let f = fixture(h);
     let alice = principal("team-a", "alice");
     let mut c = call(&alice, "k1", "gear");
     c.authority_deadline = Some(T0 + 10);
@@ -324,9 +331,8 @@ async fn deadline_boundary_is_half_open() {
     );
 }
 
-#[tokio::test]
-async fn retention_expiry_leaves_a_tombstone_that_keeps_the_key_used() {
-    let f = fixture();
+async fn retention_expiry_leaves_a_tombstone_that_keeps_the_key_used(h: &Harness) {
+    let f = fixture(h);
     let alice = principal("team-a", "alice");
     let mut c = call(&alice, "k1", "gear");
     c.retention_deadline = Some(T0 + 60);
@@ -350,13 +356,12 @@ async fn retention_expiry_leaves_a_tombstone_that_keeps_the_key_used() {
         code(f.engine.execute_inline(fresh, MakeWidget::new("cog")).await),
         ErrorCode::OperationConflict
     );
-    assert_eq!(f.db.count("operations"), 1);
-    assert_eq!(f.db.count("widgets"), 1);
+    assert_eq!(f.count("operations").await, 1);
+    assert_eq!(f.count("widgets").await, 1);
 }
 
-#[tokio::test]
-async fn a_fresh_call_past_its_own_deadline_writes_nothing() {
-    let f = fixture();
+async fn a_fresh_call_past_its_own_deadline_writes_nothing(h: &Harness) {
+    let f = fixture(h);
     let alice = principal("team-a", "alice");
     let mut c = call(&alice, "k1", "gear");
     c.authority_deadline = Some(T0);
@@ -370,13 +375,12 @@ async fn a_fresh_call_past_its_own_deadline_writes_nothing() {
         code(f.engine.execute_inline(c, MakeWidget::new("gear")).await),
         ErrorCode::OperationRetentionExpired
     );
-    assert_eq!(f.db.count("operations"), 0);
-    assert_eq!(f.db.count("widgets"), 0);
+    assert_eq!(f.count("operations").await, 0);
+    assert_eq!(f.count("widgets").await, 0);
 }
 
-#[tokio::test]
-async fn shared_key_namespace_refuses_a_key_held_by_another_principal() {
-    let f = fixture();
+async fn shared_key_namespace_refuses_a_key_held_by_another_principal(h: &Harness) {
+    let f = fixture(h);
     let alice = principal("team-a", "alice");
     let bob = principal("team-a", "bob");
     let mut c = call(&alice, "case-03", "gear");
@@ -391,7 +395,7 @@ async fn shared_key_namespace_refuses_a_key_held_by_another_principal() {
         code(f.engine.execute_inline(c, MakeWidget::new("gear")).await),
         ErrorCode::OperationConflict
     );
-    assert_eq!(f.db.count("operations"), 1);
+    assert_eq!(f.count("operations").await, 1);
     // Without the shared namespace the key is bob's own.
     f.engine
         .execute_inline(call(&bob, "case-03", "gear"), MakeWidget::new("gear"))
@@ -406,9 +410,8 @@ async fn shared_key_namespace_refuses_a_key_held_by_another_principal() {
     assert_eq!(subjects, ["alice", "bob"]);
 }
 
-#[tokio::test]
-async fn multi_step_operation_is_in_progress_until_finished_then_replays_partial() {
-    let f = fixture();
+async fn multi_step_operation_is_in_progress_until_finished_then_replays_partial(h: &Harness) {
+    let f = fixture(h);
     let alice = principal("team-a", "alice");
     let begun = f
         .engine
@@ -425,7 +428,7 @@ async fn multi_step_operation_is_in_progress_until_finished_then_replays_partial
     };
     assert_eq!(first_result, json!({"id": 1, "name": "gear"}));
     // Committed: visible from another handle.
-    assert_eq!(f.db.count("widgets"), 1);
+    assert_eq!(f.count("widgets").await, 1);
     let err = f
         .engine
         .begin_steps(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
@@ -504,7 +507,7 @@ async fn multi_step_operation_is_in_progress_until_finished_then_replays_partial
             .code,
         ErrorCode::NotFound
     );
-    assert_eq!(f.db.count("widgets"), 1);
+    assert_eq!(f.count("widgets").await, 1);
 }
 
 fn recording_hook() -> (Arc<Mutex<Vec<FaultPoint>>>, toolledger::engine::FaultHook) {
@@ -513,9 +516,8 @@ fn recording_hook() -> (Arc<Mutex<Vec<FaultPoint>>>, toolledger::engine::FaultHo
     (seen, Arc::new(move |p| s.lock().unwrap().push(p)))
 }
 
-#[tokio::test]
-async fn fault_points_fire_in_order_on_fresh_calls_only() {
-    let f = fixture();
+async fn fault_points_fire_in_order_on_fresh_calls_only(h: &Harness) {
+    let f = fixture(h);
     let (seen, hook) = recording_hook();
     let engine = f.engine.clone().with_fault_hook(hook);
     let alice = principal("team-a", "alice");
@@ -547,36 +549,42 @@ async fn fault_points_fire_in_order_on_fresh_calls_only() {
     assert!(seen.lock().unwrap().is_empty());
 }
 
-#[tokio::test]
-async fn a_crash_before_commit_leaves_neither_ledger_row_nor_effect() {
-    for point in [FaultPoint::AfterLedgerInsert, FaultPoint::AfterEffect] {
-        let f = fixture();
-        let engine = f.engine.clone().with_fault_hook(Arc::new(move |p| {
-            if p == point {
-                panic!("simulated crash");
-            }
-        }));
-        let alice = principal("team-a", "alice");
-        let err = engine
-            .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
-            .await
-            .unwrap_err();
-        assert_eq!(err.code, ErrorCode::Unavailable, "{point:?}");
-        assert_eq!(f.db.count("operations"), 0, "{point:?}");
-        assert_eq!(f.db.count("widgets"), 0, "{point:?}");
-        // The retry is a fresh call.
-        let o = f
-            .engine
-            .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
-            .await
-            .unwrap();
-        assert!(!o.replayed);
-    }
+/// A crash (the fault hook panics) at `point`, before the commit, leaves neither ledger row
+/// nor effect, and the retry is a fresh call.
+async fn crash_before_commit(h: &Harness, point: FaultPoint) {
+    let f = fixture(h);
+    let engine = f.engine.clone().with_fault_hook(Arc::new(move |p| {
+        if p == point {
+            panic!("simulated crash");
+        }
+    }));
+    let alice = principal("team-a", "alice");
+    let err = engine
+        .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::Unavailable, "{point:?}");
+    assert_eq!(f.count("operations").await, 0, "{point:?}");
+    assert_eq!(f.count("widgets").await, 0, "{point:?}");
+    // The retry is a fresh call.
+    let o = f
+        .engine
+        .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
+        .await
+        .unwrap();
+    assert!(!o.replayed);
 }
 
-#[tokio::test]
-async fn effect_failure_and_ledger_write_failure_roll_back_everything() {
-    let f = fixture();
+async fn a_crash_after_the_ledger_insert_leaves_neither_ledger_row_nor_effect(h: &Harness) {
+    crash_before_commit(h, FaultPoint::AfterLedgerInsert).await;
+}
+
+async fn a_crash_after_the_effect_leaves_neither_ledger_row_nor_effect(h: &Harness) {
+    crash_before_commit(h, FaultPoint::AfterEffect).await;
+}
+
+async fn effect_failure_and_ledger_write_failure_roll_back_everything(h: &Harness) {
+    let f = fixture(h);
     let alice = principal("team-a", "alice");
     let failing = Arc::new(MakeWidget {
         name: "gear".into(),
@@ -589,8 +597,8 @@ async fn effect_failure_and_ledger_write_failure_roll_back_everything() {
         .await
         .unwrap_err();
     assert_eq!(err.code, ErrorCode::VersionConflict);
-    assert_eq!(f.db.count("widgets"), 0);
-    assert_eq!(f.db.count("operations"), 0);
+    assert_eq!(f.count("widgets").await, 0);
+    assert_eq!(f.count("operations").await, 0);
 
     // A constraint inside the effect.
     let long = "x".repeat(40);
@@ -603,23 +611,16 @@ async fn effect_failure_and_ledger_write_failure_roll_back_everything() {
     assert!(!err.message.contains("length"), "{}", err.message);
 
     // The ledger's own write (after the effect ran) refused.
-    f.db.side()
-        .execute_batch(
-            "CREATE TRIGGER fail_ledger BEFORE INSERT ON operations
-             BEGIN SELECT RAISE(ABORT, 'ledger unavailable'); END;",
-        )
-        .unwrap();
+    h.fail_inserts_into(f.engine.store(), "operations").await;
     let err = f
         .engine
         .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
         .await
         .unwrap_err();
     assert_eq!(err.code, ErrorCode::Unavailable);
-    assert_eq!(f.db.count("widgets"), 0);
-    assert_eq!(f.db.count("operations"), 0);
-    f.db.side()
-        .execute_batch("DROP TRIGGER fail_ledger")
-        .unwrap();
+    assert_eq!(f.count("widgets").await, 0);
+    assert_eq!(f.count("operations").await, 0);
+    h.allow_inserts_into(f.engine.store(), "operations").await;
     assert!(
         !f.engine
             .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
@@ -627,12 +628,11 @@ async fn effect_failure_and_ledger_write_failure_roll_back_everything() {
             .unwrap()
             .replayed
     );
-    assert_eq!(f.db.count("widgets"), 1);
+    assert_eq!(f.count("widgets").await, 1);
 }
 
-#[tokio::test]
-async fn malformed_calls_are_invalid_arguments_and_write_nothing() {
-    let f = fixture();
+async fn malformed_calls_are_invalid_arguments_and_write_nothing(h: &Harness) {
+    let f = fixture(h);
     let alice = principal("team-a", "alice");
     let mut bad = vec![
         call(&alice, "", "gear"),
@@ -658,26 +658,27 @@ async fn malformed_calls_are_invalid_arguments_and_write_nothing() {
             .unwrap_err();
         assert_eq!(err.code, ErrorCode::InvalidArguments, "{err}");
     }
-    assert_eq!(f.db.count("operations"), 0);
-    assert_eq!(f.db.count("widgets"), 0);
+    assert_eq!(f.count("operations").await, 0);
+    assert_eq!(f.count("widgets").await, 0);
 }
 
-#[tokio::test]
-async fn non_canonical_stored_json_never_reaches_a_caller() {
-    let f = fixture();
+async fn non_canonical_stored_json_never_reaches_a_caller(h: &Harness) {
+    let f = fixture(h);
     let alice = principal("team-a", "alice");
     f.engine
         .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
         .await
         .unwrap();
-    let tamper = |sql: &str| f.db.side().execute_batch(sql).unwrap();
+    let store = f.engine.store();
     // A non-canonical result whose digest matches its (altered) bytes.
     let text = r#"{"name":"gear", "id":1}"#;
     use sha2::Digest;
     let digest = hex::encode(sha2::Sha256::digest(text.as_bytes()));
-    tamper(&format!(
-        "UPDATE operations SET result = '{text}', result_digest = '{digest}'"
-    ));
+    execute_batch(
+        store,
+        &format!("UPDATE operations SET result = '{text}', result_digest = '{digest}'"),
+    )
+    .await;
     let err = f
         .engine
         .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
@@ -692,10 +693,12 @@ async fn non_canonical_stored_json_never_reaches_a_caller() {
         .is_err());
 
     // Canonical text but a digest that does not match.
-    tamper(
+    execute_batch(
+        store,
         r#"UPDATE operations SET result = '{"id":2,"name":"gear"}', result_digest = (
              SELECT result_digest FROM operations)"#,
-    );
+    )
+    .await;
     let err = f
         .engine
         .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
@@ -706,16 +709,24 @@ async fn non_canonical_stored_json_never_reaches_a_caller() {
     // Duplicate keys in stored arguments.
     let good = r#"{"id":1,"name":"gear"}"#;
     let digest = hex::encode(sha2::Sha256::digest(good.as_bytes()));
-    tamper(&format!(
-        r#"UPDATE operations SET result = '{good}', result_digest = '{digest}',
+    execute_batch(
+        store,
+        &format!(
+            r#"UPDATE operations SET result = '{good}', result_digest = '{digest}',
              arguments = '{{"name":"gear","name":"gear"}}'"#
-    ));
+        ),
+    )
+    .await;
     assert!(f
         .engine
         .lookup("team-a", "alice", "make_widget", "k1")
         .await
         .is_err());
-    tamper(r#"UPDATE operations SET arguments = '{"name":"gear"}'"#);
+    execute_batch(
+        store,
+        r#"UPDATE operations SET arguments = '{"name":"gear"}'"#,
+    )
+    .await;
     let o = f
         .engine
         .execute_inline(call(&alice, "k1", "gear"), MakeWidget::new("gear"))
@@ -723,5 +734,23 @@ async fn non_canonical_stored_json_never_reaches_a_caller() {
         .unwrap();
     assert!(o.replayed);
     assert_eq!(o.result, json!({"id": 1, "name": "gear"}));
-    assert_eq!(f.db.count("widgets"), 1);
+    assert_eq!(f.count("widgets").await, 1);
 }
+
+both_drivers!(
+    exact_retry_replays_the_stored_result_without_a_second_effect,
+    same_key_with_another_intent_is_a_conflict_and_writes_nothing,
+    authorization_runs_before_the_ledger_lookup,
+    authority_deadline_blocks_even_an_exact_replay_but_not_a_status_read,
+    deadline_boundary_is_half_open,
+    retention_expiry_leaves_a_tombstone_that_keeps_the_key_used,
+    a_fresh_call_past_its_own_deadline_writes_nothing,
+    shared_key_namespace_refuses_a_key_held_by_another_principal,
+    multi_step_operation_is_in_progress_until_finished_then_replays_partial,
+    fault_points_fire_in_order_on_fresh_calls_only,
+    a_crash_after_the_ledger_insert_leaves_neither_ledger_row_nor_effect,
+    a_crash_after_the_effect_leaves_neither_ledger_row_nor_effect,
+    effect_failure_and_ledger_write_failure_roll_back_everything,
+    malformed_calls_are_invalid_arguments_and_write_nothing,
+    non_canonical_stored_json_never_reaches_a_caller,
+);

@@ -112,6 +112,25 @@ impl Harness {
         extra: (&[Migration], &[Migration]),
         migrate: bool,
     ) -> Result<Store, StoreError> {
+        self.open_tuned(backend_id, extra, migrate, None)
+    }
+
+    /// Opens a new handle bound to `conformance` with the suite's migrations plus `extra`
+    /// (`(sqlite, postgres)`), whose engine runs every inline call on one writer: SQLite's
+    /// only writer, or a single PostgreSQL batch writer. A test that holds that writer busy
+    /// knows that the calls queued meanwhile are taken together by its next batch.
+    pub fn open_one_writer(&self, extra: (&[Migration], &[Migration])) -> Store {
+        self.open_tuned(Some("conformance"), extra, false, Some(1))
+            .expect("open the conformance database")
+    }
+
+    fn open_tuned(
+        &self,
+        backend_id: Option<&str>,
+        extra: (&[Migration], &[Migration]),
+        migrate: bool,
+        batch_writers: Option<usize>,
+    ) -> Result<Store, StoreError> {
         match &self.kind {
             Kind::Sqlite(file) => {
                 let opts = SqliteFile::options(backend_id, SQLITE_MIGRATIONS)
@@ -125,6 +144,9 @@ impl Harness {
                     .with_migrations(extra.1)
                     .allow_migrate(migrate);
                 opts.max_connections = 12;
+                if let Some(n) = batch_writers {
+                    opts.batch_writers = n;
+                }
                 schema.open(opts)
             }
         }

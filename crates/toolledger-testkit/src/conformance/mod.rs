@@ -28,6 +28,9 @@
 //! Without `TOOLLEDGER_TEST_DATABASE_URL` the PostgreSQL tests are skipped with one loud line
 //! on stderr — unless `TOOLLEDGER_CI` is set, where they fail. A URL that is set but
 //! unreachable fails.
+//!
+//! An integration test's own behaviours (written against a [`Harness`] too) run on every
+//! driver through [`both_drivers!`](crate::both_drivers): one test per behaviour and driver.
 
 pub mod approvals;
 pub mod deferred;
@@ -115,6 +118,37 @@ macro_rules! conformance_suite {
                         }
                     }
                 )*
+            }
+        )*
+    };
+}
+
+/// Runs behaviours of a test file of its own on every driver, as [`conformance_suite!`] does
+/// for the suite: for each `name` given, the caller's `async fn name(h: &Harness)` becomes a
+/// module `name` with two `#[tokio::test]`s, `sqlite` ([`Harness::sqlite`]) and `postgres`
+/// ([`Harness::postgres`]: skipped with one loud line without a test database, failing in
+/// CI). Each test runs the behaviour on a fresh harness of its own.
+///
+/// ```text
+/// async fn replays_the_stored_result(h: &Harness) { … }
+/// toolledger_testkit::both_drivers!(replays_the_stored_result);
+/// ```
+#[macro_export]
+macro_rules! both_drivers {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn sqlite() {
+                    super::$name(&$crate::conformance::Harness::sqlite()).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn postgres() {
+                    if let Some(h) = $crate::conformance::Harness::postgres() {
+                        super::$name(&h).await;
+                    }
+                }
             }
         )*
     };
