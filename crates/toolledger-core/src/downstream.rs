@@ -83,6 +83,19 @@ pub trait Downstream: Send + Sync + std::fmt::Debug {
         &'a self,
         status_ref: &'a str,
     ) -> BoxFuture<'a, Result<Option<Value>, DownstreamError>>;
+
+    /// The status query the runtime makes: the receipt for `status_ref`, whose submitted
+    /// request was `request` (the same value [`Downstream::submit`] was given). For a
+    /// downstream that can only look an effect up by what was sent, and must bind its answer
+    /// to that request; by default [`Downstream::status`].
+    fn status_of<'a>(
+        &'a self,
+        status_ref: &'a str,
+        request: &'a Value,
+    ) -> BoxFuture<'a, Result<Option<Value>, DownstreamError>> {
+        let _ = request;
+        self.status(status_ref)
+    }
 }
 
 /// SHA-256 of the canonical scope object: the key the downstream deduplicates on.

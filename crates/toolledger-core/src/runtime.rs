@@ -54,7 +54,9 @@
 //! - `preflight`: the worker's re-checks before any downstream call;
 //! - `settle`: receipt checks and transaction C ([`Runtime::complete`], [`Runtime::fail`]);
 //! - `status`: explicit status queries and their reconciliation, [`Runtime::inspect`];
-//! - `resolve`: operator resolution ([`Runtime::resolve`]).
+//! - `resolve`: operator resolution ([`Runtime::resolve`]);
+//! - `external`: an effect that is one call to an external API, from closures ([`External`],
+//!   [`ExternalTool`], [`Registry::external`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -74,6 +76,7 @@ use crate::outbox::{self, ClaimOutcome, Fenced, Lease};
 use crate::store::{Store, StoreError};
 
 mod accept;
+mod external;
 mod preflight;
 mod record;
 mod resolve;
@@ -81,6 +84,7 @@ mod settle;
 mod status;
 mod worker;
 
+pub use external::{External, ExternalRequest, ExternalTool};
 pub use worker::{Worker, WorkerFailure, WorkerRun};
 
 use record::*;

@@ -348,4 +348,19 @@ impl Guarded {
         let answer = dispatch(runtime, &caller, self.tool(), call).await?;
         Ok(DeferredOutcome(DeferredReply::from(&answer)))
     }
+
+    /// [`Guarded::dispatch`] on the ledger's own runtime, the one built from
+    /// [`crate::LedgerGuardBuilder::deferred`]: the tool's effect — an external API's call
+    /// ([`toolledger::runtime::External`]) or any deferred tool's delivery — runs once, after
+    /// its intent is committed, and its answer is stored and replayed; a lost answer is
+    /// `outcome_unknown` until `get_operation_status` reconciles it (the external call's
+    /// lookup) or an operator resolves it. `unavailable` when the ledger has no runtime.
+    pub async fn deliver(self, call: DeferredArguments) -> Result<DeferredOutcome, Refusal> {
+        let Some(runtime) = self.ledger().runtime().cloned() else {
+            return Err(Refusal(Error::unavailable(
+                "this server delivers no deferred effects (LedgerGuard::builder().deferred)",
+            )));
+        };
+        self.dispatch(&runtime, call).await
+    }
 }

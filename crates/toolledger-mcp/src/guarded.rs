@@ -483,7 +483,9 @@ impl LedgerGuard {
             .iter()
             .map(|n| (n.clone(), self.observer(n)))
             .collect();
-        let status = Arc::new(StatusTool::new(self.guard().clone(), observed));
+        let status = Arc::new(
+            StatusTool::new(self.guard().clone(), observed).with_runtime(self.runtime().cloned()),
+        );
         for route in router.map.values_mut() {
             let schema = Value::Object(route.attr.input_schema.as_ref().clone());
             let validator = jsonschema::validator_for(&schema).map_err(|_| {

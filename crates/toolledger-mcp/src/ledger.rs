@@ -24,6 +24,7 @@ use toolledger::clock::{SharedClock, SystemClock};
 use toolledger::engine::Engine;
 use toolledger::is_postgres_url;
 use toolledger::model::Error;
+use toolledger::runtime::{Deadlines, Registry, Runtime};
 use toolledger::store::{Migration, Store, StoreError};
 use toolledger::{Ledger, LedgerOptions};
 
@@ -69,6 +70,7 @@ pub struct LedgerGuardBuilder {
     config: GuardConfig,
     revision: Option<String>,
     observers: BTreeMap<String, Arc<dyn EffectObserver>>,
+    deferred: Option<Registry>,
 }
 
 impl std::fmt::Debug for LedgerGuardBuilder {
@@ -158,6 +160,16 @@ impl LedgerGuardBuilder {
         self
     }
 
+    /// The tools whose effect the runtime delivers (external calls, [`Registry::external`],
+    /// or any deferred tools): their calls run through [`crate::Guarded::deliver`], and
+    /// `get_operation_status` on one whose outcome is unknown runs the tool's status query
+    /// (an external call's lookup) to reconcile it. The runtime shares the ledger, clock and
+    /// deadlines.
+    pub fn deferred(mut self, registry: Registry) -> Self {
+        self.deferred = Some(registry);
+        self
+    }
+
     /// Opens the database (creating and migrating a new one), loads the keys and builds the
     /// guard. Blocking: call it before serving (or from `spawn_blocking`).
     pub fn open(self) -> Result<LedgerGuard, OpenError> {
@@ -183,6 +195,13 @@ impl LedgerGuardBuilder {
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
         crate::keys::bind_blocking(&store, &keys, clock.now())?;
         let engine = Engine::new(store.clone(), clock.clone());
+        let deadlines = Deadlines {
+            authority_ttl: Some(self.config.authority_ttl),
+            retention_ttl: Some(self.config.retention_ttl),
+        };
+        let runtime = self
+            .deferred
+            .map(|r| Runtime::new(store.clone(), clock.clone(), r).with_deadlines(deadlines));
         let guard = Guard::new(engine, &keys, self.config).map_err(OpenError::Guard)?;
         Ok(LedgerGuard {
             inner: Arc::new(Inner {
@@ -191,6 +210,7 @@ impl LedgerGuardBuilder {
                 caller: self.caller.unwrap_or(CallerSource::BearerToken),
                 revision: self.revision.unwrap_or_else(|| "1".into()),
                 observers: self.observers,
+                runtime,
             }),
         })
     }
@@ -202,6 +222,7 @@ struct Inner {
     caller: CallerSource,
     revision: String,
     observers: BTreeMap<String, Arc<dyn EffectObserver>>,
+    runtime: Option<Runtime>,
 }
 
 /// An open ledger with its guard, principal store and caller source. Cheap to clone.
@@ -237,6 +258,11 @@ impl LedgerGuard {
     /// The ledger store (for the application's own reads).
     pub fn store(&self) -> &Store {
         self.inner.guard.engine().store()
+    }
+
+    /// The runtime of the tools given to [`LedgerGuardBuilder::deferred`], if any.
+    pub fn runtime(&self) -> Option<&Runtime> {
+        self.inner.runtime.as_ref()
     }
 
     /// The principal store (add principals; the bearer layer's state).

@@ -19,6 +19,7 @@ use rmcp::model::{CallToolResponse, ErrorData, Tool, ToolAnnotations};
 use serde_json::{json, Map, Value};
 use toolledger::engine::OperationRecord;
 use toolledger::model::{Error, OperationState};
+use toolledger::runtime::{Runtime, StatusQuery};
 
 use crate::caller::Caller;
 use crate::guard::{operation_id_from, Guard};
@@ -49,6 +50,7 @@ pub trait EffectObserver: Send + Sync + 'static {
 pub struct StatusTool {
     guard: Guard,
     tools: Vec<(String, Arc<dyn EffectObserver>)>,
+    runtime: Option<Runtime>,
 }
 
 impl StatusTool {
@@ -57,7 +59,50 @@ impl StatusTool {
 
     /// A status tool answering for the guarded tools `tools` (name, observer).
     pub fn new(guard: Guard, tools: Vec<(String, Arc<dyn EffectObserver>)>) -> Self {
-        StatusTool { guard, tools }
+        StatusTool {
+            guard,
+            tools,
+            runtime: None,
+        }
+    }
+
+    /// The same tool, which first runs `runtime`'s status query ([`Runtime::status`]: the
+    /// downstream's lookup, reconciled when it shows the effect happened) for an operation of
+    /// one of `runtime`'s tools whose outcome is not settled.
+    pub fn with_runtime(mut self, runtime: Option<Runtime>) -> Self {
+        self.runtime = runtime;
+        self
+    }
+
+    /// Runs the runtime's status query for `record` when it is an unsettled operation of one
+    /// of the runtime's tools; `true` when it ran and settled it. A query that cannot tell
+    /// (no lookup, nothing found, the downstream unavailable) leaves the row as it is.
+    async fn reconcile(&self, caller: &Caller, record: &OperationRecord) -> bool {
+        let Some(runtime) = &self.runtime else {
+            return false;
+        };
+        let unsettled = matches!(
+            record.state,
+            OperationState::OutcomeUnknown | OperationState::Processing
+        );
+        if !unsettled || runtime.registry().tool(&record.tool).is_none() {
+            return false;
+        }
+        let Ok(Some(deferred)) = runtime.inspect(&record.status_ref).await else {
+            return false;
+        };
+        let query = StatusQuery {
+            principal: caller.name.clone(),
+            tool: record.tool.clone(),
+            key: deferred.scope.key.clone(),
+            arguments: deferred.arguments.clone(),
+            provider: deferred.provider.clone(),
+            status_ref: deferred.status_ref.clone(),
+        };
+        matches!(
+            runtime.status(&query).await,
+            Ok(toolledger::runtime::Answer::Done { .. })
+        )
     }
 
     /// The status object for `operation_id` as seen by `call`'s caller.
@@ -111,12 +156,22 @@ impl StatusTool {
                 continue;
             }
             let tool = name;
-            if let Some(record) = self
+            if let Some(mut record) = self
                 .guard
                 .engine()
                 .lookup(&p.tenant, &p.subject, tool, operation_id)
                 .await?
             {
+                if self.reconcile(caller, &record).await {
+                    if let Some(settled) = self
+                        .guard
+                        .engine()
+                        .lookup(&p.tenant, &p.subject, tool, operation_id)
+                        .await?
+                    {
+                        record = settled;
+                    }
+                }
                 found = Some((record, observer.clone()));
                 break;
             }

@@ -97,8 +97,9 @@ impl Runtime {
             )
             .await?;
         let (_, downstream) = self.tool(&record.scope.tool)?;
+        let request = downstream_request(&record);
         downstream
-            .status(&record.status_ref)
+            .status_of(&record.status_ref, &request)
             .await
             .map_err(|_| Error::unavailable("the downstream status query failed").into())
     }

@@ -53,7 +53,8 @@ impl Runtime {
             return Self::answer_existing(&record);
         }
         let (tool, downstream) = self.tool(&record.scope.tool)?;
-        let receipt = match downstream.status(&record.status_ref).await {
+        let request = downstream_request(&record);
+        let receipt = match downstream.status_of(&record.status_ref, &request).await {
             Ok(Some(r)) => r,
             Ok(None) => {
                 return Ok(Answer::Unknown {
