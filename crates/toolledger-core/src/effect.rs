@@ -157,6 +157,19 @@ pub trait EffectTx {
         }
     }
 
+    /// Runs a single-row `SELECT` (without a locking clause) that also locks the row it
+    /// returns until this transaction ends, and answers `None` for a row another transaction
+    /// holds locked instead of waiting for it. PostgreSQL appends `FOR UPDATE SKIP LOCKED`;
+    /// by default (SQLite, whose one write transaction at a time already holds every row) it
+    /// is [`EffectTx::query_opt`].
+    fn query_opt_locked(
+        &mut self,
+        sql: &str,
+        params: &[SqlValue],
+    ) -> Result<Option<Vec<SqlValue>>, Error> {
+        self.query_opt(sql, params)
+    }
+
     /// Runs a query expected to return at most one row.
     fn query_opt(
         &mut self,

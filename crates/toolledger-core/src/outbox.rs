@@ -24,7 +24,7 @@
 
 use serde::Serialize;
 
-use crate::effect::{Dialect, EffectTx, RowExt, SqlValue};
+use crate::effect::{EffectTx, RowExt, SqlValue};
 use crate::model::{Error, OperationState};
 use crate::store::StoreError;
 
@@ -310,14 +310,11 @@ pub fn claim(
         ));
     }
     let until = lease_until(now, lease_seconds)?;
-    let locked = match tx.dialect() {
-        Dialect::Postgres => query_event(
-            tx,
-            &format!("{SELECT_EVENT} WHERE id = ?1 FOR UPDATE SKIP LOCKED"),
-            &[event_id.into()],
-        )?,
-        Dialect::Sqlite => load(tx, event_id)?,
-    };
+    let locked = tx
+        .query_opt_locked(&format!("{SELECT_EVENT} WHERE id = ?1"), &[event_id.into()])
+        .map_err(|e| store_error(tx, e))?
+        .map(|row| event_from_row(&row).map_err(|e| StoreError::Contract(e.message)))
+        .transpose()?;
     let Some(ev) = locked else {
         // Absent, or (PostgreSQL) locked by a worker claiming or completing it right now.
         return Ok(match load(tx, event_id)? {

@@ -177,6 +177,44 @@ pub trait BatchWriter {
     fn discard_connection(&mut self);
 }
 
+/// A `(tool, idempotency_key)` pair a batch looks up ([`BatchTx::lookup_scopes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScopeKey<'a> {
+    /// The tool's name.
+    pub tool: &'a str,
+    /// The idempotency key.
+    pub key: &'a str,
+}
+
+/// A ledger row a batch inserts as `inline` and `applied` ([`BatchTx::insert_applied_then_commit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AppliedRow<'a> {
+    /// The caller's tenant.
+    pub tenant: &'a str,
+    /// The caller's subject.
+    pub subject: &'a str,
+    /// The tool's contract: its name and six revisions.
+    pub contract: &'a crate::model::ToolContract,
+    /// The idempotency key.
+    pub key: &'a str,
+    /// The request digest.
+    pub request_digest: &'a str,
+    /// The canonical arguments' text.
+    pub arguments: &'a str,
+    /// The keyed request fingerprint, when the call has one.
+    pub fingerprint: Option<&'a str>,
+    /// The status reference.
+    pub status_ref: &'a str,
+    /// The authority deadline (Unix seconds), if any.
+    pub authority_deadline: Option<i64>,
+    /// The retention deadline (Unix seconds), if any.
+    pub retention_deadline: Option<i64>,
+    /// The stored result's canonical text.
+    pub result: &'a str,
+    /// The stored result's digest.
+    pub result_digest: &'a str,
+}
+
 /// One batch transaction: the effects' statements plus what a batch needs around them.
 pub trait BatchTx {
     /// The transaction as the handle effects and ledger code write through.
@@ -187,19 +225,15 @@ pub trait BatchTx {
     /// statement.
     fn lock_keys(&mut self, keys: &[String]) -> Result<(), Error>;
 
-    /// Every ledger row of the given `(tool, idempotency_key)` pairs, a JSON array of
-    /// `{"tool", "k"}` objects, with the columns of [`crate::operation_columns!`] in that
-    /// order.
-    fn lookup_scopes(&mut self, pairs_json: &str) -> Result<Vec<Vec<SqlValue>>, Error>;
+    /// Every ledger row of the given scopes (each tenant's and subject's included), with the
+    /// columns of [`crate::operation_columns!`] in that order.
+    fn lookup_scopes(&mut self, scopes: &[ScopeKey<'_>]) -> Result<Vec<Vec<SqlValue>>, Error>;
 
-    /// Inserts the ledger rows of the batch's fresh calls (a JSON array of objects, one per
-    /// row: `tenant`, `subject`, `tool`, `k` (the idempotency key), `request_digest`, the six
-    /// revisions `input_rev` … `policy_rev`, `arguments`, `fingerprint`, `status_ref`,
-    /// `authority_deadline`, `retention_deadline`, `result`, `result_digest`) as `inline`
-    /// and `applied`, created and updated at `now`, and commits. Returns `(id, status_ref)` of every inserted row.
+    /// Inserts the ledger rows of the batch's fresh calls as `inline` and `applied`, created
+    /// and updated at `now`, and commits. Returns `(id, status_ref)` of every inserted row.
     fn insert_applied_then_commit(
         &mut self,
-        rows_json: &str,
+        rows: &[AppliedRow<'_>],
         now: i64,
     ) -> Result<Vec<(i64, String)>, Error>;
 

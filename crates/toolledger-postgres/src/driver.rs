@@ -32,6 +32,11 @@ const INSERT_ROWS: &str = "INSERT INTO operations(tenant, subject, tool, idempot
     authority_deadline bigint, retention_deadline bigint, result text, result_digest text)
   RETURNING id, status_ref";
 
+/// A batch's rows as the one JSON array parameter of [`LOOKUP`] or [`INSERT_ROWS`].
+fn json_list(rows: &[serde_json::Value]) -> Result<String, Error> {
+    serde_json::to_string(rows).map_err(|_| Error::unavailable("batch rows are not encodable"))
+}
+
 impl BatchTx for PgTx<'_> {
     fn effect_tx(&mut self) -> &mut dyn EffectTx {
         self
@@ -41,16 +46,46 @@ impl BatchTx for PgTx<'_> {
         PgTx::lock_keys(self, keys)
     }
 
-    fn lookup_scopes(&mut self, pairs_json: &str) -> Result<Vec<Vec<SqlValue>>, Error> {
-        self.query(LOOKUP, &[pairs_json.into()])
+    fn lookup_scopes(&mut self, scopes: &[ScopeKey<'_>]) -> Result<Vec<Vec<SqlValue>>, Error> {
+        let pairs: Vec<serde_json::Value> = scopes
+            .iter()
+            .map(|s| serde_json::json!({"tool": s.tool, "k": s.key}))
+            .collect();
+        self.query(LOOKUP, &[json_list(&pairs)?.into()])
     }
 
     fn insert_applied_then_commit(
         &mut self,
-        rows_json: &str,
+        rows: &[AppliedRow<'_>],
         now: i64,
     ) -> Result<Vec<(i64, String)>, Error> {
-        self.query_then_commit(INSERT_ROWS, &[rows_json.into(), now.into()])?
+        let rows: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| {
+                let c = r.contract;
+                serde_json::json!({
+                    "tenant": r.tenant,
+                    "subject": r.subject,
+                    "tool": c.name,
+                    "k": r.key,
+                    "request_digest": r.request_digest,
+                    "input_rev": c.input_rev,
+                    "output_rev": c.output_rev,
+                    "effect_rev": c.effect_rev,
+                    "handler_rev": c.handler_rev,
+                    "producer_rev": c.producer_rev,
+                    "policy_rev": c.policy_rev,
+                    "arguments": r.arguments,
+                    "fingerprint": r.fingerprint,
+                    "status_ref": r.status_ref,
+                    "authority_deadline": r.authority_deadline,
+                    "retention_deadline": r.retention_deadline,
+                    "result": r.result,
+                    "result_digest": r.result_digest,
+                })
+            })
+            .collect();
+        self.query_then_commit(INSERT_ROWS, &[json_list(&rows)?.into(), now.into()])?
             .iter()
             .map(|row| Ok((row.int(0)?, row.text(1)?)))
             .collect()

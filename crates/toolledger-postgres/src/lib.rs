@@ -82,8 +82,8 @@ use toolledger_core::effect::{refuse_transaction_control, Dialect, EffectTx, Row
 use toolledger_core::model::Error;
 use toolledger_core::store::migrate::{self, Binding, MigrationHooks, MigrationRequest};
 use toolledger_core::store::{
-    queue_full, queue_wait_expired, BatchDriver, BatchJob, BatchTx, BatchWriter, Driver, Migration,
-    ReadJob, Store, StoreError, WriteJob,
+    queue_full, queue_wait_expired, AppliedRow, BatchDriver, BatchJob, BatchTx, BatchWriter,
+    Driver, Migration, ReadJob, ScopeKey, Store, StoreError, WriteJob,
 };
 
 pub use toolledger_core::store::QueueLimits;
@@ -829,6 +829,14 @@ impl EffectTx for PgTx<'_> {
 
     fn dialect(&self) -> Dialect {
         Dialect::Postgres
+    }
+
+    fn query_opt_locked(
+        &mut self,
+        sql: &str,
+        params: &[SqlValue],
+    ) -> Result<Option<Vec<SqlValue>>, Error> {
+        self.query_opt(&format!("{sql} FOR UPDATE SKIP LOCKED"), params)
     }
 
     fn execute_batch(&mut self, sql: &str) -> Result<(), Error> {

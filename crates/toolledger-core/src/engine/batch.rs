@@ -44,7 +44,8 @@ use crate::clock::SharedClock;
 use crate::effect::{EffectTx, RowExt, SqlValue};
 use crate::model::{Error, OperationState};
 use crate::store::{
-    queue_full, queue_wait_expired, BatchDriver, BatchTx, BatchWriter, QueueLimits, StoreError,
+    queue_full, queue_wait_expired, AppliedRow, BatchDriver, BatchTx, BatchWriter, QueueLimits,
+    ScopeKey, StoreError,
 };
 
 /// The most calls one batch holds. PostgreSQL keeps up to 64 subtransaction ids per
@@ -309,14 +310,15 @@ impl Batcher {
         let mut keys: Vec<String> = calls.iter().map(|(p, _)| p.lock_key()).collect();
         keys.sort_unstable();
         tx.lock_keys(&keys)?;
-        let pairs: Vec<serde_json::Value> = calls
+        let scopes: Vec<ScopeKey<'_>> = calls
             .iter()
-            .map(|(p, _)| serde_json::json!({"tool": p.contract.name, "k": p.key}))
+            .map(|(p, _)| ScopeKey {
+                tool: &p.contract.name,
+                key: &p.key,
+            })
             .collect();
-        let list = serde_json::to_string(&pairs)
-            .map_err(|_| Error::unavailable("lookup keys are not encodable"))?;
         let mut rows: HashMap<(String, String), Vec<Vec<SqlValue>>> = HashMap::new();
-        for row in tx.lookup_scopes(&list)? {
+        for row in tx.lookup_scopes(&scopes)? {
             rows.entry((row.text(3)?, row.text(4)?))
                 .or_default()
                 .push(row);
@@ -481,38 +483,29 @@ fn insert_rows(
     fresh: &[(usize, String, String, String)],
     now: i64,
 ) -> Result<HashMap<String, i64>, Error> {
-    let rows: Vec<serde_json::Value> = fresh
+    let rows: Vec<AppliedRow<'_>> = fresh
         .iter()
         .map(|(i, status_ref, result_text, digest)| {
             let p = calls[*i].0;
-            let c = &p.contract;
-            serde_json::json!({
-                "tenant": p.principal.tenant,
-                "subject": p.principal.subject,
-                "tool": c.name,
-                "k": p.key,
-                "request_digest": p.request_digest,
-                "input_rev": c.input_rev,
-                "output_rev": c.output_rev,
-                "effect_rev": c.effect_rev,
-                "handler_rev": c.handler_rev,
-                "producer_rev": c.producer_rev,
-                "policy_rev": c.policy_rev,
-                "arguments": p.arguments_text,
-                "fingerprint": p.fingerprint,
-                "status_ref": status_ref,
-                "authority_deadline": p.authority_deadline,
-                "retention_deadline": p.retention_deadline,
-                "result": result_text,
-                "result_digest": digest,
-            })
+            AppliedRow {
+                tenant: &p.principal.tenant,
+                subject: &p.principal.subject,
+                contract: &p.contract,
+                key: &p.key,
+                request_digest: &p.request_digest,
+                arguments: &p.arguments_text,
+                fingerprint: p.fingerprint.as_deref(),
+                status_ref,
+                authority_deadline: p.authority_deadline,
+                retention_deadline: p.retention_deadline,
+                result: result_text,
+                result_digest: digest,
+            }
         })
         .collect();
-    let list = serde_json::to_string(&rows)
-        .map_err(|_| Error::unavailable("ledger rows are not encodable"))?;
     let mut ids = HashMap::with_capacity(fresh.len());
     // The batch ends here: the insert and COMMIT go out together.
-    for (id, status_ref) in tx.insert_applied_then_commit(&list, now)? {
+    for (id, status_ref) in tx.insert_applied_then_commit(&rows, now)? {
         ids.insert(status_ref, id);
     }
     Ok(ids)
