@@ -8,9 +8,8 @@ use toolledger::approval::MAX_PORTABLE_TIMESTAMP;
 use toolledger::runtime::{Accepted, Answer, CrashPoint, Delivery, RuntimeError};
 use toolledger::{ErrorCode, OperationState};
 
-#[tokio::test]
-async fn a_fresh_dispatch_succeeds_with_one_receipt_on_each_side() {
-    let h = Harness::new().await;
+async fn a_fresh_dispatch_succeeds_with_one_receipt_on_each_side(db: &Harness) {
+    let h = Fixture::new(db).await;
     let call = h.call("alice", "refund-1", "ord-1", 1250);
     h.approve(&call, "bob").await.unwrap();
     let answer = h.runtime.dispatch(&call, None).await.unwrap();
@@ -35,10 +34,10 @@ async fn a_fresh_dispatch_succeeds_with_one_receipt_on_each_side() {
     assert_eq!(h.downstream_receipts(), 1);
     assert_eq!(h.downstream.submits(), 1);
 }
+both_drivers!(a_fresh_dispatch_succeeds_with_one_receipt_on_each_side);
 
-#[tokio::test]
-async fn the_same_intent_replays_locally_across_handles_and_after_restart() {
-    let h = Harness::new().await;
+async fn the_same_intent_replays_locally_across_handles_and_after_restart(db: &Harness) {
+    let h = Fixture::new(db).await;
     let call = h.call("alice", "refund-1", "ord-1", 1250);
     h.approve(&call, "bob").await.unwrap();
     let first = h.runtime.dispatch(&call, None).await.unwrap();
@@ -60,10 +59,9 @@ async fn the_same_intent_replays_locally_across_handles_and_after_restart() {
     };
     assert_eq!(result, r1);
 
-    // After a restart: a brand-new store handle and runtime on the same files.
-    let file = h.file.clone();
+    // After a restart: a brand-new store handle and runtime on the same database.
     drop(h.runtime.clone());
-    let reopened = Harness::runtime_for(&open_store(&file), &h.clock, &h.downstream, "v1");
+    let reopened = Fixture::runtime_for(&h.open_store(), &h.clock, &h.downstream, "v1");
     let third = reopened.dispatch(&call, None).await.unwrap();
     assert_eq!(third, second);
     assert_eq!(
@@ -73,10 +71,10 @@ async fn the_same_intent_replays_locally_across_handles_and_after_restart() {
     );
     assert_eq!(h.counts().await, (1, 1, 1, 1, 1));
 }
+both_drivers!(the_same_intent_replays_locally_across_handles_and_after_restart);
 
-#[tokio::test]
-async fn a_different_intent_under_the_same_key_conflicts_and_writes_nothing() {
-    let h = Harness::new().await;
+async fn a_different_intent_under_the_same_key_conflicts_and_writes_nothing(db: &Harness) {
+    let h = Fixture::new(db).await;
     let call = h.call("alice", "refund-1", "ord-1", 1250);
     h.approve(&call, "bob").await.unwrap();
     h.runtime.dispatch(&call, None).await.unwrap();
@@ -89,10 +87,10 @@ async fn a_different_intent_under_the_same_key_conflicts_and_writes_nothing() {
     assert_eq!(h.counts().await, before);
     assert_eq!(h.downstream.submits(), 1);
 }
+both_drivers!(a_different_intent_under_the_same_key_conflicts_and_writes_nothing);
 
-#[tokio::test]
-async fn a_replay_from_another_provider_path_conflicts() {
-    let h = Harness::new().await;
+async fn a_replay_from_another_provider_path_conflicts(db: &Harness) {
+    let h = Fixture::new(db).await;
     let call = h.call("alice", "refund-1", "ord-1", 1250);
     h.approve(&call, "bob").await.unwrap();
     h.runtime.dispatch(&call, None).await.unwrap();
@@ -124,10 +122,10 @@ async fn a_replay_from_another_provider_path_conflicts() {
     );
     assert_eq!(h.counts().await, before);
 }
+both_drivers!(a_replay_from_another_provider_path_conflicts);
 
-#[tokio::test]
-async fn an_unregistered_provider_profile_is_refused_before_anything_is_written() {
-    let h = Harness::new().await;
+async fn an_unregistered_provider_profile_is_refused_before_anything_is_written(db: &Harness) {
+    let h = Fixture::new(db).await;
     let mut call = h.call("alice", "refund-1", "ord-1", 1250);
     call.provider.adapter_revision = "1999-01-01".into();
     assert_eq!(
@@ -136,10 +134,10 @@ async fn an_unregistered_provider_profile_is_refused_before_anything_is_written(
     );
     assert_eq!(h.counts().await, (0, 0, 0, 0, 0));
 }
+both_drivers!(an_unregistered_provider_profile_is_refused_before_anything_is_written);
 
-#[tokio::test]
-async fn a_status_query_identity_cannot_dispatch() {
-    let h = Harness::new().await;
+async fn a_status_query_identity_cannot_dispatch(db: &Harness) {
+    let h = Fixture::new(db).await;
     let mut call = h.call("alice", "refund-1", "ord-1", 1250);
     h.approve(&call, "bob").await.unwrap();
     call.provider.call_id =
@@ -150,32 +148,29 @@ async fn a_status_query_identity_cannot_dispatch() {
     );
     assert_eq!(h.counts().await.0, 0);
 }
+both_drivers!(a_status_query_identity_cannot_dispatch);
 
-#[tokio::test]
-async fn an_injected_failure_in_transaction_a_leaves_neither_intent_nor_event() {
-    let h = Harness::new().await;
+async fn an_injected_failure_in_transaction_a_leaves_neither_intent_nor_event(db: &Harness) {
+    let h = Fixture::new(db).await;
     let call = h.call("alice", "refund-1", "ord-1", 1250);
     h.approve(&call, "bob").await.unwrap();
-    h.side_sql(
-        "CREATE TRIGGER fail_outbox BEFORE INSERT ON outbox
-         BEGIN SELECT RAISE(ABORT, 'injected outbox failure'); END;",
-    );
+    h.db.fail_inserts_into(&h.store, "outbox").await;
     let err = h.runtime.dispatch(&call, None).await.unwrap_err();
     assert!(matches!(err, RuntimeError::Store(_)), "{err:?}");
     assert_eq!(h.counts().await, (0, 0, 0, 0, 0), "nothing of A remains");
     assert_eq!(h.count("operation_events").await, 0);
     assert_eq!(h.downstream.submits(), 0);
     // Once the fault is gone the same approval still works: it was never consumed.
-    h.side_sql("DROP TRIGGER fail_outbox;");
+    h.db.allow_inserts_into(&h.store, "outbox").await;
     assert!(matches!(
         h.runtime.dispatch(&call, None).await.unwrap(),
         Answer::Done { .. }
     ));
 }
+both_drivers!(an_injected_failure_in_transaction_a_leaves_neither_intent_nor_event);
 
-#[tokio::test]
-async fn accept_reserves_once_and_reports_the_existing_row() {
-    let h = Harness::new().await;
+async fn accept_reserves_once_and_reports_the_existing_row(db: &Harness) {
+    let h = Fixture::new(db).await;
     let call = h.call("alice", "refund-1", "ord-1", 1250);
     h.approve(&call, "bob").await.unwrap();
     let first = h.runtime.accept(&call).await.unwrap();
@@ -193,10 +188,10 @@ async fn accept_reserves_once_and_reports_the_existing_row() {
         "pending"
     );
 }
+both_drivers!(accept_reserves_once_and_reports_the_existing_row);
 
-#[tokio::test]
-async fn a_missing_approval_is_required_and_writes_nothing() {
-    let h = Harness::new().await;
+async fn a_missing_approval_is_required_and_writes_nothing(db: &Harness) {
+    let h = Fixture::new(db).await;
     let mut call = h.call("alice", "refund-1", "ord-1", 1250);
     call.approval_id = None;
     assert_eq!(
@@ -205,10 +200,10 @@ async fn a_missing_approval_is_required_and_writes_nothing() {
     );
     assert_eq!(h.counts().await, (0, 0, 0, 0, 0));
 }
+both_drivers!(a_missing_approval_is_required_and_writes_nothing);
 
-#[tokio::test]
-async fn an_unknown_approval_is_invalid() {
-    let h = Harness::new().await;
+async fn an_unknown_approval_is_invalid(db: &Harness) {
+    let h = Fixture::new(db).await;
     let call = h.call("alice", "refund-1", "ord-1", 1250);
     assert_eq!(
         code(h.runtime.dispatch(&call, None).await),
@@ -216,10 +211,10 @@ async fn an_unknown_approval_is_invalid() {
     );
     assert_eq!(h.counts().await, (0, 0, 0, 0, 0));
 }
+both_drivers!(an_unknown_approval_is_invalid);
 
-#[tokio::test]
-async fn approval_validity_is_half_open() {
-    let h = Harness::new().await;
+async fn approval_validity_is_half_open(db: &Harness) {
+    let h = Fixture::new(db).await;
     let now = h.clock_now();
     // Valid from approved_at inclusive …
     let at_start = h.call("alice", "k-start", "ord-1", 10);
@@ -259,10 +254,10 @@ async fn approval_validity_is_half_open() {
     );
     assert_eq!(h.counts().await.0, 1);
 }
+both_drivers!(approval_validity_is_half_open);
 
-#[tokio::test]
-async fn a_substituted_approval_is_invalid() {
-    let h = Harness::new().await;
+async fn a_substituted_approval_is_invalid(db: &Harness) {
+    let h = Fixture::new(db).await;
     let approved = h.call("alice", "refund-1", "ord-1", 1250);
     h.approve(&approved, "bob").await.unwrap();
     // Same approval id presented for another amount, another key, another provider call.
@@ -280,10 +275,10 @@ async fn a_substituted_approval_is_invalid() {
     }
     assert_eq!(h.counts().await, (0, 0, 0, 0, 0));
 }
+both_drivers!(a_substituted_approval_is_invalid);
 
-#[tokio::test]
-async fn an_approval_is_consumed_once() {
-    let h = Harness::new().await;
+async fn an_approval_is_consumed_once(db: &Harness) {
+    let h = Fixture::new(db).await;
     let call = h.call("alice", "refund-1", "ord-1", 1250);
     h.approve(&call, "bob").await.unwrap();
     h.runtime.dispatch(&call, None).await.unwrap();
@@ -302,10 +297,10 @@ async fn an_approval_is_consumed_once() {
     assert!(consumed.consumed_at.is_some());
     assert_eq!(h.counts().await.0, 1);
 }
+both_drivers!(an_approval_is_consumed_once);
 
-#[tokio::test]
-async fn approvers_must_be_eligible_distinct_and_still_eligible_at_use() {
-    let h = Harness::new().await;
+async fn approvers_must_be_eligible_distinct_and_still_eligible_at_use(db: &Harness) {
+    let h = Fixture::new(db).await;
     let call = h.call("alice", "refund-1", "ord-1", 1250);
     // No approver role; the requester; another tenant's approver.
     for approver in ["erin", "alice", "gina", "nobody"] {
@@ -328,10 +323,10 @@ async fn approvers_must_be_eligible_distinct_and_still_eligible_at_use() {
     );
     assert_eq!(h.counts().await, (0, 0, 0, 0, 0));
 }
+both_drivers!(approvers_must_be_eligible_distinct_and_still_eligible_at_use);
 
-#[tokio::test]
-async fn owners_and_support_admins_only() {
-    let h = Harness::new().await;
+async fn owners_and_support_admins_only(db: &Harness) {
+    let h = Fixture::new(db).await;
     // erin may not refund alice's order: same shape as an absent order.
     let erin = h.call("erin", "k1", "ord-1", 10);
     let absent = h.call("erin", "k2", "ord-404", 10);
@@ -360,10 +355,10 @@ async fn owners_and_support_admins_only() {
     );
     assert_eq!(h.counts().await.0, 1);
 }
+both_drivers!(owners_and_support_admins_only);
 
-#[tokio::test]
-async fn a_clock_outside_the_portable_range_is_refused_before_reservation() {
-    let h = Harness::new().await;
+async fn a_clock_outside_the_portable_range_is_refused_before_reservation(db: &Harness) {
+    let h = Fixture::new(db).await;
     let call = h.call("alice", "refund-1", "ord-1", 1250);
     h.approve(&call, "bob").await.unwrap();
     h.clock.set(MAX_PORTABLE_TIMESTAMP + 1);
@@ -384,11 +379,12 @@ async fn a_clock_outside_the_portable_range_is_refused_before_reservation() {
     );
     assert_eq!(h.counts().await, (0, 0, 0, 0, 0));
 }
+both_drivers!(a_clock_outside_the_portable_range_is_refused_before_reservation);
 
-#[tokio::test]
-async fn business_state_is_checked_at_acceptance() {
-    let h = Harness::new().await;
-    h.side_sql("UPDATE test_orders SET refundable = 0 WHERE id = 'ord-1';");
+async fn business_state_is_checked_at_acceptance(db: &Harness) {
+    let h = Fixture::new(db).await;
+    h.sql("UPDATE test_orders SET refundable = 0 WHERE id = 'ord-1';")
+        .await;
     let call = h.call("alice", "refund-1", "ord-1", 1250);
     h.approve(&call, "bob").await.unwrap();
     assert_eq!(
@@ -402,17 +398,16 @@ async fn business_state_is_checked_at_acceptance() {
     );
     assert_eq!(h.counts().await, (0, 0, 0, 0, 0));
 }
+both_drivers!(business_state_is_checked_at_acceptance);
 
-#[tokio::test]
-async fn a_tampered_stored_row_is_a_storage_contract_error() {
-    let h = Harness::new().await;
+async fn a_tampered_stored_row_is_a_storage_contract_error(db: &Harness) {
+    let h = Fixture::new(db).await;
     let call = h.call("alice", "refund-1", "ord-1", 1250);
     h.approve(&call, "bob").await.unwrap();
     h.runtime.dispatch(&call, None).await.unwrap();
     // Non-canonical stored arguments (extra whitespace).
-    h.side_sql(
-        "UPDATE operations SET arguments = '{\"amount_cents\": 1250,\"order_id\":\"ord-1\"}';",
-    );
+    h.sql("UPDATE operations SET arguments = '{\"amount_cents\": 1250,\"order_id\":\"ord-1\"}';")
+        .await;
     let err = h.runtime.dispatch(&call, None).await.unwrap_err();
     assert!(
         matches!(
@@ -422,7 +417,8 @@ async fn a_tampered_stored_row_is_a_storage_contract_error() {
         "{err:?}"
     );
     // Canonical but different arguments: the stored digest no longer matches its own intent.
-    h.side_sql("UPDATE operations SET arguments = '{\"amount_cents\":1,\"order_id\":\"ord-1\"}';");
+    h.sql("UPDATE operations SET arguments = '{\"amount_cents\":1,\"order_id\":\"ord-1\"}';")
+        .await;
     let err = h.runtime.dispatch(&call, None).await.unwrap_err();
     assert!(
         matches!(
@@ -432,10 +428,10 @@ async fn a_tampered_stored_row_is_a_storage_contract_error() {
         "{err:?}"
     );
 }
+both_drivers!(a_tampered_stored_row_is_a_storage_contract_error);
 
-#[tokio::test]
-async fn access_is_checked_before_the_ledger_so_a_revoked_caller_learns_nothing() {
-    let h = Harness::new().await;
+async fn access_is_checked_before_the_ledger_so_a_revoked_caller_learns_nothing(db: &Harness) {
+    let h = Fixture::new(db).await;
     let call = h.call("carol", "refund-1", "ord-2", 700);
     h.approve(&call, "bob").await.unwrap();
     h.runtime.dispatch(&call, None).await.unwrap();
@@ -458,3 +454,4 @@ async fn access_is_checked_before_the_ledger_so_a_revoked_caller_learns_nothing(
     assert_eq!(replay, absent);
     assert_eq!(other_intent, absent, "not even a conflict is revealed");
 }
+both_drivers!(access_is_checked_before_the_ledger_so_a_revoked_caller_learns_nothing);

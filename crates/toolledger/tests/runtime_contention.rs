@@ -1,6 +1,6 @@
 //! Eight store handles (eight writer connections) contending for one scope and one event.
-//! This proves local uniqueness in one SQLite file; it says nothing about distributed
-//! exactly-once delivery.
+//! This proves local uniqueness in one database (a SQLite file, or a PostgreSQL schema); it says
+//! nothing about distributed exactly-once delivery.
 
 mod runtime_support;
 
@@ -9,9 +9,8 @@ use toolledger::outbox::ClaimOutcome;
 use toolledger::runtime::{Accepted, RuntimeError};
 use toolledger::ErrorCode;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn eight_handles_reserving_the_same_intent_create_one_intent() {
-    let h = Harness::new().await;
+async fn eight_handles_reserving_the_same_intent_create_one_intent(db: &Harness) {
+    let h = Fixture::new(db).await;
     let call = h.call("alice", "refund-1", "ord-1", 1250);
     h.approve(&call, "bob").await.unwrap();
     let runtimes: Vec<_> = (0..8).map(|_| h.second_runtime("v1")).collect();
@@ -39,10 +38,10 @@ async fn eight_handles_reserving_the_same_intent_create_one_intent() {
     assert_eq!(refs.len(), 1, "every caller sees the one status ref");
     assert_eq!(h.counts().await, (1, 1, 1, 0, 1));
 }
+both_drivers!(eight_handles_reserving_the_same_intent_create_one_intent);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn eight_different_intents_under_one_key_have_one_winner() {
-    let h = Harness::new().await;
+async fn eight_different_intents_under_one_key_have_one_winner(db: &Harness) {
+    let h = Fixture::new(db).await;
     let mut calls = Vec::new();
     for i in 0..8 {
         let mut call = h.call("alice", "refund-1", "ord-1", 100 + i);
@@ -74,10 +73,10 @@ async fn eight_different_intents_under_one_key_have_one_winner() {
         "only the winner's approval is consumed"
     );
 }
+both_drivers!(eight_different_intents_under_one_key_have_one_winner);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn eight_workers_claiming_one_event_get_one_claim() {
-    let h = Harness::new().await;
+async fn eight_workers_claiming_one_event_get_one_claim(db: &Harness) {
+    let h = Fixture::new(db).await;
     let call = h.call("alice", "refund-1", "ord-1", 1250);
     h.approve(&call, "bob").await.unwrap();
     let Accepted::New { event_id, .. } = h.runtime.accept(&call).await.unwrap() else {
@@ -102,3 +101,4 @@ async fn eight_workers_claiming_one_event_get_one_claim() {
         Some(1)
     );
 }
+both_drivers!(eight_workers_claiming_one_event_get_one_claim);

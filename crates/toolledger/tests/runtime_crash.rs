@@ -4,21 +4,24 @@
 mod runtime_support;
 
 use runtime_support::*;
+use toolledger::effect::Dialect;
 use toolledger::outbox::ClaimOutcome;
 use toolledger::runtime::{Answer, CrashPoint, Delivery, RuntimeError};
 use toolledger::{ErrorCode, OperationState};
 
-async fn outbox_row(h: &Harness) -> String {
+async fn outbox_row(h: &Fixture<'_>) -> String {
     h.scalar_text(
-        "SELECT state || ':' || fencing_token || ':' || coalesce(lease_until, '-') FROM outbox",
+        "SELECT state || ':' || fencing_token || ':' || coalesce(CAST(lease_until AS TEXT), '-')
+         FROM outbox",
     )
     .await
     .unwrap()
 }
 
-#[tokio::test]
-async fn after_intent_commit_leaves_a_pending_event_and_dispatch_only_reports_unknown() {
-    let h = Harness::new().await;
+async fn after_intent_commit_leaves_a_pending_event_and_dispatch_only_reports_unknown(
+    db: &Harness,
+) {
+    let h = Fixture::new(db).await;
     let call = h.call("alice", "refund-1", "ord-1", 1250);
     h.approve(&call, "bob").await.unwrap();
     let answer = h
@@ -59,10 +62,10 @@ async fn after_intent_commit_leaves_a_pending_event_and_dispatch_only_reports_un
         }
     ));
 }
+both_drivers!(after_intent_commit_leaves_a_pending_event_and_dispatch_only_reports_unknown);
 
-#[tokio::test]
-async fn after_claim_leaves_an_unexpired_lease_that_is_reclaimed_only_after_expiry() {
-    let h = Harness::new().await;
+async fn after_claim_leaves_an_unexpired_lease_that_is_reclaimed_only_after_expiry(db: &Harness) {
+    let h = Fixture::new(db).await;
     let call = h.call("alice", "refund-1", "ord-1", 1250);
     h.approve(&call, "bob").await.unwrap();
     let answer = h
@@ -90,10 +93,12 @@ async fn after_claim_leaves_an_unexpired_lease_that_is_reclaimed_only_after_expi
     assert_eq!(h.runtime.run_pass("w", 10).await.unwrap().delivered, 1);
     assert_eq!(h.counts().await, (1, 1, 1, 1, 1));
 }
+both_drivers!(after_claim_leaves_an_unexpired_lease_that_is_reclaimed_only_after_expiry);
 
-#[tokio::test]
-async fn after_downstream_commit_stays_unknown_until_an_explicit_status_query_reconciles() {
-    let h = Harness::new().await;
+async fn after_downstream_commit_stays_unknown_until_an_explicit_status_query_reconciles(
+    db: &Harness,
+) {
+    let h = Fixture::new(db).await;
     let call = h.call("alice", "refund-1", "ord-1", 1250);
     h.approve(&call, "bob").await.unwrap();
     let answer = h
@@ -156,10 +161,10 @@ async fn after_downstream_commit_stays_unknown_until_an_explicit_status_query_re
     // A worker holding the old lease is fenced out after reconciliation.
     assert!(h.runtime.ready(10).await.unwrap().is_empty());
 }
+both_drivers!(after_downstream_commit_stays_unknown_until_an_explicit_status_query_reconciles);
 
-#[tokio::test]
-async fn transaction_c_rolls_back_as_a_unit() {
-    let h = Harness::new().await;
+async fn transaction_c_rolls_back_as_a_unit(db: &Harness) {
+    let h = Fixture::new(db).await;
     let call = h.call("alice", "refund-1", "ord-1", 1250);
     h.approve(&call, "bob").await.unwrap();
     let answer = h
@@ -169,11 +174,20 @@ async fn transaction_c_rolls_back_as_a_unit() {
         .unwrap();
     let q = h.query(&call, answer.status_ref());
     // Fail the last write of C (the success update of the operation).
-    h.side_sql(
-        "CREATE TRIGGER fail_c BEFORE UPDATE OF state ON operations
-         WHEN NEW.state = 'succeeded'
-         BEGIN SELECT RAISE(ABORT, 'injected reconcile failure'); END;",
-    );
+    h.sql(match h.db.dialect() {
+        Dialect::Sqlite => {
+            "CREATE TRIGGER fail_c BEFORE UPDATE OF state ON operations
+             WHEN NEW.state = 'succeeded'
+             BEGIN SELECT RAISE(ABORT, 'injected reconcile failure'); END;"
+        }
+        Dialect::Postgres => {
+            "CREATE FUNCTION fail_c() RETURNS trigger LANGUAGE plpgsql AS
+             $$ BEGIN RAISE EXCEPTION 'injected reconcile failure'; END $$;
+             CREATE TRIGGER fail_c BEFORE UPDATE OF state ON operations
+             FOR EACH ROW WHEN (NEW.state = 'succeeded') EXECUTE FUNCTION fail_c();"
+        }
+    })
+    .await;
     let before = (h.counts().await, outbox_row(&h).await);
     let err = h.runtime.status(&q).await.unwrap_err();
     assert!(matches!(err, RuntimeError::Store(_)), "{err:?}");
@@ -183,7 +197,11 @@ async fn transaction_c_rolls_back_as_a_unit() {
             .await,
         0
     );
-    h.side_sql("DROP TRIGGER fail_c;");
+    h.sql(match h.db.dialect() {
+        Dialect::Sqlite => "DROP TRIGGER fail_c;",
+        Dialect::Postgres => "DROP TRIGGER fail_c ON operations; DROP FUNCTION fail_c();",
+    })
+    .await;
     assert!(matches!(
         h.runtime.status(&q).await.unwrap(),
         Answer::Done {
@@ -195,10 +213,7 @@ async fn transaction_c_rolls_back_as_a_unit() {
     // The worker path's C rolls back as a unit too.
     let call2 = h.call("alice", "refund-2", "ord-1", 10);
     h.approve(&call2, "bob").await.unwrap();
-    h.side_sql(
-        "CREATE TRIGGER fail_receipt BEFORE INSERT ON local_receipts
-         BEGIN SELECT RAISE(ABORT, 'injected receipt failure'); END;",
-    );
+    h.db.fail_inserts_into(&h.store, "local_receipts").await;
     let err = h.runtime.dispatch(&call2, None).await.unwrap_err();
     assert!(matches!(err, RuntimeError::Store(_)), "{err:?}");
     assert_eq!(
@@ -215,10 +230,10 @@ async fn transaction_c_rolls_back_as_a_unit() {
     );
     assert_eq!(h.count("local_receipts").await, 1);
 }
+both_drivers!(transaction_c_rolls_back_as_a_unit);
 
-#[tokio::test]
-async fn status_follows_the_secure_order_and_hides_what_the_caller_may_not_see() {
-    let h = Harness::new().await;
+async fn status_follows_the_secure_order_and_hides_what_the_caller_may_not_see(db: &Harness) {
+    let h = Fixture::new(db).await;
     let call = h.call("carol", "refund-1", "ord-2", 700);
     h.approve(&call, "bob").await.unwrap();
     let answer = h.runtime.dispatch(&call, None).await.unwrap();
@@ -281,3 +296,4 @@ async fn status_follows_the_secure_order_and_hides_what_the_caller_may_not_see()
     h.principals.revoke("carol", &[], &[], true).await.unwrap();
     assert_eq!(refused(h.runtime.status(&q).await), absent);
 }
+both_drivers!(status_follows_the_secure_order_and_hides_what_the_caller_may_not_see);

@@ -7,7 +7,7 @@ use toolledger::outbox::{ClaimOutcome, EventState};
 use toolledger::runtime::{Accepted, Answer, CrashPoint, Processed, RuntimeError};
 use toolledger::OperationState;
 
-async fn accepted(h: &Harness, key: &str) -> (i64, String) {
+async fn accepted(h: &Fixture<'_>, key: &str) -> (i64, String) {
     let call = h.call("alice", key, "ord-1", 100);
     h.approve(&call, "bob").await.unwrap();
     match h.runtime.accept(&call).await.unwrap() {
@@ -27,9 +27,10 @@ fn lease(out: ClaimOutcome) -> toolledger::outbox::Lease {
     }
 }
 
-#[tokio::test]
-async fn an_unexpired_lease_is_not_claimable_and_an_expired_one_is_with_a_higher_token() {
-    let h = Harness::new().await;
+async fn an_unexpired_lease_is_not_claimable_and_an_expired_one_is_with_a_higher_token(
+    db: &Harness,
+) {
+    let h = Fixture::new(db).await;
     let (event, _) = accepted(&h, "refund-1").await;
     let first = lease(h.runtime.claim(event, "w1").await.unwrap());
     assert_eq!(first.token, 1);
@@ -53,10 +54,10 @@ async fn an_unexpired_lease_is_not_claimable_and_an_expired_one_is_with_a_higher
     assert_eq!(second.attempt, 2);
     assert_eq!(second.owner, "w2");
 }
+both_drivers!(an_unexpired_lease_is_not_claimable_and_an_expired_one_is_with_a_higher_token);
 
-#[tokio::test]
-async fn a_stale_worker_completion_is_fenced_and_changes_nothing() {
-    let h = Harness::new().await;
+async fn a_stale_worker_completion_is_fenced_and_changes_nothing(db: &Harness) {
+    let h = Fixture::new(db).await;
     let (event, status_ref) = accepted(&h, "refund-1").await;
     // Worker 1 claims, reaches the downstream, and stalls before transaction C.
     let w1 = lease(h.runtime.claim(event, "w1").await.unwrap());
@@ -114,10 +115,10 @@ async fn a_stale_worker_completion_is_fenced_and_changes_nothing() {
         Some(w2.token)
     );
 }
+both_drivers!(a_stale_worker_completion_is_fenced_and_changes_nothing);
 
-#[tokio::test]
-async fn a_heartbeat_extends_the_lease_until_someone_else_claims() {
-    let h = Harness::new().await;
+async fn a_heartbeat_extends_the_lease_until_someone_else_claims(db: &Harness) {
+    let h = Fixture::new(db).await;
     let (event, _) = accepted(&h, "refund-1").await;
     let w1 = lease(h.runtime.claim(event, "w1").await.unwrap());
     h.clock.set(T0 + 20);
@@ -136,10 +137,10 @@ async fn a_heartbeat_extends_the_lease_until_someone_else_claims() {
     ));
     assert!(h.runtime.renew(&w2).await.is_ok());
 }
+both_drivers!(a_heartbeat_extends_the_lease_until_someone_else_claims);
 
-#[tokio::test]
-async fn exhausted_attempts_make_the_event_and_operation_dead() {
-    let h = Harness::new().await;
+async fn exhausted_attempts_make_the_event_and_operation_dead(db: &Harness) {
+    let h = Fixture::new(db).await;
     let (event, status_ref) = accepted(&h, "refund-1").await;
     // max_attempts is 3 in the harness: three claims that never finish.
     for i in 0..3 {
@@ -177,10 +178,10 @@ async fn exhausted_attempts_make_the_event_and_operation_dead() {
     );
     assert_eq!(h.downstream.submits(), 0);
 }
+both_drivers!(exhausted_attempts_make_the_event_and_operation_dead);
 
-#[tokio::test]
-async fn a_worker_pass_enumerates_pending_events_and_expired_leases() {
-    let h = Harness::new().await;
+async fn a_worker_pass_enumerates_pending_events_and_expired_leases(db: &Harness) {
+    let h = Fixture::new(db).await;
     let (e1, _) = accepted(&h, "refund-1").await;
     let (e2, _) = accepted(&h, "refund-2").await;
     let (e3, _) = accepted(&h, "refund-3").await;
@@ -210,6 +211,7 @@ async fn a_worker_pass_enumerates_pending_events_and_expired_leases() {
     assert_eq!(h.count("local_receipts").await, 3);
     assert_eq!(h.downstream_receipts(), 3);
 }
+both_drivers!(a_worker_pass_enumerates_pending_events_and_expired_leases);
 
 /// A downstream that waits at a gate before delegating, so a test can hold a worker inside
 /// its downstream call.
@@ -248,11 +250,10 @@ impl toolledger::downstream::Downstream for Gated {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_lease_is_renewed_while_the_downstream_call_runs() {
+async fn the_lease_is_renewed_while_the_downstream_call_runs(db: &Harness) {
     use std::sync::Arc;
     use toolledger::runtime::{ProviderProfile, Registry, Runtime, RuntimeConfig};
-    let h = Harness::new().await;
+    let h = Fixture::new(db).await;
     let gated = Gated {
         inner: h.downstream.inner.clone(),
         gate: Arc::new(tokio::sync::Semaphore::new(0)),
@@ -294,15 +295,14 @@ async fn the_lease_is_renewed_while_the_downstream_call_runs() {
         Processed::Delivered(_)
     ));
 }
+both_drivers!(the_lease_is_renewed_while_the_downstream_call_runs);
 
-#[tokio::test]
-async fn a_processing_operation_is_unsure_once_its_lease_has_ended() {
+async fn a_processing_operation_is_unsure_once_its_lease_has_ended(db: &Harness) {
     use toolledger::operations::{unsure, unsure_counts, Unsure, UnsureQuery};
-    use toolledger::store::Store;
-    let h = Harness::new().await;
+    let h = Fixture::new(db).await;
     let (event, status_ref) = accepted(&h, "refund-1").await;
     lease(h.runtime.claim(event, "w1").await.unwrap());
-    let store = Store::from(h.store.clone());
+    let store = h.store.clone();
     let look = |now: i64| {
         let store = store.clone();
         async move {
@@ -341,3 +341,4 @@ async fn a_processing_operation_is_unsure_once_its_lease_has_ended() {
     assert_eq!(count_of(&counts), Some(1));
     assert_eq!(Unsure::parse("lease_expired"), Some(Unsure::LeaseExpired));
 }
+both_drivers!(a_processing_operation_is_unsure_once_its_lease_has_ended);

@@ -9,7 +9,7 @@ use toolledger::runtime::{Accepted, Processed, Runtime, RuntimeError};
 use toolledger::ErrorCode;
 
 /// Accepts one intent by carol (support_admin) for erin's order and returns its event id.
-async fn accepted(h: &Harness) -> i64 {
+async fn accepted(h: &Fixture<'_>) -> i64 {
     let call = h.call("carol", "refund-1", "ord-2", 700);
     h.approve(&call, "bob").await.unwrap();
     match h.runtime.accept(&call).await.unwrap() {
@@ -20,7 +20,7 @@ async fn accepted(h: &Harness) -> i64 {
 
 /// Processes the event with `rt` and asserts it failed closed with `expected`: no downstream
 /// call, no receipt anywhere, the lease held, the refusal recorded.
-async fn assert_fails_closed(h: &Harness, rt: &Runtime, event: i64, expected: ErrorCode) {
+async fn assert_fails_closed(h: &Fixture<'_>, rt: &Runtime, event: i64, expected: ErrorCode) {
     let err = rt.process(event, "worker", None).await.unwrap_err();
     match &err {
         RuntimeError::Refused(e) => assert_eq!(e.code, expected, "{e:?}"),
@@ -47,25 +47,24 @@ async fn assert_fails_closed(h: &Harness, rt: &Runtime, event: i64, expected: Er
 }
 
 /// After the cause is repaired and the lease has expired, the same event is delivered.
-async fn recovers(h: &Harness, rt: &Runtime, event: i64) {
+async fn recovers(h: &Fixture<'_>, rt: &Runtime, event: i64) {
     h.clock.set(T0 + 31);
     let done = rt.process(event, "worker-2", None).await.unwrap();
     assert!(matches!(done, Processed::Delivered(_)), "{done:?}");
     assert_eq!(h.downstream_receipts(), 1);
 }
 
-#[tokio::test]
-async fn contract_drift_fails_closed() {
-    let h = Harness::new().await;
+async fn contract_drift_fails_closed(db: &Harness) {
+    let h = Fixture::new(db).await;
     let event = accepted(&h).await;
     let drifted = h.second_runtime("v2");
     assert_fails_closed(&h, &drifted, event, ErrorCode::ContractDrift).await;
     recovers(&h, &h.runtime, event).await;
 }
+both_drivers!(contract_drift_fails_closed);
 
-#[tokio::test]
-async fn a_revoked_role_fails_closed_and_recovers_when_restored() {
-    let h = Harness::new().await;
+async fn a_revoked_role_fails_closed_and_recovers_when_restored(db: &Harness) {
+    let h = Fixture::new(db).await;
     let event = accepted(&h).await;
     h.principals
         .revoke("carol", &["support_admin".to_string()], &[], false)
@@ -78,27 +77,29 @@ async fn a_revoked_role_fails_closed_and_recovers_when_restored() {
         .unwrap();
     recovers(&h, &h.runtime, event).await;
 }
+both_drivers!(a_revoked_role_fails_closed_and_recovers_when_restored);
 
-#[tokio::test]
-async fn a_deactivated_principal_fails_closed() {
-    let h = Harness::new().await;
+async fn a_deactivated_principal_fails_closed(db: &Harness) {
+    let h = Fixture::new(db).await;
     let event = accepted(&h).await;
     h.principals.revoke("carol", &[], &[], true).await.unwrap();
     assert_fails_closed(&h, &h.runtime, event, ErrorCode::PermissionDenied).await;
 }
+both_drivers!(a_deactivated_principal_fails_closed);
 
-#[tokio::test]
-async fn an_order_that_is_no_longer_refundable_fails_closed() {
-    let h = Harness::new().await;
+async fn an_order_that_is_no_longer_refundable_fails_closed(db: &Harness) {
+    let h = Fixture::new(db).await;
     let event = accepted(&h).await;
-    h.side_sql("UPDATE test_orders SET refundable = 0 WHERE id = 'ord-2';");
+    h.sql("UPDATE test_orders SET refundable = 0 WHERE id = 'ord-2';")
+        .await;
     assert_fails_closed(&h, &h.runtime, event, ErrorCode::BusinessStateChanged).await;
-    h.side_sql("UPDATE test_orders SET refundable = 1 WHERE id = 'ord-2';");
+    h.sql("UPDATE test_orders SET refundable = 1 WHERE id = 'ord-2';")
+        .await;
     recovers(&h, &h.runtime, event).await;
 }
+both_drivers!(an_order_that_is_no_longer_refundable_fails_closed);
 
-#[tokio::test]
-async fn tampered_persisted_fields_fail_closed() {
+async fn tampered_persisted_fields_fail_closed(db: &Harness) {
     let cases: &[(&str, ErrorCode)] = &[
         // Provider identity substituted in the intent row.
         (
@@ -144,9 +145,10 @@ async fn tampered_persisted_fields_fail_closed() {
         ),
     ];
     for (sql, expected) in cases {
-        let h = Harness::new().await;
+        let fresh = another(db);
+        let h = Fixture::new(&fresh).await;
         let event = accepted(&h).await;
-        h.side_sql(sql);
+        h.sql(sql).await;
         let err = h.runtime.process(event, "worker", None).await.unwrap_err();
         match &err {
             RuntimeError::Refused(e) => assert_eq!(e.code, *expected, "{sql}"),
@@ -157,25 +159,27 @@ async fn tampered_persisted_fields_fail_closed() {
         assert_eq!(h.count("local_receipts").await, 0, "{sql}");
     }
 }
+both_drivers!(tampered_persisted_fields_fail_closed);
 
-#[tokio::test]
-async fn a_missing_intent_approval_is_refused_for_a_tool_that_requires_one() {
-    let h = Harness::new().await;
+async fn a_missing_intent_approval_is_refused_for_a_tool_that_requires_one(db: &Harness) {
+    let h = Fixture::new(db).await;
     let event = accepted(&h).await;
-    h.side_sql(
+    h.sql(
         "UPDATE deferred_intents SET approval_id = NULL, approver = NULL, approval_digest = NULL,
              approved_at = NULL, approval_expires_at = NULL",
-    );
+    )
+    .await;
     assert_fails_closed(&h, &h.runtime, event, ErrorCode::ApprovalRequired).await;
 }
+both_drivers!(a_missing_intent_approval_is_refused_for_a_tool_that_requires_one);
 
-#[tokio::test]
-async fn a_non_canonical_stored_argument_is_a_storage_contract_error_before_any_effect() {
-    let h = Harness::new().await;
+async fn a_non_canonical_stored_argument_is_a_storage_contract_error_before_any_effect(
+    db: &Harness,
+) {
+    let h = Fixture::new(db).await;
     let event = accepted(&h).await;
-    h.side_sql(
-        "UPDATE operations SET arguments = '{ \"amount_cents\":700,\"order_id\":\"ord-2\"}'",
-    );
+    h.sql("UPDATE operations SET arguments = '{ \"amount_cents\":700,\"order_id\":\"ord-2\"}'")
+        .await;
     let err = h.runtime.process(event, "worker", None).await.unwrap_err();
     assert!(matches!(err, RuntimeError::Store(_)), "{err:?}");
     assert_eq!(h.downstream.submits(), 0);
@@ -191,3 +195,4 @@ async fn a_non_canonical_stored_argument_is_a_storage_contract_error_before_any_
         ClaimOutcome::Leased { .. }
     ));
 }
+both_drivers!(a_non_canonical_stored_argument_is_a_storage_contract_error_before_any_effect);

@@ -28,9 +28,8 @@ fn refused_result() -> Value {
         "message": "the refund would exceed the amount captured for the order"})
 }
 
-#[tokio::test]
-async fn a_downstream_refusal_is_recorded_as_failed_and_replayed_never_resubmitted() {
-    let h = Harness::new().await;
+async fn a_downstream_refusal_is_recorded_as_failed_and_replayed_never_resubmitted(db: &Harness) {
+    let h = Fixture::new(db).await;
     h.downstream
         .inner
         .set_captured("acme", "ord-1", 150)
@@ -95,10 +94,10 @@ async fn a_downstream_refusal_is_recorded_as_failed_and_replayed_never_resubmitt
     // Nothing is ready for a worker.
     assert!(h.runtime.ready(10).await.unwrap().is_empty());
 }
+both_drivers!(a_downstream_refusal_is_recorded_as_failed_and_replayed_never_resubmitted);
 
-#[tokio::test]
-async fn a_stale_worker_cannot_record_a_failure() {
-    let h = Harness::new().await;
+async fn a_stale_worker_cannot_record_a_failure(db: &Harness) {
+    let h = Fixture::new(db).await;
     let call = h.call("alice", "refund-1", "ord-1", 100);
     h.approve(&call, "bob").await.unwrap();
     let Accepted::New { event_id, .. } = h.runtime.accept(&call).await.unwrap() else {
@@ -120,6 +119,7 @@ async fn a_stale_worker_cannot_record_a_failure() {
         "processing"
     );
 }
+both_drivers!(a_stale_worker_cannot_record_a_failure);
 
 /// A payments service whose reply is lost: it commits the receipt (or not) and then the call
 /// fails as if the connection dropped.
@@ -151,7 +151,7 @@ impl Downstream for LostReply {
     }
 }
 
-fn runtime_with(h: &Harness, downstream: Arc<dyn Downstream>) -> Runtime {
+fn runtime_with(h: &Fixture<'_>, downstream: Arc<dyn Downstream>) -> Runtime {
     let registry = Registry::new()
         .register(Arc::new(TestRefund::v("v1")), downstream)
         .allow_profile(toolledger::runtime::ProviderProfile::new(
@@ -165,7 +165,7 @@ fn runtime_with(h: &Harness, downstream: Arc<dyn Downstream>) -> Runtime {
     })
 }
 
-async fn unknown_operation(h: &Harness, rt: &Runtime, key: &str) -> String {
+async fn unknown_operation(h: &Fixture<'_>, rt: &Runtime, key: &str) -> String {
     let call = h.call("alice", key, "ord-1", 100);
     h.approve(&call, "bob").await.unwrap();
     match rt.dispatch(&call, None).await.unwrap() {
@@ -187,18 +187,17 @@ fn resolution(status_ref: &str, outcome: ResolveAs, operator: &str) -> Resolutio
     }
 }
 
-async fn events(h: &Harness) -> i64 {
+async fn events(h: &Fixture<'_>) -> i64 {
     h.count("operation_events").await
 }
 
 /// Row counts of the runtime tables plus the operation events.
-async fn unchanged(h: &Harness) -> ((i64, i64, i64, i64, i64), i64) {
+async fn unchanged(h: &Fixture<'_>) -> ((i64, i64, i64, i64, i64), i64) {
     (h.counts().await, events(h).await)
 }
 
-#[tokio::test]
-async fn an_operator_resolves_an_unknown_outcome_without_receipt_as_failed() {
-    let h = Harness::new().await;
+async fn an_operator_resolves_an_unknown_outcome_without_receipt_as_failed(db: &Harness) {
+    let h = Fixture::new(db).await;
     h.principals
         .add("olga", "acme", &["operator".to_string()], &[], false)
         .await
@@ -310,10 +309,12 @@ async fn an_operator_resolves_an_unknown_outcome_without_receipt_as_failed() {
     );
     assert_eq!(unchanged(&h).await, after);
 }
+both_drivers!(an_operator_resolves_an_unknown_outcome_without_receipt_as_failed);
 
-#[tokio::test]
-async fn a_receipt_refuses_resolving_as_failed_and_resolving_as_succeeded_reconciles_it() {
-    let h = Harness::new().await;
+async fn a_receipt_refuses_resolving_as_failed_and_resolving_as_succeeded_reconciles_it(
+    db: &Harness,
+) {
+    let h = Fixture::new(db).await;
     h.principals
         .add("olga", "acme", &["operator".to_string()], &[], false)
         .await
@@ -362,17 +363,17 @@ async fn a_receipt_refuses_resolving_as_failed_and_resolving_as_succeeded_reconc
         .unwrap();
     assert!(detail.contains("\"evidence\":\"receipt\""), "{detail}");
 }
+both_drivers!(a_receipt_refuses_resolving_as_failed_and_resolving_as_succeeded_reconciles_it);
 
-fn with_deadlines(h: &Harness, authority: Option<i64>, retention: Option<i64>) -> Runtime {
-    Harness::runtime_for(&h.store, &h.clock, &h.downstream, "v1").with_deadlines(Deadlines {
+fn with_deadlines(h: &Fixture<'_>, authority: Option<i64>, retention: Option<i64>) -> Runtime {
+    Fixture::runtime_for(&h.store, &h.clock, &h.downstream, "v1").with_deadlines(Deadlines {
         authority_ttl: authority,
         retention_ttl: retention,
     })
 }
 
-#[tokio::test]
-async fn replays_check_the_conflict_then_authority_then_retention() {
-    let h = Harness::new().await;
+async fn replays_check_the_conflict_then_authority_then_retention(db: &Harness) {
+    let h = Fixture::new(db).await;
     let rt = with_deadlines(&h, Some(100), Some(50));
     let call = h.call("alice", "refund-1", "ord-1", 100);
     h.approve(&call, "bob").await.unwrap();
@@ -426,10 +427,10 @@ async fn replays_check_the_conflict_then_authority_then_retention() {
         }
     ));
 }
+both_drivers!(replays_check_the_conflict_then_authority_then_retention);
 
-#[tokio::test]
-async fn the_worker_does_not_call_the_downstream_after_the_authority_deadline() {
-    let h = Harness::new().await;
+async fn the_worker_does_not_call_the_downstream_after_the_authority_deadline(db: &Harness) {
+    let h = Fixture::new(db).await;
     let rt = with_deadlines(&h, Some(100), None);
     let call = h.call("alice", "refund-1", "ord-1", 100);
     h.approve(&call, "bob").await.unwrap();
@@ -450,10 +451,10 @@ async fn the_worker_does_not_call_the_downstream_after_the_authority_deadline() 
     assert_eq!(h.downstream.submits(), 0);
     assert_eq!(h.count("local_receipts").await, 0);
 }
+both_drivers!(the_worker_does_not_call_the_downstream_after_the_authority_deadline);
 
-#[tokio::test]
-async fn an_invalid_ttl_is_refused_and_nothing_is_written() {
-    let h = Harness::new().await;
+async fn an_invalid_ttl_is_refused_and_nothing_is_written(db: &Harness) {
+    let h = Fixture::new(db).await;
     for (a, r) in [(Some(0), None), (None, Some(-5)), (Some(i64::MAX), None)] {
         let rt = with_deadlines(&h, a, r);
         let call = h.call("alice", "refund-1", "ord-1", 100);
@@ -466,3 +467,4 @@ async fn an_invalid_ttl_is_refused_and_nothing_is_written() {
         assert_eq!(h.counts().await, before);
     }
 }
+both_drivers!(an_invalid_ttl_is_refused_and_nothing_is_written);

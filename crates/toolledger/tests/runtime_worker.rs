@@ -23,11 +23,15 @@ use toolledger::runtime::{
 };
 use toolledger::store::Store;
 use toolledger::{Error, ErrorCode, Principal, Scope, ToolContract};
-use toolledger_testkit::db::{self, PgSchema, SqliteFile};
+use toolledger_testkit::both_drivers;
+use toolledger_testkit::conformance::Harness;
+use toolledger_testkit::db;
 
 const T0: i64 = 1_767_225_600;
 
-/// The program's own tool: ship a parcel. Its business check can be switched off to refuse.
+/// The program's own tool: ship a parcel to an address. It reads no table (the testkit's
+/// `ShipParcel` reads the conformance `parcels` table); its business check is a switch the
+/// scenario turns to make the worker's recheck refuse.
 struct ShipParcel {
     closed: Arc<AtomicBool>,
 }
@@ -329,19 +333,13 @@ fn scenario(store: Store) {
     );
 }
 
-#[test]
-fn a_programs_own_tool_is_delivered_by_the_worker_on_sqlite() {
-    let file = SqliteFile::new("ledger.sqlite");
-    scenario(Store::from(file.open("worker-test", &[])));
-}
-
-#[test]
-fn a_programs_own_tool_is_delivered_by_the_worker_on_postgres() {
-    let Some(schema) = PgSchema::new() else {
-        return;
-    };
-    let store = schema
-        .open(schema.options(Some("worker-test"), &[]))
+/// The scenario on a ledger of `db`, run on a blocking thread outside the test's runtime.
+async fn a_programs_own_tool_is_delivered_by_the_worker(db: &Harness) {
+    let store = db
+        .open_with(Some("worker-test"), (&[], &[]), false)
         .unwrap();
-    scenario(store);
+    if let Err(e) = tokio::task::spawn_blocking(move || scenario(store)).await {
+        std::panic::resume_unwind(e.into_panic());
+    }
 }
+both_drivers!(a_programs_own_tool_is_delivered_by_the_worker);

@@ -1,5 +1,7 @@
-//! Shared set-up for the runtime tests: a ledger file, a downstream stand-in in its own file,
-//! a small refund tool over a test `orders` table, and principals.
+//! Shared set-up for the runtime tests: a ledger on either driver (a testkit [`Harness`]: a
+//! fresh SQLite file or a fresh PostgreSQL schema), a downstream stand-in in its own file, a
+//! small refund tool over a test `test_orders` table, and principals. Each behaviour is an
+//! `async fn name(db: &Harness)` run on every driver by [`both_drivers!`].
 
 #![allow(dead_code)]
 
@@ -10,21 +12,22 @@ use serde_json::{json, Value};
 use toolledger::approval::{self, Approval};
 use toolledger::authz::PrincipalStore;
 use toolledger::clock::{ManualClock, SharedClock};
-use toolledger::effect::{EffectTx, RowExt, SqlValue};
+use toolledger::effect::{EffectTx, SqlValue};
 use toolledger::runtime::{
     approval_target, DeferredCall, DeferredTool, ProviderContext, ProviderProfile, Registry,
     Runtime, RuntimeConfig, RuntimeError, StatusQuery,
 };
-use toolledger::store::sqlite::SqliteStore;
 use toolledger::store::{Migration, Store};
 use toolledger::{Error, ErrorCode, Principal, Scope, ToolContract};
-use toolledger_testkit::db::SqliteFile;
+pub use toolledger_testkit::both_drivers;
+pub use toolledger_testkit::conformance::Harness;
+use toolledger_testkit::db;
 use toolledger_testkit::downstream::{CountingDownstream, SqliteDownstream};
 
 /// The start of the tests' clock (2026-01-01T00:00:00Z).
 pub const T0: i64 = 1_767_225_600;
 
-/// The test `test_orders` table the refund tool reads.
+/// The test `test_orders` table the refund tool reads (SQLite).
 pub const MIGRATIONS: &[Migration] = &[Migration {
     namespace: "test.orders",
     version: 1,
@@ -36,6 +39,20 @@ pub const MIGRATIONS: &[Migration] = &[Migration {
         refundable INTEGER NOT NULL CHECK (refundable IN (0, 1)),
         PRIMARY KEY (tenant, id)
     ) STRICT;",
+}];
+
+/// [`MIGRATIONS`] in PostgreSQL dialect.
+pub const PG_MIGRATIONS: &[Migration] = &[Migration {
+    namespace: "test.orders",
+    version: 1,
+    sql: "CREATE TABLE test_orders (
+        tenant TEXT NOT NULL,
+        id TEXT NOT NULL,
+        owner_subject TEXT NOT NULL,
+        amount_cents BIGINT NOT NULL CHECK (amount_cents > 0),
+        refundable BIGINT NOT NULL CHECK (refundable IN (0, 1)),
+        PRIMARY KEY (tenant, id)
+    );",
 }];
 
 /// A refund tool over `test_orders`: owner-only, `support_admin` may refund others' orders in
@@ -152,13 +169,9 @@ pub fn openai(call: &str) -> ProviderContext {
 }
 
 /// A ledger with orders and principals, a downstream in its own file, and a runtime over them.
-pub struct Harness {
-    /// The ledger's file.
-    pub file: SqliteFile,
-    /// The downstream's file (next to the ledger's).
-    pub downstream_db: PathBuf,
+pub struct Fixture<'a> {
     /// The ledger.
-    pub store: SqliteStore,
+    pub store: Store,
     /// The clock every part reads.
     pub clock: ManualClock,
     /// The downstream, counting calls.
@@ -167,20 +180,21 @@ pub struct Harness {
     pub runtime: Runtime,
     /// The principal store.
     pub principals: PrincipalStore,
+    /// The downstream's file.
+    pub downstream_db: PathBuf,
+    _dir: tempfile::TempDir,
+    /// The ledger's database.
+    pub db: &'a Harness,
 }
 
-/// A new handle on the ledger file `file`, with the test orders table.
-pub fn open_store(file: &SqliteFile) -> SqliteStore {
-    file.open("test", MIGRATIONS)
-}
-
-impl Harness {
-    /// Principals alice, bob (approver), carol (support admin), erin in `acme`; dave (support
-    /// admin) and gina (approver) in `globex`; orders ord-1, ord-2 and ord-9.
-    pub async fn new() -> Harness {
-        let file = SqliteFile::new("ledger.sqlite");
-        let downstream_db = file.dir().join("ledger.sqlite.downstream.sqlite");
-        let store = open_store(&file);
+impl<'a> Fixture<'a> {
+    /// A fresh ledger in `harness` with principals alice, bob (approver), carol (support admin),
+    /// erin in `acme`; dave (support admin) and gina (approver) in `globex`; orders ord-1, ord-2
+    /// and ord-9.
+    pub async fn new(harness: &'a Harness) -> Fixture<'a> {
+        let dir = tempfile::tempdir().unwrap();
+        let downstream_db = dir.path().join("downstream.sqlite");
+        let store = open_store(harness);
         let clock = ManualClock::new(T0);
         let shared: SharedClock = Arc::new(clock.clone());
         let downstream = CountingDownstream::new(
@@ -200,31 +214,34 @@ impl Harness {
                 .await
                 .unwrap();
         }
-        Store::from(store.clone())
-            .write(|tx| {
-                tx.execute_batch(
-                    "INSERT INTO test_orders VALUES ('acme', 'ord-1', 'alice', 5000, 1);
-                     INSERT INTO test_orders VALUES ('acme', 'ord-2', 'erin', 7000, 1);
-                     INSERT INTO test_orders VALUES ('globex', 'ord-9', 'dave', 100, 1);",
-                )
-            })
-            .await
-            .unwrap();
+        db::execute_batch(
+            &store,
+            "INSERT INTO test_orders VALUES ('acme', 'ord-1', 'alice', 5000, 1);
+             INSERT INTO test_orders VALUES ('acme', 'ord-2', 'erin', 7000, 1);
+             INSERT INTO test_orders VALUES ('globex', 'ord-9', 'dave', 100, 1);",
+        )
+        .await;
         let runtime = Self::runtime_for(&store, &clock, &downstream, "v1");
-        Harness {
-            file,
-            downstream_db,
+        Fixture {
             store,
             clock,
             downstream,
             runtime,
             principals,
+            downstream_db,
+            _dir: dir,
+            db: harness,
         }
+    }
+
+    /// A new, independent handle on the ledger (new connections, new writer).
+    pub fn open_store(&self) -> Store {
+        open_store(self.db)
     }
 
     /// A runtime over `store` with the refund tool at revision `rev` and the usual providers.
     pub fn runtime_for(
-        store: &SqliteStore,
+        store: &Store,
         clock: &ManualClock,
         downstream: &Counting,
         rev: &str,
@@ -240,9 +257,9 @@ impl Harness {
         })
     }
 
-    /// A runtime over a second, independent store handle on the same file.
+    /// A runtime over a second, independent store handle on the same database.
     pub fn second_runtime(&self, rev: &str) -> Runtime {
-        Self::runtime_for(&open_store(&self.file), &self.clock, &self.downstream, rev)
+        Self::runtime_for(&self.open_store(), &self.clock, &self.downstream, rev)
     }
 
     /// A refund of `amount` cents on `order` by `principal` under `key`, approval `approval-<key>`.
@@ -324,36 +341,23 @@ impl Harness {
 
     /// The rows of `table` in the ledger.
     pub async fn count(&self, table: &str) -> i64 {
-        toolledger_testkit::db::count(&Store::from(self.store.clone()), table).await
+        db::count(&self.store, table).await
     }
 
     /// The text one ledger query answers (`None`: no row or NULL).
     pub async fn scalar_text(&self, sql: &str) -> Option<String> {
-        let sql = sql.to_string();
-        Store::from(self.store.clone())
-            .read(move |tx| match tx.query_opt(&sql, &[])? {
-                Some(row) => row.opt_text(0),
-                None => Ok(None),
-            })
-            .await
-            .unwrap()
+        db::opt_text(&self.store, sql).await
     }
 
     /// The integer one ledger query answers (`None`: no row or NULL).
     pub async fn scalar_int(&self, sql: &str) -> Option<i64> {
-        let sql = sql.to_string();
-        Store::from(self.store.clone())
-            .read(move |tx| match tx.query_opt(&sql, &[])? {
-                Some(row) => row.opt_int(0),
-                None => Ok(None),
-            })
-            .await
-            .unwrap()
+        db::opt_int(&self.store, sql).await
     }
 
-    /// Runs raw SQL on a side connection (tampering, triggers, business-state changes).
-    pub fn side_sql(&self, sql: &str) {
-        self.file.side().execute_batch(sql).unwrap();
+    /// Runs raw SQL on the ledger in one write transaction (tampering, triggers,
+    /// business-state changes).
+    pub async fn sql(&self, sql: &str) {
+        db::execute_batch(&self.store, sql).await
     }
 
     /// Row counts of the ledger's runtime tables: (operations, outbox, deferred_intents,
@@ -373,6 +377,22 @@ impl Harness {
     /// Receipts the downstream holds.
     pub fn downstream_receipts(&self) -> i64 {
         self.downstream.receipts()
+    }
+}
+
+/// A new handle on `db` bound to the backend id `test`, with the test orders table.
+pub fn open_store(db: &Harness) -> Store {
+    db.open_with(Some("test"), (MIGRATIONS, PG_MIGRATIONS), false)
+        .expect("open the test ledger")
+}
+
+/// A fresh database of the same driver as `db` (for a behaviour that needs several).
+pub fn another(db: &Harness) -> Harness {
+    match db.dialect() {
+        toolledger::effect::Dialect::Sqlite => Harness::sqlite(),
+        toolledger::effect::Dialect::Postgres => {
+            Harness::postgres().expect("the PostgreSQL test database")
+        }
     }
 }
 
