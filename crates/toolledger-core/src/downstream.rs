@@ -54,7 +54,7 @@ pub enum DownstreamError {
     },
     /// The request provably never reached the downstream (no connection could be made, the
     /// downstream process was not running, the request was not written): nothing can have
-    /// happened. The runtime gives the claim back uncounted ([`crate::outbox::rearm`]), the
+    /// happened. The runtime gives the claim back uncounted (the outbox event is re-armed), the
     /// operation is `accepted` again with a `not_sent` event, and the next call forwards it.
     /// Return it only when that is certain: once any byte of the request may have reached the
     /// downstream, the answer is [`DownstreamError::Unavailable`].
@@ -62,7 +62,7 @@ pub enum DownstreamError {
     NotSent(String),
     /// The downstream did not act: it asks to be called again with more input (the first
     /// rounds of a multi-round call). The event is given back for that next call
-    /// ([`crate::outbox::rearm`]) and the operation is `accepted` again.
+    /// (the outbox event is re-armed) and the operation is `accepted` again.
     #[error("downstream asks for more input before it acts")]
     Continue,
 }

@@ -204,7 +204,7 @@ fn mark_operation(
 }
 
 /// Writes the pending event of a newly accepted operation. Runs in transaction A.
-pub fn enqueue(
+pub(crate) fn enqueue(
     tx: &mut dyn EffectTx,
     operation_id: i64,
     now: i64,
@@ -221,7 +221,10 @@ pub fn enqueue(
 }
 
 /// Loads one event.
-pub fn load(tx: &mut dyn EffectTx, event_id: i64) -> Result<Option<OutboxEvent>, StoreError> {
+pub(crate) fn load(
+    tx: &mut dyn EffectTx,
+    event_id: i64,
+) -> Result<Option<OutboxEvent>, StoreError> {
     query_event(
         tx,
         &format!("{SELECT_EVENT} WHERE id = ?1"),
@@ -230,7 +233,7 @@ pub fn load(tx: &mut dyn EffectTx, event_id: i64) -> Result<Option<OutboxEvent>,
 }
 
 /// Loads the event of an operation.
-pub fn for_operation(
+pub(crate) fn for_operation(
     tx: &mut dyn EffectTx,
     operation_id: i64,
 ) -> Result<Option<OutboxEvent>, StoreError> {
@@ -243,7 +246,7 @@ pub fn for_operation(
 
 /// Events a worker may claim at `now`: pending ones and those whose lease has expired, oldest
 /// first, at most `limit`.
-pub fn ready(tx: &mut dyn EffectTx, now: i64, limit: i64) -> Result<Vec<i64>, StoreError> {
+pub(crate) fn ready(tx: &mut dyn EffectTx, now: i64, limit: i64) -> Result<Vec<i64>, StoreError> {
     let rows = tx
         .query(
             "SELECT id FROM outbox
@@ -259,7 +262,7 @@ pub fn ready(tx: &mut dyn EffectTx, now: i64, limit: i64) -> Result<Vec<i64>, St
 
 /// How many events are held under a live lease at `now` (claimed by a worker whose lease has
 /// not expired): a worker pass skips them.
-pub fn held(tx: &mut dyn EffectTx, now: i64) -> Result<i64, StoreError> {
+pub(crate) fn held(tx: &mut dyn EffectTx, now: i64) -> Result<i64, StoreError> {
     let row = tx
         .query_opt(
             "SELECT count(*) FROM outbox WHERE state = 'processing' AND lease_until > ?1",
@@ -273,7 +276,7 @@ pub fn held(tx: &mut dyn EffectTx, now: i64) -> Result<i64, StoreError> {
 }
 
 /// Checks a lease window: positive length, no overflow past the portable range.
-pub fn lease_until(now: i64, lease_seconds: i64) -> Result<i64, StoreError> {
+pub(crate) fn lease_until(now: i64, lease_seconds: i64) -> Result<i64, StoreError> {
     if !(1..=86_400).contains(&lease_seconds) {
         return Err(StoreError::Contract(
             "lease length must be 1 to 86400 seconds".into(),
@@ -291,7 +294,7 @@ pub fn lease_until(now: i64, lease_seconds: i64) -> Result<i64, StoreError> {
 /// of the event in all (the claiming worker's limit, 1 to [`MAX_ATTEMPTS_LIMIT`]; it is
 /// written into the event). Also moves the operation to `processing` (or, when the event was
 /// already claimed `max_attempts` times, `dead`) in the same transaction.
-pub fn claim(
+pub(crate) fn claim(
     tx: &mut dyn EffectTx,
     event_id: i64,
     owner: &str,
@@ -398,7 +401,7 @@ pub fn claim(
 
 /// Extends a held lease to `now + lease_seconds` (heartbeat). Conditional on the token: it
 /// works as long as nobody reclaimed the event, even if the lease has just run out.
-pub fn renew(
+pub(crate) fn renew(
     tx: &mut dyn EffectTx,
     lease: &Lease,
     now: i64,
@@ -430,7 +433,7 @@ pub fn renew(
 /// stays held until it expires, so the event is retried only after that — except after the
 /// last attempt the event allows, when no claim can follow: the lease then ends now (nothing
 /// is in flight any more, so an operator may resolve the operation at once).
-pub fn record_attempt_error(
+pub(crate) fn record_attempt_error(
     tx: &mut dyn EffectTx,
     lease: &Lease,
     code: &str,
@@ -456,7 +459,7 @@ pub fn record_attempt_error(
 /// `input_required`), so the claim does not count as an attempt. The event is pending again
 /// with its lease ended and `code` as its last error; the fencing token stays, so the next
 /// claim's is higher. Conditional on the token.
-pub fn rearm(
+pub(crate) fn rearm(
     tx: &mut dyn EffectTx,
     lease: &Lease,
     code: &str,
@@ -478,7 +481,7 @@ pub fn rearm(
 }
 
 /// Marks the event delivered under `lease` (part of transaction C).
-pub fn complete(
+pub(crate) fn complete(
     tx: &mut dyn EffectTx,
     lease: &Lease,
     now: i64,
@@ -496,7 +499,7 @@ pub fn complete(
 /// Marks the event delivered because an explicit status query reconciled its receipt (part of
 /// transaction C on the status path). Any lease is void afterwards: a worker still holding one
 /// gets [`Fenced`] on its next conditional write.
-pub fn complete_by_reconciliation(
+pub(crate) fn complete_by_reconciliation(
     tx: &mut dyn EffectTx,
     event_id: i64,
     expected_token: i64,
@@ -511,22 +514,4 @@ pub fn complete_by_reconciliation(
         &[now.into(), event_id.into(), expected_token.into()],
     )?;
     Ok(if n == 1 { Ok(()) } else { Err(Fenced) })
-}
-
-/// Counts of events per state (for audits and metrics).
-pub fn counts(tx: &mut dyn EffectTx) -> Result<Vec<(String, i64)>, StoreError> {
-    let rows = tx
-        .query(
-            "SELECT state, count(*) FROM outbox GROUP BY state ORDER BY state",
-            &[],
-        )
-        .map_err(|e| store_error(tx, e))?;
-    rows.iter()
-        .map(|r| {
-            Ok((
-                r.text(0).map_err(|e| StoreError::Contract(e.message))?,
-                r.int(1).map_err(|e| StoreError::Contract(e.message))?,
-            ))
-        })
-        .collect()
 }
