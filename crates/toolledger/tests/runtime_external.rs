@@ -65,6 +65,12 @@ impl Api {
         })
     }
 
+    /// The idempotency keys of every call and lookup, in order.
+    fn keys(&self) -> Vec<String> {
+        let seen = self.seen.lock().unwrap();
+        seen.iter().map(|r| r.idempotency_key.clone()).collect()
+    }
+
     fn calls(&self) -> usize {
         self.calls.load(Ordering::SeqCst)
     }
@@ -155,13 +161,7 @@ async fn the_call_runs_once_under_the_operations_key_and_its_answer_is_replayed(
         .await
         .unwrap();
     assert_eq!(api.calls(), 2, "{driver:?}");
-    let keys: Vec<String> = api
-        .seen
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|r| r.idempotency_key.clone())
-        .collect();
+    let keys = api.keys();
     assert_eq!(keys, [first.status_ref(), bobs.status_ref()], "{driver:?}");
     assert_ne!(keys[0], keys[1], "{driver:?}");
 }
@@ -255,13 +255,7 @@ async fn nothing_sent_is_tried_again_and_a_refusal_is_stored(h: &Harness) {
     let sent = rt.dispatch(&call, None).await.unwrap();
     assert_eq!(done(&sent).2, json!({"message_id": "m-2"}), "{driver:?}");
     assert_eq!(api.calls(), 2, "{driver:?}");
-    let keys: Vec<String> = api
-        .seen
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|r| r.idempotency_key.clone())
-        .collect();
+    let keys = api.keys();
     assert_eq!(
         keys[0], keys[1],
         "{driver:?}: the same operation, the same key"
