@@ -437,7 +437,7 @@ end
 # ---------------------------------------------------------------------------------------------
 echo
 echo "== dist: artifacts"
-for f in "$WHEEL" "$LAUNCHER_TGZ" "$PLATFORM_TGZ"; do
+for f in "$BIN" "$WHEEL" "$LAUNCHER_TGZ" "$PLATFORM_TGZ"; do
   printf '%-60s %10s bytes\n' "${f#"$ROOT"/}" "$(stat -c %s "$f")"
 done
 echo
