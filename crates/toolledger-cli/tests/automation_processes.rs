@@ -10,6 +10,7 @@ use std::process::{Child, Command, Output, Stdio};
 use serde_json::{json, Value};
 use toolledger_cli::common::open_store;
 use toolledger_reference::automations::{self, SCOPE};
+use toolledger_testkit::db::sqlite_scalar;
 
 use support::BIN;
 
@@ -74,13 +75,6 @@ fn edit(key: &str, version: i64, minutes: i64) -> Value {
            "interval_minutes": minutes})
 }
 
-fn scalar(path: &Path, sql: &str) -> i64 {
-    rusqlite::Connection::open(path)
-        .unwrap()
-        .query_row(sql, [], |r| r.get(0))
-        .unwrap()
-}
-
 fn row(path: &Path) -> (i64, i64) {
     rusqlite::Connection::open(path)
         .unwrap()
@@ -105,7 +99,7 @@ fn a_lost_reply_is_recovered_by_a_new_process_as_a_replay() {
         json!({"id": 1, "interval_minutes": 30, "version": 2, "replayed": true})
     );
     assert_eq!(row(&w.path), (30, 2));
-    assert_eq!(scalar(&w.path, "SELECT count(*) FROM operations"), 1);
+    assert_eq!(sqlite_scalar(&w.path, "SELECT count(*) FROM operations"), 1);
 }
 
 #[test]
@@ -124,7 +118,7 @@ fn simultaneous_identical_processes_yield_one_fresh_result_and_one_replay() {
     assert_eq!(replayed, [false, true]);
     assert_eq!(outcomes[0].1["version"], outcomes[1].1["version"]);
     assert_eq!(row(&w.path), (30, 2));
-    assert_eq!(scalar(&w.path, "SELECT count(*) FROM operations"), 1);
+    assert_eq!(sqlite_scalar(&w.path, "SELECT count(*) FROM operations"), 1);
 }
 
 #[test]
@@ -150,7 +144,7 @@ fn simultaneous_processes_with_different_payloads_have_one_winner() {
     assert_eq!(losers[0]["error"]["code"], "operation_conflict");
     let minutes = winners[0]["interval_minutes"].as_i64().unwrap();
     assert_eq!(row(&w.path), (minutes, 2));
-    assert_eq!(scalar(&w.path, "SELECT count(*) FROM operations"), 1);
+    assert_eq!(sqlite_scalar(&w.path, "SELECT count(*) FROM operations"), 1);
 }
 
 #[test]
@@ -170,13 +164,13 @@ fn eight_processes_racing_one_key_create_exactly_one_row() {
         1
     );
     assert_eq!(
-        scalar(
+        sqlite_scalar(
             &w.path,
             "SELECT count(*) FROM automations WHERE interval_minutes = 45"
         ),
         1
     );
-    assert_eq!(scalar(&w.path, "SELECT count(*) FROM operations"), 1);
+    assert_eq!(sqlite_scalar(&w.path, "SELECT count(*) FROM operations"), 1);
 }
 
 #[test]
@@ -216,7 +210,7 @@ fn tool_errors_are_one_json_object_with_exit_1_and_write_nothing() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert_eq!(scalar(&w.path, "SELECT count(*) FROM operations"), 0);
+    assert_eq!(sqlite_scalar(&w.path, "SELECT count(*) FROM operations"), 0);
     assert_eq!(row(&w.path), (15, 1));
 }
 

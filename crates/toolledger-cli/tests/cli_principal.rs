@@ -7,6 +7,7 @@ use std::process::{Command, Output};
 
 use serde_json::{json, Value};
 use sha2::Digest;
+use toolledger_testkit::db::sqlite_count;
 
 use support::BIN;
 
@@ -41,13 +42,6 @@ fn fails(db: &Path, args: &[&str]) -> String {
     let v: Value = serde_json::from_str(stderr.trim()).unwrap();
     assert!(!stderr.contains(&*db.to_string_lossy()), "{stderr}");
     v["error"]["code"].as_str().unwrap().to_string()
-}
-
-fn count(db: &Path, table: &str) -> i64 {
-    rusqlite::Connection::open(db)
-        .unwrap()
-        .query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
-        .unwrap()
 }
 
 #[test]
@@ -105,7 +99,7 @@ fn add_list_revoke_round_trip_with_a_hashed_token() {
     let revoked = ok(&db, &["revoke", "alice", "--all"]);
     assert_eq!(revoked["principal"]["active"], false);
     assert_eq!(revoked["principal"]["tokens"], 0);
-    assert_eq!(count(&db, "principal_tokens"), 0);
+    assert_eq!(sqlite_count(&db, "principal_tokens"), 0);
 
     // Re-adding with other grants needs --replace, which replaces them and re-activates;
     // without --token no token is printed.
@@ -139,12 +133,12 @@ fn bad_input_exits_2_with_a_stable_code_and_writes_nothing() {
     }
     assert_eq!(fails(&db, &["revoke", "ghost", "--all"]), "NOT_FOUND");
     assert_eq!(fails(&db, &["revoke", "alice"]), "INVALID_ARGUMENTS");
-    assert_eq!(count(&db, "principals"), 1);
-    assert_eq!(count(&db, "principal_tokens"), 0);
+    assert_eq!(sqlite_count(&db, "principals"), 1);
+    assert_eq!(sqlite_count(&db, "principal_tokens"), 0);
     // Usage errors (a missing --tenant) are exit 2 as well.
     let out = run(&db, &["add", "carol"]);
     assert_eq!(out.status.code(), Some(2));
-    assert_eq!(count(&db, "principals"), 1);
+    assert_eq!(sqlite_count(&db, "principals"), 1);
 }
 
 #[test]

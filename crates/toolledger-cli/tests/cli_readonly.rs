@@ -225,15 +225,11 @@ fn a_ledger_without_the_reference_tables_is_inspected_and_never_given_them() {
     let ops = run_on(&db, &["operations", "list"]);
     assert_eq!((ops.code, ops.stdout.as_str()), (0, ""));
     assert_eq!(snapshot(dir.path()), before);
-    let c = rusqlite::Connection::open(&db).unwrap();
-    let reference: i64 = c
-        .query_row(
-            "SELECT count(*) FROM sqlite_schema WHERE type = 'table'
-               AND name IN ('issues', 'orders', 'automations', 'drafts')",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let reference = toolledger_testkit::db::sqlite_scalar(
+        &db,
+        "SELECT count(*) FROM sqlite_schema WHERE type = 'table'
+           AND name IN ('issues', 'orders', 'automations', 'drafts')",
+    );
     assert_eq!(reference, 0, "no reference table was added");
 }
 

@@ -283,9 +283,7 @@ fn payments_unavailable_until_later(db: &Db) {
 }
 
 fn payments_receipts(db: &Db) -> i64 {
-    let conn = rusqlite::Connection::open(payments(db)).unwrap();
-    conn.query_row("SELECT count(*) FROM downstream_receipts", [], |r| r.get(0))
-        .unwrap()
+    toolledger_testkit::db::sqlite_count(&payments(db), "downstream_receipts")
 }
 
 fn draft_payload() -> Value {

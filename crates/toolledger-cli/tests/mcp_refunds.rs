@@ -107,10 +107,7 @@ fn the_payments_stand_in_keeps_its_receipts_where_downstream_db_says(db: Db) {
     assert_eq!(out["structuredContent"]["status"], "succeeded", "{out}");
     assert_eq!(s.finish(), 0);
 
-    let conn = rusqlite::Connection::open(&payments).unwrap();
-    let receipts: i64 = conn
-        .query_row("SELECT count(*) FROM downstream_receipts", [], |r| r.get(0))
-        .unwrap();
+    let receipts = toolledger_testkit::db::sqlite_count(&payments, "downstream_receipts");
     assert_eq!(receipts, 1, "the delivery's receipt is in the named file");
     let args = db.store_args();
     let ledger = args

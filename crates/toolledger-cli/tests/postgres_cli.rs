@@ -10,7 +10,7 @@ use std::process::Command;
 
 use serde_json::Value;
 use support::bin;
-use toolledger::effect::{EffectTx, SqlValue};
+use toolledger::effect::EffectTx;
 use toolledger_testkit::conformance::{test_database_url, Harness};
 
 struct Out {
@@ -324,9 +324,8 @@ fn serve_and_proxy_without_keys_on_postgres_name_the_missing_variables() {
         assert!(!message.contains("TOOLLEDGER_STATE_KEY_HEX"), "{message}");
     }
     // Nothing was recorded: the keys are checked before they are bound to the database.
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let bound = rt
-        .block_on(store.read(|tx: &mut dyn EffectTx| tx.query("SELECT count(*) FROM key_ids", &[])))
-        .unwrap();
-    assert_eq!(bound, vec![vec![SqlValue::Integer(0)]]);
+    assert_eq!(
+        toolledger_testkit::db::scalar_blocking(&store, "SELECT count(*) FROM key_ids"),
+        0
+    );
 }

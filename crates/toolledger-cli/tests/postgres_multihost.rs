@@ -14,9 +14,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use support::toolledger;
 use support::wire::Server;
-use toolledger::effect::{EffectTx, RowExt};
-use toolledger::store::Store;
 use toolledger_testkit::conformance::Harness;
+use toolledger_testkit::db::{scalar, sqlite_count};
 
 const STATE_KEY: &str = "7374617465206b657920666f7220746865206d756c74692d686f73742074657374";
 const FP_KEY: &str = "66696e6765727072696e74206b657920666f7220746865206d756c74692d686f7374";
@@ -69,13 +68,6 @@ impl Drop for Worker {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-async fn scalar(store: &Store, sql: &'static str) -> i64 {
-    store
-        .read(move |tx: &mut dyn EffectTx| tx.query_opt(sql, &[])?.unwrap().int(0))
-        .await
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -301,10 +293,7 @@ async fn two_servers_and_two_workers_share_one_postgres_ledger() {
         .await,
         N as i64
     );
-    let payments = rusqlite::Connection::open(&downstream).unwrap();
-    let effects: i64 = payments
-        .query_row("SELECT count(*) FROM downstream_receipts", [], |r| r.get(0))
-        .unwrap();
+    let effects = sqlite_count(&downstream, "downstream_receipts");
     assert_eq!(
         effects, N as i64,
         "exactly one downstream effect per operation"

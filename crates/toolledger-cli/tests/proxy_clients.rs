@@ -172,9 +172,7 @@ fn charge_db(dir: &tempfile::TempDir) -> PathBuf {
 }
 
 fn charges(path: &PathBuf) -> i64 {
-    let conn = rusqlite::Connection::open(path).unwrap();
-    conn.query_row("SELECT count(*) FROM charges", [], |r| r.get(0))
-        .unwrap()
+    toolledger_testkit::db::sqlite_count(path, "charges")
 }
 
 fn charge_calls(op: &str) -> Value {

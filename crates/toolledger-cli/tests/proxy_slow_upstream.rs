@@ -109,9 +109,6 @@ fn an_upstream_that_answers_discover_late_is_connected_with_the_modern_lifecycle
         log.contains("answered server/discover late"),
         "the late answer was seen and handled: {log}"
     );
-    let rows: i64 = rusqlite::Connection::open(&charges)
-        .unwrap()
-        .query_row("SELECT COUNT(*) FROM charges", [], |r| r.get(0))
-        .unwrap();
+    let rows = toolledger_testkit::db::sqlite_count(&charges, "charges");
     assert_eq!(rows, 1, "one charge for one operation");
 }

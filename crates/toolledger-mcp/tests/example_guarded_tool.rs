@@ -11,7 +11,6 @@ use rmcp::model::CallToolRequestParams;
 use rmcp::service::{RoleClient, RunningService};
 use rmcp::ServiceExt;
 use serde_json::{json, Value};
-use toolledger::effect::{EffectTx, RowExt};
 use toolledger_mcp::LedgerGuard;
 
 struct Session {
@@ -48,12 +47,7 @@ impl Session {
     }
 
     async fn count(&self, table: &str) -> i64 {
-        let sql = format!("SELECT count(*) FROM {table}");
-        self.ledger
-            .store()
-            .read(move |tx: &mut dyn EffectTx| tx.query_opt(&sql, &[])?.unwrap().int(0))
-            .await
-            .unwrap()
+        toolledger_testkit::db::count(self.ledger.store(), table).await
     }
 }
 

@@ -211,15 +211,7 @@ impl World {
     }
 
     async fn issues(&self) -> i64 {
-        self.ledger
-            .store()
-            .read(|tx: &mut dyn EffectTx| {
-                tx.query_opt("SELECT count(*) FROM issues", &[])?
-                    .unwrap()
-                    .int(0)
-            })
-            .await
-            .unwrap()
+        toolledger_testkit::db::count(self.ledger.store(), "issues").await
     }
 }
 

@@ -15,9 +15,10 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use serde_json::{json, Value};
-use toolledger::effect::{EffectTx, RowExt};
+use toolledger::effect::EffectTx;
 use toolledger::store::postgres::{PgOptions, PgStore};
 use toolledger_mcp::{KeyMaterial, LedgerGuard};
+use toolledger_testkit::db::scalar_blocking;
 
 const STATE_KEY: &str = "67756172646564207475726e2073746174652d6b65792c20666f722074657374";
 const FP_KEY: &str = "67756172646564207475726e2066696e6765727072696e74206b657920746573";
@@ -90,17 +91,6 @@ fn open_ledger(database: &str) -> LedgerGuard {
         .unwrap()
 }
 
-fn count(ledger: &LedgerGuard, sql: &'static str) -> i64 {
-    let store = ledger.store().clone();
-    std::thread::spawn(move || {
-        store
-            .read_blocking(move |tx: &mut dyn EffectTx| tx.query_opt(sql, &[])?.unwrap().int(0))
-            .unwrap()
-    })
-    .join()
-    .unwrap()
-}
-
 /// What the client must have seen and the database must hold, on either backend.
 fn check(v: &Value, ledger: &LedgerGuard) {
     assert_eq!(v["tools"], json!(["create_note", "get_operation_status"]));
@@ -158,11 +148,17 @@ fn check(v: &Value, ledger: &LedgerGuard) {
 
     // One note and one ledger row although the call was sent twice (and once more with other
     // arguments); none for the refused call.
-    assert_eq!(count(ledger, "SELECT count(*) FROM notes"), 1);
-    assert_eq!(count(ledger, "SELECT count(*) FROM operations"), 1);
     assert_eq!(
-        count(
-            ledger,
+        scalar_blocking(ledger.store(), "SELECT count(*) FROM notes"),
+        1
+    );
+    assert_eq!(
+        scalar_blocking(ledger.store(), "SELECT count(*) FROM operations"),
+        1
+    );
+    assert_eq!(
+        scalar_blocking(
+            ledger.store(),
             "SELECT count(*) FROM operations WHERE idempotency_key = 'py-note-2'"
         ),
         0

@@ -294,17 +294,42 @@ impl SqliteFile {
         c
     }
 
-    /// The integer one query answers, read on a side connection.
+    /// The integer one query answers, read on a [`sqlite_read_only`] connection.
     pub fn scalar(&self, sql: &str) -> i64 {
-        self.side()
-            .query_row(sql, [], |r| r.get(0))
-            .expect("a scalar")
+        sqlite_scalar(&self.path, sql)
     }
 
-    /// The rows of `table`, counted on a side connection.
+    /// The rows of `table`, counted on a [`sqlite_read_only`] connection.
     pub fn count(&self, table: &str) -> i64 {
-        self.scalar(&format!("SELECT count(*) FROM {table}"))
+        sqlite_count(&self.path, table)
     }
+}
+
+/// A read-only connection to the SQLite file at `path` (a ledger or a stand-in's own file,
+/// read from outside whatever writes it), waiting up to five seconds on a busy database.
+/// Panics when the file does not open.
+pub fn sqlite_read_only(path: &Path) -> rusqlite::Connection {
+    let c = rusqlite::Connection::open_with_flags(
+        path,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .unwrap_or_else(|e| panic!("open {} read-only: {e}", path.display()));
+    c.busy_timeout(Duration::from_secs(5))
+        .expect("busy timeout");
+    c
+}
+
+/// The integer one query (without parameters) answers, read on a [`sqlite_read_only`]
+/// connection to the SQLite file at `path`.
+pub fn sqlite_scalar(path: &Path, sql: &str) -> i64 {
+    sqlite_read_only(path)
+        .query_row(sql, [], |r| r.get(0))
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// Counts the rows of `table` in the SQLite file at `path` ([`sqlite_scalar`]).
+pub fn sqlite_count(path: &Path, table: &str) -> i64 {
+    sqlite_scalar(path, &format!("SELECT count(*) FROM {table}"))
 }
 
 /// The integer one query (without parameters) answers, read in one snapshot of `store`.
@@ -319,6 +344,21 @@ pub async fn scalar(store: &Store, sql: &str) -> i64 {
 /// Counts the rows of `table` in one snapshot of `store`.
 pub async fn count(store: &Store, table: &str) -> i64 {
     scalar(store, &format!("SELECT count(*) FROM {table}")).await
+}
+
+/// [`scalar`] for synchronous code: read on a thread of its own, so a caller inside a tokio
+/// runtime may use it too.
+pub fn scalar_blocking(store: &Store, sql: &str) -> i64 {
+    let (store, sql) = (store.clone(), sql.to_string());
+    std::thread::spawn(move || {
+        store
+            .read_blocking(move |tx: &mut dyn EffectTx| {
+                tx.query_opt(&sql, &[])?.expect("a row").int(0)
+            })
+            .expect("a scalar")
+    })
+    .join()
+    .expect("the reading thread")
 }
 
 /// The text one query (without parameters) answers, read in one snapshot of `store`; `None`

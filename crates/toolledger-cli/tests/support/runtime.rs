@@ -75,7 +75,7 @@ impl Db {
 
     /// One integer a query on the ledger returns.
     pub fn int(&self, sql: &str) -> i64 {
-        self.ledger().query_row(sql, [], |r| r.get(0)).unwrap()
+        toolledger_testkit::db::sqlite_scalar(&self.db, sql)
     }
 
     /// One text a query on the ledger returns.
@@ -88,9 +88,7 @@ impl Db {
         if !self.downstream().exists() {
             return 0;
         }
-        let c = rusqlite::Connection::open(self.downstream()).unwrap();
-        c.query_row("SELECT count(*) FROM downstream_receipts", [], |r| r.get(0))
-            .unwrap()
+        toolledger_testkit::db::sqlite_count(&self.downstream(), "downstream_receipts")
     }
 }
 

@@ -29,9 +29,8 @@ pub const PG_STATE_KEY: &str =
 /// Fingerprint key the servers of a PostgreSQL test share.
 pub const PG_FP_KEY: &str = "6d63702077697265206d617472697820666970722d6b657920706f7374677265";
 
-/// A ledger the wire tests run against: a SQLite file (read back with a fresh rusqlite
-/// connection, exactly as before) or a PostgreSQL schema (read back through the library's
-/// `Store`).
+/// A ledger the wire tests run against: a SQLite file (read back on a read-only rusqlite
+/// connection) or a PostgreSQL schema (read back through the library's `Store`).
 pub trait Ledger {
     /// The `serve`/`migrate` flags that select this database.
     fn store_args(&self) -> Vec<String>;
@@ -72,12 +71,11 @@ impl Ledger for Path {
     }
 
     fn scalar(&self, sql: &str) -> i64 {
-        let conn = rusqlite::Connection::open(self).unwrap();
-        conn.query_row(sql, [], |r| r.get(0)).unwrap()
+        toolledger_testkit::db::sqlite_scalar(self, sql)
     }
 
     fn pairs(&self, sql: &str) -> Vec<(String, String)> {
-        let conn = rusqlite::Connection::open(self).unwrap();
+        let conn = toolledger_testkit::db::sqlite_read_only(self);
         let mut stmt = conn.prepare(sql).unwrap();
         stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
             .unwrap()
@@ -233,19 +231,7 @@ impl Ledger for Db {
     fn scalar(&self, sql: &str) -> i64 {
         match self {
             Db::Sqlite(d) => d.path().scalar(sql),
-            Db::Postgres { store, h, .. } => {
-                let _ = h;
-                let (store, sql) = (store.clone(), sql.to_string());
-                std::thread::spawn(move || {
-                    store
-                        .read_blocking(move |tx: &mut dyn EffectTx| {
-                            tx.query_opt(&sql, &[])?.expect("a row").int(0)
-                        })
-                        .unwrap()
-                })
-                .join()
-                .unwrap()
-            }
+            Db::Postgres { store, .. } => toolledger_testkit::db::scalar_blocking(store, sql),
         }
     }
 
@@ -315,7 +301,8 @@ pub fn add_principal<L: Ledger + ?Sized>(
     .unwrap()
 }
 
-/// Counts rows of `table` (read on a fresh connection on SQLite, one snapshot on PostgreSQL).
+/// Counts rows of `table` (read on a read-only connection on SQLite, one snapshot on
+/// PostgreSQL).
 pub fn count<L: Ledger + ?Sized>(db: &L, table: &str) -> i64 {
     db.scalar(&format!("SELECT count(*) FROM {table}"))
 }
