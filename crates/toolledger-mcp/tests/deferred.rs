@@ -9,50 +9,12 @@ use rmcp::model::{CallToolResponse, JsonObject, Tool};
 use serde_json::{json, Value};
 use toolledger::authz::PrincipalStore;
 use toolledger::clock::{ManualClock, SharedClock};
-use toolledger::effect::EffectTx;
-use toolledger::model::{Error, Principal, ToolContract};
-use toolledger::runtime::{CrashPoint, DeferredTool, ProviderProfile, Registry, Runtime};
+use toolledger::model::{Error, Principal};
+use toolledger::runtime::{CrashPoint, ProviderProfile, Registry, Runtime};
 use toolledger::store::sqlite::{OpenOptions, SqliteStore};
 use toolledger_mcp::{Caller, DeferredArguments, DeferredMcpTool, McpTool, ToolCall};
 use toolledger_testkit::downstream::SqliteDownstream;
-
-/// `ship_parcel {operation_id, parcel}`: no approval, everyone may ship.
-struct ShipParcel;
-
-impl DeferredTool for ShipParcel {
-    fn contract(&self) -> ToolContract {
-        ToolContract::uniform("ship_parcel", "1")
-    }
-
-    fn validate(&self, arguments: &Value) -> Result<Value, Error> {
-        match arguments.get("parcel").and_then(Value::as_str) {
-            Some(p) if !p.is_empty() && arguments.as_object().is_some_and(|o| o.len() == 1) => {
-                Ok(json!({"parcel": p}))
-            }
-            _ => Err(Error::invalid("parcel must be a non-empty string")),
-        }
-    }
-
-    fn check_access(&self, _: &mut dyn EffectTx, _: &Principal, _: &Value) -> Result<(), Error> {
-        Ok(())
-    }
-
-    fn check(&self, _: &mut dyn EffectTx, _: &Principal, _: &Value) -> Result<(), Error> {
-        Ok(())
-    }
-
-    fn requires_approval(&self) -> bool {
-        false
-    }
-
-    fn accept_receipt(&self, arguments: &Value, receipt: &Value) -> Result<Value, Error> {
-        let id = receipt
-            .get("receipt_id")
-            .and_then(Value::as_str)
-            .ok_or_else(|| Error::invalid("receipt_id is missing"))?;
-        Ok(json!({"parcel": arguments["parcel"], "shipped": id}))
-    }
-}
+use toolledger_testkit::tools::ShipAnyParcel;
 
 fn parse(arguments: &JsonObject) -> Result<DeferredArguments, Error> {
     let key = arguments
@@ -81,7 +43,7 @@ fn fixture() -> Fixture {
     .unwrap();
     let downstream = SqliteDownstream::open(dir.path().join("d.sqlite"), clock.clone()).unwrap();
     let registry = Registry::new()
-        .register(Arc::new(ShipParcel), Arc::new(downstream))
+        .register(Arc::new(ShipAnyParcel::strict()), Arc::new(downstream))
         .allow_profile(ProviderProfile::mcp());
     let runtime = Runtime::new(store.clone(), clock.clone(), registry);
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -12,41 +12,12 @@ use rmcp::{ClientLifecycleMode, ClientServiceExt, ServerHandler, ServiceExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use toolledger::clock::{ManualClock, SharedClock};
-use toolledger::effect::EffectTx;
-use toolledger::model::{Error, Principal, ToolContract};
-use toolledger::runtime::{CrashPoint, DeferredTool, ProviderProfile, Registry, Runtime};
+use toolledger::runtime::{CrashPoint, ProviderProfile, Registry, Runtime};
 use toolledger_mcp::{
     status_router, DeferredArguments, DeferredOutcome, Guarded, LedgerGuard, Refusal,
 };
 use toolledger_testkit::downstream::SqliteDownstream;
-
-struct ShipParcel;
-
-impl DeferredTool for ShipParcel {
-    fn contract(&self) -> ToolContract {
-        ToolContract::uniform("ship_parcel", "1")
-    }
-
-    fn validate(&self, arguments: &Value) -> Result<Value, Error> {
-        Ok(json!({"parcel": arguments["parcel"]}))
-    }
-
-    fn check_access(&self, _: &mut dyn EffectTx, _: &Principal, _: &Value) -> Result<(), Error> {
-        Ok(())
-    }
-
-    fn check(&self, _: &mut dyn EffectTx, _: &Principal, _: &Value) -> Result<(), Error> {
-        Ok(())
-    }
-
-    fn requires_approval(&self) -> bool {
-        false
-    }
-
-    fn accept_receipt(&self, arguments: &Value, receipt: &Value) -> Result<Value, Error> {
-        Ok(json!({"parcel": arguments["parcel"], "shipped": receipt["receipt_id"]}))
-    }
-}
+use toolledger_testkit::tools::ShipAnyParcel;
 
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -96,7 +67,7 @@ async fn a_deferred_tool_method_dispatches_once_and_replays() {
         .unwrap();
     let downstream = SqliteDownstream::open(dir.path().join("d.sqlite"), clock.clone()).unwrap();
     let registry = Registry::new()
-        .register(Arc::new(ShipParcel), Arc::new(downstream))
+        .register(Arc::new(ShipAnyParcel::unchecked()), Arc::new(downstream))
         .allow_profile(ProviderProfile::mcp());
     let runtime = Runtime::new(ledger.store().clone(), clock, registry);
     // An operation whose process "died" after the downstream committed, before transaction C.

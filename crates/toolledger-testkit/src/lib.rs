@@ -11,6 +11,8 @@
 //!   answer status queries, and a wrapper counting the calls into it;
 //! - [`stdio`]: the one server spawner — a spawned stdio MCP server driven with raw JSON-RPC
 //!   lines;
+//! - [`tools`]: tools for tests of what serves a tool rather than of business rules (a
+//!   deferred tool over no business state);
 //! - [`history`]: the history checker — what every client sent and saw against what the
 //!   ledger and the effect tables hold (at most one effect per operation id, no acknowledged
 //!   operation lost, no changed result, nothing undecided, audit passes);
@@ -31,3 +33,4 @@ pub use toolledger_reference::downstream;
 pub mod history;
 pub mod kill;
 pub mod stdio;
+pub mod tools;
