@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use toolledger::model::ErrorCode;
 use toolledger_mcp::state::{StateBinding, StateSealer};
 use toolledger_mcp::wire::{check_message, INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR};
+use toolledger_testkit::mutate::{edits, Edit};
 
 const TTL: i64 = 600;
 
@@ -42,40 +43,13 @@ fn open(s: &StateSealer, token: &str, b: &StateBinding, now: i64) -> Option<Stat
     }
 }
 
-/// One edit of a token, from bytes a token is made of.
-#[derive(Debug, Clone)]
-enum Edit {
-    Replace(usize, u8),
-    Insert(usize, u8),
-    Delete(usize),
-    Truncate(usize),
-}
-
 const TOKEN_BYTES: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.=+/ ";
 
 const JSON_BYTES: &[u8] = b"\"\\{}[],:0129eE.-+ utfnNI\x00\x1f\xff\xc3\xed";
 
-fn edit(alphabet: &'static [u8]) -> impl Strategy<Value = Edit> {
-    let byte = prop::sample::select(alphabet.to_vec());
-    prop_oneof![
-        (any::<usize>(), byte.clone()).prop_map(|(i, b)| Edit::Replace(i, b)),
-        (any::<usize>(), byte).prop_map(|(i, b)| Edit::Insert(i, b)),
-        any::<usize>().prop_map(Edit::Delete),
-        any::<usize>().prop_map(Edit::Truncate),
-    ]
-}
-
-fn apply(bytes: &mut Vec<u8>, e: &Edit) {
-    let n = bytes.len();
-    match *e {
-        Edit::Replace(i, b) if n > 0 => bytes[i % n] = b,
-        Edit::Insert(i, b) => bytes.insert(i % (n + 1), b),
-        Edit::Delete(i) if n > 0 => {
-            bytes.remove(i % n);
-        }
-        Edit::Truncate(i) => bytes.truncate(i % (n + 1)),
-        _ => {}
-    }
+/// Edits with bytes from `alphabet`.
+fn edits_from(alphabet: &[u8], count: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Edit>> {
+    edits(prop::sample::select(alphabet.to_vec()), count)
 }
 
 /// A tools/call line with `arguments` spliced in as raw text.
@@ -140,7 +114,7 @@ proptest! {
     #[test]
     fn edited_tokens_never_open(
         operation in "[a-z0-9-]{1,12}",
-        edits in prop::collection::vec(edit(TOKEN_BYTES), 1..5),
+        edits in edits_from(TOKEN_BYTES, 1..5),
     ) {
         let s = ring();
         let b = binding(&operation);
@@ -148,7 +122,7 @@ proptest! {
         prop_assert_eq!(open(&s, &token, &b, 1_100), Some(b.clone()));
         let mut edited = token.clone().into_bytes();
         for e in &edits {
-            apply(&mut edited, e);
+            e.apply(&mut edited);
         }
         let edited = String::from_utf8(edited).unwrap();
         if edited != token {
@@ -191,10 +165,10 @@ proptest! {
     }
 
     #[test]
-    fn edited_messages_are_refused_cleanly(edits in prop::collection::vec(edit(JSON_BYTES), 1..6)) {
+    fn edited_messages_are_refused_cleanly(edits in edits_from(JSON_BYTES, 1..6)) {
         let mut line = call_line("7", r#"{"operation_id":"issue-1","title":"spec","n":[1,2.0]}"#);
         for e in &edits {
-            apply(&mut line, e);
+            e.apply(&mut line);
             check_wire(&line);
         }
     }
