@@ -26,6 +26,7 @@ use support::wire::*;
 use toolledger::effect::EffectTx;
 use toolledger::engine::{Begun, Engine, InlineEffect};
 use toolledger::{Error, OperationState, Principal};
+use toolledger_testkit::reference::add_order;
 
 on_both_backends!(an_operator_settles_a_lost_refund_in_the_browser);
 
@@ -184,9 +185,9 @@ fn downstream_file(db: &Db) -> PathBuf {
 /// call may have reached it, so the operation is `outcome_unknown`. Returns its status_ref.
 fn lost_refund(db: &Db) -> String {
     add_principal(db, "ed", "acme", &["approver"], &[], false);
-    add_order(db, "o-1", "alice", 5000);
+    add_order(&db.store(), "acme", "o-1", "alice", 5000);
     let business = json!({"order_id": "o-1", "amount_cents": 1200});
-    let approval = approve(db, "refund-1", &business);
+    let approval = approve(db, "refund_order", "refund-1", &business, &[]);
     let mut s = Server::start(db, "alice", &[]);
     // Answered: the server has opened the payments service's file. Now its receipts table
     // is away, so the refund's delivery fails after it may have reached the service.

@@ -79,6 +79,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use support::wire::*;
+use toolledger_testkit::reference::add_order;
 
 /// The servers' clock.
 const NOW: i64 = 1_800_000_000;
@@ -216,43 +217,6 @@ fn program(client: ClientKind) -> Option<(PathBuf, PathBuf)> {
 
 // ---------------------------------------------------------------------------------------
 // Setting up the ledger: principals, an order, approvals, an unavailable payments service.
-
-fn add_order(db: &Db, id: &str, owner: &str, amount: i64) {
-    let (store, id, owner) = (db.store(), id.to_string(), owner.to_string());
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(toolledger_reference::refunds::ensure_order(
-            &store, "acme", &id, &owner, amount, true,
-        ))
-        .unwrap();
-    })
-    .join()
-    .unwrap();
-}
-
-/// `toolledger approve` by `ed` for alice's `key` of `tool` with `arguments`, valid from NOW.
-fn approve(db: &Db, tool: &str, key: &str, arguments: &Value) -> String {
-    let out = toolledger()
-        .arg("approve")
-        .args(db.store_args())
-        .envs(db.key_env())
-        .args(["--approver", "ed", "--tool", tool])
-        .args(["--requester", "alice", "--key", key])
-        .args(["--arguments", &arguments.to_string()])
-        .args(["--now", &NOW.to_string()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "approve {tool}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["approval_id"].as_str().unwrap().to_string()
-}
 
 /// The `--db` path of `db`'s flags (with PostgreSQL it only places the payments stand-in).
 fn ledger_path(db: &Db) -> PathBuf {
@@ -475,13 +439,17 @@ fn story(db: Db, client: ClientKind, transport: Transport, lifecycle: Lifecycle)
         &["automation:write"],
         transport == Http,
     );
-    add_order(&db, "o-1", "alice", 5000);
-    let draft_approval = approve(&db, "create_draft", "dr-1", &draft_payload());
+    add_order(&db.store(), "acme", "o-1", "alice", 5000);
+    // `toolledger approve` by `ed` for alice, valid from NOW.
+    let now = NOW.to_string();
+    let from_now = ["--now", now.as_str()];
+    let draft_approval = approve(&db, "create_draft", "dr-1", &draft_payload(), &from_now);
     let refund_approval = approve(
         &db,
         "refund_order",
         "rf-1",
         &json!({"order_id": "o-1", "amount_cents": 1200}),
+        &from_now,
     );
     payments_unavailable_until_later(&db);
 

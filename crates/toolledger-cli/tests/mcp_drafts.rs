@@ -5,8 +5,6 @@
 #[macro_use]
 mod support;
 
-use std::process::Command;
-
 use serde_json::{json, Value};
 use support::wire::*;
 
@@ -29,25 +27,17 @@ fn payload(slug: &str, text: &str) -> Value {
     json!({"slug": slug, "title": "New draft", "text": text, "kind": "article"})
 }
 
-/// `toolledger approve` for alice's `operation` with `payload`; returns the approval id.
-fn approve(db: &Db, operation: &str, payload: &Value, ttl: i64) -> String {
-    let out = Command::new(bin())
-        .arg("approve")
-        .args(db.store_args())
-        .envs(db.key_env())
-        .args(["--approver", "ed", "--tool", "create_draft"])
-        .args(["--requester", "alice", "--key", operation])
-        .args(["--arguments", &payload.to_string()])
-        .args(["--ttl", &ttl.to_string(), "--now", &NOW.to_string()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["approval_id"].as_str().unwrap().to_string()
+/// `toolledger approve` by `ed` for alice's `operation` with `payload`, valid from NOW for
+/// `ttl` seconds; returns the approval id.
+fn approve_draft(db: &Db, operation: &str, payload: &Value, ttl: i64) -> String {
+    let (ttl, now) = (ttl.to_string(), NOW.to_string());
+    approve(
+        db,
+        "create_draft",
+        operation,
+        payload,
+        &["--ttl", &ttl, "--now", &now],
+    )
 }
 
 fn call_args(operation: &str, payload: &Value, approval: Option<&str>) -> Value {
@@ -66,7 +56,7 @@ fn server(db: &Db, who: &str, at: i64) -> Server {
 fn approved_draft_is_written_once_and_a_replay_never_returns_the_text(db: Db) {
     setup(&db);
     let p = payload("new-draft", "secret body text");
-    let id = approve(&db, "draft-request-17", &p, 600);
+    let id = approve_draft(&db, "draft-request-17", &p, 600);
     let mut s = server(&db, "alice", NOW + 10);
     let first = s.call("create_draft", call_args("draft-request-17", &p, Some(&id)));
     assert_eq!(
@@ -104,7 +94,7 @@ fn approved_draft_is_written_once_and_a_replay_never_returns_the_text(db: Db) {
 fn same_operation_with_changed_text_conflicts_and_keeps_the_original(db: Db) {
     setup(&db);
     let p = payload("d1", "first text");
-    let id = approve(&db, "op-a", &p, 600);
+    let id = approve_draft(&db, "op-a", &p, 600);
     let mut s = server(&db, "alice", NOW + 1);
     s.call("create_draft", call_args("op-a", &p, Some(&id)));
     let changed = s.call(
@@ -123,8 +113,8 @@ fn same_operation_with_changed_text_conflicts_and_keeps_the_original(db: Db) {
 fn another_operation_for_the_same_slug_is_refused_and_overwrites_nothing(db: Db) {
     setup(&db);
     let p = payload("shared-slug", "text A");
-    let a = approve(&db, "op-a", &p, 600);
-    let b = approve(&db, "op-b", &p, 600);
+    let a = approve_draft(&db, "op-a", &p, 600);
+    let b = approve_draft(&db, "op-b", &p, 600);
     let mut s = server(&db, "alice", NOW + 1);
     s.call("create_draft", call_args("op-a", &p, Some(&a)));
     let dup = s.call("create_draft", call_args("op-b", &p, Some(&b)));
@@ -145,7 +135,7 @@ fn another_operation_for_the_same_slug_is_refused_and_overwrites_nothing(db: Db)
 fn missing_unknown_expired_changed_or_used_approvals_are_refused_without_writes(db: Db) {
     setup(&db);
     let p = payload("d2", "text");
-    let good = approve(&db, "op-1", &p, 600);
+    let good = approve_draft(&db, "op-1", &p, 600);
     let mut s = server(&db, "alice", NOW + 1);
     let none = s.call("create_draft", call_args("op-1", &p, None));
     assert_eq!(error_code(&none), "approval_required");
@@ -182,7 +172,7 @@ fn missing_unknown_expired_changed_or_used_approvals_are_refused_without_writes(
 fn only_editors_may_create_drafts_even_on_replay(db: Db) {
     setup(&db);
     let p = payload("d4", "text");
-    let id = approve(&db, "op-e", &p, 600);
+    let id = approve_draft(&db, "op-e", &p, 600);
     let mut s = server(&db, "viewer", NOW + 1);
     let r = s.call("create_draft", call_args("op-e", &p, Some(&id)));
     assert_eq!(error_code(&r), "permission_denied");

@@ -6,6 +6,7 @@ mod support;
 
 use serde_json::json;
 use support::wire::*;
+use toolledger_testkit::reference::add_order;
 
 on_both_backends!(
     an_approved_refund_is_delivered_once_and_replayed_by_key,
@@ -15,9 +16,9 @@ on_both_backends!(
 
 fn an_approved_refund_is_delivered_once_and_replayed_by_key(db: Db) {
     add_principal(&db, "ed", "acme", &["approver"], &[], false);
-    add_order(&db, "o-1", "alice", 5000);
+    add_order(&db.store(), "acme", "o-1", "alice", 5000);
     let business = json!({"order_id": "o-1", "amount_cents": 1200});
-    let approval = approve(&db, "refund-1", &business);
+    let approval = approve(&db, "refund_order", "refund-1", &business, &[]);
     let args = json!({"idempotency_key": "refund-1", "order_id": "o-1", "amount_cents": 1200,
                       "approval": approval});
     let mut s = Server::start(&db, "alice", &[]);
@@ -64,7 +65,7 @@ fn an_approved_refund_is_delivered_once_and_replayed_by_key(db: Db) {
 
 fn refunds_need_an_approval_and_the_owner(db: Db) {
     add_principal(&db, "ed", "acme", &["approver"], &[], false);
-    add_order(&db, "o-2", "alice", 5000);
+    add_order(&db.store(), "acme", "o-2", "alice", 5000);
     let mut s = Server::start(&db, "alice", &[]);
     let none = s.call(
         "refund_order",
@@ -92,9 +93,9 @@ fn refunds_need_an_approval_and_the_owner(db: Db) {
 /// `--db` (with `--database-url` that default would be a file in the working directory).
 fn the_payments_stand_in_keeps_its_receipts_where_downstream_db_says(db: Db) {
     add_principal(&db, "ed", "acme", &["approver"], &[], false);
-    add_order(&db, "o-9", "alice", 5000);
+    add_order(&db.store(), "acme", "o-9", "alice", 5000);
     let business = json!({"order_id": "o-9", "amount_cents": 700});
-    let approval = approve(&db, "refund-9", &business);
+    let approval = approve(&db, "refund_order", "refund-9", &business, &[]);
     let elsewhere = tempfile::tempdir().unwrap();
     let payments = elsewhere.path().join("payments.sqlite");
     let payments_arg = payments.display().to_string();

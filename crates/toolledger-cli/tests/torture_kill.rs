@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use support::clients;
-use support::wire::{add_order, add_principal, approve, Db, Ledger};
+use support::wire::{add_principal, approve, Db, Ledger};
 use toolledger_testkit::db::{restart_server, test_database_url, RestoreServer, ServerLock};
 use toolledger_testkit::history::{
     blank_members, count_effects_sqlite, count_effects_store, read_reply, Checker, LedgerCli,
@@ -49,6 +49,7 @@ use toolledger_testkit::kill::{
     drive, free_port, killer, pid_wrapper, start_run, Call, Client, DrivePolicy, KillPlan,
     RawHttpClient, RawStdioClient, Ready, Rng, ScriptClient, Supervised, Target,
 };
+use toolledger_testkit::reference::add_order;
 
 /// The two backends' runs share the machine's cores: one at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -271,9 +272,9 @@ fn refund_calls(world: &World, client: &str, seed: u64) -> Vec<Call> {
         .map(|i| {
             let id = format!("{client}-{seed:x}-{i}");
             let order = format!("ord-{id}");
-            add_order(world.db, &order, "alice", 5000);
+            add_order(&world.db.store(), "acme", &order, "alice", 5000);
             let business = json!({"order_id": order, "amount_cents": 1200});
-            let approval = approve(world.db, &id, &business);
+            let approval = approve(world.db, "refund_order", &id, &business, &[]);
             Call::new(
                 &id,
                 "refund_order",

@@ -9,6 +9,8 @@
 //! - [`downstream`]: an offline stand-in for a downstream system (a payments service whose
 //!   receipts live in their own SQLite file), idempotent under the ledger's key and able to
 //!   answer status queries, and a wrapper counting the calls into it;
+//! - [`reference`]: the reference domain's state as tests set it up — an order to refund and an
+//!   approval recorded by `toolledger approve`;
 //! - [`mutate`]: random edits of a byte string, for property tests of what reads untrusted
 //!   bytes;
 //! - [`stdio`]: the one server spawner — a spawned stdio MCP server driven with raw JSON-RPC
@@ -35,5 +37,6 @@ pub use toolledger_reference::downstream;
 pub mod history;
 pub mod kill;
 pub mod mutate;
+pub mod reference;
 pub mod stdio;
 pub mod tools;

@@ -410,41 +410,20 @@ pub fn error_code(result: &Value) -> String {
         .to_string()
 }
 
-/// Adds a refundable order `id` of `amount` cents owned by `owner` (tenant `acme`).
-pub fn add_order<L: Ledger + ?Sized>(db: &L, id: &str, owner: &str, amount: i64) {
-    let (store, id, owner) = (db.store(), id.to_string(), owner.to_string());
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            toolledger_reference::refunds::ensure_order(&store, "acme", &id, &owner, amount, true)
-                .await
-                .unwrap();
-        })
-    })
-    .join()
-    .unwrap();
-}
-
-/// `toolledger approve` by `ed` of `alice`'s `refund_order` under `key` with `business`
-/// arguments; returns the approval id.
-pub fn approve<L: Ledger + ?Sized>(db: &L, key: &str, business: &Value) -> String {
-    let out = Command::new(bin())
+/// `toolledger approve` on `db` by `ed` of `alice`'s call of `tool` under `key` with
+/// `arguments`, with `extra` flags (`--ttl`, `--now`); returns the approval id.
+pub fn approve<L: Ledger + ?Sized>(
+    db: &L,
+    tool: &str,
+    key: &str,
+    arguments: &Value,
+    extra: &[&str],
+) -> String {
+    let mut command = Command::new(bin());
+    command
         .arg("approve")
         .args(db.store_args())
         .envs(db.key_env())
-        .args(["--approver", "ed", "--tool", "refund_order"])
-        .args(["--requester", "alice", "--key", key])
-        .args(["--arguments", &business.to_string()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["approval_id"].as_str().unwrap().to_string()
+        .args(extra);
+    toolledger_testkit::reference::approve(command, "ed", "alice", tool, key, arguments)
 }
