@@ -11,11 +11,11 @@
 #[path = "../../../tests/conformance/harness.rs"]
 mod harness;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
+use toolledger_testkit::stdio::wait_listening;
 
 const BIN: &str = env!("CARGO_BIN_EXE_toolledger");
 
@@ -60,14 +60,7 @@ fn start_serve() -> Serve {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    stderr.read_line(&mut line).unwrap();
-    // Keep draining stderr so the server never blocks on a full pipe.
-    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-    let listening: Value = serde_json::from_str(&line)
-        .unwrap_or_else(|e| panic!("serve did not say where it listens ({e}): {line:?}"));
-    let url = listening["listening"].as_str().unwrap();
+    let (url, _) = wait_listening(child.stderr.take().unwrap());
     let addr = url
         .trim_start_matches("http://")
         .trim_end_matches("/mcp")

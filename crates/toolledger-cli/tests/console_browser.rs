@@ -13,7 +13,7 @@
 #[macro_use]
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -27,6 +27,7 @@ use toolledger::effect::EffectTx;
 use toolledger::engine::{Begun, Engine, InlineEffect};
 use toolledger::{Error, OperationState, Principal};
 use toolledger_testkit::reference::add_order;
+use toolledger_testkit::stdio::wait_listening;
 
 on_both_backends!(an_operator_settles_a_lost_refund_in_the_browser);
 
@@ -99,11 +100,7 @@ fn start_console(db: &Db) -> (Killed, String) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let first = lines.next().expect("a listening line").unwrap();
-    std::thread::spawn(move || for _ in lines {});
-    let v: Value = serde_json::from_str(&first).unwrap_or_else(|_| panic!("{first}"));
-    let url = v["listening"].as_str().unwrap();
+    let (url, _) = wait_listening(child.stderr.take().unwrap());
     let base = url.trim_end_matches("/console").to_string();
     (Killed(child), base)
 }

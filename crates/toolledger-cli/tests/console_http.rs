@@ -10,6 +10,7 @@ mod raw;
 
 use raw::RawHttp;
 use support::wire::*;
+use toolledger_testkit::stdio::wait_listening;
 
 fn the_console_is_served_beside_mcp(db: Db) {
     let plain = RawHttp::start(&db, &[], &[]);
@@ -56,7 +57,7 @@ fn console_needs_http() {
 
 /// `toolledger console` on its own: health endpoints for any host, `/` leads to the console.
 fn the_console_runs_on_its_own(db: Db) {
-    use std::io::{BufRead, BufReader, Read, Write};
+    use std::io::{Read, Write};
     let mut child = std::process::Command::new(support::bin())
         .arg("console")
         .args(["--http", "127.0.0.1:0"])
@@ -67,14 +68,8 @@ fn the_console_runs_on_its_own(db: Db) {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stderr.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
-    let addr = v["listening"]
-        .as_str()
-        .unwrap()
+    let (url, _) = wait_listening(child.stderr.take().unwrap());
+    let addr = url
         .trim_start_matches("http://")
         .trim_end_matches("/console")
         .to_string();
@@ -116,7 +111,7 @@ fn the_console_refuses_a_missing_ledger() {
 /// `proxy --http --console` serves the pages beside the proxied `/mcp`.
 #[test]
 fn the_proxy_serves_the_console_too() {
-    use std::io::{BufRead, BufReader, Read, Write};
+    use std::io::{Read, Write};
     let db = Db::sqlite();
     let dir = tempfile::tempdir().unwrap();
     let charges = dir.path().join("charges.sqlite");
@@ -133,16 +128,7 @@ fn the_proxy_serves_the_console_too() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = BufReader::new(child.stderr.take().unwrap());
-    let url = stderr
-        .lines()
-        .map_while(Result::ok)
-        .find_map(|l| {
-            serde_json::from_str::<serde_json::Value>(&l).ok()?["listening"]
-                .as_str()
-                .map(str::to_string)
-        })
-        .expect("the proxy listens");
+    let (url, _) = wait_listening(child.stderr.take().unwrap());
     let addr = url
         .trim_start_matches("http://")
         .trim_end_matches("/mcp")

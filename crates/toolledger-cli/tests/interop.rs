@@ -71,7 +71,7 @@
 #[macro_use]
 mod support;
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -80,6 +80,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use support::wire::*;
 use toolledger_testkit::reference::add_order;
+use toolledger_testkit::stdio::wait_listening;
 
 /// The servers' clock.
 const NOW: i64 = 1_800_000_000;
@@ -271,14 +272,7 @@ impl HttpServer {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        stderr.read_line(&mut line).unwrap();
-        // Keep draining stderr, so the server never blocks on a full pipe.
-        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-        let v: Value = serde_json::from_str(&line)
-            .unwrap_or_else(|e| panic!("serve --http said {line:?} ({e})"));
-        let url = v["listening"].as_str().unwrap().to_string();
+        let (url, _) = wait_listening(child.stderr.take().unwrap());
         HttpServer { child, url }
     }
 }

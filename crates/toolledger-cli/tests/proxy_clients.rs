@@ -18,6 +18,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use support::clients::{node, proxy_fixture, python, server_everything, ts_client};
 use support::wire::{add_principal, toolledger, Db, Ledger};
+use toolledger_testkit::stdio::wait_listening;
 
 #[derive(Clone, Copy, Debug)]
 enum Driver {
@@ -219,21 +220,7 @@ impl HttpProxy {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let mut child = c.spawn().unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                    if let Some(url) = v["listening"].as_str() {
-                        let _ = tx.send(url.to_string());
-                    }
-                }
-            }
-        });
-        let url = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("the proxy never listened");
+        let (url, _) = wait_listening(child.stderr.take().unwrap());
         HttpProxy { child, url }
     }
 }

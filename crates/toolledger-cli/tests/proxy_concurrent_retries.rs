@@ -9,12 +9,12 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
 use serde_json::{json, Value};
 use support::clients;
 use support::wire::{add_principal, Db, Ledger};
+use toolledger_testkit::stdio::wait_listening;
 
 on_both_backends!(concurrent_calls_of_one_operation_forward_it_once);
 
@@ -61,14 +61,7 @@ fn concurrent_calls_of_one_operation_forward_it_once(db: Db) {
             .spawn()
             .unwrap(),
     );
-    let mut lines = BufReader::new(proxy.0.stderr.take().unwrap()).lines();
-    loop {
-        let line = lines.next().expect("the proxy listens").unwrap();
-        if line.contains("\"listening\"") {
-            break;
-        }
-    }
-    std::thread::spawn(move || lines.for_each(drop));
+    wait_listening(proxy.0.stderr.take().unwrap());
 
     let calls: Vec<Value> = (0..IDS)
         .map(|i| {

@@ -14,7 +14,7 @@
 //! - [`mutate`]: random edits of a byte string, for property tests of what reads untrusted
 //!   bytes;
 //! - [`stdio`]: the one server spawner — a spawned stdio MCP server driven with raw JSON-RPC
-//!   lines;
+//!   lines — and the reader of the `{"listening": URL}` line a server on HTTP prints;
 //! - [`tools`]: tools for tests of what serves a tool rather than of business rules (a
 //!   deferred tool over no business state);
 //! - [`history`]: the history checker — what every client sent and saw against what the

@@ -1,6 +1,9 @@
 //! A spawned MCP server speaking newline-delimited JSON-RPC over its stdio, driven with raw
 //! lines: the one server spawner the wire tests of every server use (`toolledger serve`, an
 //! example server). MCP 2026-07-28 requests carry their per-request `_meta` ([`meta`]).
+//!
+//! A server started on HTTP says where it listens with a `{"listening": URL}` line on its
+//! stderr: [`wait_listening`] waits for it (and keeps the pipe drained).
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -182,6 +185,57 @@ pub fn line_reader(from: impl std::io::Read + Send + 'static) -> Receiver<String
         }
     });
     rx
+}
+
+/// The URL of a `{"listening": URL}` line (what a server started on a port of its choosing
+/// prints on stderr once it accepts connections); `None` for any other line.
+pub fn listening_url(line: &str) -> Option<String> {
+    serde_json::from_str::<Value>(line)
+        .ok()?
+        .get("listening")?
+        .as_str()
+        .map(str::to_string)
+}
+
+/// Waits for a spawned server's `{"listening": URL}` line on `stderr` (its piped stderr) and
+/// returns the URL, with a receiver of the lines after it. `stderr` is read to its end on a
+/// thread of its own, so the server never blocks on a full pipe: lines before that one are
+/// passed over, lines after it arrive on the receiver (or are dropped with it). Panics, with
+/// the lines read, when stderr ends without that line, or when none comes within 60 s.
+pub fn wait_listening(stderr: impl std::io::Read + Send + 'static) -> (String, Receiver<String>) {
+    let (found_tx, found_rx) = channel::<Result<String, Vec<String>>>();
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stderr);
+        let mut next_line = move || {
+            let mut buf = Vec::new();
+            match reader.read_until(b'\n', &mut buf) {
+                Ok(0) | Err(_) => None,
+                Ok(_) => Some(
+                    String::from_utf8_lossy(&buf)
+                        .trim_end_matches(['\n', '\r'])
+                        .to_string(),
+                ),
+            }
+        };
+        let mut before = Vec::new();
+        while let Some(line) = next_line() {
+            if let Some(url) = listening_url(&line) {
+                let _ = found_tx.send(Ok(url));
+                while let Some(line) = next_line() {
+                    let _ = tx.send(line);
+                }
+                return;
+            }
+            before.push(line);
+        }
+        let _ = found_tx.send(Err(before));
+    });
+    match found_rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(Ok(url)) => (url, rx),
+        Ok(Err(before)) => panic!("stderr ended without a listening line: {before:?}"),
+        Err(_) => panic!("no listening line on stderr within 60 s"),
+    }
 }
 
 /// Per-request metadata of MCP 2026-07-28.

@@ -15,6 +15,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::support::wire::{serve_command, Ledger};
+use toolledger_testkit::stdio::wait_listening;
 
 /// A `toolledger serve` on stdio, written to byte for byte.
 pub struct RawStdio {
@@ -130,23 +131,11 @@ impl RawHttp {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        stderr.read_line(&mut line).unwrap();
-        let v: Value = serde_json::from_str(&line)
-            .unwrap_or_else(|e| panic!("no listening line ({e}): {line:?}"));
-        let addr = v["listening"]
-            .as_str()
-            .unwrap()
+        let (url, rx) = wait_listening(child.stderr.take().unwrap());
+        let addr = url
             .trim_start_matches("http://")
             .trim_end_matches("/mcp")
             .to_string();
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for l in stderr.lines().map_while(Result::ok) {
-                let _ = tx.send(l);
-            }
-        });
         (RawHttp { child, addr }, rx)
     }
 
