@@ -14,7 +14,7 @@
 mod support;
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -26,6 +26,7 @@ use support::wire::*;
 use toolledger::effect::EffectTx;
 use toolledger::engine::{Begun, Engine, InlineEffect};
 use toolledger::{Error, OperationState, Principal};
+use toolledger_testkit::kill::free_port;
 use toolledger_testkit::reference::add_order;
 use toolledger_testkit::stdio::wait_listening;
 
@@ -59,14 +60,6 @@ impl Drop for Killed {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Waits until something accepts connections on `port` (at most 30 s).

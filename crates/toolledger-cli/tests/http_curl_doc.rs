@@ -7,15 +7,7 @@
 mod doc;
 
 use serde_json::Value;
-
-/// A port nothing listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use toolledger_testkit::kill::free_port;
 
 #[test]
 fn the_curl_example_calls_a_guarded_tool_and_its_retry_replays_the_answer() {

@@ -18,6 +18,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use support::clients::{node, proxy_fixture, python, server_everything, ts_client};
 use support::wire::{add_principal, toolledger, Db, Ledger};
+use toolledger_testkit::kill::free_port;
 use toolledger_testkit::stdio::wait_listening;
 
 #[derive(Clone, Copy, Debug)]
@@ -271,15 +272,6 @@ fn sdk_clients_replay_through_the_proxy(db: Db) {
             assert_eq!(charges(&cdb), expected);
         }
     }
-}
-
-/// A free port on the loopback interface (bound and released).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// An HTTP upstream that refuses requests without its bearer token: the token reaches it from

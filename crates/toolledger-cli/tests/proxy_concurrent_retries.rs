@@ -14,6 +14,7 @@ use std::process::{Child, Command, Stdio};
 use serde_json::{json, Value};
 use support::clients;
 use support::wire::{add_principal, Db, Ledger};
+use toolledger_testkit::kill::free_port;
 use toolledger_testkit::stdio::wait_listening;
 
 on_both_backends!(concurrent_calls_of_one_operation_forward_it_once);
@@ -25,14 +26,6 @@ const CONFIG: &str = r#"
 [tools.charge]
 forward_operation_id = "_meta"
 "#;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn concurrent_calls_of_one_operation_forward_it_once(db: Db) {
     let Some(python) = clients::python() else {
