@@ -185,28 +185,19 @@ matrix! {
 // ---------------------------------------------------------------------------------------
 // The clients' interpreters and scripts.
 
-use support::clients::{interpreter, repo};
+use support::clients::{node, python, repo};
 
 /// The interpreter and script of `client`, or `None` when the interpreter is not configured.
 fn program(client: ClientKind) -> Option<(PathBuf, PathBuf)> {
     let py = |script: &str| {
-        let python = interpreter("TOOLLEDGER_PYTHON", "Python SDK (mcp==2.3.0)")?;
         Some((
-            python,
+            python()?,
             Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("tests/py")
                 .join(script),
         ))
     };
-    let js = |script: &str| {
-        let node = interpreter("TOOLLEDGER_NODE", "Node 22 JavaScript client")?;
-        let modules = repo().join("tests/js/node_modules/@modelcontextprotocol");
-        assert!(
-            modules.is_dir(),
-            "TOOLLEDGER_NODE is set but tests/js/node_modules is missing: run `bash .ci/node.sh`"
-        );
-        Some((node, repo().join("tests/js/interop").join(script)))
-    };
+    let js = |script: &str| Some((node()?, repo().join("tests/js/interop").join(script)));
     match client {
         PythonClient => py("interop_client.py"),
         PythonSession => py("interop_session.py"),

@@ -17,25 +17,13 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::{json, Value};
+use support::clients::python;
 use support::wire::*;
 
 on_both_backends!(
     python_sdk_lost_reply_story_in_2026_07_28_mode,
     python_sdk_set_interval_in_legacy_mode,
 );
-
-fn python() -> Option<PathBuf> {
-    match std::env::var_os("TOOLLEDGER_PYTHON") {
-        Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
-        _ => {
-            if std::env::var_os("TOOLLEDGER_CI").is_some() {
-                panic!("TOOLLEDGER_CI is set but TOOLLEDGER_PYTHON is not: the Python SDK test must run in CI");
-            }
-            eprintln!("SKIPPED: Python SDK test needs TOOLLEDGER_PYTHON (a python with mcp==2.3.0; .ci/run sets it)");
-            None
-        }
-    }
-}
 
 /// Runs `script` with one JSON argument: the binary, the `serve` flags selecting `db` and the
 /// environment the server is to get (the SDK passes on only a small default set of its own).

@@ -11,11 +11,11 @@ mod support;
 #[path = "support/raw.rs"]
 mod raw;
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use raw::{HttpResponse, RawHttp};
 use serde_json::{json, Value};
+use support::clients::python;
 use support::wire::*;
 
 on_both_backends!(
@@ -447,19 +447,6 @@ fn ending_a_legacy_session_answers_204_and_an_unknown_one_404(db: Db) {
     let r = server.request("DELETE", "/mcp", &headers[1..], b"");
     assert_eq!(r.status, 401, "{}", r.body);
     nothing_written(&db);
-}
-
-fn python() -> Option<PathBuf> {
-    match std::env::var_os("TOOLLEDGER_PYTHON") {
-        Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
-        _ => {
-            if std::env::var_os("TOOLLEDGER_CI").is_some() {
-                panic!("TOOLLEDGER_CI is set but TOOLLEDGER_PYTHON is not: the Python SDK test must run in CI");
-            }
-            eprintln!("SKIPPED: Python SDK test needs TOOLLEDGER_PYTHON (a python with mcp==2.3.0; .ci/run sets it)");
-            None
-        }
-    }
 }
 
 /// The Python SDK in legacy mode over HTTP: it lists the tools, and on leaving ends its

@@ -19,31 +19,13 @@ use toolledger::effect::EffectTx;
 use toolledger::store::postgres::{PgOptions, PgStore};
 use toolledger_mcp::{KeyMaterial, LedgerGuard};
 use toolledger_testkit::db::scalar_blocking;
+use toolledger_testkit::machine::program;
 
 const STATE_KEY: &str = "67756172646564207475726e2073746174652d6b65792c20666f722074657374";
 const FP_KEY: &str = "67756172646564207475726e2066696e6765727072696e74206b657920746573";
 
-fn in_ci() -> bool {
-    std::env::var_os("TOOLLEDGER_CI").is_some()
-}
-
-fn skip_or_fail(what: &str) {
-    if in_ci() {
-        panic!("TOOLLEDGER_CI is set but {what} is not: this test must run in CI");
-    }
-    // Straight to the stderr handle: the test harness captures `eprintln!`, not this.
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "!!! SKIPPED: this test needs {what} !!!");
-}
-
 fn python() -> Option<PathBuf> {
-    match std::env::var_os("TOOLLEDGER_PYTHON") {
-        Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
-        _ => {
-            skip_or_fail("TOOLLEDGER_PYTHON (a python with mcp==2.3.0)");
-            None
-        }
-    }
+    program("TOOLLEDGER_PYTHON", "Python SDK (mcp==2.3.0)")
 }
 
 /// The example's executable, built (or found up to date) by cargo once per test binary.
@@ -181,9 +163,8 @@ fn python_sdk_drives_the_example_on_sqlite() {
 #[test]
 fn python_sdk_drives_the_example_on_postgres() {
     let Some(py) = python() else { return };
-    let url = match std::env::var("TOOLLEDGER_TEST_DATABASE_URL") {
-        Ok(url) if !url.trim().is_empty() => url,
-        _ => return skip_or_fail("TOOLLEDGER_TEST_DATABASE_URL (postgres://user@host:port/db)"),
+    let Some(url) = toolledger_testkit::db::test_database_url() else {
+        return;
     };
     // A schema of its own: created here, named in the URL the server gets, dropped at the end.
     let schema = toolledger_testkit::db::fresh_schema_name();
@@ -193,8 +174,8 @@ fn python_sdk_drives_the_example_on_postgres() {
     admin
         .write_blocking(move |tx: &mut dyn EffectTx| tx.execute_batch(&create))
         .unwrap();
-    let sep = if url.contains('?') { '&' } else { '?' };
-    let scoped = format!("{url}{sep}options=-c%20search_path%3D{schema}");
+    let scoped =
+        toolledger_testkit::db::with_param(&url, &format!("options=-c%20search_path%3D{schema}"));
     let env =
         json!({"TOOLLEDGER_STATE_KEY_HEX": STATE_KEY, "TOOLLEDGER_FINGERPRINT_KEY_HEX": FP_KEY});
     let v = run_script(&py, &scoped, env);

@@ -11,6 +11,8 @@
 //!   answer status queries, and a wrapper counting the calls into it;
 //! - [`reference`]: the reference domain's state as tests set it up — an order to refund and an
 //!   approval recorded by `toolledger approve`;
+//! - [`machine`]: what a test needs from the machine (an interpreter named by a variable, a
+//!   program): without it the test skips loudly, except in CI, where it fails;
 //! - [`mutate`]: random edits of a byte string, for property tests of what reads untrusted
 //!   bytes;
 //! - [`stdio`]: the one server spawner — a spawned stdio MCP server driven with raw JSON-RPC
@@ -36,6 +38,7 @@ pub mod db;
 pub use toolledger_reference::downstream;
 pub mod history;
 pub mod kill;
+pub mod machine;
 pub mod mutate;
 pub mod reference;
 pub mod stdio;

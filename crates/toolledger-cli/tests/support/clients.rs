@@ -1,32 +1,21 @@
 //! The interpreters the tests with other people's MCP clients and servers need, and where
 //! those programs are: `TOOLLEDGER_PYTHON` (a python with `mcp==2.3.0`) and `TOOLLEDGER_NODE`
 //! (Node 22, with `npm ci` run in `tests/js`). Unset, a test that needs one says so loudly and
-//! skips, except under CI (`TOOLLEDGER_CI` set), where a missing interpreter is a failure.
+//! skips, except under CI (`TOOLLEDGER_CI` set), where a missing interpreter is a failure
+//! ([`program`]).
 
 use std::path::{Path, PathBuf};
 
-/// The interpreter `var` names, or `None` (one loud line) when it is unset outside CI.
-pub fn interpreter(var: &str, what: &str) -> Option<PathBuf> {
-    match std::env::var_os(var) {
-        Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
-        _ => {
-            if std::env::var_os("TOOLLEDGER_CI").is_some() {
-                panic!("TOOLLEDGER_CI is set but {var} is not: the {what} tests must run in CI");
-            }
-            eprintln!("SKIPPED: the {what} tests need {var} (.ci/run sets it)");
-            None
-        }
-    }
-}
+pub use toolledger_testkit::machine::program;
 
 /// The Python with the official MCP SDK.
 pub fn python() -> Option<PathBuf> {
-    interpreter("TOOLLEDGER_PYTHON", "Python SDK (mcp==2.3.0)")
+    program("TOOLLEDGER_PYTHON", "Python SDK (mcp==2.3.0)")
 }
 
 /// Node 22, with the JavaScript packages of `tests/js` installed.
 pub fn node() -> Option<PathBuf> {
-    let node = interpreter("TOOLLEDGER_NODE", "Node 22 JavaScript")?;
+    let node = program("TOOLLEDGER_NODE", "Node 22 JavaScript")?;
     assert!(
         repo()
             .join("tests/js/node_modules/@modelcontextprotocol")
