@@ -17,6 +17,7 @@ use toolledger_mcp::{
     status_router, DeferredArguments, DeferredOutcome, Guarded, LedgerGuard, Refusal,
 };
 use toolledger_testkit::downstream::SqliteDownstream;
+use toolledger_testkit::replies::body_of;
 use toolledger_testkit::tools::ShipAnyParcel;
 
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -147,20 +148,4 @@ async fn a_deferred_tool_method_dispatches_once_and_replays() {
     assert_eq!(structured["code"], "OUTCOME_UNKNOWN", "{structured}");
     assert!(structured.get("result").is_none(), "{structured}");
     client.cancel().await.unwrap();
-}
-
-/// `(isError, body)` of a result: its structured content, or for an error result (which carries
-/// no structured content) the `{"error": …}` object parsed from `content[0]`.
-fn body_of(r: &rmcp::model::CallToolResult) -> (bool, Value) {
-    let err = r.is_error.unwrap_or(false);
-    if err {
-        assert!(
-            r.structured_content.is_none(),
-            "an error result has no structured content"
-        );
-        let v = serde_json::to_value(r).unwrap();
-        let error = toolledger_mcp::reply::error_of(&v).expect("an error object in content[0]");
-        return (true, serde_json::json!({ "error": error }));
-    }
-    (false, r.structured_content.clone().unwrap_or(Value::Null))
 }

@@ -12,6 +12,7 @@ use rmcp::service::{RoleClient, RunningService};
 use rmcp::ServiceExt;
 use serde_json::{json, Value};
 use toolledger_mcp::LedgerGuard;
+use toolledger_testkit::replies::body_of;
 
 struct Session {
     ledger: LedgerGuard,
@@ -177,20 +178,4 @@ async fn the_tool_advertises_schemas_derived_from_its_types() {
     let annotations = note.annotations.as_ref().unwrap();
     assert_eq!(annotations.destructive_hint, Some(false));
     assert_eq!(annotations.idempotent_hint, Some(true));
-}
-
-/// `(isError, body)` of a result: its structured content, or for an error result (which carries
-/// no structured content) the `{"error": …}` object parsed from `content[0]`.
-fn body_of(r: &rmcp::model::CallToolResult) -> (bool, Value) {
-    let err = r.is_error.unwrap_or(false);
-    if err {
-        assert!(
-            r.structured_content.is_none(),
-            "an error result has no structured content"
-        );
-        let v = serde_json::to_value(r).unwrap();
-        let error = toolledger_mcp::reply::error_of(&v).expect("an error object in content[0]");
-        return (true, serde_json::json!({ "error": error }));
-    }
-    (false, r.structured_content.clone().unwrap_or(Value::Null))
 }

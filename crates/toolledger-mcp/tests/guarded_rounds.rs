@@ -25,6 +25,7 @@ use toolledger::engine::InlineEffect;
 use toolledger::model::{Error, Principal};
 use toolledger::store::Migration;
 use toolledger_mcp::{status_router, GuardConfig, Guarded, LedgerGuard, Receipt, Refusal};
+use toolledger_testkit::replies::body_of;
 
 const ISSUES: Migration = Migration {
     namespace: "test.issues",
@@ -420,20 +421,4 @@ async fn a_guarded_tool_served_without_the_ledger_router_fails_loudly() {
     assert!(e.to_string().contains("LedgerGuard::router"), "{e}");
     assert_eq!(w.issues().await, 0);
     client.cancel().await.unwrap();
-}
-
-/// `(isError, body)` of a result: its structured content, or for an error result (which carries
-/// no structured content) the `{"error": …}` object parsed from `content[0]`.
-fn body_of(r: &rmcp::model::CallToolResult) -> (bool, Value) {
-    let err = r.is_error.unwrap_or(false);
-    if err {
-        assert!(
-            r.structured_content.is_none(),
-            "an error result has no structured content"
-        );
-        let v = serde_json::to_value(r).unwrap();
-        let error = toolledger_mcp::reply::error_of(&v).expect("an error object in content[0]");
-        return (true, serde_json::json!({ "error": error }));
-    }
-    (false, r.structured_content.clone().unwrap_or(Value::Null))
 }

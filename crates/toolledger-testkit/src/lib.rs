@@ -15,6 +15,7 @@
 //!   program): without it the test skips loudly, except in CI, where it fails;
 //! - [`mutate`]: random edits of a byte string, for property tests of what reads untrusted
 //!   bytes;
+//! - [`replies`]: a tool's result as an MCP client of a guarded server reads it;
 //! - [`stdio`]: the one server spawner — a spawned stdio MCP server driven with raw JSON-RPC
 //!   lines — and the reader of the `{"listening": URL}` line a server on HTTP prints;
 //! - [`tools`]: tools for tests of what serves a tool rather than of business rules (a
@@ -41,5 +42,6 @@ pub mod kill;
 pub mod machine;
 pub mod mutate;
 pub mod reference;
+pub mod replies;
 pub mod stdio;
 pub mod tools;

@@ -1,0 +1,21 @@
+//! A tool's result as an MCP client of a guarded server reads it ([`body_of`]).
+
+use rmcp::model::CallToolResult;
+use serde_json::{json, Value};
+
+/// `(isError, body)` of a tool's result: its structured content, or for an error result
+/// (which carries no structured content, asserted) the `{"error": …}` object parsed from
+/// `content[0]`. Panics when an error result has no such object.
+pub fn body_of(r: &CallToolResult) -> (bool, Value) {
+    let err = r.is_error.unwrap_or(false);
+    if err {
+        assert!(
+            r.structured_content.is_none(),
+            "an error result has no structured content"
+        );
+        let v = serde_json::to_value(r).expect("a result serializes");
+        let error = toolledger_mcp::reply::error_of(&v).expect("an error object in content[0]");
+        return (true, json!({ "error": error }));
+    }
+    (false, r.structured_content.clone().unwrap_or(Value::Null))
+}
