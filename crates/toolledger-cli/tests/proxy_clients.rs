@@ -11,7 +11,7 @@
 mod support;
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -173,7 +173,7 @@ fn charge_db(dir: &tempfile::TempDir) -> PathBuf {
     dir.path().join("charges.sqlite")
 }
 
-fn charges(path: &PathBuf) -> i64 {
+fn charges(path: &Path) -> i64 {
     toolledger_testkit::db::sqlite_count(path, "charges")
 }
 

@@ -4,20 +4,20 @@
 //!
 //! ```
 //! use proptest::prelude::*;
+//! use proptest::test_runner::TestRunner;
 //! use toolledger_testkit::mutate::edits;
 //!
-//! proptest! {
-//!     #[test]
-//!     fn edited_documents_never_panic(
-//!         edits in edits(prop::sample::select(b"{}[],:\"0".to_vec()), 1..6),
-//!     ) {
+//! let strategy = edits(prop::sample::select(b"{}[],:\"0".to_vec()), 1..6);
+//! TestRunner::default()
+//!     .run(&strategy, |edits| {
 //!         let mut bytes = br#"{"a":[1,2]}"#.to_vec();
 //!         for e in &edits {
 //!             e.apply(&mut bytes);
 //!             let _ = serde_json::from_slice::<serde_json::Value>(&bytes);
 //!         }
-//!     }
-//! }
+//!         Ok(())
+//!     })
+//!     .unwrap();
 //! ```
 
 use proptest::prelude::*;
