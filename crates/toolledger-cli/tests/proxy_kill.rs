@@ -34,11 +34,9 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::channel;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -47,7 +45,8 @@ use support::clients;
 use support::wire::{add_principal, Db, Ledger};
 use toolledger_testkit::history::without_replayed;
 use toolledger_testkit::kill::{
-    free_port, kill_pidfile, pid_wrapper, start_run, Call, Client, Rng, ScriptClient,
+    free_port, kill_pidfile, pid_wrapper, start_run, Call, Client, Ready, Rng, ScriptClient,
+    Supervised,
 };
 
 on_both_backends!(at_most_one_upstream_effect_under_random_sigkills);
@@ -269,14 +268,6 @@ impl World<'_> {
         }
         spec
     }
-
-    fn log(&self, name: &str) -> std::fs::File {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join(format!("{name}.log")))
-            .unwrap()
-    }
 }
 
 /// What one run of a driver printed.
@@ -422,114 +413,54 @@ fn drive(world: &World, plan: &Plan, seen: &Mutex<Vec<Seen>>, restarts: &AtomicU
     }
 }
 
-/// The `proxy --http` process the test runs, started again after each kill.
-struct HttpProxy {
-    child: Option<Child>,
+/// The `proxy --http` process the test runs (its stderr in `tag.log`), started again after
+/// each kill.
+fn http_proxy(world: &World, tag: &str) -> Supervised {
+    let (args, addr, env) = (world.proxy_args(), world.http_addr.clone(), world.env());
+    let upstream = world.upstream(&world.pidfile(tag, "upstream"));
+    let proxy = Supervised::new(
+        tag,
+        Ready::StderrContains("\"listening\"".into()),
+        &world.dir.join(format!("{tag}.log")),
+        move || {
+            let mut command = Command::new(support::BIN);
+            command
+                .args(&args)
+                .args(["--http", &addr, "--", "sh", "-c"])
+                .arg(&upstream)
+                .env_remove("TOOLLEDGER_STATE_KEY_HEX")
+                .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX")
+                .envs(env.clone());
+            command
+        },
+    );
+    proxy
+        .start()
+        .unwrap_or_else(|e| panic!("the HTTP proxy does not start: {e}"));
+    proxy
 }
 
-impl HttpProxy {
-    fn start(world: &World, tag: &str) -> Child {
-        let mut command = Command::new(support::BIN);
-        command
-            .args(world.proxy_args())
-            .args(["--http", &world.http_addr, "--", "sh", "-c"])
-            .arg(world.upstream(&world.pidfile(tag, "upstream")))
-            .env_remove("TOOLLEDGER_STATE_KEY_HEX")
-            .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX")
-            .envs(world.env())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let mut child = command.spawn().unwrap();
-            let stderr = child.stderr.take().unwrap();
-            let (tx, rx) = channel();
-            let mut log = world.log(tag);
-            std::thread::spawn(move || {
-                use std::io::Write;
-                for line in BufReader::new(stderr).lines() {
-                    let Ok(line) = line else { break };
-                    let _ = writeln!(log, "{line}");
-                    if line.contains("\"listening\"") {
-                        let _ = tx.send(());
-                    }
-                }
-            });
-            match rx.recv_timeout(Duration::from_secs(60)) {
-                Ok(()) => return child,
-                Err(_) => {
-                    // It ended before listening (the port not free yet, say): once more.
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    assert!(
-                        Instant::now() < deadline,
-                        "the HTTP proxy does not start (log in {})",
-                        world.dir.display()
-                    );
-                    std::thread::sleep(Duration::from_millis(200));
-                }
-            }
-        }
-    }
-}
-
-impl Drop for HttpProxy {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// The charge server on streamable HTTP the test runs, started again after each kill.
-struct HttpUpstream {
-    child: Option<Child>,
-}
-
-impl HttpUpstream {
-    /// Starts it and waits until its port accepts connections.
-    fn start(world: &World) -> Child {
-        let port = world.upstream_port;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let mut child = Command::new(&world.python)
+/// The charge server on streamable HTTP the test runs (its stderr in `http-upstream.log`),
+/// started again after each kill; ready when its port accepts connections.
+fn http_upstream(world: &World) -> Supervised {
+    let (python, port, env) = (world.python.clone(), world.upstream_port, world.env());
+    let upstream = Supervised::new(
+        "http-upstream",
+        Ready::Port(port),
+        &world.dir.join("http-upstream.log"),
+        move || {
+            let mut command = Command::new(&python);
+            command
                 .arg(clients::proxy_fixture("charge_server.py"))
                 .args(["--http", &port.to_string()])
-                .envs(world.env())
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(world.log("http-upstream"))
-                .spawn()
-                .unwrap();
-            loop {
-                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                    return child;
-                }
-                // It ended before listening (the port not free yet, say): once more.
-                if child.try_wait().unwrap().is_some() {
-                    break;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "the HTTP upstream does not start (log in {})",
-                    world.dir.display()
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-}
-
-impl Drop for HttpUpstream {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+                .envs(env.clone());
+            command
+        },
+    );
+    upstream
+        .start()
+        .unwrap_or_else(|e| panic!("the HTTP upstream does not start: {e}"));
+    upstream
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -547,7 +478,7 @@ fn killer(
     world: &World,
     rng: &mut Rng,
     stdio_tags: &[(String, &AtomicBool)],
-    http: (&Mutex<HttpProxy>, &[&AtomicBool]),
+    http: (&Supervised, &[&AtomicBool]),
     done: &AtomicBool,
 ) -> Vec<String> {
     let mark = format!("CHARGE_DB={}", world.charge_db.display());
@@ -586,15 +517,11 @@ fn killer(
             let up =
                 matches!(victim, Victim::Upstream | Victim::Both) && kill_pidfile(&upstream, &mark);
             let mut proxy = false;
-            if matches!(victim, Victim::Proxy | Victim::Both) {
-                let mut h = http.lock().unwrap();
-                if let Some(mut c) = h.child.take() {
-                    c.kill().unwrap();
-                    c.wait().unwrap();
-                    proxy = true;
-                    std::thread::sleep(Duration::from_millis(rng.range(0, 500)));
-                    h.child = Some(HttpProxy::start(world, "http"));
-                }
+            if matches!(victim, Victim::Proxy | Victim::Both) && http.kill() {
+                proxy = true;
+                std::thread::sleep(Duration::from_millis(rng.range(0, 500)));
+                http.start()
+                    .unwrap_or_else(|e| panic!("the HTTP proxy does not start: {e}"));
             }
             (proxy || up).then(|| format!("http:{victim:?}"))
         };
@@ -623,7 +550,7 @@ fn upstream_charges(world: &World) -> usize {
 fn upstream_killer(
     world: &World,
     rng: &mut Rng,
-    upstream: &Mutex<HttpUpstream>,
+    upstream: &Supervised,
     active: &[&AtomicBool],
     done: &AtomicBool,
 ) -> Vec<String> {
@@ -641,10 +568,9 @@ fn upstream_killer(
             break;
         }
         let pause = Duration::from_millis(rng.range(0, 1000));
-        let mut u = upstream.lock().unwrap();
-        let Some(mut c) = u.child.take() else { break };
-        c.kill().unwrap();
-        c.wait().unwrap();
+        if !upstream.kill() {
+            break;
+        }
         eprintln!(
             "proxy_kill: {:>6} ms SIGKILL http-upstream (down for {} ms)",
             started.elapsed().as_millis(),
@@ -652,7 +578,9 @@ fn upstream_killer(
         );
         kills.push("http-upstream".to_string());
         std::thread::sleep(pause);
-        u.child = Some(HttpUpstream::start(world));
+        upstream
+            .start()
+            .unwrap_or_else(|e| panic!("the HTTP upstream does not start: {e}"));
         since = upstream_charges(world);
     }
     kills
@@ -757,11 +685,8 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
     }
 
     // The upstream's database exists before anything races to create it.
-    let first = HttpProxy::start(&world, "http");
-    let http = Mutex::new(HttpProxy { child: Some(first) });
-    let http_upstream = Mutex::new(HttpUpstream {
-        child: Some(HttpUpstream::start(&world)),
-    });
+    let http = http_proxy(&world, "http");
+    let http_upstream = http_upstream(&world);
 
     let seen: Vec<Mutex<Vec<Seen>>> = plans
         .iter()
@@ -817,15 +742,13 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
         (kills, up.join().unwrap())
     });
     let chaos = started.elapsed();
-    drop(http.into_inner().unwrap());
+    drop(http);
 
     let seen: Vec<Vec<Seen>> = seen.into_iter().map(|m| m.into_inner().unwrap()).collect();
     let calls: usize = plans.iter().map(|p| p.ops.len()).sum();
 
     // (2) A fresh proxy replays every first definitive answer as it was.
-    let final_http = HttpProxy {
-        child: Some(HttpProxy::start(&world, "http-final")),
-    };
+    let final_http = http_proxy(&world, "http-final");
     let mut mismatched = Vec::new();
     for (plan, seen) in plans.iter().zip(&seen) {
         let ops: Vec<&Op> = plan.ops.iter().collect();
@@ -995,9 +918,7 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
     let settled_http = plans
         .iter()
         .any(|p| p.shape == Shape::Http && p.ops.iter().any(|o| settled.contains_key(&*o.id)));
-    let settled_proxy = settled_http.then(|| HttpProxy {
-        child: Some(HttpProxy::start(&world, "http-settled")),
-    });
+    let settled_proxy = settled_http.then(|| http_proxy(&world, "http-settled"));
     for plan in &plans {
         let ops: Vec<&Op> = plan
             .ops
@@ -1022,7 +943,7 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
         }
     }
     drop(settled_proxy);
-    drop(http_upstream.into_inner().unwrap());
+    drop(http_upstream);
     assert_eq!(
         charges(&world.charge_db),
         rows,
