@@ -16,7 +16,7 @@ mod support;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,7 +26,7 @@ use support::wire::*;
 use toolledger::effect::EffectTx;
 use toolledger::engine::{Begun, Engine, InlineEffect};
 use toolledger::{Error, OperationState, Principal};
-use toolledger_testkit::kill::free_port;
+use toolledger_testkit::kill::{free_port, Killed};
 use toolledger_testkit::reference::add_order;
 use toolledger_testkit::stdio::wait_listening;
 
@@ -47,16 +47,6 @@ fn browser_present() -> bool {
          (apt-get install chromium chromium-driver)"
     ));
     false
-}
-
-/// A child process killed when dropped.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// Waits until something accepts connections on `port` (at most 30 s).

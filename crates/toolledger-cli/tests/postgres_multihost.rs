@@ -8,7 +8,7 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -16,6 +16,7 @@ use support::toolledger;
 use support::wire::Server;
 use toolledger_testkit::conformance::Harness;
 use toolledger_testkit::db::{scalar, sqlite_count};
+use toolledger_testkit::kill::Killed;
 
 const STATE_KEY: &str = "7374617465206b657920666f7220746865206d756c74692d686f73742074657374";
 const FP_KEY: &str = "66696e6765727072696e74206b657920666f7220746865206d756c74692d686f7374";
@@ -45,29 +46,19 @@ fn start_server(url: &str, downstream: &Path) -> Server {
     Server::spawn(command)
 }
 
-struct Worker(Child);
-
-impl Worker {
-    fn start(url: &str, downstream: &Path, name: &str) -> Worker {
-        Worker(
-            toolledger()
-                .args(["worker", "--database-url", url, "--downstream-db"])
-                .arg(downstream)
-                .args(["--worker-id", name, "--poll-interval", "50", "--batch", "4"])
-                .args(["--lease-seconds", "2"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        )
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// `toolledger worker` `name` on the ledger at `url`.
+fn start_worker(url: &str, downstream: &Path, name: &str) -> Killed {
+    Killed(
+        toolledger()
+            .args(["worker", "--database-url", url, "--downstream-db"])
+            .arg(downstream)
+            .args(["--worker-id", name, "--poll-interval", "50", "--batch", "4"])
+            .args(["--lease-seconds", "2"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -154,8 +145,8 @@ async fn two_servers_and_two_workers_share_one_postgres_ledger() {
         .await,
         N as i64
     );
-    let mut w1 = Worker::start(&url, &downstream, "w1");
-    let _w2 = Worker::start(&url, &downstream, "w2");
+    let mut w1 = start_worker(&url, &downstream, "w1");
+    let _w2 = start_worker(&url, &downstream, "w2");
     // Kill w1 as soon as it holds a lease (mid-run), leaving that lease to expire.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {

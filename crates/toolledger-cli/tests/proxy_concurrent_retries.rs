@@ -9,12 +9,12 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
 use support::clients;
 use support::wire::{add_principal, Db, Ledger};
-use toolledger_testkit::kill::free_port;
+use toolledger_testkit::kill::{free_port, Killed};
 use toolledger_testkit::stdio::wait_listening;
 
 on_both_backends!(concurrent_calls_of_one_operation_forward_it_once);
@@ -135,14 +135,4 @@ fn concurrent_calls_of_one_operation_forward_it_once(db: Db) {
         "one charge per id"
     );
     eprintln!("{CLIENTS} clients x {IDS} ids: {in_progress} answers operation_in_progress");
-}
-
-/// A child process killed when the test ends, passed or not.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }

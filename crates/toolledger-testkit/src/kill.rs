@@ -146,6 +146,17 @@ fn sigkill_marked(_pid: i32, _mark: &str) -> bool {
     false
 }
 
+/// A child process SIGKILLed and reaped when dropped — when its test ends, passed or not.
+#[derive(Debug)]
+pub struct Killed(pub Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A free TCP port on 127.0.0.1 (free when asked; a start that loses a race is retried by
 /// [`Supervised::start`]).
 pub fn free_port() -> u16 {
