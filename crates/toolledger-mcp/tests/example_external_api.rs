@@ -9,7 +9,6 @@ mod example;
 
 use rmcp::model::CallToolRequestParams;
 use rmcp::service::{RoleClient, RunningService};
-use rmcp::ServiceExt;
 use serde_json::{json, Value};
 
 struct Session {
@@ -29,13 +28,7 @@ async fn session(lose_reply: bool) -> Session {
     let (_ledger, mail) = example::open(db.to_str().unwrap(), "billing", mailer)
         .await
         .unwrap();
-    let (server_io, client_io) = tokio::io::duplex(64 * 1024);
-    tokio::spawn(async move {
-        if let Ok(running) = mail.serve(server_io).await {
-            let _ = running.waiting().await;
-        }
-    });
-    let client = ().serve(client_io).await.unwrap();
+    let client = toolledger_testkit::replies::connect(mail).await;
     Session {
         client,
         spool,

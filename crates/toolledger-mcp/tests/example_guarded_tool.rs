@@ -9,7 +9,6 @@ mod example;
 
 use rmcp::model::CallToolRequestParams;
 use rmcp::service::{RoleClient, RunningService};
-use rmcp::ServiceExt;
 use serde_json::{json, Value};
 use toolledger_mcp::LedgerGuard;
 use toolledger_testkit::replies::body_of;
@@ -24,13 +23,7 @@ async fn session() -> Session {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("notes.sqlite");
     let (ledger, notes) = example::open(db.to_str().unwrap()).await.unwrap();
-    let (server_io, client_io) = tokio::io::duplex(64 * 1024);
-    tokio::spawn(async move {
-        if let Ok(running) = notes.serve(server_io).await {
-            let _ = running.waiting().await;
-        }
-    });
-    let client = ().serve(client_io).await.unwrap();
+    let client = toolledger_testkit::replies::connect(notes).await;
     Session {
         ledger,
         client,

@@ -1,6 +1,9 @@
-//! A tool's result as an MCP client of a guarded server reads it ([`body_of`]).
+//! A tool's result as an MCP client of a guarded server reads it ([`body_of`]), and such a
+//! client of a server in the same process ([`connect`]).
 
 use rmcp::model::CallToolResult;
+use rmcp::service::{RoleClient, RunningService};
+use rmcp::ServiceExt;
 use serde_json::{json, Value};
 
 /// `(isError, body)` of a tool's result: its structured content, or for an error result
@@ -18,4 +21,18 @@ pub fn body_of(r: &CallToolResult) -> (bool, Value) {
         return (true, json!({ "error": error }));
     }
     (false, r.structured_content.clone().unwrap_or(Value::Null))
+}
+
+/// An rmcp client of `server`, which serves it in this process over an in-memory pipe (on a
+/// spawned task, until the client goes away).
+pub async fn connect<S: rmcp::ServerHandler>(server: S) -> RunningService<RoleClient, ()> {
+    let (server_io, client_io) = tokio::io::duplex(64 * 1024);
+    tokio::spawn(async move {
+        if let Ok(running) = server.serve(server_io).await {
+            let _ = running.waiting().await;
+        }
+    });
+    ().serve(client_io)
+        .await
+        .expect("an in-process MCP session")
 }
