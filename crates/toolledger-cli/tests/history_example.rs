@@ -45,6 +45,7 @@ fn a_guarded_tool_keeps_its_history_under_random_sigkills() {
     let _ = Command::new(&server)
         .arg("serve")
         .arg(&database)
+        .env("TOOLLEDGER_PRINCIPAL", "alice")
         .stdin(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status()
@@ -68,7 +69,10 @@ fn a_guarded_tool_keeps_its_history_under_random_sigkills() {
         let env = mark.clone();
         clients.push(RawStdioClient::new(&format!("client-{c}"), move || {
             let mut command = Command::new("sh");
-            command.args(["-c", &script]).env(env.0, &env.1);
+            command
+                .args(["-c", &script])
+                .env(env.0, &env.1)
+                .env("TOOLLEDGER_PRINCIPAL", "alice");
             command
         }));
         targets.push(Target::PidFile {

@@ -134,6 +134,30 @@ pub trait InlineEffect: Send + Sync + 'static {
     }
 }
 
+/// A closure is an inline effect: its body is [`InlineEffect::apply`], with the default
+/// (allowing) access and replay checks.
+///
+/// ```
+/// # use serde_json::json;
+/// # use toolledger_core::effect::EffectTx;
+/// # use toolledger_core::engine::InlineEffect;
+/// # use toolledger_core::model::Principal;
+/// fn effect() -> impl InlineEffect {
+///     |tx: &mut dyn EffectTx, p: &Principal| {
+///         tx.execute("INSERT INTO notes(author) VALUES (?1)", &[p.subject.clone().into()])?;
+///         Ok(json!({"created": true}))
+///     }
+/// }
+/// ```
+impl<F> InlineEffect for F
+where
+    F: Fn(&mut dyn EffectTx, &Principal) -> Result<Value, Error> + Send + Sync + 'static,
+{
+    fn apply(&self, tx: &mut dyn EffectTx, principal: &Principal) -> Result<Value, Error> {
+        self(tx, principal)
+    }
+}
+
 /// What a call returned.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Outcome {

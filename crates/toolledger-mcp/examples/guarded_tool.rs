@@ -7,9 +7,10 @@
 //! other arguments is `operation_conflict`, `get_operation_status` answers after a lost
 //! reply, and a call that does not match the input schema is refused before anything runs.
 //!
-//! `cargo run -p toolledger-mcp --example guarded_tool -- serve [DATABASE]` serves it over
-//! stdio as principal `alice` (tests/example_guarded_tool.rs drives it in-process, and
-//! tests/python_sdk.rs with the official Python SDK).
+//! `TOOLLEDGER_PRINCIPAL=alice cargo run -p toolledger-mcp --example guarded_tool -- serve
+//! [DATABASE]` serves it over stdio as the principal the variable names (added to the ledger
+//! when new; tests/example_guarded_tool.rs drives it in-process, and tests/python_sdk.rs with
+//! the official Python SDK).
 //!
 //! DATABASE is a SQLite file or a `postgres://` URL (default: `$TOOLLEDGER_DATABASE_URL`,
 //! else a temporary SQLite file). PostgreSQL takes its keys from `TOOLLEDGER_STATE_KEY_HEX`
@@ -18,9 +19,9 @@
 use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Json, wrapper::Parameters};
 use rmcp::{schemars, tool, tool_handler, tool_router, ServerHandler, ServiceExt};
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::json;
 use toolledger::effect::{EffectTx, RowExt};
-use toolledger::{engine::InlineEffect, model::Error, model::Principal, store::Migration};
+use toolledger::{model::Principal, store::Migration};
 use toolledger_mcp::{status_router, Guarded, LedgerGuard, Receipt, Refusal};
 
 /// The application's own table, migrated beside the ledger's: SQL both backends accept.
@@ -57,18 +58,6 @@ pub struct NoteCreated {
     result: String,
 }
 
-/// The effect: one note row, inside the ledger's transaction.
-struct InsertNote(String);
-
-impl InlineEffect for InsertNote {
-    fn apply(&self, tx: &mut dyn EffectTx, p: &Principal) -> Result<Value, Error> {
-        let params = [p.subject.clone().into(), self.0.clone().into()];
-        let row = tx.query_opt(INSERT_NOTE, &params)?.unwrap_or_default();
-        let id = row.int(0)?;
-        Ok(json!({"effectId": id, "result": format!("note {id}")}))
-    }
-}
-
 /// The server: an ordinary rmcp tool router, wrapped once by the ledger.
 #[derive(Clone)]
 pub struct Notes {
@@ -85,20 +74,34 @@ impl Notes {
         Parameters(note): Parameters<NewNote>,
     ) -> Result<Json<Receipt<NoteCreated>>, Refusal> {
         let intent = json!({"text": note.text});
-        g.run(&note.operation_id, intent, InsertNote(note.text))
-            .await
+        // The effect: one note row, inside the ledger's transaction.
+        let effect = move |tx: &mut dyn EffectTx, p: &Principal| {
+            let params = [p.subject.clone().into(), note.text.clone().into()];
+            let id = tx
+                .query_opt(INSERT_NOTE, &params)?
+                .unwrap_or_default()
+                .int(0)?;
+            Ok(json!({"effectId": id, "result": format!("note {id}")}))
+        };
+        g.run(&note.operation_id, intent, effect).await
     }
 }
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Notes {}
 
-/// Opens the ledger at `database` (a SQLite file or a `postgres://` URL) and builds the server.
-pub async fn open(database: &str) -> Result<(LedgerGuard, Notes), Box<dyn std::error::Error>> {
+/// Opens the ledger at `database` (a SQLite file or a `postgres://` URL) for `principal` (added
+/// when new) and builds the server.
+pub async fn open(
+    database: &str,
+    principal: &str,
+) -> Result<(LedgerGuard, Notes), Box<dyn std::error::Error>> {
     let builder = LedgerGuard::builder().database(database);
-    let ledger = builder.migrations(&[NOTES]).principal("alice").open()?;
+    let ledger = builder.migrations(&[NOTES]).principal(principal).open()?;
     let principals = ledger.principals();
-    principals.add("alice", "acme", &[], &[], false).await?;
+    if principals.resolve(principal).await?.is_none() {
+        principals.add(principal, "acme", &[], &[], false).await?;
+    }
     let tool_router = ledger.router(Notes::tool_router() + status_router())?;
     Ok((ledger, Notes { tool_router }))
 }
@@ -109,7 +112,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let temporary = dir.path().join("notes.sqlite").display().to_string();
     let given = std::env::args().skip(1).find(|a| a != "serve");
     let database = given.or(std::env::var("TOOLLEDGER_DATABASE_URL").ok());
-    let (_ledger, notes) = open(&database.unwrap_or(temporary)).await?;
+    let principal =
+        std::env::var("TOOLLEDGER_PRINCIPAL").map_err(|_| "set TOOLLEDGER_PRINCIPAL")?;
+    let (_ledger, notes) = open(&database.unwrap_or(temporary), &principal).await?;
     // The strict stdio transport: every line checked before rmcp reads it, every refused one
     // answered, and at most so many requests unanswered.
     let running = notes.serve(toolledger_mcp::wire::stdio::stdio()).await?;

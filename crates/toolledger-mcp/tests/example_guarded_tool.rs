@@ -22,7 +22,7 @@ struct Session {
 async fn session() -> Session {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("notes.sqlite");
-    let (ledger, notes) = example::open(db.to_str().unwrap()).await.unwrap();
+    let (ledger, notes) = example::open(db.to_str().unwrap(), "alice").await.unwrap();
     let client = toolledger_testkit::replies::connect(notes).await;
     Session {
         ledger,

@@ -154,8 +154,8 @@ fn python_sdk_drives_the_example_on_sqlite() {
     let db = dir.path().join("notes.sqlite").display().to_string();
     // SQLite keeps its keys in a key file beside the database; pass the test's keys anyway so
     // the read-back handle below opens with the same ones.
-    let env =
-        json!({"TOOLLEDGER_STATE_KEY_HEX": STATE_KEY, "TOOLLEDGER_FINGERPRINT_KEY_HEX": FP_KEY});
+    let env = json!({"TOOLLEDGER_STATE_KEY_HEX": STATE_KEY,
+        "TOOLLEDGER_FINGERPRINT_KEY_HEX": FP_KEY, "TOOLLEDGER_PRINCIPAL": "alice"});
     let v = run_script(&py, &db, env);
     check(&v, &open_ledger(&db));
 }
@@ -176,8 +176,8 @@ fn python_sdk_drives_the_example_on_postgres() {
         .unwrap();
     let scoped =
         toolledger_testkit::db::with_param(&url, &format!("options=-c%20search_path%3D{schema}"));
-    let env =
-        json!({"TOOLLEDGER_STATE_KEY_HEX": STATE_KEY, "TOOLLEDGER_FINGERPRINT_KEY_HEX": FP_KEY});
+    let env = json!({"TOOLLEDGER_STATE_KEY_HEX": STATE_KEY,
+        "TOOLLEDGER_FINGERPRINT_KEY_HEX": FP_KEY, "TOOLLEDGER_PRINCIPAL": "alice"});
     let v = run_script(&py, &scoped, env);
     let ledger = open_ledger(&scoped);
     check(&v, &ledger);
