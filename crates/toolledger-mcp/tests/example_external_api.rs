@@ -7,7 +7,6 @@
 #[path = "../examples/external_api.rs"]
 mod example;
 
-use rmcp::model::CallToolRequestParams;
 use rmcp::service::{RoleClient, RunningService};
 use serde_json::{json, Value};
 
@@ -40,9 +39,7 @@ impl Session {
     /// `(isError, structuredContent or the parsed text)` of one call (an unknown outcome is
     /// an error result whose structured content is the deferred reply).
     async fn call(&self, tool: &str, args: Value) -> (bool, Value) {
-        let call = CallToolRequestParams::new(tool.to_string())
-            .with_arguments(args.as_object().cloned().unwrap());
-        let r = self.client.call_tool(call).await.unwrap();
+        let r = toolledger_testkit::replies::call_tool(&self.client, tool, args).await;
         let body = r.structured_content.clone().unwrap_or_else(|| {
             let text = r.content[0].as_text().unwrap().text.clone();
             serde_json::from_str(&text).unwrap()

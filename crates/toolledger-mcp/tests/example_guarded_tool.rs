@@ -34,9 +34,7 @@ async fn session() -> Session {
 impl Session {
     /// `(isError, structuredContent)` of one call.
     async fn call(&self, tool: &str, args: Value) -> (bool, Value) {
-        let call = CallToolRequestParams::new(tool.to_string())
-            .with_arguments(args.as_object().cloned().unwrap());
-        let r = self.client.call_tool(call).await.unwrap();
+        let r = toolledger_testkit::replies::call_tool(&self.client, tool, args).await;
         body_of(&r)
     }
 

@@ -1,7 +1,7 @@
 //! A tool's result as an MCP client of a guarded server reads it ([`body_of`]), and such a
 //! client of a server in the same process ([`connect`]).
 
-use rmcp::model::CallToolResult;
+use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::{RoleClient, RunningService};
 use rmcp::ServiceExt;
 use serde_json::{json, Value};
@@ -35,4 +35,19 @@ pub async fn connect<S: rmcp::ServerHandler>(server: S) -> RunningService<RoleCl
     ().serve(client_io)
         .await
         .expect("an in-process MCP session")
+}
+
+/// Calls `tool` with the JSON object `arguments` over `client`; panics when the call itself
+/// fails (a protocol error, not a tool's error result).
+pub async fn call_tool(
+    client: &RunningService<RoleClient, ()>,
+    tool: &str,
+    arguments: Value,
+) -> CallToolResult {
+    let arguments = arguments
+        .as_object()
+        .cloned()
+        .expect("arguments are an object");
+    let call = CallToolRequestParams::new(tool.to_string()).with_arguments(arguments);
+    client.call_tool(call).await.expect("the tool call")
 }
