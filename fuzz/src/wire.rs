@@ -15,8 +15,8 @@ use toolledger::engine::Engine;
 use toolledger::model::Error;
 use toolledger::store::Store;
 use toolledger_mcp::wire::StdioTransport;
-use toolledger_mcp::{CallerSource, Guard, GuardConfig, KeyMaterial, LedgerServer};
-use toolledger_reference::tools::{registry, Faults, ToolEnv};
+use toolledger_mcp::{CallerSource, Guard, GuardConfig, GuardedServer, KeyMaterial};
+use toolledger_reference::tools::{Faults, ReferenceTools, ToolEnv};
 
 /// A reply to a request the server accepted is awaited at most this long (a hang is a bug
 /// the fuzzer reports by this panic, not by its own timeout).
@@ -24,7 +24,7 @@ const REPLY_WAIT: Duration = Duration::from_secs(20);
 
 /// The server and its ledger, built once per fuzzing process.
 pub struct Harness {
-    server: LedgerServer,
+    server: GuardedServer<ReferenceTools>,
     store: Store,
     _dir: tempfile::TempDir,
 }
@@ -80,12 +80,7 @@ impl Harness {
             principals: principals.clone(),
             runtime: None,
         };
-        let server = LedgerServer::new(
-            "toolledger",
-            registry(&env),
-            principals,
-            CallerSource::Configured("alice".into()),
-        );
+        let server = ReferenceTools::new(env).server(CallerSource::Configured("alice".into()));
         Harness {
             server,
             store,

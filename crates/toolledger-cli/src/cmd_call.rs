@@ -26,7 +26,7 @@ use toolledger::store::Store;
 use toolledger::Error;
 use toolledger_mcp::keys::KeyError;
 use toolledger_mcp::{Caller, Guard, GuardConfig, KeyMaterial, ToolCall};
-use toolledger_reference::tools::{registry, Faults, ToolEnv};
+use toolledger_reference::tools::{Faults, ReferenceTools, ToolEnv};
 
 use crate::common::{self, RuntimeStoreArgs, StoreConfig};
 use crate::exit::{Failure, Outcome};
@@ -200,12 +200,7 @@ async fn call_registered(
         principals: principals.clone(),
         runtime: Some(runtime),
     };
-    let Some(tool) = registry(&env)
-        .into_iter()
-        .find(|t| t.definition().name == args.tool)
-    else {
-        return Ok(tool_error(&Error::invalid("unknown tool")));
-    };
+    let tools = ReferenceTools::new(env);
     let principal = match principals.resolve(&args.principal).await {
         Ok(Some(p)) => p,
         Ok(None) => {
@@ -233,7 +228,7 @@ async fn call_registered(
         client_capabilities,
         peer: None,
     };
-    match tool.call(call).await {
+    match tools.call(&args.tool, call).await {
         Ok(response) => Ok(print_response(response)),
         Err(e) => Ok(tool_error(&Error::invalid(e.message.to_string()))),
     }

@@ -23,7 +23,7 @@ use toolledger::engine::Engine;
 use toolledger_cli::common::{StoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
 use toolledger_cli::telemetry::{init_logs, start_metrics, TelemetryArgs};
-use toolledger_mcp::{Guard, GuardConfig};
+use toolledger_mcp::{CallerSource, Guard, GuardConfig, LedgerGuard};
 use toolledger_proxy::{BuildError, Lifecycle, Proxy, ProxyConfig, Upstream, UpstreamSpec};
 
 use crate::cmd_serve::{bound_keys, serve_http, serve_stdio, stdio_principal, HttpFrontArgs};
@@ -225,12 +225,19 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
     };
     let upstream = Upstream::new(spec, lifecycle);
     let hook = crate::cmd_dispatch::hold_hook();
-    let built = Proxy::build(&store, clock.clone(), guard, upstream, &proxy_config, hook)
-        .await
-        .map_err(|e| match e {
-            BuildError::Upstream(e) => Failure::explained("UPSTREAM_UNAVAILABLE", e.detail()),
-            BuildError::Config(why) => Failure::explained("CONFIG_INVALID", why),
-        })?;
+    let built = Proxy::build(
+        &store,
+        clock.clone(),
+        guard.clone(),
+        upstream,
+        &proxy_config,
+        hook,
+    )
+    .await
+    .map_err(|e| match e {
+        BuildError::Upstream(e) => Failure::explained("UPSTREAM_UNAVAILABLE", e.detail()),
+        BuildError::Config(why) => Failure::explained("CONFIG_INVALID", why),
+    })?;
     tracing::info!(target: "toolledger::proxy", guarded = ?built.guarded,
         passed_through = ?built.passed_through, "proxying the upstream's tools");
     start_metrics(
@@ -244,21 +251,17 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
     let principals_for_console = principals.clone();
     match (args.http, stdio_caller) {
         (None, Some(caller)) => {
-            serve_stdio(
-                "toolledger-proxy",
-                caller,
-                built.tools,
-                principals,
-                front.max_in_flight,
-            )
-            .await
+            let ledger =
+                LedgerGuard::from_parts(guard, principals, CallerSource::Configured(caller));
+            serve_stdio(built.server(&ledger), front.max_in_flight).await
         }
         (None, None) => unreachable!("a stdio session's caller is resolved above"),
         (Some(addr), _) => {
+            let ledger =
+                LedgerGuard::from_parts(guard, principals.clone(), CallerSource::BearerToken);
             serve_http(
-                "toolledger-proxy",
                 addr,
-                built.tools,
+                built.server(&ledger),
                 principals,
                 front.clone(),
                 clock.clone(),

@@ -31,12 +31,12 @@ pub(crate) use toolledger_mcp::front::health_routes;
 use toolledger_mcp::front::HttpFront;
 use toolledger_mcp::keys::KeyError;
 use toolledger_mcp::wire::http::{self as wire_http, AllowedHosts, ConnectionLimits};
-use toolledger_mcp::{CallerSource, Guard, GuardConfig, KeyMaterial, LedgerServer};
+use toolledger_mcp::{CallerSource, Guard, GuardConfig, GuardedServer, KeyMaterial};
 
 use crate::common::{RuntimeStoreArgs, StoreConfig};
 use crate::exit::{Failure, Outcome};
 use toolledger_cli::telemetry::{init_logs, metrics_routes, start_metrics, TelemetryArgs};
-use toolledger_reference::tools::{registry, Fault, Faults, ToolEnv};
+use toolledger_reference::tools::{Fault, Faults, ReferenceTools, ToolEnv};
 
 /// Options of `toolledger serve`.
 #[derive(clap::Args, Debug, Clone)]
@@ -141,7 +141,7 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
         unguarded: args.unguarded,
         principals: principals.clone(),
     };
-    let tools = registry(&env);
+    let tools = ReferenceTools::new(env);
     start_metrics(
         args.telemetry.metrics,
         &store,
@@ -153,10 +153,12 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
     match (args.http, stdio_caller) {
         (Some(addr), _) => {
             let console = console.map(|c| c.router(front.hosts.clone()));
-            serve_http("toolledger", addr, tools, principals, front, clock, console).await
+            let server = tools.server(CallerSource::BearerToken);
+            serve_http(addr, server, principals, front, clock, console).await
         }
         (None, Some(caller)) => {
-            serve_stdio("toolledger", caller, tools, principals, front.max_in_flight).await
+            let server = tools.server(CallerSource::Configured(caller));
+            serve_stdio(server, front.max_in_flight).await
         }
         (None, None) => unreachable!("a stdio session's caller is resolved above"),
     }
@@ -362,17 +364,12 @@ pub(crate) async fn stdio_principal(
     Ok(principal.to_string())
 }
 
-/// Serves `tools` as server `name` on stdio, to the caller `principal` ([`stdio_principal`];
-/// re-read on every call), with at most `max_in_flight` requests unanswered, until stdin
-/// closes.
-pub(crate) async fn serve_stdio(
-    name: &str,
-    principal: String,
-    tools: Vec<Arc<dyn toolledger_mcp::McpTool>>,
-    principals: PrincipalStore,
+/// Serves `server` on stdio (built for the caller [`stdio_principal`] named, re-read on every
+/// call), with at most `max_in_flight` requests unanswered, until stdin closes.
+pub(crate) async fn serve_stdio<S: Send + Sync + 'static>(
+    server: GuardedServer<S>,
     max_in_flight: usize,
 ) -> Result<(), Failure> {
-    let server = LedgerServer::new(name, tools, principals, CallerSource::Configured(principal));
     // The strict transport: every line checked, every refused line answered. Pipes (how MCP
     // clients launch a server) are driven by the IO reactor instead of a blocking-pool thread
     // hand-off per read and write; other streams fall back to the blocking handles. A client
@@ -384,19 +381,18 @@ pub(crate) async fn serve_stdio(
     Ok(())
 }
 
-/// Serves `tools` as server `name` over streamable HTTP at `http://ADDR/mcp` (bearer
-/// principals, Host/Origin rules, strict bodies), with `/healthz`, `/readyz` and `/metrics`,
-/// and the operator console's pages when given, until SIGTERM or SIGINT.
-pub(crate) async fn serve_http(
-    name: &str,
+/// Serves `server` (built for bearer-token callers) over streamable HTTP at
+/// `http://ADDR/mcp` (bearer principals, Host/Origin rules, strict bodies), with `/healthz`,
+/// `/readyz` and `/metrics`, and the operator console's pages when given, until SIGTERM or
+/// SIGINT.
+pub(crate) async fn serve_http<S: Send + Sync + 'static>(
     addr: SocketAddr,
-    tools: Vec<Arc<dyn toolledger_mcp::McpTool>>,
+    server: GuardedServer<S>,
     principals: PrincipalStore,
     front: HttpFront,
     clock: SharedClock,
     console: Option<axum::Router>,
 ) -> Result<(), Failure> {
-    let server = LedgerServer::new(name, tools, principals.clone(), CallerSource::BearerToken);
     let store = principals.store().clone();
     // `/mcp` inside the library's front; the health endpoints and `/metrics` are outside it.
     let app = front

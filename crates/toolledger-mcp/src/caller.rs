@@ -52,7 +52,7 @@ impl Caller {
     /// A caller known by name only, its principal not read: the tenant and subject are empty
     /// and it holds no role or scope, so nothing that checks them lets it through. Given to
     /// tools that read the principal themselves (see
-    /// [`McpTool::reads_principal`](crate::server::McpTool::reads_principal)).
+    /// [`CallerRead::NameOnly`](crate::CallerRead::NameOnly)).
     pub fn unread(name: String) -> Caller {
         Caller {
             name,

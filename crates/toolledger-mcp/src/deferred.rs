@@ -13,7 +13,7 @@
 //!    at once; a finished operation is replayed (`local_replay`) after current
 //!    re-authorization; an unfinished one answers `OUTCOME_UNKNOWN` with its `status_ref` and
 //!    nothing else happens — dispatch never observes the downstream. Observing is an explicit
-//!    status query ([`DeferredMcpTool::status`], [`Runtime::status`]), which reconciles a
+//!    status query ([`DeferredAdapter::status`], [`Runtime::status`]), which reconciles a
 //!    downstream receipt (`receipt_reconciled`).
 //!
 //! The reply is `{status_ref, code, delivery, status, result?}` ([`DeferredReply`]), as the
@@ -23,7 +23,8 @@
 //! `{error: {code, message}}` of [`crate::reply`].
 //!
 //! Two ways to serve one:
-//! - [`DeferredMcpTool`], an [`McpTool`] for [`crate::LedgerServer`];
+//! - [`DeferredAdapter`]: a definition, a runtime and an argument parser, answering a whole
+//!   [`ToolCall`] (serve it with [`crate::call_route`]);
 //! - [`Guarded::dispatch`], for an ordinary rmcp `#[tool]` method served through
 //!   [`crate::LedgerGuard::router`]:
 //!
@@ -51,7 +52,7 @@ use toolledger::runtime::{Answer, DeferredCall, ProviderContext, Runtime, Status
 use crate::caller::Caller;
 use crate::guarded::{Guarded, Refusal};
 use crate::reply::{single_round, tool_ok};
-use crate::server::{BoxFuture, McpTool, ToolCall};
+use crate::server::ToolCall;
 
 /// One call's wire arguments split into their roles.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -221,7 +222,9 @@ pub fn reply_schema() -> JsonObject {
 pub type ArgumentParser =
     Arc<dyn Fn(&JsonObject) -> Result<DeferredArguments, Error> + Send + Sync>;
 
-async fn dispatch(
+/// Dispatches `call` of `caller` to the deferred tool `tool` of `runtime` (the caller is
+/// re-read by the runtime inside its own transactions).
+pub async fn dispatch(
     runtime: &Runtime,
     caller: &Caller,
     tool: &str,
@@ -231,24 +234,24 @@ async fn dispatch(
     runtime.dispatch(&call, None).await.map_err(Error::from)
 }
 
-/// A deferred tool served by [`crate::LedgerServer`]: the definition it advertises, the
+/// A deferred tool whose definition is known at run time: the definition it advertises, the
 /// runtime it dispatches to and how its wire arguments split. See the [module docs](self).
 #[derive(Clone)]
-pub struct DeferredMcpTool {
+pub struct DeferredAdapter {
     runtime: Runtime,
     definition: Tool,
     parse: ArgumentParser,
 }
 
-impl std::fmt::Debug for DeferredMcpTool {
+impl std::fmt::Debug for DeferredAdapter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeferredMcpTool")
+        f.debug_struct("DeferredAdapter")
             .field("tool", &self.definition.name)
             .finish_non_exhaustive()
     }
 }
 
-impl DeferredMcpTool {
+impl DeferredAdapter {
     /// The tool advertised as `definition` (whose name is the deferred tool's registered name
     /// in `runtime`), dispatching every call to `runtime` with the arguments `parse` returns.
     /// Without an output schema of its own the definition gets [`reply_schema`].
@@ -262,7 +265,7 @@ impl DeferredMcpTool {
         } else {
             definition.with_raw_output_schema(Arc::new(reply_schema()))
         };
-        DeferredMcpTool {
+        DeferredAdapter {
             runtime,
             definition,
             parse: Arc::new(parse),
@@ -279,8 +282,8 @@ impl DeferredMcpTool {
         &self.runtime
     }
 
-    /// Dispatches one call of `caller` with these wire arguments (what [`McpTool::call`]
-    /// does, without the transport).
+    /// Dispatches one call of `caller` with these wire arguments (what
+    /// [`DeferredAdapter::call`] does, without the transport).
     pub async fn dispatch(
         &self,
         caller: &Caller,
@@ -315,20 +318,22 @@ impl DeferredMcpTool {
     }
 }
 
-impl McpTool for DeferredMcpTool {
-    fn definition(&self) -> Tool {
+impl DeferredAdapter {
+    /// The definition the tool advertises.
+    pub fn definition(&self) -> Tool {
         self.definition.clone()
     }
 
-    fn call(&self, call: ToolCall) -> BoxFuture<'_, Result<CallToolResponse, ErrorData>> {
-        Box::pin(async move {
-            let result = async {
-                single_round(call.request_state.is_some(), call.input_responses.is_some())?;
-                self.dispatch(&call.caller, &call.arguments).await
-            }
-            .await;
-            crate::reply::respond(result.map(|r| CallToolResponse::Complete(r.into_tool_result())))
-        })
+    /// Answers one call (see [`call_route`](crate::call_route) to serve it as a route):
+    /// single round, refusals in-band, an unknown outcome as an error result carrying its
+    /// `status_ref`.
+    pub async fn call(&self, call: ToolCall) -> Result<CallToolResponse, ErrorData> {
+        let result = async {
+            single_round(call.request_state.is_some(), call.input_responses.is_some())?;
+            self.dispatch(&call.caller, &call.arguments).await
+        }
+        .await;
+        crate::reply::respond(result.map(|r| CallToolResponse::Complete(r.into_tool_result())))
     }
 }
 

@@ -49,14 +49,14 @@ use rmcp::RoleServer;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use toolledger::engine::{InlineEffect, Outcome};
+use toolledger::engine::{Begun, InlineEffect, Outcome};
 use toolledger::model::{Error, ErrorCode, ToolContract};
 
 use crate::caller::Caller;
-use crate::guard::{outcome_json, GuardedRequest};
+use crate::guard::{outcome_json, Guard, GuardedRequest, Resumed};
 use crate::ledger::LedgerGuard;
 use crate::reply::tool_error;
-use crate::server::{client_accepts, is_multi_round};
+use crate::server::{client_accepts, is_multi_round, ToolCall};
 use crate::status::StatusTool;
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -110,8 +110,7 @@ impl IntoCallToolResult for Refusal {
 }
 
 /// The reply of a guarded call: `{operationId, …the stored result's fields, replayed, state}`,
-/// exactly what [`crate::GuardedTool`] answers, typed by the effect's result `R` (an object
-/// whose fields are merged in), so `#[tool]` derives the output schema from it.
+/// typed by the effect's result `R` (an object whose fields are merged in), so `#[tool]` derives the output schema from it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Receipt<R> {
     /// The operation id (idempotency key) of the call.
@@ -235,8 +234,89 @@ impl Guarded {
             .await?)
     }
 
+    /// The whole call, for a tool that handles the protocol itself (a proxy's forward, a
+    /// multi-round tool with its own rounds): the caller re-read from the principal store,
+    /// the wire arguments, the continuation fields, the request's `_meta`, its cancellation
+    /// and the client.
+    pub async fn call(&self) -> Result<ToolCall, Refusal> {
+        let caller = self.caller().await?;
+        Ok(self.call_as(caller))
+    }
+
+    /// [`Guarded::call`] with the caller known by name only ([`Caller::unread`]), for a tool
+    /// that reads the principal itself in the same read of the store as everything else it
+    /// checks (a deferred runtime re-reads it in the snapshot it examines the ledger in).
+    pub fn call_unread(&self) -> Result<ToolCall, Refusal> {
+        let name = self.scope.ledger.caller_source().name(&self.context)?;
+        Ok(self.call_as(Caller::unread(name)))
+    }
+
+    /// The extractor of a route that owns its whole context: nothing is cloned, so the
+    /// arguments move into the [`ToolCall`] (see [`Guarded::into_call`]).
+    fn take<S>(ctx: ToolCallContext<'_, S>) -> Result<Self, ErrorData> {
+        let mut context = ctx.request_context;
+        let scope = context.extensions.remove::<CallScope>().ok_or_else(|| {
+            ErrorData::internal_error(
+                "a guarded tool must be served through LedgerGuard::router",
+                None,
+            )
+        })?;
+        Ok(Guarded {
+            scope,
+            tool: ctx.name.to_string(),
+            context,
+        })
+    }
+
+    /// [`Guarded::call`] for `caller`, consuming the extractor: the arguments move when no
+    /// one else holds them.
+    fn into_call(self, caller: Caller) -> ToolCall {
+        let Guarded { scope, context, .. } = self;
+        let multi_round = scope.multi_round;
+        ToolCall {
+            caller,
+            arguments: Arc::try_unwrap(scope.arguments).unwrap_or_else(|a| a.as_ref().clone()),
+            request_state: scope.request_state,
+            input_responses: scope.input_responses,
+            meta: (!context.meta.is_empty()).then_some(context.meta),
+            cancelled: Some(context.ct),
+            multi_round,
+            client_capabilities: scope.client_capabilities,
+            peer: Some(context.peer),
+        }
+    }
+
+    fn call_as(&self, caller: Caller) -> ToolCall {
+        let context = &self.context;
+        ToolCall {
+            caller,
+            arguments: self.scope.arguments.as_ref().clone(),
+            request_state: self.scope.request_state.clone(),
+            input_responses: self.scope.input_responses.clone(),
+            meta: (!context.meta.is_empty()).then(|| context.meta.clone()),
+            cancelled: Some(context.ct.clone()),
+            multi_round: self.scope.multi_round,
+            client_capabilities: self.scope.client_capabilities.clone(),
+            peer: Some(context.peer.clone()),
+        }
+    }
+
     fn contract(&self) -> ToolContract {
         ToolContract::uniform(self.tool.clone(), self.scope.ledger.revision())
+    }
+
+    fn request<'a>(
+        &'a self,
+        caller: &'a Caller,
+        contract: &'a ToolContract,
+        operation_id: &'a str,
+    ) -> GuardedRequest<'a> {
+        GuardedRequest {
+            caller,
+            contract,
+            operation_id,
+            arguments: &self.scope.arguments,
+        }
     }
 
     /// Runs a single-round effect under the ledger: `intent` is the business intent (without
@@ -254,14 +334,8 @@ impl Guarded {
             self.scope.input_responses.is_some(),
         )?;
         check_operation_id(operation_id)?;
-        let caller = self.caller().await?;
-        let contract = self.contract();
-        let request = GuardedRequest {
-            caller: &caller,
-            contract: &contract,
-            operation_id,
-            arguments: &self.scope.arguments,
-        };
+        let (caller, contract) = (self.caller().await?, self.contract());
+        let request = self.request(&caller, &contract, operation_id);
         let outcome = self
             .scope
             .ledger
@@ -298,41 +372,22 @@ impl Guarded {
             )));
         }
         check_operation_id(operation_id)?;
-        let caller = self.caller().await?;
-        let contract = self.contract();
-        let request = GuardedRequest {
-            caller: &caller,
-            contract: &contract,
-            operation_id,
-            arguments: &self.scope.arguments,
-        };
-        let guard = self.scope.ledger.guard();
         let Value::Object(known) = known else {
             return Err(Refusal(Error::invalid(
                 "a first round's intent must be an object",
             )));
         };
-        let answered: Vec<&str> = requests.iter().map(|(name, _)| name.as_str()).collect();
-        if let Some(outcome) = guard
-            .replay_for_first_round(&request, &known, &answered)
-            .await?
-        {
-            return Ok(CallToolResponse::Complete(CallToolResult::structured(
-                outcome_json(operation_id, &outcome),
-            )));
-        }
-        let caps = self.scope.client_capabilities.as_ref();
-        if let Some((name, _)) = requests.iter().find(|(_, r)| !client_accepts(caps, r)) {
-            return Err(Refusal(Error::new(
+        let call = self.call().await?;
+        let contract = self.contract();
+        let request = self.request(&call.caller, &contract, operation_id);
+        let guard = self.scope.ledger.guard();
+        match ask_for(guard, &request, &call, &known, step, requests).await? {
+            Rounds::Respond(response) => Ok(response),
+            Rounds::Answered(_) => Err(Refusal(Error::new(
                 ErrorCode::ContinuationUnsupported,
-                format!(
-                    "this tool needs input {name:?}, and the client did not declare the \
-                     capability to be asked for it; nothing was written"
-                ),
-            )));
+                "this tool asks for input with input_required, which needs MCP 2026-07-28",
+            ))),
         }
-        let ir = guard.first_round(&request, step, requests)?;
-        Ok(CallToolResponse::InputRequired(ir))
     }
 
     /// The continuation of a multi-round tool: verifies `requestState` (this caller, tool,
@@ -352,14 +407,8 @@ impl Guarded {
             )));
         };
         check_operation_id(operation_id)?;
-        let caller = self.caller().await?;
-        let contract = self.contract();
-        let request = GuardedRequest {
-            caller: &caller,
-            contract: &contract,
-            operation_id,
-            arguments: &self.scope.arguments,
-        };
+        let (caller, contract) = (self.caller().await?, self.contract());
+        let request = self.request(&caller, &contract, operation_id);
         let answers = serde_json::to_value(answers)
             .map_err(|_| Refusal(Error::invalid("inputResponses are not valid JSON")))?;
         let guard = self.scope.ledger.guard();
@@ -411,7 +460,7 @@ fn complete_error(e: &Error) -> Result<CallToolResponse, ErrorData> {
 /// What one wrapped route holds.
 struct Wrapped<S> {
     inner: Arc<rmcp::handler::server::tool::DynCallToolHandler<S>>,
-    validator: Arc<jsonschema::Validator>,
+    validator: Option<Arc<jsonschema::Validator>>,
     ledger: LedgerGuard,
     status: Arc<StatusTool>,
 }
@@ -421,7 +470,7 @@ fn call_wrapped<'a, S: Send + Sync + 'static>(
     mut ctx: ToolCallContext<'a, S>,
 ) -> BoxFuture<'a, Result<CallToolResponse, ErrorData>> {
     let arguments = ctx.arguments.clone().unwrap_or_default();
-    if let Err(e) = check_arguments(&w.validator, &arguments) {
+    if let Some(Err(e)) = w.validator.as_ref().map(|v| check_arguments(v, &arguments)) {
         return Box::pin(std::future::ready(complete_error(&e)));
     }
     let scope = CallScope {
@@ -435,6 +484,8 @@ fn call_wrapped<'a, S: Send + Sync + 'static>(
     };
     ctx.request_context.extensions.insert(scope);
     let tool = ctx.name.to_string();
+    // Named for the log line without a read of the principal store.
+    let principal = w.ledger.caller_source().name(&ctx.request_context).ok();
     let started = std::time::Instant::now();
     let fut = (w.inner)(ctx);
     Box::pin(async move {
@@ -447,7 +498,7 @@ fn call_wrapped<'a, S: Send + Sync + 'static>(
             }
             other => other,
         };
-        crate::observe::tool_call(&tool, None, &response, started.elapsed());
+        crate::observe::tool_call(&tool, principal.as_deref(), &response, started.elapsed());
         response
     })
 }
@@ -470,7 +521,28 @@ impl LedgerGuard {
     /// schema is not a valid JSON Schema.
     pub fn router<S: Send + Sync + 'static>(
         &self,
+        router: ToolRouter<S>,
+    ) -> Result<ToolRouter<S>, Error> {
+        self.wrap(router, true)
+    }
+
+    /// [`LedgerGuard::router`] without the input-schema check: for routes that validate
+    /// their own arguments — tools whose refusals carry domain error codes, or a proxy whose
+    /// upstream owns the schema and judges the arguments itself.
+    pub fn router_unchecked<S: Send + Sync + 'static>(
+        &self,
+        router: ToolRouter<S>,
+    ) -> ToolRouter<S> {
+        match self.wrap(router, false) {
+            Ok(router) => router,
+            Err(_) => unreachable!("no schema is compiled without the check"),
+        }
+    }
+
+    fn wrap<S: Send + Sync + 'static>(
+        &self,
         mut router: ToolRouter<S>,
+        validate: bool,
     ) -> Result<ToolRouter<S>, Error> {
         let mut names: Vec<String> = router
             .map
@@ -487,16 +559,21 @@ impl LedgerGuard {
             StatusTool::new(self.guard().clone(), observed).with_runtime(self.runtime().cloned()),
         );
         for route in router.map.values_mut() {
-            let schema = Value::Object(route.attr.input_schema.as_ref().clone());
-            let validator = jsonschema::validator_for(&schema).map_err(|_| {
-                Error::invalid(format!(
-                    "the input schema of tool {} is not a valid JSON Schema",
-                    route.attr.name
-                ))
-            })?;
+            let validator = if validate {
+                let schema = Value::Object(route.attr.input_schema.as_ref().clone());
+                let validator = jsonschema::validator_for(&schema).map_err(|_| {
+                    Error::invalid(format!(
+                        "the input schema of tool {} is not a valid JSON Schema",
+                        route.attr.name
+                    ))
+                })?;
+                Some(Arc::new(validator))
+            } else {
+                None
+            };
             let wrapped = Wrapped {
                 inner: route.call.clone(),
-                validator: Arc::new(validator),
+                validator,
                 ledger: self.clone(),
                 status: status.clone(),
             };
@@ -512,17 +589,15 @@ async fn status_call(mut ctx: ToolCallContext<'_, impl Send + Sync>) -> CallTool
             "get_operation_status must be served through LedgerGuard::router",
         ));
     };
-    let result = async {
-        let (op, tool) = StatusTool::arguments(&scope.arguments)?;
-        let caller = scope
-            .ledger
-            .caller_source()
-            .resolve(scope.ledger.principals(), &ctx.request_context)
-            .await?;
-        scope.status.status_for(&caller, &op, tool.as_deref()).await
+    match scope
+        .ledger
+        .caller_source()
+        .resolve(scope.ledger.principals(), &ctx.request_context)
+        .await
+    {
+        Ok(caller) => scope.status.answer(&caller, &scope.arguments).await,
+        Err(e) => tool_error(&e),
     }
-    .await;
-    crate::reply::tool_result(result)
 }
 
 /// The read-only `get_operation_status` tool as an rmcp router to add to the application's
@@ -534,4 +609,284 @@ pub fn status_router<S: Send + Sync + 'static>() -> ToolRouter<S> {
         Box::pin(async move { Ok(CallToolResponse::Complete(status_call(ctx).await)) })
             as BoxFuture<'_, _>
     }))
+}
+
+/// Whose principal a [`call_route`] reads before its handler runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallerRead {
+    /// The caller is re-read from the principal store ([`Guarded::call`]).
+    Resolved,
+    /// The caller is known by name only; the handler reads the principal itself
+    /// ([`Guarded::call_unread`]).
+    NameOnly,
+}
+
+/// A dynamic route (`ToolRoute::new_dyn`) for `definition` whose handler takes the whole call
+/// ([`ToolCall`]): for tools whose definitions are known only at run time (a proxy's upstream
+/// tools) or that drive the protocol themselves. Serve it through [`LedgerGuard::router`] (or
+/// [`LedgerGuard::router_unchecked`]) like any other route; a caller that cannot be resolved
+/// is refused in-band before `handler` runs.
+pub fn call_route<S, F, Fut>(
+    definition: rmcp::model::Tool,
+    read: CallerRead,
+    handler: F,
+) -> ToolRoute<S>
+where
+    S: Send + Sync + 'static,
+    F: Fn(ToolCall) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<CallToolResponse, ErrorData>> + Send + 'static,
+{
+    let handler = Arc::new(handler);
+    ToolRoute::new_dyn(definition, move |ctx: ToolCallContext<'_, S>| {
+        let handler = handler.clone();
+        let guarded = Guarded::take(ctx);
+        Box::pin(async move {
+            let g = guarded?;
+            let call = match read {
+                CallerRead::Resolved => match g.caller().await {
+                    Ok(caller) => Ok(g.into_call(caller)),
+                    Err(refusal) => Err(refusal),
+                },
+                CallerRead::NameOnly => g
+                    .scope
+                    .ledger
+                    .caller_source()
+                    .name(&g.context)
+                    .map(|name| g.into_call(Caller::unread(name)))
+                    .map_err(Refusal),
+            };
+            match call {
+                Ok(call) => handler(call).await,
+                Err(refusal) => refusal.into_call_tool_result(),
+            }
+        }) as BoxFuture<'_, _>
+    })
+}
+
+/// The verified answers of a multi-round call: run the effect with them
+/// ([`Guarded::run_rounds`], [`Guarded::begin_rounds`], or [`Guard::run_resumed`] /
+/// [`Guard::begin_resumed`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Answered {
+    /// The verified continuation: the deadlines the first round fixed and the fingerprint of
+    /// the whole logical request (arguments, continuation state, answers).
+    pub resumed: Resumed,
+    /// The answers, shaped like `inputResponses`: one field per input request.
+    pub answers: Value,
+}
+
+/// Where the rounds of a multi-round call stand ([`rounds`], [`Guarded::rounds`]).
+#[derive(Clone, Debug)]
+pub enum Rounds {
+    /// Answer the client now: `input_required` asking for the inputs (MCP 2026-07-28), or
+    /// what a replay of this operation answers (the stored result with `replayed: true`, or
+    /// the deadline, `outcome_unknown` or `operation_in_progress` answer).
+    Respond(CallToolResponse),
+    /// Every input is answered: by a verified continuation (`requestState` and
+    /// `inputResponses`), or, under the initialize lifecycle, by the client's answers to
+    /// elicitation requests sent inside this call.
+    Answered(Answered),
+}
+
+fn input_unsupported(name: &str) -> Error {
+    Error::new(
+        ErrorCode::ContinuationUnsupported,
+        format!(
+            "this tool needs input {name:?}, and the client did not declare the capability to \
+             be asked for it; nothing was written"
+        ),
+    )
+}
+
+/// The rounds of one call of a multi-round tool, under both lifecycles:
+///
+/// - a continuation (`requestState` with `inputResponses`) is verified: this caller, tool,
+///   operation id and arguments, unexpired ([`Guard::resume`]);
+/// - `inputResponses` without `requestState` is `continuation_unsupported`;
+/// - a first round for an operation the caller's scope already holds answers as a replay
+///   would ([`Guard::replay_for_first_round`]: `known` is the intent the first round fixes,
+///   the continuation's intent adds one field per input request, named as the request);
+/// - otherwise, under MCP 2026-07-28 the inputs are asked for with `input_required` and a
+///   sealed `requestState` ([`Guard::first_round`]); under the initialize lifecycle each is
+///   asked inside this call with `elicitation/create` (form requests only), and the answers
+///   continue at once with the fixed state `{step, mode: "elicitation"}`
+///   ([`Guard::elicited`]), so a retried call with the same answers replays.
+///
+/// An input the client did not declare the capability for is never asked: the call is
+/// `continuation_unsupported` and nothing is written.
+pub async fn rounds(
+    guard: &Guard,
+    request: &GuardedRequest<'_>,
+    call: &ToolCall,
+    known: &JsonObject,
+    step: &str,
+    requests: Vec<(String, InputRequest)>,
+) -> Result<Rounds, Error> {
+    if let Some(state) = call.request_state.as_deref() {
+        let answers = Value::Object(
+            call.input_responses
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .collect(),
+        );
+        let resumed = guard.resume(request, state, &answers)?;
+        return Ok(Rounds::Answered(Answered { resumed, answers }));
+    }
+    if call.input_responses.is_some() {
+        return Err(Error::new(
+            ErrorCode::ContinuationUnsupported,
+            "input responses arrived without the requestState they answer; nothing was written",
+        ));
+    }
+    ask_for(guard, request, call, known, step, requests).await
+}
+
+/// A round that asks for `requests` (whatever continuation the call carries): the replay
+/// answer when the caller's scope holds the operation, else `input_required` (MCP
+/// 2026-07-28) or elicitation inside the call (the initialize lifecycle).
+async fn ask_for(
+    guard: &Guard,
+    request: &GuardedRequest<'_>,
+    call: &ToolCall,
+    known: &JsonObject,
+    step: &str,
+    requests: Vec<(String, InputRequest)>,
+) -> Result<Rounds, Error> {
+    let names: Vec<&str> = requests.iter().map(|(name, _)| name.as_str()).collect();
+    if let Some(outcome) = guard.replay_for_first_round(request, known, &names).await? {
+        return Ok(Rounds::Respond(CallToolResponse::Complete(
+            CallToolResult::structured(outcome_json(request.operation_id, &outcome)),
+        )));
+    }
+    if call.multi_round {
+        let caps = call.client_capabilities.as_ref();
+        if let Some((name, _)) = requests.iter().find(|(_, r)| !client_accepts(caps, r)) {
+            return Err(input_unsupported(name));
+        }
+        let ir = guard.first_round(request, step, requests)?;
+        return Ok(Rounds::Respond(CallToolResponse::InputRequired(ir)));
+    }
+    let mut answers = JsonObject::new();
+    for (name, input) in requests {
+        let peer = call.peer.as_ref().ok_or_else(|| input_unsupported(&name))?;
+        let form = peer
+            .supported_elicitation_modes()
+            .contains(&rmcp::service::ElicitationMode::Form);
+        let InputRequest::Elicitation(elicit) = input else {
+            return Err(input_unsupported(&name));
+        };
+        if !form
+            || !matches!(
+                elicit.params,
+                rmcp::model::ElicitRequestParams::FormElicitationParams { .. }
+            )
+        {
+            return Err(input_unsupported(&name));
+        }
+        let answer = peer
+            .create_elicitation(elicit.params)
+            .await
+            .map_err(|_| Error::unavailable(format!("the client did not answer {name:?}")))?;
+        let answer = serde_json::to_value(&answer)
+            .map_err(|_| Error::unavailable("the client's answer could not be read"))?;
+        answers.insert(name, answer);
+    }
+    let answers = Value::Object(answers);
+    let resumed = guard.elicited(request, step, &answers)?;
+    Ok(Rounds::Answered(Answered { resumed, answers }))
+}
+
+impl Guarded {
+    /// The rounds of this call of a multi-round tool, under either lifecycle: see [`rounds`].
+    /// Answer [`Rounds::Respond`] as it is; run the effect of [`Rounds::Answered`] with
+    /// [`Guarded::run_rounds`] (or [`Guarded::begin_rounds`] for a multi-step effect).
+    pub async fn rounds(
+        &self,
+        operation_id: &str,
+        known: Value,
+        step: &str,
+        requests: Vec<(String, InputRequest)>,
+    ) -> Result<Rounds, Refusal> {
+        check_operation_id(operation_id)?;
+        let Value::Object(known) = known else {
+            return Err(Refusal(Error::invalid(
+                "a first round's intent must be an object",
+            )));
+        };
+        let call = self.call().await?;
+        let contract = self.contract();
+        let request = self.request(&call.caller, &contract, operation_id);
+        Ok(rounds(
+            self.scope.ledger.guard(),
+            &request,
+            &call,
+            &known,
+            step,
+            requests,
+        )
+        .await?)
+    }
+
+    /// Runs the effect of answered rounds in one transaction with its ledger row; the exact
+    /// continuation sent again (or the same answers elicited again) replays.
+    pub async fn run_rounds<R: DeserializeOwned>(
+        self,
+        operation_id: &str,
+        answered: &Answered,
+        intent: Value,
+        effect: impl InlineEffect,
+    ) -> Result<Json<Receipt<R>>, Refusal> {
+        let (caller, contract) = (self.caller().await?, self.contract());
+        let request = self.request(&caller, &contract, operation_id);
+        let outcome = self
+            .scope
+            .ledger
+            .guard()
+            .run_resumed(&request, &answered.resumed, intent, Arc::new(effect))
+            .await?;
+        receipt(operation_id, &outcome).map(Json)
+    }
+
+    /// Starts a multi-step effect of answered rounds: `first` commits with an `in_progress`
+    /// ledger row. Finish the steps with [`Guarded::finish`] (`applied`, or `partial` after a
+    /// failed later step and its compensation, every attempt as an event); a replay answers
+    /// [`Begun::Replayed`].
+    pub async fn begin_rounds(
+        &self,
+        operation_id: &str,
+        answered: &Answered,
+        intent: Value,
+        first: impl InlineEffect,
+    ) -> Result<Begun, Refusal> {
+        let (caller, contract) = (self.caller().await?, self.contract());
+        let request = self.request(&caller, &contract, operation_id);
+        Ok(self
+            .scope
+            .ledger
+            .guard()
+            .begin_resumed(&request, &answered.resumed, intent, Arc::new(first))
+            .await?)
+    }
+
+    /// Finishes a multi-step operation [`Guarded::begin_rounds`] started: `state` is
+    /// `applied` or `partial`, `result` is stored and replayed, `events` (name, detail)
+    /// record every later step and compensation.
+    pub async fn finish(
+        &self,
+        operation_id: &str,
+        begun: i64,
+        state: toolledger::model::OperationState,
+        result: Value,
+        events: Vec<(String, Value)>,
+    ) -> Result<Json<Receipt<Value>>, Refusal> {
+        let outcome = self
+            .scope
+            .ledger
+            .guard()
+            .engine()
+            .finish_steps(begun, state, result, events)
+            .await?;
+        receipt(operation_id, &outcome).map(Json)
+    }
 }

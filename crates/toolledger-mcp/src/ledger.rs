@@ -32,7 +32,7 @@ use crate::caller::CallerSource;
 use crate::guard::{Guard, GuardConfig};
 use crate::keys::{KeyError, KeyMaterial};
 use crate::status::EffectObserver;
-use crate::tool::LedgerResultObserver;
+use crate::status::LedgerResultObserver;
 
 /// Why [`LedgerGuardBuilder::open`] failed. Messages name no paths, URLs or SQL.
 #[derive(Debug, thiserror::Error)]
@@ -207,19 +207,19 @@ impl LedgerGuardBuilder {
             inner: Arc::new(Inner {
                 guard,
                 principals: PrincipalStore::new(store).with_clock(clock),
-                caller: self.caller.unwrap_or(CallerSource::BearerToken),
                 revision: self.revision.unwrap_or_else(|| "1".into()),
                 observers: self.observers,
                 runtime,
             }),
+            caller: self.caller.unwrap_or(CallerSource::BearerToken),
         })
     }
 }
 
+#[derive(Clone)]
 struct Inner {
     guard: Guard,
     principals: PrincipalStore,
-    caller: CallerSource,
     revision: String,
     observers: BTreeMap<String, Arc<dyn EffectObserver>>,
     runtime: Option<Runtime>,
@@ -232,13 +232,14 @@ struct Inner {
 #[derive(Clone)]
 pub struct LedgerGuard {
     inner: Arc<Inner>,
+    caller: CallerSource,
 }
 
 impl std::fmt::Debug for LedgerGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LedgerGuard")
             .field("guard", &self.inner.guard)
-            .field("caller", &self.inner.caller)
+            .field("caller", &self.caller)
             .field("revision", &self.inner.revision)
             .finish_non_exhaustive()
     }
@@ -272,7 +273,45 @@ impl LedgerGuard {
 
     /// Where callers come from.
     pub fn caller_source(&self) -> &CallerSource {
-        &self.inner.caller
+        &self.caller
+    }
+
+    /// A guard over a ledger the application opened itself: `guard` (its engine, keys and
+    /// deadlines), the principal store of the same database and where callers come from.
+    /// Contract revision `"1"`, no observers, no runtime until given.
+    pub fn from_parts(guard: Guard, principals: PrincipalStore, caller: CallerSource) -> Self {
+        LedgerGuard {
+            inner: Arc::new(Inner {
+                guard,
+                principals,
+                revision: "1".into(),
+                observers: BTreeMap::new(),
+                runtime: None,
+            }),
+            caller,
+        }
+    }
+
+    /// The same ledger with callers from `caller` (e.g. one guard per transport: the
+    /// configured principal on stdio, bearer tokens over HTTP).
+    pub fn with_caller(&self, caller: CallerSource) -> Self {
+        LedgerGuard {
+            inner: self.inner.clone(),
+            caller,
+        }
+    }
+
+    /// The same ledger with `observer` for `tool`'s effect rows (see
+    /// [`LedgerGuardBuilder::observer`]).
+    pub fn with_observer(
+        mut self,
+        tool: impl Into<String>,
+        observer: Arc<dyn EffectObserver>,
+    ) -> Self {
+        Arc::make_mut(&mut self.inner)
+            .observers
+            .insert(tool.into(), observer);
+        self
     }
 
     /// The contract revision guarded tools are bound to.

@@ -13,22 +13,24 @@
 //!   under the ledger and answers a [`Receipt`] (output schema from its result type) or a
 //!   [`Refusal`] in-band. [`Guarded::ask`]/[`Guarded::run_answered`] make it multi-round.
 //! - [`status_router`]: `get_operation_status` as an rmcp router, added once.
-//! - [`Guarded::dispatch`] and [`DeferredMcpTool`]: deferred tools, whose effect is delivered
-//!   through the outbox to a downstream system by the runtime
+//! - [`Guarded::dispatch`] and [`Guarded::deliver`]: deferred tools, whose effect is delivered
+//!   through the outbox to a downstream system (or an external API's call) by the runtime
 //!   ([`toolledger::runtime::Runtime`]), answered in-band as a [`DeferredReply`]; see
 //!   [`deferred`].
 //! - [`LedgerGuard::router`]: wraps the combined router once; validates every call's
-//!   arguments against the tool's input schema before anything is fingerprinted or written.
+//!   arguments against the tool's input schema before anything is fingerprinted or written
+//!   ([`LedgerGuard::router_unchecked`] for tools that judge their own arguments).
+//! - [`GuardedServer`]: an rmcp `ServerHandler` over a wrapped router, for servers whose tools
+//!   are routes rather than `#[tool_handler]` methods — [`call_route`] makes a route whose
+//!   handler takes the whole [`ToolCall`] (tools known only at run time, like a proxy's).
 //!
-//! The underlying pieces (also behind the older [`LedgerServer`] and its [`McpTool`]s):
+//! The underlying pieces:
 //! - [`guard::Guard`]: fingerprint, deadlines and the engine call for one guarded request;
 //!   [`guard::Guard::first_round`]/[`guard::Guard::resume`] for multi-round tools whose
 //!   `requestState` is sealed by [`state::StateSealer`] (rmcp's `RequestStateCodec` keyring).
-//! - [`tool::GuardedTool`]: a ready single-round guarded tool from a contract and an effect.
 //! - [`status::StatusTool`]: the read-only `get_operation_status` tool.
-//! - [`server::LedgerServer`]: an rmcp `ServerHandler` over [`server::McpTool`]s that resolves
-//!   the caller on every call ([`caller::CallerSource`]: trusted configuration on stdio, bearer
-//!   tokens over HTTP via [`caller::bearer_auth`]).
+//! - [`caller::CallerSource`]: who calls — trusted configuration on stdio, bearer tokens over
+//!   HTTP via [`caller::bearer_auth`]; re-read from the principal store on every call.
 //! - [`keys::KeyMaterial`]: the state and fingerprint keys from the environment or a 0600 key
 //!   file beside the database, bound to the database by [`keys::bind`] (a server with other
 //!   keys than the database was written with refuses to start).
@@ -59,17 +61,17 @@ pub mod reply;
 pub mod server;
 pub mod state;
 pub mod status;
-pub mod tool;
 pub mod wire;
 
 #[cfg(feature = "http")]
 pub use caller::bearer_auth;
 pub use caller::{AuthenticatedName, Caller, CallerSource};
-pub use deferred::{DeferredArguments, DeferredMcpTool, DeferredOutcome, DeferredReply};
+pub use deferred::{DeferredAdapter, DeferredArguments, DeferredOutcome, DeferredReply};
 pub use guard::{Guard, GuardConfig, GuardedRequest, Resumed};
-pub use guarded::{status_router, Guarded, Receipt, Refusal};
+pub use guarded::{
+    call_route, rounds, status_router, Answered, CallerRead, Guarded, Receipt, Refusal, Rounds,
+};
 pub use keys::KeyMaterial;
 pub use ledger::{LedgerGuard, LedgerGuardBuilder, OpenError};
-pub use server::{LedgerServer, McpTool, ToolCall};
-pub use status::{EffectObserver, Observation, StatusTool};
-pub use tool::{GuardedTool, LedgerResultObserver};
+pub use server::{GuardedServer, ToolCall};
+pub use status::{EffectObserver, LedgerResultObserver, Observation, StatusTool};

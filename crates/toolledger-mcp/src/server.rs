@@ -1,17 +1,17 @@
-//! A small rmcp server over a set of tools, each told who the caller is.
+//! [`GuardedServer`]: an rmcp server over a router of guarded routes, and [`ToolCall`], the
+//! whole of one `tools/call` as a route's handler sees it.
 //!
-//! [`LedgerServer`] implements rmcp's `ServerHandler`: `tools/list` lists every [`McpTool`]'s
-//! definition, `tools/call` resolves the caller (see [`CallerSource`]) and hands the call to
-//! the named tool. It serves both lifecycles rmcp supports: MCP 2026-07-28 (no `initialize`,
-//! per-request metadata, multi-round `input_required`) and the `initialize` lifecycle of
-//! 2025-11-25 and older, where a multi-round tool may ask through elicitation
-//! ([`ToolCall::peer`]) instead of `input_required`.
+//! It serves both lifecycles rmcp supports: MCP 2026-07-28 (no `initialize`, per-request
+//! metadata, multi-round `input_required`) and the `initialize` lifecycle of 2025-11-25 and
+//! older, where a multi-round tool may ask through elicitation ([`ToolCall::peer`]) instead of
+//! `input_required`.
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use rmcp::handler::server::tool::{ToolCallContext, ToolRouter};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientCapabilities, ElicitRequestParams, ErrorData,
     Implementation, InputRequest, ListToolsResult, PaginatedRequestParams, ProtocolVersion,
@@ -20,10 +20,8 @@ use rmcp::model::{
 use rmcp::service::{Peer, RequestContext};
 use rmcp::{RoleServer, ServerHandler};
 use serde_json::{Map, Value};
-use toolledger::authz::PrincipalStore;
 
-use crate::caller::{Caller, CallerSource};
-use crate::reply::tool_error;
+use crate::caller::Caller;
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -54,69 +52,105 @@ pub struct ToolCall {
     pub peer: Option<Peer<RoleServer>>,
 }
 
-/// A tool a [`LedgerServer`] serves.
-pub trait McpTool: Send + Sync + 'static {
-    /// The tool's definition for `tools/list` (name, schemas, honest annotations).
-    fn definition(&self) -> Tool;
+/// An rmcp `ServerHandler` over a [`ToolRouter`] wrapped by [`LedgerGuard::router`] (or
+/// [`LedgerGuard::router_unchecked`]): what `toolledger serve`, the proxy and any server whose
+/// tools are routes rather than `#[tool_handler]` methods serve. `tools/list` answers in the
+/// order given to [`GuardedServer::with_order`] (names not listed follow by name), and
+/// `tools/call` of a name the router does not hold is the JSON-RPC error -32602 naming it.
+/// Cheap to clone: every HTTP session gets a clone.
+pub struct GuardedServer<S> {
+    service: Arc<S>,
+    router: Arc<ToolRouter<S>>,
+    listed: Arc<Vec<Tool>>,
+    name: Arc<str>,
+}
 
-    /// Handles one call. Tool failures are returned in-band, protocol errors (an invalid
-    /// `requestState`) as JSON-RPC errors; [`crate::reply::respond`] does both.
-    fn call(&self, call: ToolCall) -> BoxFuture<'_, Result<CallToolResponse, ErrorData>>;
-
-    /// Whether the tool reads the caller's principal itself, in the same read of the store as
-    /// everything else it checks (a deferred runtime re-reads it in the snapshot it examines
-    /// the ledger in, and again in the transaction that records an intent). The server then
-    /// does not read the principal store before the call, and [`ToolCall::caller`] carries the
-    /// name only ([`Caller::unread`]). `false` unless a tool says so.
-    fn reads_principal(&self) -> bool {
-        false
+impl<S> Clone for GuardedServer<S> {
+    fn clone(&self) -> Self {
+        GuardedServer {
+            service: self.service.clone(),
+            router: self.router.clone(),
+            listed: self.listed.clone(),
+            name: self.name.clone(),
+        }
     }
 }
 
-/// The rmcp server handler.
-#[derive(Clone)]
-pub struct LedgerServer {
-    tools: Arc<Vec<Arc<dyn McpTool>>>,
-    /// Each tool's definition, built once: schemas are not rebuilt on every call.
-    definitions: Arc<Vec<Tool>>,
-    principals: PrincipalStore,
-    caller: CallerSource,
-    name: String,
+impl<S: Send + Sync + 'static> GuardedServer<S> {
+    /// Server `name` serving `router` (already wrapped by the ledger) with `service` as the
+    /// routes' `&self`.
+    pub fn new(name: impl Into<String>, service: S, router: ToolRouter<S>) -> Self {
+        let listed = router.list_all();
+        GuardedServer {
+            service: Arc::new(service),
+            router: Arc::new(router),
+            listed: Arc::new(listed),
+            name: Arc::from(name.into()),
+        }
+    }
+
+    /// Lists the tools named in `order` first, in that order.
+    pub fn with_order<N: AsRef<str>>(mut self, order: &[N]) -> Self {
+        let mut listed = self.listed.as_ref().clone();
+        let rank = |t: &Tool| {
+            order
+                .iter()
+                .position(|n| n.as_ref() == t.name)
+                .unwrap_or(order.len())
+        };
+        listed.sort_by_key(|t| rank(t));
+        self.listed = Arc::new(listed);
+        self
+    }
+
+    /// The tools, in listing order.
+    pub fn tools(&self) -> &[Tool] {
+        &self.listed
+    }
 }
 
-impl LedgerServer {
-    /// A server named `name` over `tools`, taking its caller from `caller`.
-    pub fn new(
-        name: impl Into<String>,
-        tools: Vec<Arc<dyn McpTool>>,
-        principals: PrincipalStore,
-        caller: CallerSource,
-    ) -> Self {
-        let definitions = tools.iter().map(|t| t.definition()).collect();
-        LedgerServer {
-            tools: Arc::new(tools),
-            definitions: Arc::new(definitions),
-            principals,
-            caller,
-            name: name.into(),
+impl<S: Send + Sync + 'static> ServerHandler for GuardedServer<S> {
+    fn get_info(&self) -> ServerConfig {
+        server_info(&self.name)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.listed.to_vec()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.router.get(name).cloned()
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        if !self.router.has_route(&request.name) {
+            return Err(ErrorData::invalid_params(
+                format!("unknown tool {}", request.name),
+                None,
+            ));
         }
+        let call = ToolCallContext::new(self.service.as_ref(), request, context);
+        self.router.call(call).await
     }
+}
 
-    /// The same tools with another caller source (e.g. one per transport).
-    pub fn with_caller(&self, caller: CallerSource) -> Self {
-        LedgerServer {
-            caller,
-            ..self.clone()
-        }
-    }
-
-    fn position(&self, name: &str) -> Option<usize> {
-        self.definitions.iter().position(|d| d.name == name)
-    }
-
-    fn find(&self, name: &str) -> Option<&Arc<dyn McpTool>> {
-        self.position(name).and_then(|i| self.tools.get(i))
-    }
+fn server_info(name: &str) -> ServerConfig {
+    let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build());
+    info.server_info = Implementation::new(name.to_string(), env!("CARGO_PKG_VERSION"));
+    info.instructions = Some(
+        "Side-effecting tools are guarded by a durable ledger: retry with the same \
+         operation id to replay; after a lost reply call get_operation_status."
+            .into(),
+    );
+    info
 }
 
 /// Whether a client with `capabilities` declared what `request` needs: sampling for
@@ -150,81 +184,4 @@ pub fn client_accepts(capabilities: Option<&ClientCapabilities>, request: &Input
 pub fn is_multi_round(ctx: &RequestContext<RoleServer>) -> bool {
     ctx.protocol_version()
         .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str())
-}
-
-impl ServerHandler for LedgerServer {
-    fn get_info(&self) -> ServerConfig {
-        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build());
-        info.server_info = Implementation::new(self.name.clone(), env!("CARGO_PKG_VERSION"));
-        info.instructions = Some(
-            "Side-effecting tools are guarded by a durable ledger: retry with the same \
-             operation id to replay; after a lost reply call get_operation_status."
-                .into(),
-        );
-        info
-    }
-
-    async fn list_tools(
-        &self,
-        _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
-    ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(self.definitions.to_vec()))
-    }
-
-    fn get_tool(&self, name: &str) -> Option<Tool> {
-        self.position(name)
-            .and_then(|i| self.definitions.get(i))
-            .cloned()
-    }
-
-    async fn call_tool(
-        &self,
-        request: CallToolRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResponse, ErrorData> {
-        let Some(tool) = self.find(&request.name).cloned() else {
-            return Err(ErrorData::invalid_params(
-                format!("unknown tool {}", request.name),
-                None,
-            ));
-        };
-        let started = std::time::Instant::now();
-        let caller = if tool.reads_principal() {
-            self.caller.name(&context).map(Caller::unread)
-        } else {
-            self.caller.resolve(&self.principals, &context).await
-        };
-        let caller = match caller {
-            Ok(c) => c,
-            Err(e) => {
-                let response = Ok(CallToolResponse::Complete(tool_error(&e)));
-                crate::observe::tool_call(&request.name, None, &response, started.elapsed());
-                return response;
-            }
-        };
-        let principal = caller.name.clone();
-        let call = ToolCall {
-            caller,
-            arguments: request.arguments.unwrap_or_default(),
-            request_state: request.request_state,
-            input_responses: request.input_responses,
-            // rmcp hands the request's `_meta` to the context.
-            meta: request
-                .meta
-                .or_else(|| (!context.meta.is_empty()).then(|| context.meta.clone())),
-            cancelled: Some(context.ct.clone()),
-            multi_round: is_multi_round(&context),
-            client_capabilities: context.client_capabilities(),
-            peer: Some(context.peer.clone()),
-        };
-        let response = tool.call(call).await;
-        crate::observe::tool_call(
-            &request.name,
-            Some(&principal),
-            &response,
-            started.elapsed(),
-        );
-        response
-    }
 }

@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use rmcp::model::{CallToolResponse, ErrorData, Tool, ToolAnnotations};
+use rmcp::model::{CallToolResponse, CallToolResult, ErrorData, Tool, ToolAnnotations};
 use serde_json::{json, Map, Value};
 use toolledger::engine::OperationRecord;
 use toolledger::model::{Error, OperationState};
@@ -24,7 +24,7 @@ use toolledger::runtime::{Runtime, StatusQuery};
 use crate::caller::Caller;
 use crate::guard::{operation_id_from, Guard};
 use crate::reply::{tool_error, tool_ok};
-use crate::server::{BoxFuture, McpTool, ToolCall};
+use crate::server::{BoxFuture, ToolCall};
 
 /// What an observer found for one ledger row.
 #[derive(Clone, Debug, PartialEq)]
@@ -330,22 +330,50 @@ impl StatusTool {
     }
 }
 
-impl McpTool for StatusTool {
-    fn definition(&self) -> Tool {
-        Self::tool()
+impl StatusTool {
+    /// Answers one `get_operation_status` call of `caller` with these wire arguments.
+    pub async fn answer(&self, caller: &Caller, arguments: &Map<String, Value>) -> CallToolResult {
+        let result = async {
+            let (op, tool) = Self::arguments(arguments)?;
+            self.status_for(caller, &op, tool.as_deref()).await
+        }
+        .await;
+        match result {
+            Ok(v) => tool_ok(v),
+            Err(e) => tool_error(&e),
+        }
     }
 
-    fn call(&self, call: ToolCall) -> BoxFuture<'_, Result<CallToolResponse, ErrorData>> {
+    /// Answers one `get_operation_status` call.
+    pub async fn call(&self, call: ToolCall) -> Result<CallToolResponse, ErrorData> {
+        Ok(CallToolResponse::Complete(
+            self.answer(&call.caller, &call.arguments).await,
+        ))
+    }
+}
+
+/// An observer for effects that commit in the ledger's own transaction and whose result names
+/// the effect row as `effectId`: the stored result is the evidence. Use a real observer that
+/// reads the effect table when one is available.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LedgerResultObserver;
+
+impl EffectObserver for LedgerResultObserver {
+    fn observe<'a>(
+        &'a self,
+        record: &'a OperationRecord,
+    ) -> BoxFuture<'a, Result<Observation, Error>> {
         Box::pin(async move {
-            let result = async {
-                let (op, tool) = Self::arguments(&call.arguments)?;
-                self.status_for(&call.caller, &op, tool.as_deref()).await
-            }
-            .await;
-            Ok(CallToolResponse::Complete(match result {
-                Ok(v) => tool_ok(v),
-                Err(e) => tool_error(&e),
-            }))
+            let result = record.result.clone().unwrap_or(Value::Null);
+            Ok(Observation {
+                matching_ids: result
+                    .get("effectId")
+                    .and_then(Value::as_i64)
+                    .into_iter()
+                    .collect(),
+                consistent: record.result.is_some(),
+                stored_result: result,
+            })
         })
     }
 }

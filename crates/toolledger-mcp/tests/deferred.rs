@@ -12,7 +12,7 @@ use toolledger::clock::{ManualClock, SharedClock};
 use toolledger::model::{Error, Principal};
 use toolledger::runtime::{CrashPoint, ProviderProfile, Registry, Runtime};
 use toolledger::store::sqlite::{OpenOptions, SqliteStore};
-use toolledger_mcp::{Caller, DeferredArguments, DeferredMcpTool, McpTool, ToolCall};
+use toolledger_mcp::{Caller, DeferredAdapter, DeferredArguments, ToolCall};
 use toolledger_testkit::downstream::SqliteDownstream;
 use toolledger_testkit::tools::ShipAnyParcel;
 
@@ -28,7 +28,7 @@ fn parse(arguments: &JsonObject) -> Result<DeferredArguments, Error> {
 
 struct Fixture {
     _dir: tempfile::TempDir,
-    tool: DeferredMcpTool,
+    tool: DeferredAdapter,
     caller: Caller,
     rt: tokio::runtime::Runtime,
 }
@@ -68,7 +68,7 @@ fn fixture() -> Fixture {
     };
     Fixture {
         _dir: dir,
-        tool: DeferredMcpTool::new(runtime, definition, parse),
+        tool: DeferredAdapter::new(runtime, definition, parse),
         caller,
         rt,
     }

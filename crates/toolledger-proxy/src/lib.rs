@@ -48,12 +48,16 @@ pub mod upstream;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rmcp::handler::server::tool::ToolRouter;
+use rmcp::model::{CallToolResponse, ErrorData, Tool};
 use toolledger::clock::SharedClock;
 use toolledger::runtime::{
     Deadlines, DeferredTool, PointHook, ProviderProfile, Registry, Runtime, RuntimeConfig,
 };
 use toolledger::store::Store;
-use toolledger_mcp::{Guard, McpTool, StatusTool};
+use toolledger_mcp::{
+    call_route, CallerRead, Guard, GuardedServer, LedgerGuard, StatusTool, ToolCall,
+};
 
 pub use config::{ConfigError, ProxyConfig, ToolPolicy};
 pub use upstream::{Lifecycle, Upstream, UpstreamError, UpstreamSpec};
@@ -128,8 +132,11 @@ fn check_against(listed: &[rmcp::model::Tool], config: &ProxyConfig) -> Result<(
 
 /// What the proxy serves: the tools, in the upstream's order, then `get_operation_status`.
 pub struct Proxy {
-    /// Every tool, ready for a [`toolledger_mcp::LedgerServer`].
-    pub tools: Vec<Arc<dyn McpTool>>,
+    /// Every tool as a route (`ToolRoute::new_dyn`): guarded forwards, passed-through tools
+    /// and `get_operation_status`. Serve it with [`Proxy::server`].
+    pub router: ToolRouter<()>,
+    /// The tools' names in listing order.
+    pub order: Vec<String>,
     /// The guarded tools' names.
     pub guarded: Vec<String>,
     /// The tools passed through unguarded.
@@ -182,7 +189,8 @@ impl Proxy {
             }
         }
         let mut out = Proxy {
-            tools: Vec::new(),
+            router: ToolRouter::new(),
+            order: Vec::new(),
             guarded: Vec::new(),
             passed_through: Vec::new(),
         };
@@ -204,12 +212,16 @@ impl Proxy {
                         runtime = runtime.with_hook(h.clone());
                     }
                     out.guarded.push(proxied.contract().name);
-                    out.tools.push(Arc::new(GuardedForward::new(
+                    let forward = Arc::new(GuardedForward::new(
                         &tool,
                         proxied.clone(),
                         runtime.clone(),
                         guard.sealer().clone(),
-                    )));
+                    ));
+                    out.add(forward.definition(), CallerRead::NameOnly, move |call| {
+                        let forward = forward.clone();
+                        async move { forward.run(call).await }
+                    });
                     entries.push(StatusEntry {
                         tool: proxied,
                         runtime,
@@ -220,13 +232,41 @@ impl Proxy {
                     let timeout =
                         Duration::from_secs(config.policy(&tool.name, true).call_timeout_seconds);
                     out.passed_through.push(tool.name.to_string());
-                    out.tools
-                        .push(Arc::new(Passthrough::new(&tool, upstream.clone(), timeout)));
+                    let passthrough = Arc::new(Passthrough::new(&tool, upstream.clone(), timeout));
+                    out.add(
+                        passthrough.definition(),
+                        CallerRead::Resolved,
+                        move |call| {
+                            let passthrough = passthrough.clone();
+                            async move { passthrough.call(call).await }
+                        },
+                    );
                 }
             }
         }
-        out.tools.push(Arc::new(ProxyStatus::new(guard, entries)));
+        let status = Arc::new(ProxyStatus::new(guard, entries));
+        out.add(StatusTool::tool(), CallerRead::Resolved, move |call| {
+            let status = status.clone();
+            async move { status.call(call).await }
+        });
         Ok(out)
+    }
+
+    fn add<F, Fut>(&mut self, definition: Tool, read: CallerRead, handler: F)
+    where
+        F: Fn(ToolCall) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<CallToolResponse, ErrorData>> + Send + 'static,
+    {
+        self.order.push(definition.name.to_string());
+        self.router.add_route(call_route(definition, read, handler));
+    }
+
+    /// The proxy as an rmcp server over `ledger` (whose caller source says who calls: the
+    /// configured principal on stdio, bearer tokens over HTTP). The upstream owns its tools'
+    /// schemas and judges their arguments, so the routes are not checked against them here.
+    pub fn server(self, ledger: &LedgerGuard) -> GuardedServer<()> {
+        GuardedServer::new("toolledger-proxy", (), ledger.router_unchecked(self.router))
+            .with_order(&self.order)
     }
 }
 

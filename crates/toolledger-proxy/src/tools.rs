@@ -17,7 +17,7 @@ use toolledger::runtime::{
 };
 use toolledger_mcp::guard::arguments_digest;
 use toolledger_mcp::reply::{tool_error, META_LEDGER};
-use toolledger_mcp::server::{BoxFuture, McpTool, ToolCall};
+use toolledger_mcp::server::{BoxFuture, ToolCall};
 use toolledger_mcp::state::{StateBinding, StateSealer};
 use toolledger_mcp::{Caller, EffectObserver, Guard, Observation, StatusTool};
 
@@ -353,7 +353,7 @@ impl GuardedForward {
     }
 
     /// The caller's principal, read now (the server left it unread: see
-    /// [`McpTool::reads_principal`]); needed only to seal or open a continuation's state.
+    /// [`toolledger_mcp::CallerRead::NameOnly`]); needed only to seal or open a continuation's state.
     async fn principal(&self, call: &ToolCall) -> Result<Principal, Error> {
         PrincipalStore::new(self.runtime.store().clone())
             .resolve(&call.caller.name)
@@ -361,7 +361,11 @@ impl GuardedForward {
             .ok_or_else(toolledger_mcp::caller::revoked)
     }
 
-    async fn run(&self, call: ToolCall) -> Result<CallToolResponse, ErrorData> {
+    /// Handles one call. The caller comes by name only ([`CallerRead::NameOnly`]): the
+    /// runtime reads the principal in the snapshot it examines the operation in (and again
+    /// when it records an intent), so a read of the principal store before the call would be
+    /// a second read, and a second hand-off to the store's reader threads, per call.
+    pub async fn run(&self, call: ToolCall) -> Result<CallToolResponse, ErrorData> {
         let outcome = async {
             let (key, arguments) = self.split(&call)?;
             let scope = self.scope(&call, &key, &arguments).await?;
@@ -519,20 +523,10 @@ fn not_sent(key: &str, why: &str) -> CallToolResult {
 /// The `step` of the proxy's sealed continuation state.
 const CONTINUE_STEP: &str = "proxy-upstream-round";
 
-impl McpTool for GuardedForward {
-    fn definition(&self) -> Tool {
+impl GuardedForward {
+    /// The definition clients see ([`guarded_definition`]).
+    pub fn definition(&self) -> Tool {
         self.definition.clone()
-    }
-
-    fn call(&self, call: ToolCall) -> BoxFuture<'_, Result<CallToolResponse, ErrorData>> {
-        Box::pin(self.run(call))
-    }
-
-    /// The runtime reads the principal in the snapshot it examines the operation in (and
-    /// again when it records an intent): a read of the principal store before the call would
-    /// be a second read, and a second hand-off to the store's reader threads, per call.
-    fn reads_principal(&self) -> bool {
-        true
     }
 }
 
@@ -554,13 +548,15 @@ impl Passthrough {
     }
 }
 
-impl McpTool for Passthrough {
-    fn definition(&self) -> Tool {
+impl Passthrough {
+    /// The upstream's definition, unchanged.
+    pub fn definition(&self) -> Tool {
         self.definition.clone()
     }
 
-    fn call(&self, call: ToolCall) -> BoxFuture<'_, Result<CallToolResponse, ErrorData>> {
-        Box::pin(async move {
+    /// Forwards one call as it is.
+    pub async fn call(&self, call: ToolCall) -> Result<CallToolResponse, ErrorData> {
+        {
             let route = route(&call);
             let mut params = CallToolRequestParams::new(self.definition.name.clone());
             params.arguments = Some(call.arguments);
@@ -580,7 +576,7 @@ impl McpTool for Passthrough {
                     ))))
                 }
             }
-        })
+        }
     }
 }
 
@@ -709,13 +705,10 @@ impl ProxyStatus {
     }
 }
 
-impl McpTool for ProxyStatus {
-    fn definition(&self) -> Tool {
-        StatusTool::tool()
-    }
-
-    fn call(&self, call: ToolCall) -> BoxFuture<'_, Result<CallToolResponse, ErrorData>> {
-        Box::pin(async move {
+impl ProxyStatus {
+    /// Answers one `get_operation_status` call.
+    pub async fn call(&self, call: ToolCall) -> Result<CallToolResponse, ErrorData> {
+        {
             if let Ok((key, tool)) = StatusTool::arguments(&call.arguments) {
                 self.reconcile(&call.caller, &key, tool.as_deref()).await;
             }
@@ -727,6 +720,6 @@ impl McpTool for ProxyStatus {
             StatusTool::new(self.guard.clone(), observed)
                 .call(call)
                 .await
-        })
+        }
     }
 }

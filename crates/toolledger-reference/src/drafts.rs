@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use rmcp::model::{CallToolResponse, ErrorData, Tool, ToolAnnotations};
+use rmcp::model::{CallToolResponse, ErrorData};
 use serde_json::{json, Map, Value};
 use toolledger::approval::{self, ApprovalTarget};
 use toolledger::authz;
@@ -29,7 +29,7 @@ use toolledger::store::Migration;
 use toolledger::store::Store;
 use toolledger_mcp::guard::{operation_id_from, GuardedRequest};
 use toolledger_mcp::reply::tool_result;
-use toolledger_mcp::server::{BoxFuture, McpTool, ToolCall};
+use toolledger_mcp::server::{BoxFuture, ToolCall};
 use toolledger_mcp::status::{EffectObserver, Observation};
 use toolledger_mcp::Guard;
 
@@ -293,8 +293,9 @@ impl CreateDraft {
     }
 }
 
-fn output_schema() -> Map<String, Value> {
-    match json!({
+/// The tool's output schema.
+pub fn output_schema() -> Arc<Map<String, Value>> {
+    crate::object(json!({
         "type": "object",
         "properties": {
             "slug": {"type": "string"},
@@ -303,14 +304,12 @@ fn output_schema() -> Map<String, Value> {
         },
         "required": ["slug", "draft", "replayed"],
         "additionalProperties": false,
-    }) {
-        Value::Object(m) => m,
-        _ => Map::new(),
-    }
+    }))
 }
 
-fn input_schema() -> Map<String, Value> {
-    match json!({
+/// The tool's input schema.
+pub fn input_schema() -> Arc<Map<String, Value>> {
+    crate::object(json!({
         "type": "object",
         "properties": {
             "operation": {"type": "string", "minLength": 1, "maxLength": 256,
@@ -324,36 +323,15 @@ fn input_schema() -> Map<String, Value> {
         },
         "required": ["operation", "slug", "title", "text", "kind"],
         "additionalProperties": false,
-    }) {
-        Value::Object(m) => m,
-        _ => Map::new(),
-    }
+    }))
 }
 
-impl McpTool for CreateDraft {
-    fn definition(&self) -> Tool {
-        Tool::new(
-            TOOL,
-            "Create an editorial draft (role editor, approval required). The same operation \
-             with the same payload replays {slug, draft, replayed}; never the text.",
-            Arc::new(input_schema()),
-        )
-        .with_raw_output_schema(Arc::new(output_schema()))
-        .with_annotations(
-            ToolAnnotations::new()
-                .read_only(false)
-                .destructive(false)
-                .idempotent(true)
-                .open_world(false),
-        )
-    }
-
-    fn call(&self, call: ToolCall) -> BoxFuture<'_, Result<CallToolResponse, ErrorData>> {
-        Box::pin(async move {
-            Ok(CallToolResponse::Complete(tool_result(
-                self.handle(call).await,
-            )))
-        })
+impl CreateDraft {
+    /// Answers one call; refusals in-band.
+    pub async fn call(&self, call: ToolCall) -> Result<CallToolResponse, ErrorData> {
+        Ok(CallToolResponse::Complete(tool_result(
+            self.handle(call).await,
+        )))
     }
 }
 

@@ -9,11 +9,8 @@
 
 use std::sync::Arc;
 
-use rmcp::model::{
-    CallToolResponse, ElicitRequest, ElicitRequestParams, ErrorData, InputRequest, Tool,
-    ToolAnnotations,
-};
-use rmcp::service::ElicitationMode;
+use rmcp::model::{CallToolResponse, ElicitRequest, ElicitRequestParams, ErrorData, InputRequest};
+
 use serde_json::{json, Map, Value};
 use toolledger::effect::EffectTx;
 use toolledger::effect::RowExt;
@@ -23,10 +20,10 @@ use toolledger::store::Migration;
 use toolledger::store::Store;
 use toolledger_mcp::guard::{operation_id_from, outcome_json, GuardedRequest};
 use toolledger_mcp::reply::tool_ok;
-use toolledger_mcp::server::client_accepts;
-use toolledger_mcp::server::{BoxFuture, McpTool, ToolCall};
+
+use toolledger_mcp::server::{BoxFuture, ToolCall};
 use toolledger_mcp::status::{EffectObserver, Observation};
-use toolledger_mcp::Guard;
+use toolledger_mcp::{rounds, Answered, Guard, Rounds};
 
 use crate::tools::{crash, Faults};
 
@@ -289,55 +286,23 @@ impl CreateIssue {
             operation_id: &args.operation_id,
             arguments: &call.arguments,
         };
-        let (resumed, responses) = match call.request_state.as_deref() {
-            Some(state) => {
-                let responses = Value::Object(
-                    call.input_responses
-                        .clone()
-                        .unwrap_or_default()
-                        .into_iter()
-                        .collect(),
-                );
-                (self.guard.resume(&request, state, &responses)?, responses)
+        let asks = vec![("body".to_string(), body_request()?)];
+        let known = first_round_intent(&args);
+        let guard = &self.guard;
+        let Answered {
+            resumed,
+            answers: responses,
+        } = match rounds(guard, &request, &call, &known, "awaiting-body", asks).await {
+            Ok(Rounds::Answered(answered)) => answered,
+            Ok(Rounds::Respond(response)) => return Ok(response),
+            Err(e)
+                if e.code == ErrorCode::ContinuationUnsupported
+                    && call.request_state.is_none()
+                    && call.input_responses.is_none() =>
+            {
+                return Err(body_unsupported())
             }
-            None if call.input_responses.is_some() => {
-                return Err(Error::new(
-                    ErrorCode::ContinuationUnsupported,
-                    "input responses arrived without the requestState they answer; nothing was \
-                     created",
-                ));
-            }
-            None => {
-                // A first round (in the initialize lifecycle: a call) for an operation this
-                // caller already has answers as a replay would, before asking for anything.
-                if !self.unguarded {
-                    let known = first_round_intent(&args);
-                    if let Some(outcome) = self
-                        .guard
-                        .replay_for_first_round(&request, &known, &["body"])
-                        .await?
-                    {
-                        return Ok(CallToolResponse::Complete(tool_ok(outcome_json(
-                            &args.operation_id,
-                            &outcome,
-                        ))));
-                    }
-                }
-                if call.multi_round {
-                    let ask = body_request()?;
-                    if !client_accepts(call.client_capabilities.as_ref(), &ask) {
-                        return Err(body_unsupported());
-                    }
-                    let asks = vec![("body".into(), ask)];
-                    let ir = self.guard.first_round(&request, "awaiting-body", asks)?;
-                    return Ok(CallToolResponse::InputRequired(ir));
-                }
-                let responses = self.elicit_body(&call).await?;
-                (
-                    self.guard.elicited(&request, "awaiting-body", &responses)?,
-                    responses,
-                )
-            }
+            Err(e) => return Err(e),
         };
         let body = parse_body(&responses)?;
         let now = self.guard.clock().now();
@@ -384,30 +349,6 @@ impl CreateIssue {
             &args.operation_id,
             &outcome,
         ))))
-    }
-
-    /// Under the initialize lifecycle there is no `input_required`: the body is asked for with
-    /// an `elicitation/create` request inside the call, when the client declared form
-    /// elicitation. Returns the answer shaped like `inputResponses`.
-    async fn elicit_body(&self, call: &ToolCall) -> Result<Value, Error> {
-        let unsupported = body_unsupported;
-        let peer = call.peer.as_ref().ok_or_else(unsupported)?;
-        if !peer
-            .supported_elicitation_modes()
-            .contains(&ElicitationMode::Form)
-        {
-            return Err(unsupported());
-        }
-        let InputRequest::Elicitation(request) = body_request()? else {
-            return Err(unsupported());
-        };
-        let answer = peer
-            .create_elicitation(request.params)
-            .await
-            .map_err(|_| Error::unavailable("the client did not answer the body request"))?;
-        let answer = serde_json::to_value(&answer)
-            .map_err(|_| Error::unavailable("the client's answer could not be read"))?;
-        Ok(json!({"body": answer}))
     }
 
     /// The second step (add the watcher) and, if it fails, the compensation; then the
@@ -536,8 +477,9 @@ impl CreateIssue {
     }
 }
 
-fn output_schema() -> Map<String, Value> {
-    match json!({
+/// The tool's output schema.
+pub fn output_schema() -> Arc<Map<String, Value>> {
+    crate::object(json!({
         "type": "object",
         "properties": {
             "operationId": {"type": "string"},
@@ -547,14 +489,12 @@ fn output_schema() -> Map<String, Value> {
             "state": {"type": "string", "enum": ["applied", "partial"]},
         },
         "required": ["operationId", "effectId", "result", "replayed", "state"],
-    }) {
-        Value::Object(m) => m,
-        _ => Map::new(),
-    }
+    }))
 }
 
-fn input_schema() -> Map<String, Value> {
-    match json!({
+/// The tool's input schema.
+pub fn input_schema() -> Arc<Map<String, Value>> {
+    crate::object(json!({
         "type": "object",
         "properties": {
             "operation_id": {"type": "string", "minLength": 1, "maxLength": 256,
@@ -564,33 +504,14 @@ fn input_schema() -> Map<String, Value> {
         },
         "required": ["operation_id", "title"],
         "additionalProperties": false,
-    }) {
-        Value::Object(m) => m,
-        _ => Map::new(),
-    }
+    }))
 }
 
-impl McpTool for CreateIssue {
-    fn definition(&self) -> Tool {
-        Tool::new(
-            TOOL,
-            "Create an issue. Asks for the body in a second round (input_required). Retrying \
-             with the same operation_id and continuation replays the stored result; after a \
-             lost reply call get_operation_status.",
-            Arc::new(input_schema()),
-        )
-        .with_raw_output_schema(Arc::new(output_schema()))
-        .with_annotations(
-            ToolAnnotations::new()
-                .read_only(false)
-                .destructive(false)
-                .idempotent(!self.unguarded)
-                .open_world(false),
-        )
-    }
-
-    fn call(&self, call: ToolCall) -> BoxFuture<'_, Result<CallToolResponse, ErrorData>> {
-        Box::pin(async move { toolledger_mcp::reply::respond(self.handle(call).await) })
+impl CreateIssue {
+    /// Answers one call: protocol errors (an invalid `requestState`) as JSON-RPC errors,
+    /// refusals in-band.
+    pub async fn call(&self, call: ToolCall) -> Result<CallToolResponse, ErrorData> {
+        toolledger_mcp::reply::respond(self.handle(call).await)
     }
 }
 

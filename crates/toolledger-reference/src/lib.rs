@@ -16,9 +16,9 @@
 //! - [`drafts`]: `create_draft`, an inline effect that needs a human approval.
 //! - [`refunds`]: `refund_order`, a deferred effect delivered through the outbox to a payments
 //!   service, served over MCP by the deferred-tool adapter of `toolledger-mcp`
-//!   ([`toolledger_mcp::DeferredMcpTool`], see [`tools::refund_tool`]).
-//! - [`tools`]: the registry of tools a reference server offers, and the fault points (a
-//!   testing aid) they honour.
+//!   ([`toolledger_mcp::DeferredAdapter`], see [`tools::ReferenceTools`]).
+//! - [`tools`]: the tools a reference server offers, as `#[tool_router]` methods taking a
+//!   [`toolledger_mcp::Guarded`] call, and the fault points (a testing aid) they honour.
 
 #![warn(missing_docs)]
 
@@ -67,4 +67,14 @@ pub fn approval_target(
         drafts::TOOL => drafts::approval_target_for(requester, key, arguments),
         _ => Err(toolledger::Error::invalid("this tool takes no approvals")),
     }
+}
+
+/// A JSON object (a schema) as a tool definition holds it; anything else is the empty object.
+pub(crate) fn object(
+    v: serde_json::Value,
+) -> std::sync::Arc<serde_json::Map<String, serde_json::Value>> {
+    std::sync::Arc::new(match v {
+        serde_json::Value::Object(m) => m,
+        _ => serde_json::Map::new(),
+    })
 }

@@ -3,17 +3,20 @@
 
 use std::sync::Arc;
 
-use rmcp::model::{CallToolResponse, ErrorData, Tool, ToolAnnotations};
+use rmcp::handler::server::tool::{IntoCallToolResult, ToolRouter};
+use rmcp::model::{CallToolResponse, ErrorData, Tool};
+use rmcp::{tool, tool_router};
 use serde_json::Value;
 use toolledger::authz::PrincipalStore;
 use toolledger::engine::{FaultHook, FaultPoint};
+use toolledger::model::Error;
 use toolledger::runtime::Runtime;
-use toolledger_mcp::deferred::{reply_schema, DeferredMcpTool};
-use toolledger_mcp::reply::tool_result;
-use toolledger_mcp::server::{BoxFuture, McpTool, ToolCall};
-use toolledger_mcp::status::{EffectObserver, StatusTool};
-use toolledger_mcp::tool::LedgerResultObserver;
-use toolledger_mcp::Guard;
+use toolledger_mcp::deferred::DeferredAdapter;
+use toolledger_mcp::reply::{tool_error, tool_result};
+use toolledger_mcp::status::{EffectObserver, LedgerResultObserver};
+use toolledger_mcp::{
+    status_router, CallerSource, Guard, Guarded, GuardedServer, LedgerGuard, StatusTool, ToolCall,
+};
 
 use crate::automations;
 use crate::drafts::{CreateDraft, DraftObserver};
@@ -111,144 +114,291 @@ pub struct ToolEnv {
     pub runtime: Option<Runtime>,
 }
 
-/// `refund_order` as served over MCP: a deferred effect through the outbox to the payments
-/// service, by the deferred-tool adapter of `toolledger-mcp` (the runtime owns the rules; the
-/// adapter carries the call over MCP with the caller the server resolved).
-pub fn refund_tool(runtime: Runtime) -> DeferredMcpTool {
-    let definition = Tool::new(
-        refunds::TOOL,
-        "Refund (part of) an order you own; needs an approval from `toolledger approve \
-         --tool refund_order`. Delivered through the outbox to the payments service. \
-         Retrying with the same idempotency_key never refunds twice; an unfinished refund \
-         answers OUTCOME_UNKNOWN with its status_ref.",
-        as_object(serde_json::json!({
-            "type": "object",
-            "properties": {
-                "idempotency_key": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,128}$"},
-                "order_id": {"type": "string", "minLength": 1, "maxLength": 64},
-                "amount_cents": {"type": "integer", "minimum": 1,
-                                 "maximum": refunds::MAX_AMOUNT_CENTS},
-                "approval": {"type": "string"},
-            },
-            "required": ["idempotency_key", "order_id", "amount_cents"],
-            "additionalProperties": false,
-        })),
-    )
-    .with_raw_output_schema(Arc::new(reply_schema()))
-    .with_annotations(
-        ToolAnnotations::new()
-            .read_only(false)
-            .destructive(true)
-            .idempotent(true)
-            .open_world(true),
-    );
-    DeferredMcpTool::new(runtime, definition, refunds::deferred_arguments)
-}
-
-/// An automation tool (`create_automation`, `set_interval`) served over MCP; the
-/// domain rules live in [`automations`].
-pub struct AutomationTool {
-    name: &'static str,
+/// The tools `toolledger serve` offers, as ordinary rmcp `#[tool]` methods taking a
+/// [`Guarded`] call, in `tools/list` order: `create_issue`, `get_operation_status`,
+/// `create_automation`, `set_interval`, `create_draft`, `refund_order`. Each method hands the
+/// call to its domain ([`issues`](crate::issues), [`automations`], [`drafts`](crate::drafts),
+/// [`refunds`]), which validates its own arguments with the domain's error codes.
+#[derive(Clone)]
+pub struct ReferenceTools {
     env: ToolEnv,
+    issue: Arc<CreateIssue>,
+    draft: Arc<CreateDraft>,
+    refund: Option<Arc<DeferredAdapter>>,
 }
 
-impl AutomationTool {
-    /// The tool `name` (one of [`automations::TOOLS`]).
-    pub fn new(name: &'static str, env: ToolEnv) -> Self {
-        AutomationTool { name, env }
+/// The listing order of the reference tools.
+const ORDER: &[&str] = &[
+    crate::issues::TOOL,
+    StatusTool::NAME,
+    automations::CREATE_AUTOMATION,
+    automations::SET_INTERVAL,
+    crate::drafts::TOOL,
+    refunds::TOOL,
+];
+
+#[tool_router(router = routes)]
+impl ReferenceTools {
+    #[tool(
+        name = "create_issue",
+        description = "Create an issue. Asks for the body in a second round (input_required). \
+            Retrying with the same operation_id and continuation replays the stored result; \
+            after a lost reply call get_operation_status.",
+        input_schema = crate::issues::input_schema(),
+        output_schema = crate::issues::output_schema(),
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn create_issue(&self, g: Guarded) -> Result<CallToolResponse, ErrorData> {
+        self.answer(crate::issues::TOOL, g).await
+    }
+
+    #[tool(
+        name = "create_automation",
+        description = "Create an automation with an interval (5-1440 minutes); needs \
+            automation:write. Retrying with the same request_id replays the recorded result.",
+        input_schema = automation_schema(automations::CREATE_AUTOMATION),
+        output_schema = crate::object(automations::output_schema()),
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn create_automation(&self, g: Guarded) -> Result<CallToolResponse, ErrorData> {
+        self.answer(automations::CREATE_AUTOMATION, g).await
+    }
+
+    #[tool(
+        name = "set_interval",
+        description = "Set an automation's interval (5-1440 minutes) if its version is still \
+            expected_version; needs automation:write. Retrying with the same request_id \
+            replays the recorded result.",
+        input_schema = automation_schema(automations::SET_INTERVAL),
+        output_schema = crate::object(automations::output_schema()),
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn set_interval(&self, g: Guarded) -> Result<CallToolResponse, ErrorData> {
+        self.answer(automations::SET_INTERVAL, g).await
+    }
+
+    #[tool(
+        name = "create_draft",
+        description = "Create an editorial draft (role editor, approval required). The same \
+            operation with the same payload replays {slug, draft, replayed}; never the text.",
+        input_schema = crate::drafts::input_schema(),
+        output_schema = crate::drafts::output_schema(),
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn create_draft(&self, g: Guarded) -> Result<CallToolResponse, ErrorData> {
+        self.answer(crate::drafts::TOOL, g).await
+    }
+
+    #[tool(
+        name = "refund_order",
+        description = "Refund (part of) an order you own; needs an approval from `toolledger \
+            approve --tool refund_order`. Delivered through the outbox to the payments \
+            service. Retrying with the same idempotency_key never refunds twice; an \
+            unfinished refund answers OUTCOME_UNKNOWN with its status_ref.",
+        input_schema = refund_schema(),
+        output_schema = toolledger_mcp::deferred::output_schema(),
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = true
+        )
+    )]
+    async fn refund_order(&self, g: Guarded) -> Result<CallToolResponse, ErrorData> {
+        self.answer(refunds::TOOL, g).await
     }
 }
 
-fn as_object(v: Value) -> Arc<serde_json::Map<String, Value>> {
-    Arc::new(match v {
-        Value::Object(m) => m,
-        _ => serde_json::Map::new(),
-    })
+fn automation_schema(tool: &str) -> Arc<serde_json::Map<String, Value>> {
+    crate::object(automations::input_schema(tool).unwrap_or(Value::Null))
 }
 
-impl McpTool for AutomationTool {
-    fn definition(&self) -> Tool {
-        let (description, destructive) = if self.name == automations::SET_INTERVAL {
-            (
-                "Set an automation's interval (5-1440 minutes) if its version is still \
-                 expected_version; needs automation:write. Retrying with the same request_id \
-                 replays the recorded result.",
-                true,
-            )
-        } else {
-            (
-                "Create an automation with an interval (5-1440 minutes); needs \
-                 automation:write. Retrying with the same request_id replays the recorded result.",
-                false,
-            )
+fn refund_schema() -> Arc<serde_json::Map<String, Value>> {
+    crate::object(serde_json::json!({
+        "type": "object",
+        "properties": {
+            "idempotency_key": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,128}$"},
+            "order_id": {"type": "string", "minLength": 1, "maxLength": 64},
+            "amount_cents": {"type": "integer", "minimum": 1,
+                             "maximum": refunds::MAX_AMOUNT_CENTS},
+            "approval": {"type": "string"},
+        },
+        "required": ["idempotency_key", "order_id", "amount_cents"],
+        "additionalProperties": false,
+    }))
+}
+
+impl ReferenceTools {
+    /// The tools over `env`.
+    pub fn new(env: ToolEnv) -> Self {
+        ReferenceTools {
+            issue: Arc::new(CreateIssue::new(
+                env.guard.clone(),
+                env.faults,
+                env.unguarded,
+            )),
+            draft: Arc::new(CreateDraft::new(env.guard.clone())),
+            refund: env.runtime.clone().map(|runtime| {
+                let tools = Self::routes();
+                let definition = tools.get(refunds::TOOL).cloned();
+                let definition = definition.unwrap_or_else(|| {
+                    Tool::new(refunds::TOOL, "", Arc::new(serde_json::Map::new()))
+                });
+                Arc::new(DeferredAdapter::new(
+                    runtime,
+                    definition,
+                    refunds::deferred_arguments,
+                ))
+            }),
+            env,
+        }
+    }
+
+    /// The tools offered: with `unguarded` only the control (`create_issue` without a
+    /// ledger) and `get_operation_status`; `refund_order` only with a runtime.
+    fn offered(&self, name: &str) -> bool {
+        match name {
+            crate::issues::TOOL | StatusTool::NAME => true,
+            refunds::TOOL => !self.env.unguarded && self.env.runtime.is_some(),
+            _ => !self.env.unguarded,
+        }
+    }
+
+    /// The definitions of the tools offered, in `tools/list` order.
+    pub fn definitions(&self) -> Vec<Tool> {
+        let mut routes = Self::routes() + status_router();
+        self.restrict(&mut routes);
+        let mut tools = routes.list_all();
+        tools.sort_by_key(|t| ORDER.iter().position(|n| *n == t.name));
+        tools
+    }
+
+    fn restrict(&self, routes: &mut ToolRouter<Self>) {
+        let names: Vec<String> = routes.map.keys().map(|n| n.to_string()).collect();
+        for name in names.iter().filter(|n| !self.offered(n)) {
+            routes.remove_route(name);
+        }
+        if self.env.unguarded {
+            // The control keeps no ledger, so a retry repeats the effect.
+            if let Some(route) = routes.map.get_mut(crate::issues::TOOL) {
+                route.attr.annotations = route.attr.annotations.take().map(|a| a.idempotent(false));
+            }
+        }
+    }
+
+    /// The server `toolledger serve` runs: these tools and `get_operation_status` (with the
+    /// issue and draft rows as evidence for their tools, the stored result for the others),
+    /// through the ledger's guard with callers from `caller`.
+    pub fn server(self, caller: CallerSource) -> GuardedServer<ReferenceTools> {
+        let store = self.env.guard.engine().store().clone();
+        let ledger =
+            LedgerGuard::from_parts(self.env.guard.clone(), self.env.principals.clone(), caller)
+                .with_observer(
+                    crate::issues::TOOL,
+                    Arc::new(IssueObserver::new(store.clone())),
+                )
+                .with_observer(crate::drafts::TOOL, Arc::new(DraftObserver::new(store)));
+        let mut routes = Self::routes() + status_router();
+        self.restrict(&mut routes);
+        // Each domain checks its own arguments and answers with its own codes.
+        let routes = ledger.router_unchecked(routes);
+        GuardedServer::new("toolledger", self, routes).with_order(ORDER)
+    }
+
+    async fn answer(&self, tool: &str, g: Guarded) -> Result<CallToolResponse, ErrorData> {
+        match g.call().await {
+            Ok(call) => self.call(tool, call).await,
+            Err(refusal) => refusal.into_call_tool_result(),
+        }
+    }
+
+    /// `get_operation_status` over the offered tools, as the server's: the issue and draft
+    /// rows are the evidence for their tools, the stored result for the others.
+    fn status(&self) -> StatusTool {
+        let store = self.env.guard.engine().store().clone();
+        let observed = ORDER
+            .iter()
+            .filter(|n| **n != StatusTool::NAME && self.offered(n))
+            .map(|n| {
+                let observer: Arc<dyn EffectObserver> = match *n {
+                    crate::issues::TOOL => Arc::new(IssueObserver::new(store.clone())),
+                    crate::drafts::TOOL => Arc::new(DraftObserver::new(store.clone())),
+                    _ => Arc::new(LedgerResultObserver),
+                };
+                (n.to_string(), observer)
+            })
+            .collect();
+        StatusTool::new(self.env.guard.clone(), observed)
+    }
+
+    /// Runs one call of `tool` (as `toolledger call` does, without a transport); a tool this
+    /// server does not offer is `invalid_arguments`.
+    pub async fn call(&self, tool: &str, call: ToolCall) -> Result<CallToolResponse, ErrorData> {
+        if !self.offered(tool) {
+            return Ok(CallToolResponse::Complete(tool_error(&Error::invalid(
+                "unknown tool",
+            ))));
+        }
+        match tool {
+            StatusTool::NAME => self.status().call(call).await,
+            crate::issues::TOOL => self.issue.call(call).await,
+            crate::drafts::TOOL => self.draft.call(call).await,
+            refunds::TOOL => self.refund(call).await,
+            automations::CREATE_AUTOMATION | automations::SET_INTERVAL => Ok(
+                CallToolResponse::Complete(tool_result(self.automation(tool, call).await)),
+            ),
+            _ => Ok(CallToolResponse::Complete(tool_error(&Error::invalid(
+                "unknown tool",
+            )))),
+        }
+    }
+
+    async fn automation(&self, tool: &str, call: ToolCall) -> Result<Value, Error> {
+        let c = self.env.guard.config();
+        let options = automations::ToolOptions {
+            authority_ttl: Some(c.authority_ttl),
+            retention_ttl: Some(c.retention_ttl),
         };
-        Tool::new(
-            self.name,
-            description,
-            as_object(automations::input_schema(self.name).unwrap_or(Value::Null)),
+        automations::call_tool_with(
+            self.env.guard.engine(),
+            &self.env.principals,
+            &call.caller.name,
+            tool,
+            Value::Object(call.arguments),
+            &options,
         )
-        .with_raw_output_schema(as_object(automations::output_schema()))
-        .with_annotations(
-            ToolAnnotations::new()
-                .read_only(false)
-                .destructive(destructive)
-                .idempotent(true)
-                .open_world(false),
-        )
+        .await
     }
 
-    fn call(&self, call: ToolCall) -> BoxFuture<'_, Result<CallToolResponse, ErrorData>> {
-        Box::pin(async move {
-            let c = self.env.guard.config();
-            let options = automations::ToolOptions {
-                authority_ttl: Some(c.authority_ttl),
-                retention_ttl: Some(c.retention_ttl),
-            };
-            let result = automations::call_tool_with(
-                self.env.guard.engine(),
-                &self.env.principals,
-                &call.caller.name,
-                self.name,
-                Value::Object(call.arguments),
-                &options,
-            )
-            .await;
-            Ok(CallToolResponse::Complete(tool_result(result)))
-        })
-    }
-}
-
-/// The reference server's tools, in `tools/list` order. With `unguarded` only the control
-/// (`create_issue` without a ledger) and `get_operation_status` are offered.
-/// `get_operation_status` answers for every guarded tool offered: with the issue and draft
-/// rows as evidence for their tools, with the stored result for the others.
-pub fn registry(env: &ToolEnv) -> Vec<Arc<dyn McpTool>> {
-    let store = env.guard.engine().store().clone();
-    let mut observed: Vec<(String, Arc<dyn EffectObserver>)> = vec![(
-        crate::issues::TOOL.to_string(),
-        Arc::new(IssueObserver::new(store.clone())),
-    )];
-    let mut tools: Vec<Arc<dyn McpTool>> = vec![Arc::new(CreateIssue::new(
-        env.guard.clone(),
-        env.faults,
-        env.unguarded,
-    ))];
-    // The control runs without a ledger; tools that only exist with one are not offered.
-    if !env.unguarded {
-        for name in [automations::CREATE_AUTOMATION, automations::SET_INTERVAL] {
-            tools.push(Arc::new(AutomationTool::new(name, env.clone())));
-            observed.push((name.to_string(), Arc::new(LedgerResultObserver)));
-        }
-        tools.push(Arc::new(CreateDraft::new(env.guard.clone())));
-        observed.push((
-            crate::drafts::TOOL.to_string(),
-            Arc::new(DraftObserver::new(store)),
-        ));
-        if let Some(runtime) = &env.runtime {
-            tools.push(Arc::new(refund_tool(runtime.clone())));
-            observed.push((refunds::TOOL.to_string(), Arc::new(LedgerResultObserver)));
+    /// `refund_order`: a deferred effect through the outbox to the payments service, by the
+    /// deferred-tool adapter of `toolledger-mcp` (the runtime owns the rules; the adapter
+    /// carries the call with the caller the server resolved).
+    async fn refund(&self, call: ToolCall) -> Result<CallToolResponse, ErrorData> {
+        match &self.refund {
+            Some(refund) => refund.call(call).await,
+            None => Ok(CallToolResponse::Complete(tool_error(&Error::invalid(
+                "unknown tool",
+            )))),
         }
     }
-    tools.insert(1, Arc::new(StatusTool::new(env.guard.clone(), observed)));
-    tools
 }
