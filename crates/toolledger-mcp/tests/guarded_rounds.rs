@@ -2,18 +2,21 @@
 //! (`input_required` under MCP 2026-07-28) whose exact continuation replays, a tampered
 //! `requestState` (a JSON-RPC error), a client starting over (a replay), a client that did not
 //! declare elicitation (never asked), the initialize lifecycle (no `input_required`), extractor order
-//! (`Parameters<T>` first), a revoked caller, and a guarded tool served without
-//! `LedgerGuard::router`.
+//! (`Parameters<T>` first), a revoked caller, a guarded tool served without
+//! `LedgerGuard::router`, and `Guarded::rounds` with a two-step effect: the body elicited
+//! inside the call under the initialize lifecycle, asked with `input_required` under
+//! 2026-07-28, and a failed second step finishing `partial`.
 
 use std::sync::Arc;
 
 use rmcp::handler::server::tool::schema_for_output;
 use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, ClientConfig, ElicitRequest, ElicitRequestParams,
-    ElicitationCapability, FormElicitationCapability, InputRequest, InputResponses,
-    ProtocolVersion,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ClientConfig, ElicitRequest,
+    ElicitRequestParams, ElicitResult, ElicitationAction, ElicitationCapability,
+    FormElicitationCapability, InputRequest, InputResponses, ProtocolVersion,
 };
+use rmcp::service::RequestContext;
 use rmcp::service::{RoleClient, RunningService};
 use rmcp::{schemars, tool, tool_handler, tool_router};
 use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, ServerHandler, ServiceExt};
@@ -21,10 +24,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use toolledger::clock::ManualClock;
 use toolledger::effect::{EffectTx, RowExt};
+use toolledger::engine::Begun;
 use toolledger::engine::InlineEffect;
+use toolledger::model::OperationState;
 use toolledger::model::{Error, Principal};
 use toolledger::store::Migration;
-use toolledger_mcp::{status_router, GuardConfig, Guarded, LedgerGuard, Receipt, Refusal};
+use toolledger_mcp::guard::outcome_json;
+use toolledger_mcp::{status_router, GuardConfig, Guarded, LedgerGuard, Receipt, Refusal, Rounds};
 use toolledger_testkit::replies::body_of;
 
 const ISSUES: Migration = Migration {
@@ -116,6 +122,64 @@ impl Issues {
     }
 }
 
+/// The body answer of `answers` (`{body: {action, content: {body}}}`).
+fn body_of_answers(answers: &Value) -> Result<String, Refusal> {
+    answers["body"]["content"]["body"]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| Refusal(Error::invalid("the body answer is missing")))
+}
+
+#[tool_router(router = rounds_router)]
+impl Issues {
+    /// Create a watched issue: the body is asked for under either lifecycle (input_required,
+    /// or elicitation inside the call), then two steps: the issue, then its watcher (a title
+    /// starting with "unwatchable" fails the second step and finishes `partial`).
+    #[tool(output_schema = schema_for_output::<Receipt<Created>>())]
+    async fn create_watched_issue(
+        &self,
+        g: Guarded,
+        Parameters(p): Parameters<NewIssue>,
+    ) -> Result<CallToolResponse, Refusal> {
+        let ask = vec![("body".to_string(), body_request())];
+        let known = json!({"title": p.title});
+        let answered = match g
+            .rounds(&p.operation_id, known, "awaiting-body", ask)
+            .await?
+        {
+            Rounds::Respond(response) => return Ok(response),
+            Rounds::Answered(answered) => answered,
+        };
+        let body = body_of_answers(&answered.answers)?;
+        let intent = json!({"title": p.title, "body": body});
+        let first = InsertIssue {
+            title: p.title.clone(),
+            body,
+        };
+        let begun = g.begin_rounds(&p.operation_id, &answered, intent, first);
+        let (operation, first_result) = match begun.await? {
+            Begun::Replayed(outcome) => {
+                return Ok(CallToolResponse::Complete(CallToolResult::structured(
+                    outcome_json(&p.operation_id, &outcome),
+                )))
+            }
+            Begun::Started {
+                operation_id,
+                first_result,
+                ..
+            } => (operation_id, first_result),
+        };
+        let (state, event) = if p.title.starts_with("unwatchable") {
+            (OperationState::Partial, "watcher_failed")
+        } else {
+            (OperationState::Applied, "watcher_added")
+        };
+        let events = vec![(event.to_string(), json!({"watcher": "bob"}))];
+        let receipt = g.finish(&p.operation_id, operation, state, first_result, events);
+        Ok(receipt.await?.0.into_response())
+    }
+}
+
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Issues {}
 
@@ -165,6 +229,14 @@ impl ClientHandler for Client {
                 Some(ElicitationCapability::new().with_form(FormElicitationCapability::new()));
         }
         info
+    }
+
+    async fn create_elicitation(
+        &self,
+        _request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, rmcp::ErrorData> {
+        Ok(ElicitResult::new(ElicitationAction::Accept).with_content(json!({"body": "asked"})))
     }
 }
 
@@ -420,5 +492,84 @@ async fn a_guarded_tool_served_without_the_ledger_router_fails_loudly() {
     let e = r.expect_err("an unwrapped guarded tool must not answer");
     assert!(e.to_string().contains("LedgerGuard::router"), "{e}");
     assert_eq!(w.issues().await, 0);
+    client.cancel().await.unwrap();
+}
+
+impl World {
+    async fn with_rounds(&self, modern: bool) -> RunningService<RoleClient, Client> {
+        let routes = Issues::rounds_router() + status_router();
+        let router = self.ledger.router(routes).unwrap();
+        self.connect(router, modern).await
+    }
+
+    async fn watchers(&self) -> Vec<String> {
+        let rows = self
+            .ledger
+            .store()
+            .read(|tx: &mut dyn EffectTx| {
+                tx.query(
+                    "SELECT e.kind FROM operation_events e JOIN operations o \
+                     ON o.id = e.operation_id WHERE e.kind LIKE 'watcher_%' ORDER BY e.id",
+                    &[],
+                )
+            })
+            .await
+            .unwrap();
+        rows.iter().map(|r| r.text(0).unwrap()).collect()
+    }
+}
+
+fn watched(op: &str, title: &str) -> CallToolRequestParams {
+    let arguments = json!({"operation_id": op, "title": title});
+    CallToolRequestParams::new("create_watched_issue")
+        .with_arguments(arguments.as_object().cloned().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rounds_elicit_inside_the_call_under_the_initialize_lifecycle_and_replay_after() {
+    let w = world().await;
+    let client = w.with_rounds(false).await;
+    let first = client.call_tool(watched("old-1", "spec")).await.unwrap();
+    let (error, body) = body_of(&first);
+    assert!(!error, "{body}");
+    assert_eq!(body["state"], "applied", "{body}");
+    assert_eq!(body["replayed"], false);
+    assert_eq!(
+        w.issues().await,
+        1,
+        "the body was elicited and the issue created at once"
+    );
+    let again = client.call_tool(watched("old-1", "spec")).await.unwrap();
+    let (_, replay) = body_of(&again);
+    assert_eq!(replay["replayed"], true, "{replay}");
+    assert_eq!(replay["effectId"], body["effectId"]);
+    assert_eq!(w.issues().await, 1);
+    assert_eq!(w.watchers().await, ["watcher_added"]);
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rounds_ask_with_input_required_then_a_failed_second_step_finishes_partial() {
+    let w = world().await;
+    let client = w.with_rounds(true).await;
+    let asked = client
+        .call_tool_once(watched("new-1", "unwatchable spec"))
+        .await
+        .unwrap();
+    let CallToolResponse::InputRequired(ir) = asked else {
+        panic!("a modern client is asked with input_required: {asked:?}");
+    };
+    assert_eq!(w.issues().await, 0, "nothing is written before the answer");
+    let mut continued = watched("new-1", "unwatchable spec").with_input_responses(answers("b"));
+    continued.request_state = ir.request_state.clone();
+    let (error, done) = complete(client.call_tool_once(continued.clone()).await.unwrap());
+    assert!(!error, "{done}");
+    assert_eq!(done["state"], "partial", "{done}");
+    assert_eq!(w.issues().await, 1);
+    assert_eq!(w.watchers().await, ["watcher_failed"]);
+    let (_, replay) = complete(client.call_tool_once(continued).await.unwrap());
+    assert_eq!(replay["replayed"], true, "{replay}");
+    assert_eq!(replay["state"], "partial");
+    assert_eq!(w.issues().await, 1, "the exact continuation replays");
     client.cancel().await.unwrap();
 }
