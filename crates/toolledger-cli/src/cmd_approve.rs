@@ -4,7 +4,8 @@
 //! - `--fixture CASE.json`: the call a runtime fixture describes; the approval id is the
 //!   fixture's `arguments.approval` (or `--approval-id`), granted at the fixture's `now`;
 //! - `--tool TOOL --requester NAME --key KEY --arguments JSON`: a call from an MCP client;
-//!   the tool defines what is bound (see `reference::approval_target`); granted now (or at
+//!   the tool defines what is bound (see `reference::approval_target`: a reference tool's
+//!   binding, or the intent of any other guarded tool); granted now (or at
 //!   `--now`), with a fresh random id unless `--approval-id` is given.
 //!
 //! The approver must currently be an active principal of the requester's tenant holding the
@@ -53,7 +54,8 @@ pub struct ApproveArgs {
     /// Idempotency key (operation id) of the call.
     #[arg(long)]
     pub key: Option<String>,
-    /// The call's arguments as JSON (for `refund_order`: `{"order_id":…,"amount_cents":…}`).
+    /// The call's arguments as JSON (for `refund_order`: `{"order_id":…,"amount_cents":…}`;
+    /// for your own guarded tool that runs `Guarded::run_approved`: the intent it records).
     #[arg(long)]
     pub arguments: Option<String>,
     /// Approval id to issue (default: the fixture's `arguments.approval`, or a random id).

@@ -77,6 +77,30 @@ impl ApprovalTarget {
     }
 }
 
+impl ApprovalTarget {
+    /// The target of a guarded tool's intent: the requester's scope for `operation_id` of
+    /// `tool`, bound to the digest of the canonical `intent` (what the tool records as the
+    /// operation's business intent). What an approving human computes from the same four
+    /// values (`toolledger approve --tool TOOL --requester NAME --key ID --arguments INTENT`)
+    /// and what the tool's effect consumes.
+    pub fn for_intent(
+        requester: &Principal,
+        tool: &str,
+        operation_id: &str,
+        intent: &Value,
+    ) -> Result<ApprovalTarget, Error> {
+        let text = json::canonical_string(intent)
+            .map_err(|e| Error::invalid(format!("the intent: {}", e.message)))?;
+        Ok(ApprovalTarget {
+            tenant: requester.tenant.clone(),
+            subject: requester.subject.clone(),
+            tool: tool.to_string(),
+            idempotency_key: operation_id.to_string(),
+            binding: json!({"intent_digest": crate::digest::sha256_hex(text.as_bytes())}),
+        })
+    }
+}
+
 /// One stored approval.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Approval {

@@ -49,8 +49,10 @@ use rmcp::RoleServer;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use toolledger::engine::{Begun, InlineEffect, Outcome};
-use toolledger::model::{Error, ErrorCode, ToolContract};
+use toolledger::approval::{self, ApprovalTarget};
+use toolledger::effect::EffectTx;
+use toolledger::engine::{Begun, InlineEffect, OperationRecord, Outcome};
+use toolledger::model::{Error, ErrorCode, Principal, ToolContract};
 
 use crate::caller::Caller;
 use crate::guard::{outcome_json, Guard, GuardedRequest, Resumed};
@@ -342,6 +344,58 @@ impl Guarded {
             .guard()
             .run(&request, intent, Arc::new(effect))
             .await?;
+        receipt(operation_id, &outcome).map(Json)
+    }
+
+    /// [`Guarded::run`] for an effect a human approves first: the approval id is the wire
+    /// argument `approval_field` (absent: `approval_required`), and it must name an unused,
+    /// unexpired approval for exactly this intent —
+    /// [`ApprovalTarget::for_intent`]`(caller, tool, operation_id, intent)`, which an approver
+    /// grants with `toolledger approve --tool TOOL --requester NAME --key ID --arguments
+    /// INTENT` — by a current approver other than the caller. It is consumed in the effect's
+    /// transaction (`approval_invalid` when bound to another intent, used or expired). The
+    /// approval id is not part of the fingerprint, so an exact retry replays even after its
+    /// approval was used or has expired.
+    pub async fn run_approved<R: DeserializeOwned>(
+        self,
+        operation_id: &str,
+        intent: Value,
+        approval_field: &str,
+        effect: impl InlineEffect,
+    ) -> Result<Json<Receipt<R>>, Refusal> {
+        crate::reply::single_round(
+            self.scope.request_state.is_some(),
+            self.scope.input_responses.is_some(),
+        )?;
+        check_operation_id(operation_id)?;
+        let approval = match self.scope.arguments.get(approval_field) {
+            None => None,
+            Some(Value::String(id)) => Some(id.clone()),
+            Some(_) => {
+                return Err(Refusal(Error::invalid(format!(
+                    "{approval_field} must be a string"
+                ))))
+            }
+        };
+        let mut fingerprinted = self.scope.arguments.as_ref().clone();
+        fingerprinted.remove(approval_field);
+        let (caller, contract) = (self.caller().await?, self.contract());
+        let request = GuardedRequest {
+            caller: &caller,
+            contract: &contract,
+            operation_id,
+            arguments: &fingerprinted,
+        };
+        let guard = self.scope.ledger.guard();
+        let approved = Approved {
+            inner: effect,
+            tool: self.tool.clone(),
+            operation_id: operation_id.to_string(),
+            intent: intent.clone(),
+            approval,
+            now: guard.clock().now(),
+        };
+        let outcome = guard.run(&request, intent, Arc::new(approved)).await?;
         receipt(operation_id, &outcome).map(Json)
     }
 
@@ -888,5 +942,46 @@ impl Guarded {
             .finish_steps(begun, state, result, events)
             .await?;
         receipt(operation_id, &outcome).map(Json)
+    }
+}
+
+/// An inline effect that consumes its approval first, in the same transaction.
+struct Approved<E> {
+    inner: E,
+    tool: String,
+    operation_id: String,
+    intent: Value,
+    approval: Option<String>,
+    now: i64,
+}
+
+impl<E: InlineEffect> InlineEffect for Approved<E> {
+    fn authorize(&self, tx: &mut dyn EffectTx, principal: &Principal) -> Result<(), Error> {
+        self.inner.authorize(tx, principal)
+    }
+
+    fn apply(&self, tx: &mut dyn EffectTx, principal: &Principal) -> Result<Value, Error> {
+        let expected =
+            ApprovalTarget::for_intent(principal, &self.tool, &self.operation_id, &self.intent)?;
+        let mut resolve =
+            |tx: &mut dyn EffectTx, name: &str| toolledger::authz::resolve_in(tx, name);
+        approval::consume(
+            tx,
+            self.approval.as_deref(),
+            &expected,
+            self.now,
+            None,
+            &mut resolve,
+        )?;
+        self.inner.apply(tx, principal)
+    }
+
+    fn check_replay(
+        &self,
+        tx: &mut dyn EffectTx,
+        principal: &Principal,
+        record: &OperationRecord,
+    ) -> Result<(), Error> {
+        self.inner.check_replay(tx, principal, record)
     }
 }

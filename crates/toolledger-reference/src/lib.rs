@@ -48,9 +48,12 @@ pub const PG_MIGRATIONS: &[Migration] = &[
     refunds::PG_MIGRATIONS[0],
 ];
 
-/// What `toolledger approve --tool TOOL` approves for a reference tool that takes approvals:
+/// What `toolledger approve --tool TOOL` approves: for a reference tool that takes approvals,
 /// the requester's scope `key` with the tool's binding of `arguments` (for `refund_order` the
-/// business arguments `{order_id, amount_cents}` and the MCP provider context of `key`).
+/// business arguments `{order_id, amount_cents}` and the MCP provider context of `key`); for
+/// any other tool, the intent `arguments` of a guarded tool that runs its effect with
+/// `Guarded::run_approved` ([`toolledger::approval::ApprovalTarget::for_intent`]). The
+/// reference tools that take none are refused.
 pub fn approval_target(
     tool: &str,
     requester: &toolledger::Principal,
@@ -65,7 +68,12 @@ pub fn approval_target(
             &toolledger::runtime::ProviderContext::mcp(key),
         ),
         drafts::TOOL => drafts::approval_target_for(requester, key, arguments),
-        _ => Err(toolledger::Error::invalid("this tool takes no approvals")),
+        issues::TOOL | automations::CREATE_AUTOMATION | automations::SET_INTERVAL => {
+            Err(toolledger::Error::invalid("this tool takes no approvals"))
+        }
+        // Any other tool is a guarded tool that approves its intent
+        // (`toolledger_mcp::Guarded::run_approved`): `arguments` is that intent.
+        _ => toolledger::approval::ApprovalTarget::for_intent(requester, tool, key, arguments),
     }
 }
 
@@ -77,4 +85,40 @@ pub(crate) fn object(
         serde_json::Value::Object(m) => m,
         _ => serde_json::Map::new(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    fn alice() -> toolledger::Principal {
+        toolledger::Principal {
+            tenant: "acme".into(),
+            subject: "alice".into(),
+            roles: Default::default(),
+            scopes: Default::default(),
+        }
+    }
+
+    #[test]
+    fn approve_binds_a_user_tool_to_its_intent_and_refuses_reference_tools_without_approvals() {
+        let intent = json!({"slug": "hello", "text": "Hello"});
+        let target = super::approval_target("publish_post", &alice(), "post-1", &intent).unwrap();
+        let expected = toolledger::approval::ApprovalTarget::for_intent(
+            &alice(),
+            "publish_post",
+            "post-1",
+            &intent,
+        )
+        .unwrap();
+        assert_eq!(target, expected);
+        assert!(target.binding["intent_digest"].is_string());
+        let other = json!({"slug": "hello", "text": "Bye"});
+        let changed = super::approval_target("publish_post", &alice(), "post-1", &other).unwrap();
+        assert_ne!(changed.digest().unwrap(), target.digest().unwrap());
+        for tool in [super::issues::TOOL, super::automations::SET_INTERVAL] {
+            let refused = super::approval_target(tool, &alice(), "k", &intent).unwrap_err();
+            assert_eq!(refused.code, toolledger::model::ErrorCode::InvalidArguments);
+        }
+    }
 }
