@@ -134,7 +134,11 @@ pub async fn bind(store: &Store, keys: &KeyMaterial, now: i64) -> Result<Binding
 
 /// Blocking form of [`bind`]. It waits on a thread of its own, so it may also be called from
 /// a thread that drives an async runtime (e.g. while a server is being built).
-pub fn bind_blocking(store: &Store, keys: &KeyMaterial, now: i64) -> Result<Binding, KeyError> {
+pub(crate) fn bind_blocking(
+    store: &Store,
+    keys: &KeyMaterial,
+    now: i64,
+) -> Result<Binding, KeyError> {
     let job = bind_job(keys, now);
     std::thread::scope(|s| {
         s.spawn(|| store.write_blocking(job))
@@ -212,7 +216,7 @@ fn check_mode(_path: &Path) -> Result<(), KeyError> {
 /// Reads the key file beside `db`, creating it (mode 0600) on first use. Creation is atomic:
 /// the keys are written to a private temporary file that is then hard-linked into place, so two
 /// processes starting at once end up with the same keys.
-pub fn load_or_create_key_file(db: &Path) -> Result<(Vec<u8>, Vec<u8>), KeyError> {
+pub(crate) fn load_or_create_key_file(db: &Path) -> Result<(Vec<u8>, Vec<u8>), KeyError> {
     let path = key_file_path(db);
     if !path.exists() {
         let dir = path.parent().filter(|p| !p.as_os_str().is_empty());

@@ -56,7 +56,7 @@ pub mod guard;
 pub mod guarded;
 pub mod keys;
 pub mod ledger;
-pub mod observe;
+mod observe;
 pub mod reply;
 pub mod server;
 pub mod state;

@@ -24,7 +24,7 @@ pub fn tool_ok(value: Value) -> CallToolResult {
 }
 
 /// The JSON body of an in-band tool error.
-pub fn error_body(error: &Error) -> Value {
+pub(crate) fn error_body(error: &Error) -> Value {
     json!({"error": {"code": error.code.as_str(), "message": error.message}})
 }
 
@@ -49,7 +49,7 @@ pub fn error_of(result: &Value) -> Option<Value> {
 
 /// Refuses a continuation (`requestState` or `inputResponses`) sent to a single-round tool:
 /// `continuation_unsupported`.
-pub fn single_round(request_state: bool, input_responses: bool) -> Result<(), Error> {
+pub(crate) fn single_round(request_state: bool, input_responses: bool) -> Result<(), Error> {
     if request_state || input_responses {
         return Err(Error::new(
             toolledger::model::ErrorCode::ContinuationUnsupported,

@@ -156,7 +156,10 @@ fn server_info(name: &str) -> ServerConfig {
 /// Whether a client with `capabilities` declared what `request` needs: sampling for
 /// `sampling/createMessage`, roots for `roots/list`, and for `elicitation/create` elicitation
 /// in the request's mode (an elicitation capability naming neither mode means form).
-pub fn client_accepts(capabilities: Option<&ClientCapabilities>, request: &InputRequest) -> bool {
+pub(crate) fn client_accepts(
+    capabilities: Option<&ClientCapabilities>,
+    request: &InputRequest,
+) -> bool {
     let Some(caps) = capabilities else {
         return false;
     };
@@ -181,7 +184,7 @@ pub fn client_accepts(capabilities: Option<&ClientCapabilities>, request: &Input
 }
 
 /// Whether the request in `ctx` was made under MCP 2026-07-28 or newer.
-pub fn is_multi_round(ctx: &RequestContext<RoleServer>) -> bool {
+pub(crate) fn is_multi_round(ctx: &RequestContext<RoleServer>) -> bool {
     ctx.protocol_version()
         .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str())
 }

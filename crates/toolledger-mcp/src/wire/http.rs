@@ -12,11 +12,11 @@
 //! - [`end_session`]: `DELETE` of a legacy session answers 204 No Content once the session
 //!   is closed (rmcp answers 202, which clients read as a failed termination) and 404 for a
 //!   session the server does not know.
-//! - [`limit_in_flight`]: at most [`InFlight::limit`] requests are handled at once; one more
+//! - [`limit_in_flight`]: at most the [`InFlight`] limit of requests are handled at once; one more
 //!   is answered 503 `unavailable` with `Retry-After: 1` at once, without being read, so a
 //!   server under more load than it can serve keeps its memory bounded and answers every
 //!   request (a refused call did nothing: the client retries it under the same operation id).
-//! - [`limit_per_principal`]: inside the bearer layer, at most [`PerPrincipal::limit`]
+//! - [`limit_per_principal`]: inside the bearer layer, at most the [`PerPrincipal`] limit
 //!   requests of one principal at once, so one caller cannot take every slot of the whole
 //!   limit; one more is answered the same 503.
 //! - [`serve`]: the listener: at most so many connections open at once (the next one waits in
@@ -227,7 +227,7 @@ fn jsonrpc_error(status: StatusCode, error: &WireError) -> Response {
 
 /// How long a request body may take to arrive in full ([`strict_body`]'s state).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BodyTimeout(pub std::time::Duration);
+pub(crate) struct BodyTimeout(pub std::time::Duration);
 
 /// [`BodyTimeout`] by default.
 pub const DEFAULT_BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -244,7 +244,7 @@ impl Default for BodyTimeout {
 /// 400 with the JSON-RPC error body (-32700, -32600 or -32602 with the request's id); over
 /// [`MAX_MESSAGE_BYTES`]: 413 with the -32700 `too_large` body. Other requests (GET, DELETE,
 /// another content type) pass untouched; the service answers them.
-pub async fn strict_body(
+pub(crate) async fn strict_body(
     State(deadline): State<BodyTimeout>,
     request: Request,
     next: Next,
@@ -272,7 +272,7 @@ pub async fn strict_body(
 /// Middleware for `DELETE` of a legacy session (`Mcp-Session-Id`): 404 when `sessions` does
 /// not know the session, 204 No Content when the service closed it (rmcp's 202 is mapped),
 /// anything else the service answered as it is.
-pub async fn end_session<M: SessionManager>(
+pub(crate) async fn end_session<M: SessionManager>(
     State(sessions): State<Arc<M>>,
     request: Request,
     next: Next,
@@ -304,7 +304,7 @@ pub async fn end_session<M: SessionManager>(
 }
 
 /// Which principal opened each legacy session ([`bind_sessions`]' state).
-pub struct SessionOwners<M> {
+pub(crate) struct SessionOwners<M> {
     sessions: Arc<M>,
     owners: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
@@ -362,7 +362,7 @@ impl<M: SessionManager> SessionOwners<M> {
 /// Middleware, inside the bearer layer: a legacy session (`Mcp-Session-Id`) belongs to the
 /// principal whose request opened it. Another principal presenting its id — to call in it, or
 /// to `DELETE` it — is answered 404 `session_not_found`, as for a session that does not exist.
-pub async fn bind_sessions<M: SessionManager>(
+pub(crate) async fn bind_sessions<M: SessionManager>(
     State(owners): State<Arc<SessionOwners<M>>>,
     request: Request,
     next: Next,
@@ -408,38 +408,25 @@ pub async fn bind_sessions<M: SessionManager>(
 
 /// How many requests an HTTP endpoint handles at once ([`limit_in_flight`]).
 #[derive(Debug)]
-pub struct InFlight {
+pub(crate) struct InFlight {
     permits: Arc<tokio::sync::Semaphore>,
-    limit: usize,
 }
 
 impl InFlight {
     /// At most `limit` requests at once (at least 1).
     pub fn new(limit: usize) -> Self {
-        let limit = limit.max(1);
         InFlight {
-            permits: Arc::new(tokio::sync::Semaphore::new(limit)),
-            limit,
+            permits: Arc::new(tokio::sync::Semaphore::new(limit.max(1))),
         }
-    }
-
-    /// The most requests handled at once.
-    pub fn limit(&self) -> usize {
-        self.limit
-    }
-
-    /// Requests being handled now.
-    pub fn in_flight(&self) -> usize {
-        self.limit - self.permits.available_permits()
     }
 }
 
-/// Middleware: handles the request while fewer than [`InFlight::limit`] others are handled;
+/// Middleware: handles the request while fewer than the [`InFlight`] limit of others are handled;
 /// otherwise answers 503 `{"error": {"code": "unavailable", …}}` with `Retry-After: 1` at
 /// once, without reading the body, and counts it in
 /// `toolledger_http_requests_shed_total`. The permit is held until the response's head is
 /// ready (for a JSON response, the whole call).
-pub async fn limit_in_flight(
+pub(crate) async fn limit_in_flight(
     State(limit): State<Arc<InFlight>>,
     request: Request,
     next: Next,
@@ -456,7 +443,7 @@ pub async fn limit_in_flight(
 /// How many requests one principal may have handled at once ([`limit_per_principal`]), beside
 /// the endpoint's whole [`InFlight`] limit, so that one caller cannot take every slot.
 #[derive(Debug)]
-pub struct PerPrincipal {
+pub(crate) struct PerPrincipal {
     limit: usize,
     held: std::sync::Mutex<std::collections::HashMap<String, usize>>,
 }
@@ -491,11 +478,6 @@ impl PerPrincipal {
         }
     }
 
-    /// The most requests of one principal handled at once.
-    pub fn limit(&self) -> usize {
-        self.limit
-    }
-
     fn try_take(self: &Arc<Self>, name: &str) -> Option<Share> {
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         let n = held.entry(name.to_string()).or_insert(0);
@@ -520,11 +502,11 @@ fn shed(message: &str) -> Response {
 }
 
 /// Middleware, inside the bearer layer: handles the request while its principal has fewer
-/// than [`PerPrincipal::limit`] others handled; otherwise answers 503 `unavailable` with
+/// than the [`PerPrincipal`] limit of others handled; otherwise answers 503 `unavailable` with
 /// `Retry-After: 1` before the body is read, counted in
 /// `toolledger_http_requests_shed_per_principal_total`. Requests without an authenticated
 /// principal pass.
-pub async fn limit_per_principal(
+pub(crate) async fn limit_per_principal(
     State(limit): State<Arc<PerPrincipal>>,
     request: Request,
     next: Next,
@@ -563,7 +545,7 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// [`ConnectionLimits::header_timeout`] by default.
 pub const DEFAULT_HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long [`serve`] lets open connections finish after it was told to stop.
-pub const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Default for ConnectionLimits {
     fn default() -> Self {
@@ -640,7 +622,7 @@ pub async fn serve(
 /// response to send instead — 413 with the JSON-RPC `too_large` error over the limit, 408
 /// `body_timeout` past the deadline (counted in `toolledger_http_body_timeouts_total`), 400
 /// `body_unreadable` when the connection failed.
-pub async fn read_body_within(
+pub(crate) async fn read_body_within(
     body: Body,
     limit: usize,
     deadline: std::time::Duration,
