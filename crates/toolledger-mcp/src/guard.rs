@@ -344,14 +344,20 @@ impl Guard {
         intent: Value,
         effect: Arc<dyn InlineEffect>,
     ) -> Result<Outcome, Error> {
-        let call = self.inline_call(
-            request,
-            intent,
-            resumed.fingerprint.clone(),
-            resumed.binding.authority_deadline,
-            resumed.binding.retention_deadline,
-        );
+        let call = self.resumed_call(request, resumed, intent);
         self.engine.execute_inline(call, effect).await
+    }
+
+    fn resumed_call(
+        &self,
+        request: &GuardedRequest<'_>,
+        resumed: &Resumed,
+        intent: Value,
+    ) -> InlineCall {
+        let binding = &resumed.binding;
+        let (authority, retention) = (binding.authority_deadline, binding.retention_deadline);
+        let fingerprint = resumed.fingerprint.clone();
+        self.inline_call(request, intent, fingerprint, authority, retention)
     }
 
     /// Starts a continuation's multi-step effect: the first step commits with an `in_progress`
@@ -363,13 +369,7 @@ impl Guard {
         intent: Value,
         first: Arc<dyn InlineEffect>,
     ) -> Result<Begun, Error> {
-        let call = self.inline_call(
-            request,
-            intent,
-            resumed.fingerprint.clone(),
-            resumed.binding.authority_deadline,
-            resumed.binding.retention_deadline,
-        );
+        let call = self.resumed_call(request, resumed, intent);
         self.engine.begin_steps(call, first).await
     }
 }

@@ -425,17 +425,10 @@ impl Guarded {
                 "this tool asks for input with input_required, which needs MCP 2026-07-28",
             )));
         }
-        check_operation_id(operation_id)?;
-        let Value::Object(known) = known else {
-            return Err(Refusal(Error::invalid(
-                "a first round's intent must be an object",
-            )));
-        };
-        let call = self.call().await?;
-        let contract = self.contract();
-        let request = self.request(&call.caller, &contract, operation_id);
-        let guard = self.scope.ledger.guard();
-        match ask_for(guard, &request, &call, &known, step, requests).await? {
+        match self
+            .rounds_of(operation_id, known, step, requests, false)
+            .await?
+        {
             Rounds::Respond(response) => Ok(response),
             Rounds::Answered(_) => Err(Refusal(Error::new(
                 ErrorCode::ContinuationUnsupported,
@@ -862,6 +855,19 @@ impl Guarded {
         step: &str,
         requests: Vec<(String, InputRequest)>,
     ) -> Result<Rounds, Refusal> {
+        self.rounds_of(operation_id, known, step, requests, true)
+            .await
+    }
+
+    /// [`rounds`], or only its asking part ([`ask_for`]) when `continuation` is false.
+    async fn rounds_of(
+        &self,
+        operation_id: &str,
+        known: Value,
+        step: &str,
+        requests: Vec<(String, InputRequest)>,
+        continuation: bool,
+    ) -> Result<Rounds, Refusal> {
         check_operation_id(operation_id)?;
         let Value::Object(known) = known else {
             return Err(Refusal(Error::invalid(
@@ -871,15 +877,12 @@ impl Guarded {
         let call = self.call().await?;
         let contract = self.contract();
         let request = self.request(&call.caller, &contract, operation_id);
-        Ok(rounds(
-            self.scope.ledger.guard(),
-            &request,
-            &call,
-            &known,
-            step,
-            requests,
-        )
-        .await?)
+        let guard = self.scope.ledger.guard();
+        Ok(if continuation {
+            rounds(guard, &request, &call, &known, step, requests).await?
+        } else {
+            ask_for(guard, &request, &call, &known, step, requests).await?
+        })
     }
 
     /// Runs the effect of answered rounds in one transaction with its ledger row; the exact
