@@ -66,12 +66,15 @@ type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// The longest validation message echoed to the client (instances may be long strings).
 const MAX_MESSAGE: usize = 300;
 
-/// What the wrapped router records for one call, in the request's extensions.
+/// What the wrapped router records for one call, in the request's extensions (shared: every
+/// clone of the request's context is a reference count).
+type CallScope = Arc<Scope>;
+
 #[derive(Clone)]
-struct CallScope {
+struct Scope {
     ledger: LedgerGuard,
     status: Arc<StatusTool>,
-    arguments: Arc<JsonObject>,
+    arguments: JsonObject,
     request_state: Option<String>,
     input_responses: Option<InputResponses>,
     multi_round: bool,
@@ -240,17 +243,17 @@ impl Guarded {
     /// multi-round tool with its own rounds): the caller re-read from the principal store,
     /// the wire arguments, the continuation fields, the request's `_meta`, its cancellation
     /// and the client.
-    pub async fn call(&self) -> Result<ToolCall, Refusal> {
+    pub async fn call(self) -> Result<ToolCall, Refusal> {
         let caller = self.caller().await?;
-        Ok(self.call_as(caller))
+        Ok(self.into_call(caller))
     }
 
     /// [`Guarded::call`] with the caller known by name only ([`Caller::unread`]), for a tool
     /// that reads the principal itself in the same read of the store as everything else it
     /// checks (a deferred runtime re-reads it in the snapshot it examines the ledger in).
-    pub fn call_unread(&self) -> Result<ToolCall, Refusal> {
+    pub fn call_unread(self) -> Result<ToolCall, Refusal> {
         let name = self.scope.ledger.caller_source().name(&self.context)?;
-        Ok(self.call_as(Caller::unread(name)))
+        Ok(self.into_call(Caller::unread(name)))
     }
 
     /// The extractor of a route that owns its whole context: nothing is cloned, so the
@@ -274,10 +277,11 @@ impl Guarded {
     /// one else holds them.
     fn into_call(self, caller: Caller) -> ToolCall {
         let Guarded { scope, context, .. } = self;
+        let scope = Arc::try_unwrap(scope).unwrap_or_else(|shared| shared.as_ref().clone());
         let multi_round = scope.multi_round;
         ToolCall {
             caller,
-            arguments: Arc::try_unwrap(scope.arguments).unwrap_or_else(|a| a.as_ref().clone()),
+            arguments: scope.arguments,
             request_state: scope.request_state,
             input_responses: scope.input_responses,
             meta: (!context.meta.is_empty()).then_some(context.meta),
@@ -292,7 +296,7 @@ impl Guarded {
         let context = &self.context;
         ToolCall {
             caller,
-            arguments: self.scope.arguments.as_ref().clone(),
+            arguments: self.scope.arguments.clone(),
             request_state: self.scope.request_state.clone(),
             input_responses: self.scope.input_responses.clone(),
             meta: (!context.meta.is_empty()).then(|| context.meta.clone()),
@@ -377,7 +381,7 @@ impl Guarded {
                 ))))
             }
         };
-        let mut fingerprinted = self.scope.arguments.as_ref().clone();
+        let mut fingerprinted = self.scope.arguments.clone();
         fingerprinted.remove(approval_field);
         let (caller, contract) = (self.caller().await?, self.contract());
         let request = GuardedRequest {
@@ -520,15 +524,15 @@ fn call_wrapped<'a, S: Send + Sync + 'static>(
     if let Some(Err(e)) = w.validator.as_ref().map(|v| check_arguments(v, &arguments)) {
         return Box::pin(std::future::ready(complete_error(&e)));
     }
-    let scope = CallScope {
+    let scope = Arc::new(Scope {
         ledger: w.ledger.clone(),
         status: w.status.clone(),
-        arguments: Arc::new(arguments),
+        arguments,
         request_state: ctx.request_state.clone(),
         input_responses: ctx.input_responses.clone(),
         multi_round: is_multi_round(&ctx.request_context),
         client_capabilities: ctx.request_context.client_capabilities(),
-    };
+    });
     ctx.request_context.extensions.insert(scope);
     let tool = ctx.name.to_string();
     // Named for the log line without a read of the principal store.
@@ -690,17 +694,8 @@ where
         Box::pin(async move {
             let g = guarded?;
             let call = match read {
-                CallerRead::Resolved => match g.caller().await {
-                    Ok(caller) => Ok(g.into_call(caller)),
-                    Err(refusal) => Err(refusal),
-                },
-                CallerRead::NameOnly => g
-                    .scope
-                    .ledger
-                    .caller_source()
-                    .name(&g.context)
-                    .map(|name| g.into_call(Caller::unread(name)))
-                    .map_err(Refusal),
+                CallerRead::Resolved => g.call().await,
+                CallerRead::NameOnly => g.call_unread(),
             };
             match call {
                 Ok(call) => handler(call).await,
@@ -874,7 +869,7 @@ impl Guarded {
                 "a first round's intent must be an object",
             )));
         };
-        let call = self.call().await?;
+        let call = self.call_as(self.caller().await?);
         let contract = self.contract();
         let request = self.request(&call.caller, &contract, operation_id);
         let guard = self.scope.ledger.guard();
