@@ -88,6 +88,11 @@ pub const CORE_MIGRATIONS: &[Migration] = &[
         version: 4,
         sql: include_str!("sql/sqlite_0004_operator_index.sql"),
     },
+    Migration {
+        namespace: "toolledger",
+        version: 5,
+        sql: include_str!("sql/sqlite_0005_retention.sql"),
+    },
 ];
 
 /// The backend id a new file gets when none is requested.

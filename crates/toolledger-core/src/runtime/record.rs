@@ -54,6 +54,10 @@ pub struct DeferredRecord {
     pub authority_deadline: Option<i64>,
     /// First second at which a replay is refused; the row stays as a tombstone.
     pub retention_deadline: Option<i64>,
+    /// When the operation was compacted to a tombstone after its retention deadline. A
+    /// tombstone keeps no arguments (JSON `null`), result, intent context or events: its
+    /// provider context and downstream key are empty.
+    pub compacted_at: Option<i64>,
 }
 
 /// A ledger row ([`crate::operation_columns!`]) followed by its intent context. The intent
@@ -76,10 +80,13 @@ fn decode(row: &[SqlValue]) -> Result<Option<DeferredRecord>, StoreError> {
     if column(row.text(EFFECT_KIND_COLUMN))? != "deferred" {
         return Ok(None);
     }
+    let r = ledger::decode(row)?;
+    if r.compacted_at.is_some() {
+        return Ok(Some(tombstone(r)));
+    }
     if column(row.opt_int(I))?.is_none() {
         return Err(contract("deferred operation has no intent context"));
     }
-    let r = ledger::decode(row)?;
     let text = |k: usize| column(row.text(I + k));
     let approval = match (
         column(row.opt_text(I + 8))?,
@@ -127,7 +134,42 @@ fn decode(row: &[SqlValue]) -> Result<Option<DeferredRecord>, StoreError> {
         approval,
         authority_deadline: r.authority_deadline,
         retention_deadline: r.retention_deadline,
+        compacted_at: None,
     }))
+}
+
+/// The deferred view of a tombstone: no intent context remains.
+fn tombstone(r: ledger::LedgerRow) -> DeferredRecord {
+    let none = String::new;
+    DeferredRecord {
+        id: r.id,
+        scope: Scope {
+            tenant: r.tenant,
+            subject: r.subject,
+            tool: r.tool,
+            key: r.key,
+        },
+        request_digest: r.request_digest,
+        contract: r.contract,
+        arguments: r.arguments,
+        arguments_text: r.arguments_text,
+        state: r.state,
+        result: None,
+        status_ref: r.status_ref,
+        provider: ProviderContext {
+            provider: none(),
+            api_family: none(),
+            adapter_revision: none(),
+            turn_id: none(),
+            call_id: none(),
+            response_id: none(),
+        },
+        downstream_key: none(),
+        approval: None,
+        authority_deadline: r.authority_deadline,
+        retention_deadline: r.retention_deadline,
+        compacted_at: r.compacted_at,
+    }
 }
 
 /// Outcome of loading a scope's row: absent, an inline operation under the same scope, or a

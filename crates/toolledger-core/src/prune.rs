@@ -1,0 +1,430 @@
+//! Storage over years: compaction after retention and the tombstone horizon.
+//!
+//! [`prune`] does, in bounded batches of short write transactions:
+//!
+//! 1. **Compaction.** An operation that is settled (`applied`, `succeeded`, `failed`) and whose
+//!    retention deadline has passed (`retention_deadline <= now`) loses its payload: its
+//!    events, intent context, outbox event and local receipt are deleted, its arguments and
+//!    result become JSON `null`, and `compacted_at` is set. What remains is a **tombstone**:
+//!    scope, request digest, fingerprint, revisions, state, deadlines, status reference. A
+//!    replay of it is refused with `operation_retention_expired` (or
+//!    `operation_authority_expired`, which is checked first), another intent under its key is
+//!    `operation_conflict`, and a status read shows its state without a result. Unsettled
+//!    operations (`in_progress`, `partial`, `accepted`, `processing`, `outcome_unknown`,
+//!    `dead`) are never touched: they wait for an operator and are reported as kept.
+//! 2. **The horizon.** A tombstone whose retention deadline lies `tombstone_ttl` seconds or
+//!    more in the past is deleted, with the approval its operation consumed; its key is
+//!    forgotten and may be used again. Approvals never consumed are deleted once they expired
+//!    `tombstone_ttl` seconds ago. With no horizon (`None`, the CLI's `never`) nothing is
+//!    deleted.
+//!
+//! One pruner at a time per ledger: every batch transaction first locks the one row of
+//! `prune_state` without waiting ([`EffectTx::query_opt_locked`]: `FOR UPDATE SKIP LOCKED` on
+//! PostgreSQL; SQLite's single writer serializes anyway). A pruner that finds it locked stops
+//! and reports `busy`, so two pruners never work on the same rows and never wait for each
+//! other; writers of operations never touch that row. The rows a batch changes are past
+//! their retention deadline and settled, so no call writes them any more.
+
+use serde::Serialize;
+
+use crate::clock::SharedClock;
+use crate::digest::sha256_hex;
+use crate::effect::{EffectTx, RowExt, SqlValue};
+use crate::ledger::TOMBSTONE_JSON;
+use crate::model::Error;
+use crate::store::Store;
+
+/// Rows changed in one transaction unless [`PruneOptions::batch`] says otherwise.
+pub const DEFAULT_BATCH: usize = 500;
+
+/// The tombstone horizon unless configured otherwise: 30 days after the retention deadline.
+pub const DEFAULT_TOMBSTONE_TTL_SECS: i64 = 30 * 86_400;
+
+/// What one run of [`prune`] does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PruneOptions {
+    /// Most operations compacted and most tombstones deleted in this run (each); `None`:
+    /// until nothing is left.
+    pub limit: Option<u64>,
+    /// Most rows changed in one transaction (at least 1).
+    pub batch: usize,
+    /// Seconds after its retention deadline at which a tombstone is deleted; `None`: never.
+    pub tombstone_ttl: Option<i64>,
+    /// Count what would be done, change nothing.
+    pub dry_run: bool,
+}
+
+impl Default for PruneOptions {
+    fn default() -> Self {
+        PruneOptions {
+            limit: None,
+            batch: DEFAULT_BATCH,
+            tombstone_ttl: Some(DEFAULT_TOMBSTONE_TTL_SECS),
+            dry_run: false,
+        }
+    }
+}
+
+/// What one run of [`prune`] did (or, dry, would do).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PruneReport {
+    /// Operations compacted to tombstones.
+    pub compacted: u64,
+    /// Tombstones deleted at the horizon (their keys forgotten).
+    pub deleted: u64,
+    /// Approvals deleted at the horizon (consumed by a deleted tombstone, or expired unused).
+    pub approvals_deleted: u64,
+    /// Operations past their retention deadline kept because they are not settled.
+    pub kept_unsettled: u64,
+    /// Seconds since the oldest of those was created (`None` when there is none).
+    pub oldest_unsettled_age_seconds: Option<i64>,
+    /// Write transactions committed.
+    pub batches: u64,
+    /// Another pruner held the ledger's prune lease: this run stopped early.
+    pub busy: bool,
+    /// Nothing was changed: the counts say what a run would do.
+    pub dry_run: bool,
+    /// "Now" of the run (Unix seconds).
+    pub now: i64,
+}
+
+/// The pruner's running totals, kept in the ledger (`prune_state`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PruneTotals {
+    /// Operations compacted, ever.
+    pub compacted_total: i64,
+    /// Tombstones deleted, ever.
+    pub deleted_total: i64,
+    /// Approvals deleted, ever.
+    pub approvals_deleted_total: i64,
+    /// When a pruner last committed a batch.
+    pub last_run_at: Option<i64>,
+}
+
+/// Operation rows by kind: live (with their payload) and tombstones.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RowCounts {
+    /// Rows with their payload.
+    pub live: i64,
+    /// Tombstones.
+    pub tombstones: i64,
+}
+
+/// The live, settled operations past their retention deadline, oldest deadline first.
+const COMPACTABLE: &str = "SELECT id FROM operations
+     WHERE compacted_at IS NULL AND retention_deadline IS NOT NULL AND retention_deadline <= ?1
+       AND (state = 'applied' OR state = 'succeeded' OR state = 'failed')
+     ORDER BY retention_deadline LIMIT ?2";
+
+/// The tombstones whose retention deadline is at or before `?1` (now minus the horizon).
+const EXPIRED_TOMBSTONES: &str = "SELECT id FROM operations
+     WHERE compacted_at IS NOT NULL AND retention_deadline <= ?1
+     ORDER BY retention_deadline LIMIT ?2";
+
+/// Approvals never consumed that expired at or before `?1`.
+const EXPIRED_APPROVALS: &str = "SELECT approval_id FROM approvals
+     WHERE consumed_at IS NULL AND expires_at <= ?1
+       AND NOT EXISTS (SELECT 1 FROM deferred_intents d WHERE d.approval_id = approvals.approval_id)
+     LIMIT ?2";
+
+/// The live operations past their retention deadline that are not settled.
+const KEPT: &str = "SELECT count(*), min(created_at) FROM operations
+     WHERE compacted_at IS NULL AND retention_deadline IS NOT NULL AND retention_deadline <= ?1
+       AND state <> 'applied' AND state <> 'succeeded' AND state <> 'failed'";
+
+/// Runs one pass of compaction and the horizon over `store` at `clock`'s now.
+pub async fn prune(
+    store: &Store,
+    clock: &SharedClock,
+    opts: &PruneOptions,
+) -> Result<PruneReport, Error> {
+    let now = clock.now();
+    let batch = opts.batch.max(1) as u64;
+    let mut report = PruneReport {
+        dry_run: opts.dry_run,
+        now,
+        ..PruneReport::default()
+    };
+    let cap = opts.limit.unwrap_or(u64::MAX);
+    if opts.dry_run {
+        dry_run(store, now, opts.tombstone_ttl, cap, &mut report).await?;
+    } else {
+        while report.compacted < cap {
+            let n = batch.min(cap - report.compacted) as i64;
+            let Some(done) = store
+                .write(move |tx: &mut dyn EffectTx| compact_batch(tx, now, n))
+                .await?
+            else {
+                report.busy = true;
+                break;
+            };
+            report.batches += 1;
+            report.compacted += done;
+            if (done as i64) < n {
+                break;
+            }
+        }
+        if let (false, Some(ttl)) = (report.busy, opts.tombstone_ttl) {
+            let horizon = now.saturating_sub(ttl);
+            while report.deleted < cap {
+                let n = batch.min(cap - report.deleted) as i64;
+                let Some((done, approvals)) = store
+                    .write(move |tx: &mut dyn EffectTx| delete_batch(tx, now, horizon, n))
+                    .await?
+                else {
+                    report.busy = true;
+                    break;
+                };
+                report.batches += 1;
+                report.deleted += done;
+                report.approvals_deleted += approvals;
+                if (done as i64) < n {
+                    break;
+                }
+            }
+            if !report.busy {
+                let n = batch as i64;
+                loop {
+                    let Some(done) = store
+                        .write(move |tx: &mut dyn EffectTx| {
+                            delete_expired_approvals(tx, now, horizon, n)
+                        })
+                        .await?
+                    else {
+                        report.busy = true;
+                        break;
+                    };
+                    report.batches += 1;
+                    report.approvals_deleted += done;
+                    if (done as i64) < n {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    let (kept, oldest) = store
+        .read(move |tx: &mut dyn EffectTx| {
+            let row = tx
+                .query_opt(KEPT, &[now.into()])?
+                .ok_or_else(|| Error::unavailable("no count"))?;
+            Ok::<_, Error>((row.int(0)?, row.opt_int(1)?))
+        })
+        .await?;
+    report.kept_unsettled = kept.max(0) as u64;
+    report.oldest_unsettled_age_seconds = oldest.map(|c| now.saturating_sub(c).max(0));
+    Ok(report)
+}
+
+/// Counts what a run would do, within `cap` for each kind.
+async fn dry_run(
+    store: &Store,
+    now: i64,
+    ttl: Option<i64>,
+    cap: u64,
+    report: &mut PruneReport,
+) -> Result<(), Error> {
+    let cap = cap.min(i64::MAX as u64) as i64;
+    let (compacted, deleted, approvals) = store
+        .read(move |tx: &mut dyn EffectTx| {
+            let count = |tx: &mut dyn EffectTx, sql: &str, at: i64, cap: i64| {
+                let sql = format!("SELECT count(*) FROM ({sql}) AS c");
+                tx.query_opt(&sql, &[at.into(), cap.into()])?
+                    .ok_or_else(|| Error::unavailable("no count"))?
+                    .int(0)
+            };
+            let compacted = count(tx, COMPACTABLE, now, cap)?;
+            let Some(ttl) = ttl else {
+                return Ok::<_, Error>((compacted, 0, 0));
+            };
+            let horizon = now.saturating_sub(ttl);
+            let deleted = count(tx, EXPIRED_TOMBSTONES, horizon, cap)?;
+            let approvals = tx
+                .query_opt(
+                    "SELECT count(*) FROM approvals a JOIN operations o
+                       ON o.id = a.consumed_operation
+                     WHERE o.id IN (SELECT id FROM (
+                       SELECT id FROM operations
+                       WHERE compacted_at IS NOT NULL AND retention_deadline <= ?1
+                       ORDER BY retention_deadline LIMIT ?2) AS t)",
+                    &[horizon.into(), cap.into()],
+                )?
+                .ok_or_else(|| Error::unavailable("no count"))?
+                .int(0)?
+                + count(tx, EXPIRED_APPROVALS, horizon, i64::MAX)?;
+            Ok((compacted, deleted, approvals))
+        })
+        .await?;
+    report.compacted = compacted.max(0) as u64;
+    report.deleted = deleted.max(0) as u64;
+    report.approvals_deleted = approvals.max(0) as u64;
+    Ok(())
+}
+
+/// Takes the ledger's prune lease for this transaction; `false` when another pruner holds it.
+fn take_lease(tx: &mut dyn EffectTx) -> Result<bool, Error> {
+    Ok(tx
+        .query_opt_locked("SELECT id FROM prune_state WHERE id = 1", &[])?
+        .is_some())
+}
+
+/// The ids a query of `(?1, ?2)` selects.
+fn ids(tx: &mut dyn EffectTx, sql: &str, at: i64, n: i64) -> Result<Vec<SqlValue>, Error> {
+    tx.query(sql, &[at.into(), n.into()])?
+        .into_iter()
+        .map(|r| {
+            r.into_iter()
+                .next()
+                .ok_or_else(|| Error::unavailable("no id"))
+        })
+        .collect()
+}
+
+/// `?{from}, ?{from+1}, …` for `n` parameters.
+fn marks(from: usize, n: usize) -> String {
+    (from..from + n)
+        .map(|i| format!("?{i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Compacts up to `n` operations; `None` when another pruner holds the lease.
+fn compact_batch(tx: &mut dyn EffectTx, now: i64, n: i64) -> Result<Option<u64>, Error> {
+    if !take_lease(tx)? {
+        return Ok(None);
+    }
+    let ids = ids(tx, COMPACTABLE, now, n)?;
+    if ids.is_empty() {
+        return Ok(Some(0));
+    }
+    let list = marks(1, ids.len());
+    for table in [
+        "operation_events",
+        "local_receipts",
+        "outbox",
+        "deferred_intents",
+    ] {
+        tx.execute(
+            &format!("DELETE FROM {table} WHERE operation_id IN ({list})"),
+            &ids,
+        )?;
+    }
+    let k = ids.len();
+    let mut params = ids;
+    params.push(TOMBSTONE_JSON.into());
+    params.push(sha256_hex(TOMBSTONE_JSON.as_bytes()).into());
+    params.push(now.into());
+    let done = tx.execute(
+        &format!(
+            "UPDATE operations SET arguments = ?{a}, result = ?{a}, result_digest = ?{d},
+                 compacted_at = ?{t}
+             WHERE id IN ({list}) AND compacted_at IS NULL",
+            a = k + 1,
+            d = k + 2,
+            t = k + 3,
+        ),
+        &params,
+    )? as u64;
+    tx.execute(
+        "UPDATE prune_state SET compacted_total = compacted_total + ?1, last_run_at = ?2
+         WHERE id = 1",
+        &[(done as i64).into(), now.into()],
+    )?;
+    Ok(Some(done))
+}
+
+/// Deletes up to `n` tombstones past the horizon and the approvals their operations consumed:
+/// `(tombstones, approvals)`; `None` when another pruner holds the lease.
+fn delete_batch(
+    tx: &mut dyn EffectTx,
+    now: i64,
+    horizon: i64,
+    n: i64,
+) -> Result<Option<(u64, u64)>, Error> {
+    if !take_lease(tx)? {
+        return Ok(None);
+    }
+    let ids = ids(tx, EXPIRED_TOMBSTONES, horizon, n)?;
+    if ids.is_empty() {
+        return Ok(Some((0, 0)));
+    }
+    let list = marks(1, ids.len());
+    let approvals = tx.execute(
+        &format!("DELETE FROM approvals WHERE consumed_operation IN ({list})"),
+        &ids,
+    )? as u64;
+    let done = tx.execute(
+        &format!("DELETE FROM operations WHERE id IN ({list}) AND compacted_at IS NOT NULL"),
+        &ids,
+    )? as u64;
+    tx.execute(
+        "UPDATE prune_state SET deleted_total = deleted_total + ?1,
+             approvals_deleted = approvals_deleted + ?2, last_run_at = ?3
+         WHERE id = 1",
+        &[(done as i64).into(), (approvals as i64).into(), now.into()],
+    )?;
+    Ok(Some((done, approvals)))
+}
+
+/// Deletes up to `n` approvals never consumed that expired at or before `horizon`; `None`
+/// when another pruner holds the lease.
+fn delete_expired_approvals(
+    tx: &mut dyn EffectTx,
+    now: i64,
+    horizon: i64,
+    n: i64,
+) -> Result<Option<u64>, Error> {
+    if !take_lease(tx)? {
+        return Ok(None);
+    }
+    let ids = ids(tx, EXPIRED_APPROVALS, horizon, n)?;
+    if ids.is_empty() {
+        return Ok(Some(0));
+    }
+    let done = tx.execute(
+        &format!(
+            "DELETE FROM approvals WHERE approval_id IN ({}) AND consumed_at IS NULL",
+            marks(1, ids.len())
+        ),
+        &ids,
+    )? as u64;
+    tx.execute(
+        "UPDATE prune_state SET approvals_deleted = approvals_deleted + ?1, last_run_at = ?2
+         WHERE id = 1",
+        &[(done as i64).into(), now.into()],
+    )?;
+    Ok(Some(done))
+}
+
+/// The pruner's running totals (read-only).
+pub async fn totals(store: &Store) -> Result<PruneTotals, Error> {
+    store
+        .read(|tx: &mut dyn EffectTx| {
+            let row = tx
+                .query_opt(
+                    "SELECT compacted_total, deleted_total, approvals_deleted, last_run_at
+                     FROM prune_state WHERE id = 1",
+                    &[],
+                )?
+                .ok_or_else(|| Error::unavailable("the prune state is missing"))?;
+            Ok(PruneTotals {
+                compacted_total: row.int(0)?,
+                deleted_total: row.int(1)?,
+                approvals_deleted_total: row.int(2)?,
+                last_run_at: row.opt_int(3)?,
+            })
+        })
+        .await
+}
+
+/// Operation rows by kind, live and tombstones, in the snapshot `tx` reads.
+pub fn row_counts(tx: &mut dyn EffectTx) -> Result<RowCounts, Error> {
+    let row = tx
+        .query_opt("SELECT count(*), count(compacted_at) FROM operations", &[])?
+        .ok_or_else(|| Error::unavailable("no count"))?;
+    let (all, tombstones) = (row.int(0)?, row.int(1)?);
+    Ok(RowCounts {
+        live: all - tombstones,
+        tombstones,
+    })
+}
