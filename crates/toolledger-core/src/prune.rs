@@ -32,7 +32,8 @@ use crate::digest::sha256_hex;
 use crate::effect::{EffectTx, RowExt, SqlValue};
 use crate::ledger::TOMBSTONE_JSON;
 use crate::model::Error;
-use crate::store::Store;
+use crate::outbox::store_error;
+use crate::store::{Store, StoreError};
 
 /// Rows changed in one transaction unless [`PruneOptions::batch`] says otherwise.
 pub const DEFAULT_BATCH: usize = 500;
@@ -133,11 +134,14 @@ const KEPT: &str = "SELECT count(*), min(created_at) FROM operations
        AND state <> 'applied' AND state <> 'succeeded' AND state <> 'failed'";
 
 /// Runs one pass of compaction and the horizon over `store` at `clock`'s now.
+///
+/// A failure is the store's (its kind kept: `unavailable` and the like); batches committed
+/// before it stay committed.
 pub async fn prune(
     store: &Store,
     clock: &SharedClock,
     opts: &PruneOptions,
-) -> Result<PruneReport, Error> {
+) -> Result<PruneReport, StoreError> {
     let now = clock.now();
     let batch = opts.batch.max(1) as u64;
     let mut report = PruneReport {
@@ -152,7 +156,9 @@ pub async fn prune(
         while report.compacted < cap {
             let n = batch.min(cap - report.compacted) as i64;
             let Some(done) = store
-                .write(move |tx: &mut dyn EffectTx| compact_batch(tx, now, n))
+                .write(move |tx: &mut dyn EffectTx| {
+                    compact_batch(tx, now, n).map_err(|e| store_error(tx, e))
+                })
                 .await?
             else {
                 report.busy = true;
@@ -169,7 +175,9 @@ pub async fn prune(
             while report.deleted < cap {
                 let n = batch.min(cap - report.deleted) as i64;
                 let Some((done, approvals)) = store
-                    .write(move |tx: &mut dyn EffectTx| delete_batch(tx, now, horizon, n))
+                    .write(move |tx: &mut dyn EffectTx| {
+                        delete_batch(tx, now, horizon, n).map_err(|e| store_error(tx, e))
+                    })
                     .await?
                 else {
                     report.busy = true;
@@ -188,6 +196,7 @@ pub async fn prune(
                     let Some(done) = store
                         .write(move |tx: &mut dyn EffectTx| {
                             delete_expired_approvals(tx, now, horizon, n)
+                                .map_err(|e| store_error(tx, e))
                         })
                         .await?
                     else {
@@ -204,16 +213,89 @@ pub async fn prune(
         }
     }
     let (kept, oldest) = store
-        .read(move |tx: &mut dyn EffectTx| {
-            let row = tx
-                .query_opt(KEPT, &[now.into()])?
-                .ok_or_else(|| Error::unavailable("no count"))?;
-            Ok::<_, Error>((row.int(0)?, row.opt_int(1)?))
-        })
+        .read(move |tx: &mut dyn EffectTx| kept(tx, now).map_err(|e| store_error(tx, e)))
         .await?;
     report.kept_unsettled = kept.max(0) as u64;
     report.oldest_unsettled_age_seconds = oldest.map(|c| now.saturating_sub(c).max(0));
     Ok(report)
+}
+
+/// Seconds between two background prune passes unless configured otherwise (`serve`,
+/// `proxy` and `worker`'s `--prune-interval`; 0 turns the background pruner off).
+pub const DEFAULT_INTERVAL_SECS: u64 = 300;
+
+/// Runs [`prune`] every `every` (the first pass one interval after the start) until
+/// `shutdown` completes: the background
+/// pruner of `serve`, `proxy` and `worker`. A pass that fails is logged (target
+/// `toolledger::prune`, warn) and the next one runs on time; a pass that finds another pruner
+/// working ends early (`busy`) and is not an error. Each pass records
+/// `toolledger_prune_rows_total{kind}` (`compacted`, `deleted`, `approvals_deleted`) and
+/// `toolledger_prune_passes_total{outcome}` (`ok`, `busy`, `failed`).
+pub async fn run_every<F: std::future::Future>(
+    store: Store,
+    clock: SharedClock,
+    opts: PruneOptions,
+    every: std::time::Duration,
+    shutdown: F,
+) -> F::Output {
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            biased;
+            stopped = &mut shutdown => return stopped,
+            _ = tokio::time::sleep(every) => {}
+        }
+        tokio::select! {
+            biased;
+            stopped = &mut shutdown => return stopped,
+            res = prune(&store, &clock, &opts) => record(&res),
+        }
+    }
+}
+
+/// Logs and counts one background pass.
+fn record(res: &Result<PruneReport, StoreError>) {
+    match res {
+        Ok(r) => {
+            for (kind, n) in [
+                ("compacted", r.compacted),
+                ("deleted", r.deleted),
+                ("approvals_deleted", r.approvals_deleted),
+            ] {
+                metrics::counter!("toolledger_prune_rows_total", "kind" => kind).increment(n);
+            }
+            let outcome = if r.busy { "busy" } else { "ok" };
+            metrics::counter!("toolledger_prune_passes_total", "outcome" => outcome).increment(1);
+            if r.compacted + r.deleted + r.approvals_deleted > 0 {
+                tracing::info!(
+                    target: "toolledger::prune",
+                    compacted = r.compacted,
+                    deleted = r.deleted,
+                    approvals_deleted = r.approvals_deleted,
+                    kept_unsettled = r.kept_unsettled,
+                    "prune pass"
+                );
+            }
+        }
+        Err(e) => {
+            metrics::counter!("toolledger_prune_passes_total", "outcome" => "failed").increment(1);
+            tracing::warn!(
+                target: "toolledger::prune",
+                code = e.cli_code(),
+                error = %e.caller_error().message,
+                "prune pass failed"
+            );
+        }
+    }
+}
+
+/// How many live operations past their retention deadline are not settled, and the
+/// creation time of the oldest.
+fn kept(tx: &mut dyn EffectTx, now: i64) -> Result<(i64, Option<i64>), Error> {
+    let row = tx
+        .query_opt(KEPT, &[now.into()])?
+        .ok_or_else(|| Error::unavailable("no count"))?;
+    Ok((row.int(0)?, row.opt_int(1)?))
 }
 
 /// Counts what a run would do, within `cap` for each kind.
@@ -223,42 +305,53 @@ async fn dry_run(
     ttl: Option<i64>,
     cap: u64,
     report: &mut PruneReport,
-) -> Result<(), Error> {
+) -> Result<(), StoreError> {
     let cap = cap.min(i64::MAX as u64) as i64;
     let (compacted, deleted, approvals) = store
         .read(move |tx: &mut dyn EffectTx| {
-            let count = |tx: &mut dyn EffectTx, sql: &str, at: i64, cap: i64| {
-                let sql = format!("SELECT count(*) FROM ({sql}) AS c");
-                tx.query_opt(&sql, &[at.into(), cap.into()])?
-                    .ok_or_else(|| Error::unavailable("no count"))?
-                    .int(0)
-            };
-            let compacted = count(tx, COMPACTABLE, now, cap)?;
-            let Some(ttl) = ttl else {
-                return Ok::<_, Error>((compacted, 0, 0));
-            };
-            let horizon = now.saturating_sub(ttl);
-            let deleted = count(tx, EXPIRED_TOMBSTONES, horizon, cap)?;
-            let approvals = tx
-                .query_opt(
-                    "SELECT count(*) FROM approvals a JOIN operations o
-                       ON o.id = a.consumed_operation
-                     WHERE o.id IN (SELECT id FROM (
-                       SELECT id FROM operations
-                       WHERE compacted_at IS NOT NULL AND retention_deadline <= ?1
-                       ORDER BY retention_deadline LIMIT ?2) AS t)",
-                    &[horizon.into(), cap.into()],
-                )?
-                .ok_or_else(|| Error::unavailable("no count"))?
-                .int(0)?
-                + count(tx, EXPIRED_APPROVALS, horizon, i64::MAX)?;
-            Ok((compacted, deleted, approvals))
+            dry_counts(tx, now, ttl, cap).map_err(|e| store_error(tx, e))
         })
         .await?;
     report.compacted = compacted.max(0) as u64;
     report.deleted = deleted.max(0) as u64;
     report.approvals_deleted = approvals.max(0) as u64;
     Ok(())
+}
+
+/// What a run would compact, delete and delete of approvals: `(operations, tombstones,
+/// approvals)`.
+fn dry_counts(
+    tx: &mut dyn EffectTx,
+    now: i64,
+    ttl: Option<i64>,
+    cap: i64,
+) -> Result<(i64, i64, i64), Error> {
+    let count = |tx: &mut dyn EffectTx, sql: &str, at: i64, cap: i64| {
+        let sql = format!("SELECT count(*) FROM ({sql}) AS c");
+        tx.query_opt(&sql, &[at.into(), cap.into()])?
+            .ok_or_else(|| Error::unavailable("no count"))?
+            .int(0)
+    };
+    let compacted = count(tx, COMPACTABLE, now, cap)?;
+    let Some(ttl) = ttl else {
+        return Ok::<_, Error>((compacted, 0, 0));
+    };
+    let horizon = now.saturating_sub(ttl);
+    let deleted = count(tx, EXPIRED_TOMBSTONES, horizon, cap)?;
+    let approvals = tx
+        .query_opt(
+            "SELECT count(*) FROM approvals a JOIN operations o
+               ON o.id = a.consumed_operation
+             WHERE o.id IN (SELECT id FROM (
+               SELECT id FROM operations
+               WHERE compacted_at IS NOT NULL AND retention_deadline <= ?1
+               ORDER BY retention_deadline LIMIT ?2) AS t)",
+            &[horizon.into(), cap.into()],
+        )?
+        .ok_or_else(|| Error::unavailable("no count"))?
+        .int(0)?
+        + count(tx, EXPIRED_APPROVALS, horizon, i64::MAX)?;
+    Ok((compacted, deleted, approvals))
 }
 
 /// Takes the ledger's prune lease for this transaction; `false` when another pruner holds it.
@@ -397,24 +490,27 @@ fn delete_expired_approvals(
 }
 
 /// The pruner's running totals (read-only).
-pub async fn totals(store: &Store) -> Result<PruneTotals, Error> {
+pub async fn totals(store: &Store) -> Result<PruneTotals, StoreError> {
     store
-        .read(|tx: &mut dyn EffectTx| {
-            let row = tx
-                .query_opt(
-                    "SELECT compacted_total, deleted_total, approvals_deleted, last_run_at
-                     FROM prune_state WHERE id = 1",
-                    &[],
-                )?
-                .ok_or_else(|| Error::unavailable("the prune state is missing"))?;
-            Ok(PruneTotals {
-                compacted_total: row.int(0)?,
-                deleted_total: row.int(1)?,
-                approvals_deleted_total: row.int(2)?,
-                last_run_at: row.opt_int(3)?,
-            })
-        })
+        .read(|tx: &mut dyn EffectTx| totals_in(tx).map_err(|e| store_error(tx, e)))
         .await
+}
+
+/// The pruner's running totals in the snapshot `tx` reads.
+pub fn totals_in(tx: &mut dyn EffectTx) -> Result<PruneTotals, Error> {
+    let row = tx
+        .query_opt(
+            "SELECT compacted_total, deleted_total, approvals_deleted, last_run_at
+             FROM prune_state WHERE id = 1",
+            &[],
+        )?
+        .ok_or_else(|| Error::unavailable("the prune state is missing"))?;
+    Ok(PruneTotals {
+        compacted_total: row.int(0)?,
+        deleted_total: row.int(1)?,
+        approvals_deleted_total: row.int(2)?,
+        last_run_at: row.opt_int(3)?,
+    })
 }
 
 /// Operation rows by kind, live and tombstones, in the snapshot `tx` reads.
