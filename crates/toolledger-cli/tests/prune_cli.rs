@@ -89,6 +89,19 @@ fn prune_compacts_answers_and_forgets(db: Db) {
     );
     assert_eq!(rest["rows"], json!({"live": 1, "tombstones": 3}));
     assert_eq!(rest["totals"]["compacted_total"], 3);
+    let clock: SharedClock = Arc::new(ManualClock::new(T0 + 100));
+    let metrics = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(toolledger_cli::telemetry::render(&db.store(), &clock))
+        .unwrap();
+    for line in [
+        "toolledger_operation_rows{kind=\"live\"} 1",
+        "toolledger_operation_rows{kind=\"tombstone\"} 3",
+        "toolledger_pruned_rows{kind=\"compacted\"} 3",
+        "toolledger_unsettled_past_retention 0",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in {metrics}");
+    }
 
     let replay = automation(&db, "r1", 60, T0 + 100, 100);
     assert_eq!(

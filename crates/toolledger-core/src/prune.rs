@@ -289,9 +289,9 @@ fn record(res: &Result<PruneReport, StoreError>) {
     }
 }
 
-/// How many live operations past their retention deadline are not settled, and the
-/// creation time of the oldest.
-fn kept(tx: &mut dyn EffectTx, now: i64) -> Result<(i64, Option<i64>), Error> {
+/// How many live operations past their retention deadline at `now` are not settled (they
+/// wait for an operator, and pruning keeps them), and the creation time of the oldest.
+pub fn kept(tx: &mut dyn EffectTx, now: i64) -> Result<(i64, Option<i64>), Error> {
     let row = tx
         .query_opt(KEPT, &[now.into()])?
         .ok_or_else(|| Error::unavailable("no count"))?;
