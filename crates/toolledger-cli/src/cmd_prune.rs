@@ -8,7 +8,13 @@
 //! `oldest_unsettled_age_seconds`, `batches`, `busy` (another pruner of the ledger was
 //! working: this run stopped early; not an error), `dry_run`, `tombstone_ttl_seconds` (null
 //! for `never`), `rows` (live and tombstone operation rows after the run) and `totals` (the
-//! ledger's running totals). `--dry-run` opens the ledger read-only and changes nothing.
+//! ledger's running totals), `reclaimed_pages` (free pages a SQLite file in `auto_vacuum =
+//! INCREMENTAL` mode gave back). `--dry-run` opens the ledger read-only and changes nothing.
+//!
+//! `--vacuum` (SQLite): afterwards, one `VACUUM` of the whole file, which also switches a file
+//! created before `auto_vacuum = INCREMENTAL` was the default to it, so later prunes give
+//! pages back. It rewrites the file and holds the write lock while it runs (writers wait or
+//! answer `unavailable`): run it once, at a quiet time, with room for a copy of the file.
 
 use std::sync::Arc;
 
@@ -16,7 +22,7 @@ use serde_json::json;
 use toolledger::clock::{ManualClock, SharedClock, SystemClock};
 use toolledger::effect::EffectTx;
 use toolledger::prune::{self, PruneOptions};
-use toolledger_cli::common::{self, StoreArgs, StoreConfig};
+use toolledger_cli::common::{self, Backend, StoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
 use toolledger_cli::prune::{parse_ttl, TombstoneTtl};
 
@@ -44,6 +50,10 @@ pub struct PruneArgs {
     /// Pin the clock to this Unix second (testing aid; default: wall time).
     #[arg(long, value_name = "SECS")]
     pub clock_epoch: Option<i64>,
+    /// SQLite: afterwards, rewrite the file with `VACUUM` (once, at a quiet time): it
+    /// switches an older file to `auto_vacuum = INCREMENTAL` and gives every free page back.
+    #[arg(long, conflicts_with_all = ["dry_run", "database_url"])]
+    pub vacuum: bool,
 }
 
 /// Runs `prune` on the ledger `store` resolves to.
@@ -61,6 +71,10 @@ pub fn run(args: PruneArgs, store: StoreConfig) -> Result<Outcome, Failure> {
             dry_run: args.dry_run,
         };
         let report = prune::prune(&ledger, &clock, &opts).await?;
+        let vacuumed = match (&store.backend, args.vacuum) {
+            (Backend::Sqlite { path, .. }, true) => Some(vacuum(path)?),
+            _ => None,
+        };
         let (rows, totals) = ledger
             .read(|tx: &mut dyn EffectTx| {
                 let read = |tx: &mut dyn EffectTx| {
@@ -84,7 +98,30 @@ pub fn run(args: PruneArgs, store: StoreConfig) -> Result<Outcome, Failure> {
             "tombstone_ttl_seconds": opts.tombstone_ttl,
             "rows": rows,
             "totals": totals,
+            "reclaimed_pages": report.reclaimed_pages,
+            "vacuum": vacuumed,
         }));
         Ok(Outcome::Pass)
     })
+}
+
+/// `VACUUM` of the SQLite file at `path` on a connection that asks for `auto_vacuum =
+/// INCREMENTAL`: `{auto_vacuum, pages_before, pages_after}`.
+fn vacuum(path: &std::path::Path) -> Result<serde_json::Value, Failure> {
+    let conn = toolledger::store::sqlite::raw::connect(path)?;
+    let failed = |_| Failure::code("STORE_UNAVAILABLE");
+    let pages =
+        |c: &rusqlite::Connection| c.query_row("PRAGMA page_count", [], |r| r.get::<_, i64>(0));
+    let before = pages(&conn).map_err(failed)?;
+    conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL; VACUUM;")
+        .map_err(failed)?;
+    let after = pages(&conn).map_err(failed)?;
+    let mode: i64 = conn
+        .query_row("PRAGMA auto_vacuum", [], |r| r.get(0))
+        .map_err(failed)?;
+    Ok(json!({
+        "auto_vacuum": if mode == 2 { "incremental" } else { "none" },
+        "pages_before": before,
+        "pages_after": after,
+    }))
 }

@@ -234,3 +234,27 @@ on_both_backends!(
     prune_compacts_answers_and_forgets,
     sigkill_while_pruning_under_load_keeps_the_ledger_whole
 );
+
+#[test]
+fn vacuum_switches_an_older_sqlite_file_to_incremental() {
+    let db = Db::sqlite();
+    automation(&db, "r1", 60, T0, 100);
+    let Db::Sqlite(file) = &db else {
+        unreachable!()
+    };
+    // A file from before `auto_vacuum = INCREMENTAL` was the default.
+    let conn = rusqlite::Connection::open(file.path()).unwrap();
+    conn.execute_batch("PRAGMA auto_vacuum = NONE; VACUUM;")
+        .unwrap();
+    let mode = |c: &rusqlite::Connection| {
+        c.query_row("PRAGMA auto_vacuum", [], |r| r.get::<_, i64>(0))
+            .unwrap()
+    };
+    assert_eq!(mode(&conn), 0);
+    let r = prune(&db, T0 + 100, &["--vacuum"]);
+    assert_eq!(r["compacted"], 1, "{r}");
+    assert_eq!(r["vacuum"]["auto_vacuum"], "incremental", "{r}");
+    let fresh = rusqlite::Connection::open(file.path()).unwrap();
+    assert_eq!(mode(&fresh), 2);
+    audit_passes(&db);
+}

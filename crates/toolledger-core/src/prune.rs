@@ -85,6 +85,9 @@ pub struct PruneReport {
     pub busy: bool,
     /// Nothing was changed: the counts say what a run would do.
     pub dry_run: bool,
+    /// Free pages given back to the file system afterwards (SQLite in `auto_vacuum =
+    /// INCREMENTAL` mode; 0 elsewhere).
+    pub reclaimed_pages: i64,
     /// "Now" of the run (Unix seconds).
     pub now: i64,
 }
@@ -212,6 +215,9 @@ pub async fn prune(
             }
         }
     }
+    if !opts.dry_run && report.compacted + report.deleted + report.approvals_deleted > 0 {
+        report.reclaimed_pages = reclaim(store).await?;
+    }
     let (kept, oldest) = store
         .read(move |tx: &mut dyn EffectTx| kept(tx, now).map_err(|e| store_error(tx, e)))
         .await?;
@@ -287,6 +293,27 @@ fn record(res: &Result<PruneReport, StoreError>) {
             );
         }
     }
+}
+
+/// Pages given back per transaction by [`reclaim`].
+const RECLAIM_STEP: i64 = 1_000;
+
+/// Gives the database's free pages back to the file system in steps of [`RECLAIM_STEP`]
+/// pages, each its own short write transaction ([`crate::store::Driver::reclaim_space`]).
+async fn reclaim(store: &Store) -> Result<i64, StoreError> {
+    let mut total = 0;
+    // Bounded: the pruner's next pass goes on where this one stopped.
+    for _ in 0..100 {
+        let handle = store.clone();
+        let n = store
+            .write(move |tx: &mut dyn EffectTx| handle.driver().reclaim_space(tx, RECLAIM_STEP))
+            .await?;
+        total += n;
+        if n < RECLAIM_STEP {
+            break;
+        }
+    }
+    Ok(total)
 }
 
 /// How many live operations past their retention deadline at `now` are not settled (they

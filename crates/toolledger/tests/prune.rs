@@ -375,3 +375,26 @@ async fn concurrent_pruners_never_prune_twice(h: &Harness) {
 }
 
 both_drivers!(concurrent_pruners_never_prune_twice);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_sqlite_file_gives_pruned_pages_back() {
+    let h = Harness::sqlite();
+    let (e, clock) = engine(&h);
+    let mode = "SELECT auto_vacuum FROM pragma_auto_vacuum";
+    assert_eq!(scalar(e.store(), mode).await, 2, "INCREMENTAL");
+    let alice = principal("t1", "alice");
+    let keys: Vec<String> = (0..300)
+        .map(|i| format!("key-{i:04}-{}", "x".repeat(200)))
+        .collect();
+    for k in &keys {
+        let c = call(&alice, k, "gear", Some(T0 + RETENTION));
+        e.execute_inline(c, widget("gear")).await.unwrap();
+    }
+    clock.set(T0 + RETENTION);
+    let r = run(&e, &opts(Some(0))).await;
+    assert_eq!((r.compacted, r.deleted), (300, 300), "{r:?}");
+    assert!(r.reclaimed_pages > 0, "{r:?}");
+    let free = "SELECT freelist_count FROM pragma_freelist_count";
+    assert_eq!(scalar(e.store(), free).await, 0);
+    no_violations(e.store()).await;
+}
