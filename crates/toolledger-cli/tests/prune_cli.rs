@@ -114,6 +114,14 @@ fn prune_compacts_answers_and_forgets(db: Db) {
         automation(&db, "r4", 60, T0 + 100, 100_000)["replayed"],
         true
     );
+    let tombstone =
+        db.pairs("SELECT status_ref, state FROM operations WHERE idempotency_key = 'r1'");
+    let status = run(&db, "status", &["--status-ref", &tombstone[0].0]).json();
+    assert_eq!(
+        (&status["status"], &status["result"]),
+        (&json!("applied"), &Value::Null)
+    );
+    assert_eq!(status["compacted_at"], T0 + 100, "{status}");
     audit_passes(&db);
 
     let kept = prune(&db, T0 + 100, &["--tombstone-ttl", "never"]);
