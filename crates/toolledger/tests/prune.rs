@@ -44,6 +44,14 @@ fn opts(ttl: Option<i64>) -> PruneOptions {
     }
 }
 
+/// Widget calls under `keys`, each kept until `T0 + RETENTION`.
+async fn expiring(e: &Engine, p: &Principal, keys: impl Iterator<Item = String>) {
+    for key in keys {
+        let c = call(p, &key, "gear", Some(T0 + RETENTION));
+        e.execute_inline(c, widget("gear")).await.unwrap();
+    }
+}
+
 async fn run(e: &Engine, o: &PruneOptions) -> PruneReport {
     prune::prune(e.store(), e.clock(), o).await.expect("prune")
 }
@@ -242,14 +250,7 @@ both_drivers!(a_tombstone_refuses_replays_and_new_intents_and_shows_its_state);
 async fn the_horizon_forgets_tombstones_and_never_keeps_them(h: &Harness) {
     let (e, clock) = engine(h);
     let alice = principal("t1", "alice");
-    for key in ["a", "b"] {
-        e.execute_inline(
-            call(&alice, key, "gear", Some(T0 + RETENTION)),
-            widget("gear"),
-        )
-        .await
-        .unwrap();
-    }
+    expiring(&e, &alice, ["a", "b"].into_iter().map(String::from)).await;
     clock.set(T0 + RETENTION);
     let ttl = 50;
     let r = run(&e, &opts(Some(ttl))).await;
@@ -279,15 +280,7 @@ both_drivers!(the_horizon_forgets_tombstones_and_never_keeps_them);
 async fn a_dry_run_changes_nothing_and_a_limit_bounds_the_run(h: &Harness) {
     let (e, clock) = engine(h);
     let alice = principal("t1", "alice");
-    for i in 0..5 {
-        let key = format!("k{i}");
-        e.execute_inline(
-            call(&alice, &key, "gear", Some(T0 + RETENTION)),
-            widget("gear"),
-        )
-        .await
-        .unwrap();
-    }
+    expiring(&e, &alice, (0..5).map(|i| format!("k{i}"))).await;
     clock.set(T0 + RETENTION);
     let dry = run(
         &e,
@@ -334,15 +327,7 @@ async fn concurrent_pruners_never_prune_twice(h: &Harness) {
     let (e, clock) = engine(h);
     let alice = principal("t1", "alice");
     let n = 40;
-    for i in 0..n {
-        let key = format!("k{i}");
-        e.execute_inline(
-            call(&alice, &key, "gear", Some(T0 + RETENTION)),
-            widget("gear"),
-        )
-        .await
-        .unwrap();
-    }
+    expiring(&e, &alice, (0..n).map(|i| format!("k{i}"))).await;
     clock.set(T0 + RETENTION);
     let clock: SharedClock = Arc::new(clock);
     let small = PruneOptions {
@@ -386,10 +371,7 @@ async fn a_new_sqlite_file_gives_pruned_pages_back() {
     let keys: Vec<String> = (0..300)
         .map(|i| format!("key-{i:04}-{}", "x".repeat(200)))
         .collect();
-    for k in &keys {
-        let c = call(&alice, k, "gear", Some(T0 + RETENTION));
-        e.execute_inline(c, widget("gear")).await.unwrap();
-    }
+    expiring(&e, &alice, keys.into_iter()).await;
     clock.set(T0 + RETENTION);
     let r = run(&e, &opts(Some(0))).await;
     assert_eq!((r.compacted, r.deleted), (300, 300), "{r:?}");

@@ -107,7 +107,40 @@ fn decode(row: &[SqlValue]) -> Result<Option<DeferredRecord>, StoreError> {
         }
         _ => return Err(contract("approval binding is incomplete")),
     };
-    Ok(Some(DeferredRecord {
+    let provider = ProviderContext {
+        provider: text(1)?,
+        api_family: text(2)?,
+        adapter_revision: text(3)?,
+        turn_id: text(4)?,
+        call_id: text(5)?,
+        response_id: text(6)?,
+    };
+    Ok(Some(record(r, provider, text(7)?, approval)))
+}
+
+/// The deferred view of a tombstone: no intent context remains (empty provider context and
+/// downstream key, no approval).
+fn tombstone(r: ledger::LedgerRow) -> DeferredRecord {
+    let none = String::new;
+    let provider = ProviderContext {
+        provider: none(),
+        api_family: none(),
+        adapter_revision: none(),
+        turn_id: none(),
+        call_id: none(),
+        response_id: none(),
+    };
+    record(r, provider, none(), None)
+}
+
+/// A ledger row with its intent context.
+fn record(
+    r: ledger::LedgerRow,
+    provider: ProviderContext,
+    downstream_key: String,
+    approval: Option<IntentApproval>,
+) -> DeferredRecord {
+    DeferredRecord {
         id: r.id,
         scope: Scope {
             tenant: r.tenant,
@@ -122,50 +155,9 @@ fn decode(row: &[SqlValue]) -> Result<Option<DeferredRecord>, StoreError> {
         state: r.state,
         result: r.result,
         status_ref: r.status_ref,
-        provider: ProviderContext {
-            provider: text(1)?,
-            api_family: text(2)?,
-            adapter_revision: text(3)?,
-            turn_id: text(4)?,
-            call_id: text(5)?,
-            response_id: text(6)?,
-        },
-        downstream_key: text(7)?,
+        provider,
+        downstream_key,
         approval,
-        authority_deadline: r.authority_deadline,
-        retention_deadline: r.retention_deadline,
-        compacted_at: None,
-    }))
-}
-
-/// The deferred view of a tombstone: no intent context remains.
-fn tombstone(r: ledger::LedgerRow) -> DeferredRecord {
-    let none = String::new;
-    DeferredRecord {
-        id: r.id,
-        scope: Scope {
-            tenant: r.tenant,
-            subject: r.subject,
-            tool: r.tool,
-            key: r.key,
-        },
-        request_digest: r.request_digest,
-        contract: r.contract,
-        arguments: r.arguments,
-        arguments_text: r.arguments_text,
-        state: r.state,
-        result: None,
-        status_ref: r.status_ref,
-        provider: ProviderContext {
-            provider: none(),
-            api_family: none(),
-            adapter_revision: none(),
-            turn_id: none(),
-            call_id: none(),
-            response_id: none(),
-        },
-        downstream_key: none(),
-        approval: None,
         authority_deadline: r.authority_deadline,
         retention_deadline: r.retention_deadline,
         compacted_at: r.compacted_at,
