@@ -238,11 +238,6 @@ fn sigkill_while_pruning_under_load_keeps_the_ledger_whole(db: Db) {
     audit_passes(&db);
 }
 
-on_both_backends!(
-    prune_compacts_answers_and_forgets,
-    sigkill_while_pruning_under_load_keeps_the_ledger_whole
-);
-
 #[test]
 fn vacuum_switches_an_older_sqlite_file_to_incremental() {
     let db = Db::sqlite();
@@ -266,3 +261,35 @@ fn vacuum_switches_an_older_sqlite_file_to_incremental() {
     assert_eq!(mode(&fresh), 2);
     audit_passes(&db);
 }
+
+fn a_worker_prunes_in_the_background(db: Db) {
+    automation(&db, "r1", 60, T0, 100);
+    let at = (T0 + 100).to_string();
+    let mut worker = support::toolledger()
+        .arg("worker")
+        .args(db.store_args())
+        .args(["--clock-epoch", &at, "--prune-interval", "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let compacted = "SELECT compacted_total FROM prune_state";
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    while db.scalar(compacted) == 0 {
+        assert!(std::time::Instant::now() < give_up, "no background pass");
+        assert!(worker.try_wait().unwrap().is_none(), "the worker ended");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SIGTERM: the worker stops its pruner and exits cleanly.
+    unsafe { libc::kill(worker.id() as i32, libc::SIGTERM) };
+    assert!(worker.wait().unwrap().success());
+    let rows = "SELECT count(*) FROM operations WHERE compacted_at IS NOT NULL";
+    assert_eq!(db.scalar(rows), 1);
+    audit_passes(&db);
+}
+
+on_both_backends!(
+    prune_compacts_answers_and_forgets,
+    sigkill_while_pruning_under_load_keeps_the_ledger_whole,
+    a_worker_prunes_in_the_background
+);
