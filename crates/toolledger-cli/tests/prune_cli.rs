@@ -122,6 +122,20 @@ fn prune_compacts_answers_and_forgets(db: Db) {
         (&json!("applied"), &Value::Null)
     );
     assert_eq!(status["compacted_at"], T0 + 100, "{status}");
+    let args = json!({"operation_id": "r1"}).to_string();
+    let mcp = [
+        "get_operation_status",
+        "--principal",
+        "alice",
+        "--args",
+        &args,
+    ];
+    let mcp = run(&db, "call", &mcp).json();
+    assert_eq!(
+        (&mcp["state"], &mcp["storedResult"], &mcp["authoritative"]),
+        (&json!("applied"), &Value::Null, &json!(false)),
+        "{mcp}"
+    );
     audit_passes(&db);
 
     let kept = prune(&db, T0 + 100, &["--tombstone-ttl", "never"]);
