@@ -3,7 +3,7 @@
 //!
 //! Runs [`toolledger::prune::prune`]: settled operations past their retention deadline become
 //! tombstones, tombstones past the horizon are deleted (their keys forgotten), in batches of
-//! short transactions. Prints one JSON summary: `compacted`, `deleted`, `approvals_deleted`,
+//! short transactions. Prints one JSON summary: `compacted`, `deleted`,
 //! `kept_unsettled` (operations past their retention deadline that wait for an operator),
 //! `oldest_unsettled_age_seconds`, `batches`, `busy` (another pruner of the ledger was
 //! working: this run stopped early; not an error), `dry_run`, `tombstone_ttl_seconds` (null
@@ -88,7 +88,6 @@ pub fn run(args: PruneArgs, store: StoreConfig) -> Result<Outcome, Failure> {
             "gate": "PASS",
             "compacted": report.compacted,
             "deleted": report.deleted,
-            "approvals_deleted": report.approvals_deleted,
             "kept_unsettled": report.kept_unsettled,
             "oldest_unsettled_age_seconds": report.oldest_unsettled_age_seconds,
             "batches": report.batches,

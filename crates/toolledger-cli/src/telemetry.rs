@@ -109,7 +109,7 @@ pub const SERIES: [(&str, &str, &str); 23] = [
     ("gauge", "toolledger_outbox_events", "Outbox events, by state (read at each scrape)."),
     ("gauge", "toolledger_outbox_oldest_age_seconds", "Age of the oldest outbox event in each state (read at each scrape)."),
     ("gauge", "toolledger_operation_rows", "Operation rows by kind: live (with their payload) and tombstone (read at each scrape)."),
-    ("gauge", "toolledger_pruned_rows", "Rows the ledger's pruners removed so far, by kind: compacted, deleted, approvals_deleted (read at each scrape)."),
+    ("gauge", "toolledger_pruned_rows", "Rows the ledger's pruners removed so far, by kind: compacted, deleted (read at each scrape)."),
     ("gauge", "toolledger_unsettled_past_retention", "Unsettled operations past their retention deadline, which pruning keeps for an operator (read at each scrape)."),
     ("gauge", "toolledger_unsettled_past_retention_oldest_age_seconds", "Age of the oldest unsettled operation past its retention deadline (read at each scrape)."),
     ("counter", "toolledger_prune_rows_total", "Rows this process's background pruner removed, by kind."),
@@ -173,7 +173,6 @@ pub async fn render(store: &Store, clock: &SharedClock) -> Result<String, ()> {
     for (kind, n) in [
         ("compacted", totals.compacted_total),
         ("deleted", totals.deleted_total),
-        ("approvals_deleted", totals.approvals_deleted_total),
     ] {
         metrics::gauge!("toolledger_pruned_rows", "kind" => kind).set(n as f64);
     }

@@ -13,10 +13,10 @@
 //!    operations (`in_progress`, `partial`, `accepted`, `processing`, `outcome_unknown`,
 //!    `dead`) are never touched: they wait for an operator and are reported as kept.
 //! 2. **The horizon.** A tombstone whose retention deadline lies `tombstone_ttl` seconds or
-//!    more in the past is deleted, with the approval its operation consumed; its key is
-//!    forgotten and may be used again. Approvals never consumed are deleted once they expired
-//!    `tombstone_ttl` seconds ago. With no horizon (`None`, the CLI's `never`) nothing is
-//!    deleted.
+//!    more in the past is deleted; its key is forgotten and may be used again. The approval
+//!    its operation consumed stays (an approval id is never issued twice, and business rows
+//!    may refer to it): it is only unlinked from the deleted row. With no horizon (`None`,
+//!    the CLI's `never`) nothing is deleted.
 //!
 //! One pruner at a time per ledger: every batch transaction first locks the one row of
 //! `prune_state` without waiting ([`EffectTx::query_opt_locked`]: `FOR UPDATE SKIP LOCKED` on
@@ -73,8 +73,6 @@ pub struct PruneReport {
     pub compacted: u64,
     /// Tombstones deleted at the horizon (their keys forgotten).
     pub deleted: u64,
-    /// Approvals deleted at the horizon (consumed by a deleted tombstone, or expired unused).
-    pub approvals_deleted: u64,
     /// Operations past their retention deadline kept because they are not settled.
     pub kept_unsettled: u64,
     /// Seconds since the oldest of those was created (`None` when there is none).
@@ -99,8 +97,6 @@ pub struct PruneTotals {
     pub compacted_total: i64,
     /// Tombstones deleted, ever.
     pub deleted_total: i64,
-    /// Approvals deleted, ever.
-    pub approvals_deleted_total: i64,
     /// When a pruner last committed a batch.
     pub last_run_at: Option<i64>,
 }
@@ -124,12 +120,6 @@ const COMPACTABLE: &str = "SELECT id FROM operations
 const EXPIRED_TOMBSTONES: &str = "SELECT id FROM operations
      WHERE compacted_at IS NOT NULL AND retention_deadline <= ?1
      ORDER BY retention_deadline LIMIT ?2";
-
-/// Approvals never consumed that expired at or before `?1`.
-const EXPIRED_APPROVALS: &str = "SELECT approval_id FROM approvals
-     WHERE consumed_at IS NULL AND expires_at <= ?1
-       AND NOT EXISTS (SELECT 1 FROM deferred_intents d WHERE d.approval_id = approvals.approval_id)
-     LIMIT ?2";
 
 /// The live operations past their retention deadline that are not settled.
 const KEPT: &str = "SELECT count(*), min(created_at) FROM operations
@@ -177,7 +167,7 @@ pub async fn prune(
             let horizon = now.saturating_sub(ttl);
             while report.deleted < cap {
                 let n = batch.min(cap - report.deleted) as i64;
-                let Some((done, approvals)) = store
+                let Some(done) = store
                     .write(move |tx: &mut dyn EffectTx| {
                         delete_batch(tx, now, horizon, n).map_err(|e| store_error(tx, e))
                     })
@@ -188,34 +178,13 @@ pub async fn prune(
                 };
                 report.batches += 1;
                 report.deleted += done;
-                report.approvals_deleted += approvals;
                 if (done as i64) < n {
                     break;
                 }
             }
-            if !report.busy {
-                let n = batch as i64;
-                loop {
-                    let Some(done) = store
-                        .write(move |tx: &mut dyn EffectTx| {
-                            delete_expired_approvals(tx, now, horizon, n)
-                                .map_err(|e| store_error(tx, e))
-                        })
-                        .await?
-                    else {
-                        report.busy = true;
-                        break;
-                    };
-                    report.batches += 1;
-                    report.approvals_deleted += done;
-                    if (done as i64) < n {
-                        break;
-                    }
-                }
-            }
         }
     }
-    if !opts.dry_run && report.compacted + report.deleted + report.approvals_deleted > 0 {
+    if !opts.dry_run && report.compacted + report.deleted > 0 {
         report.reclaimed_pages = reclaim(store).await?;
     }
     let (kept, oldest) = store
@@ -235,7 +204,7 @@ pub const DEFAULT_INTERVAL_SECS: u64 = 300;
 /// pruner of `serve`, `proxy` and `worker`. A pass that fails is logged (target
 /// `toolledger::prune`, warn) and the next one runs on time; a pass that finds another pruner
 /// working ends early (`busy`) and is not an error. Each pass records
-/// `toolledger_prune_rows_total{kind}` (`compacted`, `deleted`, `approvals_deleted`) and
+/// `toolledger_prune_rows_total{kind}` (`compacted`, `deleted`) and
 /// `toolledger_prune_passes_total{outcome}` (`ok`, `busy`, `failed`).
 pub async fn run_every<F: std::future::Future>(
     store: Store,
@@ -263,21 +232,16 @@ pub async fn run_every<F: std::future::Future>(
 fn record(res: &Result<PruneReport, StoreError>) {
     match res {
         Ok(r) => {
-            for (kind, n) in [
-                ("compacted", r.compacted),
-                ("deleted", r.deleted),
-                ("approvals_deleted", r.approvals_deleted),
-            ] {
+            for (kind, n) in [("compacted", r.compacted), ("deleted", r.deleted)] {
                 metrics::counter!("toolledger_prune_rows_total", "kind" => kind).increment(n);
             }
             let outcome = if r.busy { "busy" } else { "ok" };
             metrics::counter!("toolledger_prune_passes_total", "outcome" => outcome).increment(1);
-            if r.compacted + r.deleted + r.approvals_deleted > 0 {
+            if r.compacted + r.deleted > 0 {
                 tracing::info!(
                     target: "toolledger::prune",
                     compacted = r.compacted,
                     deleted = r.deleted,
-                    approvals_deleted = r.approvals_deleted,
                     kept_unsettled = r.kept_unsettled,
                     "prune pass"
                 );
@@ -334,25 +298,23 @@ async fn dry_run(
     report: &mut PruneReport,
 ) -> Result<(), StoreError> {
     let cap = cap.min(i64::MAX as u64) as i64;
-    let (compacted, deleted, approvals) = store
+    let (compacted, deleted) = store
         .read(move |tx: &mut dyn EffectTx| {
             dry_counts(tx, now, ttl, cap).map_err(|e| store_error(tx, e))
         })
         .await?;
     report.compacted = compacted.max(0) as u64;
     report.deleted = deleted.max(0) as u64;
-    report.approvals_deleted = approvals.max(0) as u64;
     Ok(())
 }
 
-/// What a run would compact, delete and delete of approvals: `(operations, tombstones,
-/// approvals)`.
+/// What a run would compact and delete: `(operations, tombstones)`.
 fn dry_counts(
     tx: &mut dyn EffectTx,
     now: i64,
     ttl: Option<i64>,
     cap: i64,
-) -> Result<(i64, i64, i64), Error> {
+) -> Result<(i64, i64), Error> {
     let count = |tx: &mut dyn EffectTx, sql: &str, at: i64, cap: i64| {
         let sql = format!("SELECT count(*) FROM ({sql}) AS c");
         tx.query_opt(&sql, &[at.into(), cap.into()])?
@@ -361,24 +323,10 @@ fn dry_counts(
     };
     let compacted = count(tx, COMPACTABLE, now, cap)?;
     let Some(ttl) = ttl else {
-        return Ok::<_, Error>((compacted, 0, 0));
+        return Ok((compacted, 0));
     };
-    let horizon = now.saturating_sub(ttl);
-    let deleted = count(tx, EXPIRED_TOMBSTONES, horizon, cap)?;
-    let approvals = tx
-        .query_opt(
-            "SELECT count(*) FROM approvals a JOIN operations o
-               ON o.id = a.consumed_operation
-             WHERE o.id IN (SELECT id FROM (
-               SELECT id FROM operations
-               WHERE compacted_at IS NOT NULL AND retention_deadline <= ?1
-               ORDER BY retention_deadline LIMIT ?2) AS t)",
-            &[horizon.into(), cap.into()],
-        )?
-        .ok_or_else(|| Error::unavailable("no count"))?
-        .int(0)?
-        + count(tx, EXPIRED_APPROVALS, horizon, i64::MAX)?;
-    Ok((compacted, deleted, approvals))
+    let deleted = count(tx, EXPIRED_TOMBSTONES, now.saturating_sub(ttl), cap)?;
+    Ok((compacted, deleted))
 }
 
 /// Takes the ledger's prune lease for this transaction; `false` when another pruner holds it.
@@ -453,42 +401,9 @@ fn compact_batch(tx: &mut dyn EffectTx, now: i64, n: i64) -> Result<Option<u64>,
     Ok(Some(done))
 }
 
-/// Deletes up to `n` tombstones past the horizon and the approvals their operations consumed:
-/// `(tombstones, approvals)`; `None` when another pruner holds the lease.
+/// Deletes up to `n` tombstones past the horizon, unlinking the approvals their operations
+/// consumed (which stay, consumed); `None` when another pruner holds the lease.
 fn delete_batch(
-    tx: &mut dyn EffectTx,
-    now: i64,
-    horizon: i64,
-    n: i64,
-) -> Result<Option<(u64, u64)>, Error> {
-    if !take_lease(tx)? {
-        return Ok(None);
-    }
-    let ids = ids(tx, EXPIRED_TOMBSTONES, horizon, n)?;
-    if ids.is_empty() {
-        return Ok(Some((0, 0)));
-    }
-    let list = marks(1, ids.len());
-    let approvals = tx.execute(
-        &format!("DELETE FROM approvals WHERE consumed_operation IN ({list})"),
-        &ids,
-    )? as u64;
-    let done = tx.execute(
-        &format!("DELETE FROM operations WHERE id IN ({list}) AND compacted_at IS NOT NULL"),
-        &ids,
-    )? as u64;
-    tx.execute(
-        "UPDATE prune_state SET deleted_total = deleted_total + ?1,
-             approvals_deleted = approvals_deleted + ?2, last_run_at = ?3
-         WHERE id = 1",
-        &[(done as i64).into(), (approvals as i64).into(), now.into()],
-    )?;
-    Ok(Some((done, approvals)))
-}
-
-/// Deletes up to `n` approvals never consumed that expired at or before `horizon`; `None`
-/// when another pruner holds the lease.
-fn delete_expired_approvals(
     tx: &mut dyn EffectTx,
     now: i64,
     horizon: i64,
@@ -497,19 +412,23 @@ fn delete_expired_approvals(
     if !take_lease(tx)? {
         return Ok(None);
     }
-    let ids = ids(tx, EXPIRED_APPROVALS, horizon, n)?;
+    let ids = ids(tx, EXPIRED_TOMBSTONES, horizon, n)?;
     if ids.is_empty() {
         return Ok(Some(0));
     }
-    let done = tx.execute(
+    let list = marks(1, ids.len());
+    tx.execute(
         &format!(
-            "DELETE FROM approvals WHERE approval_id IN ({}) AND consumed_at IS NULL",
-            marks(1, ids.len())
+            "UPDATE approvals SET consumed_operation = NULL WHERE consumed_operation IN ({list})"
         ),
+        &ids,
+    )?;
+    let done = tx.execute(
+        &format!("DELETE FROM operations WHERE id IN ({list}) AND compacted_at IS NOT NULL"),
         &ids,
     )? as u64;
     tx.execute(
-        "UPDATE prune_state SET approvals_deleted = approvals_deleted + ?1, last_run_at = ?2
+        "UPDATE prune_state SET deleted_total = deleted_total + ?1, last_run_at = ?2
          WHERE id = 1",
         &[(done as i64).into(), now.into()],
     )?;
@@ -527,16 +446,14 @@ pub async fn totals(store: &Store) -> Result<PruneTotals, StoreError> {
 pub fn totals_in(tx: &mut dyn EffectTx) -> Result<PruneTotals, Error> {
     let row = tx
         .query_opt(
-            "SELECT compacted_total, deleted_total, approvals_deleted, last_run_at
-             FROM prune_state WHERE id = 1",
+            "SELECT compacted_total, deleted_total, last_run_at FROM prune_state WHERE id = 1",
             &[],
         )?
         .ok_or_else(|| Error::unavailable("the prune state is missing"))?;
     Ok(PruneTotals {
         compacted_total: row.int(0)?,
         deleted_total: row.int(1)?,
-        approvals_deleted_total: row.int(2)?,
-        last_run_at: row.opt_int(3)?,
+        last_run_at: row.opt_int(2)?,
     })
 }
 

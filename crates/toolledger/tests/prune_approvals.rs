@@ -1,6 +1,6 @@
 //! The tombstone horizon and approvals, on each driver: the approval a compacted operation
-//! consumed stays with its tombstone and goes with it; an approval never consumed goes a
-//! tombstone TTL after it expired.
+//! consumed outlives its tombstone, still consumed (its id is never issued again), and the
+//! tombstone's deletion only unlinks it.
 
 mod runtime_support;
 
@@ -13,7 +13,7 @@ use toolledger::runtime::{Answer, Deadlines};
 use toolledger::OperationState;
 use toolledger_testkit::db::{count, scalar};
 
-async fn approvals_go_with_their_tombstones_or_after_they_expired(db: &Harness) {
+async fn approvals_outlive_their_tombstones_consumed(db: &Harness) {
     let h = Fixture::new(db).await;
     let rt = h.runtime.clone().with_deadlines(Deadlines {
         authority_ttl: None,
@@ -45,25 +45,17 @@ async fn approvals_go_with_their_tombstones_or_after_they_expired(db: &Harness) 
         prune::prune(&h.store, &clock, &ttl)
     };
     let r = at(100).await.unwrap();
-    assert_eq!(
-        (r.compacted, r.deleted, r.approvals_deleted),
-        (1, 0, 0),
-        "{r:?}"
-    );
-    assert_eq!(count(&h.store, "approvals").await, 2);
+    assert_eq!((r.compacted, r.deleted), (1, 0), "{r:?}");
     assert_eq!(at(1_099).await.unwrap().deleted, 0);
-    let r = at(1_100).await.unwrap();
-    assert_eq!(
-        (r.deleted, r.approvals_deleted),
-        (1, 1),
-        "the consumed one: {r:?}"
-    );
-    let left = "SELECT count(*) FROM approvals WHERE consumed_at IS NULL";
-    assert_eq!(scalar(&h.store, left).await, 1);
-    assert_eq!(at(4_599).await.unwrap().approvals_deleted, 0);
-    let r = at(4_600).await.unwrap();
-    assert_eq!(r.approvals_deleted, 1, "the expired one: {r:?}");
-    assert_eq!(count(&h.store, "approvals").await, 0);
+    assert_eq!(at(1_100).await.unwrap().deleted, 1);
+    assert_eq!(at(9_999).await.unwrap().deleted, 0);
+    assert_eq!(count(&h.store, "operations").await, 0);
+    let kept = "SELECT count(*) FROM approvals
+                WHERE consumed_at IS NOT NULL AND consumed_operation IS NULL";
+    assert_eq!(scalar(&h.store, kept).await, 1, "consumed, unlinked, kept");
+    assert_eq!(count(&h.store, "approvals").await, 2);
+    // The consumed approval's id is still taken.
+    assert!(h.approve(&used, "bob").await.is_err());
     let v = h
         .store
         .read(|tx: &mut dyn toolledger::effect::EffectTx| toolledger::audit::violations(tx))
@@ -72,4 +64,4 @@ async fn approvals_go_with_their_tombstones_or_after_they_expired(db: &Harness) 
     assert!(v.is_empty(), "{v:?}");
 }
 
-both_drivers!(approvals_go_with_their_tombstones_or_after_they_expired);
+both_drivers!(approvals_outlive_their_tombstones_consumed);

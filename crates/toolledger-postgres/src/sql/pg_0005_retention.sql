@@ -15,8 +15,6 @@ CREATE TABLE prune_state (
     id                BIGINT  PRIMARY KEY CHECK (id = 1),
     compacted_total   BIGINT  NOT NULL CHECK (compacted_total >= 0),
     deleted_total     BIGINT  NOT NULL CHECK (deleted_total >= 0),
-    approvals_deleted BIGINT  NOT NULL CHECK (approvals_deleted >= 0),
     last_run_at       BIGINT
 );
-INSERT INTO prune_state(id, compacted_total, deleted_total, approvals_deleted)
-    VALUES (1, 0, 0, 0);
+INSERT INTO prune_state(id, compacted_total, deleted_total) VALUES (1, 0, 0);

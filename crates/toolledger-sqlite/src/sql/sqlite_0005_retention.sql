@@ -26,8 +26,6 @@ CREATE TABLE prune_state (
     id                INTEGER PRIMARY KEY CHECK (id = 1),
     compacted_total   INTEGER NOT NULL CHECK (compacted_total >= 0),
     deleted_total     INTEGER NOT NULL CHECK (deleted_total >= 0),
-    approvals_deleted INTEGER NOT NULL CHECK (approvals_deleted >= 0),
     last_run_at       INTEGER
 ) STRICT;
-INSERT INTO prune_state(id, compacted_total, deleted_total, approvals_deleted)
-    VALUES (1, 0, 0, 0);
+INSERT INTO prune_state(id, compacted_total, deleted_total) VALUES (1, 0, 0);
