@@ -200,8 +200,9 @@ pub async fn prune(
 pub const DEFAULT_INTERVAL_SECS: u64 = 300;
 
 /// Runs [`prune`] every `every` (the first pass one interval after the start) until
-/// `shutdown` completes: the background
-/// pruner of `serve`, `proxy` and `worker`. A pass that fails is logged (target
+/// `shutdown` completes: the background pruner of `serve`, `proxy` and `worker`. Each pass
+/// works until nothing is left to do, in batches of [`PruneOptions::batch`] rows, each its
+/// own write transaction. A pass that fails is logged (target
 /// `toolledger::prune`, warn) and the next one runs on time; a pass that finds another pruner
 /// working ends early (`busy`) and is not an error. Each pass records
 /// `toolledger_prune_rows_total{kind}` (`compacted`, `deleted`) and
