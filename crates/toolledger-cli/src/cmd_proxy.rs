@@ -85,6 +85,8 @@ pub struct ProxyArgs {
     pub clock_epoch: Option<i64>,
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
+    #[command(flatten)]
+    pub prune: toolledger_cli::prune::PruneFlags,
     /// The upstream command and its arguments, after `--`.
     #[arg(last = true, value_name = "UPSTREAM_COMMAND")]
     pub upstream: Vec<String>,
@@ -249,7 +251,8 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
     .await
     .map_err(Failure::code)?;
     let principals_for_console = principals.clone();
-    match (args.http, stdio_caller) {
+    let pruner = args.prune.spawn(&store, &clock);
+    let served = match (args.http, stdio_caller) {
         (None, Some(caller)) => {
             let ledger =
                 LedgerGuard::from_parts(guard, principals, CallerSource::Configured(caller));
@@ -280,5 +283,7 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
             )
             .await
         }
-    }
+    };
+    pruner.stop().await;
+    served
 }

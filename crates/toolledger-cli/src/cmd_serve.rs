@@ -79,6 +79,8 @@ pub struct ServeArgs {
     pub fault: Vec<Fault>,
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
+    #[command(flatten)]
+    pub prune: toolledger_cli::prune::PruneFlags,
 }
 
 /// Runs the server on the ledger `config` resolves to, until stdin closes (stdio) or the
@@ -150,7 +152,8 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
     )
     .await
     .map_err(Failure::code)?;
-    match (args.http, stdio_caller) {
+    let pruner = args.prune.spawn(&store, &clock);
+    let served = match (args.http, stdio_caller) {
         (Some(addr), _) => {
             let console = console.map(|c| c.router(front.hosts.clone()));
             let server = tools.server(CallerSource::BearerToken);
@@ -161,7 +164,9 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
             serve_stdio(server, front.max_in_flight).await
         }
         (None, None) => unreachable!("a stdio session's caller is resolved above"),
-    }
+    };
+    pruner.stop().await;
+    served
 }
 
 /// The `--allowed-host` flag of the HTTP servers (`serve`, `proxy`, `console`).

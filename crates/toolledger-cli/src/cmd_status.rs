@@ -8,7 +8,9 @@
 //! and `partial` is `PARTIAL` (BLOCK, exit 1) with the stored result; every unfinished state
 //! (`in_progress`, `accepted`, `processing`, `outcome_unknown`, `dead`) is `OUTCOME_UNKNOWN`
 //! (BLOCK, exit 1) naming the state, and `"stuck":true` for an `in_progress` operation past
-//! the in-progress expiry. An unknown reference is `NOT_FOUND` (exit 1). It answers the
+//! the in-progress expiry. A tombstone (compacted after its retention deadline) answers its
+//! state with `"result":null` and `compacted_at`. An unknown reference is `NOT_FOUND` (exit 1)
+//! — also one whose tombstone was deleted at the horizon. It answers the
 //! operator, who can read the database anyway: it re-checks no caller's authorization.
 //!
 //! **With `--fixture`**: the caller's explicit status query of a deferred operation. It
@@ -100,6 +102,10 @@ fn answer(op: &Value) -> (Value, Outcome) {
     }
     if let Some(stuck) = op.get("stuck") {
         out["stuck"] = stuck.clone();
+    }
+    // A tombstone: the result was removed after the retention deadline.
+    if let Some(at) = op.get("compacted_at") {
+        out["compacted_at"] = at.clone();
     }
     (out, Outcome::pass_if(gate == "PASS"))
 }

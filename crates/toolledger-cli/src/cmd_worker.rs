@@ -63,6 +63,8 @@ pub struct WorkerArgs {
     /// it again (applied at each claim, whatever limit the event was enqueued with).
     #[arg(long, default_value_t = toolledger::outbox::DEFAULT_MAX_ATTEMPTS)]
     pub max_attempts: i64,
+    #[command(flatten)]
+    pub prune: toolledger_cli::prune::PruneFlags,
 }
 
 fn shutdown_signal() -> Pin<Box<dyn Future<Output = &'static str>>> {
@@ -129,7 +131,7 @@ pub fn run(args: WorkerArgs, store: StoreConfig) -> Result<Outcome, Failure> {
         )
         .await
         .map_err(Failure::code)?;
-        let rt = runtime(&store, &ledger, clock)?.with_config(RuntimeConfig {
+        let rt = runtime(&store, &ledger, clock.clone())?.with_config(RuntimeConfig {
             lease_seconds: args.lease_seconds,
             max_attempts: args.max_attempts,
         });
@@ -148,6 +150,11 @@ pub fn run(args: WorkerArgs, store: StoreConfig) -> Result<Outcome, Failure> {
                     report(&reporter, f.event_id, f.error)
                 }
             });
+        let pruner = if once {
+            toolledger_cli::prune::Pruner::none()
+        } else {
+            args.prune.spawn(&ledger, &clock)
+        };
         let mut shutdown = shutdown_signal();
         let (passes, totals, stopped_by) = if once {
             tokio::select! {
@@ -163,6 +170,7 @@ pub fn run(args: WorkerArgs, store: StoreConfig) -> Result<Outcome, Failure> {
             let run = worker.run_until(shutdown).await;
             (run.passes, run.totals, run.stopped_by)
         };
+        pruner.stop().await;
         common::print_json(&json!({
             "dead": totals.dead,
             "delivered": totals.delivered,

@@ -5,4 +5,5 @@
 pub mod common;
 pub mod exit;
 pub mod fixture;
+pub mod prune;
 pub mod telemetry;

@@ -12,6 +12,7 @@ mod cmd_fingerprint;
 mod cmd_operations;
 mod cmd_principal;
 mod cmd_proxy;
+mod cmd_prune;
 mod cmd_resolve;
 mod cmd_serve;
 mod cmd_status;
@@ -84,6 +85,9 @@ enum Command {
     },
     /// Deliver pending outbox events and reclaim expired leases.
     Worker(cmd_worker::WorkerArgs),
+    /// Compact settled operations past their retention deadline to tombstones and delete
+    /// tombstones past the horizon (`--tombstone-ttl`), in short batches; one JSON summary.
+    Prune(cmd_prune::PruneArgs),
     /// Create a ledger database or migrate an existing one forward.
     Migrate {
         #[command(flatten)]
@@ -204,6 +208,15 @@ fn run_command(cli: Cli, opened: &mut Option<StoreConfig>) -> Result<Outcome, Fa
         Command::Worker(args) => {
             let store = remember(opened, args.store.resolve(Access::Existing)?);
             cmd_worker::run(args, store)
+        }
+        Command::Prune(args) => {
+            let access = if args.dry_run {
+                Access::ReadOnly
+            } else {
+                Access::Existing
+            };
+            let store = remember(opened, args.store.resolve(access)?);
+            cmd_prune::run(args, store)
         }
         Command::Migrate { store } => {
             let config = remember(opened, store.resolve(Access::Migrate)?);

@@ -14,7 +14,11 @@
 //! `toolledger_operation_oldest_age_seconds{state}` (how long the oldest operation in that state
 //! has been there: an old `outcome_unknown` or `in_progress` is what an operator looks for),
 //! `toolledger_outbox_events{state}` and `toolledger_outbox_oldest_age_seconds{state}` (the
-//! backlog and its age). A state with no rows reports 0.
+//! backlog and its age). A state with no rows reports 0. Retention: `toolledger_operation_rows
+//! {kind}` (`live`, `tombstone`), `toolledger_pruned_rows{kind}` (the ledger's pruning totals),
+//! `toolledger_unsettled_past_retention` and its oldest age (what pruning has to keep for an
+//! operator); a background pruner counts `toolledger_prune_rows_total{kind}` and
+//! `toolledger_prune_passes_total{outcome}`.
 
 use std::net::SocketAddr;
 use std::sync::OnceLock;
@@ -86,7 +90,7 @@ pub const LATENCY_BUCKETS: [f64; 18] = [
 pub const BATCH_BUCKETS: [f64; 10] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
 
 /// Every series the process exports, with its type and `# HELP` text.
-pub const SERIES: [(&str, &str, &str); 17] = [
+pub const SERIES: [(&str, &str, &str); 23] = [
     ("counter", "toolledger_tool_calls_total", "Tool calls answered, by tool and outcome (fresh, replayed, failed, outcome_unknown, …)."),
     ("histogram", "toolledger_tool_call_duration_seconds", "Time from a tool call's arrival to its answer, by tool."),
     ("counter", "toolledger_fencing_rejections_total", "Writes refused because the outbox event's fencing token moved on, by step."),
@@ -104,6 +108,12 @@ pub const SERIES: [(&str, &str, &str); 17] = [
     ("gauge", "toolledger_operation_oldest_age_seconds", "Age of the oldest operation in each state (read at each scrape)."),
     ("gauge", "toolledger_outbox_events", "Outbox events, by state (read at each scrape)."),
     ("gauge", "toolledger_outbox_oldest_age_seconds", "Age of the oldest outbox event in each state (read at each scrape)."),
+    ("gauge", "toolledger_operation_rows", "Operation rows by kind: live (with their payload) and tombstone (read at each scrape)."),
+    ("gauge", "toolledger_pruned_rows", "Rows the ledger's pruners removed so far, by kind: compacted, deleted (read at each scrape)."),
+    ("gauge", "toolledger_unsettled_past_retention", "Unsettled operations past their retention deadline, which pruning keeps for an operator (read at each scrape)."),
+    ("gauge", "toolledger_unsettled_past_retention_oldest_age_seconds", "Age of the oldest unsettled operation past its retention deadline (read at each scrape)."),
+    ("counter", "toolledger_prune_rows_total", "Rows this process's background pruner removed, by kind."),
+    ("counter", "toolledger_prune_passes_total", "Background prune passes of this process, by outcome (ok, busy, failed)."),
 ];
 
 /// The process's Prometheus recorder, installed on first use: latencies and batch sizes as
@@ -146,6 +156,29 @@ pub async fn render(store: &Store, clock: &SharedClock) -> Result<String, ()> {
         .read(move |tx| toolledger::audit::state_counts(tx, now))
         .await
         .map_err(|_: toolledger::store::StoreError| ())?;
+    let (rows, totals, (kept, oldest)) = store
+        .read(move |tx: &mut dyn toolledger::effect::EffectTx| {
+            use toolledger::prune;
+            Ok::<_, toolledger::Error>((
+                prune::row_counts(tx)?,
+                prune::totals_in(tx)?,
+                prune::kept(tx, now)?,
+            ))
+        })
+        .await
+        .map_err(|_| ())?;
+    for (kind, n) in [("live", rows.live), ("tombstone", rows.tombstones)] {
+        metrics::gauge!("toolledger_operation_rows", "kind" => kind).set(n as f64);
+    }
+    for (kind, n) in [
+        ("compacted", totals.compacted_total),
+        ("deleted", totals.deleted_total),
+    ] {
+        metrics::gauge!("toolledger_pruned_rows", "kind" => kind).set(n as f64);
+    }
+    metrics::gauge!("toolledger_unsettled_past_retention").set(kept as f64);
+    metrics::gauge!("toolledger_unsettled_past_retention_oldest_age_seconds")
+        .set(oldest.map_or(0.0, |c| now.saturating_sub(c).max(0) as f64));
     let set = |name: &'static str,
                age: &'static str,
                state: &str,

@@ -275,7 +275,9 @@ fn an_older_schema_needs_migrate_and_a_newer_one_is_refused() {
     // Turn the file into a schema-v1 ledger (before the runtime tables existed).
     d.ledger()
         .execute_batch(
-            "DROP INDEX operations_by_state;
+            "DROP INDEX operations_by_state; DROP INDEX operations_live_by_retention;
+             DROP INDEX operations_tombstones_by_retention; DROP TABLE prune_state;
+             ALTER TABLE operations DROP COLUMN compacted_at;
              DROP TABLE key_ids; DROP TABLE local_receipts; DROP TABLE outbox;
              DROP TABLE deferred_intents; DROP TABLE approvals;
              DELETE FROM schema_migrations WHERE namespace = 'toolledger' AND version >= 2;",

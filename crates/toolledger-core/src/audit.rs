@@ -37,7 +37,7 @@ pub const RULES: &[(&str, &str)] = &[
     (
         "succeeded_operation_without_receipt",
         "SELECT o.status_ref FROM operations o
-         WHERE o.effect_kind = 'deferred' AND o.state = 'succeeded'
+         WHERE o.effect_kind = 'deferred' AND o.state = 'succeeded' AND o.compacted_at IS NULL
            AND NOT EXISTS (SELECT 1 FROM local_receipts r WHERE r.operation_id = o.id)",
     ),
     (
@@ -58,7 +58,7 @@ pub const RULES: &[(&str, &str)] = &[
     (
         "deferred_operation_without_event_or_context",
         "SELECT o.status_ref FROM operations o
-         WHERE o.effect_kind = 'deferred'
+         WHERE o.effect_kind = 'deferred' AND o.compacted_at IS NULL
            AND (NOT EXISTS (SELECT 1 FROM outbox e WHERE e.operation_id = o.id)
              OR NOT EXISTS (SELECT 1 FROM deferred_intents d WHERE d.operation_id = o.id))",
     ),
@@ -75,6 +75,16 @@ pub const RULES: &[(&str, &str)] = &[
          WHERE d.approval_id IS NOT NULL
            AND (a.consumed_operation IS DISTINCT FROM o.id
              OR a.binding_digest IS DISTINCT FROM d.approval_digest)",
+    ),
+    (
+        "tombstone_before_retention_or_with_payload",
+        "SELECT o.status_ref FROM operations o
+         WHERE o.compacted_at IS NOT NULL
+           AND (o.retention_deadline IS NULL OR o.retention_deadline > o.compacted_at
+             OR EXISTS (SELECT 1 FROM operation_events v WHERE v.operation_id = o.id)
+             OR EXISTS (SELECT 1 FROM outbox e WHERE e.operation_id = o.id)
+             OR EXISTS (SELECT 1 FROM deferred_intents d WHERE d.operation_id = o.id)
+             OR EXISTS (SELECT 1 FROM local_receipts r WHERE r.operation_id = o.id))",
     ),
 ];
 

@@ -226,8 +226,12 @@ pub struct OperationRecord {
     pub updated_at: i64,
     /// The contract the intent was accepted under.
     pub contract: ToolContract,
-    /// The accepted, canonical arguments.
+    /// The accepted, canonical arguments (JSON `null` once compacted).
     pub arguments: Value,
+    /// When the operation was compacted to a tombstone after its retention deadline: its
+    /// arguments, result and history are gone; its scope, request digest, state, deadlines
+    /// and status reference remain, so its key stays taken.
+    pub compacted_at: Option<i64>,
 }
 
 /// One entry of an operation's append-only history.
@@ -616,7 +620,8 @@ impl Engine {
                 let Some(record) = load_records(tx, ledger::BY_SCOPE, &args)?.pop() else {
                     return Ok(None);
                 };
-                if !same_request(&record.arguments) {
+                // A tombstone keeps no arguments to compare: it answers by its deadlines.
+                if record.compacted_at.is_none() && !same_request(&record.arguments) {
                     return Err(Error::conflict(
                         "this key was already used for a different request",
                     ));
@@ -836,6 +841,7 @@ fn record(row: &[SqlValue]) -> Result<OperationRecord, Error> {
         updated_at: r.updated_at,
         contract: r.contract,
         arguments: r.arguments,
+        compacted_at: r.compacted_at,
     })
 }
 
@@ -917,6 +923,10 @@ fn settled(
     check: impl FnOnce(&OperationRecord) -> Result<(), Error>,
 ) -> Result<Outcome, Error> {
     ledger::check_deadlines(record.authority_deadline, record.retention_deadline, now)?;
+    if record.compacted_at.is_some() {
+        // Compacted after its retention deadline (a clock set back does not bring it back).
+        return Err(ledger::retention_expired());
+    }
     match record.state {
         s if s.is_terminal() => {
             check(&record)?;

@@ -36,12 +36,12 @@ macro_rules! operation_columns {
         "id, tenant, subject, tool, idempotency_key, request_digest,
     input_rev, output_rev, effect_rev, handler_rev, producer_rev, policy_rev, arguments,
     fingerprint, effect_kind, state, result, result_digest, status_ref, authority_deadline,
-    retention_deadline, created_at, updated_at"
+    retention_deadline, created_at, updated_at, compacted_at"
     };
 }
 
 /// How many columns [`crate::operation_columns!`] names; a query may select more after them.
-pub(crate) const OPERATION_COLUMNS: usize = 23;
+pub(crate) const OPERATION_COLUMNS: usize = 24;
 
 /// Position of `effect_kind` in [`crate::operation_columns!`].
 pub(crate) const EFFECT_KIND_COLUMN: usize = 14;
@@ -90,6 +90,8 @@ pub(crate) struct LedgerRow {
     pub(crate) retention_deadline: Option<i64>,
     pub(crate) created_at: i64,
     pub(crate) updated_at: i64,
+    /// When the row was compacted to a tombstone (its arguments and result removed).
+    pub(crate) compacted_at: Option<i64>,
 }
 
 /// A storage-contract error saying `what`.
@@ -103,7 +105,8 @@ pub(crate) fn column<T>(read: Result<T, Error>) -> Result<T, StoreError> {
 }
 
 /// Decodes the first [`OPERATION_COLUMNS`] columns of `row` (selected with
-/// [`crate::operation_columns!`]) and checks them against the storage contract.
+/// [`crate::operation_columns!`]) and checks them against the storage contract. A tombstone
+/// (`compacted_at` set) decodes with JSON `null` arguments and no result.
 pub(crate) fn decode(row: &[SqlValue]) -> Result<LedgerRow, StoreError> {
     let state = OperationState::parse(&column(row.text(15))?)
         .ok_or_else(|| contract("unknown operation state"))?;
@@ -111,7 +114,18 @@ pub(crate) fn decode(row: &[SqlValue]) -> Result<LedgerRow, StoreError> {
     let arguments = parse_stored(&arguments_text)?;
     let result_text = column(row.opt_text(16))?;
     let result_digest = column(row.opt_text(17))?;
+    let compacted_at = column(row.opt_int(23))?;
+    if compacted_at.is_some() {
+        let removed = Some(TOMBSTONE_JSON);
+        if arguments_text != TOMBSTONE_JSON
+            || result_text.as_deref() != removed
+            || !state.is_settled()
+        {
+            return Err(contract("a tombstone keeps a payload or is not settled"));
+        }
+    }
     let result = match (&result_text, &result_digest) {
+        _ if compacted_at.is_some() => None,
         (Some(text), Some(digest)) => {
             let value = parse_stored(text)?;
             if sha256_hex(text.as_bytes()) != *digest {
@@ -153,10 +167,14 @@ pub(crate) fn decode(row: &[SqlValue]) -> Result<LedgerRow, StoreError> {
         retention_deadline: column(row.opt_int(20))?,
         created_at: column(row.int(21))?,
         updated_at: column(row.int(22))?,
+        compacted_at,
         arguments,
         arguments_text,
     })
 }
+
+/// What a tombstone keeps in place of its arguments and its result: JSON `null`.
+pub(crate) const TOMBSTONE_JSON: &str = "null";
 
 /// Reads stored JSON strictly: anything but byte-identical canonical text is a
 /// storage-contract error.
@@ -213,12 +231,17 @@ pub(crate) fn check_deadlines(
         ));
     }
     if deadline_passed(retention, now) {
-        return Err(Error::new(
-            ErrorCode::OperationRetentionExpired,
-            "the operation's retention deadline has passed; it can no longer be replayed",
-        ));
+        return Err(retention_expired());
     }
     Ok(())
+}
+
+/// The refusal of a replay after the retention deadline (`operation_retention_expired`).
+pub(crate) fn retention_expired() -> Error {
+    Error::new(
+        ErrorCode::OperationRetentionExpired,
+        "the operation's retention deadline has passed; it can no longer be replayed",
+    )
 }
 
 /// The columns of a new ledger row that do not depend on how it starts: scope, digest,

@@ -31,6 +31,7 @@ mod ledger;
 pub mod model;
 pub mod operations;
 pub mod outbox;
+pub mod prune;
 pub mod runtime;
 pub mod store;
 

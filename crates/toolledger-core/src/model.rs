@@ -284,6 +284,16 @@ impl OperationState {
                 | OperationState::Failed
         )
     }
+
+    /// Whether the state is settled for good, with nothing left for an operator: `applied`,
+    /// `succeeded`, `failed`. Only a settled operation is compacted after its retention
+    /// deadline (`partial` waits for an operator, like every unfinished state).
+    pub fn is_settled(self) -> bool {
+        matches!(
+            self,
+            OperationState::Applied | OperationState::Succeeded | OperationState::Failed
+        )
+    }
 }
 
 impl fmt::Display for OperationState {

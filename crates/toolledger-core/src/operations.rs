@@ -467,7 +467,7 @@ fn stored(tx: &mut dyn EffectTx, e: crate::Error) -> StoreError {
 fn build(tx: &mut dyn EffectTx, row: &LedgerRow, now: i64) -> Result<Value, StoreError> {
     let c = &row.contract;
     let secrets = secret_values(&row.arguments);
-    let operation = json!({
+    let mut operation = json!({
         "status_ref": row.status_ref,
         "tool": row.tool,
         "key": row.key,
@@ -489,6 +489,11 @@ fn build(tx: &mut dyn EffectTx, row: &LedgerRow, now: i64) -> Result<Value, Stor
         "updated_at": row.updated_at,
         "age_seconds": now.saturating_sub(row.created_at).max(0),
     });
+    // A tombstone says so: its arguments and result were removed after its retention
+    // deadline, not never stored.
+    if let Some(at) = row.compacted_at {
+        operation["compacted_at"] = json!(at);
+    }
     let events = ledger::load_events(tx, row.id).map_err(|e| stored(tx, e))?;
     let mut claims = Vec::new();
     let mut resolution = Value::Null;

@@ -83,6 +83,16 @@ pub trait Driver: Send + Sync + std::fmt::Debug + 'static {
         tx: &mut dyn EffectTx,
     ) -> Result<(bool, serde_json::Value), StoreError>;
 
+    /// Gives at most `max_pages` free pages of the database back to the file system, inside
+    /// the write transaction `tx`, after rows were deleted; returns how many it gave back.
+    /// SQLite: `PRAGMA incremental_vacuum` on a file in `auto_vacuum = INCREMENTAL` mode (its
+    /// free pages are otherwise reused by later writes). Default (PostgreSQL, whose space
+    /// autovacuum makes reusable): nothing.
+    fn reclaim_space(&self, tx: &mut dyn EffectTx, max_pages: i64) -> Result<i64, StoreError> {
+        let _ = (tx, max_pages);
+        Ok(0)
+    }
+
     /// The driver itself, for driver-specific tools (a file's checks, benchmark counters).
     fn as_any(&self) -> &dyn Any;
 }

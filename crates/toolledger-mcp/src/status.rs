@@ -11,7 +11,8 @@
 //! says which unfinished state (e.g. `outcome_unknown`) and `statusRef` names the operation
 //! for `toolledger resolve`. Another principal's operation is indistinguishable from an
 //! absent one. `freshWriteAuthorized` is always `false`: a status answer never grants a new
-//! write.
+//! write. A tombstone (an operation compacted after its retention deadline) shows its
+//! settled state, not authoritative, with `storedResult` null: its result is no longer kept.
 
 use std::sync::Arc;
 
@@ -189,6 +190,20 @@ impl StatusTool {
                 "no ledger row for this operation id is visible to you; absence does not prove \
                  the operation was not applied"
                     .to_string(),
+                Value::Null,
+            ),
+            Some((record, _)) if record.compacted_at.is_some() => (
+                match record.state {
+                    OperationState::Failed => "failed",
+                    _ => "applied",
+                },
+                false,
+                Vec::new(),
+                format!(
+                    "the operation {}; its result was removed after its retention deadline \
+                     (a tombstone keeps its key taken)",
+                    record.state.as_str()
+                ),
                 Value::Null,
             ),
             Some((record, observer)) => {

@@ -111,6 +111,11 @@ pub const CORE_MIGRATIONS: &[Migration] = &[
         version: 4,
         sql: include_str!("sql/pg_0004_operator_index.sql"),
     },
+    Migration {
+        namespace: "toolledger",
+        version: 5,
+        sql: include_str!("sql/pg_0005_retention.sql"),
+    },
 ];
 
 /// The backend id a new database gets when none is requested.

@@ -70,6 +70,21 @@ impl Driver for SqliteStore {
         audit_checks::physical_checks(tx, journal)
     }
 
+    fn reclaim_space(&self, tx: &mut dyn EffectTx, max_pages: i64) -> Result<i64, StoreError> {
+        use toolledger_core::audit::scalar;
+        // 2: INCREMENTAL. A file created before it was the default stays NONE until an
+        // operator runs `toolledger prune --vacuum`; its free pages are reused all the same.
+        if scalar(tx, "PRAGMA auto_vacuum")? != 2 {
+            return Ok(0);
+        }
+        let before = scalar(tx, "PRAGMA freelist_count")?;
+        let pages = max_pages.max(1);
+        // Stepped to the end (a query, not a batch): each step gives back one page.
+        tx.query(&format!("PRAGMA incremental_vacuum({pages})"), &[])
+            .map_err(|e| toolledger_core::outbox::store_error(tx, e))?;
+        Ok(before - scalar(tx, "PRAGMA freelist_count")?)
+    }
+
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }

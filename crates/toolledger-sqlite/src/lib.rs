@@ -88,6 +88,11 @@ pub const CORE_MIGRATIONS: &[Migration] = &[
         version: 4,
         sql: include_str!("sql/sqlite_0004_operator_index.sql"),
     },
+    Migration {
+        namespace: "toolledger",
+        version: 5,
+        sql: include_str!("sql/sqlite_0005_retention.sql"),
+    },
 ];
 
 /// The backend id a new file gets when none is requested.
@@ -422,6 +427,9 @@ pub fn create_private_file(path: &Path) -> std::io::Result<()> {
 /// Opens a connection with the ledger's pragmas (creating the file, private, when missing).
 pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {
     create_private_file(path).map_err(|_| StoreError::Io)?;
+    // Read from the file system, not through SQLite: a read before the switch to WAL changes
+    // how a file on a read-only mount is opened.
+    let new_file = std::fs::metadata(path).is_ok_and(|m| m.len() == 0);
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -435,6 +443,15 @@ pub(crate) fn connect(path: &Path) -> Result<Connection, StoreError> {
     })?;
     conn.busy_timeout(Duration::from_millis(5000))
         .map_err(map_err)?;
+    // A new file gives the pages pruning frees back with `PRAGMA incremental_vacuum`. The
+    // mode must be asked for before the switch to WAL writes the file's first page, and only
+    // then: asked of an existing file, SQLite rewrites its header. An existing file keeps its
+    // own mode until a `VACUUM` on a connection that asked for it (`toolledger prune
+    // --vacuum`, through `raw::connect`).
+    if new_file {
+        conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL")
+            .map_err(map_err)?;
+    }
     // Switching to WAL can itself meet a busy file when several processes create it at once.
     let mut tries = 0;
     loop {

@@ -22,7 +22,7 @@
 
 pub use toolledger_core::{
     approval, audit, authz, clock, digest, downstream, effect, engine, json, key_ids, model,
-    operations, outbox, runtime,
+    operations, outbox, prune, runtime,
 };
 pub use toolledger_core::{Error, ErrorCode, OperationState, Principal, Scope, ToolContract};
 

@@ -59,6 +59,22 @@ impl Runtime {
                 "row does not belong to the scope it was read by",
             ));
         }
+        let conflict = |what: &str| -> RuntimeError {
+            Error::conflict(format!(
+                "the idempotency key was used for a different {what}"
+            ))
+            .into()
+        };
+        if record.compacted_at.is_some() {
+            // A tombstone keeps the request digest and the revisions, nothing else.
+            if record.request_digest != p.request_digest {
+                return Err(conflict("request"));
+            }
+            if record.contract != p.contract {
+                return Err(conflict("contract revision"));
+            }
+            return Ok(());
+        }
         let recomputed = digest::request_digest(
             &record.scope.tenant,
             &record.scope.subject,
@@ -71,12 +87,6 @@ impl Runtime {
                 "stored request digest does not match the stored intent",
             ));
         }
-        let conflict = |what: &str| -> RuntimeError {
-            Error::conflict(format!(
-                "the idempotency key was used for a different {what}"
-            ))
-            .into()
-        };
         if record.request_digest != p.request_digest || record.arguments_text != p.arguments_text {
             return Err(conflict("request"));
         }
@@ -96,6 +106,16 @@ impl Runtime {
 
     /// Answer for an existing, matching row after re-authorization (`not_found` otherwise).
     pub(super) fn answer_existing(record: &DeferredRecord) -> Result<Answer, RuntimeError> {
+        if record.compacted_at.is_some() {
+            return Err(Error::new(
+                ErrorCode::OperationRetentionExpired,
+                format!(
+                    "the operation {} and its result was removed after its retention deadline",
+                    record.state
+                ),
+            )
+            .into());
+        }
         match record.state {
             OperationState::Succeeded | OperationState::Failed => Ok(Answer::Done {
                 status_ref: record.status_ref.clone(),

@@ -54,6 +54,10 @@ pub struct DeferredRecord {
     pub authority_deadline: Option<i64>,
     /// First second at which a replay is refused; the row stays as a tombstone.
     pub retention_deadline: Option<i64>,
+    /// When the operation was compacted to a tombstone after its retention deadline. A
+    /// tombstone keeps no arguments (JSON `null`), result, intent context or events: its
+    /// provider context and downstream key are empty.
+    pub compacted_at: Option<i64>,
 }
 
 /// A ledger row ([`crate::operation_columns!`]) followed by its intent context. The intent
@@ -76,10 +80,13 @@ fn decode(row: &[SqlValue]) -> Result<Option<DeferredRecord>, StoreError> {
     if column(row.text(EFFECT_KIND_COLUMN))? != "deferred" {
         return Ok(None);
     }
+    let r = ledger::decode(row)?;
+    if r.compacted_at.is_some() {
+        return Ok(Some(tombstone(r)));
+    }
     if column(row.opt_int(I))?.is_none() {
         return Err(contract("deferred operation has no intent context"));
     }
-    let r = ledger::decode(row)?;
     let text = |k: usize| column(row.text(I + k));
     let approval = match (
         column(row.opt_text(I + 8))?,
@@ -100,7 +107,40 @@ fn decode(row: &[SqlValue]) -> Result<Option<DeferredRecord>, StoreError> {
         }
         _ => return Err(contract("approval binding is incomplete")),
     };
-    Ok(Some(DeferredRecord {
+    let provider = ProviderContext {
+        provider: text(1)?,
+        api_family: text(2)?,
+        adapter_revision: text(3)?,
+        turn_id: text(4)?,
+        call_id: text(5)?,
+        response_id: text(6)?,
+    };
+    Ok(Some(record(r, provider, text(7)?, approval)))
+}
+
+/// The deferred view of a tombstone: no intent context remains (empty provider context and
+/// downstream key, no approval).
+fn tombstone(r: ledger::LedgerRow) -> DeferredRecord {
+    let none = String::new;
+    let provider = ProviderContext {
+        provider: none(),
+        api_family: none(),
+        adapter_revision: none(),
+        turn_id: none(),
+        call_id: none(),
+        response_id: none(),
+    };
+    record(r, provider, none(), None)
+}
+
+/// A ledger row with its intent context.
+fn record(
+    r: ledger::LedgerRow,
+    provider: ProviderContext,
+    downstream_key: String,
+    approval: Option<IntentApproval>,
+) -> DeferredRecord {
+    DeferredRecord {
         id: r.id,
         scope: Scope {
             tenant: r.tenant,
@@ -115,19 +155,13 @@ fn decode(row: &[SqlValue]) -> Result<Option<DeferredRecord>, StoreError> {
         state: r.state,
         result: r.result,
         status_ref: r.status_ref,
-        provider: ProviderContext {
-            provider: text(1)?,
-            api_family: text(2)?,
-            adapter_revision: text(3)?,
-            turn_id: text(4)?,
-            call_id: text(5)?,
-            response_id: text(6)?,
-        },
-        downstream_key: text(7)?,
+        provider,
+        downstream_key,
         approval,
         authority_deadline: r.authority_deadline,
         retention_deadline: r.retention_deadline,
-    }))
+        compacted_at: r.compacted_at,
+    }
 }
 
 /// Outcome of loading a scope's row: absent, an inline operation under the same scope, or a

@@ -1,0 +1,309 @@
+//! `toolledger prune` through the built binary on both backends: its JSON summary, a dry run,
+//! a limit, the answers of a tombstone (replay, another intent), the horizon, and a SIGKILL
+//! in the middle of pruning under load, after which `audit` passes and every acknowledged
+//! operation is still answered.
+
+#[macro_use]
+mod support;
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::wire::{Db, Ledger};
+use support::Run;
+use toolledger::clock::{ManualClock, SharedClock};
+use toolledger::effect::EffectTx;
+use toolledger::engine::{Engine, InlineEffect};
+use toolledger::{Error, ErrorCode, Principal};
+use toolledger_testkit::calls::{inline_call, principal};
+
+/// The tests' clock.
+const T0: i64 = 1_800_000_000;
+
+fn run(db: &Db, cmd: &str, args: &[&str]) -> Run {
+    support::toolledger()
+        .arg(cmd)
+        .args(db.store_args())
+        .args(args)
+        .envs(db.key_env())
+        .output()
+        .unwrap()
+        .into()
+}
+
+fn automation(db: &Db, key: &str, minutes: i64, at: i64, replay_ttl: i64) -> Value {
+    let args = json!({"request_id": key, "interval_minutes": minutes}).to_string();
+    let (at, ttl) = (at.to_string(), replay_ttl.to_string());
+    let flags = [
+        "create_automation",
+        "--principal",
+        "alice",
+        "--args",
+        &args,
+        "--clock-epoch",
+        &at,
+        "--replay-ttl",
+        &ttl,
+        "--authority-ttl",
+        "100000",
+    ];
+    run(db, "call", &flags).json()
+}
+
+fn prune(db: &Db, at: i64, extra: &[&str]) -> Value {
+    let at = at.to_string();
+    let mut args = vec!["--clock-epoch", &at];
+    args.extend_from_slice(extra);
+    let r = run(db, "prune", &args);
+    assert_eq!(r.code, 0, "{} {}", r.stdout, r.stderr);
+    r.json()
+}
+
+fn audit_passes(db: &Db) {
+    let r = run(db, "audit", &[]);
+    assert_eq!(r.code, 0, "{}", r.stdout);
+}
+
+fn prune_compacts_answers_and_forgets(db: Db) {
+    for key in ["r1", "r2", "r3"] {
+        assert_eq!(automation(&db, key, 60, T0, 100)["replayed"], false);
+    }
+    assert_eq!(automation(&db, "r4", 60, T0, 100_000)["replayed"], false);
+    let dry = prune(&db, T0 + 100, &["--dry-run"]);
+    assert_eq!(
+        (&dry["compacted"], &dry["dry_run"]),
+        (&json!(3), &json!(true))
+    );
+    assert_eq!(dry["rows"], json!({"live": 4, "tombstones": 0}));
+    let some = prune(&db, T0 + 100, &["--limit", "2", "--batch", "1"]);
+    assert_eq!(some["compacted"], 2, "{some}");
+    let rest = prune(&db, T0 + 100, &[]);
+    assert_eq!(
+        (&rest["compacted"], &rest["deleted"], &rest["busy"]),
+        (&json!(1), &json!(0), &json!(false)),
+        "{rest}"
+    );
+    assert_eq!(rest["rows"], json!({"live": 1, "tombstones": 3}));
+    assert_eq!(rest["totals"]["compacted_total"], 3);
+    let clock: SharedClock = Arc::new(ManualClock::new(T0 + 100));
+    let metrics = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(toolledger_cli::telemetry::render(&db.store(), &clock))
+        .unwrap();
+    for line in [
+        "toolledger_operation_rows{kind=\"live\"} 1",
+        "toolledger_operation_rows{kind=\"tombstone\"} 3",
+        "toolledger_pruned_rows{kind=\"compacted\"} 3",
+        "toolledger_unsettled_past_retention 0",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in {metrics}");
+    }
+
+    let replay = automation(&db, "r1", 60, T0 + 100, 100);
+    assert_eq!(
+        replay["error"]["code"], "operation_retention_expired",
+        "{replay}"
+    );
+    let other = automation(&db, "r1", 61, T0 + 100, 100);
+    assert_eq!(other["error"]["code"], "operation_conflict", "{other}");
+    assert_eq!(
+        automation(&db, "r4", 60, T0 + 100, 100_000)["replayed"],
+        true
+    );
+    let tombstone =
+        db.pairs("SELECT status_ref, state FROM operations WHERE idempotency_key = 'r1'");
+    let status = run(&db, "status", &["--status-ref", &tombstone[0].0]).json();
+    assert_eq!(
+        (&status["status"], &status["result"]),
+        (&json!("applied"), &Value::Null)
+    );
+    assert_eq!(status["compacted_at"], T0 + 100, "{status}");
+    let args = json!({"operation_id": "r1"}).to_string();
+    let mcp = [
+        "get_operation_status",
+        "--principal",
+        "alice",
+        "--args",
+        &args,
+    ];
+    let mcp = run(&db, "call", &mcp).json();
+    assert_eq!(
+        (&mcp["state"], &mcp["storedResult"], &mcp["authoritative"]),
+        (&json!("applied"), &Value::Null, &json!(false)),
+        "{mcp}"
+    );
+    audit_passes(&db);
+
+    let kept = prune(&db, T0 + 100, &["--tombstone-ttl", "never"]);
+    assert_eq!(kept["deleted"], 0);
+    let gone = prune(&db, T0 + 100 + 3_600, &["--tombstone-ttl", "1h"]);
+    assert_eq!(gone["deleted"], 3, "{gone}");
+    assert_eq!(gone["rows"], json!({"live": 1, "tombstones": 0}));
+    let again = automation(&db, "r1", 61, T0 + 3_700, 100);
+    assert_eq!(again["replayed"], false, "the key was forgotten: {again}");
+    audit_passes(&db);
+}
+
+/// An inline effect that writes nothing but its ledger row.
+struct Noop;
+
+impl InlineEffect for Noop {
+    fn apply(&self, _: &mut dyn EffectTx, _: &Principal) -> Result<Value, Error> {
+        Ok(json!({"ok": true}))
+    }
+}
+
+/// One call of the no-op tool under `key`, its result kept until `retention`.
+async fn noop(e: &Engine, key: &str, retention: Option<i64>) -> Result<bool, Error> {
+    let mut call = inline_call(&principal("acme", "alice"), "noop", key, json!({"k": key}));
+    call.retention_deadline = retention;
+    e.execute_inline(call, Arc::new(Noop))
+        .await
+        .map(|o| o.replayed)
+}
+
+/// Calls of `keys` at once, all acknowledged fresh.
+async fn fresh(e: &Engine, keys: Vec<String>, retention: Option<i64>) {
+    let tasks: Vec<_> = keys
+        .into_iter()
+        .map(|k| {
+            let e = e.clone();
+            tokio::spawn(async move { noop(&e, &k, retention).await })
+        })
+        .collect();
+    for t in tasks {
+        assert!(!t.await.unwrap().unwrap());
+    }
+}
+
+fn sigkill_while_pruning_under_load_keeps_the_ledger_whole(db: Db) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let clock = ManualClock::new(T0);
+    let shared: SharedClock = Arc::new(clock.clone());
+    let e = Engine::new(db.store(), shared);
+    let expired: Vec<String> = (0..400).map(|i| format!("e{i}")).collect();
+    let kept: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
+    rt.block_on(fresh(&e, expired.clone(), Some(T0 + 10)));
+    rt.block_on(fresh(&e, kept.clone(), Some(T0 + 1_000_000)));
+    clock.set(T0 + 100);
+
+    // Load: fresh calls, each acknowledged key remembered, while a pruner works in batches
+    // of one row; the pruner is killed once it has committed some.
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = {
+        let (e, stop) = (e.clone(), stop.clone());
+        rt.spawn(async move {
+            let mut acked = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                let key = format!("l{}", acked.len());
+                if let Ok(false) = noop(&e, &key, None).await {
+                    acked.push(key);
+                }
+            }
+            acked
+        })
+    };
+    let at = (T0 + 100).to_string();
+    let mut child = support::toolledger()
+        .arg("prune")
+        .args(db.store_args())
+        .args(["--batch", "1", "--clock-epoch", &at])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let compacted = "SELECT compacted_total FROM prune_state";
+    while db.scalar(compacted) < 10 {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the pruner ended early"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child.kill().unwrap(); // SIGKILL
+    let status = child.wait().unwrap();
+    assert_eq!(status.signal(), Some(9), "killed mid-run: {status:?}");
+    stop.store(true, Ordering::SeqCst);
+    let acked = rt.block_on(load).unwrap();
+    assert!(!acked.is_empty());
+    audit_passes(&db);
+
+    rt.block_on(async {
+        for key in kept.iter().chain(&acked) {
+            assert_eq!(
+                noop(&e, key, None).await.map_err(|e| e.code),
+                Ok(true),
+                "{key}"
+            );
+        }
+        for key in &expired {
+            let answer = noop(&e, key, Some(T0 + 10)).await.map_err(|e| e.code);
+            assert_eq!(answer, Err(ErrorCode::OperationRetentionExpired), "{key}");
+        }
+    });
+    let rest = prune(&db, T0 + 100, &[]);
+    let before = db.scalar("SELECT count(*) FROM operations WHERE compacted_at IS NOT NULL");
+    assert_eq!(before, 400, "{rest}");
+    assert_eq!(rest["totals"]["compacted_total"], 400, "{rest}");
+    audit_passes(&db);
+}
+
+#[test]
+fn vacuum_switches_an_older_sqlite_file_to_incremental() {
+    let db = Db::sqlite();
+    automation(&db, "r1", 60, T0, 100);
+    let Db::Sqlite(file) = &db else {
+        unreachable!()
+    };
+    // A file from before `auto_vacuum = INCREMENTAL` was the default.
+    let conn = rusqlite::Connection::open(file.path()).unwrap();
+    conn.execute_batch("PRAGMA auto_vacuum = NONE; VACUUM;")
+        .unwrap();
+    let mode = |c: &rusqlite::Connection| {
+        c.query_row("PRAGMA auto_vacuum", [], |r| r.get::<_, i64>(0))
+            .unwrap()
+    };
+    assert_eq!(mode(&conn), 0);
+    let r = prune(&db, T0 + 100, &["--vacuum"]);
+    assert_eq!(r["compacted"], 1, "{r}");
+    assert_eq!(r["vacuum"]["auto_vacuum"], "incremental", "{r}");
+    let fresh = rusqlite::Connection::open(file.path()).unwrap();
+    assert_eq!(mode(&fresh), 2);
+    audit_passes(&db);
+}
+
+fn a_worker_prunes_in_the_background(db: Db) {
+    automation(&db, "r1", 60, T0, 100);
+    let at = (T0 + 100).to_string();
+    let mut worker = support::toolledger()
+        .arg("worker")
+        .args(db.store_args())
+        .args(["--clock-epoch", &at, "--prune-interval", "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let compacted = "SELECT compacted_total FROM prune_state";
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    while db.scalar(compacted) == 0 {
+        assert!(std::time::Instant::now() < give_up, "no background pass");
+        assert!(worker.try_wait().unwrap().is_none(), "the worker ended");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SIGTERM: the worker stops its pruner and exits cleanly.
+    unsafe { libc::kill(worker.id() as i32, libc::SIGTERM) };
+    assert!(worker.wait().unwrap().success());
+    let rows = "SELECT count(*) FROM operations WHERE compacted_at IS NOT NULL";
+    assert_eq!(db.scalar(rows), 1);
+    audit_passes(&db);
+}
+
+on_both_backends!(
+    prune_compacts_answers_and_forgets,
+    sigkill_while_pruning_under_load_keeps_the_ledger_whole,
+    a_worker_prunes_in_the_background
+);

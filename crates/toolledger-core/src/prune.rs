@@ -1,0 +1,471 @@
+//! Storage over years: compaction after retention and the tombstone horizon.
+//!
+//! [`prune`] does, in bounded batches of short write transactions:
+//!
+//! 1. **Compaction.** An operation that is settled (`applied`, `succeeded`, `failed`) and whose
+//!    retention deadline has passed (`retention_deadline <= now`) loses its payload: its
+//!    events, intent context, outbox event and local receipt are deleted, its arguments and
+//!    result become JSON `null`, and `compacted_at` is set. What remains is a **tombstone**:
+//!    scope, request digest, fingerprint, revisions, state, deadlines, status reference. A
+//!    replay of it is refused with `operation_retention_expired` (or
+//!    `operation_authority_expired`, which is checked first), another intent under its key is
+//!    `operation_conflict`, and a status read shows its state without a result. Unsettled
+//!    operations (`in_progress`, `partial`, `accepted`, `processing`, `outcome_unknown`,
+//!    `dead`) are never touched: they wait for an operator and are reported as kept.
+//! 2. **The horizon.** A tombstone whose retention deadline lies `tombstone_ttl` seconds or
+//!    more in the past is deleted; its key is forgotten and may be used again. The approval
+//!    its operation consumed stays (an approval id is never issued twice, and business rows
+//!    may refer to it): it is only unlinked from the deleted row. With no horizon (`None`,
+//!    the CLI's `never`) nothing is deleted.
+//!
+//! One pruner at a time per ledger: every batch transaction first locks the one row of
+//! `prune_state` without waiting ([`EffectTx::query_opt_locked`]: `FOR UPDATE SKIP LOCKED` on
+//! PostgreSQL; SQLite's single writer serializes anyway). A pruner that finds it locked stops
+//! and reports `busy`, so two pruners never work on the same rows and never wait for each
+//! other; writers of operations never touch that row. The rows a batch changes are past
+//! their retention deadline and settled, so no call writes them any more.
+
+use serde::Serialize;
+
+use crate::clock::SharedClock;
+use crate::digest::sha256_hex;
+use crate::effect::{EffectTx, RowExt, SqlValue};
+use crate::ledger::TOMBSTONE_JSON;
+use crate::model::Error;
+use crate::outbox::store_error;
+use crate::store::{Store, StoreError};
+
+/// Rows changed in one transaction unless [`PruneOptions::batch`] says otherwise.
+pub const DEFAULT_BATCH: usize = 500;
+
+/// The tombstone horizon unless configured otherwise: 30 days after the retention deadline.
+pub const DEFAULT_TOMBSTONE_TTL_SECS: i64 = 30 * 86_400;
+
+/// What one run of [`prune`] does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PruneOptions {
+    /// Most operations compacted and most tombstones deleted in this run (each); `None`:
+    /// until nothing is left.
+    pub limit: Option<u64>,
+    /// Most rows changed in one transaction (at least 1).
+    pub batch: usize,
+    /// Seconds after its retention deadline at which a tombstone is deleted; `None`: never.
+    pub tombstone_ttl: Option<i64>,
+    /// Count what would be done, change nothing.
+    pub dry_run: bool,
+}
+
+impl Default for PruneOptions {
+    fn default() -> Self {
+        PruneOptions {
+            limit: None,
+            batch: DEFAULT_BATCH,
+            tombstone_ttl: Some(DEFAULT_TOMBSTONE_TTL_SECS),
+            dry_run: false,
+        }
+    }
+}
+
+/// What one run of [`prune`] did (or, dry, would do).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PruneReport {
+    /// Operations compacted to tombstones.
+    pub compacted: u64,
+    /// Tombstones deleted at the horizon (their keys forgotten).
+    pub deleted: u64,
+    /// Operations past their retention deadline kept because they are not settled.
+    pub kept_unsettled: u64,
+    /// Seconds since the oldest of those was created (`None` when there is none).
+    pub oldest_unsettled_age_seconds: Option<i64>,
+    /// Write transactions committed.
+    pub batches: u64,
+    /// Another pruner held the ledger's prune lease: this run stopped early.
+    pub busy: bool,
+    /// Nothing was changed: the counts say what a run would do.
+    pub dry_run: bool,
+    /// Free pages given back to the file system afterwards (SQLite in `auto_vacuum =
+    /// INCREMENTAL` mode; 0 elsewhere).
+    pub reclaimed_pages: i64,
+    /// "Now" of the run (Unix seconds).
+    pub now: i64,
+}
+
+/// The pruner's running totals, kept in the ledger (`prune_state`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PruneTotals {
+    /// Operations compacted, ever.
+    pub compacted_total: i64,
+    /// Tombstones deleted, ever.
+    pub deleted_total: i64,
+    /// When a pruner last committed a batch.
+    pub last_run_at: Option<i64>,
+}
+
+/// Operation rows by kind: live (with their payload) and tombstones.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RowCounts {
+    /// Rows with their payload.
+    pub live: i64,
+    /// Tombstones.
+    pub tombstones: i64,
+}
+
+/// The live, settled operations past their retention deadline, oldest deadline first.
+const COMPACTABLE: &str = "SELECT id FROM operations
+     WHERE compacted_at IS NULL AND retention_deadline IS NOT NULL AND retention_deadline <= ?1
+       AND (state = 'applied' OR state = 'succeeded' OR state = 'failed')
+     ORDER BY retention_deadline LIMIT ?2";
+
+/// The tombstones whose retention deadline is at or before `?1` (now minus the horizon).
+const EXPIRED_TOMBSTONES: &str = "SELECT id FROM operations
+     WHERE compacted_at IS NOT NULL AND retention_deadline <= ?1
+     ORDER BY retention_deadline LIMIT ?2";
+
+/// The live operations past their retention deadline that are not settled.
+const KEPT: &str = "SELECT count(*), min(created_at) FROM operations
+     WHERE compacted_at IS NULL AND retention_deadline IS NOT NULL AND retention_deadline <= ?1
+       AND state <> 'applied' AND state <> 'succeeded' AND state <> 'failed'";
+
+/// Runs one pass of compaction and the horizon over `store` at `clock`'s now.
+///
+/// A failure is the store's (its kind kept: `unavailable` and the like); batches committed
+/// before it stay committed.
+pub async fn prune(
+    store: &Store,
+    clock: &SharedClock,
+    opts: &PruneOptions,
+) -> Result<PruneReport, StoreError> {
+    let now = clock.now();
+    let batch = opts.batch.max(1) as u64;
+    let mut report = PruneReport {
+        dry_run: opts.dry_run,
+        now,
+        ..PruneReport::default()
+    };
+    let cap = opts.limit.unwrap_or(u64::MAX);
+    if opts.dry_run {
+        dry_run(store, now, opts.tombstone_ttl, cap, &mut report).await?;
+    } else {
+        while report.compacted < cap {
+            let n = batch.min(cap - report.compacted) as i64;
+            let Some(done) = store
+                .write(move |tx: &mut dyn EffectTx| {
+                    compact_batch(tx, now, n).map_err(|e| store_error(tx, e))
+                })
+                .await?
+            else {
+                report.busy = true;
+                break;
+            };
+            report.batches += 1;
+            report.compacted += done;
+            if (done as i64) < n {
+                break;
+            }
+        }
+        if let (false, Some(ttl)) = (report.busy, opts.tombstone_ttl) {
+            let horizon = now.saturating_sub(ttl);
+            while report.deleted < cap {
+                let n = batch.min(cap - report.deleted) as i64;
+                let Some(done) = store
+                    .write(move |tx: &mut dyn EffectTx| {
+                        delete_batch(tx, now, horizon, n).map_err(|e| store_error(tx, e))
+                    })
+                    .await?
+                else {
+                    report.busy = true;
+                    break;
+                };
+                report.batches += 1;
+                report.deleted += done;
+                if (done as i64) < n {
+                    break;
+                }
+            }
+        }
+    }
+    if !opts.dry_run && report.compacted + report.deleted > 0 {
+        report.reclaimed_pages = reclaim(store).await?;
+    }
+    let (kept, oldest) = store
+        .read(move |tx: &mut dyn EffectTx| kept(tx, now).map_err(|e| store_error(tx, e)))
+        .await?;
+    report.kept_unsettled = kept.max(0) as u64;
+    report.oldest_unsettled_age_seconds = oldest.map(|c| now.saturating_sub(c).max(0));
+    Ok(report)
+}
+
+/// Seconds between two background prune passes unless configured otherwise (`serve`,
+/// `proxy` and `worker`'s `--prune-interval`; 0 turns the background pruner off).
+pub const DEFAULT_INTERVAL_SECS: u64 = 300;
+
+/// Runs [`prune`] every `every` (the first pass one interval after the start) until
+/// `shutdown` completes: the background pruner of `serve`, `proxy` and `worker`. Each pass
+/// works until nothing is left to do, in batches of [`PruneOptions::batch`] rows, each its
+/// own write transaction. A pass that fails is logged (target
+/// `toolledger::prune`, warn) and the next one runs on time; a pass that finds another pruner
+/// working ends early (`busy`) and is not an error. Each pass records
+/// `toolledger_prune_rows_total{kind}` (`compacted`, `deleted`) and
+/// `toolledger_prune_passes_total{outcome}` (`ok`, `busy`, `failed`).
+pub async fn run_every<F: std::future::Future>(
+    store: Store,
+    clock: SharedClock,
+    opts: PruneOptions,
+    every: std::time::Duration,
+    shutdown: F,
+) -> F::Output {
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            biased;
+            stopped = &mut shutdown => return stopped,
+            _ = tokio::time::sleep(every) => {}
+        }
+        tokio::select! {
+            biased;
+            stopped = &mut shutdown => return stopped,
+            res = prune(&store, &clock, &opts) => record(&res),
+        }
+    }
+}
+
+/// Logs and counts one background pass.
+fn record(res: &Result<PruneReport, StoreError>) {
+    match res {
+        Ok(r) => {
+            for (kind, n) in [("compacted", r.compacted), ("deleted", r.deleted)] {
+                metrics::counter!("toolledger_prune_rows_total", "kind" => kind).increment(n);
+            }
+            let outcome = if r.busy { "busy" } else { "ok" };
+            metrics::counter!("toolledger_prune_passes_total", "outcome" => outcome).increment(1);
+            if r.compacted + r.deleted > 0 {
+                tracing::info!(
+                    target: "toolledger::prune",
+                    compacted = r.compacted,
+                    deleted = r.deleted,
+                    kept_unsettled = r.kept_unsettled,
+                    "prune pass"
+                );
+            }
+        }
+        Err(e) => {
+            metrics::counter!("toolledger_prune_passes_total", "outcome" => "failed").increment(1);
+            tracing::warn!(
+                target: "toolledger::prune",
+                code = e.cli_code(),
+                error = %e.caller_error().message,
+                "prune pass failed"
+            );
+        }
+    }
+}
+
+/// Pages given back per transaction by [`reclaim`].
+const RECLAIM_STEP: i64 = 1_000;
+
+/// Gives the database's free pages back to the file system in steps of [`RECLAIM_STEP`]
+/// pages, each its own short write transaction ([`crate::store::Driver::reclaim_space`]).
+async fn reclaim(store: &Store) -> Result<i64, StoreError> {
+    let mut total = 0;
+    // Bounded: the pruner's next pass goes on where this one stopped.
+    for _ in 0..100 {
+        let handle = store.clone();
+        let n = store
+            .write(move |tx: &mut dyn EffectTx| handle.driver().reclaim_space(tx, RECLAIM_STEP))
+            .await?;
+        total += n;
+        if n < RECLAIM_STEP {
+            break;
+        }
+    }
+    Ok(total)
+}
+
+/// How many live operations past their retention deadline at `now` are not settled (they
+/// wait for an operator, and pruning keeps them), and the creation time of the oldest.
+pub fn kept(tx: &mut dyn EffectTx, now: i64) -> Result<(i64, Option<i64>), Error> {
+    let row = tx
+        .query_opt(KEPT, &[now.into()])?
+        .ok_or_else(|| Error::unavailable("no count"))?;
+    Ok((row.int(0)?, row.opt_int(1)?))
+}
+
+/// Counts what a run would do, within `cap` for each kind.
+async fn dry_run(
+    store: &Store,
+    now: i64,
+    ttl: Option<i64>,
+    cap: u64,
+    report: &mut PruneReport,
+) -> Result<(), StoreError> {
+    let cap = cap.min(i64::MAX as u64) as i64;
+    let (compacted, deleted) = store
+        .read(move |tx: &mut dyn EffectTx| {
+            dry_counts(tx, now, ttl, cap).map_err(|e| store_error(tx, e))
+        })
+        .await?;
+    report.compacted = compacted.max(0) as u64;
+    report.deleted = deleted.max(0) as u64;
+    Ok(())
+}
+
+/// What a run would compact and delete: `(operations, tombstones)`.
+fn dry_counts(
+    tx: &mut dyn EffectTx,
+    now: i64,
+    ttl: Option<i64>,
+    cap: i64,
+) -> Result<(i64, i64), Error> {
+    let count = |tx: &mut dyn EffectTx, sql: &str, at: i64, cap: i64| {
+        let sql = format!("SELECT count(*) FROM ({sql}) AS c");
+        tx.query_opt(&sql, &[at.into(), cap.into()])?
+            .ok_or_else(|| Error::unavailable("no count"))?
+            .int(0)
+    };
+    let compacted = count(tx, COMPACTABLE, now, cap)?;
+    let Some(ttl) = ttl else {
+        return Ok((compacted, 0));
+    };
+    let deleted = count(tx, EXPIRED_TOMBSTONES, now.saturating_sub(ttl), cap)?;
+    Ok((compacted, deleted))
+}
+
+/// Takes the ledger's prune lease for this transaction; `false` when another pruner holds it.
+fn take_lease(tx: &mut dyn EffectTx) -> Result<bool, Error> {
+    Ok(tx
+        .query_opt_locked("SELECT id FROM prune_state WHERE id = 1", &[])?
+        .is_some())
+}
+
+/// The ids a query of `(?1, ?2)` selects.
+fn ids(tx: &mut dyn EffectTx, sql: &str, at: i64, n: i64) -> Result<Vec<SqlValue>, Error> {
+    tx.query(sql, &[at.into(), n.into()])?
+        .into_iter()
+        .map(|r| {
+            r.into_iter()
+                .next()
+                .ok_or_else(|| Error::unavailable("no id"))
+        })
+        .collect()
+}
+
+/// `?{from}, ?{from+1}, …` for `n` parameters.
+fn marks(from: usize, n: usize) -> String {
+    (from..from + n)
+        .map(|i| format!("?{i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Compacts up to `n` operations; `None` when another pruner holds the lease.
+fn compact_batch(tx: &mut dyn EffectTx, now: i64, n: i64) -> Result<Option<u64>, Error> {
+    if !take_lease(tx)? {
+        return Ok(None);
+    }
+    let ids = ids(tx, COMPACTABLE, now, n)?;
+    if ids.is_empty() {
+        return Ok(Some(0));
+    }
+    let list = marks(1, ids.len());
+    for table in [
+        "operation_events",
+        "local_receipts",
+        "outbox",
+        "deferred_intents",
+    ] {
+        tx.execute(
+            &format!("DELETE FROM {table} WHERE operation_id IN ({list})"),
+            &ids,
+        )?;
+    }
+    let k = ids.len();
+    let mut params = ids;
+    params.push(TOMBSTONE_JSON.into());
+    params.push(sha256_hex(TOMBSTONE_JSON.as_bytes()).into());
+    params.push(now.into());
+    let done = tx.execute(
+        &format!(
+            "UPDATE operations SET arguments = ?{a}, result = ?{a}, result_digest = ?{d},
+                 compacted_at = ?{t}
+             WHERE id IN ({list}) AND compacted_at IS NULL",
+            a = k + 1,
+            d = k + 2,
+            t = k + 3,
+        ),
+        &params,
+    )? as u64;
+    tx.execute(
+        "UPDATE prune_state SET compacted_total = compacted_total + ?1, last_run_at = ?2
+         WHERE id = 1",
+        &[(done as i64).into(), now.into()],
+    )?;
+    Ok(Some(done))
+}
+
+/// Deletes up to `n` tombstones past the horizon, unlinking the approvals their operations
+/// consumed (which stay, consumed); `None` when another pruner holds the lease.
+fn delete_batch(
+    tx: &mut dyn EffectTx,
+    now: i64,
+    horizon: i64,
+    n: i64,
+) -> Result<Option<u64>, Error> {
+    if !take_lease(tx)? {
+        return Ok(None);
+    }
+    let ids = ids(tx, EXPIRED_TOMBSTONES, horizon, n)?;
+    if ids.is_empty() {
+        return Ok(Some(0));
+    }
+    let list = marks(1, ids.len());
+    tx.execute(
+        &format!(
+            "UPDATE approvals SET consumed_operation = NULL WHERE consumed_operation IN ({list})"
+        ),
+        &ids,
+    )?;
+    let done = tx.execute(
+        &format!("DELETE FROM operations WHERE id IN ({list}) AND compacted_at IS NOT NULL"),
+        &ids,
+    )? as u64;
+    tx.execute(
+        "UPDATE prune_state SET deleted_total = deleted_total + ?1, last_run_at = ?2
+         WHERE id = 1",
+        &[(done as i64).into(), now.into()],
+    )?;
+    Ok(Some(done))
+}
+
+/// The pruner's running totals (read-only).
+pub async fn totals(store: &Store) -> Result<PruneTotals, StoreError> {
+    store
+        .read(|tx: &mut dyn EffectTx| totals_in(tx).map_err(|e| store_error(tx, e)))
+        .await
+}
+
+/// The pruner's running totals in the snapshot `tx` reads.
+pub fn totals_in(tx: &mut dyn EffectTx) -> Result<PruneTotals, Error> {
+    let row = tx
+        .query_opt(
+            "SELECT compacted_total, deleted_total, last_run_at FROM prune_state WHERE id = 1",
+            &[],
+        )?
+        .ok_or_else(|| Error::unavailable("the prune state is missing"))?;
+    Ok(PruneTotals {
+        compacted_total: row.int(0)?,
+        deleted_total: row.int(1)?,
+        last_run_at: row.opt_int(2)?,
+    })
+}
+
+/// Operation rows by kind, live and tombstones, in the snapshot `tx` reads.
+pub fn row_counts(tx: &mut dyn EffectTx) -> Result<RowCounts, Error> {
+    let row = tx
+        .query_opt("SELECT count(*), count(compacted_at) FROM operations", &[])?
+        .ok_or_else(|| Error::unavailable("no count"))?;
+    let (all, tombstones) = (row.int(0)?, row.int(1)?);
+    Ok(RowCounts {
+        live: all - tombstones,
+        tombstones,
+    })
+}

@@ -1,0 +1,389 @@
+//! Compaction after retention and the tombstone horizon (`toolledger::prune`) on each driver:
+//! what is compacted and what is never touched, how a tombstone answers a replay, a new intent
+//! and a status read, the horizon and its `never`, dry runs, limits, and concurrent pruners.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use toolledger::audit;
+use toolledger::clock::SharedClock;
+use toolledger::engine::{Engine, InlineCall};
+use toolledger::prune::{self, PruneOptions, PruneReport};
+use toolledger::runtime::{Answer, Deadlines, Runtime, RuntimeError, StatusQuery};
+use toolledger::store::Store;
+use toolledger::{ErrorCode, OperationState, Principal};
+use toolledger_testkit::both_drivers;
+use toolledger_testkit::calls::principal;
+use toolledger_testkit::conformance::harness::accept_new;
+use toolledger_testkit::conformance::{
+    engine, ship, widget_call, Harness, WidgetEffect, World, T0,
+};
+use toolledger_testkit::db::{count, scalar};
+
+/// Retention of the operations the tests make: 100 seconds.
+const RETENTION: i64 = 100;
+
+fn widget(name: &str) -> Arc<WidgetEffect> {
+    Arc::new(WidgetEffect {
+        name: name.into(),
+        fail_after_insert: false,
+    })
+}
+
+/// A widget call under `key` whose retention deadline is `retention`.
+fn call(p: &Principal, key: &str, name: &str, retention: Option<i64>) -> InlineCall {
+    let mut c = widget_call(p, key, name);
+    c.retention_deadline = retention;
+    c
+}
+
+fn opts(ttl: Option<i64>) -> PruneOptions {
+    PruneOptions {
+        tombstone_ttl: ttl,
+        ..PruneOptions::default()
+    }
+}
+
+/// Widget calls under `keys`, each kept until `T0 + RETENTION`.
+async fn expiring(e: &Engine, p: &Principal, keys: impl Iterator<Item = String>) {
+    for key in keys {
+        let c = call(p, &key, "gear", Some(T0 + RETENTION));
+        e.execute_inline(c, widget("gear")).await.unwrap();
+    }
+}
+
+async fn run(e: &Engine, o: &PruneOptions) -> PruneReport {
+    prune::prune(e.store(), e.clock(), o).await.expect("prune")
+}
+
+async fn no_violations(store: &Store) {
+    let v = store
+        .read(|tx: &mut dyn toolledger::effect::EffectTx| audit::violations(tx))
+        .await
+        .expect("audit");
+    assert!(v.is_empty(), "{v:?}");
+}
+
+fn refused(r: Result<Answer, RuntimeError>) -> ErrorCode {
+    match r {
+        Err(RuntimeError::Refused(e)) => e.code,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// A runtime of `w` whose operations keep their results for [`RETENTION`] seconds.
+fn runtime(w: &World, h: &Harness) -> Runtime {
+    w.runtime(h).with_deadlines(Deadlines {
+        authority_ttl: None,
+        retention_ttl: Some(RETENTION),
+    })
+}
+
+async fn compaction_touches_only_settled_operations_past_retention(h: &Harness) {
+    let (e, clock) = engine(h);
+    let alice = principal("t1", "alice");
+    for (key, retention) in [
+        ("old", Some(T0 + RETENTION)),
+        ("young", Some(T0 + 10 * RETENTION)),
+        ("forever", None),
+    ] {
+        e.execute_inline(call(&alice, key, key, retention), widget(key))
+            .await
+            .unwrap();
+    }
+    let w = World::new(h).await;
+    let rt = runtime(&w, h);
+    let delivered = rt.dispatch(&ship("shipped", "p1"), None).await.unwrap();
+    assert!(matches!(
+        delivered,
+        Answer::Done {
+            state: OperationState::Succeeded,
+            ..
+        }
+    ));
+    let (_, waiting) = accept_new(&rt, &ship("waiting", "p2")).await;
+
+    clock.set(T0 + 2 * RETENTION);
+    w.clock.set(T0 + 2 * RETENTION);
+    let r = run(&e, &opts(None)).await;
+    assert_eq!(
+        (r.compacted, r.deleted, r.kept_unsettled),
+        (2, 0, 1),
+        "{r:?}"
+    );
+    assert_eq!(r.oldest_unsettled_age_seconds, Some(2 * RETENTION));
+    assert!(!r.busy);
+
+    // Kept whole: the young, the unlimited and the unsettled operation.
+    let young = e.execute_inline(
+        call(&alice, "young", "young", Some(T0 + 10 * RETENTION)),
+        widget("young"),
+    );
+    let young = young.await.unwrap();
+    assert!(young.replayed);
+    let forever = e
+        .lookup("t1", "alice", "make_widget", "forever")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (forever.compacted_at, forever.result.is_some()),
+        (None, true)
+    );
+    let w8 = rt.inspect(&waiting).await.unwrap().unwrap();
+    assert_eq!(
+        (w8.state, w8.compacted_at),
+        (OperationState::Accepted, None)
+    );
+    assert_eq!(w8.arguments, json!({"parcel": "p2"}));
+
+    // The tombstones: nothing but the scope, digest, state, deadlines and reference.
+    let old = e
+        .lookup("t1", "alice", "make_widget", "old")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(old.state, OperationState::Applied);
+    assert_eq!((old.result, old.arguments.clone()), (None, json!(null)));
+    assert_eq!(old.compacted_at, Some(T0 + 2 * RETENTION));
+    assert_eq!(old.retention_deadline, Some(T0 + RETENTION));
+    let store = e.store();
+    let ids = "(SELECT id FROM operations WHERE compacted_at IS NOT NULL)";
+    for table in [
+        "operation_events",
+        "outbox",
+        "deferred_intents",
+        "local_receipts",
+    ] {
+        let sql = format!("SELECT count(*) FROM {table} WHERE operation_id IN {ids}");
+        assert_eq!(scalar(store, &sql).await, 0, "{table}");
+    }
+    assert_eq!(
+        count(store, "outbox").await,
+        1,
+        "the waiting operation's event stays"
+    );
+    no_violations(store).await;
+}
+
+both_drivers!(compaction_touches_only_settled_operations_past_retention);
+
+async fn a_tombstone_refuses_replays_and_new_intents_and_shows_its_state(h: &Harness) {
+    let (e, clock) = engine(h);
+    let alice = principal("t1", "alice");
+    e.execute_inline(
+        call(&alice, "k", "gear", Some(T0 + RETENTION)),
+        widget("gear"),
+    )
+    .await
+    .unwrap();
+    let w = World::new(h).await;
+    let rt = runtime(&w, h);
+    let shipped = rt.dispatch(&ship("d", "p1"), None).await.unwrap();
+    clock.set(T0 + RETENTION);
+    w.clock.set(T0 + RETENTION);
+    let r = run(&e, &opts(None)).await;
+    assert_eq!(r.compacted, 2, "{r:?}");
+
+    // Inline: an exact replay, then another intent under the key.
+    let replay = e.execute_inline(
+        call(&alice, "k", "gear", Some(T0 + RETENTION)),
+        widget("gear"),
+    );
+    assert_eq!(
+        replay.await.unwrap_err().code,
+        ErrorCode::OperationRetentionExpired
+    );
+    let other = e.execute_inline(
+        call(&alice, "k", "cog", Some(T0 + 9 * RETENTION)),
+        widget("cog"),
+    );
+    assert_eq!(other.await.unwrap_err().code, ErrorCode::OperationConflict);
+    // The clock set back does not bring the result back.
+    clock.set(T0);
+    let back = e.execute_inline(
+        call(&alice, "k", "gear", Some(T0 + RETENTION)),
+        widget("gear"),
+    );
+    assert_eq!(
+        back.await.unwrap_err().code,
+        ErrorCode::OperationRetentionExpired
+    );
+    clock.set(T0 + RETENTION);
+    let tombstone = e.lookup("t1", "alice", "make_widget", "k").await.unwrap();
+    let status_ref = tombstone.unwrap().status_ref;
+    let status = e.lookup_status_ref(&status_ref).await.unwrap().unwrap();
+    // The first round of a multi-round request has no digest to compare yet: a tombstone
+    // answers it by its deadlines, never by a comparison with arguments it no longer keeps.
+    let first = e.replay_for_first_round(&alice, "make_widget", "k", false, |_| false);
+    assert_eq!(
+        first.await.unwrap_err().code,
+        ErrorCode::OperationRetentionExpired
+    );
+    assert_eq!(
+        (status.state, status.result),
+        (OperationState::Applied, None)
+    );
+
+    // Deferred: the same three answers.
+    assert_eq!(
+        refused(rt.dispatch(&ship("d", "p1"), None).await),
+        ErrorCode::OperationRetentionExpired
+    );
+    assert_eq!(
+        refused(rt.dispatch(&ship("d", "p2"), None).await),
+        ErrorCode::OperationConflict
+    );
+    let query = StatusQuery {
+        principal: "alice".into(),
+        tool: "ship_parcel".into(),
+        key: "d".into(),
+        arguments: json!({"parcel": "p1"}),
+        provider: ship("d", "p1").provider,
+        status_ref: shipped.status_ref().to_string(),
+    };
+    assert_eq!(
+        refused(rt.status(&query).await),
+        ErrorCode::OperationRetentionExpired
+    );
+    let d = rt.inspect(shipped.status_ref()).await.unwrap().unwrap();
+    assert_eq!((d.state, d.result), (OperationState::Succeeded, None));
+    assert_eq!(w.downstream.submits(), 1);
+    no_violations(e.store()).await;
+}
+
+both_drivers!(a_tombstone_refuses_replays_and_new_intents_and_shows_its_state);
+
+async fn the_horizon_forgets_tombstones_and_never_keeps_them(h: &Harness) {
+    let (e, clock) = engine(h);
+    let alice = principal("t1", "alice");
+    expiring(&e, &alice, ["a", "b"].into_iter().map(String::from)).await;
+    clock.set(T0 + RETENTION);
+    let ttl = 50;
+    let r = run(&e, &opts(Some(ttl))).await;
+    assert_eq!((r.compacted, r.deleted), (2, 0), "{r:?}");
+    clock.set(T0 + RETENTION + ttl - 1);
+    assert_eq!(run(&e, &opts(Some(ttl))).await.deleted, 0);
+    clock.set(T0 + RETENTION + ttl);
+    assert_eq!(run(&e, &opts(None)).await.deleted, 0, "never keeps them");
+    assert_eq!(count(e.store(), "operations").await, 2);
+    let r = run(&e, &opts(Some(ttl))).await;
+    assert_eq!((r.compacted, r.deleted), (0, 2), "{r:?}");
+    assert_eq!(count(e.store(), "operations").await, 0);
+
+    // The key is forgotten: another intent under it is a new operation.
+    let fresh = e
+        .execute_inline(call(&alice, "a", "cog", None), widget("cog"))
+        .await
+        .unwrap();
+    assert!(!fresh.replayed);
+    let totals = prune::totals(e.store()).await.unwrap();
+    assert_eq!((totals.compacted_total, totals.deleted_total), (2, 2));
+    no_violations(e.store()).await;
+}
+
+both_drivers!(the_horizon_forgets_tombstones_and_never_keeps_them);
+
+async fn a_dry_run_changes_nothing_and_a_limit_bounds_the_run(h: &Harness) {
+    let (e, clock) = engine(h);
+    let alice = principal("t1", "alice");
+    expiring(&e, &alice, (0..5).map(|i| format!("k{i}"))).await;
+    clock.set(T0 + RETENTION);
+    let dry = run(
+        &e,
+        &PruneOptions {
+            dry_run: true,
+            ..opts(Some(0))
+        },
+    )
+    .await;
+    assert_eq!(
+        (dry.compacted, dry.deleted, dry.batches),
+        (5, 0, 0),
+        "{dry:?}"
+    );
+    let live = "SELECT count(*) FROM operations WHERE compacted_at IS NULL";
+    assert_eq!(scalar(e.store(), live).await, 5);
+
+    let limited = PruneOptions {
+        limit: Some(2),
+        batch: 1,
+        ..opts(None)
+    };
+    let r = run(&e, &limited).await;
+    assert_eq!((r.compacted, r.batches), (2, 2), "{r:?}");
+    assert_eq!(scalar(e.store(), live).await, 3);
+    let r = run(&e, &opts(None)).await;
+    assert_eq!(r.compacted, 3, "{r:?}");
+    let dry = run(
+        &e,
+        &PruneOptions {
+            dry_run: true,
+            limit: Some(4),
+            ..opts(Some(0))
+        },
+    )
+    .await;
+    assert_eq!((dry.compacted, dry.deleted), (0, 4), "{dry:?}");
+    assert_eq!(count(e.store(), "operations").await, 5);
+}
+
+both_drivers!(a_dry_run_changes_nothing_and_a_limit_bounds_the_run);
+
+async fn concurrent_pruners_never_prune_twice(h: &Harness) {
+    let (e, clock) = engine(h);
+    let alice = principal("t1", "alice");
+    let n = 40;
+    expiring(&e, &alice, (0..n).map(|i| format!("k{i}"))).await;
+    clock.set(T0 + RETENTION);
+    let clock: SharedClock = Arc::new(clock);
+    let small = PruneOptions {
+        batch: 3,
+        ..opts(None)
+    };
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (store, clock, o) = (h.open(), clock.clone(), small.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut done = 0;
+            loop {
+                let r = prune::prune(&store, &clock, &o).await.expect("prune");
+                done += r.compacted;
+                if !r.busy {
+                    return done;
+                }
+                tokio::task::yield_now().await;
+            }
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    assert_eq!(total, n);
+    let totals = prune::totals(e.store()).await.unwrap();
+    assert_eq!(totals.compacted_total, n as i64);
+    no_violations(e.store()).await;
+}
+
+both_drivers!(concurrent_pruners_never_prune_twice);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_sqlite_file_gives_pruned_pages_back() {
+    let h = Harness::sqlite();
+    let (e, clock) = engine(&h);
+    let mode = "SELECT auto_vacuum FROM pragma_auto_vacuum";
+    assert_eq!(scalar(e.store(), mode).await, 2, "INCREMENTAL");
+    let alice = principal("t1", "alice");
+    let keys: Vec<String> = (0..300)
+        .map(|i| format!("key-{i:04}-{}", "x".repeat(200)))
+        .collect();
+    expiring(&e, &alice, keys.into_iter()).await;
+    clock.set(T0 + RETENTION);
+    let r = run(&e, &opts(Some(0))).await;
+    assert_eq!((r.compacted, r.deleted), (300, 300), "{r:?}");
+    assert!(r.reclaimed_pages > 0, "{r:?}");
+    let free = "SELECT freelist_count FROM pragma_freelist_count";
+    assert_eq!(scalar(e.store(), free).await, 0);
+    no_violations(e.store()).await;
+}
