@@ -173,19 +173,18 @@ impl std::fmt::Debug for Guarded {
     }
 }
 
+/// The refusal of a guarded tool served without [`LedgerGuard::router`].
+fn unwrapped() -> ErrorData {
+    ErrorData::internal_error(
+        "a guarded tool must be served through LedgerGuard::router",
+        None,
+    )
+}
+
 impl<S> FromContextPart<ToolCallContext<'_, S>> for Guarded {
     fn from_context_part(context: &mut ToolCallContext<'_, S>) -> Result<Self, ErrorData> {
-        let scope = context
-            .request_context
-            .extensions
-            .get::<CallScope>()
-            .cloned()
-            .ok_or_else(|| {
-                ErrorData::internal_error(
-                    "a guarded tool must be served through LedgerGuard::router",
-                    None,
-                )
-            })?;
+        let scope = context.request_context.extensions.get::<CallScope>();
+        let scope = scope.cloned().ok_or_else(unwrapped)?;
         Ok(Guarded {
             scope,
             tool: context.name.to_string(),
@@ -257,15 +256,11 @@ impl Guarded {
     }
 
     /// The extractor of a route that owns its whole context: nothing is cloned, so the
-    /// arguments move into the [`ToolCall`] (see [`Guarded::into_call`]).
+    /// arguments move into the [`ToolCall`] when no one else holds the call's scope.
     fn take<S>(ctx: ToolCallContext<'_, S>) -> Result<Self, ErrorData> {
         let mut context = ctx.request_context;
-        let scope = context.extensions.remove::<CallScope>().ok_or_else(|| {
-            ErrorData::internal_error(
-                "a guarded tool must be served through LedgerGuard::router",
-                None,
-            )
-        })?;
+        let scope = context.extensions.remove::<CallScope>();
+        let scope = scope.ok_or_else(unwrapped)?;
         Ok(Guarded {
             scope,
             tool: ctx.name.to_string(),
