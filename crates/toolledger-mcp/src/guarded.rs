@@ -302,6 +302,15 @@ impl Guarded {
         }
     }
 
+    /// Refuses a continuation of a single-round tool and an operation id out of bounds.
+    fn single_round(&self, operation_id: &str) -> Result<(), Refusal> {
+        crate::reply::single_round(
+            self.scope.request_state.is_some(),
+            self.scope.input_responses.is_some(),
+        )?;
+        check_operation_id(operation_id)
+    }
+
     fn contract(&self) -> ToolContract {
         ToolContract::uniform(self.tool.clone(), self.scope.ledger.revision())
     }
@@ -330,11 +339,7 @@ impl Guarded {
         intent: Value,
         effect: impl InlineEffect,
     ) -> Result<Json<Receipt<R>>, Refusal> {
-        crate::reply::single_round(
-            self.scope.request_state.is_some(),
-            self.scope.input_responses.is_some(),
-        )?;
-        check_operation_id(operation_id)?;
+        self.single_round(operation_id)?;
         let (caller, contract) = (self.caller().await?, self.contract());
         let request = self.request(&caller, &contract, operation_id);
         let outcome = self
@@ -362,11 +367,7 @@ impl Guarded {
         approval_field: &str,
         effect: impl InlineEffect,
     ) -> Result<Json<Receipt<R>>, Refusal> {
-        crate::reply::single_round(
-            self.scope.request_state.is_some(),
-            self.scope.input_responses.is_some(),
-        )?;
-        check_operation_id(operation_id)?;
+        self.single_round(operation_id)?;
         let approval = match self.scope.arguments.get(approval_field) {
             None => None,
             Some(Value::String(id)) => Some(id.clone()),
