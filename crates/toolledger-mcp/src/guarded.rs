@@ -287,19 +287,14 @@ impl Guarded {
         }
     }
 
+    /// [`Guarded::into_call`] without giving up the extractor (its scope is then copied).
     fn call_as(&self, caller: Caller) -> ToolCall {
-        let context = &self.context;
-        ToolCall {
-            caller,
-            arguments: self.scope.arguments.clone(),
-            request_state: self.scope.request_state.clone(),
-            input_responses: self.scope.input_responses.clone(),
-            meta: (!context.meta.is_empty()).then(|| context.meta.clone()),
-            cancelled: Some(context.ct.clone()),
-            multi_round: self.scope.multi_round,
-            client_capabilities: self.scope.client_capabilities.clone(),
-            peer: Some(context.peer.clone()),
-        }
+        let copy = Guarded {
+            scope: self.scope.clone(),
+            tool: self.tool.clone(),
+            context: self.context.clone(),
+        };
+        copy.into_call(caller)
     }
 
     /// Refuses a continuation of a single-round tool and an operation id out of bounds.
@@ -456,12 +451,10 @@ impl Guarded {
         check_operation_id(operation_id)?;
         let (caller, contract) = (self.caller().await?, self.contract());
         let request = self.request(&caller, &contract, operation_id);
-        let answers = serde_json::to_value(answers)
-            .map_err(|_| Refusal(Error::invalid("inputResponses are not valid JSON")))?;
         let guard = self.scope.ledger.guard();
-        let resumed = guard.resume(&request, state, &answers)?;
+        let answered = resume(guard, &request, state, Some(answers))?;
         let outcome = guard
-            .run_resumed(&request, &resumed, intent, Arc::new(effect))
+            .run_resumed(&request, &answered.resumed, intent, Arc::new(effect))
             .await?;
         receipt(operation_id, &outcome).map(Json)
     }
@@ -761,15 +754,8 @@ pub async fn rounds(
     requests: Vec<(String, InputRequest)>,
 ) -> Result<Rounds, Error> {
     if let Some(state) = call.request_state.as_deref() {
-        let answers = Value::Object(
-            call.input_responses
-                .clone()
-                .unwrap_or_default()
-                .into_iter()
-                .collect(),
-        );
-        let resumed = guard.resume(request, state, &answers)?;
-        return Ok(Rounds::Answered(Answered { resumed, answers }));
+        let answered = resume(guard, request, state, call.input_responses.as_ref())?;
+        return Ok(Rounds::Answered(answered));
     }
     if call.input_responses.is_some() {
         return Err(Error::new(
@@ -778,6 +764,18 @@ pub async fn rounds(
         ));
     }
     ask_for(guard, request, call, known, step, requests).await
+}
+
+/// Verifies a continuation ([`Guard::resume`]) with its answers (none: an empty object).
+fn resume(
+    guard: &Guard,
+    request: &GuardedRequest<'_>,
+    state: &str,
+    responses: Option<&InputResponses>,
+) -> Result<Answered, Error> {
+    let answers = Value::Object(responses.cloned().unwrap_or_default().into_iter().collect());
+    let resumed = guard.resume(request, state, &answers)?;
+    Ok(Answered { resumed, answers })
 }
 
 /// A round that asks for `requests` (whatever continuation the call carries): the replay

@@ -284,15 +284,6 @@ impl ReferenceTools {
         }
     }
 
-    /// The definitions of the tools offered, in `tools/list` order.
-    pub fn definitions(&self) -> Vec<Tool> {
-        let mut routes = Self::routes() + status_router();
-        self.restrict(&mut routes);
-        let mut tools = routes.list_all();
-        tools.sort_by_key(|t| ORDER.iter().position(|n| *n == t.name));
-        tools
-    }
-
     fn restrict(&self, routes: &mut ToolRouter<Self>) {
         let names: Vec<String> = routes.map.keys().map(|n| n.to_string()).collect();
         for name in names.iter().filter(|n| !self.offered(n)) {
