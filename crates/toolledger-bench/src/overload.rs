@@ -136,7 +136,7 @@ impl Target for HttpTarget {
                     _ => Answer::Other,
                 };
             }
-            match toolledger_mcp::reply::error_of(result) {
+            match toolledger_mcp::error_of(result) {
                 Some(e) if e["code"] == "unavailable" => Answer::Unavailable,
                 _ => Answer::Other,
             }

@@ -24,7 +24,7 @@ use toolledger::engine::Engine;
 use toolledger::json::{parse, Limits};
 use toolledger::store::Store;
 use toolledger::Error;
-use toolledger_mcp::keys::KeyError;
+use toolledger_mcp::KeyError;
 use toolledger_mcp::{Caller, Guard, GuardConfig, KeyMaterial, ToolCall};
 use toolledger_reference::tools::{Faults, ReferenceTools, ToolEnv};
 
@@ -172,7 +172,7 @@ async fn call_registered(
 ) -> Result<Outcome, Failure> {
     let keys = KeyMaterial::load(config.sqlite_path())
         .map_err(|e| Failure::explained("KEY_ERROR", e.to_string()))?;
-    toolledger_mcp::keys::bind(&store, &keys, clock.now())
+    toolledger_mcp::internal::bind(&store, &keys, clock.now())
         .await
         .map_err(|e| match e {
             KeyError::Store => Failure::code("DATABASE_IO_ERROR"),
@@ -252,7 +252,7 @@ fn print_response(response: CallToolResponse) -> Outcome {
         common::print_json(&value);
         return Outcome::Pass;
     }
-    if let Some(error) = toolledger_mcp::reply::error_of(&value) {
+    if let Some(error) = toolledger_mcp::error_of(&value) {
         common::print_json(&json!({ "error": error }));
         return Outcome::Block;
     }

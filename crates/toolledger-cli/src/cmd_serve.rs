@@ -29,8 +29,8 @@ use toolledger::engine::Engine;
 use toolledger::store::Store;
 pub(crate) use toolledger_mcp::front::health_routes;
 use toolledger_mcp::front::HttpFront;
-use toolledger_mcp::keys::KeyError;
 use toolledger_mcp::wire::http::{self as wire_http, AllowedHosts, ConnectionLimits};
+use toolledger_mcp::KeyError;
 use toolledger_mcp::{CallerSource, Guard, GuardConfig, GuardedServer, KeyMaterial};
 
 use crate::common::{RuntimeStoreArgs, StoreConfig};
@@ -323,7 +323,7 @@ pub(crate) async fn bound_keys(
 ) -> Result<KeyMaterial, Failure> {
     let keys = KeyMaterial::load(config.sqlite_path())
         .map_err(|e| Failure::explained("KEY_ERROR", e.to_string()))?;
-    toolledger_mcp::keys::bind(store, &keys, clock.now())
+    toolledger_mcp::internal::bind(store, &keys, clock.now())
         .await
         .map_err(|e| match e {
             KeyError::Store => Failure::code("DATABASE_IO_ERROR"),

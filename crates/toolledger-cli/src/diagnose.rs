@@ -87,7 +87,7 @@ pub fn database_file(db: &Path) -> Option<&'static str> {
 
 /// Why the key file beside the SQLite ledger `db` cannot be used, as a path-free sentence.
 pub fn key_file(db: &Path) -> Option<&'static str> {
-    let keys = toolledger_mcp::keys::key_file_path(db);
+    let keys = toolledger_mcp::internal::key_file_path(db);
     if keys.exists() {
         if keys.is_dir() || !may(&keys, libc::R_OK) {
             return Some("the key file beside the database is not readable by this user");
@@ -123,7 +123,7 @@ pub fn explain(failure: Failure, config: &StoreConfig, serving: bool) -> Failure
         Failure::Explained { code, message }
             if *code == "KEY_ERROR"
                 && serving
-                && *message == toolledger_mcp::keys::KeyError::File.to_string() =>
+                && *message == toolledger_mcp::KeyError::File.to_string() =>
         {
             match database_file(db).or_else(|| key_file(db)) {
                 Some(message) => Failure::explained("KEY_ERROR", message),
@@ -154,7 +154,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("ledger.sqlite");
         assert_eq!(key_file(&db), None);
-        std::fs::write(toolledger_mcp::keys::key_file_path(&db), b"not json").unwrap();
+        std::fs::write(toolledger_mcp::internal::key_file_path(&db), b"not json").unwrap();
         let why = key_file(&db).unwrap();
         assert!(why.contains("could not be parsed"), "{why}");
         assert!(!why.contains(dir.path().to_str().unwrap()));

@@ -171,7 +171,7 @@ fn a_stuck_in_progress_operation_is_found_explained_and_settled(db: Db) {
     let mut s = Server::start(&db, "alice", &["--clock-epoch", &at(EPOCH + EXPIRY)]);
     let replay = s.resume("create_issue", a.clone(), &token, body("alpha"));
     assert_eq!(error_code(&replay), "operation_in_progress");
-    let message = toolledger_mcp::reply::error_of(&replay).unwrap()["message"].clone();
+    let message = toolledger_mcp::error_of(&replay).unwrap()["message"].clone();
     assert!(
         message
             .as_str()

@@ -164,7 +164,7 @@ fn refused_unavailable(reply: &Value, mount: &Mount) {
 
 /// The message of an error result.
 fn error_message(reply: &Value) -> String {
-    toolledger_mcp::reply::error_of(reply).unwrap_or_default()["message"]
+    toolledger_mcp::error_of(reply).unwrap_or_default()["message"]
         .as_str()
         .unwrap_or_default()
         .to_string()

@@ -50,8 +50,8 @@ use toolledger::engine::InlineEffect;
 use toolledger::model::{Error, ErrorCode, Principal, ToolContract};
 use toolledger::store::Migration;
 use toolledger_mcp::front::{health_routes, HttpFront};
-use toolledger_mcp::guard::outcome_json;
-use toolledger_mcp::{status_router, Guarded, GuardedRequest, LedgerGuard, Receipt, Refusal};
+use toolledger_mcp::internal::{outcome_json, GuardedRequest};
+use toolledger_mcp::{status_router, Guarded, LedgerGuard, Receipt, Refusal};
 
 /// The application's own table: one row per committed operation, with what it answered.
 pub const FIXTURE_EFFECTS: Migration = Migration {

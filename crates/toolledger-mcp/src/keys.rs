@@ -28,11 +28,11 @@ use toolledger::model::Error;
 use toolledger::store::Store;
 
 /// Environment variable holding the state-sealing key(s).
-pub const STATE_KEY_ENV: &str = "TOOLLEDGER_STATE_KEY_HEX";
+pub(crate) const STATE_KEY_ENV: &str = "TOOLLEDGER_STATE_KEY_HEX";
 /// Environment variable holding the fingerprint key.
-pub const FINGERPRINT_KEY_ENV: &str = "TOOLLEDGER_FINGERPRINT_KEY_HEX";
+pub(crate) const FINGERPRINT_KEY_ENV: &str = "TOOLLEDGER_FINGERPRINT_KEY_HEX";
 /// Smallest accepted key, in bytes.
-pub const MIN_KEY_BYTES: usize = 32;
+pub(crate) const MIN_KEY_BYTES: usize = 32;
 
 /// Why keys could not be loaded. Messages name no paths and no key bytes.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -181,7 +181,7 @@ fn parse_hex(name: &'static str, value: &str) -> Result<Vec<u8>, KeyError> {
 }
 
 /// A stable key id for a state key: the first 8 bytes of its SHA-256, in hex.
-pub fn key_id(key: &[u8]) -> String {
+pub(crate) fn key_id(key: &[u8]) -> String {
     hex::encode(&Sha256::digest(key)[..8])
 }
 

@@ -25,16 +25,15 @@
 //!   handler takes the whole [`ToolCall`] (tools known only at run time, like a proxy's).
 //!
 //! The underlying pieces:
-//! - [`guard::Guard`]: fingerprint, deadlines and the engine call for one guarded request;
-//!   [`guard::Guard::first_round`]/[`guard::Guard::resume`] for multi-round tools whose
-//!   `requestState` is sealed by [`state::StateSealer`] (rmcp's `RequestStateCodec` keyring).
+//! - [`Guard`]: fingerprint, deadlines and the engine call for one guarded request (what
+//!   [`LedgerGuard::guard`] hands out), configured by [`GuardConfig`].
 //! - [`status::StatusTool`]: the read-only `get_operation_status` tool.
 //! - [`caller::CallerSource`]: who calls — trusted configuration on stdio, bearer tokens over
 //!   HTTP via [`caller::bearer_auth`]; re-read from the principal store on every call.
-//! - [`keys::KeyMaterial`]: the state and fingerprint keys from the environment or a 0600 key
-//!   file beside the database, bound to the database by [`keys::bind`] (a server with other
-//!   keys than the database was written with refuses to start).
-//! - [`reply`]: in-band tool results and errors.
+//! - [`KeyMaterial`]: the state and fingerprint keys from the environment or a 0600 key file
+//!   beside the database; a server with other keys than the database was written with refuses
+//!   to start ([`KeyError`]).
+//! - [`error_of`]: the ledger's error object of an in-band tool result, for a client.
 //! - [`wire`]: the strict wire entry of a server: every incoming message checked with the
 //!   ledger's strict JSON rules before rmcp reads it, every refused one answered with a
 //!   JSON-RPC error — [`wire::StdioTransport`] for stdio (serve a guarded server with
@@ -47,19 +46,20 @@
 //! ledger). Without either, a guard on a SQLite file served over stdio.
 
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
 
 pub mod caller;
 pub mod deferred;
 #[cfg(feature = "http")]
 pub mod front;
-pub mod guard;
+mod guard;
 pub mod guarded;
-pub mod keys;
+mod keys;
 pub mod ledger;
 mod observe;
-pub mod reply;
+mod reply;
 pub mod server;
-pub mod state;
+mod state;
 pub mod status;
 pub mod wire;
 
@@ -67,11 +67,27 @@ pub mod wire;
 pub use caller::bearer_auth;
 pub use caller::{AuthenticatedName, Caller, CallerSource};
 pub use deferred::{DeferredAdapter, DeferredArguments, DeferredOutcome, DeferredReply};
-pub use guard::{Guard, GuardConfig, GuardedRequest, Resumed};
+pub use guard::{Guard, GuardConfig, Resumed};
 pub use guarded::{
     call_route, rounds, status_router, Answered, CallerRead, Guarded, Receipt, Refusal, Rounds,
 };
-pub use keys::KeyMaterial;
+pub use keys::{KeyError, KeyMaterial};
 pub use ledger::{LedgerGuard, LedgerGuardBuilder, OpenError};
+pub use reply::error_of;
 pub use server::{GuardedServer, ToolCall};
 pub use status::{EffectObserver, LedgerResultObserver, Observation, StatusTool};
+
+/// Pieces the workspace's own crates (the proxy, the reference tools, the command-line binary)
+/// share with this one: the guard's request shape, in-band reply builders, sealed continuation
+/// state, the binding of keys to a database. They are not part of the API a guarded server is
+/// written against, and may change in any release.
+#[doc(hidden)]
+pub mod internal {
+    pub use crate::caller::revoked;
+    pub use crate::guard::{arguments_digest, operation_id_from, outcome_json, GuardedRequest};
+    pub use crate::guarded::check_arguments;
+    pub use crate::keys::{bind, key_file_path, Binding};
+    pub use crate::reply::{respond, tool_error, tool_ok, tool_result, META_LEDGER};
+    pub use crate::server::BoxFuture;
+    pub use crate::state::{StateBinding, StateSealer};
+}

@@ -75,7 +75,7 @@ fn classify(response: &Result<CallToolResponse, ErrorData>) -> (String, Option<S
 
 /// Records one finished call of `tool` by `principal` (`None`: not resolved) that answered
 /// `response` after `elapsed`.
-pub fn tool_call(
+pub(crate) fn tool_call(
     tool: &str,
     principal: Option<&str>,
     response: &Result<CallToolResponse, ErrorData>,

@@ -61,7 +61,7 @@ pub(crate) fn single_round(request_state: bool, input_responses: bool) -> Result
 
 /// The JSON-RPC error for `error` when it is a protocol error rather than a tool result:
 /// `request_state_invalid` → -32602 (invalid params) with `data.code`; `None` otherwise.
-pub fn protocol_error(error: &Error) -> Option<ErrorData> {
+pub(crate) fn protocol_error(error: &Error) -> Option<ErrorData> {
     (error.code == ErrorCode::RequestStateInvalid).then(|| {
         ErrorData::invalid_params(
             error.message.clone(),

@@ -129,19 +129,19 @@ fn a_call_is_delivered_once_then_replayed_and_refusals_are_in_band() {
     let changed = f.call(json!({"operation_id": "op-1", "parcel": "p-2"}), None);
     assert_eq!(changed["isError"], true);
     assert_eq!(
-        toolledger_mcp::reply::error_of(&changed).unwrap()["code"],
+        toolledger_mcp::error_of(&changed).unwrap()["code"],
         "operation_conflict"
     );
 
     let bad = f.call(json!({"operation_id": "op-2", "parcel": ""}), None);
     assert_eq!(
-        toolledger_mcp::reply::error_of(&bad).unwrap()["code"],
+        toolledger_mcp::error_of(&bad).unwrap()["code"],
         "invalid_arguments"
     );
 
     let continued = f.call(json!({"operation_id": "op-3", "parcel": "p-3"}), Some("x"));
     assert_eq!(
-        toolledger_mcp::reply::error_of(&continued).unwrap()["code"],
+        toolledger_mcp::error_of(&continued).unwrap()["code"],
         "continuation_unsupported"
     );
 }

@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use rmcp::model::{ClientRequest, JsonRpcMessage};
 use serde_json::{json, Value};
 use toolledger::model::ErrorCode;
-use toolledger_mcp::state::{StateBinding, StateSealer};
+use toolledger_mcp::internal::{StateBinding, StateSealer};
 use toolledger_mcp::wire::{check_message, INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR};
 use toolledger_testkit::mutate::{edits, Edit};
 

@@ -15,10 +15,10 @@ use toolledger::outbox::{ClaimOutcome, EventState};
 use toolledger::runtime::{
     Answer, DeferredCall, Delivery, Processed, ProviderContext, Runtime, StatusQuery,
 };
-use toolledger_mcp::guard::arguments_digest;
-use toolledger_mcp::reply::{tool_error, META_LEDGER};
-use toolledger_mcp::server::{BoxFuture, ToolCall};
-use toolledger_mcp::state::{StateBinding, StateSealer};
+use toolledger_mcp::internal::arguments_digest;
+use toolledger_mcp::internal::{tool_error, META_LEDGER};
+use toolledger_mcp::internal::{StateBinding, StateSealer};
+use toolledger_mcp::{internal::BoxFuture, ToolCall};
 use toolledger_mcp::{Caller, EffectObserver, Guard, Observation, StatusTool};
 
 use crate::config::META_OPERATION_ID;
@@ -358,7 +358,7 @@ impl GuardedForward {
         PrincipalStore::new(self.runtime.store().clone())
             .resolve(&call.caller.name)
             .await?
-            .ok_or_else(toolledger_mcp::caller::revoked)
+            .ok_or_else(toolledger_mcp::internal::revoked)
     }
 
     /// Handles one call. The caller comes by name only ([`CallerRead::NameOnly`]): the
@@ -401,7 +401,7 @@ impl GuardedForward {
         match outcome {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(rpc)) => Err(rpc),
-            Err(e) => toolledger_mcp::reply::respond(Err(e)),
+            Err(e) => toolledger_mcp::internal::respond(Err(e)),
         }
     }
 

@@ -27,11 +27,11 @@ use toolledger::engine::{InlineEffect, OperationRecord};
 use toolledger::model::{Error, ErrorCode, Principal, ToolContract};
 use toolledger::store::Migration;
 use toolledger::store::Store;
-use toolledger_mcp::guard::{operation_id_from, GuardedRequest};
-use toolledger_mcp::reply::tool_result;
-use toolledger_mcp::server::{BoxFuture, ToolCall};
+use toolledger_mcp::internal::tool_result;
+use toolledger_mcp::internal::{operation_id_from, GuardedRequest};
 use toolledger_mcp::status::{EffectObserver, Observation};
 use toolledger_mcp::Guard;
+use toolledger_mcp::{internal::BoxFuture, ToolCall};
 
 /// The drafts table.
 pub const MIGRATIONS: &[Migration] = &[Migration {

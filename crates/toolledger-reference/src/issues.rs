@@ -18,11 +18,11 @@ use toolledger::engine::{Begun, InlineEffect, OperationRecord, Outcome};
 use toolledger::model::{Error, ErrorCode, OperationState, Principal, ToolContract};
 use toolledger::store::Migration;
 use toolledger::store::Store;
-use toolledger_mcp::guard::{operation_id_from, outcome_json, GuardedRequest};
-use toolledger_mcp::reply::tool_ok;
+use toolledger_mcp::internal::tool_ok;
+use toolledger_mcp::internal::{operation_id_from, outcome_json, GuardedRequest};
 
-use toolledger_mcp::server::{BoxFuture, ToolCall};
 use toolledger_mcp::status::{EffectObserver, Observation};
+use toolledger_mcp::{internal::BoxFuture, ToolCall};
 use toolledger_mcp::{rounds, Answered, Guard, Rounds};
 
 use crate::tools::{crash, Faults};
@@ -511,7 +511,7 @@ impl CreateIssue {
     /// Answers one call: protocol errors (an invalid `requestState`) as JSON-RPC errors,
     /// refusals in-band.
     pub async fn call(&self, call: ToolCall) -> Result<CallToolResponse, ErrorData> {
-        toolledger_mcp::reply::respond(self.handle(call).await)
+        toolledger_mcp::internal::respond(self.handle(call).await)
     }
 }
 

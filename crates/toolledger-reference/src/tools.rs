@@ -12,7 +12,7 @@ use toolledger::engine::{FaultHook, FaultPoint};
 use toolledger::model::Error;
 use toolledger::runtime::Runtime;
 use toolledger_mcp::deferred::DeferredAdapter;
-use toolledger_mcp::reply::{tool_error, tool_result};
+use toolledger_mcp::internal::{tool_error, tool_result};
 use toolledger_mcp::status::{EffectObserver, LedgerResultObserver};
 use toolledger_mcp::{
     status_router, CallerSource, Guard, Guarded, GuardedServer, LedgerGuard, StatusTool, ToolCall,

@@ -17,7 +17,7 @@ pub fn body_of(r: &CallToolResult) -> (bool, Value) {
             "an error result has no structured content"
         );
         let v = serde_json::to_value(r).expect("a result serializes");
-        let error = toolledger_mcp::reply::error_of(&v).expect("an error object in content[0]");
+        let error = toolledger_mcp::error_of(&v).expect("an error object in content[0]");
         return (true, json!({ "error": error }));
     }
     (false, r.structured_content.clone().unwrap_or(Value::Null))

@@ -404,7 +404,7 @@ pub fn assert_state_invalid(reply: &Value) -> String {
 /// The error code of an in-band tool error.
 pub fn error_code(result: &Value) -> String {
     assert_eq!(result["isError"], true, "{result}");
-    toolledger_mcp::reply::error_of(result).unwrap_or_default()["code"]
+    toolledger_mcp::error_of(result).unwrap_or_default()["code"]
         .as_str()
         .unwrap()
         .to_string()

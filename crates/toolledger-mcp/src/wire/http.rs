@@ -314,7 +314,7 @@ const SESSION_OWNERS_PRUNE_AT: usize = 10_000;
 
 impl<M: SessionManager> SessionOwners<M> {
     /// The owners of the sessions `sessions` holds.
-    pub fn new(sessions: Arc<M>) -> Self {
+    pub(crate) fn new(sessions: Arc<M>) -> Self {
         SessionOwners {
             sessions,
             owners: std::sync::Mutex::new(std::collections::HashMap::new()),
@@ -414,7 +414,7 @@ pub(crate) struct InFlight {
 
 impl InFlight {
     /// At most `limit` requests at once (at least 1).
-    pub fn new(limit: usize) -> Self {
+    pub(crate) fn new(limit: usize) -> Self {
         InFlight {
             permits: Arc::new(tokio::sync::Semaphore::new(limit.max(1))),
         }
@@ -471,7 +471,7 @@ impl Drop for Share {
 
 impl PerPrincipal {
     /// At most `limit` requests of one principal at once (at least 1).
-    pub fn new(limit: usize) -> Self {
+    pub(crate) fn new(limit: usize) -> Self {
         PerPrincipal {
             limit: limit.max(1),
             held: std::sync::Mutex::new(std::collections::HashMap::new()),
