@@ -18,8 +18,11 @@ use support::Run;
 use toolledger::clock::{ManualClock, SharedClock};
 use toolledger::effect::EffectTx;
 use toolledger::engine::{Engine, InlineEffect};
-use toolledger::{Error, ErrorCode, Principal};
+use toolledger::{Error, Principal};
+use toolledger_mcp::error_of;
+use toolledger_mcp::internal::tool_result;
 use toolledger_testkit::calls::{inline_call, principal};
+use toolledger_testkit::history::{count_effects_store, Checker, LedgerCli, Recorder};
 
 /// The tests' clock.
 const T0: i64 = 1_800_000_000;
@@ -148,35 +151,55 @@ fn prune_compacts_answers_and_forgets(db: Db) {
     audit_passes(&db);
 }
 
-/// An inline effect that writes nothing but its ledger row.
-struct Noop;
+/// The kill test's effect table: one row per effect, keyed by the operation id, so the
+/// history checker can count effects per operation.
+const MARKS: &str = "CREATE TABLE prune_marks (key TEXT NOT NULL)";
 
-impl InlineEffect for Noop {
-    fn apply(&self, _: &mut dyn EffectTx, _: &Principal) -> Result<Value, Error> {
-        Ok(json!({"ok": true}))
+/// An inline effect that writes one mark for its key.
+struct Mark(String);
+
+impl InlineEffect for Mark {
+    fn apply(&self, tx: &mut dyn EffectTx, _: &Principal) -> Result<Value, Error> {
+        tx.execute(
+            "INSERT INTO prune_marks(key) VALUES (?1)",
+            &[self.0.as_str().into()],
+        )?;
+        Ok(json!({"marked": self.0}))
     }
 }
 
-/// One call of the no-op tool under `key`, its result kept until `retention`.
-async fn noop(e: &Engine, key: &str, retention: Option<i64>) -> Result<bool, Error> {
-    let mut call = inline_call(&principal("acme", "alice"), "noop", key, json!({"k": key}));
+/// One call of the marking tool under `key`, its result kept until `retention`: the tool
+/// result a client would see.
+async fn mark(e: &Engine, key: &str, retention: Option<i64>) -> Value {
+    let mut call = inline_call(&principal("acme", "alice"), "mark", key, json!({"k": key}));
     call.retention_deadline = retention;
-    e.execute_inline(call, Arc::new(Noop))
-        .await
-        .map(|o| o.replayed)
+    let result = e
+        .execute_inline(call, Arc::new(Mark(key.to_string())))
+        .await;
+    serde_json::to_value(tool_result(result.map(|o| o.result))).unwrap()
 }
 
-/// Calls of `keys` at once, all acknowledged fresh.
-async fn fresh(e: &Engine, keys: Vec<String>, retention: Option<i64>) {
+/// One recorded call: registered, sent, and its reply kept in the history.
+async fn recorded(rec: &Recorder, e: &Engine, key: &str, retention: Option<i64>) -> Value {
+    rec.register(key, "mark", json!({"k": key}));
+    rec.sent(key);
+    let reply = mark(e, key, retention).await;
+    rec.replied(key, reply.clone());
+    reply
+}
+
+/// Recorded calls of `keys` at once, all acknowledged.
+async fn fresh(rec: &Recorder, e: &Engine, keys: Vec<String>, retention: Option<i64>) {
     let tasks: Vec<_> = keys
         .into_iter()
         .map(|k| {
-            let e = e.clone();
-            tokio::spawn(async move { noop(&e, &k, retention).await })
+            let (e, rec) = (e.clone(), rec.clone());
+            tokio::spawn(async move { recorded(&rec, &e, &k, retention).await })
         })
         .collect();
     for t in tasks {
-        assert!(!t.await.unwrap().unwrap());
+        let reply = t.await.unwrap();
+        assert_eq!(error_of(&reply), None, "{reply}");
     }
 }
 
@@ -184,27 +207,30 @@ fn sigkill_while_pruning_under_load_keeps_the_ledger_whole(db: Db) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let clock = ManualClock::new(T0);
     let shared: SharedClock = Arc::new(clock.clone());
-    let e = Engine::new(db.store(), shared);
+    let store = db.store();
+    rt.block_on(store.write(|tx: &mut dyn EffectTx| tx.execute(MARKS, &[])))
+        .unwrap();
+    let e = Engine::new(store.clone(), shared);
+    let rec = Recorder::new();
     let expired: Vec<String> = (0..400).map(|i| format!("e{i}")).collect();
     let kept: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
-    rt.block_on(fresh(&e, expired.clone(), Some(T0 + 10)));
-    rt.block_on(fresh(&e, kept.clone(), Some(T0 + 1_000_000)));
+    rt.block_on(fresh(&rec, &e, expired.clone(), Some(T0 + 10)));
+    rt.block_on(fresh(&rec, &e, kept.clone(), Some(T0 + 1_000_000)));
     clock.set(T0 + 100);
 
-    // Load: fresh calls, each acknowledged key remembered, while a pruner works in batches
+    // Load: fresh calls, each recorded with what it answered, while a pruner works in batches
     // of one row; the pruner is killed once it has committed some.
     let stop = Arc::new(AtomicBool::new(false));
     let load = {
-        let (e, stop) = (e.clone(), stop.clone());
+        let (e, stop, rec) = (e.clone(), stop.clone(), rec.clone());
         rt.spawn(async move {
-            let mut acked = Vec::new();
-            while !stop.load(Ordering::SeqCst) {
-                let key = format!("l{}", acked.len());
-                if let Ok(false) = noop(&e, &key, None).await {
-                    acked.push(key);
-                }
+            let mut sent = Vec::new();
+            while !stop.load(Ordering::SeqCst) && sent.len() < 5_000 {
+                let key = format!("l{}", sent.len());
+                recorded(&rec, &e, &key, None).await;
+                sent.push(key);
             }
-            acked
+            sent
         })
     };
     let at = (T0 + 100).to_string();
@@ -228,23 +254,37 @@ fn sigkill_while_pruning_under_load_keeps_the_ledger_whole(db: Db) {
     let status = child.wait().unwrap();
     assert_eq!(status.signal(), Some(9), "killed mid-run: {status:?}");
     stop.store(true, Ordering::SeqCst);
-    let acked = rt.block_on(load).unwrap();
-    assert!(!acked.is_empty());
-    audit_passes(&db);
+    let sent = rt.block_on(load).unwrap();
+    assert!(!sent.is_empty());
 
+    // The history checker: no duplicate effect, no acknowledged operation lost, no stray
+    // row, the audit passing, and every operation short of its retention deadline answering
+    // a replay with its first answer. The expired ones answer `operation_retention_expired`.
+    let mut replays = Vec::new();
     rt.block_on(async {
-        for key in kept.iter().chain(&acked) {
-            assert_eq!(
-                noop(&e, key, None).await.map_err(|e| e.code),
-                Ok(true),
-                "{key}"
-            );
+        for key in kept.iter().chain(&sent) {
+            replays.push((key, mark(&e, key, None).await));
         }
         for key in &expired {
-            let answer = noop(&e, key, Some(T0 + 10)).await.map_err(|e| e.code);
-            assert_eq!(answer, Err(ErrorCode::OperationRetentionExpired), "{key}");
+            let answer = mark(&e, key, Some(T0 + 10)).await;
+            let code = error_of(&answer).map(|e| e["code"].clone());
+            assert_eq!(code, Some(json!("operation_retention_expired")), "{key}");
         }
     });
+    let cli = LedgerCli::new(support::BIN, db.store_args());
+    let marks = "SELECT key, count(*) FROM prune_marks GROUP BY key";
+    let history = rec.history();
+    let mut checker = Checker::new(&history)
+        .ledger(cli.rows().unwrap())
+        .effects(count_effects_store(&store, marks).unwrap())
+        .audit(cli.audit());
+    for (key, reply) in replays {
+        checker = checker.replay(key, reply);
+    }
+    let report = checker.check();
+    report.assert_ok();
+    assert_eq!(report.operations, 440 + sent.len());
+
     let rest = prune(&db, T0 + 100, &[]);
     let before = db.scalar("SELECT count(*) FROM operations WHERE compacted_at IS NOT NULL");
     assert_eq!(before, 400, "{rest}");

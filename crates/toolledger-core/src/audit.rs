@@ -202,6 +202,8 @@ pub fn counts(tx: &mut dyn EffectTx) -> Result<Value, StoreError> {
     Ok(json!({
         "operations": counts_by(tx,
             "SELECT state, count(*) FROM operations GROUP BY state ORDER BY state")?,
+        "tombstones": scalar(tx,
+            "SELECT count(*) FROM operations WHERE compacted_at IS NOT NULL")?,
         "outbox": counts_by(tx,
             "SELECT state, count(*) FROM outbox GROUP BY state ORDER BY state")?,
         "local_receipts": scalar(tx, "SELECT count(*) FROM local_receipts")?,

@@ -164,6 +164,15 @@ async fn compaction_touches_only_settled_operations_past_retention(h: &Harness) 
         "the waiting operation's event stays"
     );
     no_violations(store).await;
+    let counts = store
+        .read(|tx: &mut dyn toolledger::effect::EffectTx| audit::counts(tx))
+        .await
+        .expect("counts");
+    assert_eq!(
+        counts["tombstones"],
+        json!(2),
+        "audit counts the tombstones"
+    );
 }
 
 both_drivers!(compaction_touches_only_settled_operations_past_retention);
