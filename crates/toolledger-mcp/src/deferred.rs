@@ -20,7 +20,7 @@
 //! result's `structuredContent`. An unknown outcome is never dressed as success: it is an error
 //! result (`isError: true`) whose text is `{"error": {"code": "outcome_unknown", "message",
 //! "status_ref"}}` ([`DeferredReply::into_tool_result`]). Refusals are the
-//! `{error: {code, message}}` of [`crate::reply`].
+//! `{error: {code, message}}` of [`crate::error_of`].
 //!
 //! Two ways to serve one:
 //! - [`DeferredAdapter`]: a definition, a runtime and an argument parser, answering a whole

@@ -29,7 +29,7 @@
 //! [`Guarded::run`] resolves the caller (re-reading the principal store), fingerprints the
 //! wire arguments and hands the effect to [`crate::Guard`]: a retry with the same operation id
 //! replays (`replayed: true`), the same id with other arguments is `operation_conflict`, and
-//! every refusal is the in-band `{error: {code, message}}` of [`crate::reply`]. Multi-round
+//! every refusal is the in-band `{error: {code, message}}` (read by [`crate::error_of`]). Multi-round
 //! tools use [`Guarded::ask`] and [`Guarded::run_answered`] (MCP 2026-07-28 `input_required`).
 
 use std::future::Future;
@@ -82,8 +82,8 @@ struct Scope {
 }
 
 /// A refused guarded call: answered in-band as `isError: true` with the JSON text of
-/// `{error: {code, message}}` (see [`crate::reply::tool_error`]); an invalid `requestState`
-/// is the JSON-RPC error -32602 instead (see [`crate::reply::respond`]).
+/// `{error: {code, message}}` (read by [`crate::error_of`]); an invalid `requestState`
+/// is the JSON-RPC error -32602 instead.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refusal(pub Error);
 

@@ -40,7 +40,7 @@ pub enum KeyError {
     /// A key was not valid hex.
     #[error("{0} is not valid hex")]
     NotHex(&'static str),
-    /// A key was shorter than [`MIN_KEY_BYTES`].
+    /// A key was shorter than 32 bytes.
     #[error("{0} must hold at least 32 bytes")]
     TooShort(&'static str),
     /// The key file could not be read, created or parsed.
@@ -124,7 +124,7 @@ fn bind_job(
 }
 
 /// Binds `keys` to the database of `store` at time `now`: records their ids when the database
-/// has none, else checks them (see the [module docs](self)). Nothing is written on a mismatch.
+/// has none, else checks them (see the module docs). Nothing is written on a mismatch.
 pub async fn bind(store: &Store, keys: &KeyMaterial, now: i64) -> Result<Binding, KeyError> {
     store
         .write(bind_job(keys, now))

@@ -70,7 +70,7 @@ pub(crate) fn protocol_error(error: &Error) -> Option<ErrorData> {
     })
 }
 
-/// A tool's answer on the wire: `Ok` as is, a protocol error ([`protocol_error`]) as a
+/// A tool's answer on the wire: `Ok` as is, a protocol error (`protocol_error`) as a
 /// JSON-RPC error, every other refusal in-band ([`tool_error`]).
 pub fn respond(result: Result<CallToolResponse, Error>) -> Result<CallToolResponse, ErrorData> {
     match result {

@@ -52,8 +52,8 @@ pub struct ToolCall {
     pub peer: Option<Peer<RoleServer>>,
 }
 
-/// An rmcp `ServerHandler` over a [`ToolRouter`] wrapped by [`LedgerGuard::router`] (or
-/// [`LedgerGuard::router_unchecked`]): what `toolledger serve`, the proxy and any server whose
+/// An rmcp `ServerHandler` over a [`ToolRouter`] wrapped by [`crate::LedgerGuard::router`] (or
+/// [`crate::LedgerGuard::router_unchecked`]): what `toolledger serve`, the proxy and any server whose
 /// tools are routes rather than `#[tool_handler]` methods serve. `tools/list` answers in the
 /// order given to [`GuardedServer::with_order`] (names not listed follow by name), and
 /// `tools/call` of a name the router does not hold is the JSON-RPC error -32602 naming it.

@@ -5,24 +5,24 @@
 //!   ([`AllowedHosts`]: loopback, plus the operator's own names), and a present `Origin`
 //!   header must name one too; otherwise 403 before anything else runs (DNS rebinding and
 //!   cross-site requests from a browser never reach authentication or a tool).
-//! - [`strict_body`]: a JSON POST body is read (at most
+//! - `strict_body`: a JSON POST body is read (at most
 //!   [`MAX_MESSAGE_BYTES`](super::MAX_MESSAGE_BYTES); more is 413) and checked by
 //!   [`check_message`](super::check_message); a refused body is answered 400 with the JSON-RPC
 //!   error as `application/json`, and an accepted one is passed on unchanged.
-//! - [`end_session`]: `DELETE` of a legacy session answers 204 No Content once the session
+//! - `end_session`: `DELETE` of a legacy session answers 204 No Content once the session
 //!   is closed (rmcp answers 202, which clients read as a failed termination) and 404 for a
 //!   session the server does not know.
-//! - [`limit_in_flight`]: at most the [`InFlight`] limit of requests are handled at once; one more
+//! - `limit_in_flight`: at most the `InFlight` limit of requests are handled at once; one more
 //!   is answered 503 `unavailable` with `Retry-After: 1` at once, without being read, so a
 //!   server under more load than it can serve keeps its memory bounded and answers every
 //!   request (a refused call did nothing: the client retries it under the same operation id).
-//! - [`limit_per_principal`]: inside the bearer layer, at most the [`PerPrincipal`] limit
+//! - `limit_per_principal`: inside the bearer layer, at most the `PerPrincipal` limit
 //!   requests of one principal at once, so one caller cannot take every slot of the whole
 //!   limit; one more is answered the same 503.
 //! - [`serve`]: the listener: at most so many connections open at once (the next one waits in
 //!   the kernel's accept queue until one closes), and a connection that sends no complete
 //!   request head in time — new, slow, or idle between requests — is closed; with
-//!   [`strict_body`]'s body deadline, a slow or idle client holds neither a connection nor a
+//!   `strict_body`'s body deadline, a slow or idle client holds neither a connection nor a
 //!   request slot for long.
 
 use std::sync::Arc;
@@ -229,7 +229,7 @@ fn jsonrpc_error(status: StatusCode, error: &WireError) -> Response {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct BodyTimeout(pub std::time::Duration);
 
-/// [`BodyTimeout`] by default.
+/// `BodyTimeout` by default.
 pub const DEFAULT_BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Default for BodyTimeout {
@@ -448,7 +448,7 @@ pub(crate) struct PerPrincipal {
     held: std::sync::Mutex<std::collections::HashMap<String, usize>>,
 }
 
-/// [`PerPrincipal`]'s limit by default.
+/// `PerPrincipal`'s limit by default.
 pub const DEFAULT_MAX_IN_FLIGHT_PER_PRINCIPAL: usize = 256;
 
 /// One request's share of its principal's [`PerPrincipal`] limit, given back when dropped.
@@ -557,14 +557,14 @@ impl Default for ConnectionLimits {
 }
 
 /// Serves `app` over HTTP/1.1 on `listener` within `limits` until `shutdown` completes, then
-/// lets open connections finish their requests (at most [`DRAIN_TIMEOUT`]).
+/// lets open connections finish their requests (at most `DRAIN_TIMEOUT`).
 ///
 /// Each connection is hyper's HTTP/1 connection with a timer: one that does not send a
 /// complete request head within [`ConnectionLimits::header_timeout`] — a new connection that
 /// sends nothing, or sends its head slowly, or a kept-alive one idle between requests — is
 /// closed (counted in `toolledger_http_connections_timed_out_total`). At most
 /// [`ConnectionLimits::max_connections`] are open at once. A request body's own deadline is
-/// [`read_body_within`]'s.
+/// `read_body_within`'s.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: axum::Router,

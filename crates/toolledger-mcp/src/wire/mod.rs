@@ -2,7 +2,7 @@
 //! any library re-parses it leniently, and every message that is refused is answered.
 //!
 //! [`check_message`] is the one validator; the stdio transport ([`stdio::StdioTransport`])
-//! runs it on every line and the HTTP middleware ([`http::strict_body`]) on every POST body,
+//! runs it on every line and the HTTP middleware (`http::strict_body`) on every POST body,
 //! so both transports refuse exactly the same messages with exactly the same errors:
 //!
 //! | what arrives | JSON-RPC error | `id` |
