@@ -41,13 +41,17 @@
 //! - `overload-http`: the same against `create_automation` of a `toolledger serve --http`
 //!   child (with `--max-in-flight`), one keep-alive connection per caller; the memory is the
 //!   server's alone. Only when asked for with `--workload overload-http`.
+//! - `python-sdk`: the baseline of `mcp-stdio`, the same calls to a server written with the
+//!   official Python SDK that deduplicates by hand (a SQLite lookup-or-insert under a lock),
+//!   as `python-sdk-fresh` and `python-sdk-replay` (see [`mcp`]). Only when asked for with
+//!   `--workload python-sdk`; `--python` names an interpreter with `mcp` installed.
 //!
 //! With `--backend postgres --database-url URL` the `ceiling`, `fresh`, `replay`,
 //! `conflict`, `overload` and `overload-http` workloads run against PostgreSQL, each in a fresh schema of that database
 //! (dropped afterwards); `ceiling` is then a raw one-row `INSERT … ON CONFLICT DO NOTHING` +
 //! `COMMIT` loop through the same store (compare it with `pgbench` on the same server). The
-//! `mcp-stdio`, `mcp-http`, `outbox-drain`, `operations-list`, `console-list` and `proxy`
-//! workloads are SQLite-only.
+//! `mcp-stdio`, `mcp-http`, `outbox-drain`, `operations-list`, `console-list`, `proxy`,
+//! `overload-stdio` and `python-sdk` workloads are SQLite-only.
 
 mod ack;
 mod console;
@@ -131,6 +135,10 @@ pub enum Workload {
     /// answers, against `serve` and `proxy`; the server's memory is reported (not part of the
     /// default set).
     OverloadStdio,
+    /// The baseline of `mcp-stdio`: the same calls to a server written with the official
+    /// Python SDK doing its own SQLite lookup-or-insert (needs `--python` with `mcp`
+    /// installed; not part of the default set).
+    PythonSdk,
 }
 
 impl Workload {
@@ -149,7 +157,23 @@ impl Workload {
             Workload::Overload => "overload",
             Workload::OverloadHttp => "overload-http",
             Workload::OverloadStdio => "overload-stdio",
+            Workload::PythonSdk => "python-sdk",
         }
+    }
+
+    /// Whether the workload runs on SQLite only.
+    fn sqlite_only(self) -> bool {
+        matches!(
+            self,
+            Workload::McpStdio
+                | Workload::McpHttp
+                | Workload::OutboxDrain
+                | Workload::OperationsList
+                | Workload::ConsoleList
+                | Workload::Proxy
+                | Workload::OverloadStdio
+                | Workload::PythonSdk
+        )
     }
 }
 
@@ -213,6 +237,15 @@ pub struct BenchArgs {
     /// `overload-http`, one connection each).
     #[arg(long, default_value_t = 2048)]
     pub overload_callers: usize,
+    /// `python-sdk`: the Python interpreter that runs the baseline server (with the `mcp`
+    /// package installed).
+    #[arg(
+        long,
+        env = "TOOLLEDGER_PYTHON",
+        default_value = "python3",
+        value_name = "PATH"
+    )]
+    pub python: PathBuf,
     /// `overload-http`: the server's `--max-in-flight`.
     #[arg(long, default_value_t = toolledger_mcp::wire::stdio::DEFAULT_MAX_IN_FLIGHT)]
     pub max_in_flight: usize,
@@ -228,24 +261,11 @@ fn validate(args: &BenchArgs) -> Result<(), Failure> {
             "--backend postgres needs --database-url",
         );
     }
-    if postgres
-        && args.workloads.iter().any(|w| {
-            matches!(
-                w,
-                Workload::McpStdio
-                    | Workload::McpHttp
-                    | Workload::OutboxDrain
-                    | Workload::OperationsList
-                    | Workload::ConsoleList
-                    | Workload::Proxy
-                    | Workload::OverloadStdio
-            )
-        })
-    {
+    if postgres && args.workloads.iter().any(|w| w.sqlite_only()) {
         return refuse(
             "WORKLOAD_UNAVAILABLE",
-            "mcp-stdio, mcp-http, outbox-drain, operations-list, console-list, proxy and \
-             overload-stdio run on SQLite only",
+            "mcp-stdio, mcp-http, outbox-drain, operations-list, console-list, proxy, \
+             overload-stdio and python-sdk run on SQLite only",
         );
     }
     if postgres && args.sqlite_synchronous != SyncMode::Full {
@@ -418,18 +438,7 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
     .map_err(|_| "DATABASE_IO_ERROR")?;
     let (mut workloads, concurrency) = plan(args);
     if args.backend == Backend::Postgres {
-        workloads.retain(|w| {
-            !matches!(
-                w,
-                Workload::McpStdio
-                    | Workload::McpHttp
-                    | Workload::OutboxDrain
-                    | Workload::OperationsList
-                    | Workload::ConsoleList
-                    | Workload::Proxy
-                    | Workload::OverloadStdio
-            )
-        });
+        workloads.retain(|w| !w.sqlite_only());
     }
     let mut ceiling: Option<f64> = None;
     let mut seq = 0usize;
@@ -485,7 +494,8 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                         | Workload::Proxy
                         | Workload::Overload
                         | Workload::OverloadHttp
-                        | Workload::OverloadStdio => Vec::new(),
+                        | Workload::OverloadStdio
+                        | Workload::PythonSdk => Vec::new(),
                     };
                     tokio::task::spawn_blocking(move || pg.drop_schema())
                         .await
@@ -518,6 +528,10 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                         console::run(db, c, args.ops, args.list_rows, tune).await?
                     }
                     Workload::Proxy => proxy::run(db, c, args.ops, tune.synchronous).await?,
+                    Workload::PythonSdk => {
+                        let wire = mcp::Wire::PythonSdk(args.python.clone());
+                        mcp::run(db, c, args.ops, tune.synchronous, wire).await?
+                    }
                     Workload::Overload | Workload::OverloadHttp | Workload::OverloadStdio => {
                         Vec::new()
                     }

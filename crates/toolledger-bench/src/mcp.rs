@@ -7,6 +7,12 @@
 //! committed with its ledger row). `fresh` sends new request ids; `replay` repeats request ids
 //! that were applied before the measurement.
 //!
+//! `python-sdk` is the baseline both are compared with: the same calls over stdio to a server
+//! written with the official Python SDK's `MCPServer` (`python/sdk_baseline.py`), whose one
+//! tool does by hand what the ledger does: a SQLite lookup-or-insert of the request id under a
+//! lock, WAL and `synchronous=FULL`. It runs under the interpreter `--python` names, which
+//! must have `mcp` installed.
+//!
 //! Each line runs its own server process, so `server_peak_rss_mb` is that server's peak;
 //! `cpu_us_per_op` counts this client and the server together.
 
@@ -84,22 +90,29 @@ pub(super) struct McpClient {
     next_id: AtomicI64,
 }
 
-/// Which transport a workload measures.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which server and transport a workload measures.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Wire {
     /// `serve` on stdio (`mcp-stdio`).
     Stdio,
     /// `serve --http` with bearer tokens (`mcp-http`).
     Http,
+    /// The Python SDK baseline on stdio, under this interpreter (`python-sdk`).
+    PythonSdk(PathBuf),
 }
 
+/// The baseline server of `python-sdk`, written beside its database when the line runs.
+const SDK_BASELINE: &str = include_str!("../python/sdk_baseline.py");
+
 impl Wire {
-    fn label(self, line: &str) -> &'static str {
+    fn label(&self, line: &str) -> &'static str {
         match (self, line) {
             (Wire::Stdio, "fresh") => "mcp-stdio-fresh",
             (Wire::Stdio, _) => "mcp-stdio-replay",
             (Wire::Http, "fresh") => "mcp-http-fresh",
             (Wire::Http, _) => "mcp-http-replay",
+            (Wire::PythonSdk(_), "fresh") => "python-sdk-fresh",
+            (Wire::PythonSdk(_), _) => "python-sdk-replay",
         }
     }
 }
@@ -129,15 +142,22 @@ impl McpClient {
     async fn start(
         db: &Path,
         synchronous: Synchronous,
-        wire: Wire,
+        wire: &Wire,
         token: Option<String>,
         connections: usize,
     ) -> Result<Arc<McpClient>, &'static str> {
+        if let Wire::PythonSdk(python) = wire {
+            let script = db.with_extension("py");
+            std::fs::write(&script, SDK_BASELINE).map_err(|_| "DATABASE_IO_ERROR")?;
+            let mut command = tokio::process::Command::new(python);
+            command.arg(script).env("BASELINE_DB", db);
+            return McpClient::over_stdio(command);
+        }
         let db = ServerDb::Sqlite {
             path: db.to_path_buf(),
             synchronous,
         };
-        if wire == Wire::Stdio {
+        if *wire == Wire::Stdio {
             let mut command = serve_command(&db)?;
             command.args(["--principal", PRINCIPAL]);
             return McpClient::over_stdio(command);
@@ -510,8 +530,9 @@ async fn measure(
     r
 }
 
-/// Runs `mcp-stdio` or `mcp-http` fresh and replay at `concurrency` with `ops` calls each;
-/// `db` names the database of this line (the replay line uses a second file beside it).
+/// Runs `mcp-stdio`, `mcp-http` or `python-sdk` fresh and replay at `concurrency` with `ops`
+/// calls each; `db` names the database of this line (the replay line uses a second file beside
+/// it).
 pub async fn run(
     db: PathBuf,
     concurrency: usize,
@@ -521,9 +542,19 @@ pub async fn run(
 ) -> Result<Vec<Report>, &'static str> {
     let mut reports = Vec::with_capacity(2);
     let http = wire == Wire::Http;
+    let ledger = !matches!(wire, Wire::PythonSdk(_));
 
-    let token = prepare_db(&db, http).await?;
-    let client = McpClient::start(&db, synchronous, wire, token, concurrency).await?;
+    let token = if ledger {
+        prepare_db(&db, http).await?
+    } else {
+        None
+    };
+    let client = McpClient::start(&db, synchronous, &wire, token, concurrency).await?;
+    // One call before the clock starts: the server is up (an interpreter takes a while).
+    if !client.create_automation("warm-up", false).await {
+        finish(client).await;
+        return Err("BENCH_SERVER_UNAVAILABLE");
+    }
     let fresh = measure(
         &client,
         wire.label("fresh"),
@@ -537,9 +568,13 @@ pub async fn run(
     reports.push(fresh);
 
     let replay_db = db.with_extension("replay.sqlite");
-    let token = prepare_db(&replay_db, http).await?;
+    let token = if ledger {
+        prepare_db(&replay_db, http).await?
+    } else {
+        None
+    };
     let seeders = if http { concurrency.max(1) } else { 64 };
-    let client = McpClient::start(&replay_db, synchronous, wire, token, seeders).await?;
+    let client = McpClient::start(&replay_db, synchronous, &wire, token, seeders).await?;
     let distinct = ops.clamp(1, 1000);
     let seeded = drive("mcp-seed", seeders, distinct, {
         let c = client.clone();

@@ -584,3 +584,52 @@ fn a_client_that_never_reads_is_held_back_and_then_answered() {
         );
     }
 }
+
+#[test]
+fn the_python_sdk_baseline_prints_a_fresh_and_a_replay_line() {
+    let Some(python) = support::clients::python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = support::toolledger()
+        .arg("bench")
+        .args([
+            "--workload",
+            "python-sdk",
+            "--concurrency",
+            "4",
+            "--ops",
+            "40",
+        ])
+        .arg("--db-dir")
+        .arg(dir.path())
+        .arg("--python")
+        .arg(python)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let names: Vec<&str> = lines
+        .iter()
+        .map(|l| l["workload"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["python-sdk-fresh", "python-sdk-replay"]);
+    for l in &lines {
+        // Every fresh call inserted its row, every replay found the stored one.
+        assert_eq!(
+            (l["succeeded"].as_u64(), l["failed"].as_u64()),
+            (Some(40), Some(0)),
+            "{l}"
+        );
+        assert!(l["server_cpu_us_per_op"].is_number(), "{l}");
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
