@@ -45,10 +45,18 @@
 //!   official Python SDK that deduplicates by hand (a SQLite lookup-or-insert under a lock),
 //!   as `python-sdk-fresh` and `python-sdk-replay` (see [`mcp`]). Only when asked for with
 //!   `--workload python-sdk`; `--python` names an interpreter with `mcp` installed.
+//! - `retention-soak`: fresh calls and one replay in ten with a short retention on a clock that
+//!   moves one second per call, `--ops` calls crossing `--soak-periods` retention periods
+//!   (the tombstone horizon is one period too), once with the pruner off and once with it
+//!   running every `--soak-prune-interval` seconds, as two lines; each has the ledger's size
+//!   sampled `--soak-samples` times, what the pruner did and how fast, and fresh and replay
+//!   latency, the pruner-on line also its p99 over the pruner-off line's (see [`soak`]). At
+//!   the highest `--concurrency` given. Only when asked for with `--workload retention-soak`.
 //!
 //! With `--backend postgres --database-url URL` the `ceiling`, `fresh`, `replay`,
-//! `conflict`, `overload` and `overload-http` workloads run against PostgreSQL, each in a fresh schema of that database
-//! (dropped afterwards); `ceiling` is then a raw one-row `INSERT … ON CONFLICT DO NOTHING` +
+//! `conflict`, `overload`, `overload-http` and `retention-soak` workloads run against
+//! PostgreSQL, each in a fresh schema of that database (each soak run in its own), dropped
+//! afterwards; `ceiling` is then a raw one-row `INSERT … ON CONFLICT DO NOTHING` +
 //! `COMMIT` loop through the same store (compare it with `pgbench` on the same server). The
 //! `mcp-stdio`, `mcp-http`, `outbox-drain`, `operations-list`, `console-list`, `proxy`,
 //! `overload-stdio` and `python-sdk` workloads are SQLite-only.
@@ -63,6 +71,7 @@ mod pg;
 mod proxy;
 mod report;
 mod run;
+mod soak;
 mod unread;
 
 use std::io::IsTerminal;
@@ -139,6 +148,9 @@ pub enum Workload {
     /// Python SDK doing its own SQLite lookup-or-insert (needs `--python` with `mcp`
     /// installed; not part of the default set).
     PythonSdk,
+    /// Fresh calls and replays with a short retention on a fast clock, with the pruner off
+    /// and on: the ledger's size over time, prune rate, latency (not part of the default set).
+    RetentionSoak,
 }
 
 impl Workload {
@@ -158,6 +170,7 @@ impl Workload {
             Workload::OverloadHttp => "overload-http",
             Workload::OverloadStdio => "overload-stdio",
             Workload::PythonSdk => "python-sdk",
+            Workload::RetentionSoak => "retention-soak",
         }
     }
 
@@ -249,6 +262,18 @@ pub struct BenchArgs {
     /// `overload-http`: the server's `--max-in-flight`.
     #[arg(long, default_value_t = toolledger_mcp::wire::stdio::DEFAULT_MAX_IN_FLIGHT)]
     pub max_in_flight: usize,
+    /// `retention-soak`: retention periods a run crosses. The ledger's clock moves one second
+    /// per call, so the retention, and the tombstone horizon after it, is `--ops /
+    /// --soak-periods` seconds.
+    #[arg(long, default_value_t = 10)]
+    pub soak_periods: usize,
+    /// `retention-soak`: real seconds between two passes of the pruner.
+    #[arg(long, default_value_t = 1.0)]
+    pub soak_prune_interval: f64,
+    /// `retention-soak`: samples of the ledger's size during a run (besides the one before
+    /// the first call).
+    #[arg(long, default_value_t = 10)]
+    pub soak_samples: usize,
 }
 
 /// Refuses the flag combinations a benchmark cannot run with, before anything is opened.
@@ -313,6 +338,19 @@ fn validate(args: &BenchArgs) -> Result<(), Failure> {
             "INVALID_ARGUMENTS",
             "--ops, --concurrency, --readers, --list-rows, --overload-callers and \
              --max-in-flight must be at least 1",
+        );
+    }
+    if args.soak_periods == 0
+        || args.soak_periods > args.ops
+        || args.soak_samples == 0
+        || args.soak_samples > 1000
+        || !positive(args.soak_prune_interval)
+        || args.soak_prune_interval > 3600.0
+    {
+        return refuse(
+            "INVALID_ARGUMENTS",
+            "--soak-periods must be in [1, --ops], --soak-samples in [1, 1000] and \
+             --soak-prune-interval in (0, 3600]",
         );
     }
     if args.overload_callers > 100_000 || args.max_in_flight > 1_000_000 {
@@ -447,7 +485,7 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
         let highest = [concurrency.iter().copied().max().unwrap_or(64)];
         let levels: &[usize] = match workload {
             Workload::Ceiling => &[1],
-            Workload::Overload | Workload::OverloadHttp => &highest,
+            Workload::Overload | Workload::OverloadHttp | Workload::RetentionSoak => &highest,
             _ => &concurrency,
         };
         if workload == Workload::OverloadStdio {
@@ -457,6 +495,25 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                 .join(format!("{seq:02}-{}.sqlite", workload.name()));
             for r in unread::run(&db, args.overload_seconds, tune.synchronous).await? {
                 r.print();
+            }
+            continue;
+        }
+        if workload == Workload::RetentionSoak {
+            seq += 1;
+            let base = dir.path().join(format!("{seq:02}-{}", workload.name()));
+            let target = match (args.backend, &args.database_url) {
+                (Backend::Postgres, Some(url)) => soak::Target::Postgres(url.clone()),
+                _ => soak::Target::Sqlite(base, tune),
+            };
+            let shape = soak::Shape {
+                concurrency: levels[0],
+                ops: args.ops,
+                periods: args.soak_periods,
+                prune_interval: std::time::Duration::from_secs_f64(args.soak_prune_interval),
+                samples: args.soak_samples,
+            };
+            for r in soak::run(target, shape).await? {
+                report::print_line(&r, r.workload);
             }
             continue;
         }
@@ -495,7 +552,8 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                         | Workload::Overload
                         | Workload::OverloadHttp
                         | Workload::OverloadStdio
-                        | Workload::PythonSdk => Vec::new(),
+                        | Workload::PythonSdk
+                        | Workload::RetentionSoak => Vec::new(),
                     };
                     tokio::task::spawn_blocking(move || pg.drop_schema())
                         .await
@@ -532,9 +590,10 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                         let wire = mcp::Wire::PythonSdk(args.python.clone());
                         mcp::run(db, c, args.ops, tune.synchronous, wire).await?
                     }
-                    Workload::Overload | Workload::OverloadHttp | Workload::OverloadStdio => {
-                        Vec::new()
-                    }
+                    Workload::Overload
+                    | Workload::OverloadHttp
+                    | Workload::OverloadStdio
+                    | Workload::RetentionSoak => Vec::new(),
                 }
                 .into_iter()
                 .map(|mut r| {

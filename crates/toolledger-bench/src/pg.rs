@@ -65,6 +65,11 @@ impl BenchSchema {
         self.engine.clone()
     }
 
+    /// The schema's store (for an engine on another clock, or the workload's own reads).
+    pub fn store(&self) -> Store {
+        Store::from(self.store.clone())
+    }
+
     /// The schema's name.
     pub fn name(&self) -> &str {
         self.store.schema().unwrap_or_default()
@@ -79,7 +84,7 @@ impl BenchSchema {
 /// The raw durable single-row ceiling: `INSERT … ON CONFLICT DO NOTHING` and `COMMIT`, one
 /// after another, through the same store as the ledger.
 pub async fn ceiling(schema: &BenchSchema, ops: usize) -> Result<Report, &'static str> {
-    let store = Store::from(schema.store.clone());
+    let store = schema.store();
     let measured = drive("ceiling", 1, ops, move |i| {
         let store = store.clone();
         async move {

@@ -84,54 +84,82 @@ where
     F: Fn(usize) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = bool> + Send + 'static,
 {
+    let [measured] = drive_classes(label, concurrency, ops, |_| 0, op).await;
+    measured
+}
+
+/// [`drive`], with each call counted in the class `class(i)` (`< N`) says: one [`Measured`]
+/// per class, each with its own latencies and failures and the whole run's wall and CPU time.
+pub async fn drive_classes<const N: usize, C, F, Fut>(
+    label: &str,
+    concurrency: usize,
+    ops: usize,
+    class: C,
+    op: F,
+) -> [Measured; N]
+where
+    C: Fn(usize) -> usize + Send + Sync + 'static,
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = bool> + Send + 'static,
+{
     let bar = progress(label, concurrency, ops);
     let op = Arc::new(op);
+    let class = Arc::new(class);
     let next = Arc::new(AtomicUsize::new(0));
     let cpu_before = process_cpu();
     let started = Instant::now();
     let mut callers = Vec::with_capacity(concurrency);
     for _ in 0..concurrency {
         let op = op.clone();
+        let class = class.clone();
         let next = next.clone();
         let bar = bar.clone();
         callers.push(tokio::spawn(async move {
-            let mut latencies = Vec::with_capacity(ops / concurrency + 1);
-            let mut failed = 0usize;
+            let mut latencies: [Vec<u64>; N] =
+                std::array::from_fn(|_| Vec::with_capacity(ops / concurrency / N + 1));
+            let mut failed = [0usize; N];
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= ops {
                     break;
                 }
+                let k = class(i).min(N - 1);
                 let t0 = Instant::now();
                 if !op(i).await {
-                    failed += 1;
+                    failed[k] += 1;
                 }
-                latencies.push(t0.elapsed().as_micros() as u64);
+                latencies[k].push(t0.elapsed().as_micros() as u64);
                 bar.inc(1);
             }
             (latencies, failed)
         }));
     }
-    let mut latencies_us = Vec::with_capacity(ops);
-    let mut failed = 0;
+    let mut latencies_us: [Vec<u64>; N] = std::array::from_fn(|_| Vec::new());
+    let mut failed = [0usize; N];
+    let mut lost = 0;
     for caller in callers {
         match caller.await {
             Ok((lat, f)) => {
-                latencies_us.extend(lat);
-                failed += f;
+                for k in 0..N {
+                    latencies_us[k].extend_from_slice(&lat[k]);
+                    failed[k] += f[k];
+                }
             }
-            Err(_) => failed += 1,
+            Err(_) => lost += 1,
         }
     }
     let elapsed = started.elapsed();
     let cpu = process_cpu().saturating_sub(cpu_before);
     bar.finish_and_clear();
-    // A caller that panicked took its unanswered operations with it.
-    failed += ops.saturating_sub(latencies_us.len() + failed);
-    Measured {
+    // A caller that panicked took its unanswered operations with it (counted in class 0).
+    let answered: usize = latencies_us.iter().map(Vec::len).sum();
+    let failed_so_far = failed.iter().sum::<usize>() + lost;
+    failed[0] += lost + ops.saturating_sub(answered + failed_so_far);
+    let mut latencies_us = latencies_us.into_iter();
+    std::array::from_fn(|k| Measured {
         elapsed,
-        latencies_us,
-        failed,
+        latencies_us: latencies_us.next().unwrap_or_default(),
+        failed: failed[k],
         cpu,
-    }
+    })
 }

@@ -454,6 +454,39 @@ fn the_overload_http_workload_answers_every_call_and_reports_the_servers_memory(
 }
 
 #[test]
+fn the_retention_soak_prints_a_pruner_off_and_a_pruner_on_line_with_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = bench(&[
+        "--workload",
+        "retention-soak",
+        "--ops",
+        "400",
+        "--concurrency",
+        "4",
+        "--soak-periods",
+        "4",
+        "--soak-samples",
+        "4",
+        "--soak-prune-interval",
+        "0.01",
+        "--db-dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    support::check_soak_lines(&lines, "sqlite", 400);
+    assert!(lines[0]["samples"][1]["file_bytes"].as_u64().unwrap() > 0);
+}
+
+#[test]
 fn bad_options_are_refused_with_a_stable_code() {
     for (args, code) in [
         (&["--backend", "postgres"][..], "BACKEND_UNAVAILABLE"),
@@ -498,6 +531,9 @@ fn bad_options_are_refused_with_a_stable_code() {
         (&["--overload-factor", "NaN"][..], "INVALID_ARGUMENTS"),
         (&["--overload-callers", "0"][..], "INVALID_ARGUMENTS"),
         (&["--max-in-flight", "0"][..], "INVALID_ARGUMENTS"),
+        (&["--soak-periods", "0"][..], "INVALID_ARGUMENTS"),
+        (&["--soak-samples", "0"][..], "INVALID_ARGUMENTS"),
+        (&["--soak-prune-interval", "0"][..], "INVALID_ARGUMENTS"),
         (
             &[
                 "--backend",

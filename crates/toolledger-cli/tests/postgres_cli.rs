@@ -270,6 +270,39 @@ fn bench_runs_the_ledger_workloads_on_postgres() {
 }
 
 #[test]
+fn the_retention_soak_runs_on_postgres() {
+    let Some(url) = test_database_url() else {
+        return;
+    };
+    let out = Command::new(bin())
+        .args(["bench", "--backend", "postgres", "--database-url", &url])
+        .args(["--workload", "retention-soak", "--ops", "400"])
+        .args([
+            "--concurrency",
+            "4",
+            "--soak-periods",
+            "4",
+            "--soak-samples",
+            "4",
+        ])
+        .args(["--soak-prune-interval", "0.01"])
+        .env_remove("TOOLLEDGER_DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    support::check_soak_lines(&lines, "postgres", 400);
+}
+
+#[test]
 fn serve_and_proxy_without_keys_on_postgres_name_the_missing_variables() {
     let Some(h) = Harness::postgres() else { return };
     let store = h.open();

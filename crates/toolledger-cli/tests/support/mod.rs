@@ -8,7 +8,8 @@
 //! - [`runtime`]: the deferred-runtime commands (`approve`, `dispatch`, `status`, …) on a
 //!   [`Db`], and fixtures;
 //! - [`clients`]: the interpreters and programs of other people's MCP clients and servers;
-//! - [`ack`]: the acknowledgement stream of `bench --ack-db/--ack-schema` (crash tests).
+//! - [`ack`]: the acknowledgement stream of `bench --ack-db/--ack-schema` (crash tests);
+//! - [`check_soak_lines`]: the two lines of `bench --workload retention-soak`.
 //!
 //! Each test binary compiles all of it and uses a part, hence the `allow`s.
 
@@ -101,4 +102,48 @@ impl Db {
     pub fn downstream(&self) -> PathBuf {
         toolledger_reference::refunds::default_downstream_path(&self.db)
     }
+}
+
+/// Checks the two lines of `bench --workload retention-soak` of `ops` calls on `backend`:
+/// pruner off, then on; every call ended as expected; the samples run from the first call to
+/// the last; and every fresh call is a row, a tombstone or a deleted tombstone at the end.
+/// No figure is asserted.
+pub fn check_soak_lines(lines: &[Value], backend: &str, ops: u64) {
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for (v, pruner) in lines.iter().zip(["off", "on"]) {
+        assert_eq!(v["workload"], "retention-soak", "{v}");
+        assert_eq!(v["backend"], backend, "{v}");
+        assert_eq!(v["pruner"], pruner, "{v}");
+        assert_eq!(v["ops"], ops, "{v}");
+        let (fresh, replays) = (
+            v["fresh_ops"].as_u64().unwrap(),
+            v["replay_ops"].as_u64().unwrap(),
+        );
+        assert_eq!(fresh + replays, ops, "{v}");
+        assert!(replays > 0, "{v}");
+        assert_eq!(v["fresh_failed"], 0, "{v}");
+        assert_eq!(v["replay_failed"], 0, "{v}");
+        assert_eq!(v["prune_failed"], 0, "{v}");
+        for kind in ["fresh", "replay"] {
+            let p50 = v[format!("{kind}_p50_us")].as_u64().unwrap();
+            assert!(p50 <= v[format!("{kind}_p99_us")].as_u64().unwrap(), "{v}");
+        }
+        let samples = v["samples"].as_array().unwrap();
+        assert!(samples.len() >= 2, "{v}");
+        assert_eq!(samples[0]["ops"], 0, "{v}");
+        let last = samples.last().unwrap();
+        assert_eq!(last["ops"], ops, "{v}");
+        assert!(last["bytes"].as_i64().unwrap() > 0, "{v}");
+        let rows = last["live"].as_u64().unwrap() + last["tombstones"].as_u64().unwrap();
+        assert_eq!(rows + v["deleted"].as_u64().unwrap(), fresh, "{v}");
+        assert!(v["growth_second_half"].as_f64().is_some(), "{v}");
+        assert!(v["prune_rows_per_sec"].as_f64().is_some(), "{v}");
+    }
+    assert_eq!(lines[0]["prune_passes"], 0);
+    assert_eq!(lines[0]["compacted"], 0);
+    assert!(
+        lines[1]["fresh_p99_vs_off"].as_f64().is_some(),
+        "{}",
+        lines[1]
+    );
 }
