@@ -274,6 +274,17 @@ pub struct BenchArgs {
     /// the first call).
     #[arg(long, default_value_t = 10)]
     pub soak_samples: usize,
+    /// `retention-soak`: calls offered per second, a steady load whose latency counts from
+    /// each call's due time (0: as fast as the callers go).
+    #[arg(long, default_value_t = 0.0)]
+    pub soak_rate: f64,
+    /// `retention-soak`: rows per prune transaction (default: the background pruner's).
+    #[arg(long, default_value_t = toolledger::prune::BACKGROUND_BATCH)]
+    pub soak_prune_batch: usize,
+    /// `retention-soak`: the pruner's rest after each transaction, as a multiple of the time
+    /// it took (default: the background pruner's; 0: none).
+    #[arg(long, default_value_t = toolledger::prune::BACKGROUND_PACE)]
+    pub soak_prune_pace: u32,
 }
 
 /// Refuses the flag combinations a benchmark cannot run with, before anything is opened.
@@ -346,11 +357,12 @@ fn validate(args: &BenchArgs) -> Result<(), Failure> {
         || args.soak_samples > 1000
         || !positive(args.soak_prune_interval)
         || args.soak_prune_interval > 3600.0
+        || !(args.soak_rate >= 0.0 && args.soak_rate.is_finite())
     {
         return refuse(
             "INVALID_ARGUMENTS",
-            "--soak-periods must be in [1, --ops], --soak-samples in [1, 1000] and \
-             --soak-prune-interval in (0, 3600]",
+            "--soak-periods must be in [1, --ops], --soak-samples in [1, 1000], \
+             --soak-prune-interval in (0, 3600] and --soak-rate a finite number ≥ 0",
         );
     }
     if args.overload_callers > 100_000 || args.max_in_flight > 1_000_000 {
@@ -511,6 +523,9 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                 periods: args.soak_periods,
                 prune_interval: std::time::Duration::from_secs_f64(args.soak_prune_interval),
                 samples: args.soak_samples,
+                rate: (args.soak_rate > 0.0).then_some(args.soak_rate),
+                prune_batch: args.soak_prune_batch.max(1),
+                prune_pace: args.soak_prune_pace,
             };
             for r in soak::run(target, shape).await? {
                 report::print_line(&r, r.workload);

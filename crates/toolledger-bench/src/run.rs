@@ -84,16 +84,20 @@ where
     F: Fn(usize) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = bool> + Send + 'static,
 {
-    let [measured] = drive_classes(label, concurrency, ops, |_| 0, op).await;
+    let [measured] = drive_classes(label, concurrency, ops, None, |_| 0, op).await;
     measured
 }
 
 /// [`drive`], with each call counted in the class `class(i)` (`< N`) says: one [`Measured`]
 /// per class, each with its own latencies and failures and the whole run's wall and CPU time.
+/// With a `rate` (calls per second), call `i` starts no earlier than `i / rate` seconds after
+/// the first, and its latency counts from then (a call that had to wait for a free caller
+/// counts the wait): a steady offered load, as long as the callers suffice.
 pub async fn drive_classes<const N: usize, C, F, Fut>(
     label: &str,
     concurrency: usize,
     ops: usize,
+    rate: Option<f64>,
     class: C,
     op: F,
 ) -> [Measured; N]
@@ -124,7 +128,14 @@ where
                     break;
                 }
                 let k = class(i).min(N - 1);
-                let t0 = Instant::now();
+                let t0 = match rate {
+                    Some(r) => {
+                        let due = started + Duration::from_secs_f64(i as f64 / r);
+                        tokio::time::sleep_until(due.into()).await;
+                        due
+                    }
+                    None => Instant::now(),
+                };
                 if !op(i).await {
                     failed[k] += 1;
                 }

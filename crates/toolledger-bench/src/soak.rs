@@ -11,8 +11,10 @@
 //! horizon. Every tenth call replays a recent operation (still within its retention).
 //!
 //! The pruner is [`toolledger::prune::prune`] every `prune_interval` of real time, each pass
-//! working until nothing expired is left, as the background pruner of `serve` does; the
-//! workload times each pass. The effect writes nothing besides the ledger's row, so the
+//! working until nothing expired is left, by default with the background pruner's options
+//! ([`toolledger::prune::PruneOptions::background`]: small batches, a rest after each), as
+//! `serve` runs it (`prune_batch` and `prune_pace` change them); the workload times each pass. With a `rate` the calls arrive at that
+//! steady rate (latency from each call's due time) instead of as fast as the callers go. The effect writes nothing besides the ledger's row, so the
 //! database holds the ledger alone. Its size is sampled `samples` times: SQLite's pages in
 //! use (`page_count - freelist_count`, times `page_size`) and the file with its WAL;
 //! PostgreSQL's `pg_total_relation_size` of every table in the workload's schema.
@@ -51,6 +53,12 @@ pub struct Shape {
     pub prune_interval: Duration,
     /// Size samples per run besides the one before the first call.
     pub samples: usize,
+    /// Calls offered per second (`None`: as fast as the callers go).
+    pub rate: Option<f64>,
+    /// Rows per prune transaction.
+    pub prune_batch: usize,
+    /// The pruner's rest after each transaction, as a multiple of its duration.
+    pub prune_pace: u32,
 }
 
 impl Shape {
@@ -156,6 +164,13 @@ pub struct SoakReport {
     pub tombstone_ttl_seconds: i64,
     /// Real time between two prune passes (ms).
     pub prune_interval_ms: u64,
+    /// Calls offered per second (absent: as fast as the callers go).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offered_rate: Option<f64>,
+    /// Rows per prune transaction.
+    pub prune_batch: usize,
+    /// The pruner's rest after each transaction, as a multiple of its duration.
+    pub prune_pace: u32,
     /// Fresh calls.
     pub fresh_ops: usize,
     /// Fresh calls that were not applied.
@@ -264,8 +279,9 @@ async fn run_once(target: &Target, shape: Shape, pruner: bool) -> Result<SoakRep
     let (stop_pruner, stopped) = tokio::sync::oneshot::channel::<()>();
     let pruning = pruner.then(|| {
         let opts = PruneOptions {
-            tombstone_ttl: Some(period),
-            ..PruneOptions::default()
+            batch: shape.prune_batch,
+            pace: shape.prune_pace,
+            ..PruneOptions::background(Some(period))
         };
         tokio::spawn(prune_every(
             store.clone(),
@@ -290,6 +306,7 @@ async fn run_once(target: &Target, shape: Shape, pruner: bool) -> Result<SoakRep
         "retention-soak",
         shape.concurrency,
         shape.ops,
+        shape.rate,
         move |i| usize::from(shape.replays(i).is_some()),
         move |i| {
             let engine = engine.clone();
@@ -356,6 +373,9 @@ async fn run_once(target: &Target, shape: Shape, pruner: bool) -> Result<SoakRep
         retention_seconds: period,
         tombstone_ttl_seconds: period,
         prune_interval_ms: shape.prune_interval.as_millis() as u64,
+        offered_rate: shape.rate,
+        prune_batch: shape.prune_batch,
+        prune_pace: shape.prune_pace,
         fresh_ops: fresh.ops,
         fresh_failed: fresh.failed,
         fresh_p50_us: fresh.p50_us,

@@ -69,6 +69,7 @@ pub fn run(args: PruneArgs, store: StoreConfig) -> Result<Outcome, Failure> {
             batch: args.batch as usize,
             tombstone_ttl: args.tombstone_ttl.0,
             dry_run: args.dry_run,
+            pace: 0,
         };
         let report = prune::prune(&ledger, &clock, &opts).await?;
         let vacuumed = match (&store.backend, args.vacuum) {

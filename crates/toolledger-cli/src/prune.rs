@@ -79,10 +79,7 @@ impl PruneFlags {
         if self.prune_interval == 0 {
             return Pruner(None);
         }
-        let opts = PruneOptions {
-            tombstone_ttl: self.tombstone_ttl.0,
-            ..PruneOptions::default()
-        };
+        let opts = PruneOptions::background(self.tombstone_ttl.0);
         Pruner(Some(tokio::spawn(toolledger::prune::run_every(
             store.clone(),
             clock.clone(),

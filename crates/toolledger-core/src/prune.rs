@@ -38,6 +38,14 @@ use crate::store::{Store, StoreError};
 /// Rows changed in one transaction unless [`PruneOptions::batch`] says otherwise.
 pub const DEFAULT_BATCH: usize = 500;
 
+/// Rows changed in one transaction by the background pruner ([`PruneOptions::background`]):
+/// small enough that a call waiting behind one batch for the writer waits a few milliseconds.
+pub const BACKGROUND_BATCH: usize = 100;
+
+/// How long the background pruner rests after each batch, as a multiple of the time the batch
+/// took ([`PruneOptions::pace`]): it holds the database's writer at most half the time.
+pub const BACKGROUND_PACE: u32 = 1;
+
 /// The tombstone horizon unless configured otherwise: 30 days after the retention deadline.
 pub const DEFAULT_TOMBSTONE_TTL_SECS: i64 = 30 * 86_400;
 
@@ -53,6 +61,29 @@ pub struct PruneOptions {
     pub tombstone_ttl: Option<i64>,
     /// Count what would be done, change nothing.
     pub dry_run: bool,
+    /// After each committed transaction, rest this many times as long as it took (0: none),
+    /// so live calls get the writer between batches.
+    pub pace: u32,
+}
+
+impl PruneOptions {
+    /// The options of the pruner that runs beside live calls (`serve`, `proxy`, `worker`):
+    /// batches of [`BACKGROUND_BATCH`] rows and a rest of [`BACKGROUND_PACE`] after each.
+    pub fn background(tombstone_ttl: Option<i64>) -> Self {
+        PruneOptions {
+            batch: BACKGROUND_BATCH,
+            pace: BACKGROUND_PACE,
+            tombstone_ttl,
+            ..PruneOptions::default()
+        }
+    }
+}
+
+/// Rests `pace` times as long as the transaction begun at `started` took.
+async fn rest(started: std::time::Instant, pace: u32) {
+    if pace > 0 {
+        tokio::time::sleep(started.elapsed() * pace).await;
+    }
 }
 
 impl Default for PruneOptions {
@@ -62,6 +93,7 @@ impl Default for PruneOptions {
             batch: DEFAULT_BATCH,
             tombstone_ttl: Some(DEFAULT_TOMBSTONE_TTL_SECS),
             dry_run: false,
+            pace: 0,
         }
     }
 }
@@ -148,6 +180,7 @@ pub async fn prune(
     } else {
         while report.compacted < cap {
             let n = batch.min(cap - report.compacted) as i64;
+            let started = std::time::Instant::now();
             let Some(done) = store
                 .write(move |tx: &mut dyn EffectTx| {
                     compact_batch(tx, now, n).map_err(|e| store_error(tx, e))
@@ -162,11 +195,13 @@ pub async fn prune(
             if (done as i64) < n {
                 break;
             }
+            rest(started, opts.pace).await;
         }
         if let (false, Some(ttl)) = (report.busy, opts.tombstone_ttl) {
             let horizon = now.saturating_sub(ttl);
             while report.deleted < cap {
                 let n = batch.min(cap - report.deleted) as i64;
+                let started = std::time::Instant::now();
                 let Some(done) = store
                     .write(move |tx: &mut dyn EffectTx| {
                         delete_batch(tx, now, horizon, n).map_err(|e| store_error(tx, e))
@@ -181,11 +216,12 @@ pub async fn prune(
                 if (done as i64) < n {
                     break;
                 }
+                rest(started, opts.pace).await;
             }
         }
     }
     if !opts.dry_run && report.compacted + report.deleted > 0 {
-        report.reclaimed_pages = reclaim(store).await?;
+        report.reclaimed_pages = reclaim(store, opts.pace).await?;
     }
     let (kept, oldest) = store
         .read(move |tx: &mut dyn EffectTx| kept(tx, now).map_err(|e| store_error(tx, e)))
@@ -265,10 +301,11 @@ const RECLAIM_STEP: i64 = 1_000;
 
 /// Gives the database's free pages back to the file system in steps of [`RECLAIM_STEP`]
 /// pages, each its own short write transaction ([`crate::store::Driver::reclaim_space`]).
-async fn reclaim(store: &Store) -> Result<i64, StoreError> {
+async fn reclaim(store: &Store, pace: u32) -> Result<i64, StoreError> {
     let mut total = 0;
     // Bounded: the pruner's next pass goes on where this one stopped.
     for _ in 0..100 {
+        let started = std::time::Instant::now();
         let handle = store.clone();
         let n = store
             .write(move |tx: &mut dyn EffectTx| handle.driver().reclaim_space(tx, RECLAIM_STEP))
@@ -277,6 +314,7 @@ async fn reclaim(store: &Store) -> Result<i64, StoreError> {
         if n < RECLAIM_STEP {
             break;
         }
+        rest(started, pace).await;
     }
     Ok(total)
 }
