@@ -12,7 +12,7 @@
 //!
 //! The pruner is [`toolledger::prune::prune`] every `prune_interval` of real time, each pass
 //! working until nothing expired is left, by default with the background pruner's options
-//! ([`toolledger::prune::PruneOptions::background`]: small batches, a rest after each), as
+//! ([`toolledger::prune::PruneOptions::background`]: a rest after each batch), as
 //! `serve` runs it (`prune_batch` and `prune_pace` change them); the workload times each pass. With a `rate` the calls arrive at that
 //! steady rate (latency from each call's due time) instead of as fast as the callers go. The effect writes nothing besides the ledger's row, so the
 //! database holds the ledger alone. Its size is sampled `samples` times: SQLite's pages in

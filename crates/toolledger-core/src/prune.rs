@@ -38,9 +38,8 @@ use crate::store::{Store, StoreError};
 /// Rows changed in one transaction unless [`PruneOptions::batch`] says otherwise.
 pub const DEFAULT_BATCH: usize = 500;
 
-/// Rows changed in one transaction by the background pruner ([`PruneOptions::background`]):
-/// small enough that a call waiting behind one batch for the writer waits a few milliseconds.
-pub const BACKGROUND_BATCH: usize = 100;
+/// Rows changed in one transaction by the background pruner ([`PruneOptions::background`]).
+pub const BACKGROUND_BATCH: usize = DEFAULT_BATCH;
 
 /// How long the background pruner rests after each batch, as a multiple of the time the batch
 /// took ([`PruneOptions::pace`]): it holds the database's writer at most half the time.
