@@ -101,12 +101,7 @@ fn selected_workloads_and_concurrency_only() {
         "--db-dir",
         dir.path().to_str().unwrap(),
     ]);
-    assert!(out.status.success());
-    let lines: Vec<Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = support::json_lines(out);
     assert_eq!(lines.len(), 1);
     assert_eq!(lines[0]["workload"], "replay");
     assert_eq!(lines[0]["concurrency"], 3);
@@ -133,16 +128,7 @@ fn synchronous_normal_is_opt_in_and_reported_on_every_line() {
         "--db-dir",
         dir.path().to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = support::json_lines(out);
     let names: Vec<&str> = lines
         .iter()
         .map(|l| l["workload"].as_str().unwrap())
@@ -173,16 +159,7 @@ fn operations_list_prints_a_line_without_and_one_with_a_state_filter() {
         "--db-dir",
         dir.path().to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = support::json_lines(out);
     let names: Vec<&str> = lines
         .iter()
         .map(|l| l["workload"].as_str().unwrap())
@@ -260,16 +237,7 @@ fn the_proxy_workload_prints_direct_and_proxied_lines_and_what_the_proxy_adds() 
         "--db-dir",
         dir.path().to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = support::json_lines(out);
     let names: Vec<(&str, u64)> = lines
         .iter()
         .map(|l| {
@@ -472,16 +440,7 @@ fn the_retention_soak_prints_a_pruner_off_and_a_pruner_on_line_with_samples() {
         "--db-dir",
         dir.path().to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = support::json_lines(out);
     support::check_soak_lines(&lines, "sqlite", 400);
     assert!(lines[0]["samples"][1]["file_bytes"].as_u64().unwrap() > 0);
 }
@@ -643,16 +602,7 @@ fn the_python_sdk_baseline_prints_a_fresh_and_a_replay_line() {
         .arg(python)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = support::json_lines(out);
     let names: Vec<&str> = lines
         .iter()
         .map(|l| l["workload"].as_str().unwrap())

@@ -225,16 +225,7 @@ fn bench_runs_the_ledger_workloads_on_postgres() {
         .env_remove("TOOLLEDGER_DATABASE_URL")
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = support::json_lines(out);
     let names: Vec<(String, u64)> = lines
         .iter()
         .map(|v| {
@@ -289,16 +280,7 @@ fn the_retention_soak_runs_on_postgres() {
         .env_remove("TOOLLEDGER_DATABASE_URL")
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = support::json_lines(out);
     support::check_soak_lines(&lines, "postgres", 400);
 }
 

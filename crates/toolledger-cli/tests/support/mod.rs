@@ -9,7 +9,8 @@
 //!   [`Db`], and fixtures;
 //! - [`clients`]: the interpreters and programs of other people's MCP clients and servers;
 //! - [`ack`]: the acknowledgement stream of `bench --ack-db/--ack-schema` (crash tests);
-//! - [`check_soak_lines`]: the two lines of `bench --workload retention-soak`.
+//! - [`check_soak_lines`]: the two lines of `bench --workload retention-soak`;
+//! - [`json_lines`]: the JSON lines of a run that succeeded.
 //!
 //! Each test binary compiles all of it and uses a part, hence the `allow`s.
 
@@ -146,4 +147,18 @@ pub fn check_soak_lines(lines: &[Value], backend: &str, ops: u64) {
         "{}",
         lines[1]
     );
+}
+
+/// The JSON lines `out` printed on stdout; panics with its stderr unless it succeeded.
+pub fn json_lines(out: std::process::Output) -> Vec<serde_json::Value> {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
