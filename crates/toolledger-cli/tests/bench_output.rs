@@ -424,22 +424,8 @@ fn the_overload_http_workload_answers_every_call_and_reports_the_servers_memory(
 #[test]
 fn the_retention_soak_prints_a_pruner_off_and_a_pruner_on_line_with_samples() {
     let dir = tempfile::tempdir().unwrap();
-    let out = bench(&[
-        "--workload",
-        "retention-soak",
-        "--ops",
-        "400",
-        "--concurrency",
-        "4",
-        "--soak-periods",
-        "4",
-        "--soak-samples",
-        "4",
-        "--soak-prune-interval",
-        "0.01",
-        "--db-dir",
-        dir.path().to_str().unwrap(),
-    ]);
+    let db_dir = ["--db-dir", dir.path().to_str().unwrap()];
+    let out = bench(&[support::SOAK_ARGS, &db_dir].concat());
     let lines = support::json_lines(out);
     support::check_soak_lines(&lines, "sqlite", 400);
     assert!(lines[0]["samples"][1]["file_bytes"].as_u64().unwrap() > 0);

@@ -267,16 +267,7 @@ fn the_retention_soak_runs_on_postgres() {
     };
     let out = Command::new(bin())
         .args(["bench", "--backend", "postgres", "--database-url", &url])
-        .args(["--workload", "retention-soak", "--ops", "400"])
-        .args([
-            "--concurrency",
-            "4",
-            "--soak-periods",
-            "4",
-            "--soak-samples",
-            "4",
-        ])
-        .args(["--soak-prune-interval", "0.01"])
+        .args(support::SOAK_ARGS)
         .env_remove("TOOLLEDGER_DATABASE_URL")
         .output()
         .unwrap();

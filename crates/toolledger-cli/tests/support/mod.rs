@@ -9,7 +9,8 @@
 //!   [`Db`], and fixtures;
 //! - [`clients`]: the interpreters and programs of other people's MCP clients and servers;
 //! - [`ack`]: the acknowledgement stream of `bench --ack-db/--ack-schema` (crash tests);
-//! - [`check_soak_lines`]: the two lines of `bench --workload retention-soak`;
+//! - [`SOAK_ARGS`] and [`check_soak_lines`]: a tiny `bench --workload retention-soak` and its
+//!   two lines;
 //! - [`json_lines`]: the JSON lines of a run that succeeded.
 //!
 //! Each test binary compiles all of it and uses a part, hence the `allow`s.
@@ -104,6 +105,22 @@ impl Db {
         toolledger_reference::refunds::default_downstream_path(&self.db)
     }
 }
+
+/// The flags of a tiny `bench --workload retention-soak` of 400 calls (either backend).
+pub const SOAK_ARGS: &[&str] = &[
+    "--workload",
+    "retention-soak",
+    "--ops",
+    "400",
+    "--concurrency",
+    "4",
+    "--soak-periods",
+    "4",
+    "--soak-samples",
+    "4",
+    "--soak-prune-interval",
+    "0.01",
+];
 
 /// Checks the two lines of `bench --workload retention-soak` of `ops` calls on `backend`:
 /// pruner off, then on; every call ended as expected; the samples run from the first call to
