@@ -38,9 +38,6 @@ use crate::store::{Store, StoreError};
 /// Rows changed in one transaction unless [`PruneOptions::batch`] says otherwise.
 pub const DEFAULT_BATCH: usize = 500;
 
-/// Rows changed in one transaction by the background pruner ([`PruneOptions::background`]).
-pub const BACKGROUND_BATCH: usize = DEFAULT_BATCH;
-
 /// How long the background pruner rests after each batch, as a multiple of the time the batch
 /// took ([`PruneOptions::pace`]): it holds the database's writer at most half the time.
 pub const BACKGROUND_PACE: u32 = 1;
@@ -67,10 +64,9 @@ pub struct PruneOptions {
 
 impl PruneOptions {
     /// The options of the pruner that runs beside live calls (`serve`, `proxy`, `worker`):
-    /// batches of [`BACKGROUND_BATCH`] rows and a rest of [`BACKGROUND_PACE`] after each.
+    /// batches of [`DEFAULT_BATCH`] rows and a rest of [`BACKGROUND_PACE`] after each.
     pub fn background(tombstone_ttl: Option<i64>) -> Self {
         PruneOptions {
-            batch: BACKGROUND_BATCH,
             pace: BACKGROUND_PACE,
             tombstone_ttl,
             ..PruneOptions::default()

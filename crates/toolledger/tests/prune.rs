@@ -296,7 +296,7 @@ both_drivers!(the_horizon_forgets_tombstones_and_never_keeps_them);
 async fn the_background_pruner_works_in_paced_batches(h: &Harness) {
     let (e, clock) = engine(h);
     let alice = principal("t1", "alice");
-    let n = prune::BACKGROUND_BATCH * 2 + 7;
+    let n = prune::DEFAULT_BATCH * 2 + 7;
     expiring(&e, &alice, (0..n).map(|i| format!("k{i}"))).await;
     clock.set(T0 + RETENTION);
     let opts = PruneOptions::background(None);
