@@ -57,7 +57,7 @@ impl Harness {
         let clock: SharedClock = Arc::new(ManualClock::new(1_767_225_600));
         let keys = KeyMaterial::from_values(Some("07".repeat(32)), Some("09".repeat(32)), None)
             .expect("keys");
-        toolledger_mcp::keys::bind(&store, &keys, clock.now())
+        toolledger_mcp::internal::bind(&store, &keys, clock.now())
             .await
             .expect("keys bound");
         let engine = Engine::new(store.clone(), clock.clone());
