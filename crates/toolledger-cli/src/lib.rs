@@ -5,5 +5,6 @@
 pub mod common;
 pub mod exit;
 pub mod fixture;
+pub mod log_sink;
 pub mod prune;
 pub mod telemetry;

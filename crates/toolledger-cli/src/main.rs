@@ -121,7 +121,10 @@ enum Command {
 
 fn main() -> ExitCode {
     let parsed = Cli::try_parse().map_err(|e| exit::usage_failure(e, &command_path()));
-    exit::finish(parsed.and_then(run))
+    let result = parsed.and_then(run);
+    // The command's last log lines reach stderr before its outcome does.
+    toolledger_cli::log_sink::flush();
+    exit::finish(result)
 }
 
 /// The subcommand path the process's arguments name (`toolledger principal token add`), for

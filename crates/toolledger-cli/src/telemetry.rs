@@ -1,7 +1,8 @@
 //! Logs and metrics of the long-running commands (`serve`, `worker`).
 //!
 //! Logs: `tracing` events to stderr, filtered by `RUST_LOG` (default `info`), as text or as one
-//! JSON object per line (`--log-format json`). They name tools, operation ids, principals and
+//! JSON object per line (`--log-format json`); `info` lines are buffered for a few milliseconds
+//! and written together ([`crate::log_sink`]), `warn` and `error` lines at once. They name tools, operation ids, principals and
 //! outcomes, never arguments, tokens or keys; rmcp's events are capped at `info` (its debug
 //! events carry whole messages) unless `RUST_LOG` names `rmcp`. stdout is left alone: on stdio it is the MCP
 //! channel.
@@ -24,6 +25,8 @@ use std::net::SocketAddr;
 use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+use crate::log_sink::BufferedStderr;
 use toolledger::clock::SharedClock;
 use toolledger::model::OperationState;
 use toolledger::store::Store;
@@ -67,7 +70,7 @@ pub fn init_logs(format: LogFormat) {
     }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(BufferedStderr)
         .with_ansi(false)
         // A client that closed our stderr must not make a log line a crash: the subscriber
         // would otherwise report its failed write with `eprintln!`, which panics then.
