@@ -25,6 +25,12 @@ use toolledger::model::{Error, Principal};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AuthenticatedName(pub String);
 
+/// The principal [`bearer_auth`] read with the token, for this request's caller (one read of
+/// the principal store per request, not two).
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
+#[derive(Clone, Debug)]
+struct ReadWithToken(Caller);
+
 /// Where a server takes its caller from.
 #[derive(Clone, Debug)]
 pub enum CallerSource {
@@ -81,12 +87,23 @@ impl CallerSource {
         }
     }
 
-    /// Resolves the caller of the request in `ctx`, re-reading the principal store.
+    /// Resolves the caller of the request in `ctx` as the principal store says it is now: read
+    /// for this request (over HTTP, by [`bearer_auth`] with the token, when it ran), else read
+    /// here.
     pub async fn resolve(
         &self,
         principals: &PrincipalStore,
         ctx: &RequestContext<RoleServer>,
     ) -> Result<Caller, Error> {
+        if let CallerSource::BearerToken = self {
+            let read = ctx
+                .extensions
+                .get::<http::request::Parts>()
+                .and_then(|p| p.extensions.get::<ReadWithToken>());
+            if let Some(ReadWithToken(caller)) = read {
+                return Ok(caller.clone());
+            }
+        }
         let name = self.name(ctx)?;
         let principal = principals.resolve(&name).await?.ok_or_else(revoked)?;
         Ok(Caller { name, principal })
@@ -126,8 +143,13 @@ pub async fn bearer_auth(
         return unauthorized();
     };
     match principals.resolve_token(&token).await {
-        Ok(Some((name, _))) => {
+        Ok(Some((name, principal))) => {
+            let caller = Caller {
+                name: name.clone(),
+                principal,
+            };
             request.extensions_mut().insert(AuthenticatedName(name));
+            request.extensions_mut().insert(ReadWithToken(caller));
             next.run(request).await
         }
         Ok(None) => unauthorized(),

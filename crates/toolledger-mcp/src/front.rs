@@ -99,9 +99,16 @@ impl HttpFront {
         let sessions = Arc::new(LocalSessionManager::default());
         let service =
             StreamableHttpService::new(move || Ok(server.clone()), sessions.clone(), config);
+        // Shared, not cloned per request (a clone copies its configuration and registers a
+        // cancellation token).
+        let shared = Arc::new(service);
+        let mcp = axum::routing::any(move |request: axum::extract::Request| {
+            let shared = shared.clone();
+            async move { shared.handle(request).await }
+        });
         // Layers wrap outward: the last added runs first.
         axum::Router::new()
-            .nest_service("/mcp", service)
+            .route("/mcp", mcp)
             .layer(axum::middleware::from_fn_with_state(
                 sessions.clone(),
                 end_session::<LocalSessionManager>,
