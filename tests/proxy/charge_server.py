@@ -23,7 +23,8 @@ Tools:
 
 Environment: CHARGE_DB (the SQLite file; required), CHARGE_DELAY_MS (optional),
 CHARGE_BEARER (optional, HTTP only: every request must carry `Authorization: Bearer <it>`,
-or it is answered 401).
+or it is answered 401), CHARGE_EXIT_MARK (optional, stdio only: a file to which a line is
+appended when the server ends because its stdin closed).
 Several server processes may share one CHARGE_DB: WAL mode, a busy timeout, and each insert is
 its own short IMMEDIATE transaction.
 
@@ -323,6 +324,11 @@ def main() -> None:
     else:
         log(f"serving stdio (db {db_path()})")
         server.run()
+        # Reached only when the client ended the session (stdin closed), not on a signal.
+        mark = os.environ.get("CHARGE_EXIT_MARK")
+        if mark:
+            with open(mark, "a") as f:
+                f.write("stdin closed; exited\n")
 
 
 if __name__ == "__main__":

@@ -92,7 +92,8 @@ pub struct ProxyArgs {
     pub upstream: Vec<String>,
 }
 
-/// Runs the proxy until its stdin closes (stdio) or it is stopped (HTTP).
+/// Runs the proxy until its stdin closes (stdio) or it is stopped (SIGTERM, SIGINT), then
+/// stops its upstream.
 pub fn run(args: ProxyArgs, config: StoreConfig) -> Result<Outcome, Failure> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -226,6 +227,7 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
         LifecycleArg::Modern => Lifecycle::Modern,
     };
     let upstream = Upstream::new(spec, lifecycle);
+    let stopping = upstream.clone();
     let hook = crate::cmd_dispatch::hold_hook();
     let built = Proxy::build(
         &store,
@@ -284,6 +286,9 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
             .await
         }
     };
+    // The upstream is stopped as a client ends a session: a child's stdin closes and it
+    // exits on its own (then SIGTERM, then a kill), an HTTP session is ended.
+    stopping.close().await;
     pruner.stop().await;
     served
 }

@@ -494,6 +494,52 @@ fn a_lost_upstream_answer_is_unknown_until_reconciled(db: Db) {
     );
 }
 
+fn a_stopped_proxy_answers_the_call_in_flight_and_lets_its_upstream_exit(db: Db) {
+    let Some(w) = World::new(db) else { return };
+    let mark = w.dir.path().join("upstream-exited");
+    let env = [("CHARGE_EXIT_MARK", mark.to_str().unwrap())];
+    let mut p = w.start_as("alice", &[], 1_000, &env);
+    p.send_call(
+        1,
+        json!({"name": "charge", "arguments": charge("op-term", 700)}),
+    );
+    // The upstream has committed the charge and holds its answer for a second.
+    w.wait_for_charges(1);
+    let upstream = upstream_pid(&p);
+    // SAFETY: signals to our own child process.
+    assert_eq!(unsafe { libc::kill(p.pid() as i32, libc::SIGTERM) }, 0);
+    // The call in flight is answered with the upstream's result, not cut off.
+    let answered = p.recv_result(1);
+    assert_eq!(answered["isError"], false, "{answered}");
+    assert_eq!(
+        answered["structuredContent"]["amount_cents"], 700,
+        "{answered}"
+    );
+    assert_eq!(p.wait_exit(), 0);
+    // The upstream ended because its stdin closed (not by a signal or a kill), before the
+    // proxy exited.
+    let exited = std::fs::read_to_string(&mark).unwrap_or_default();
+    assert_eq!(exited, "stdin closed; exited\n");
+    // SAFETY: signal 0 only asks whether the process exists.
+    assert_ne!(
+        unsafe { libc::kill(upstream, 0) },
+        0,
+        "the upstream still runs"
+    );
+    w.wait_for_log("upstream stopped");
+    // The operation is settled in the ledger, not left unknown.
+    let (code, listed) = w.cli(&["operations", "list"]);
+    assert_eq!(code, 0);
+    let rows: Vec<Value> = listed
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 1, "{listed}");
+    assert_eq!(rows[0]["key"], "op-term", "{listed}");
+    assert_eq!(rows[0]["state"], "succeeded", "{listed}");
+    assert_eq!(w.charges(), 1);
+}
+
 fn a_timeout_is_outcome_unknown_and_resolvable(db: Db) {
     let Some(w) = World::new(db) else { return };
     // A reconcile rule whose pointer is not in the lookup's answer: it cannot decide, and says
@@ -1091,6 +1137,7 @@ on_both_backends!(
     a_retry_during_the_forward_is_in_progress,
     a_lost_upstream_answer_is_unknown_until_reconciled,
     a_timeout_is_outcome_unknown_and_resolvable,
+    a_stopped_proxy_answers_the_call_in_flight_and_lets_its_upstream_exit,
     a_proxy_killed_before_its_claim_forwards_on_the_retry,
     a_proxy_killed_after_the_upstream_answered_is_unknown,
     principal_and_scopes_are_rechecked,

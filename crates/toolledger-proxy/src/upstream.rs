@@ -285,7 +285,14 @@ struct Connection {
     peer: Peer<RoleClient>,
     /// Dropped with the connection: stops the client service (and the child with it).
     _stop: StopOnDrop,
+    /// Completes once the client service has ended and closed its transport (the child has
+    /// exited, or the HTTP session was ended).
+    ended: tokio::sync::watch::Receiver<bool>,
 }
+
+/// How long [`Upstream::close`] waits for the service to end: the child's own exit after
+/// its stdin closes, then after `SIGTERM`, then its kill, with a second to spare.
+const CLOSE_WAIT: Duration = Duration::from_secs(8);
 
 /// Stops a client service when dropped.
 struct StopOnDrop(Option<RunningServiceCancellationToken>);
@@ -319,6 +326,8 @@ pub struct Upstream {
     late_discover: AtomicBool,
     /// Filled from a stdio child's own `tools/list` answers while [`Upstream::list_tools`] runs.
     task_required: Arc<TaskRequired>,
+    /// Set by [`Upstream::close`]: no connection is made again.
+    closed: AtomicBool,
 }
 
 /// Why a connection to the upstream was not made.
@@ -378,7 +387,27 @@ impl Upstream {
             backoff_ms: AtomicU64::new(1_000),
             late_discover: AtomicBool::new(false),
             task_required: Arc::default(),
+            closed: AtomicBool::new(false),
         })
+    }
+
+    /// Stops the upstream for good, as the proxy's own shutdown does: a stdio child's stdin is
+    /// closed and the child given time to exit on its own (then `SIGTERM`, then a kill), an
+    /// HTTP session is ended; waits for that (bounded). Calls after this are not sent.
+    pub async fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+        let Some(connection) = self.current.lock().await.take() else {
+            return;
+        };
+        let generation = connection.generation;
+        let mut ended = connection.ended.clone();
+        drop(connection);
+        let done = tokio::time::timeout(CLOSE_WAIT, ended.wait_for(|e| *e)).await;
+        match done {
+            Ok(_) => tracing::info!(target: "toolledger::upstream", generation, "upstream stopped"),
+            Err(_) => tracing::warn!(target: "toolledger::upstream", generation,
+                "the upstream did not stop in time"),
+        }
     }
 
     /// How many times a connection was made (the child started) so far.
@@ -408,6 +437,9 @@ impl Upstream {
     /// The live connection's peer, connecting (again) when there is none.
     async fn peer(&self) -> Result<Peer<RoleClient>, UpstreamError> {
         let mut current = self.current.lock().await;
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(UpstreamError::NotSent("the proxy is stopping".into()));
+        }
         if let Some(c) = current.as_ref() {
             if !c.peer.is_transport_closed() {
                 return Ok(c.peer.clone());
@@ -482,11 +514,13 @@ impl Upstream {
                     "upstream started");
                 let peer = service.peer().clone();
                 let stop = StopOnDrop(Some(service.cancellation_token()));
-                self.supervise(generation, pid, service);
+                let (end, ended) = tokio::sync::watch::channel(false);
+                self.supervise(generation, pid, service, end);
                 Ok(Connection {
                     generation,
                     peer,
                     _stop: stop,
+                    ended,
                 })
             }
             UpstreamSpec::Http { url, headers } => {
@@ -519,16 +553,21 @@ impl Upstream {
                     "upstream connected");
                 let peer = service.peer().clone();
                 let stop = StopOnDrop(Some(service.cancellation_token()));
+                let (end, ended) = tokio::sync::watch::channel(false);
                 // An HTTP upstream is reconnected at the next call; it has no process to restart.
                 tokio::spawn(async move {
-                    let _ = service.waiting().await;
-                    tracing::warn!(target: "toolledger::upstream", generation,
-                        "the upstream connection ended; the next call reconnects");
+                    let reason = service.waiting().await;
+                    end.send_replace(true);
+                    if !matches!(reason, Ok(QuitReason::Cancelled)) {
+                        tracing::warn!(target: "toolledger::upstream", generation,
+                            "the upstream connection ended; the next call reconnects");
+                    }
                 });
                 Ok(Connection {
                     generation,
                     peer,
                     _stop: stop,
+                    ended,
                 })
             }
         }
@@ -541,11 +580,13 @@ impl Upstream {
         generation: u64,
         pid: Option<u32>,
         service: RunningService<RoleClient, ProxyClient>,
+        end: tokio::sync::watch::Sender<bool>,
     ) {
         let me = self.me.clone();
         let started = std::time::Instant::now();
         tokio::spawn(async move {
             let reason = service.waiting().await;
+            end.send_replace(true);
             if matches!(reason, Ok(QuitReason::Cancelled)) {
                 return; // stopped by the proxy
             }
