@@ -35,7 +35,6 @@
 //! tests/conformance_example.rs runs the suite against it in-process.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::{schema_for_output, RequestState};
@@ -47,10 +46,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use toolledger::effect::{EffectTx, RowExt};
 use toolledger::engine::InlineEffect;
-use toolledger::model::{Error, ErrorCode, Principal, ToolContract};
+use toolledger::model::{Error, ErrorCode, Principal};
 use toolledger::store::Migration;
 use toolledger_mcp::front::{health_routes, HttpFront};
-use toolledger_mcp::internal::{outcome_json, GuardedRequest};
 use toolledger_mcp::{status_router, Guarded, LedgerGuard, Receipt, Refusal};
 
 /// The application's own table: one row per committed operation, with what it answered.
@@ -306,20 +304,10 @@ async fn round(
         return ask(&g, &mint(), step, fixture, &caps).await;
     };
     let (operation_id, token) = state.split_once('.').ok_or_else(invalid_state)?;
-    let caller = g.caller().await?;
-    let contract = ToolContract::uniform(g.tool(), g.ledger().revision());
-    let request = GuardedRequest {
-        caller: &caller,
-        contract: &contract,
-        operation_id,
-        arguments: g.arguments(),
-    };
+    let answered = g.resume(operation_id, token).await?;
     let given = g.answers().cloned().unwrap_or_default();
-    let given_json = serde_json::to_value(&given).map_err(|_| invalid_state())?;
-    let guard = g.ledger().guard();
-    let resumed = guard.resume(&request, token, &given_json)?;
     let mut step: Step =
-        serde_json::from_str(&resumed.binding.step).map_err(|_| invalid_state())?;
+        serde_json::from_str(&answered.resumed.binding.step).map_err(|_| invalid_state())?;
     let questions = fixture.rounds.get(step.round).ok_or_else(invalid_state)?;
     let mut answers = step.answers.clone();
     for key in step.asked.clone() {
@@ -345,15 +333,9 @@ async fn round(
         answer: (fixture.finish)(&answers),
     };
     let intent = json!({"answers": answers});
-    let outcome = guard
-        .run_resumed(&request, &resumed, intent, Arc::new(effect))
+    let Json(receipt) = g
+        .run_rounds::<Answered>(operation_id, &answered, intent, effect)
         .await?;
-    let receipt: Receipt<Answered> = serde_json::from_value(outcome_json(operation_id, &outcome))
-        .map_err(|_| {
-        Refusal(Error::unavailable(
-            "the stored result is not a fixture answer",
-        ))
-    })?;
     Ok(receipt.into_response())
 }
 

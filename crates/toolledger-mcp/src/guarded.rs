@@ -458,6 +458,25 @@ impl Guarded {
             .await?;
         receipt(operation_id, &outcome).map(Json)
     }
+
+    /// Verifies a continuation whose `requestState` the tool carries itself (say, inside a
+    /// state of its own that also names the operation): `state` must have been issued by
+    /// [`Guarded::ask`] or [`Guarded::rounds`] to this caller, for this tool, operation id and
+    /// arguments, and be unexpired. The answers are this call's `inputResponses` (none: an
+    /// empty object). Run the effect with [`Guarded::run_rounds`]; the round it answers is
+    /// `resumed.binding.step`.
+    pub async fn resume(&self, operation_id: &str, state: &str) -> Result<Answered, Refusal> {
+        check_operation_id(operation_id)?;
+        let (caller, contract) = (self.caller().await?, self.contract());
+        let request = self.request(&caller, &contract, operation_id);
+        let responses = self.scope.input_responses.as_ref();
+        Ok(resume(
+            self.scope.ledger.guard(),
+            &request,
+            state,
+            responses,
+        )?)
+    }
 }
 
 fn shorten(mut s: String) -> String {

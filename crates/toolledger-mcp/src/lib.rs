@@ -75,6 +75,7 @@ pub use keys::{KeyError, KeyMaterial};
 pub use ledger::{LedgerGuard, LedgerGuardBuilder, OpenError};
 pub use reply::error_of;
 pub use server::{GuardedServer, ToolCall};
+pub use state::StateBinding;
 pub use status::{EffectObserver, LedgerResultObserver, Observation, StatusTool};
 
 /// Pieces the workspace's own crates (the proxy, the reference tools, the command-line binary)
@@ -89,5 +90,5 @@ pub mod internal {
     pub use crate::keys::{bind, key_file_path, Binding};
     pub use crate::reply::{respond, tool_error, tool_ok, tool_result, META_LEDGER};
     pub use crate::server::BoxFuture;
-    pub use crate::state::{StateBinding, StateSealer};
+    pub use crate::state::StateSealer;
 }

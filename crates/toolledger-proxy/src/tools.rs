@@ -16,8 +16,9 @@ use toolledger::runtime::{
     Answer, DeferredCall, Delivery, Processed, ProviderContext, Runtime, StatusQuery,
 };
 use toolledger_mcp::internal::arguments_digest;
+use toolledger_mcp::internal::StateSealer;
 use toolledger_mcp::internal::{tool_error, META_LEDGER};
-use toolledger_mcp::internal::{StateBinding, StateSealer};
+use toolledger_mcp::StateBinding;
 use toolledger_mcp::{internal::BoxFuture, ToolCall};
 use toolledger_mcp::{Caller, EffectObserver, Guard, Observation, StatusTool};
 
