@@ -379,21 +379,21 @@ pub(crate) async fn serve_stdio<S: Send + Sync + 'static>(
     // clients launch a server) are driven by the IO reactor instead of a blocking-pool thread
     // hand-off per read and write; other streams fall back to the blocking handles. A client
     // that leaves before the session starts ends it (exit 0).
-    // SIGTERM or SIGINT ends the session as the client's leaving does: the calls in flight
-    // get a moment to be answered (rmcp's drain), then the transport closes and this returns.
-    let transport = toolledger_mcp::wire::stdio::stdio().with_max_in_flight(max_in_flight);
+    // SIGTERM or SIGINT ends the session as the client's leaving does: no line is read any
+    // more, the calls in flight are answered (rmcp waits a few seconds for them), then the
+    // transport closes and this returns.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let signalled = stop.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!(target: "toolledger::serve", "stopping on a signal");
+        signalled.cancel();
+    });
+    let transport = toolledger_mcp::wire::stdio::stdio()
+        .with_max_in_flight(max_in_flight)
+        .with_stop(stop);
     if let Ok(running) = server.serve(transport).await {
-        let stop = running.cancellation_token();
-        let ended = running.waiting();
-        tokio::pin!(ended);
-        tokio::select! {
-            _ = &mut ended => {}
-            _ = shutdown_signal() => {
-                tracing::info!(target: "toolledger::serve", "stopping on a signal");
-                stop.cancel();
-                let _ = ended.await;
-            }
-        }
+        let _ = running.waiting().await;
     }
     Ok(())
 }

@@ -29,6 +29,7 @@ use rmcp::transport::Transport;
 use rmcp::RoleServer;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
 
 use super::{check_message, WireError, MAX_MESSAGE_BYTES};
 
@@ -102,6 +103,8 @@ pub struct StdioTransport<R, W> {
     out: Arc<Shared<W>>,
     in_flight: Arc<InFlight>,
     max_in_flight: usize,
+    /// Cancelled when the transport should stop reading ([`StdioTransport::with_stop`]).
+    stop: Option<CancellationToken>,
 }
 
 /// The writing half, shared by every reply in flight.
@@ -204,7 +207,16 @@ where
             }),
             in_flight: Arc::new(InFlight::default()),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            stop: None,
         }
+    }
+
+    /// Stops reading once `stop` is cancelled (on a shutdown signal), as if the input had
+    /// ended: rmcp then answers the requests in flight (it waits a few seconds for them) and
+    /// ends the session, where cancelling the service would cancel them.
+    pub fn with_stop(mut self, stop: CancellationToken) -> Self {
+        self.stop = Some(stop);
+        self
     }
 
     /// At most `limit` requests unanswered (at least 1); at the limit no further line is read
@@ -316,6 +328,37 @@ where
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
+        let Some(stop) = self.stop.clone() else {
+            return self.receive_line().await;
+        };
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => None,
+            received = self.receive_line() => received,
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        let mut out = self.out.out.lock().await;
+        out.take_queue(&self.out.queue);
+        let drained = if out.writer.is_some() {
+            out.drain().await
+        } else {
+            Ok(())
+        };
+        out.writer = None;
+        drained
+    }
+}
+
+impl<R, W> StdioTransport<R, W>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    /// The next message: lines are read and checked, refused ones answered, until one passes
+    /// (`None`: end of input). Cancel-safe, as `receive` must be.
+    async fn receive_line(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
         loop {
             if (self.answer.is_some() || self.flushing) && self.answer_refused().await.is_err() {
                 return None;
@@ -349,18 +392,6 @@ where
                 Some(Err(error)) => self.refuse(&error),
             }
         }
-    }
-
-    async fn close(&mut self) -> Result<(), Self::Error> {
-        let mut out = self.out.out.lock().await;
-        out.take_queue(&self.out.queue);
-        let drained = if out.writer.is_some() {
-            out.drain().await
-        } else {
-            Ok(())
-        };
-        out.writer = None;
-        drained
     }
 }
 
@@ -405,6 +436,32 @@ mod tests {
             m = t.receive() => panic!("no whole message yet: {m:?}"),
             () = tokio::task::yield_now() => {}
         }
+    }
+
+    #[tokio::test]
+    async fn the_stop_signal_ends_the_input_and_replies_are_still_written() {
+        let (t, mut feed, mut answers) = transport();
+        let stop = CancellationToken::new();
+        let mut t = t.with_stop(stop.clone());
+        let ping = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n";
+        feed.write_all(ping).await.unwrap();
+        let message = t.receive().await.expect("read before the stop");
+        assert!(matches!(message, rmcp::model::JsonRpcMessage::Request(_)));
+        poll_then_cancel(&mut t).await;
+        stop.cancel();
+        assert!(t.receive().await.is_none(), "no line is read after the stop");
+        // A line arriving later is not read either.
+        feed.write_all(ping).await.unwrap();
+        assert!(t.receive().await.is_none());
+        // The request read before the stop is still answered.
+        let reply: TxJsonRpcMessage<RoleServer> = serde_json::from_value(
+            serde_json::json!({"jsonrpc": "2.0", "id": 1, "result": {}}),
+        )
+        .unwrap();
+        t.send(reply).await.unwrap();
+        let answer: Value =
+            serde_json::from_str(&answers.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(answer["id"], 1);
     }
 
     #[tokio::test]
