@@ -449,15 +449,17 @@ mod tests {
         assert!(matches!(message, rmcp::model::JsonRpcMessage::Request(_)));
         poll_then_cancel(&mut t).await;
         stop.cancel();
-        assert!(t.receive().await.is_none(), "no line is read after the stop");
+        assert!(
+            t.receive().await.is_none(),
+            "no line is read after the stop"
+        );
         // A line arriving later is not read either.
         feed.write_all(ping).await.unwrap();
         assert!(t.receive().await.is_none());
         // The request read before the stop is still answered.
-        let reply: TxJsonRpcMessage<RoleServer> = serde_json::from_value(
-            serde_json::json!({"jsonrpc": "2.0", "id": 1, "result": {}}),
-        )
-        .unwrap();
+        let reply: TxJsonRpcMessage<RoleServer> =
+            serde_json::from_value(serde_json::json!({"jsonrpc": "2.0", "id": 1, "result": {}}))
+                .unwrap();
         t.send(reply).await.unwrap();
         let answer: Value =
             serde_json::from_str(&answers.next_line().await.unwrap().unwrap()).unwrap();
