@@ -353,7 +353,8 @@ fn metrics_count_the_calls_and_the_ledger_and_logs_name_no_arguments(db: Db) {
         Some(0.0)
     );
     assert!(sample(&m.body, "toolledger_outbox_events", &[("state", "pending")]).is_some());
-    drop(server);
+    // Stopped as an operator stops it, so its last log lines are written.
+    assert_eq!(server.stop(), 0);
 
     let lines: Vec<Value> = logs
         .iter()
@@ -410,7 +411,7 @@ fn a_store_error_under_an_inline_call_is_logged_with_tool_operation_and_code(db:
     );
     assert_eq!(error_code(&failed), "unavailable", "{failed}");
     assert_eq!(count(&db, "operations"), 0, "nothing was committed");
-    drop(server);
+    assert_eq!(server.stop(), 0);
 
     let lines: Vec<Value> = logs
         .iter()

@@ -277,25 +277,73 @@ fn sdk_clients_replay_through_the_proxy(db: Db) {
 /// An HTTP upstream that refuses requests without its bearer token: the token reaches it from
 /// the configuration file's `${ENV}` substitution, from a headers file and from
 /// `TOOLLEDGER_UPSTREAM_HEADERS` — never from the command line.
+/// The charge server over HTTP behind bearer `secret`, on a free port: the port it listens on
+/// once it answers as itself (its own 401 to a request without the token). A port another
+/// test's server took between the probe and the bind makes it exit; it is started again on
+/// another port.
+fn http_charge_server(py: &Path, cdb: &Path, secret: &str) -> (Child, u16) {
+    for _ in 0..5 {
+        let port = free_port();
+        let mut child = Command::new(py)
+            .arg(proxy_fixture("charge_server.py"))
+            .args(["--http", &port.to_string()])
+            .env("CHARGE_DB", cdb)
+            .env("CHARGE_BEARER", secret)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let until = std::time::Instant::now() + Duration::from_secs(60);
+        while std::time::Instant::now() < until {
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            if answers_as_the_charge_server(port, secret) {
+                return (child, port);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    panic!("the HTTP upstream never listened");
+}
+
+/// Whether `127.0.0.1:port` answers as the charge server behind `secret` does: 401
+/// `unauthorized` without the token (its own refusal), something else with it.
+fn answers_as_the_charge_server(port: u16, secret: &str) -> bool {
+    use std::io::{Read, Write};
+    let get = |authorization: &str| -> Option<String> {
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        c.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        let request = format!(
+            "GET /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{authorization}Connection: close\r\n\r\n"
+        );
+        c.write_all(request.as_bytes()).ok()?;
+        let mut answer = String::new();
+        c.read_to_string(&mut answer).ok()?;
+        Some(answer)
+    };
+    let refused =
+        get("").is_some_and(|a| a.starts_with("HTTP/1.1 401") && a.contains("unauthorized"));
+    let bearer = format!("Authorization: Bearer {secret}\r\n");
+    refused
+        && get(&bearer)
+            .is_some_and(|a| a.starts_with("HTTP/1.1 ") && !a.starts_with("HTTP/1.1 401"))
+}
+
 fn an_http_upstream(db: Db) {
     let Some((py, node)) = interpreters() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     let cdb = charge_db(&dir);
-    let port = free_port();
-    let secret = "upstream-secret-4f1c";
-    let mut upstream = Command::new(&py)
-        .arg(proxy_fixture("charge_server.py"))
-        .args(["--http", &port.to_string()])
-        .env("CHARGE_DB", &cdb)
-        .env("CHARGE_BEARER", secret)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    support::clients::wait_listening(port, "the HTTP upstream");
+    // Each test its own secret: a charge server of another test on a recycled port does not
+    // pass for this one.
+    let backend = if db.is_postgres() { "pg" } else { "sqlite" };
+    let secret = &format!("upstream-secret-{}-{backend}", std::process::id());
+    let (mut upstream, port) = http_charge_server(&py, &cdb, secret);
     let url = format!("http://127.0.0.1:{port}/mcp");
     let config = dir.path().join("proxy.toml");
     std::fs::write(

@@ -109,6 +109,14 @@ impl Drop for RawHttp {
 }
 
 impl RawHttp {
+    /// Stops the server as an operator does (SIGTERM: it finishes what is in flight and writes
+    /// its last log lines) and returns its exit code.
+    pub fn stop(mut self) -> i32 {
+        // SAFETY: a signal to our own child process.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.child.wait().unwrap().code().unwrap_or(-1)
+    }
+
     /// Starts `serve --http 127.0.0.1:0` on `db` with `extra` flags and `env` variables.
     pub fn start<L: Ledger + ?Sized>(db: &L, extra: &[&str], env: &[(&str, &str)]) -> RawHttp {
         RawHttp::start_logging(db, extra, env).0
