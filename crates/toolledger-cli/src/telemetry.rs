@@ -2,10 +2,11 @@
 //!
 //! Logs: `tracing` events to stderr, filtered by `RUST_LOG` (default `info`), as text or as one
 //! JSON object per line (`--log-format json`); `info` lines are buffered for a few milliseconds
-//! and written together ([`crate::log_sink`]), `warn` and `error` lines at once. They name tools, operation ids, principals and
-//! outcomes, never arguments, tokens or keys; rmcp's events are capped at `info` (its debug
-//! events carry whole messages) unless `RUST_LOG` names `rmcp`. stdout is left alone: on stdio it is the MCP
-//! channel.
+//! and written together ([`crate::log_sink`]), `warn` and `error` lines at once. They name
+//! tools, operation ids, principals and outcomes, never arguments, tokens or keys; rmcp's
+//! events are capped at `warn` (its debug events carry whole messages, its info events are
+//! per-request bookkeeping over HTTP) unless `RUST_LOG` names `rmcp`. stdout is left alone: on
+//! stdio it is the MCP channel.
 //!
 //! Metrics: Prometheus text from the process's `metrics` recorder, at `GET /metrics` on
 //! `serve --http` or on the address given by `--metrics ADDR`. Counters and histograms are
@@ -62,9 +63,11 @@ pub fn init_logs(format: LogFormat) {
         .filter(|_| !spec.trim().is_empty())
         .unwrap_or_else(|| EnvFilter::new("info"));
     if !spec.contains("rmcp") {
-        // rmcp's debug and trace events carry whole messages (tool arguments, inputResponses):
-        // kept out unless RUST_LOG names rmcp itself.
-        if let Ok(directive) = "rmcp=info".parse() {
+        // rmcp's debug and trace events carry whole messages (tool arguments, inputResponses),
+        // and its info events are a session's bookkeeping (over HTTP three lines per request,
+        // one a dump of the client's initialize parameters): kept out unless RUST_LOG names
+        // rmcp itself. Its warnings and errors stay.
+        if let Ok(directive) = "rmcp=warn".parse() {
             filter = filter.add_directive(directive);
         }
     }
