@@ -9,6 +9,8 @@
 
 #[macro_use]
 mod support;
+#[path = "support/raw.rs"]
+mod raw;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -313,24 +315,11 @@ fn http_charge_server(py: &Path, cdb: &Path, secret: &str) -> (Child, u16) {
 /// Whether `127.0.0.1:port` answers as the charge server behind `secret` does: 401
 /// `unauthorized` without the token (its own refusal), something else with it.
 fn answers_as_the_charge_server(port: u16, secret: &str) -> bool {
-    use std::io::{Read, Write};
-    let get = |authorization: &str| -> Option<String> {
-        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-        c.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        let request = format!(
-            "GET /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{authorization}Connection: close\r\n\r\n"
-        );
-        c.write_all(request.as_bytes()).ok()?;
-        let mut answer = String::new();
-        c.read_to_string(&mut answer).ok()?;
-        Some(answer)
-    };
-    let refused =
-        get("").is_some_and(|a| a.starts_with("HTTP/1.1 401") && a.contains("unauthorized"));
-    let bearer = format!("Authorization: Bearer {secret}\r\n");
-    refused
-        && get(&bearer)
-            .is_some_and(|a| a.starts_with("HTTP/1.1 ") && !a.starts_with("HTTP/1.1 401"))
+    let addr = format!("127.0.0.1:{port}");
+    let get = |headers: &[(&str, &str)]| raw::exchange(&addr, "GET", "/mcp", headers, b"");
+    let bearer = format!("Bearer {secret}");
+    get(&[]).is_some_and(|r| r.status == 401 && r.body == "unauthorized")
+        && get(&[("Authorization", &bearer)]).is_some_and(|r| r.status != 401)
 }
 
 fn an_http_upstream(db: Db) {

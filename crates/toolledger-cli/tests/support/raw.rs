@@ -156,21 +156,8 @@ impl RawHttp {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> HttpResponse {
-        let mut head = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
-        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
-            head.push_str(&format!("Host: {}\r\n", self.addr));
-        }
-        for (k, v) in headers {
-            head.push_str(&format!("{k}: {v}\r\n"));
-        }
-        head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
-        let mut stream = TcpStream::connect(&self.addr).unwrap();
-        stream.write_all(head.as_bytes()).unwrap();
-        // The server may answer (413) before it has read all of a large body.
-        let _ = stream.write_all(body);
-        let mut raw = Vec::new();
-        let _ = stream.read_to_end(&mut raw);
-        HttpResponse::parse(&raw)
+        exchange(&self.addr, method, path, headers, body)
+            .unwrap_or_else(|| panic!("no HTTP response from {}", self.addr))
     }
 
     /// A JSON POST to `/mcp` with `headers` (after the content negotiation headers).
@@ -182,6 +169,36 @@ impl RawHttp {
         all.extend_from_slice(headers);
         self.request("POST", "/mcp", &all, body)
     }
+}
+
+/// Sends `method path` with `headers` (a `Host` naming `addr` unless `headers` has one) and
+/// `body` on a new connection to `addr`, and reads the response to the connection's end;
+/// `None` when nothing listens there or the answer is not HTTP.
+pub fn exchange(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Option<HttpResponse> {
+    let mut head = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        head.push_str(&format!("Host: {addr}\r\n"));
+    }
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+    let mut stream = TcpStream::connect(addr).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .ok()?;
+    stream.write_all(head.as_bytes()).ok()?;
+    // The server may answer (413) before it has read all of a large body.
+    let _ = stream.write_all(body);
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw);
+    HttpResponse::try_parse(&raw)
 }
 
 /// One HTTP response.
@@ -202,16 +219,19 @@ impl HttpResponse {
     }
 
     fn parse(raw: &[u8]) -> HttpResponse {
+        HttpResponse::try_parse(raw)
+            .unwrap_or_else(|| panic!("no HTTP response: {:?}", String::from_utf8_lossy(raw)))
+    }
+
+    fn try_parse(raw: &[u8]) -> Option<HttpResponse> {
         let raw = String::from_utf8_lossy(raw).into_owned();
-        let (head, rest) = raw
-            .split_once("\r\n\r\n")
-            .unwrap_or_else(|| panic!("no HTTP response: {raw:?}"));
+        let (head, rest) = raw.split_once("\r\n\r\n")?;
         let mut lines = head.lines();
         let status = lines
             .next()
+            .filter(|l| l.starts_with("HTTP/"))
             .and_then(|l| l.split(' ').nth(1))
-            .and_then(|s| s.parse().ok())
-            .unwrap();
+            .and_then(|s| s.parse().ok())?;
         let headers: Vec<(String, String)> = lines
             .filter_map(|l| l.split_once(':'))
             .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
@@ -224,11 +244,11 @@ impl HttpResponse {
         } else {
             rest.to_string()
         };
-        HttpResponse {
+        Some(HttpResponse {
             status,
             headers,
             body,
-        }
+        })
     }
 
     /// The value of header `name`.
