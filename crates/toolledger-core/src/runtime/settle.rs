@@ -87,20 +87,52 @@ impl Runtime {
         via: (&str, Option<i64>, Option<&str>),
         now: i64,
     ) -> Result<(), RuntimeError> {
+        let prepared = Self::prepare_success(record, provider, receipt, receipt_id, result)?;
+        Self::write_prepared(tx, record.id, &prepared, via, now)
+    }
+
+    /// Everything transaction C writes that does not depend on the database: the canonical
+    /// texts and digests of the receipt and the result, and the call-binding digest. Pure, so a
+    /// worker computes it before its job reaches the store's writer.
+    fn prepare_success(
+        record: &DeferredRecord,
+        provider: &ProviderContext,
+        receipt: &Value,
+        receipt_id: &str,
+        result: &Value,
+    ) -> Result<PreparedSuccess, RuntimeError> {
         let (result_text, result_digest) = encode_result(result)?;
         let receipt_text = json::canonical_string(receipt)
             .map_err(|_| contract_violation("receipt not canonical"))?;
         let binding = Self::binding_digest(record, provider, &result_digest, receipt_id)?;
+        Ok(PreparedSuccess {
+            receipt_id: receipt_id.to_string(),
+            receipt_digest: digest::sha256_hex(receipt_text.as_bytes()),
+            receipt_text,
+            binding,
+            result_text,
+            result_digest,
+        })
+    }
+
+    /// The writes of [`Runtime::write_success`], from a [`PreparedSuccess`].
+    fn write_prepared(
+        tx: &mut dyn EffectTx,
+        operation_id: i64,
+        prepared: &PreparedSuccess,
+        via: (&str, Option<i64>, Option<&str>),
+        now: i64,
+    ) -> Result<(), RuntimeError> {
         tx.execute(
             "INSERT INTO local_receipts (operation_id, receipt_id, receipt, receipt_digest,
                  call_binding_digest, reconciled_via, fencing_token, query_identity, reconciled_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             &[
-                record.id.into(),
-                receipt_id.into(),
-                receipt_text.as_str().into(),
-                digest::sha256_hex(receipt_text.as_bytes()).into(),
-                binding.into(),
+                operation_id.into(),
+                prepared.receipt_id.as_str().into(),
+                prepared.receipt_text.as_str().into(),
+                prepared.receipt_digest.as_str().into(),
+                prepared.binding.as_str().into(),
                 via.0.into(),
                 via.1.into(),
                 via.2.into(),
@@ -110,18 +142,18 @@ impl Runtime {
         .map_err(|e| stored(tx, e))?;
         Self::settle_row(
             tx,
-            record.id,
+            operation_id,
             OperationState::Succeeded,
-            &result_text,
-            &result_digest,
+            &prepared.result_text,
+            &prepared.result_digest,
             now,
         )?;
         insert_event(
             tx,
-            record.id,
+            operation_id,
             now,
             "receipt_reconciled",
-            &json!({"receipt_id": receipt_id, "via": via.0}),
+            &json!({"receipt_id": prepared.receipt_id, "via": via.0}),
         )
     }
 
@@ -171,6 +203,56 @@ impl Runtime {
     /// [`RuntimeError::Fenced`] and nothing changes.
     pub async fn complete(&self, lease: &Lease, receipt: Value) -> Result<Answer, RuntimeError> {
         let answer = self.complete_unlogged(lease, receipt).await;
+        Self::log_completed(lease, answer)
+    }
+
+    /// Transaction C for a worker holding `lease` whose receipt was already checked against
+    /// `record` (read by the worker's preflight): everything that needs no database (canonical
+    /// texts, digests) is computed here, so the job the store's writer runs holds only the
+    /// fenced writes. The operation's identity fields never change after acceptance, and the
+    /// fenced outbox update and the conditional settle refuse a record that moved on.
+    pub(super) async fn complete_checked(
+        &self,
+        lease: &Lease,
+        record: &DeferredRecord,
+        receipt: &Value,
+        checked: (Value, String),
+    ) -> Result<Answer, RuntimeError> {
+        let (result, receipt_id) = checked;
+        let answer =
+            match Self::prepare_success(record, &record.provider, receipt, &receipt_id, &result) {
+                Ok(prepared) => {
+                    let held = lease.clone();
+                    let operation_id = record.id;
+                    self.write_at(move |_, tx, now| -> Result<(), RuntimeError> {
+                        lock_operation(tx, held.operation_id)?;
+                        outbox::complete(tx, &held, now)?.map_err(RuntimeError::Fenced)?;
+                        Self::write_prepared(
+                            tx,
+                            operation_id,
+                            &prepared,
+                            ("worker", Some(held.token), None),
+                            now,
+                        )
+                    })
+                    .await
+                    .map(|()| Answer::Done {
+                        status_ref: record.status_ref.clone(),
+                        state: OperationState::Succeeded,
+                        delivery: Delivery::Fresh,
+                        result,
+                    })
+                }
+                Err(e) => Err(e),
+            };
+        Self::log_completed(lease, answer)
+    }
+
+    /// Counts and logs the end of transaction C.
+    fn log_completed(
+        lease: &Lease,
+        answer: Result<Answer, RuntimeError>,
+    ) -> Result<Answer, RuntimeError> {
         count_fenced("complete", &answer);
         match &answer {
             Ok(_) => tracing::info!(
@@ -306,4 +388,14 @@ impl Runtime {
 /// The canonical text of a result to store, and its digest.
 fn encode_result(result: &Value) -> Result<(String, String), RuntimeError> {
     ledger::encode_stored(result).ok_or_else(|| contract_violation("result not canonical"))
+}
+
+/// The database-free part of transaction C ([`Runtime::write_success`]).
+struct PreparedSuccess {
+    receipt_id: String,
+    receipt_text: String,
+    receipt_digest: String,
+    binding: String,
+    result_text: String,
+    result_digest: String,
 }

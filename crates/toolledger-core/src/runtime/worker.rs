@@ -270,16 +270,22 @@ impl Runtime {
         if self.point(CrashPoint::AfterDownstreamCommit, failure).await {
             return Ok(unknown(OperationState::Processing));
         }
-        if let Err(e) = Self::check_receipt(tool.as_ref(), &record, &receipt) {
-            self.record_attempt(
-                &lease,
-                "receipt_invalid",
-                Some(OperationState::OutcomeUnknown),
-            )
-            .await?;
-            return Err(e);
-        }
-        Ok(Processed::Delivered(self.complete(&lease, receipt).await?))
+        let checked = match Self::check_receipt(tool.as_ref(), &record, &receipt) {
+            Ok(checked) => checked,
+            Err(e) => {
+                self.record_attempt(
+                    &lease,
+                    "receipt_invalid",
+                    Some(OperationState::OutcomeUnknown),
+                )
+                .await?;
+                return Err(e);
+            }
+        };
+        Ok(Processed::Delivered(
+            self.complete_checked(&lease, &record, &receipt, checked)
+                .await?,
+        ))
     }
 
     /// Claims and runs one event as worker `owner`.
