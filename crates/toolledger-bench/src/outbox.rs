@@ -143,6 +143,7 @@ pub async fn run(
     tuning: super::Tuning,
 ) -> Result<Report, &'static str> {
     let store = super::open_bench_store(&db, tuning)?;
+    let writer = store.clone();
     let clock: SharedClock = Arc::new(SystemClock);
     PrincipalStore::new(store.clone())
         .add(PRINCIPAL, "bench", &[], &[], false)
@@ -187,6 +188,7 @@ pub async fn run(
     if ids.len() != ops {
         return Err("BENCH_SEED_FAILED");
     }
+    let before = writer.writer_stats();
     let measured = drive("outbox-drain", concurrency, ops, move |i| {
         let rt = runtime.clone();
         let id = ids[i];
@@ -198,5 +200,6 @@ pub async fn run(
         }
     })
     .await;
-    Ok(Report::new("outbox-drain", concurrency, ops, measured))
+    Ok(Report::new("outbox-drain", concurrency, ops, measured)
+        .with_writer(before, writer.writer_stats()))
 }

@@ -29,26 +29,8 @@ impl Driver for SqliteStore {
     }
 
     fn submit_write(&self, job: Box<dyn WriteJob>) {
-        let job: Job = Box::new(move |conn: Option<&Connection>| {
-            let mut job = job;
-            let keep = match conn {
-                Some(conn) => job.run(&mut SqliteEffectTx::new(conn) as &mut dyn EffectTx),
-                None => false,
-            };
-            let ran = conn.is_some();
-            Pending {
-                keep,
-                deliver: Box::new(move |err| {
-                    let err = match (ran, err) {
-                        (false, None) => Some(StoreError::Unavailable("batch failed".into())),
-                        (_, err) => err,
-                    };
-                    job.finish(err)
-                }),
-            }
-        });
-        if let Err((err, job)) = self.submit_job(job) {
-            (job(None).deliver)(Some(err));
+        if let Err((err, job)) = self.submit_job(Job::Again(job)) {
+            job.refuse(err);
         }
     }
 
