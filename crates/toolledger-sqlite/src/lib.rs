@@ -2,9 +2,9 @@
 //!
 //! One dedicated writer thread owns the only write connection and is fed through a channel; a
 //! small pool of read connections serves replays and status queries. Writes from concurrent
-//! callers are gathered into one `BEGIN IMMEDIATE` transaction (group commit), each caller's
-//! work in its own `SAVEPOINT` so a failing caller rolls back alone; every caller is answered
-//! only after the batch's `COMMIT` has returned.
+//! callers are gathered into one `BEGIN IMMEDIATE` transaction (group commit); a failing caller
+//! rolls back alone (the batch runs again with each caller's work in its own `SAVEPOINT`, see
+//! `run_batch`); every caller is answered only after the batch's `COMMIT` has returned.
 //!
 //! Every connection runs with `journal_mode=WAL`, `synchronous=FULL`, `foreign_keys=ON` and
 //! `busy_timeout=5000`; the write connection may be opened with `synchronous=NORMAL` instead
@@ -1410,15 +1410,20 @@ mod tests {
         assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_failing_job_in_a_batch_leaves_its_neighbours_committed() {
-        let (_d, path) = temp();
+    /// A store at `path` with an application table `t(x UNIQUE)`.
+    fn with_table_t(path: &Path) -> SqliteStore {
         const APP: &[Migration] = &[Migration {
             namespace: "t",
             version: 1,
             sql: "CREATE TABLE t(x INTEGER NOT NULL UNIQUE) STRICT;",
         }];
-        let store = SqliteStore::open(&path, OpenOptions::new("b").with_migrations(APP)).unwrap();
+        SqliteStore::open(path, OpenOptions::new("b").with_migrations(APP)).unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_failing_job_in_a_batch_leaves_its_neighbours_committed() {
+        let (_d, path) = temp();
+        let store = with_table_t(&path);
         let mut handles = Vec::new();
         for i in 0..200i64 {
             let s = store.clone();
@@ -1502,12 +1507,7 @@ mod tests {
     #[test]
     fn a_batch_of_ledger_jobs_runs_without_savepoints_and_again_with_them_when_one_fails() {
         let (_d, path) = temp();
-        const APP: &[Migration] = &[Migration {
-            namespace: "t",
-            version: 1,
-            sql: "CREATE TABLE t(x INTEGER NOT NULL UNIQUE) STRICT;",
-        }];
-        let store = SqliteStore::open(&path, OpenOptions::new("b").with_migrations(APP)).unwrap();
+        let store = with_table_t(&path);
         let rows = |store: &SqliteStore| -> Vec<i64> {
             let c = connect(store.path()).unwrap();
             let mut st = c.prepare("SELECT x FROM t ORDER BY x").unwrap();

@@ -117,82 +117,49 @@ async fn a_stale_worker_completion_is_fenced_and_changes_nothing(db: &Harness) {
 }
 both_drivers!(a_stale_worker_completion_is_fenced_and_changes_nothing);
 
-/// A downstream that applies the effect and then, before answering, lets another worker take
-/// the event over (the first worker's lease ran out while the call was in flight).
-#[derive(Debug)]
-struct TakenOverDuringTheCall {
-    inner: Counting,
-    /// The other worker's runtime, its clock, and the event it claims.
-    other: std::sync::OnceLock<(
-        toolledger::runtime::Runtime,
-        toolledger::clock::ManualClock,
-        i64,
-    )>,
-}
-
-impl toolledger::downstream::Downstream for TakenOverDuringTheCall {
-    fn submit<'a>(
-        &'a self,
-        scope: &'a toolledger::Scope,
-        request: &'a serde_json::Value,
-    ) -> toolledger::downstream::BoxFuture<
-        'a,
-        Result<serde_json::Value, toolledger::downstream::DownstreamError>,
-    > {
-        Box::pin(async move {
-            let receipt = self.inner.submit(scope, request).await;
-            let (other, clock, event) = self.other.get().expect("set before the call");
-            clock.set(T0 + 31);
-            lease(other.claim(*event, "w2").await.unwrap());
-            receipt
-        })
-    }
-
-    fn status<'a>(
-        &'a self,
-        status_ref: &'a str,
-    ) -> toolledger::downstream::BoxFuture<
-        'a,
-        Result<Option<serde_json::Value>, toolledger::downstream::DownstreamError>,
-    > {
-        self.inner.status(status_ref)
-    }
-}
-
 async fn a_worker_whose_lease_is_taken_over_during_the_call_is_fenced_at_transaction_c(
     db: &Harness,
 ) {
+    use std::sync::Arc;
+    use toolledger::runtime::{ProviderProfile, Registry, Runtime, RuntimeConfig};
     let h = Fixture::new(db).await;
+    let gated = Gated {
+        inner: h.downstream.inner.clone(),
+        gate: Arc::new(tokio::sync::Semaphore::new(0)),
+        waiting: Arc::default(),
+    };
+    let (gate, waiting) = (gated.gate.clone(), gated.waiting.clone());
+    let registry = Registry::new()
+        .register(Arc::new(TestRefund::v("v1")), Arc::new(gated))
+        .allow_profile(ProviderProfile::new("openai", "responses", "2026-07-01"));
+    let rt = Runtime::new(h.store.clone(), Arc::new(h.clock.clone()), registry).with_config(
+        RuntimeConfig {
+            lease_seconds: 30,
+            max_attempts: 3,
+        },
+    );
     let (event, _) = accepted(&h, "refund-1").await;
-    let downstream = std::sync::Arc::new(TakenOverDuringTheCall {
-        inner: h.downstream.clone(),
-        other: std::sync::OnceLock::new(),
-    });
-    let registry = toolledger::runtime::Registry::new()
-        .register(std::sync::Arc::new(TestRefund::v("v1")), downstream.clone())
-        .allow_profile(toolledger::runtime::ProviderProfile::new(
-            "openai",
-            "responses",
-            "2026-07-01",
-        ));
-    let first = toolledger::runtime::Runtime::new(
-        h.store.clone(),
-        std::sync::Arc::new(h.clock.clone()),
-        registry,
-    )
-    .with_config(toolledger::runtime::RuntimeConfig {
-        lease_seconds: 30,
-        max_attempts: 3,
-    });
-    downstream
-        .other
-        .set((h.second_runtime("v1"), h.clock.clone(), event))
-        .unwrap();
-    let err = first.process(event, "w1", None).await.unwrap_err();
+    let worker = {
+        let rt = rt.clone();
+        tokio::spawn(async move { rt.process(event, "w1", None).await })
+    };
+    while waiting.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // w1's lease runs out inside its downstream call, and w2 takes the event over.
+    h.clock.set(T0 + 31);
+    let w2 = lease(h.second_runtime("v1").claim(event, "w2").await.unwrap());
+    assert_eq!(w2.token, 2);
+    gate.add_permits(1);
+    let err = worker.await.unwrap().unwrap_err();
     assert!(matches!(err, RuntimeError::Fenced(_)), "{err:?}");
-    assert_eq!(h.downstream.submits(), 1);
-    // Nothing of transaction C was written: no local receipt, the operation still
-    // `processing`, the event held by w2 under the next token.
+    assert_eq!(
+        h.downstream_receipts(),
+        1,
+        "w1's call reached the downstream"
+    );
+    // Nothing of w1's transaction C was written: no local receipt, the operation still
+    // `processing`, the event held by w2.
     assert_eq!(h.count("local_receipts").await, 0);
     assert_eq!(
         h.scalar_text("SELECT state FROM operations").await.unwrap(),
