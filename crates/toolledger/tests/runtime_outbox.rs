@@ -120,24 +120,8 @@ both_drivers!(a_stale_worker_completion_is_fenced_and_changes_nothing);
 async fn a_worker_whose_lease_is_taken_over_during_the_call_is_fenced_at_transaction_c(
     db: &Harness,
 ) {
-    use std::sync::Arc;
-    use toolledger::runtime::{ProviderProfile, Registry, Runtime, RuntimeConfig};
     let h = Fixture::new(db).await;
-    let gated = Gated {
-        inner: h.downstream.inner.clone(),
-        gate: Arc::new(tokio::sync::Semaphore::new(0)),
-        waiting: Arc::default(),
-    };
-    let (gate, waiting) = (gated.gate.clone(), gated.waiting.clone());
-    let registry = Registry::new()
-        .register(Arc::new(TestRefund::v("v1")), Arc::new(gated))
-        .allow_profile(ProviderProfile::new("openai", "responses", "2026-07-01"));
-    let rt = Runtime::new(h.store.clone(), Arc::new(h.clock.clone()), registry).with_config(
-        RuntimeConfig {
-            lease_seconds: 30,
-            max_attempts: 3,
-        },
-    );
+    let (rt, gate, waiting) = gated_runtime(&h, 30);
     let (event, _) = accepted(&h, "refund-1").await;
     let worker = {
         let rt = rt.clone();
@@ -307,26 +291,39 @@ impl toolledger::downstream::Downstream for Gated {
     }
 }
 
-async fn the_lease_is_renewed_while_the_downstream_call_runs(db: &Harness) {
+/// A runtime over the fixture's ledger whose downstream waits at a gate (closed), with leases
+/// of `lease_seconds`; and the gate, and the count of calls waiting at it.
+fn gated_runtime(
+    h: &Fixture<'_>,
+    lease_seconds: i64,
+) -> (
+    toolledger::runtime::Runtime,
+    std::sync::Arc<tokio::sync::Semaphore>,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
     use std::sync::Arc;
     use toolledger::runtime::{ProviderProfile, Registry, Runtime, RuntimeConfig};
-    let h = Fixture::new(db).await;
     let gated = Gated {
         inner: h.downstream.inner.clone(),
         gate: Arc::new(tokio::sync::Semaphore::new(0)),
         waiting: Arc::default(),
     };
-    let gate = gated.gate.clone();
-    let waiting = gated.waiting.clone();
+    let (gate, waiting) = (gated.gate.clone(), gated.waiting.clone());
     let registry = Registry::new()
         .register(Arc::new(TestRefund::v("v1")), Arc::new(gated))
         .allow_profile(ProviderProfile::new("openai", "responses", "2026-07-01"));
     let rt = Runtime::new(h.store.clone(), Arc::new(h.clock.clone()), registry).with_config(
         RuntimeConfig {
-            lease_seconds: 3,
+            lease_seconds,
             max_attempts: 3,
         },
     );
+    (rt, gate, waiting)
+}
+
+async fn the_lease_is_renewed_while_the_downstream_call_runs(db: &Harness) {
+    let h = Fixture::new(db).await;
+    let (rt, gate, waiting) = gated_runtime(&h, 3);
     let (event, _) = accepted(&h, "refund-1").await;
     let lease = lease(rt.claim(event, "w1").await.unwrap());
     assert_eq!(lease.until, T0 + 3);
