@@ -268,6 +268,45 @@ fn store_failures_exit_2_with_a_path_free_code() {
 }
 
 #[test]
+fn migrating_a_version_5_ledger_keeps_its_receipts_and_drops_the_receipt_id_uniqueness() {
+    let d = Db::new();
+    let f = example("refund-order.json");
+    assert_eq!(d.approve(&f, "bob").code, 0);
+    assert_eq!(d.dispatch(&f, &[]).code, 0);
+    let receipts = "SELECT group_concat(id || ':' || operation_id || ':' || receipt_id || ':' || \
+                    receipt_digest || ':' || call_binding_digest || ':' || reconciled_via || ':' || \
+                    fencing_token || ':' || reconciled_at, ',') FROM local_receipts";
+    let before = d.text(receipts);
+    assert!(before.contains(":worker:"), "{before}");
+    // Turn the file into a schema-v5 ledger: its receipt ids unique, version 6 not applied.
+    d.ledger()
+        .execute_batch(
+            "CREATE TABLE v5 (
+                 id INTEGER PRIMARY KEY,
+                 operation_id INTEGER NOT NULL UNIQUE REFERENCES operations(id),
+                 receipt_id TEXT NOT NULL UNIQUE, receipt TEXT NOT NULL,
+                 receipt_digest TEXT NOT NULL, call_binding_digest TEXT NOT NULL,
+                 reconciled_via TEXT NOT NULL, fencing_token INTEGER, query_identity TEXT,
+                 reconciled_at INTEGER NOT NULL) STRICT;
+             INSERT INTO v5 SELECT * FROM local_receipts;
+             DROP TABLE local_receipts;
+             ALTER TABLE v5 RENAME TO local_receipts;
+             DELETE FROM schema_migrations WHERE namespace = 'toolledger' AND version = 6;",
+        )
+        .unwrap();
+    let unique = "SELECT count(*) FROM pragma_index_list('local_receipts') WHERE \"unique\" = 1";
+    assert_eq!(d.int(unique), 2, "operation_id and receipt_id");
+    assert_eq!(d.run("audit", &[]).code, 2, "SCHEMA_OUTDATED");
+    assert_eq!(d.run("migrate", &[]).code, 0);
+    assert_eq!(d.int(unique), 1, "operation_id only");
+    assert_eq!(d.text(receipts), before);
+    assert_eq!(d.run("audit", &[]).code, 0);
+    // The same fixture again replays the migrated operation.
+    assert_eq!(d.dispatch(&f, &[]).code, 0);
+    assert_eq!(d.int("SELECT count(*) FROM local_receipts"), 1);
+}
+
+#[test]
 fn an_older_schema_needs_migrate_and_a_newer_one_is_refused() {
     let d = Db::new();
     let f = example("refund-order.json");

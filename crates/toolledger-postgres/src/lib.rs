@@ -116,6 +116,11 @@ pub const CORE_MIGRATIONS: &[Migration] = &[
         version: 5,
         sql: include_str!("sql/pg_0005_retention.sql"),
     },
+    Migration {
+        namespace: "toolledger",
+        version: 6,
+        sql: include_str!("sql/pg_0006_receipt_ids.sql"),
+    },
 ];
 
 /// The backend id a new database gets when none is requested.

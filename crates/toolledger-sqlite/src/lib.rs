@@ -93,6 +93,11 @@ pub const CORE_MIGRATIONS: &[Migration] = &[
         version: 5,
         sql: include_str!("sql/sqlite_0005_retention.sql"),
     },
+    Migration {
+        namespace: "toolledger",
+        version: 6,
+        sql: include_str!("sql/sqlite_0006_receipt_ids.sql"),
+    },
 ];
 
 /// The backend id a new file gets when none is requested.

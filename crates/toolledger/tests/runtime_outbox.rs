@@ -158,6 +158,48 @@ async fn a_worker_whose_lease_is_taken_over_during_the_call_is_fenced_at_transac
 }
 both_drivers!(a_worker_whose_lease_is_taken_over_during_the_call_is_fenced_at_transaction_c);
 
+async fn receipts_of_two_operations_may_carry_the_same_receipt_id(db: &Harness) {
+    let h = Fixture::new(db).await;
+    let mut closed = Vec::new();
+    for key in ["refund-1", "refund-2"] {
+        let (event, status_ref) = accepted(&h, key).await;
+        let w = lease(h.runtime.claim(event, "w1").await.unwrap());
+        let stalled = h
+            .runtime
+            .execute(&w, Some(CrashPoint::AfterDownstreamCommit))
+            .await
+            .unwrap();
+        assert!(matches!(stalled, Processed::Unknown(_)));
+        let mut receipt = h
+            .downstream
+            .inner
+            .status_blocking(&status_ref)
+            .unwrap()
+            .unwrap();
+        // A downstream that labels two effects alike: each receipt still binds its own
+        // operation (status reference, scope, request).
+        receipt["receipt_id"] = "rcpt-shared".into();
+        closed.push(h.runtime.complete(&w, receipt).await);
+    }
+    for answer in closed {
+        let Ok(Answer::Done { result, .. }) = answer else {
+            panic!("{answer:?}");
+        };
+        assert_eq!(result["receipt_id"], "rcpt-shared");
+    }
+    assert_eq!(
+        h.scalar_int("SELECT count(*) FROM local_receipts WHERE receipt_id = 'rcpt-shared'")
+            .await,
+        Some(2)
+    );
+    assert_eq!(
+        h.scalar_int("SELECT count(*) FROM operations WHERE state = 'succeeded'")
+            .await,
+        Some(2)
+    );
+}
+both_drivers!(receipts_of_two_operations_may_carry_the_same_receipt_id);
+
 async fn a_heartbeat_extends_the_lease_until_someone_else_claims(db: &Harness) {
     let h = Fixture::new(db).await;
     let (event, _) = accepted(&h, "refund-1").await;
