@@ -69,6 +69,6 @@ pub async fn concurrent_first_opens_do_not_race(h: &Harness) {
         assert!(o.is_ok(), "{o:?}");
     }
     let store = opened.into_iter().next().unwrap().unwrap();
-    // The core migrations (1–5) and the harness's own one, each recorded once.
-    assert_eq!(count(&store, "schema_migrations").await, 6);
+    // The core migrations (1–6) and the harness's own one, each recorded once.
+    assert_eq!(count(&store, "schema_migrations").await, 7);
 }
