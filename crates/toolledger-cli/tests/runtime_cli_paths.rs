@@ -179,12 +179,18 @@ fn refusals_are_blocks_with_typed_codes() {
     assert_eq!(d.int("SELECT count(*) FROM operations"), 1);
 }
 
-#[test]
-fn audit_blocks_on_broken_invariants_and_names_receipts_only_opaquely() {
+/// A ledger holding the example refund, approved and delivered; and the fixture's path.
+fn delivered_refund() -> (Db, std::path::PathBuf) {
     let d = Db::new();
     let f = example("refund-order.json");
     assert_eq!(d.approve(&f, "bob").code, 0);
     assert_eq!(d.dispatch(&f, &[]).code, 0);
+    (d, f)
+}
+
+#[test]
+fn audit_blocks_on_broken_invariants_and_names_receipts_only_opaquely() {
+    let (d, f) = delivered_refund();
     let receipt_id = d.text("SELECT receipt_id FROM local_receipts");
     d.ledger()
         .execute_batch("UPDATE operations SET state = 'processing'")
@@ -269,10 +275,7 @@ fn store_failures_exit_2_with_a_path_free_code() {
 
 #[test]
 fn migrating_a_version_5_ledger_keeps_its_receipts_and_drops_the_receipt_id_uniqueness() {
-    let d = Db::new();
-    let f = example("refund-order.json");
-    assert_eq!(d.approve(&f, "bob").code, 0);
-    assert_eq!(d.dispatch(&f, &[]).code, 0);
+    let (d, f) = delivered_refund();
     let receipts = "SELECT group_concat(id || ':' || operation_id || ':' || receipt_id || ':' || \
                     receipt_digest || ':' || call_binding_digest || ':' || reconciled_via || ':' || \
                     fencing_token || ':' || reconciled_at, ',') FROM local_receipts";

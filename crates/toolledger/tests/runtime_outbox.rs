@@ -27,6 +27,30 @@ fn lease(out: ClaimOutcome) -> toolledger::outbox::Lease {
     }
 }
 
+/// Claims `event` as w1 and runs it until the downstream has applied the effect, stopping
+/// before transaction C; the lease and the downstream's receipt.
+async fn stalled_after_the_downstream(
+    h: &Fixture<'_>,
+    event: i64,
+) -> (toolledger::outbox::Lease, serde_json::Value) {
+    let w1 = lease(h.runtime.claim(event, "w1").await.unwrap());
+    let stalled = h
+        .runtime
+        .execute(&w1, Some(CrashPoint::AfterDownstreamCommit))
+        .await
+        .unwrap();
+    let Processed::Unknown(Answer::Unknown { status_ref, .. }) = stalled else {
+        panic!("{stalled:?}");
+    };
+    let receipt = h
+        .downstream
+        .inner
+        .status_blocking(&status_ref)
+        .unwrap()
+        .unwrap();
+    (w1, receipt)
+}
+
 async fn an_unexpired_lease_is_not_claimable_and_an_expired_one_is_with_a_higher_token(
     db: &Harness,
 ) {
@@ -58,21 +82,9 @@ both_drivers!(an_unexpired_lease_is_not_claimable_and_an_expired_one_is_with_a_h
 
 async fn a_stale_worker_completion_is_fenced_and_changes_nothing(db: &Harness) {
     let h = Fixture::new(db).await;
-    let (event, status_ref) = accepted(&h, "refund-1").await;
+    let (event, _) = accepted(&h, "refund-1").await;
     // Worker 1 claims, reaches the downstream, and stalls before transaction C.
-    let w1 = lease(h.runtime.claim(event, "w1").await.unwrap());
-    let stalled = h
-        .runtime
-        .execute(&w1, Some(CrashPoint::AfterDownstreamCommit))
-        .await
-        .unwrap();
-    assert!(matches!(stalled, Processed::Unknown(_)));
-    let receipt = h
-        .downstream
-        .inner
-        .status_blocking(&status_ref)
-        .unwrap()
-        .unwrap();
+    let (w1, receipt) = stalled_after_the_downstream(&h, event).await;
     // Its lease expires; worker 2 (another connection) reclaims.
     h.clock.set(T0 + 31);
     let other = h.second_runtime("v1");
@@ -162,20 +174,8 @@ async fn receipts_of_two_operations_may_carry_the_same_receipt_id(db: &Harness) 
     let h = Fixture::new(db).await;
     let mut closed = Vec::new();
     for key in ["refund-1", "refund-2"] {
-        let (event, status_ref) = accepted(&h, key).await;
-        let w = lease(h.runtime.claim(event, "w1").await.unwrap());
-        let stalled = h
-            .runtime
-            .execute(&w, Some(CrashPoint::AfterDownstreamCommit))
-            .await
-            .unwrap();
-        assert!(matches!(stalled, Processed::Unknown(_)));
-        let mut receipt = h
-            .downstream
-            .inner
-            .status_blocking(&status_ref)
-            .unwrap()
-            .unwrap();
+        let (event, _) = accepted(&h, key).await;
+        let (w, mut receipt) = stalled_after_the_downstream(&h, event).await;
         // A downstream that labels two effects alike: each receipt still binds its own
         // operation (status reference, scope, request).
         receipt["receipt_id"] = "rcpt-shared".into();
