@@ -1125,7 +1125,18 @@ fn run_without_savepoints(
         return Some(jobs);
     }
     for job in jobs.iter_mut() {
-        if !job.run(&mut SqliteEffectTx::new(conn) as &mut dyn EffectTx) {
+        let keep = job.run(&mut SqliteEffectTx::new(conn) as &mut dyn EffectTx);
+        if keep && conn.is_autocommit() {
+            // SQLite ended the transaction under the job (a full disk, an I/O error) and the
+            // job went on: what the batch wrote is gone. Answer everyone, as the savepoint
+            // path does when it cannot release a savepoint; nothing more runs.
+            let err = StoreError::Unavailable("the batch's transaction ended early".into());
+            for job in jobs {
+                job.finish(Some(err.clone()));
+            }
+            return None;
+        }
+        if !keep {
             let _ = conn.execute_batch("ROLLBACK");
             if conn.is_autocommit() {
                 return Some(jobs);
@@ -1488,6 +1499,84 @@ mod tests {
         fn finish(self: Box<Self>, failure: Option<StoreError>) {
             let _ = self.answered.send((self.x, failure));
         }
+    }
+
+    /// A ledger job during which SQLite ends the writer's transaction (as it may on a full
+    /// disk or an I/O error), and which carries on as if nothing happened. `EffectTx` refuses
+    /// transaction control, so the rollback goes through the writer connection's handle.
+    struct EndsTheTransaction {
+        /// The writer connection's `sqlite3*`, as an address (read on the writer thread).
+        handle: usize,
+    }
+
+    impl WriteJob for EndsTheTransaction {
+        fn run(&mut self, _: &mut dyn EffectTx) -> bool {
+            let db = self.handle as *mut rusqlite::ffi::sqlite3;
+            // SAFETY: the handle is the writer connection's, and this runs on the writer
+            // thread, inside that connection's batch, while the store is open.
+            unsafe {
+                rusqlite::ffi::sqlite3_exec(
+                    db,
+                    c"ROLLBACK".as_ptr(),
+                    None,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                );
+            }
+            true
+        }
+
+        fn finish(self: Box<Self>, _: Option<StoreError>) {}
+    }
+
+    /// The writer connection's `sqlite3*` as an address.
+    fn writer_handle(store: &SqliteStore) -> usize {
+        let (tx, rx) = std::sync::mpsc::channel();
+        store
+            .submit(SqliteStore::make_job(
+                move |c: &Connection| {
+                    // SAFETY: only the address is taken here.
+                    let _ = tx.send(unsafe { c.handle() } as usize);
+                    Ok::<_, StoreError>(())
+                },
+                oneshot::channel().0,
+            ))
+            .unwrap();
+        rx.recv().unwrap()
+    }
+
+    #[test]
+    fn a_transaction_ended_under_a_batch_answers_every_job_with_an_error_and_writes_nothing() {
+        let (_d, path) = temp();
+        let store = with_table_t(&path);
+        let (answered, answers) = std::sync::mpsc::channel();
+        let runs: Vec<Arc<AtomicU64>> = (0..2).map(|_| Arc::default()).collect();
+        let insert = |x: i64, runs: &Arc<AtomicU64>| {
+            Job::Again(Box::new(Insert {
+                x,
+                fail: false,
+                runs: runs.clone(),
+                answered: answered.clone(),
+            }))
+        };
+        let handle = writer_handle(&store);
+        let release = hold_the_writer(&store);
+        assert!(store.submit(insert(30, &runs[0])).is_ok());
+        assert!(store
+            .submit(Job::Again(Box::new(EndsTheTransaction { handle })))
+            .is_ok());
+        assert!(store.submit(insert(31, &runs[1])).is_ok());
+        release.send(()).unwrap();
+        let mut got: Vec<(i64, Option<StoreError>)> =
+            (0..2).map(|_| answers.recv().unwrap()).collect();
+        got.sort_by_key(|(x, _)| *x);
+        assert!(got.iter().all(|(_, failure)| failure.is_some()), "{got:?}");
+        assert_eq!(runs[1].load(Ordering::SeqCst), 0, "nothing runs after it");
+        let c = connect(store.path()).unwrap();
+        let n: i64 = c
+            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 0);
     }
 
     /// Holds the writer busy until the returned sender is used, so that the jobs queued
