@@ -1126,28 +1126,24 @@ fn run_without_savepoints(
     }
     for job in jobs.iter_mut() {
         let keep = job.run(&mut SqliteEffectTx::new(conn) as &mut dyn EffectTx);
-        if keep && conn.is_autocommit() {
-            // SQLite ended the transaction under the job (a full disk, an I/O error) and the
-            // job went on: what the batch wrote is gone. Answer everyone, as the savepoint
-            // path does when it cannot release a savepoint; nothing more runs.
-            let err = StoreError::Unavailable("the batch's transaction ended early".into());
-            for job in jobs {
-                job.finish(Some(err.clone()));
-            }
-            return None;
+        if keep && !conn.is_autocommit() {
+            continue;
         }
         if !keep {
             let _ = conn.execute_batch("ROLLBACK");
             if conn.is_autocommit() {
                 return Some(jobs);
             }
-            // The transaction could not be ended: answer everyone, as a failed batch is.
-            let err = StoreError::Unavailable("batch failed".into());
-            for job in jobs {
-                job.finish(Some(err.clone()));
-            }
-            return None;
         }
+        // Either SQLite ended the transaction under a job that went on (a full disk, an I/O
+        // error), so what the batch wrote is gone, or the transaction could not be rolled
+        // back. Answer everyone, as the savepoint path does when it cannot close a savepoint;
+        // nothing more runs.
+        let err = StoreError::Unavailable("batch failed".into());
+        for job in jobs {
+            job.finish(Some(err.clone()));
+        }
+        return None;
     }
     let failure = match conn.execute_batch("COMMIT") {
         Ok(()) => None,

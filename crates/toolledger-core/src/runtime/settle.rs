@@ -219,32 +219,30 @@ impl Runtime {
         checked: (Value, String),
     ) -> Result<Answer, RuntimeError> {
         let (result, receipt_id) = checked;
-        let answer =
-            match Self::prepare_success(record, &record.provider, receipt, &receipt_id, &result) {
-                Ok(prepared) => {
-                    let held = lease.clone();
-                    let operation_id = record.id;
-                    self.write_at(move |_, tx, now| -> Result<(), RuntimeError> {
-                        lock_operation(tx, held.operation_id)?;
-                        outbox::complete(tx, &held, now)?.map_err(RuntimeError::Fenced)?;
-                        Self::write_prepared(
-                            tx,
-                            operation_id,
-                            &prepared,
-                            ("worker", Some(held.token), None),
-                            now,
-                        )
-                    })
-                    .await
-                    .map(|()| Answer::Done {
-                        status_ref: record.status_ref.clone(),
-                        state: OperationState::Succeeded,
-                        delivery: Delivery::Fresh,
-                        result,
-                    })
-                }
-                Err(e) => Err(e),
-            };
+        let answer = async {
+            let prepared =
+                Self::prepare_success(record, &record.provider, receipt, &receipt_id, &result)?;
+            let held = lease.clone();
+            self.write_at(move |_, tx, now| -> Result<(), RuntimeError> {
+                lock_operation(tx, held.operation_id)?;
+                outbox::complete(tx, &held, now)?.map_err(RuntimeError::Fenced)?;
+                Self::write_prepared(
+                    tx,
+                    held.operation_id,
+                    &prepared,
+                    ("worker", Some(held.token), None),
+                    now,
+                )
+            })
+            .await?;
+            Ok(Answer::Done {
+                status_ref: record.status_ref.clone(),
+                state: OperationState::Succeeded,
+                delivery: Delivery::Fresh,
+                result,
+            })
+        }
+        .await;
         Self::log_completed(lease, answer)
     }
 
