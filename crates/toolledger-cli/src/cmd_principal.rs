@@ -8,7 +8,7 @@
 //! add|revoke` (a token is printed once, and only its hash is stored).
 
 use serde_json::json;
-use toolledger::authz::{IfExists, PrincipalStore, PutOutcome, TokenIssue, TokenRevoke};
+use toolledger::authz::{Ensured, IfExists, PrincipalStore, PutOutcome, TokenIssue, TokenRevoke};
 use toolledger::Error;
 
 use crate::common::{self, Access, StoreArgs, StoreConfig};
@@ -152,34 +152,21 @@ pub(crate) async fn local_principal(ps: &PrincipalStore, command: &str) -> Resul
             ),
         )
     };
-    match ps.entry(LOCAL_PRINCIPAL).await.map_err(refused)? {
-        Some(entry) if entry.active => return Ok(LOCAL_PRINCIPAL.to_string()),
-        Some(_) => return Err(inactive()),
-        None => {}
-    }
-    // Two sessions launched at once both get here: one creates it, the other finds it
-    // unchanged.
-    let outcome = ps
-        .put(
-            LOCAL_PRINCIPAL,
-            LOCAL_TENANT,
-            &[],
-            &[],
-            IfExists::Keep,
-            false,
-        )
+    match ps
+        .ensure(LOCAL_PRINCIPAL, LOCAL_TENANT)
         .await
-        .map_err(refused)?;
-    if matches!(outcome, PutOutcome::Created(_)) {
-        tracing::info!(
-            principal = LOCAL_PRINCIPAL,
-            tenant = LOCAL_TENANT,
-            "created the local principal the stdio session acts for"
-        );
-    }
-    match ps.resolve(LOCAL_PRINCIPAL).await.map_err(refused)? {
-        Some(_) => Ok(LOCAL_PRINCIPAL.to_string()),
-        None => Err(inactive()),
+        .map_err(refused)?
+    {
+        Ensured::Active => Ok(LOCAL_PRINCIPAL.to_string()),
+        Ensured::Created => {
+            tracing::info!(
+                principal = LOCAL_PRINCIPAL,
+                tenant = LOCAL_TENANT,
+                "created the local principal the stdio session acts for"
+            );
+            Ok(LOCAL_PRINCIPAL.to_string())
+        }
+        Ensured::Inactive => Err(inactive()),
     }
 }
 

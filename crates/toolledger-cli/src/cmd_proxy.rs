@@ -26,7 +26,7 @@ use toolledger_cli::telemetry::{init_logs, start_metrics, TelemetryArgs};
 use toolledger_mcp::{CallerSource, Guard, GuardConfig, LedgerGuard};
 use toolledger_proxy::{BuildError, Lifecycle, Proxy, ProxyConfig, Upstream, UpstreamSpec};
 
-use crate::cmd_serve::{bound_keys, serve_http, serve_stdio, stdio_principal, HttpFrontArgs};
+use crate::cmd_serve::{bound_keys, serve_http, stdio_principal, HttpFrontArgs};
 
 /// `--upstream-lifecycle` values.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -258,7 +258,8 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
         (None, Some(caller)) => {
             let ledger =
                 LedgerGuard::from_parts(guard, principals, CallerSource::Configured(caller));
-            serve_stdio(built.server(&ledger), front.max_in_flight).await
+            built.server(&ledger).serve_stdio(front.max_in_flight).await;
+            Ok(())
         }
         (None, None) => unreachable!("a stdio session's caller is resolved above"),
         (Some(addr), _) => {

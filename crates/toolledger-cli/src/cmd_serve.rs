@@ -22,7 +22,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rmcp::ServiceExt;
 use toolledger::authz::PrincipalStore;
 use toolledger::clock::{ManualClock, SharedClock, SystemClock};
 use toolledger::engine::Engine;
@@ -161,7 +160,8 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
         }
         (None, Some(caller)) => {
             let server = tools.server(CallerSource::Configured(caller));
-            serve_stdio(server, front.max_in_flight).await
+            server.serve_stdio(front.max_in_flight).await;
+            Ok(())
         }
         (None, None) => unreachable!("a stdio session's caller is resolved above"),
     };
@@ -308,9 +308,14 @@ pub(crate) async fn listen(
         "{}",
         serde_json::json!({"listening": format!("http://{local}{path}")})
     );
-    wire_http::serve(listener, app, limits, shutdown_signal())
-        .await
-        .map_err(|_| Failure::code("SERVE_ERROR"))
+    wire_http::serve(
+        listener,
+        app,
+        limits,
+        toolledger_mcp::server::shutdown_signal(),
+    )
+    .await
+    .map_err(|_| Failure::code("SERVE_ERROR"))
 }
 
 /// The ledger's keys, loaded and bound to the database: keys other than the ones it was
@@ -369,35 +374,6 @@ pub(crate) async fn stdio_principal(
     Ok(principal.to_string())
 }
 
-/// Serves `server` on stdio (built for the caller [`stdio_principal`] named, re-read on every
-/// call), with at most `max_in_flight` requests unanswered, until stdin closes.
-pub(crate) async fn serve_stdio<S: Send + Sync + 'static>(
-    server: GuardedServer<S>,
-    max_in_flight: usize,
-) -> Result<(), Failure> {
-    // The strict transport: every line checked, every refused line answered. Pipes (how MCP
-    // clients launch a server) are driven by the IO reactor instead of a blocking-pool thread
-    // hand-off per read and write; other streams fall back to the blocking handles. A client
-    // that leaves before the session starts ends it (exit 0).
-    // SIGTERM or SIGINT ends the session as the client's leaving does: no line is read any
-    // more, the calls in flight are answered (rmcp waits a few seconds for them), then the
-    // transport closes and this returns.
-    let stop = tokio_util::sync::CancellationToken::new();
-    let signalled = stop.clone();
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        tracing::info!(target: "toolledger::serve", "stopping on a signal");
-        signalled.cancel();
-    });
-    let transport = toolledger_mcp::wire::stdio::stdio()
-        .with_max_in_flight(max_in_flight)
-        .with_stop(stop);
-    if let Ok(running) = server.serve(transport).await {
-        let _ = running.waiting().await;
-    }
-    Ok(())
-}
-
 /// Serves `server` (built for bearer-token callers) over streamable HTTP at
 /// `http://ADDR/mcp` (bearer principals, Host/Origin rules, strict bodies), with `/healthz`,
 /// `/readyz` and `/metrics`, and the operator console's pages when given, until SIGTERM or
@@ -423,27 +399,4 @@ pub(crate) async fn serve_http<S: Send + Sync + 'static>(
         None => app,
     };
     listen(addr, "/mcp", app, front.limits).await
-}
-
-/// Resolves on SIGTERM or SIGINT: the server then stops accepting connections, finishes the
-/// requests in flight and exits 0.
-pub(crate) async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            return std::future::pending().await;
-        };
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }

@@ -43,8 +43,7 @@ fn a_guarded_tool_keeps_its_history_under_random_sigkills() {
     // One start before the run creates the database and its key file (no race for them).
     // (It ends at once, its stdin being empty.)
     let _ = Command::new(&server)
-        .arg("serve")
-        .arg(&database)
+        .env("TOOLLEDGER_DB", &database)
         .env("TOOLLEDGER_PRINCIPAL", "alice")
         .stdin(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -58,20 +57,14 @@ fn a_guarded_tool_keeps_its_history_under_random_sigkills() {
     let mut targets = Vec::new();
     for c in 0..CLIENTS {
         let pidfile = dir.path().join(format!("server-{c}.pid"));
-        let script = pid_wrapper(
-            &pidfile,
-            &[
-                server.display().to_string(),
-                "serve".into(),
-                database.display().to_string(),
-            ],
-        );
-        let env = mark.clone();
+        let script = pid_wrapper(&pidfile, &[server.display().to_string()]);
+        let (env, database) = (mark.clone(), database.clone());
         clients.push(RawStdioClient::new(&format!("client-{c}"), move || {
             let mut command = Command::new("sh");
             command
                 .args(["-c", &script])
                 .env(env.0, &env.1)
+                .env("TOOLLEDGER_DB", &database)
                 .env("TOOLLEDGER_PRINCIPAL", "alice");
             command
         }));

@@ -61,6 +61,17 @@ pub enum PutOutcome {
     Exists(PrincipalEntry),
 }
 
+/// What [`PrincipalStore::ensure`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ensured {
+    /// The principal existed and is active.
+    Active,
+    /// The principal did not exist and was created now.
+    Created,
+    /// The principal exists but is deactivated: it was left so.
+    Inactive,
+}
+
 /// A bearer token as operators see it: never its value or its hash.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct TokenEntry {
@@ -613,6 +624,28 @@ impl PrincipalStore {
         self.store
             .read(move |tx: &mut dyn EffectTx| entry_in(tx, &name))
             .await
+    }
+
+    /// Makes sure principal `name` can act: an active one is left as it is, a missing one is
+    /// created in `tenant` with no roles, scopes or tokens, and a deactivated one stays
+    /// deactivated ([`Ensured::Inactive`]): only an operator re-activates it. For a caller
+    /// named by trusted configuration (a stdio session); two processes that ensure the same
+    /// name at once both find it active.
+    pub async fn ensure(&self, name: &str, tenant: &str) -> Result<Ensured, Error> {
+        let created = match self.entry(name).await? {
+            Some(entry) if entry.active => return Ok(Ensured::Active),
+            Some(_) => return Ok(Ensured::Inactive),
+            None => matches!(
+                self.put(name, tenant, &[], &[], IfExists::Keep, false)
+                    .await?,
+                PutOutcome::Created(_)
+            ),
+        };
+        Ok(match self.resolve(name).await? {
+            None => Ensured::Inactive,
+            Some(_) if created => Ensured::Created,
+            Some(_) => Ensured::Active,
+        })
     }
 
     /// The active principal called `name`, re-read now; `None` when absent or inactive.

@@ -480,6 +480,17 @@ pub struct Migration {
     pub sql: &'static str,
 }
 
+impl Migration {
+    /// Migration `version` of `namespace`, running `sql`.
+    pub const fn new(namespace: &'static str, version: u32, sql: &'static str) -> Self {
+        Migration {
+            namespace,
+            version,
+            sql,
+        }
+    }
+}
+
 #[path = "migrate.rs"]
 pub mod migrate;
 

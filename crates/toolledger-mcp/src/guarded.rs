@@ -2,7 +2,8 @@
 //!
 //! A guarded tool takes typed [`Parameters<T>`](rmcp::handler::server::wrapper::Parameters)
 //! (its input schema comes from `schemars`) and one [`Guarded`] argument, and returns
-//! `Result<Json<Receipt<R>>, Refusal>` (its output schema comes from `R`):
+//! `Result<Json<Receipt<R>>, Refusal>` (its output schema comes from `R`; spelled out, since
+//! rmcp's `#[tool]` finds `Json` in the return type by its name):
 //!
 //! ```text
 //! #[tool(description = "Create a note; retry with the same operation_id to replay.")]
@@ -13,8 +14,9 @@
 //! ```
 //!
 //! The router the tools are served from must pass through [`LedgerGuard::router`], once, with
-//! [`status_router`] added: `ledger.router(Self::tool_router() + status_router())`. For every
-//! call the wrapped router
+//! [`status_router`] added: `ledger.router(Self::tool_router() + status_router())`, which
+//! [`LedgerGuard::server`] and [`LedgerGuard::serve_stdio`] do. For every call the wrapped
+//! router
 //!
 //! 1. validates the wire arguments against the tool's advertised input schema (see
 //!    [`LedgerGuard::router`] for why a JSON Schema validator and not serde alone): a call
@@ -116,8 +118,10 @@ impl IntoCallToolResult for Refusal {
 
 /// The reply of a guarded call: `{operationId, …the stored result's fields, replayed, state}`,
 /// typed by the effect's result `R` (an object whose fields are merged in), so `#[tool]` derives the output schema from it.
+///
+/// Without a type, the result is any JSON object: `Receipt` is `Receipt<serde_json::Value>`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct Receipt<R> {
+pub struct Receipt<R = Value> {
     /// The operation id (idempotency key) of the call.
     #[serde(rename = "operationId")]
     pub operation_id: String,

@@ -34,11 +34,15 @@ use crate::keys::{KeyError, KeyMaterial};
 use crate::status::EffectObserver;
 use crate::status::LedgerResultObserver;
 
-/// Why [`LedgerGuardBuilder::open`] failed. Messages name no paths, URLs or SQL.
-#[derive(Debug, thiserror::Error)]
+/// Why [`LedgerGuardBuilder::open`] failed. Messages name no paths, URLs or SQL. Its `Debug`
+/// is its message, so a `main` that returns it prints what to fix.
+#[derive(thiserror::Error)]
 pub enum OpenError {
     /// No database was named.
-    #[error("no database given: name a SQLite file or a postgres:// URL")]
+    #[error(
+        "no database given: name a SQLite file or a postgres:// URL (TOOLLEDGER_DATABASE_URL, \
+         or TOOLLEDGER_DB for a SQLite file)"
+    )]
     NoDatabase,
     /// The store could not be opened, bound or migrated.
     #[error(transparent)]
@@ -55,6 +59,12 @@ pub enum OpenError {
     /// The guard refused its keys or configuration.
     #[error("{0}")]
     Guard(Error),
+}
+
+impl std::fmt::Debug for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 /// Builds a [`LedgerGuard`]; see [`LedgerGuard::builder`].
@@ -84,7 +94,37 @@ impl std::fmt::Debug for LedgerGuardBuilder {
     }
 }
 
+/// The environment variable [`LedgerGuardBuilder::from_env`] reads a PostgreSQL URL from (or,
+/// as for the `toolledger` binary, any database: a SQLite file too).
+pub const DATABASE_URL_ENV: &str = "TOOLLEDGER_DATABASE_URL";
+/// The environment variable [`LedgerGuardBuilder::from_env`] reads a SQLite file from when
+/// [`DATABASE_URL_ENV`] is not set: the one the `toolledger` binary's `--db` reads.
+pub const DB_ENV: &str = "TOOLLEDGER_DB";
+/// The environment variable [`LedgerGuardBuilder::from_env`] reads the stdio caller from.
+pub const PRINCIPAL_ENV: &str = "TOOLLEDGER_PRINCIPAL";
+/// The stdio caller when [`PRINCIPAL_ENV`] is not set.
+pub const DEFAULT_PRINCIPAL: &str = "local";
+
 impl LedgerGuardBuilder {
+    /// A builder configured from the environment, as the `toolledger` binary is:
+    /// - the database from `TOOLLEDGER_DATABASE_URL` (a `postgres://` URL, or a SQLite file),
+    ///   else the SQLite file `TOOLLEDGER_DB` (neither set: [`OpenError::NoDatabase`]);
+    /// - the keys as [`LedgerGuardBuilder::keys`] says by default (`TOOLLEDGER_STATE_KEY_HEX`
+    ///   and `TOOLLEDGER_FINGERPRINT_KEY_HEX`, else the key file beside a SQLite database);
+    /// - every call made by the principal `TOOLLEDGER_PRINCIPAL` (default `local`), as a stdio
+    ///   server's caller is ([`crate::LedgerGuard::serve_stdio`]).
+    ///
+    /// The other settings keep their defaults and may still be changed.
+    pub fn from_env() -> Self {
+        let var = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
+        let builder = LedgerGuardBuilder::default();
+        let builder = match var(DATABASE_URL_ENV).or_else(|| var(DB_ENV)) {
+            Some(database) => builder.database(database),
+            None => builder,
+        };
+        builder.principal(var(PRINCIPAL_ENV).unwrap_or_else(|| DEFAULT_PRINCIPAL.into()))
+    }
+
     /// The ledger database: a SQLite file path, or a `postgres://` URL for PostgreSQL.
     pub fn database(mut self, path_or_url: impl Into<String>) -> Self {
         self.database = Some(path_or_url.into());

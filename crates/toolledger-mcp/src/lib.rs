@@ -3,7 +3,10 @@
 //! A retry with the same operation id replays the stored result instead of repeating the
 //! effect; a lost reply becomes a `get_operation_status` query, never a second effect.
 //!
-//! Guarding an ordinary rmcp server:
+//! Guarding an ordinary rmcp server (everything below but rmcp's own items is in
+//! [`prelude`]):
+//! - [`LedgerGuardBuilder::from_env`] and [`LedgerGuard::serve_stdio`]: a whole stdio server,
+//!   configured as the `toolledger` binary is (`examples/guarded_tool.rs`: 30 lines of code).
 //! - [`LedgerGuard`] (built by [`LedgerGuard::builder`]): opens the ledger — a SQLite file, or
 //!   PostgreSQL for a `postgres://` URL (feature `postgres`) — with the application's own portable migrations,
 //!   loads the keys and fixes where callers come from (a configured principal on stdio,
@@ -77,6 +80,16 @@ pub use reply::error_of;
 pub use server::{GuardedServer, ToolCall};
 pub use state::StateBinding;
 pub use status::{EffectObserver, LedgerResultObserver, Observation, StatusTool};
+
+/// What a guarded tool and its server are written with, in one import:
+/// `use toolledger_mcp::prelude::*;`.
+pub mod prelude {
+    pub use crate::{Guarded, LedgerGuard, LedgerGuardBuilder, Receipt, Refusal};
+    pub use toolledger::effect::{EffectTx, RowExt};
+    pub use toolledger::engine::InlineEffect;
+    pub use toolledger::model::Principal;
+    pub use toolledger::store::Migration;
+}
 
 /// Pieces the workspace's own crates (the proxy, the reference tools, the command-line binary)
 /// share with this one: the guard's request shape, in-band reply builders, sealed continuation

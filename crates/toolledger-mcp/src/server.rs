@@ -107,6 +107,105 @@ impl<S: Send + Sync + 'static> GuardedServer<S> {
     pub fn tools(&self) -> &[Tool] {
         &self.listed
     }
+
+    /// Serves this server on the strict stdio transport ([`crate::wire::stdio::stdio`]) with
+    /// at most `max_in_flight` requests unanswered, until the client closes stdin or the
+    /// process gets SIGTERM or SIGINT. A signal ends the session as the client's leaving
+    /// does: no line is read any more, the calls in flight are answered (rmcp waits a few
+    /// seconds for them), then the transport closes and this returns. A client that leaves
+    /// before the session starts ends it too.
+    pub async fn serve_stdio(self, max_in_flight: usize) {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let signalled = stop.clone();
+        let watcher = tokio::spawn(async move {
+            shutdown_signal().await;
+            tracing::info!(target: "toolledger::serve", "stopping on a signal");
+            signalled.cancel();
+        });
+        let transport = crate::wire::stdio::stdio()
+            .with_max_in_flight(max_in_flight)
+            .with_stop(stop);
+        if let Ok(running) = rmcp::ServiceExt::serve(self, transport).await {
+            let _ = running.waiting().await;
+        }
+        watcher.abort();
+    }
+}
+
+/// Resolves when the process gets SIGTERM or SIGINT (Ctrl-C elsewhere).
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// The tenant a stdio caller named by [`crate::LedgerGuardBuilder::from_env`] is created in
+/// when the ledger does not have it yet.
+pub const STDIO_TENANT: &str = "local";
+
+impl crate::LedgerGuard {
+    /// The server of `router` (an application's `#[tool_router]`) with `service` as its
+    /// tools' `&self`: every route and `get_operation_status` wrapped by
+    /// [`crate::LedgerGuard::router`], named after the running executable.
+    pub fn server<S: Send + Sync + 'static>(
+        &self,
+        service: S,
+        router: ToolRouter<S>,
+    ) -> Result<GuardedServer<S>, toolledger::Error> {
+        let router = self.router(router + crate::status_router())?;
+        let name = std::env::current_exe()
+            .ok()
+            .and_then(|exe| Some(exe.file_stem()?.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "toolledger".into());
+        Ok(GuardedServer::new(name, service, router))
+    }
+
+    /// Serves [`crate::LedgerGuard::server`] of `router` on stdio
+    /// ([`GuardedServer::serve_stdio`]) until the client leaves or the process is stopped.
+    ///
+    /// Every call is made by the configured principal ([`crate::LedgerGuardBuilder::principal`],
+    /// `TOOLLEDGER_PRINCIPAL` with [`crate::LedgerGuardBuilder::from_env`]): stdio is trusted
+    /// configuration, so a principal the ledger does not have yet is created, in the tenant
+    /// [`STDIO_TENANT`] with no roles or scopes. A deactivated one is refused before anything
+    /// is served (`permission_denied`): re-activating it is an operator's decision.
+    pub async fn serve_stdio<S: Send + Sync + 'static>(
+        &self,
+        service: S,
+        router: ToolRouter<S>,
+    ) -> Result<(), toolledger::Error> {
+        let crate::CallerSource::Configured(name) = self.caller_source() else {
+            return Err(toolledger::Error::invalid(
+                "a stdio server acts for one configured principal: set TOOLLEDGER_PRINCIPAL \
+                 or call LedgerGuardBuilder::principal",
+            ));
+        };
+        let ensured = self.principals().ensure(name, STDIO_TENANT).await?;
+        if ensured == toolledger::authz::Ensured::Inactive {
+            return Err(toolledger::Error::denied(format!(
+                "the principal {name:?} is deactivated in this ledger"
+            )));
+        }
+        let server = self.server(service, router)?;
+        server
+            .serve_stdio(crate::wire::stdio::DEFAULT_MAX_IN_FLIGHT)
+            .await;
+        Ok(())
+    }
 }
 
 impl<S: Send + Sync + 'static> ServerHandler for GuardedServer<S> {

@@ -41,12 +41,14 @@ fn example_binary() -> PathBuf {
     .clone()
 }
 
-/// Runs the script against the example serving `database`, with `env` for the server.
-fn run_script(python: &PathBuf, database: &str, env: Value) -> Value {
+/// Runs the script against the example serving `database` (`TOOLLEDGER_DATABASE_URL`), with
+/// `env` for the server too.
+fn run_script(python: &PathBuf, database: &str, mut env: Value) -> Value {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/guarded_tool.py");
     let exe = example_binary();
+    env["TOOLLEDGER_DATABASE_URL"] = json!(database);
     let spec = json!({
-        "command": [exe, "serve", database],
+        "command": [exe],
         "env": env,
     });
     let out = Command::new(python)
@@ -84,15 +86,13 @@ fn check(v: &Value, ledger: &LedgerGuard) {
     assert_eq!(first["is_error"], false, "{first}");
     assert_eq!(
         first["structured"],
-        json!({"operationId": "py-note-1", "effectId": 1, "result": "note 1",
-               "replayed": false, "state": "applied"})
+        json!({"operationId": "py-note-1", "effectId": 1, "replayed": false, "state": "applied"})
     );
     let replay = &v["replay"];
     assert_eq!(replay["is_error"], false, "{replay}");
     assert_eq!(
         replay["structured"],
-        json!({"operationId": "py-note-1", "effectId": 1, "result": "note 1",
-               "replayed": true, "state": "applied"})
+        json!({"operationId": "py-note-1", "effectId": 1, "replayed": true, "state": "applied"})
     );
     let conflict = &v["conflict"];
     assert_eq!(conflict["is_error"], true, "{conflict}");
@@ -121,10 +121,7 @@ fn check(v: &Value, ledger: &LedgerGuard) {
     assert_eq!(st["principal"], "alice");
     assert_eq!(st["backend"], ledger.guard().backend_id());
     assert_eq!(st["matchingIds"], json!([1]));
-    assert_eq!(
-        st["storedResult"],
-        json!({"effectId": 1, "result": "note 1"})
-    );
+    assert_eq!(st["storedResult"], json!({"effectId": 1}));
     // The refused call left nothing behind: no ledger row to find.
     assert_eq!(v["status_of_refused"]["structured"]["state"], "unknown");
 

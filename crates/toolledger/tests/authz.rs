@@ -92,7 +92,33 @@ async fn bad_input_is_refused_and_writes_nothing(h: &Harness) {
     assert_eq!(err.code, ErrorCode::InvalidArguments);
 }
 
+async fn ensure_creates_a_missing_principal_and_never_reactivates_one(h: &Harness) {
+    let ps = PrincipalStore::new(h.open());
+    assert_eq!(ps.ensure("carol", "local").await.unwrap(), Ensured::Created);
+    let created = ps.entry("carol").await.unwrap().unwrap();
+    assert_eq!(created.tenant, "local");
+    assert!(created.active && created.roles.is_empty() && created.scopes.is_empty());
+    assert_eq!(created.tokens, 0);
+    // An existing principal is used as it is, whatever its grants and tenant.
+    ps.add("dave", "team-a", &s(&["editor"]), &[], false)
+        .await
+        .unwrap();
+    assert_eq!(ps.ensure("dave", "local").await.unwrap(), Ensured::Active);
+    let dave = ps.entry("dave").await.unwrap().unwrap();
+    assert_eq!(dave.tenant, "team-a");
+    assert!(dave.roles.contains("editor"));
+    // A deactivated one stays deactivated: only an operator re-activates it.
+    ps.revoke("dave", &[], &[], true).await.unwrap();
+    assert_eq!(ps.ensure("dave", "local").await.unwrap(), Ensured::Inactive);
+    assert!(ps.resolve("dave").await.unwrap().is_none());
+    // Its name is checked like any other.
+    let bad = ps.ensure("bad name", "local").await.unwrap_err();
+    assert_eq!(bad.code, ErrorCode::InvalidArguments);
+    assert!(ps.entry("bad name").await.unwrap().is_none());
+}
+
 both_drivers!(
     add_resolve_revoke_and_tokens,
     bad_input_is_refused_and_writes_nothing,
+    ensure_creates_a_missing_principal_and_never_reactivates_one,
 );
