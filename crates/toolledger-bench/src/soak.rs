@@ -12,8 +12,10 @@
 //!
 //! The pruner is [`toolledger::prune::prune`] every `prune_interval` of real time, each pass
 //! working until nothing expired is left, by default with the background pruner's options
-//! ([`toolledger::prune::PruneOptions::background`]: a rest after each batch), as
-//! `serve` runs it (`prune_batch` and `prune_pace` change them); the workload times each pass. With a `rate` the calls arrive at that
+//! ([`toolledger::prune::PruneOptions::background`]: on SQLite a few rows at the end of each
+//! transaction the writer commits and small steps alone when it is idle; on PostgreSQL a rest
+//! after each batch), as `serve` runs it (`prune_batch` and `prune_pace` change them); the
+//! workload times each pass. With a `rate` the calls arrive at that
 //! steady rate (latency from each call's due time) instead of as fast as the callers go. The effect writes nothing besides the ledger's row, so the
 //! database holds the ledger alone. Its size is sampled `samples` times: SQLite's pages in
 //! use (`page_count - freelist_count`, times `page_size`) and the file with its WAL;

@@ -70,6 +70,8 @@ pub fn run(args: PruneArgs, store: StoreConfig) -> Result<Outcome, Failure> {
             tombstone_ttl: args.tombstone_ttl.0,
             dry_run: args.dry_run,
             pace: 0,
+            // Alone on its store: the batches are its own transactions.
+            beside_writes: false,
         };
         let report = prune::prune(&ledger, &clock, &opts).await?;
         let vacuumed = match (&store.backend, args.vacuum) {

@@ -33,7 +33,9 @@ use crate::effect::{EffectTx, RowExt, SqlValue};
 use crate::ledger::TOMBSTONE_JSON;
 use crate::model::Error;
 use crate::outbox::store_error;
-use crate::store::{Store, StoreError};
+#[cfg(doc)]
+use crate::store::Driver;
+use crate::store::{BackgroundWork, Store, StoreError};
 
 /// Rows changed in one transaction unless [`PruneOptions::batch`] says otherwise.
 pub const DEFAULT_BATCH: usize = 500;
@@ -60,14 +62,30 @@ pub struct PruneOptions {
     /// After each committed transaction, rest this many times as long as it took (0: none),
     /// so live calls get the writer between batches.
     pub pace: u32,
+    /// Hand the work to the store's writer where it has one ([`Driver::background`]: SQLite),
+    /// which does a few rows ([`ALONG_ROWS`]) at the end of each transaction it commits for
+    /// live calls and up to `batch` rows alone when nothing else waits, so a call never waits
+    /// behind a whole batch. Elsewhere (PostgreSQL), batches of its own.
+    pub beside_writes: bool,
 }
+
+/// Rows the store's writer prunes at the end of a transaction it commits for live calls
+/// ([`PruneOptions::beside_writes`]).
+pub const ALONG_ROWS: usize = 16;
+
+/// Rows the background pruner changes in one transaction of its own
+/// ([`PruneOptions::background`]): about a millisecond of the writer's time.
+pub const BACKGROUND_BATCH: usize = 64;
 
 impl PruneOptions {
     /// The options of the pruner that runs beside live calls (`serve`, `proxy`, `worker`):
-    /// batches of [`DEFAULT_BATCH`] rows and a rest of [`BACKGROUND_PACE`] after each.
+    /// [`PruneOptions::beside_writes`] where the store's writer takes it, else batches of
+    /// [`BACKGROUND_BATCH`] rows and a rest of [`BACKGROUND_PACE`] after each.
     pub fn background(tombstone_ttl: Option<i64>) -> Self {
         PruneOptions {
             pace: BACKGROUND_PACE,
+            batch: BACKGROUND_BATCH,
+            beside_writes: true,
             tombstone_ttl,
             ..PruneOptions::default()
         }
@@ -89,6 +107,7 @@ impl Default for PruneOptions {
             tombstone_ttl: Some(DEFAULT_TOMBSTONE_TTL_SECS),
             dry_run: false,
             pace: 0,
+            beside_writes: false,
         }
     }
 }
@@ -163,7 +182,6 @@ pub async fn prune(
     opts: &PruneOptions,
 ) -> Result<PruneReport, StoreError> {
     let now = clock.now();
-    let batch = opts.batch.max(1) as u64;
     let mut report = PruneReport {
         dry_run: opts.dry_run,
         now,
@@ -172,48 +190,8 @@ pub async fn prune(
     let cap = opts.limit.unwrap_or(u64::MAX);
     if opts.dry_run {
         dry_run(store, now, opts.tombstone_ttl, cap, &mut report).await?;
-    } else {
-        while report.compacted < cap {
-            let n = batch.min(cap - report.compacted) as i64;
-            let started = std::time::Instant::now();
-            let Some(done) = store
-                .write(move |tx: &mut dyn EffectTx| {
-                    compact_batch(tx, now, n).map_err(|e| store_error(tx, e))
-                })
-                .await?
-            else {
-                report.busy = true;
-                break;
-            };
-            report.batches += 1;
-            report.compacted += done;
-            if (done as i64) < n {
-                break;
-            }
-            rest(started, opts.pace).await;
-        }
-        if let (false, Some(ttl)) = (report.busy, opts.tombstone_ttl) {
-            let horizon = now.saturating_sub(ttl);
-            while report.deleted < cap {
-                let n = batch.min(cap - report.deleted) as i64;
-                let started = std::time::Instant::now();
-                let Some(done) = store
-                    .write(move |tx: &mut dyn EffectTx| {
-                        delete_batch(tx, now, horizon, n).map_err(|e| store_error(tx, e))
-                    })
-                    .await?
-                else {
-                    report.busy = true;
-                    break;
-                };
-                report.batches += 1;
-                report.deleted += done;
-                if (done as i64) < n {
-                    break;
-                }
-                rest(started, opts.pace).await;
-            }
-        }
+    } else if !(opts.beside_writes && beside_writes(store, opts, &mut report).await?) {
+        in_batches(store, opts, &mut report).await?;
     }
     if !opts.dry_run && report.compacted + report.deleted > 0 {
         report.reclaimed_pages = reclaim(store, opts.pace).await?;
@@ -224,6 +202,182 @@ pub async fn prune(
     report.kept_unsettled = kept.max(0) as u64;
     report.oldest_unsettled_age_seconds = oldest.map(|c| now.saturating_sub(c).max(0));
     Ok(report)
+}
+
+/// Prunes in batches of [`PruneOptions::batch`] rows, each a write transaction of its own.
+async fn in_batches(
+    store: &Store,
+    opts: &PruneOptions,
+    report: &mut PruneReport,
+) -> Result<(), StoreError> {
+    let (now, batch) = (report.now, opts.batch.max(1) as u64);
+    let cap = opts.limit.unwrap_or(u64::MAX);
+    while report.compacted < cap {
+        let n = batch.min(cap - report.compacted) as i64;
+        let started = std::time::Instant::now();
+        let Some(done) = store
+            .write(move |tx: &mut dyn EffectTx| {
+                compact_batch(tx, now, n).map_err(|e| store_error(tx, e))
+            })
+            .await?
+        else {
+            report.busy = true;
+            return Ok(());
+        };
+        report.batches += 1;
+        report.compacted += done;
+        if (done as i64) < n {
+            break;
+        }
+        rest(started, opts.pace).await;
+    }
+    let Some(ttl) = opts.tombstone_ttl else {
+        return Ok(());
+    };
+    let horizon = now.saturating_sub(ttl);
+    while report.deleted < cap {
+        let n = batch.min(cap - report.deleted) as i64;
+        let started = std::time::Instant::now();
+        let Some(done) = store
+            .write(move |tx: &mut dyn EffectTx| {
+                delete_batch(tx, now, horizon, n).map_err(|e| store_error(tx, e))
+            })
+            .await?
+        else {
+            report.busy = true;
+            return Ok(());
+        };
+        report.batches += 1;
+        report.deleted += done;
+        if (done as i64) < n {
+            break;
+        }
+        rest(started, opts.pace).await;
+    }
+    Ok(())
+}
+
+/// Hands the run to the store's writer ([`Driver::background`]) and waits for it; `false`
+/// when the writer does not take it (the caller prunes in batches instead). Another pruner's
+/// work held by the writer is `busy`.
+async fn beside_writes(
+    store: &Store,
+    opts: &PruneOptions,
+    report: &mut PruneReport,
+) -> Result<bool, StoreError> {
+    let (sender, receiver) = tokio::sync::oneshot::channel();
+    let work = Box::new(Beside {
+        now: report.now,
+        horizon: opts.tombstone_ttl.map(|ttl| report.now.saturating_sub(ttl)),
+        cap: opts.limit.unwrap_or(u64::MAX),
+        batch: opts.batch.max(1),
+        phase: Phase::Compact,
+        step: (0, 0),
+        done: PruneReport::default(),
+        answer: Some(sender),
+    });
+    if store.driver().background(work).is_err() {
+        return Ok(false);
+    }
+    let done = receiver
+        .await
+        .map_err(|_| StoreError::Unavailable("the writer stopped".into()))??;
+    report.compacted = done.compacted;
+    report.deleted = done.deleted;
+    report.batches = done.batches;
+    report.busy = done.busy;
+    Ok(true)
+}
+
+/// Where a [`Beside`] run is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Compact,
+    Delete,
+    Done,
+}
+
+/// One pruning run done by the store's writer, a step at a time ([`BackgroundWork`]).
+struct Beside {
+    now: i64,
+    /// Tombstones whose retention deadline is at or before it are deleted (`None`: none).
+    horizon: Option<i64>,
+    cap: u64,
+    batch: usize,
+    phase: Phase,
+    /// What the last step did, `(compacted, deleted)`, counted once its transaction commits.
+    step: (u64, u64),
+    /// What committed steps did.
+    done: PruneReport,
+    answer: Option<tokio::sync::oneshot::Sender<Result<PruneReport, StoreError>>>,
+}
+
+impl Beside {
+    /// The phase after one that did `done` of the `n` rows it asked for, `total` so far.
+    fn after(&self, phase: Phase, done: u64, n: u64, total: u64) -> Phase {
+        let more = done == n && total < self.cap;
+        match (phase, more) {
+            (Phase::Compact, true) | (Phase::Delete, true) => phase,
+            (Phase::Compact, false) if self.horizon.is_some() => Phase::Delete,
+            _ => Phase::Done,
+        }
+    }
+}
+
+impl BackgroundWork for Beside {
+    fn step(&mut self, tx: &mut dyn EffectTx, alone: bool) -> Result<bool, StoreError> {
+        let rows = if alone {
+            self.batch
+        } else {
+            self.batch.min(ALONG_ROWS)
+        } as u64;
+        self.step = (0, 0);
+        let (phase, total) = match self.phase {
+            Phase::Compact => (Phase::Compact, self.done.compacted),
+            Phase::Delete => (Phase::Delete, self.done.deleted),
+            Phase::Done => return Ok(false),
+        };
+        let n = rows.min(self.cap.saturating_sub(total));
+        let done = match (phase, self.horizon) {
+            (Phase::Compact, _) => compact_batch(tx, self.now, n as i64),
+            (_, Some(horizon)) => delete_batch(tx, self.now, horizon, n as i64),
+            (_, None) => Ok(Some(0)),
+        }
+        .map_err(|e| store_error(tx, e))?;
+        let Some(done) = done else {
+            self.done.busy = true;
+            self.phase = Phase::Done;
+            return Ok(false);
+        };
+        self.step = match phase {
+            Phase::Compact => (done, 0),
+            _ => (0, done),
+        };
+        self.phase = self.after(phase, done, n, total + done);
+        Ok(self.phase != Phase::Done)
+    }
+
+    fn settled(&mut self, failure: Option<&StoreError>) {
+        let (compacted, deleted) = std::mem::take(&mut self.step);
+        if failure.is_none() && compacted + deleted > 0 {
+            self.done.compacted += compacted;
+            self.done.deleted += deleted;
+            self.done.batches += 1;
+        }
+    }
+
+    fn abandoned(&self) -> bool {
+        self.answer.as_ref().is_none_or(|a| a.is_closed())
+    }
+
+    fn finish(mut self: Box<Self>, failure: Option<StoreError>) {
+        if let Some(answer) = self.answer.take() {
+            let _ = answer.send(match failure {
+                None => Ok(std::mem::take(&mut self.done)),
+                Some(e) => Err(e),
+            });
+        }
+    }
 }
 
 /// Seconds between two background prune passes unless configured otherwise (`serve`,

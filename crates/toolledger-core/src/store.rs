@@ -39,6 +39,29 @@ pub trait ReadJob: Send {
     fn run(self: Box<Self>, tx: Result<&mut dyn EffectTx, StoreError>);
 }
 
+/// Background work a store's writer does a little at a time ([`Driver::background`]): maintenance
+/// (pruning) that must not hold the writer while calls wait for it.
+///
+/// The writer runs one step at the end of each transaction it commits for others, in a savepoint
+/// of its own, and one step alone, in a transaction of its own, when nothing else waits. A step
+/// whose savepoint fails is rolled back alone; the others' writes are not affected.
+pub trait BackgroundWork: Send {
+    /// Does one step of at most `rows` rows inside `tx`: with `alone`, in a transaction of its
+    /// own (the writer has nothing else to do), else at the end of a transaction holding
+    /// others' writes. Returns whether work is left after this step.
+    fn step(&mut self, tx: &mut dyn EffectTx, alone: bool) -> Result<bool, StoreError>;
+
+    /// The transaction holding the last step committed (`None`) or did not (the reason): what
+    /// that step did is then undone.
+    fn settled(&mut self, failure: Option<&StoreError>);
+
+    /// Whether whoever waits for this work is gone; the writer then drops it.
+    fn abandoned(&self) -> bool;
+
+    /// The work is over: done (`None`), or stopped by the reason.
+    fn finish(self: Box<Self>, failure: Option<StoreError>);
+}
+
 /// A database backend: where [`Store`] sends its transactions.
 ///
 /// A driver owns its connections and the threads that use them (blocking database work never
@@ -91,6 +114,13 @@ pub trait Driver: Send + Sync + std::fmt::Debug + 'static {
     fn reclaim_space(&self, tx: &mut dyn EffectTx, max_pages: i64) -> Result<i64, StoreError> {
         let _ = (tx, max_pages);
         Ok(0)
+    }
+
+    /// Hands `work` to the store's writer, to be done a step at a time beside the writes it
+    /// commits ([`BackgroundWork`]); `Err(work)` when this driver has no such writer (default:
+    /// PostgreSQL, whose writers run in parallel) or already holds background work.
+    fn background(&self, work: Box<dyn BackgroundWork>) -> Result<(), Box<dyn BackgroundWork>> {
+        Err(work)
     }
 
     /// The driver itself, for driver-specific tools (a file's checks, benchmark counters).

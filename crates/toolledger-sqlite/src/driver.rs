@@ -44,6 +44,22 @@ impl Driver for SqliteStore {
         }
     }
 
+    fn background(&self, work: Box<dyn BackgroundWork>) -> Result<(), Box<dyn BackgroundWork>> {
+        // One at a time; the writer clears the mark once the work it took on is over.
+        if self.inner.stats.background.swap(true, Ordering::AcqRel) {
+            return Err(work);
+        }
+        let Err((_, job)) = self.submit_job(Job::Background(work)) else {
+            return Ok(());
+        };
+        self.inner.stats.background.store(false, Ordering::Release);
+        match job {
+            Job::Background(work) => Err(work),
+            // `submit_job` hands back the job it was given.
+            _ => Ok(()),
+        }
+    }
+
     fn physical_checks(
         &self,
         tx: &mut dyn EffectTx,

@@ -31,7 +31,8 @@ use tokio::sync::oneshot;
 use toolledger_core::effect::{Dialect, EffectTx};
 use toolledger_core::store::migrate::{self, Binding, MigrationHooks, MigrationRequest};
 use toolledger_core::store::{
-    queue_full, queue_wait_expired, Driver, Migration, ReadJob, Store, StoreError, WriteJob,
+    queue_full, queue_wait_expired, BackgroundWork, Driver, Migration, ReadJob, Store, StoreError,
+    WriteJob,
 };
 
 pub use toolledger_core::store::QueueLimits;
@@ -235,6 +236,8 @@ enum Job {
     /// The ledger's jobs ([`WriteJob`]): they may run again after a rollback, and answer
     /// with their last run.
     Again(Box<dyn WriteJob>),
+    /// Background work ([`BackgroundWork`]), done a step at a time by the writer.
+    Background(Box<dyn BackgroundWork>),
 }
 
 impl Job {
@@ -242,6 +245,14 @@ impl Job {
     fn start(self, conn: Option<&Connection>) -> Pending {
         match self {
             Job::Once(job) => job(conn),
+            Job::Background(work) => Pending {
+                keep: false,
+                deliver: Box::new(move |err| {
+                    work.finish(Some(
+                        err.unwrap_or_else(|| StoreError::Unavailable("not run".into())),
+                    ))
+                }),
+            },
             Job::Again(mut job) => {
                 let keep = match conn {
                     Some(conn) => job.run(&mut SqliteEffectTx::new(conn) as &mut dyn EffectTx),
@@ -298,6 +309,8 @@ struct StatCounters {
     batches: AtomicU64,
     jobs: AtomicU64,
     largest_batch: AtomicU64,
+    /// Whether background work was handed to the writer and is not over yet.
+    background: std::sync::atomic::AtomicBool,
 }
 
 struct Inner {
@@ -1044,12 +1057,31 @@ fn writer_loop(
 ) {
     // Batches left to run with a savepoint per job after one whose job failed.
     let mut savepoints_only = 0u32;
-    while let Ok(first) = receiver.recv() {
+    let mut background = Background::new(&stats.background);
+    loop {
+        let first = if background.work.is_some() {
+            match receiver.recv_timeout(BACKGROUND_IDLE) {
+                Ok(first) => first,
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    // Nothing waits for the writer: a step of the background work alone.
+                    background.alone(&conn);
+                    continue;
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+            }
+        } else {
+            match receiver.recv() {
+                Ok(first) => first,
+                Err(_) => break,
+            }
+        };
         let now = Instant::now();
         let mut batch = Vec::with_capacity(receiver.len().min(MAX_BATCH) + 1);
         let mut next = Some(first);
         while let Some((queued_at, job)) = next.take() {
-            if limits.expired(queued_at, now) {
+            if let Job::Background(work) = job {
+                background.take(work);
+            } else if limits.expired(queued_at, now) {
                 // Waited too long: answered without running (it changed nothing).
                 job.refuse(queue_wait_expired());
             } else {
@@ -1070,7 +1102,137 @@ fn writer_loop(
         stats.batches.fetch_add(1, Ordering::Relaxed);
         stats.jobs.fetch_add(n, Ordering::Relaxed);
         stats.largest_batch.fetch_max(n, Ordering::Relaxed);
-        savepoints_only = run_batch(&conn, batch, savepoints_only);
+        savepoints_only = run_batch(&conn, batch, savepoints_only, &mut background);
+    }
+    background.end(Some(StoreError::Unavailable("the store closed".into())));
+}
+
+/// How long the writer waits for a job before it does a step of its background work alone.
+const BACKGROUND_IDLE: Duration = Duration::from_millis(2);
+
+/// The writer's background work ([`BackgroundWork`]), if it holds any.
+struct Background<'a> {
+    work: Option<Box<dyn BackgroundWork>>,
+    /// The store's mark that background work was handed over and is not over yet.
+    mark: &'a std::sync::atomic::AtomicBool,
+    /// Whether the step run in the current transaction said work is left.
+    more: bool,
+    /// Whether a step ran in the current transaction.
+    stepped: bool,
+}
+
+impl<'a> Background<'a> {
+    fn new(mark: &'a std::sync::atomic::AtomicBool) -> Self {
+        Background {
+            work: None,
+            mark,
+            more: false,
+            stepped: false,
+        }
+    }
+
+    /// Takes `work` on (the store lets only one be handed over at a time).
+    fn take(&mut self, work: Box<dyn BackgroundWork>) {
+        match self.work {
+            Some(_) => work.finish(Some(StoreError::Unavailable("background work busy".into()))),
+            None => self.work = Some(work),
+        }
+    }
+
+    /// Ends the work held, `failure` saying why; the store then takes new work.
+    fn end(&mut self, failure: Option<StoreError>) {
+        self.stepped = false;
+        if let Some(work) = self.work.take() {
+            self.mark.store(false, Ordering::Release);
+            work.finish(failure);
+        }
+    }
+
+    /// Runs one step in the open transaction, in a savepoint of its own. Returns `false` when
+    /// SQLite ended the transaction under the step (what the batch wrote is gone).
+    fn step(&mut self, conn: &Connection, alone: bool) -> bool {
+        self.stepped = false;
+        let Some(work) = self.work.as_mut() else {
+            return true;
+        };
+        if work.abandoned() {
+            self.end(None);
+            return true;
+        }
+        if let Err(e) = exec_cached(conn, "SAVEPOINT background") {
+            self.end(Some(map_err(e)));
+            return !conn.is_autocommit();
+        }
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            work.step(&mut SqliteEffectTx::new(conn) as &mut dyn EffectTx, alone)
+        }));
+        if conn.is_autocommit() {
+            self.end(Some(StoreError::Unavailable(
+                "background step failed".into(),
+            )));
+            return false;
+        }
+        match outcome {
+            Ok(Ok(more)) => {
+                if let Err(e) = exec_cached(conn, "RELEASE background") {
+                    self.end(Some(map_err(e)));
+                    return false;
+                }
+                (self.more, self.stepped) = (more, true);
+            }
+            failed => {
+                let err = match failed {
+                    Ok(Err(e)) => e,
+                    _ => panicked("background work panicked"),
+                };
+                let closed = exec_cached(conn, "ROLLBACK TO background")
+                    .and_then(|()| exec_cached(conn, "RELEASE background"));
+                self.end(Some(err));
+                if closed.is_err() {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Tells the step run in the transaction that just ended how it ended.
+    fn settled(&mut self, failure: Option<&StoreError>) {
+        if !std::mem::take(&mut self.stepped) {
+            return;
+        }
+        let Some(work) = self.work.as_mut() else {
+            return;
+        };
+        work.settled(failure);
+        if failure.is_none() && !self.more {
+            self.end(None);
+        }
+    }
+
+    /// A step alone, in a transaction of its own.
+    fn alone(&mut self, conn: &Connection) {
+        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            // Another process holds the file's write lock: the next idle moment tries again.
+            let _ = e;
+            return;
+        }
+        if !self.step(conn, true) {
+            self.settled(Some(&StoreError::Unavailable(
+                "background step failed".into(),
+            )));
+            return;
+        }
+        let failure = match conn.execute_batch("COMMIT") {
+            Ok(()) => None,
+            Err(e) => {
+                if !conn.is_autocommit() {
+                    let _ = conn.execute_batch("ROLLBACK");
+                }
+                Some(map_err(e))
+            }
+        };
+        self.settled(failure.as_ref());
     }
 }
 
@@ -1093,22 +1255,27 @@ const SAVEPOINT_BATCHES_AFTER_A_FAILURE: u32 = 64;
 /// writes, that one transaction commits. If one asks for its rollback (or panics), the whole
 /// transaction is rolled back, nothing is answered, and the batch runs again with a savepoint
 /// per job, each job answering with that last run.
-fn run_batch(conn: &Connection, batch: Vec<Job>, savepoints_only: u32) -> u32 {
-    if savepoints_only > 0 || batch.iter().any(|j| matches!(j, Job::Once(_))) {
-        run_with_savepoints(conn, batch);
+fn run_batch(
+    conn: &Connection,
+    batch: Vec<Job>,
+    savepoints_only: u32,
+    background: &mut Background<'_>,
+) -> u32 {
+    if savepoints_only > 0 || batch.iter().any(|j| !matches!(j, Job::Again(_))) {
+        run_with_savepoints(conn, batch, background);
         return savepoints_only.saturating_sub(1);
     }
     let jobs: Vec<Box<dyn WriteJob>> = batch
         .into_iter()
         .filter_map(|j| match j {
             Job::Again(job) => Some(job),
-            Job::Once(_) => None,
+            _ => None,
         })
         .collect();
-    match run_without_savepoints(conn, jobs) {
+    match run_without_savepoints(conn, jobs, background) {
         None => 0,
         Some(jobs) => {
-            run_with_savepoints(conn, jobs.into_iter().map(Job::Again).collect());
+            run_with_savepoints(conn, jobs.into_iter().map(Job::Again).collect(), background);
             SAVEPOINT_BATCHES_AFTER_A_FAILURE
         }
     }
@@ -1120,6 +1287,7 @@ fn run_batch(conn: &Connection, batch: Vec<Job>, savepoints_only: u32) -> u32 {
 fn run_without_savepoints(
     conn: &Connection,
     mut jobs: Vec<Box<dyn WriteJob>>,
+    background: &mut Background<'_>,
 ) -> Option<Vec<Box<dyn WriteJob>>> {
     if conn.execute_batch("BEGIN IMMEDIATE").is_err() {
         return Some(jobs);
@@ -1145,24 +1313,37 @@ fn run_without_savepoints(
         }
         return None;
     }
-    let failure = match conn.execute_batch("COMMIT") {
-        Ok(()) => None,
-        Err(e) => {
-            if !conn.is_autocommit() {
-                let _ = conn.execute_batch("ROLLBACK");
-            }
-            Some(map_err(e))
-        }
-    };
+    let failure = commit(conn, background);
     for job in jobs {
         job.finish(failure.clone());
     }
     None
 }
 
+/// Runs a step of the background work at the end of the open transaction, then commits it;
+/// the reason when the transaction did not commit (it is then rolled back).
+fn commit(conn: &Connection, background: &mut Background<'_>) -> Option<StoreError> {
+    let failure = if !background.step(conn, false) {
+        // SQLite ended the transaction under the step: what the batch wrote is gone.
+        Some(StoreError::Unavailable("batch failed".into()))
+    } else {
+        match conn.execute_batch("COMMIT") {
+            Ok(()) => None,
+            Err(e) => {
+                if !conn.is_autocommit() {
+                    let _ = conn.execute_batch("ROLLBACK");
+                }
+                Some(map_err(e))
+            }
+        }
+    };
+    background.settled(failure.as_ref());
+    failure
+}
+
 /// Runs `batch` in one transaction, each job in its own savepoint (a job that fails is rolled
 /// back alone), and answers every job after the `COMMIT`.
-fn run_with_savepoints(conn: &Connection, batch: Vec<Job>) {
+fn run_with_savepoints(conn: &Connection, batch: Vec<Job>, background: &mut Background<'_>) {
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         let err = map_err(e);
         for job in batch {
@@ -1195,21 +1376,9 @@ fn run_with_savepoints(conn: &Connection, batch: Vec<Job>) {
         }
         pendings.push(pending);
     }
-    match conn.execute_batch("COMMIT") {
-        Ok(()) => {
-            for p in pendings {
-                (p.deliver)(None);
-            }
-        }
-        Err(e) => {
-            let err = map_err(e);
-            if !conn.is_autocommit() {
-                let _ = conn.execute_batch("ROLLBACK");
-            }
-            for p in pendings {
-                (p.deliver)(Some(err.clone()));
-            }
-        }
+    let failure = commit(conn, background);
+    for p in pendings {
+        (p.deliver)(failure.clone());
     }
 }
 
@@ -1573,6 +1742,186 @@ mod tests {
             .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
             .unwrap();
         assert_eq!(n, 0);
+    }
+
+    /// What [`Steps`] reports.
+    #[derive(Debug, PartialEq)]
+    enum Seen {
+        /// A step inserted `x`, `alone` or not, and saw these rows of `t` in its transaction.
+        Step { x: i64, alone: bool, rows: Vec<i64> },
+        /// The transaction of the last step committed (`true`) or not.
+        Settled(bool),
+        /// The work ended, with or without an error.
+        Finished(bool),
+    }
+
+    /// Background work inserting `next..=last` into `t`, one row per step; the step of
+    /// `fail_at` inserts its row and then fails.
+    struct Steps {
+        next: i64,
+        last: i64,
+        fail_at: Option<i64>,
+        seen: std::sync::mpsc::Sender<Seen>,
+    }
+
+    impl BackgroundWork for Steps {
+        fn step(&mut self, tx: &mut dyn EffectTx, alone: bool) -> Result<bool, StoreError> {
+            let x = self.next;
+            tx.execute("INSERT INTO t(x) VALUES (?1)", &[x.into()])
+                .map_err(|e| StoreError::Contract(e.message))?;
+            if self.fail_at == Some(x) {
+                return Err(StoreError::Contract("this step fails".into()));
+            }
+            let rows = tx
+                .query("SELECT x FROM t ORDER BY x", &[])
+                .map_err(|e| StoreError::Contract(e.message))?
+                .iter()
+                .map(|r| toolledger_core::effect::RowExt::int(r, 0).unwrap())
+                .collect();
+            let _ = self.seen.send(Seen::Step { x, alone, rows });
+            self.next += 1;
+            Ok(self.next <= self.last)
+        }
+
+        fn settled(&mut self, failure: Option<&StoreError>) {
+            let _ = self.seen.send(Seen::Settled(failure.is_none()));
+        }
+
+        fn abandoned(&self) -> bool {
+            false
+        }
+
+        fn finish(self: Box<Self>, failure: Option<StoreError>) {
+            let _ = self.seen.send(Seen::Finished(failure.is_none()));
+        }
+    }
+
+    fn rows_of_t(store: &SqliteStore) -> Vec<i64> {
+        let c = connect(store.path()).unwrap();
+        let mut st = c.prepare("SELECT x FROM t ORDER BY x").unwrap();
+        let v = st.query_map([], |r| r.get(0)).unwrap();
+        v.collect::<Result<Vec<i64>, _>>().unwrap()
+    }
+
+    #[test]
+    fn background_work_steps_at_the_end_of_a_batch_then_alone_and_one_at_a_time() {
+        let (_d, path) = temp();
+        let store = with_table_t(&path);
+        let (seen, steps) = std::sync::mpsc::channel();
+        let (answered, answers) = std::sync::mpsc::channel();
+        let release = hold_the_writer(&store);
+        let work = Steps {
+            next: 1,
+            last: 3,
+            fail_at: None,
+            seen: seen.clone(),
+        };
+        assert!(Driver::background(&store, Box::new(work)).is_ok());
+        // One at a time: another is handed back while the first is held.
+        let other = Steps {
+            next: 50,
+            last: 50,
+            fail_at: None,
+            seen: seen.clone(),
+        };
+        assert!(Driver::background(&store, Box::new(other)).is_err());
+        let insert = Insert {
+            x: 100,
+            fail: false,
+            runs: Arc::default(),
+            answered,
+        };
+        assert!(store.submit(Job::Again(Box::new(insert))).is_ok());
+        release.send(()).unwrap();
+        let got: Vec<Seen> = (0..7).map(|_| steps.recv().unwrap()).collect();
+        assert_eq!(
+            got,
+            [
+                // At the end of the live job's transaction: it sees the job's row.
+                Seen::Step {
+                    x: 1,
+                    alone: false,
+                    rows: vec![1, 100]
+                },
+                Seen::Settled(true),
+                // Then alone, the writer having nothing else to do.
+                Seen::Step {
+                    x: 2,
+                    alone: true,
+                    rows: vec![1, 2, 100]
+                },
+                Seen::Settled(true),
+                Seen::Step {
+                    x: 3,
+                    alone: true,
+                    rows: vec![1, 2, 3, 100]
+                },
+                Seen::Settled(true),
+                Seen::Finished(true),
+            ]
+        );
+        assert!(matches!(answers.recv().unwrap(), (100, None)));
+        assert_eq!(rows_of_t(&store), [1, 2, 3, 100]);
+        // Over: the writer takes new work.
+        let next = Steps {
+            next: 4,
+            last: 4,
+            fail_at: None,
+            seen,
+        };
+        assert!(Driver::background(&store, Box::new(next)).is_ok());
+        assert_eq!(
+            steps.recv().unwrap(),
+            Seen::Step {
+                x: 4,
+                alone: true,
+                rows: vec![1, 2, 3, 4, 100]
+            }
+        );
+    }
+
+    #[test]
+    fn a_failing_background_step_is_rolled_back_alone_and_ends_the_work() {
+        let (_d, path) = temp();
+        let store = with_table_t(&path);
+        let (seen, steps) = std::sync::mpsc::channel();
+        let (answered, answers) = std::sync::mpsc::channel();
+        let release = hold_the_writer(&store);
+        let work = Steps {
+            next: 1,
+            last: 5,
+            fail_at: Some(1),
+            seen,
+        };
+        assert!(Driver::background(&store, Box::new(work)).is_ok());
+        let insert = Insert {
+            x: 200,
+            fail: false,
+            runs: Arc::default(),
+            answered,
+        };
+        assert!(store.submit(Job::Again(Box::new(insert))).is_ok());
+        release.send(()).unwrap();
+        assert_eq!(steps.recv().unwrap(), Seen::Finished(false));
+        assert!(matches!(answers.recv().unwrap(), (200, None)));
+        // The live job's row committed; the failed step's row did not.
+        assert_eq!(rows_of_t(&store), [200]);
+        let (seen, steps) = std::sync::mpsc::channel();
+        let next = Steps {
+            next: 7,
+            last: 7,
+            fail_at: None,
+            seen,
+        };
+        assert!(Driver::background(&store, Box::new(next)).is_ok());
+        assert_eq!(
+            steps.recv().unwrap(),
+            Seen::Step {
+                x: 7,
+                alone: true,
+                rows: vec![7, 200]
+            }
+        );
     }
 
     /// Holds the writer busy until the returned sender is used, so that the jobs queued
