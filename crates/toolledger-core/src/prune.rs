@@ -35,7 +35,7 @@ use crate::model::Error;
 use crate::outbox::store_error;
 #[cfg(doc)]
 use crate::store::Driver;
-use crate::store::{BackgroundWork, Store, StoreError};
+use crate::store::{BackgroundRefused, BackgroundWork, Store, StoreError};
 
 /// Rows changed in one transaction unless [`PruneOptions::batch`] says otherwise.
 pub const DEFAULT_BATCH: usize = 500;
@@ -258,7 +258,7 @@ async fn in_batches(
 }
 
 /// Hands the run to the store's writer ([`Driver::background`]) and waits for it; `false`
-/// when the writer does not take it (the caller prunes in batches instead). Another pruner's
+/// when the store has no such writer (the caller prunes in batches instead). Another pruner's
 /// work held by the writer is `busy`.
 async fn beside_writes(
     store: &Store,
@@ -276,8 +276,13 @@ async fn beside_writes(
         done: PruneReport::default(),
         answer: Some(sender),
     });
-    if store.driver().background(work).is_err() {
-        return Ok(false);
+    match store.driver().background(work) {
+        Ok(()) => {}
+        Err(BackgroundRefused::NoWriter) => return Ok(false),
+        Err(BackgroundRefused::Busy) => {
+            report.busy = true;
+            return Ok(true);
+        }
     }
     let done = receiver
         .await

@@ -62,6 +62,15 @@ pub trait BackgroundWork: Send {
     fn finish(self: Box<Self>, failure: Option<StoreError>);
 }
 
+/// Why [`Driver::background`] did not take background work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackgroundRefused {
+    /// The driver has no single writer to hand it to: do the work in transactions of its own.
+    NoWriter,
+    /// The writer holds other background work (one at a time), or its queue is full.
+    Busy,
+}
+
 /// A database backend: where [`Store`] sends its transactions.
 ///
 /// A driver owns its connections and the threads that use them (blocking database work never
@@ -117,10 +126,12 @@ pub trait Driver: Send + Sync + std::fmt::Debug + 'static {
     }
 
     /// Hands `work` to the store's writer, to be done a step at a time beside the writes it
-    /// commits ([`BackgroundWork`]); `Err(work)` when this driver has no such writer (default:
-    /// PostgreSQL, whose writers run in parallel) or already holds background work.
-    fn background(&self, work: Box<dyn BackgroundWork>) -> Result<(), Box<dyn BackgroundWork>> {
-        Err(work)
+    /// commits ([`BackgroundWork`]). Refused (and `work` dropped unstarted) when this driver
+    /// has no such writer (default: PostgreSQL, whose writers run in parallel), or when its
+    /// writer already holds background work or cannot take more now.
+    fn background(&self, work: Box<dyn BackgroundWork>) -> Result<(), BackgroundRefused> {
+        drop(work);
+        Err(BackgroundRefused::NoWriter)
     }
 
     /// The driver itself, for driver-specific tools (a file's checks, benchmark counters).

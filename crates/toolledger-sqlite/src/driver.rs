@@ -44,20 +44,16 @@ impl Driver for SqliteStore {
         }
     }
 
-    fn background(&self, work: Box<dyn BackgroundWork>) -> Result<(), Box<dyn BackgroundWork>> {
+    fn background(&self, work: Box<dyn BackgroundWork>) -> Result<(), BackgroundRefused> {
         // One at a time; the writer clears the mark once the work it took on is over.
         if self.inner.stats.background.swap(true, Ordering::AcqRel) {
-            return Err(work);
+            return Err(BackgroundRefused::Busy);
         }
-        let Err((_, job)) = self.submit_job(Job::Background(work)) else {
-            return Ok(());
-        };
-        self.inner.stats.background.store(false, Ordering::Release);
-        match job {
-            Job::Background(work) => Err(work),
-            // `submit_job` hands back the job it was given.
-            _ => Ok(()),
+        if self.submit_job(Job::Background(work)).is_err() {
+            self.inner.stats.background.store(false, Ordering::Release);
+            return Err(BackgroundRefused::Busy);
         }
+        Ok(())
     }
 
     fn physical_checks(

@@ -31,8 +31,8 @@ use tokio::sync::oneshot;
 use toolledger_core::effect::{Dialect, EffectTx};
 use toolledger_core::store::migrate::{self, Binding, MigrationHooks, MigrationRequest};
 use toolledger_core::store::{
-    queue_full, queue_wait_expired, BackgroundWork, Driver, Migration, ReadJob, Store, StoreError,
-    WriteJob,
+    queue_full, queue_wait_expired, BackgroundRefused, BackgroundWork, Driver, Migration, ReadJob,
+    Store, StoreError, WriteJob,
 };
 
 pub use toolledger_core::store::QueueLimits;
@@ -1824,7 +1824,10 @@ mod tests {
             fail_at: None,
             seen: seen.clone(),
         };
-        assert!(Driver::background(&store, Box::new(other)).is_err());
+        assert_eq!(
+            Driver::background(&store, Box::new(other)),
+            Err(BackgroundRefused::Busy)
+        );
         let insert = Insert {
             x: 100,
             fail: false,
