@@ -278,9 +278,9 @@ pub struct BenchArgs {
     /// each call's due time (0: as fast as the callers go).
     #[arg(long, default_value_t = 0.0)]
     pub soak_rate: f64,
-    /// `retention-soak`: rows per prune transaction of its own (default: the background
-    /// pruner's).
-    #[arg(long, default_value_t = toolledger::prune::BACKGROUND_BATCH)]
+    /// `retention-soak`: rows per prune transaction (default: the background pruner's; on
+    /// SQLite, where the store's writer does the pruning, at most its own step sizes).
+    #[arg(long, default_value_t = toolledger::prune::DEFAULT_BATCH)]
     pub soak_prune_batch: usize,
     /// `retention-soak`: the pruner's rest after each transaction, as a multiple of the time
     /// it took (default: the background pruner's; 0: none).

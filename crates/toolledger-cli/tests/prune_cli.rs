@@ -204,6 +204,20 @@ async fn fresh(rec: &Recorder, e: &Engine, keys: Vec<String>, retention: Option<
 }
 
 fn sigkill_while_pruning_under_load_keeps_the_ledger_whole(db: Db) {
+    // `toolledger prune` in batches of one row.
+    sigkill_while_pruning_under_load(db, &["prune", "--batch", "1"], 400);
+}
+
+fn sigkill_while_a_worker_prunes_in_the_background_keeps_the_ledger_whole(db: Db) {
+    // The background pruner of a worker: on SQLite steps its store's writer does alone, on
+    // PostgreSQL paced batches of its own; many rows, so the kill lands in the middle.
+    sigkill_while_pruning_under_load(db, &["worker", "--prune-interval", "1"], 3_000);
+}
+
+/// Fresh calls under load while the `toolledger` command `pruner` prunes `expired` operations
+/// past their retention; the pruner is SIGKILLed once it has committed some. Then the history
+/// checker, the audit and a last prune find the ledger whole.
+fn sigkill_while_pruning_under_load(db: Db, pruner: &[&str], expired: usize) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let clock = ManualClock::new(T0);
     let shared: SharedClock = Arc::new(clock.clone());
@@ -212,14 +226,14 @@ fn sigkill_while_pruning_under_load_keeps_the_ledger_whole(db: Db) {
         .unwrap();
     let e = Engine::new(store.clone(), shared);
     let rec = Recorder::new();
-    let expired: Vec<String> = (0..400).map(|i| format!("e{i}")).collect();
+    let expired: Vec<String> = (0..expired).map(|i| format!("e{i}")).collect();
     let kept: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
     rt.block_on(fresh(&rec, &e, expired.clone(), Some(T0 + 10)));
     rt.block_on(fresh(&rec, &e, kept.clone(), Some(T0 + 1_000_000)));
     clock.set(T0 + 100);
 
-    // Load: fresh calls, each recorded with what it answered, while a pruner works in batches
-    // of one row; the pruner is killed once it has committed some.
+    // Load: fresh calls, each recorded with what it answered, while the pruner works; it is
+    // killed once it has committed some, and before it has done them all.
     let stop = Arc::new(AtomicBool::new(false));
     let load = {
         let (e, stop, rec) = (e.clone(), stop.clone(), rec.clone());
@@ -235,9 +249,10 @@ fn sigkill_while_pruning_under_load_keeps_the_ledger_whole(db: Db) {
     };
     let at = (T0 + 100).to_string();
     let mut child = support::toolledger()
-        .arg("prune")
+        .arg(pruner[0])
         .args(db.store_args())
-        .args(["--batch", "1", "--clock-epoch", &at])
+        .args(&pruner[1..])
+        .args(["--clock-epoch", &at])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -253,6 +268,11 @@ fn sigkill_while_pruning_under_load_keeps_the_ledger_whole(db: Db) {
     child.kill().unwrap(); // SIGKILL
     let status = child.wait().unwrap();
     assert_eq!(status.signal(), Some(9), "killed mid-run: {status:?}");
+    let at_kill = db.scalar(compacted);
+    assert!(
+        at_kill < expired.len() as i64,
+        "killed after the pass: {at_kill}"
+    );
     stop.store(true, Ordering::SeqCst);
     let sent = rt.block_on(load).unwrap();
     assert!(!sent.is_empty());
@@ -283,12 +303,12 @@ fn sigkill_while_pruning_under_load_keeps_the_ledger_whole(db: Db) {
     }
     let report = checker.check();
     report.assert_ok();
-    assert_eq!(report.operations, 440 + sent.len());
+    assert_eq!(report.operations, expired.len() + 40 + sent.len());
 
     let rest = prune(&db, T0 + 100, &[]);
     let before = db.scalar("SELECT count(*) FROM operations WHERE compacted_at IS NOT NULL");
-    assert_eq!(before, 400, "{rest}");
-    assert_eq!(rest["totals"]["compacted_total"], 400, "{rest}");
+    assert_eq!(before, expired.len() as i64, "{rest}");
+    assert_eq!(rest["totals"]["compacted_total"], expired.len(), "{rest}");
     audit_passes(&db);
 }
 
@@ -345,5 +365,6 @@ fn a_worker_prunes_in_the_background(db: Db) {
 on_both_backends!(
     prune_compacts_answers_and_forgets,
     sigkill_while_pruning_under_load_keeps_the_ledger_whole,
+    sigkill_while_a_worker_prunes_in_the_background_keeps_the_ledger_whole,
     a_worker_prunes_in_the_background
 );

@@ -29,7 +29,7 @@ use serde::Serialize;
 
 use crate::clock::SharedClock;
 use crate::digest::sha256_hex;
-use crate::effect::{EffectTx, RowExt, SqlValue};
+use crate::effect::{Dialect, EffectTx, RowExt, SqlValue};
 use crate::ledger::TOMBSTONE_JSON;
 use crate::model::Error;
 use crate::outbox::store_error;
@@ -64,8 +64,8 @@ pub struct PruneOptions {
     pub pace: u32,
     /// Hand the work to the store's writer where it has one ([`Driver::background`]: SQLite),
     /// which does a few rows ([`ALONG_ROWS`]) at the end of each transaction it commits for
-    /// live calls and up to `batch` rows alone when nothing else waits, so a call never waits
-    /// behind a whole batch. Elsewhere (PostgreSQL), batches of its own.
+    /// live calls and up to [`ALONE_ROWS`] (at most `batch`) alone when nothing else waits,
+    /// so a call never waits behind a whole batch. Elsewhere (PostgreSQL), batches of its own.
     pub beside_writes: bool,
 }
 
@@ -73,18 +73,17 @@ pub struct PruneOptions {
 /// ([`PruneOptions::beside_writes`]).
 pub const ALONG_ROWS: usize = 16;
 
-/// Rows the background pruner changes in one transaction of its own
-/// ([`PruneOptions::background`]): about a millisecond of the writer's time.
-pub const BACKGROUND_BATCH: usize = 64;
+/// Rows the store's writer prunes in a transaction of its own, when no call has come for a
+/// moment ([`PruneOptions::beside_writes`]): about a millisecond of its time.
+pub const ALONE_ROWS: usize = 64;
 
 impl PruneOptions {
     /// The options of the pruner that runs beside live calls (`serve`, `proxy`, `worker`):
     /// [`PruneOptions::beside_writes`] where the store's writer takes it, else batches of
-    /// [`BACKGROUND_BATCH`] rows and a rest of [`BACKGROUND_PACE`] after each.
+    /// [`DEFAULT_BATCH`] rows and a rest of [`BACKGROUND_PACE`] after each.
     pub fn background(tombstone_ttl: Option<i64>) -> Self {
         PruneOptions {
             pace: BACKGROUND_PACE,
-            batch: BACKGROUND_BATCH,
             beside_writes: true,
             tombstone_ttl,
             ..PruneOptions::default()
@@ -161,6 +160,23 @@ const COMPACTABLE: &str = "SELECT id FROM operations
      WHERE compacted_at IS NULL AND retention_deadline IS NOT NULL AND retention_deadline <= ?1
        AND (state = 'applied' OR state = 'succeeded' OR state = 'failed')
      ORDER BY retention_deadline LIMIT ?2";
+
+/// [`COMPACTABLE`] for SQLite, whose planner (without statistics) would otherwise take the
+/// index on `state`, which nearly every row matches, and sort them all for each batch: the
+/// partial index on the retention deadline yields the oldest candidates first and stops at
+/// the limit.
+const COMPACTABLE_SQLITE: &str = "SELECT id FROM operations INDEXED BY operations_live_by_retention
+     WHERE compacted_at IS NULL AND retention_deadline IS NOT NULL AND retention_deadline <= ?1
+       AND (state = 'applied' OR state = 'succeeded' OR state = 'failed')
+     ORDER BY retention_deadline LIMIT ?2";
+
+/// [`COMPACTABLE`] in the dialect of `tx`.
+fn compactable(tx: &dyn EffectTx) -> &'static str {
+    match tx.dialect() {
+        Dialect::Sqlite => COMPACTABLE_SQLITE,
+        _ => COMPACTABLE,
+    }
+}
 
 /// The tombstones whose retention deadline is at or before `?1` (now minus the horizon).
 const EXPIRED_TOMBSTONES: &str = "SELECT id FROM operations
@@ -331,11 +347,7 @@ impl Beside {
 
 impl BackgroundWork for Beside {
     fn step(&mut self, tx: &mut dyn EffectTx, alone: bool) -> Result<bool, StoreError> {
-        let rows = if alone {
-            self.batch
-        } else {
-            self.batch.min(ALONG_ROWS)
-        } as u64;
+        let rows = self.batch.min(if alone { ALONE_ROWS } else { ALONG_ROWS }) as u64;
         self.step = (0, 0);
         let (phase, total) = match self.phase {
             Phase::Compact => (Phase::Compact, self.done.compacted),
@@ -514,7 +526,8 @@ fn dry_counts(
             .ok_or_else(|| Error::unavailable("no count"))?
             .int(0)
     };
-    let compacted = count(tx, COMPACTABLE, now, cap)?;
+    let sql = compactable(tx);
+    let compacted = count(tx, sql, now, cap)?;
     let Some(ttl) = ttl else {
         return Ok((compacted, 0));
     };
@@ -529,16 +542,22 @@ fn take_lease(tx: &mut dyn EffectTx) -> Result<bool, Error> {
         .is_some())
 }
 
-/// The ids a query of `(?1, ?2)` selects.
-fn ids(tx: &mut dyn EffectTx, sql: &str, at: i64, n: i64) -> Result<Vec<SqlValue>, Error> {
-    tx.query(sql, &[at.into(), n.into()])?
+/// The ids a query of `(?1, ?2)` selects, and as many `NULL`s after them as make `n` values:
+/// the statements that take them as an `IN` list then have one text per batch size (a `NULL`
+/// matches no row), so the store's statement cache keeps them however many rows were due.
+fn ids(tx: &mut dyn EffectTx, sql: &str, at: i64, n: i64) -> Result<(Vec<SqlValue>, usize), Error> {
+    let mut ids = tx
+        .query(sql, &[at.into(), n.into()])?
         .into_iter()
         .map(|r| {
             r.into_iter()
                 .next()
                 .ok_or_else(|| Error::unavailable("no id"))
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    let found = ids.len();
+    ids.resize(n.max(0) as usize, SqlValue::Null);
+    Ok((ids, found))
 }
 
 /// `?{from}, ?{from+1}, …` for `n` parameters.
@@ -554,8 +573,9 @@ fn compact_batch(tx: &mut dyn EffectTx, now: i64, n: i64) -> Result<Option<u64>,
     if !take_lease(tx)? {
         return Ok(None);
     }
-    let ids = ids(tx, COMPACTABLE, now, n)?;
-    if ids.is_empty() {
+    let sql = compactable(tx);
+    let (ids, found) = ids(tx, sql, now, n)?;
+    if found == 0 {
         return Ok(Some(0));
     }
     let list = marks(1, ids.len());
@@ -605,8 +625,8 @@ fn delete_batch(
     if !take_lease(tx)? {
         return Ok(None);
     }
-    let ids = ids(tx, EXPIRED_TOMBSTONES, horizon, n)?;
-    if ids.is_empty() {
+    let (ids, found) = ids(tx, EXPIRED_TOMBSTONES, horizon, n)?;
+    if found == 0 {
         return Ok(Some(0));
     }
     let list = marks(1, ids.len());
