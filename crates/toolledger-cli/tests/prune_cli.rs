@@ -188,18 +188,21 @@ async fn recorded(rec: &Recorder, e: &Engine, key: &str, retention: Option<i64>)
     reply
 }
 
-/// Recorded calls of `keys` at once, all acknowledged.
+/// Recorded calls of `keys`, up to 256 at once (within the store's queue), all acknowledged.
 async fn fresh(rec: &Recorder, e: &Engine, keys: Vec<String>, retention: Option<i64>) {
-    let tasks: Vec<_> = keys
-        .into_iter()
-        .map(|k| {
-            let (e, rec) = (e.clone(), rec.clone());
-            tokio::spawn(async move { recorded(&rec, &e, &k, retention).await })
-        })
-        .collect();
-    for t in tasks {
-        let reply = t.await.unwrap();
-        assert_eq!(error_of(&reply), None, "{reply}");
+    for chunk in keys.chunks(256) {
+        let tasks: Vec<_> = chunk
+            .iter()
+            .cloned()
+            .map(|k| {
+                let (e, rec) = (e.clone(), rec.clone());
+                tokio::spawn(async move { recorded(&rec, &e, &k, retention).await })
+            })
+            .collect();
+        for t in tasks {
+            let reply = t.await.unwrap();
+            assert_eq!(error_of(&reply), None, "{reply}");
+        }
     }
 }
 

@@ -7,32 +7,20 @@
 #[allow(dead_code)]
 #[path = "../examples/guarded_tool.rs"]
 mod example;
+mod support;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 
 use serde_json::{json, Value};
 use toolledger::authz::PrincipalStore;
 use toolledger_mcp::LedgerGuard;
 
-fn example_binary() -> PathBuf {
-    static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| {
-        toolledger_testkit::kill::cargo_build(
-            env!("CARGO_MANIFEST_DIR").as_ref(),
-            &["-p", env!("CARGO_PKG_NAME"), "--example", "guarded_tool"],
-            "guarded_tool",
-        )
-    })
-    .clone()
-}
-
 /// Runs the example with `env` (and nothing else of this process's `TOOLLEDGER_*`), sends
 /// `lines` on its stdin, closes it and waits for the process to end.
 fn run(env: &[(&str, &str)], lines: &[Value]) -> Output {
-    let mut command = Command::new(example_binary());
+    let mut command = Command::new(support::guarded_tool_binary());
     for (name, _) in std::env::vars() {
         if name.starts_with("TOOLLEDGER_") {
             command.env_remove(name);

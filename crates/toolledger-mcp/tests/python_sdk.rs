@@ -9,10 +9,10 @@
 #[allow(dead_code)]
 #[path = "../examples/guarded_tool.rs"]
 mod example;
+mod support;
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::OnceLock;
 
 use serde_json::{json, Value};
 use toolledger::effect::EffectTx;
@@ -28,24 +28,11 @@ fn python() -> Option<PathBuf> {
     program("TOOLLEDGER_PYTHON", "Python SDK (mcp==2.3.0)")
 }
 
-/// The example's executable, built (or found up to date) by cargo once per test binary.
-fn example_binary() -> PathBuf {
-    static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| {
-        toolledger_testkit::kill::cargo_build(
-            env!("CARGO_MANIFEST_DIR").as_ref(),
-            &["-p", env!("CARGO_PKG_NAME"), "--example", "guarded_tool"],
-            "guarded_tool",
-        )
-    })
-    .clone()
-}
-
 /// Runs the script against the example serving `database` (`TOOLLEDGER_DATABASE_URL`), with
 /// `env` for the server too.
 fn run_script(python: &PathBuf, database: &str, mut env: Value) -> Value {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/guarded_tool.py");
-    let exe = example_binary();
+    let exe = support::guarded_tool_binary();
     env["TOOLLEDGER_DATABASE_URL"] = json!(database);
     let spec = json!({
         "command": [exe],

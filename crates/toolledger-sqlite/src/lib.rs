@@ -1803,128 +1803,101 @@ mod tests {
         v.collect::<Result<Vec<i64>, _>>().unwrap()
     }
 
-    #[test]
-    fn background_work_steps_at_the_end_of_a_batch_then_alone_and_one_at_a_time() {
-        let (_d, path) = temp();
-        let store = with_table_t(&path);
-        let (seen, steps) = std::sync::mpsc::channel();
-        let (answered, answers) = std::sync::mpsc::channel();
-        let release = hold_the_writer(&store);
+    /// [`Steps`] inserting `next..=last` (failing at `fail_at`), and what it reports.
+    fn steps(
+        next: i64,
+        last: i64,
+        fail_at: Option<i64>,
+    ) -> (Steps, std::sync::mpsc::Receiver<Seen>) {
+        let (seen, reports) = std::sync::mpsc::channel();
         let work = Steps {
-            next: 1,
-            last: 3,
-            fail_at: None,
-            seen: seen.clone(),
+            next,
+            last,
+            fail_at,
+            seen,
         };
-        assert!(Driver::background(&store, Box::new(work)).is_ok());
-        // One at a time: another is handed back while the first is held.
-        let other = Steps {
-            next: 50,
-            last: 50,
-            fail_at: None,
-            seen: seen.clone(),
-        };
-        assert_eq!(
-            Driver::background(&store, Box::new(other)),
-            Err(BackgroundRefused::Busy)
-        );
+        (work, reports)
+    }
+
+    /// Queues a ledger job inserting `x`; its answer comes on the returned receiver.
+    fn insert_job(
+        store: &SqliteStore,
+        x: i64,
+    ) -> std::sync::mpsc::Receiver<(i64, Option<StoreError>)> {
+        let (answered, answers) = std::sync::mpsc::channel();
         let insert = Insert {
-            x: 100,
+            x,
             fail: false,
             runs: Arc::default(),
             answered,
         };
         assert!(store.submit(Job::Again(Box::new(insert))).is_ok());
+        answers
+    }
+
+    /// The writer, its last background work over, takes new work: a step alone inserting `x`
+    /// sees `rows`.
+    fn takes_new_work(store: &SqliteStore, x: i64, rows: Vec<i64>) {
+        let (next, reports) = steps(x, x, None);
+        assert!(Driver::background(store, Box::new(next)).is_ok());
+        let alone = true;
+        assert_eq!(reports.recv().unwrap(), Seen::Step { x, alone, rows });
+    }
+
+    #[test]
+    fn background_work_steps_at_the_end_of_a_batch_then_alone_and_one_at_a_time() {
+        let (_d, path) = temp();
+        let store = with_table_t(&path);
+        let release = hold_the_writer(&store);
+        let (work, reports) = steps(1, 3, None);
+        assert!(Driver::background(&store, Box::new(work)).is_ok());
+        // One at a time: another is refused while the first is held.
+        let (other, _) = steps(50, 50, None);
+        assert_eq!(
+            Driver::background(&store, Box::new(other)),
+            Err(BackgroundRefused::Busy)
+        );
+        let answers = insert_job(&store, 100);
         release.send(()).unwrap();
-        let got: Vec<Seen> = (0..7).map(|_| steps.recv().unwrap()).collect();
+        let got: Vec<Seen> = (0..7).map(|_| reports.recv().unwrap()).collect();
+        let step = |x, alone, rows: &[i64]| Seen::Step {
+            x,
+            alone,
+            rows: rows.to_vec(),
+        };
         assert_eq!(
             got,
             [
                 // At the end of the live job's transaction: it sees the job's row.
-                Seen::Step {
-                    x: 1,
-                    alone: false,
-                    rows: vec![1, 100]
-                },
+                step(1, false, &[1, 100]),
                 Seen::Settled(true),
                 // Then alone, the writer having nothing else to do.
-                Seen::Step {
-                    x: 2,
-                    alone: true,
-                    rows: vec![1, 2, 100]
-                },
+                step(2, true, &[1, 2, 100]),
                 Seen::Settled(true),
-                Seen::Step {
-                    x: 3,
-                    alone: true,
-                    rows: vec![1, 2, 3, 100]
-                },
+                step(3, true, &[1, 2, 3, 100]),
                 Seen::Settled(true),
                 Seen::Finished(true),
             ]
         );
         assert!(matches!(answers.recv().unwrap(), (100, None)));
         assert_eq!(rows_of_t(&store), [1, 2, 3, 100]);
-        // Over: the writer takes new work.
-        let next = Steps {
-            next: 4,
-            last: 4,
-            fail_at: None,
-            seen,
-        };
-        assert!(Driver::background(&store, Box::new(next)).is_ok());
-        assert_eq!(
-            steps.recv().unwrap(),
-            Seen::Step {
-                x: 4,
-                alone: true,
-                rows: vec![1, 2, 3, 4, 100]
-            }
-        );
+        takes_new_work(&store, 4, vec![1, 2, 3, 4, 100]);
     }
 
     #[test]
     fn a_failing_background_step_is_rolled_back_alone_and_ends_the_work() {
         let (_d, path) = temp();
         let store = with_table_t(&path);
-        let (seen, steps) = std::sync::mpsc::channel();
-        let (answered, answers) = std::sync::mpsc::channel();
         let release = hold_the_writer(&store);
-        let work = Steps {
-            next: 1,
-            last: 5,
-            fail_at: Some(1),
-            seen,
-        };
+        let (work, reports) = steps(1, 5, Some(1));
         assert!(Driver::background(&store, Box::new(work)).is_ok());
-        let insert = Insert {
-            x: 200,
-            fail: false,
-            runs: Arc::default(),
-            answered,
-        };
-        assert!(store.submit(Job::Again(Box::new(insert))).is_ok());
+        let answers = insert_job(&store, 200);
         release.send(()).unwrap();
-        assert_eq!(steps.recv().unwrap(), Seen::Finished(false));
+        assert_eq!(reports.recv().unwrap(), Seen::Finished(false));
         assert!(matches!(answers.recv().unwrap(), (200, None)));
         // The live job's row committed; the failed step's row did not.
         assert_eq!(rows_of_t(&store), [200]);
-        let (seen, steps) = std::sync::mpsc::channel();
-        let next = Steps {
-            next: 7,
-            last: 7,
-            fail_at: None,
-            seen,
-        };
-        assert!(Driver::background(&store, Box::new(next)).is_ok());
-        assert_eq!(
-            steps.recv().unwrap(),
-            Seen::Step {
-                x: 7,
-                alone: true,
-                rows: vec![7, 200]
-            }
-        );
+        takes_new_work(&store, 7, vec![7, 200]);
     }
 
     /// Holds the writer busy until the returned sender is used, so that the jobs queued
