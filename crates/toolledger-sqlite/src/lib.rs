@@ -1223,15 +1223,7 @@ impl<'a> Background<'a> {
             )));
             return;
         }
-        let failure = match conn.execute_batch("COMMIT") {
-            Ok(()) => None,
-            Err(e) => {
-                if !conn.is_autocommit() {
-                    let _ = conn.execute_batch("ROLLBACK");
-                }
-                Some(map_err(e))
-            }
-        };
+        let failure = commit_or_roll_back(conn);
         self.settled(failure.as_ref());
     }
 }
@@ -1327,18 +1319,23 @@ fn commit(conn: &Connection, background: &mut Background<'_>) -> Option<StoreErr
         // SQLite ended the transaction under the step: what the batch wrote is gone.
         Some(StoreError::Unavailable("batch failed".into()))
     } else {
-        match conn.execute_batch("COMMIT") {
-            Ok(()) => None,
-            Err(e) => {
-                if !conn.is_autocommit() {
-                    let _ = conn.execute_batch("ROLLBACK");
-                }
-                Some(map_err(e))
-            }
-        }
+        commit_or_roll_back(conn)
     };
     background.settled(failure.as_ref());
     failure
+}
+
+/// Commits the open transaction; the reason when it did not commit (it is then rolled back).
+fn commit_or_roll_back(conn: &Connection) -> Option<StoreError> {
+    match conn.execute_batch("COMMIT") {
+        Ok(()) => None,
+        Err(e) => {
+            if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+            Some(map_err(e))
+        }
+    }
 }
 
 /// Runs `batch` in one transaction, each job in its own savepoint (a job that fails is rolled
