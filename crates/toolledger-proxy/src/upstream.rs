@@ -10,7 +10,7 @@
 //! `toolledger::upstream`).
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -321,19 +321,30 @@ pub struct Upstream {
     me: std::sync::Weak<Upstream>,
     /// Milliseconds to wait before the next restart of a child that exited.
     backoff_ms: AtomicU64,
-    /// Set when the upstream answered `server/discover` only after the automatic lifecycle
-    /// had fallen back to `initialize`: every later connection uses MCP 2026-07-28 alone.
-    late_discover: AtomicBool,
+    /// What an automatic lifecycle learned from a late answer to `server/discover` (one that
+    /// came after the fallback to `initialize`): [`LEARNED_MODERN`] when it was a result,
+    /// [`LEARNED_LEGACY`] when it was an error. Every later connection uses that lifecycle
+    /// alone; [`LEARNED_NOTHING`] until then.
+    learned: AtomicU8,
     /// Filled from a stdio child's own `tools/list` answers while [`Upstream::list_tools`] runs.
     task_required: Arc<TaskRequired>,
     /// Set by [`Upstream::close`]: no connection is made again.
     closed: AtomicBool,
 }
 
+/// [`Upstream::learned`] before any late answer to `server/discover`.
+const LEARNED_NOTHING: u8 = 0;
+/// [`Upstream::learned`] once `server/discover` was answered late with a result.
+const LEARNED_MODERN: u8 = 1;
+/// [`Upstream::learned`] once `server/discover` was answered late with an error.
+const LEARNED_LEGACY: u8 = 2;
+
 /// Why a connection to the upstream was not made.
 enum Startup {
-    /// The automatic lifecycle's `server/discover` was answered after its fallback.
-    LateDiscover,
+    /// The automatic lifecycle's `server/discover` was answered after its fallback to
+    /// `initialize`; the value is what that answer says the upstream speaks
+    /// ([`LEARNED_MODERN`] or [`LEARNED_LEGACY`]).
+    LateDiscover(u8),
     /// Any other failure.
     Failed(UpstreamError),
 }
@@ -341,7 +352,7 @@ enum Startup {
 impl Startup {
     fn into_error(self) -> UpstreamError {
         match self {
-            Startup::LateDiscover => {
+            Startup::LateDiscover(_) => {
                 UpstreamError::NotSent("its lifecycle could not be agreed".into())
             }
             Startup::Failed(e) => e,
@@ -385,7 +396,7 @@ impl Upstream {
             handler: ProxyClient::default(),
             me: me.clone(),
             backoff_ms: AtomicU64::new(1_000),
-            late_discover: AtomicBool::new(false),
+            learned: AtomicU8::new(LEARNED_NOTHING),
             task_required: Arc::default(),
             closed: AtomicBool::new(false),
         })
@@ -417,10 +428,14 @@ impl Upstream {
 
     fn mode(&self) -> ClientLifecycleMode {
         let modern = vec![ProtocolVersion::V_2026_07_28];
-        if self.late_discover.load(Ordering::Relaxed) {
-            return ClientLifecycleMode::Discover {
-                preferred_versions: modern,
-            };
+        match self.learned.load(Ordering::Relaxed) {
+            LEARNED_MODERN => {
+                return ClientLifecycleMode::Discover {
+                    preferred_versions: modern,
+                }
+            }
+            LEARNED_LEGACY => return ClientLifecycleMode::Initialize,
+            _ => {}
         }
         match self.lifecycle {
             Lifecycle::Auto => ClientLifecycleMode::Auto {
@@ -449,13 +464,20 @@ impl Upstream {
         }
         let generation = self.starts.fetch_add(1, Ordering::Relaxed) + 1;
         let connection = match self.connect(generation).await {
-            Err(Startup::LateDiscover) => {
-                // The upstream speaks MCP 2026-07-28 but took longer than the automatic
-                // lifecycle waits for its `server/discover` answer (a slow start on a loaded
-                // machine): connect again with the modern lifecycle alone, which waits.
-                self.late_discover.store(true, Ordering::Relaxed);
-                tracing::warn!(target: "toolledger::upstream", generation,
-                    "the upstream answered server/discover late; connecting again with MCP 2026-07-28");
+            Err(Startup::LateDiscover(learned)) => {
+                // The upstream took longer than the automatic lifecycle waits for its
+                // `server/discover` answer (a slow start on a loaded machine, an `npx` that
+                // installs first), and both that request and the fallback `initialize` were
+                // waiting for it. Its late answer says which lifecycle it speaks: connect again
+                // with that one alone, which waits.
+                self.learned.store(learned, Ordering::Relaxed);
+                if learned == LEARNED_MODERN {
+                    tracing::warn!(target: "toolledger::upstream", generation,
+                        "the upstream answered server/discover late; connecting again with MCP 2026-07-28");
+                } else {
+                    tracing::warn!(target: "toolledger::upstream", generation,
+                        "the upstream refused server/discover late; connecting again with initialize");
+                }
                 self.connect(generation).await
             }
             other => other,
@@ -474,11 +496,17 @@ impl Upstream {
             Startup::Failed(UpstreamError::NotSent(detail))
         };
         let handshake = |e: ClientInitializeError| match e {
-            // The answer to `server/discover` arrived after the fallback to `initialize`.
+            // The answer to `server/discover` arrived after the fallback to `initialize`: a
+            // result (the upstream speaks MCP 2026-07-28) or an error (it does not).
             ClientInitializeError::ConflictInitResponseId(..)
                 if self.lifecycle == Lifecycle::Auto =>
             {
-                Startup::LateDiscover
+                Startup::LateDiscover(LEARNED_MODERN)
+            }
+            ClientInitializeError::UncorrelatedErrorResponse { .. }
+                if self.lifecycle == Lifecycle::Auto =>
+            {
+                Startup::LateDiscover(LEARNED_LEGACY)
             }
             e => failed(&e),
         };
