@@ -72,6 +72,8 @@ pub fn run(args: PruneArgs, store: StoreConfig) -> Result<Outcome, Failure> {
             pace: 0,
             // Alone on its store: the batches are its own transactions.
             beside_writes: false,
+            // An operator's run gives every free page back.
+            keep_free_percent: 0,
         };
         let report = prune::prune(&ledger, &clock, &opts).await?;
         let vacuumed = match (&store.backend, args.vacuum) {

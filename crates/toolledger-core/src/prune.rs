@@ -67,7 +67,18 @@ pub struct PruneOptions {
     /// live calls and up to [`ALONE_ROWS`] (at most `batch`) alone when nothing else waits,
     /// so a call never waits behind a whole batch. Elsewhere (PostgreSQL), batches of its own.
     pub beside_writes: bool,
+    /// After a run that removed rows, free pages are given back to the file system (SQLite,
+    /// [`Driver::reclaim_space`]) only beyond this percentage of the pages in use; those kept
+    /// are reused by the rows written next. 0: every free page.
+    pub keep_free_percent: u8,
 }
+
+/// The free pages the background pruner keeps for new rows, as a percentage of the pages in
+/// use ([`PruneOptions::keep_free_percent`]). Under a steady load a pass frees about what the
+/// next interval writes; giving those pages back only to grow the file again would cost the
+/// writer a page move for each, in transactions beside live calls. A ledger whose load falls
+/// still shrinks to within a quarter of its data.
+pub const BACKGROUND_KEEP_FREE_PERCENT: u8 = 25;
 
 /// Rows the store's writer prunes at the end of a transaction it commits for live calls
 /// ([`PruneOptions::beside_writes`]).
@@ -85,6 +96,7 @@ impl PruneOptions {
         PruneOptions {
             pace: BACKGROUND_PACE,
             beside_writes: true,
+            keep_free_percent: BACKGROUND_KEEP_FREE_PERCENT,
             tombstone_ttl,
             ..PruneOptions::default()
         }
@@ -107,6 +119,7 @@ impl Default for PruneOptions {
             dry_run: false,
             pace: 0,
             beside_writes: false,
+            keep_free_percent: 0,
         }
     }
 }
@@ -210,7 +223,7 @@ pub async fn prune(
         in_batches(store, opts, &mut report).await?;
     }
     if !opts.dry_run && report.compacted + report.deleted > 0 {
-        report.reclaimed_pages = reclaim(store, opts.pace).await?;
+        report.reclaimed_pages = reclaim(store, opts.pace, opts.keep_free_percent).await?;
     }
     let (kept, oldest) = store
         .read(move |tx: &mut dyn EffectTx| kept(tx, now).map_err(|e| store_error(tx, e)))
@@ -465,16 +478,21 @@ fn record(res: &Result<PruneReport, StoreError>) {
 /// Pages given back per transaction by [`reclaim`].
 const RECLAIM_STEP: i64 = 1_000;
 
-/// Gives the database's free pages back to the file system in steps of [`RECLAIM_STEP`]
-/// pages, each its own short write transaction ([`crate::store::Driver::reclaim_space`]).
-async fn reclaim(store: &Store, pace: u32) -> Result<i64, StoreError> {
+/// Gives the database's free pages beyond `keep_free_percent` of the pages in use back to the
+/// file system in steps of [`RECLAIM_STEP`] pages, each its own short write transaction
+/// ([`crate::store::Driver::reclaim_space`]).
+async fn reclaim(store: &Store, pace: u32, keep_free_percent: u8) -> Result<i64, StoreError> {
     let mut total = 0;
     // Bounded: the pruner's next pass goes on where this one stopped.
     for _ in 0..100 {
         let started = std::time::Instant::now();
         let handle = store.clone();
         let n = store
-            .write(move |tx: &mut dyn EffectTx| handle.driver().reclaim_space(tx, RECLAIM_STEP))
+            .write(move |tx: &mut dyn EffectTx| {
+                handle
+                    .driver()
+                    .reclaim_space(tx, RECLAIM_STEP, keep_free_percent)
+            })
             .await?;
         total += n;
         if n < RECLAIM_STEP {

@@ -116,12 +116,18 @@ pub trait Driver: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<(bool, serde_json::Value), StoreError>;
 
     /// Gives at most `max_pages` free pages of the database back to the file system, inside
-    /// the write transaction `tx`, after rows were deleted; returns how many it gave back.
+    /// the write transaction `tx`, after rows were deleted, keeping free pages up to
+    /// `keep_free_percent` of the pages in use; returns how many it gave back.
     /// SQLite: `PRAGMA incremental_vacuum` on a file in `auto_vacuum = INCREMENTAL` mode (its
     /// free pages are otherwise reused by later writes). Default (PostgreSQL, whose space
     /// autovacuum makes reusable): nothing.
-    fn reclaim_space(&self, tx: &mut dyn EffectTx, max_pages: i64) -> Result<i64, StoreError> {
-        let _ = (tx, max_pages);
+    fn reclaim_space(
+        &self,
+        tx: &mut dyn EffectTx,
+        max_pages: i64,
+        keep_free_percent: u8,
+    ) -> Result<i64, StoreError> {
+        let _ = (tx, max_pages, keep_free_percent);
         Ok(0)
     }
 

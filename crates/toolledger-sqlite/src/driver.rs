@@ -64,7 +64,12 @@ impl Driver for SqliteStore {
         audit_checks::physical_checks(tx, journal)
     }
 
-    fn reclaim_space(&self, tx: &mut dyn EffectTx, max_pages: i64) -> Result<i64, StoreError> {
+    fn reclaim_space(
+        &self,
+        tx: &mut dyn EffectTx,
+        max_pages: i64,
+        keep_free_percent: u8,
+    ) -> Result<i64, StoreError> {
         use toolledger_core::audit::scalar;
         // 2: INCREMENTAL. A file created before it was the default stays NONE until an
         // operator runs `toolledger prune --vacuum`; its free pages are reused all the same.
@@ -72,7 +77,12 @@ impl Driver for SqliteStore {
             return Ok(0);
         }
         let before = scalar(tx, "PRAGMA freelist_count")?;
-        let pages = max_pages.max(1);
+        let in_use = scalar(tx, "PRAGMA page_count")? - before;
+        let keep = in_use * i64::from(keep_free_percent) / 100;
+        let pages = max_pages.min(before - keep);
+        if pages <= 0 {
+            return Ok(0);
+        }
         // Stepped to the end (a query, not a batch): each step gives back one page.
         tx.query(&format!("PRAGMA incremental_vacuum({pages})"), &[])
             .map_err(|e| toolledger_core::outbox::store_error(tx, e))?;

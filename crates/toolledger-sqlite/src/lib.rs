@@ -690,7 +690,7 @@ impl SqliteStore {
         let writer_stats = stats.clone();
         let writer = std::thread::Builder::new()
             .name("toolledger-sqlite-writer".into())
-            .spawn(move || writer_loop(conn, receiver, &writer_stats, limits))
+            .spawn(move || writer_loop(conn, receiver, &writer_stats, limits, opts.synchronous))
             .map_err(|_| StoreError::Unavailable("cannot start writer thread".into()))?;
 
         Ok(SqliteStore {
@@ -1054,10 +1054,11 @@ fn writer_loop(
     receiver: crossbeam_channel::Receiver<Queued<Job>>,
     stats: &StatCounters,
     limits: QueueLimits,
+    synchronous: Synchronous,
 ) {
     // Batches left to run with a savepoint per job after one whose job failed.
     let mut savepoints_only = 0u32;
-    let mut background = Background::new(&stats.background);
+    let mut background = Background::new(&stats.background, synchronous);
     loop {
         let first = if background.work.is_some() {
             match receiver.recv_timeout(BACKGROUND_IDLE) {
@@ -1119,15 +1120,18 @@ struct Background<'a> {
     more: bool,
     /// Whether a step ran in the current transaction.
     stepped: bool,
+    /// The write connection's own `synchronous` mode, which steps alone do without.
+    synchronous: Synchronous,
 }
 
 impl<'a> Background<'a> {
-    fn new(mark: &'a std::sync::atomic::AtomicBool) -> Self {
+    fn new(mark: &'a std::sync::atomic::AtomicBool, synchronous: Synchronous) -> Self {
         Background {
             work: None,
             mark,
             more: false,
             stepped: false,
+            synchronous,
         }
     }
 
@@ -1211,20 +1215,36 @@ impl<'a> Background<'a> {
     }
 
     /// A step alone, in a transaction of its own.
+    ///
+    /// Its commit does not wait for the disk (`synchronous=NORMAL` for that one transaction):
+    /// nobody waits for it, and nothing has been acknowledged on it. It stays atomic (the
+    /// write-ahead log's frames are checksummed), so a crash before the next commit of a live
+    /// batch, which flushes the log with everything before it, at worst undoes the step; the
+    /// work is then done again by a later pass. The callers' commits keep the connection's
+    /// own mode.
     fn alone(&mut self, conn: &Connection) {
-        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-            // Another process holds the file's write lock: the next idle moment tries again.
-            let _ = e;
+        let relaxed = self.synchronous == Synchronous::Full;
+        if relaxed && conn.execute_batch("PRAGMA synchronous=NORMAL").is_err() {
             return;
         }
-        if !self.step(conn, true) {
-            self.settled(Some(&StoreError::Unavailable(
-                "background step failed".into(),
-            )));
-            return;
+        if conn.execute_batch("BEGIN IMMEDIATE").is_ok() {
+            if self.step(conn, true) {
+                let failure = commit_or_roll_back(conn);
+                self.settled(failure.as_ref());
+            } else {
+                self.settled(Some(&StoreError::Unavailable(
+                    "background step failed".into(),
+                )));
+            }
         }
-        let failure = commit_or_roll_back(conn);
-        self.settled(failure.as_ref());
+        // Else another process holds the file's write lock: the next idle moment tries again.
+        if relaxed {
+            // Setting the flag back touches no file and cannot fail outside a transaction; if
+            // it ever did, a commit acknowledged without its flush would follow, so the writer
+            // stops instead (its callers are then answered `unavailable`).
+            conn.execute_batch("PRAGMA synchronous=FULL")
+                .expect("the write connection's synchronous mode is restored");
+        }
     }
 }
 
@@ -1879,6 +1899,59 @@ mod tests {
         assert!(matches!(answers.recv().unwrap(), (100, None)));
         assert_eq!(rows_of_t(&store), [1, 2, 3, 100]);
         takes_new_work(&store, 4, vec![1, 2, 3, 4, 100]);
+    }
+
+    /// Background work of `left` steps, each reporting whether it ran alone and the write
+    /// connection's `synchronous` mode in its transaction.
+    struct Modes {
+        left: u32,
+        seen: std::sync::mpsc::Sender<(bool, i64)>,
+    }
+
+    impl BackgroundWork for Modes {
+        fn step(&mut self, tx: &mut dyn EffectTx, alone: bool) -> Result<bool, StoreError> {
+            let mode = toolledger_core::audit::scalar(tx, "PRAGMA synchronous")?;
+            let _ = self.seen.send((alone, mode));
+            self.left -= 1;
+            Ok(self.left > 0)
+        }
+
+        fn settled(&mut self, _: Option<&StoreError>) {}
+
+        fn abandoned(&self) -> bool {
+            false
+        }
+
+        fn finish(self: Box<Self>, _: Option<StoreError>) {}
+    }
+
+    /// Hands [`Modes`] of `left` steps to the held writer, queues a live job, releases the
+    /// writer; the `(alone, synchronous)` of every step.
+    fn modes_of_steps(store: &SqliteStore, left: u32, x: i64) -> Vec<(bool, i64)> {
+        let release = hold_the_writer(store);
+        let (seen, modes) = std::sync::mpsc::channel();
+        assert!(Driver::background(store, Box::new(Modes { left, seen })).is_ok());
+        let answers = insert_job(store, x);
+        release.send(()).unwrap();
+        let got = (0..left).map(|_| modes.recv().unwrap()).collect();
+        assert!(matches!(answers.recv().unwrap(), (y, None) if y == x));
+        got
+    }
+
+    #[test]
+    fn a_background_step_alone_does_not_wait_for_the_disk_and_live_commits_still_do() {
+        let (_d, path) = temp();
+        let store = with_table_t(&path);
+        const FULL: i64 = 2;
+        const NORMAL: i64 = 1;
+        // Along a live batch: the batch's own FULL commit. Alone: NORMAL.
+        assert_eq!(
+            modes_of_steps(&store, 3, 100),
+            [(false, FULL), (true, NORMAL), (true, NORMAL)]
+        );
+        // The live commit after steps alone is FULL again.
+        assert_eq!(modes_of_steps(&store, 1, 101), [(false, FULL)]);
+        assert_eq!(rows_of_t(&store), [100, 101]);
     }
 
     #[test]

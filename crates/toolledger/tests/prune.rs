@@ -489,3 +489,57 @@ async fn a_new_sqlite_file_gives_pruned_pages_back() {
     assert_eq!(scalar(e.store(), free).await, 0);
     no_violations(e.store()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_background_pruner_keeps_free_pages_for_new_rows() {
+    let h = Harness::sqlite();
+    let (e, clock) = engine(&h);
+    let alice = principal("t1", "alice");
+    let keys: Vec<String> = (0..300)
+        .map(|i| format!("key-{i:04}-{}", "x".repeat(200)))
+        .collect();
+    expiring(&e, &alice, keys.into_iter()).await;
+    clock.set(T0 + RETENTION);
+    let background = PruneOptions::background(Some(0));
+    assert_eq!(background.keep_free_percent, 25);
+    let r = run(&e, &background).await;
+    assert_eq!((r.compacted, r.deleted), (300, 300), "{r:?}");
+    assert!(
+        r.reclaimed_pages > 0,
+        "most of the free pages go back: {r:?}"
+    );
+    let free = scalar(
+        e.store(),
+        "SELECT freelist_count FROM pragma_freelist_count",
+    )
+    .await;
+    let pages = scalar(e.store(), "SELECT page_count FROM pragma_page_count").await;
+    let in_use = pages - free;
+    assert!(free > 0, "some are kept for new rows ({free} of {pages})");
+    assert_eq!(
+        free,
+        in_use * 25 / 100,
+        "a quarter of the pages in use ({pages})"
+    );
+    // The next rows take the kept pages instead of growing the file.
+    for i in 0..20 {
+        let c = call(
+            &alice,
+            &format!("more-{i:02}"),
+            "gear",
+            Some(T0 + 2 * RETENTION),
+        );
+        e.execute_inline(c, widget("gear")).await.unwrap();
+    }
+    let grown = scalar(e.store(), "SELECT page_count FROM pragma_page_count").await;
+    assert_eq!(grown, pages, "the file did not grow");
+    assert!(
+        scalar(
+            e.store(),
+            "SELECT freelist_count FROM pragma_freelist_count"
+        )
+        .await
+            < free
+    );
+    no_violations(e.store()).await;
+}
