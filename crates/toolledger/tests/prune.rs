@@ -470,8 +470,9 @@ async fn concurrent_pruners(h: &Harness, small: PruneOptions, prefix: &str, roun
 
 both_drivers!(concurrent_pruners_never_prune_twice);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_sqlite_file_gives_pruned_pages_back() {
+/// A new SQLite ledger of 300 calls with long keys, all pruned (compacted and deleted) by one
+/// run with `o`: the harness, its engine and the run's report.
+async fn all_pruned_with(o: &PruneOptions) -> (Harness, Engine, PruneReport) {
     let h = Harness::sqlite();
     let (e, clock) = engine(&h);
     let mode = "SELECT auto_vacuum FROM pragma_auto_vacuum";
@@ -482,8 +483,14 @@ async fn a_new_sqlite_file_gives_pruned_pages_back() {
         .collect();
     expiring(&e, &alice, keys.into_iter()).await;
     clock.set(T0 + RETENTION);
-    let r = run(&e, &opts(Some(0))).await;
+    let r = run(&e, o).await;
     assert_eq!((r.compacted, r.deleted), (300, 300), "{r:?}");
+    (h, e, r)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_sqlite_file_gives_pruned_pages_back() {
+    let (_h, e, r) = all_pruned_with(&opts(Some(0))).await;
     assert!(r.reclaimed_pages > 0, "{r:?}");
     let free = "SELECT freelist_count FROM pragma_freelist_count";
     assert_eq!(scalar(e.store(), free).await, 0);
@@ -492,18 +499,10 @@ async fn a_new_sqlite_file_gives_pruned_pages_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_background_pruner_keeps_free_pages_for_new_rows() {
-    let h = Harness::sqlite();
-    let (e, clock) = engine(&h);
-    let alice = principal("t1", "alice");
-    let keys: Vec<String> = (0..300)
-        .map(|i| format!("key-{i:04}-{}", "x".repeat(200)))
-        .collect();
-    expiring(&e, &alice, keys.into_iter()).await;
-    clock.set(T0 + RETENTION);
     let background = PruneOptions::background(Some(0));
     assert_eq!(background.keep_free_percent, 25);
-    let r = run(&e, &background).await;
-    assert_eq!((r.compacted, r.deleted), (300, 300), "{r:?}");
+    let (_h, e, r) = all_pruned_with(&background).await;
+    let alice = principal("t1", "alice");
     assert!(
         r.reclaimed_pages > 0,
         "most of the free pages go back: {r:?}"
