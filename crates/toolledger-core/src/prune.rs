@@ -63,8 +63,9 @@ pub struct PruneOptions {
     /// so live calls get the writer between batches.
     pub pace: u32,
     /// Hand the work to the store's writer where it has one ([`Driver::background`]: SQLite),
-    /// which does a few rows ([`ALONG_ROWS`]) at the end of each transaction it commits for
-    /// live calls and up to [`ALONE_ROWS`] (at most `batch`) alone when nothing else waits,
+    /// which does a few rows ([`ALONG_ROWS`], or [`ROWS_PER_CALLER`] per caller) at the end of
+    /// each transaction it commits for live calls and up to [`ALONE_ROWS`] alone when nothing
+    /// else waits (each at most `batch`),
     /// so a call never waits behind a whole batch. Elsewhere (PostgreSQL), batches of its own.
     pub beside_writes: bool,
     /// After a run that removed rows, free pages are given back to the file system (SQLite,
@@ -81,8 +82,15 @@ pub struct PruneOptions {
 pub const BACKGROUND_KEEP_FREE_PERCENT: u8 = 25;
 
 /// Rows the store's writer prunes at the end of a transaction it commits for live calls
-/// ([`PruneOptions::beside_writes`]).
+/// ([`PruneOptions::beside_writes`]), or [`ROWS_PER_CALLER`] for each job of that transaction
+/// when that is more.
 pub const ALONG_ROWS: usize = 16;
+
+/// Rows pruned at the end of a writer's transaction for each caller's job in it: every call
+/// writes one operation, which is later compacted once and deleted once. A writer too busy
+/// to ever be idle (no steps alone) still prunes as fast as calls come in, so the ledger stops
+/// growing under any steady load; its transactions then carry that work.
+pub const ROWS_PER_CALLER: usize = 2;
 
 /// Rows the store's writer prunes in a transaction of its own, when no call has come for a
 /// moment ([`PruneOptions::beside_writes`]): about a millisecond of its time.
@@ -323,6 +331,16 @@ async fn beside_writes(
     Ok(true)
 }
 
+/// Rows of a [`Beside`] step in a transaction holding `callers` callers' jobs (0: alone),
+/// at most `batch`.
+fn step_rows(batch: usize, callers: usize) -> usize {
+    let rows = match callers {
+        0 => ALONE_ROWS,
+        n => ALONG_ROWS.max(ROWS_PER_CALLER * n),
+    };
+    batch.min(rows)
+}
+
 /// Where a [`Beside`] run is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
@@ -359,8 +377,8 @@ impl Beside {
 }
 
 impl BackgroundWork for Beside {
-    fn step(&mut self, tx: &mut dyn EffectTx, alone: bool) -> Result<bool, StoreError> {
-        let rows = self.batch.min(if alone { ALONE_ROWS } else { ALONG_ROWS }) as u64;
+    fn step(&mut self, tx: &mut dyn EffectTx, callers: usize) -> Result<bool, StoreError> {
+        let rows = step_rows(self.batch, callers) as u64;
         self.step = (0, 0);
         let (phase, total) = match self.phase {
             Phase::Compact => (Phase::Compact, self.done.compacted),
@@ -698,4 +716,25 @@ pub fn row_counts(tx: &mut dyn EffectTx) -> Result<RowCounts, Error> {
         live: all - tombstones,
         tombstones,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_along_callers_prunes_two_rows_per_caller_at_least_the_floor_and_at_most_a_batch() {
+        // Alone: a fixed step.
+        assert_eq!(step_rows(DEFAULT_BATCH, 0), ALONE_ROWS);
+        // Along a few callers: the floor.
+        assert_eq!(step_rows(DEFAULT_BATCH, 1), ALONG_ROWS);
+        assert_eq!(step_rows(DEFAULT_BATCH, 8), ALONG_ROWS);
+        // Along many: as many rows as those calls will need pruned (compacted and deleted).
+        assert_eq!(step_rows(DEFAULT_BATCH, 9), 18);
+        assert_eq!(step_rows(DEFAULT_BATCH, 128), 256);
+        // Never more than a batch.
+        assert_eq!(step_rows(100, 128), 100);
+        assert_eq!(step_rows(10, 0), 10);
+        assert_eq!(step_rows(10, 1), 10);
+    }
 }

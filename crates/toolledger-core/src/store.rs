@@ -46,10 +46,10 @@ pub trait ReadJob: Send {
 /// of its own, and one step alone, in a transaction of its own, when nothing else waits. A step
 /// whose savepoint fails is rolled back alone; the others' writes are not affected.
 pub trait BackgroundWork: Send {
-    /// Does one step of at most `rows` rows inside `tx`: with `alone`, in a transaction of its
-    /// own (the writer has nothing else to do), else at the end of a transaction holding
-    /// others' writes. Returns whether work is left after this step.
-    fn step(&mut self, tx: &mut dyn EffectTx, alone: bool) -> Result<bool, StoreError>;
+    /// Does one step inside `tx`: at the end of a transaction holding the writes of `callers`
+    /// callers' jobs, or, with `callers == 0`, in a transaction of its own (the writer has
+    /// nothing else to do). Returns whether work is left after this step.
+    fn step(&mut self, tx: &mut dyn EffectTx, callers: usize) -> Result<bool, StoreError>;
 
     /// The transaction holding the last step committed (`None`) or did not (the reason): what
     /// that step did is then undone.

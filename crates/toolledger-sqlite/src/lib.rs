@@ -1152,9 +1152,10 @@ impl<'a> Background<'a> {
         }
     }
 
-    /// Runs one step in the open transaction, in a savepoint of its own. Returns `false` when
-    /// SQLite ended the transaction under the step (what the batch wrote is gone).
-    fn step(&mut self, conn: &Connection, alone: bool) -> bool {
+    /// Runs one step in the open transaction (holding `callers` callers' jobs; 0: none), in a
+    /// savepoint of its own. Returns `false` when SQLite ended the transaction under the step
+    /// (what the batch wrote is gone).
+    fn step(&mut self, conn: &Connection, callers: usize) -> bool {
         self.stepped = false;
         let Some(work) = self.work.as_mut() else {
             return true;
@@ -1168,7 +1169,7 @@ impl<'a> Background<'a> {
             return !conn.is_autocommit();
         }
         let outcome = catch_unwind(AssertUnwindSafe(|| {
-            work.step(&mut SqliteEffectTx::new(conn) as &mut dyn EffectTx, alone)
+            work.step(&mut SqliteEffectTx::new(conn) as &mut dyn EffectTx, callers)
         }));
         if conn.is_autocommit() {
             self.end(Some(StoreError::Unavailable(
@@ -1228,7 +1229,7 @@ impl<'a> Background<'a> {
             return;
         }
         if conn.execute_batch("BEGIN IMMEDIATE").is_ok() {
-            if self.step(conn, true) {
+            if self.step(conn, 0) {
                 let failure = commit_or_roll_back(conn);
                 self.settled(failure.as_ref());
             } else {
@@ -1325,7 +1326,7 @@ fn run_without_savepoints(
         }
         return None;
     }
-    let failure = commit(conn, background);
+    let failure = commit(conn, background, jobs.len());
     for job in jobs {
         job.finish(failure.clone());
     }
@@ -1334,8 +1335,12 @@ fn run_without_savepoints(
 
 /// Runs a step of the background work at the end of the open transaction, then commits it;
 /// the reason when the transaction did not commit (it is then rolled back).
-fn commit(conn: &Connection, background: &mut Background<'_>) -> Option<StoreError> {
-    let failure = if !background.step(conn, false) {
+fn commit(
+    conn: &Connection,
+    background: &mut Background<'_>,
+    callers: usize,
+) -> Option<StoreError> {
+    let failure = if !background.step(conn, callers) {
         // SQLite ended the transaction under the step: what the batch wrote is gone.
         Some(StoreError::Unavailable("batch failed".into()))
     } else {
@@ -1393,7 +1398,7 @@ fn run_with_savepoints(conn: &Connection, batch: Vec<Job>, background: &mut Back
         }
         pendings.push(pending);
     }
-    let failure = commit(conn, background);
+    let failure = commit(conn, background, pendings.len());
     for p in pendings {
         (p.deliver)(failure.clone());
     }
@@ -1782,8 +1787,8 @@ mod tests {
     }
 
     impl BackgroundWork for Steps {
-        fn step(&mut self, tx: &mut dyn EffectTx, alone: bool) -> Result<bool, StoreError> {
-            let x = self.next;
+        fn step(&mut self, tx: &mut dyn EffectTx, callers: usize) -> Result<bool, StoreError> {
+            let (x, alone) = (self.next, callers == 0);
             tx.execute("INSERT INTO t(x) VALUES (?1)", &[x.into()])
                 .map_err(|e| StoreError::Contract(e.message))?;
             if self.fail_at == Some(x) {
@@ -1901,17 +1906,17 @@ mod tests {
         takes_new_work(&store, 4, vec![1, 2, 3, 4, 100]);
     }
 
-    /// Background work of `left` steps, each reporting whether it ran alone and the write
-    /// connection's `synchronous` mode in its transaction.
+    /// Background work of `left` steps, each reporting how many callers' jobs its transaction
+    /// held (0: alone) and the write connection's `synchronous` mode in it.
     struct Modes {
         left: u32,
-        seen: std::sync::mpsc::Sender<(bool, i64)>,
+        seen: std::sync::mpsc::Sender<(usize, i64)>,
     }
 
     impl BackgroundWork for Modes {
-        fn step(&mut self, tx: &mut dyn EffectTx, alone: bool) -> Result<bool, StoreError> {
+        fn step(&mut self, tx: &mut dyn EffectTx, callers: usize) -> Result<bool, StoreError> {
             let mode = toolledger_core::audit::scalar(tx, "PRAGMA synchronous")?;
-            let _ = self.seen.send((alone, mode));
+            let _ = self.seen.send((callers, mode));
             self.left -= 1;
             Ok(self.left > 0)
         }
@@ -1926,8 +1931,8 @@ mod tests {
     }
 
     /// Hands [`Modes`] of `left` steps to the held writer, queues a live job, releases the
-    /// writer; the `(alone, synchronous)` of every step.
-    fn modes_of_steps(store: &SqliteStore, left: u32, x: i64) -> Vec<(bool, i64)> {
+    /// writer; the `(callers, synchronous)` of every step.
+    fn modes_of_steps(store: &SqliteStore, left: u32, x: i64) -> Vec<(usize, i64)> {
         let release = hold_the_writer(store);
         let (seen, modes) = std::sync::mpsc::channel();
         assert!(Driver::background(store, Box::new(Modes { left, seen })).is_ok());
@@ -1944,13 +1949,13 @@ mod tests {
         let store = with_table_t(&path);
         const FULL: i64 = 2;
         const NORMAL: i64 = 1;
-        // Along a live batch: the batch's own FULL commit. Alone: NORMAL.
+        // Along a live batch of one job: the batch's own FULL commit. Alone: NORMAL.
         assert_eq!(
             modes_of_steps(&store, 3, 100),
-            [(false, FULL), (true, NORMAL), (true, NORMAL)]
+            [(1, FULL), (0, NORMAL), (0, NORMAL)]
         );
         // The live commit after steps alone is FULL again.
-        assert_eq!(modes_of_steps(&store, 1, 101), [(false, FULL)]);
+        assert_eq!(modes_of_steps(&store, 1, 101), [(1, FULL)]);
         assert_eq!(rows_of_t(&store), [100, 101]);
     }
 
