@@ -10,7 +10,7 @@
 //! `toolledger::upstream`).
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -321,30 +321,23 @@ pub struct Upstream {
     me: std::sync::Weak<Upstream>,
     /// Milliseconds to wait before the next restart of a child that exited.
     backoff_ms: AtomicU64,
-    /// What an automatic lifecycle learned from a late answer to `server/discover` (one that
-    /// came after the fallback to `initialize`): [`LEARNED_MODERN`] when it was a result,
-    /// [`LEARNED_LEGACY`] when it was an error. Every later connection uses that lifecycle
-    /// alone; [`LEARNED_NOTHING`] until then.
-    learned: AtomicU8,
+    /// The lifecycle connections use: the configured one until an automatic lifecycle learns
+    /// from a late answer to `server/discover` (one that came after the fallback to
+    /// `initialize`) which one the upstream speaks ([`Lifecycle::Modern`] when it was a
+    /// result, [`Lifecycle::Legacy`] when it was an error); every later connection uses that.
+    lifecycle_now: std::sync::Mutex<Lifecycle>,
     /// Filled from a stdio child's own `tools/list` answers while [`Upstream::list_tools`] runs.
     task_required: Arc<TaskRequired>,
     /// Set by [`Upstream::close`]: no connection is made again.
     closed: AtomicBool,
 }
 
-/// [`Upstream::learned`] before any late answer to `server/discover`.
-const LEARNED_NOTHING: u8 = 0;
-/// [`Upstream::learned`] once `server/discover` was answered late with a result.
-const LEARNED_MODERN: u8 = 1;
-/// [`Upstream::learned`] once `server/discover` was answered late with an error.
-const LEARNED_LEGACY: u8 = 2;
-
 /// Why a connection to the upstream was not made.
 enum Startup {
     /// The automatic lifecycle's `server/discover` was answered after its fallback to
     /// `initialize`; the value is what that answer says the upstream speaks
-    /// ([`LEARNED_MODERN`] or [`LEARNED_LEGACY`]).
-    LateDiscover(u8),
+    /// ([`Lifecycle::Modern`] or [`Lifecycle::Legacy`]).
+    LateDiscover(Lifecycle),
     /// Any other failure.
     Failed(UpstreamError),
 }
@@ -396,7 +389,7 @@ impl Upstream {
             handler: ProxyClient::default(),
             me: me.clone(),
             backoff_ms: AtomicU64::new(1_000),
-            learned: AtomicU8::new(LEARNED_NOTHING),
+            lifecycle_now: std::sync::Mutex::new(lifecycle),
             task_required: Arc::default(),
             closed: AtomicBool::new(false),
         })
@@ -428,16 +421,8 @@ impl Upstream {
 
     fn mode(&self) -> ClientLifecycleMode {
         let modern = vec![ProtocolVersion::V_2026_07_28];
-        match self.learned.load(Ordering::Relaxed) {
-            LEARNED_MODERN => {
-                return ClientLifecycleMode::Discover {
-                    preferred_versions: modern,
-                }
-            }
-            LEARNED_LEGACY => return ClientLifecycleMode::Initialize,
-            _ => {}
-        }
-        match self.lifecycle {
+        let lifecycle = *self.lifecycle_now.lock().unwrap_or_else(|e| e.into_inner());
+        match lifecycle {
             Lifecycle::Auto => ClientLifecycleMode::Auto {
                 preferred_versions: modern,
                 legacy_version: None,
@@ -470,8 +455,8 @@ impl Upstream {
                 // installs first), and both that request and the fallback `initialize` were
                 // waiting for it. Its late answer says which lifecycle it speaks: connect again
                 // with that one alone, which waits.
-                self.learned.store(learned, Ordering::Relaxed);
-                if learned == LEARNED_MODERN {
+                *self.lifecycle_now.lock().unwrap_or_else(|e| e.into_inner()) = learned;
+                if learned == Lifecycle::Modern {
                     tracing::warn!(target: "toolledger::upstream", generation,
                         "the upstream answered server/discover late; connecting again with MCP 2026-07-28");
                 } else {
@@ -501,12 +486,12 @@ impl Upstream {
             ClientInitializeError::ConflictInitResponseId(..)
                 if self.lifecycle == Lifecycle::Auto =>
             {
-                Startup::LateDiscover(LEARNED_MODERN)
+                Startup::LateDiscover(Lifecycle::Modern)
             }
             ClientInitializeError::UncorrelatedErrorResponse { .. }
                 if self.lifecycle == Lifecycle::Auto =>
             {
-                Startup::LateDiscover(LEARNED_LEGACY)
+                Startup::LateDiscover(Lifecycle::Legacy)
             }
             e => failed(&e),
         };
