@@ -3,22 +3,6 @@
 
 use super::*;
 
-/// Runs `f` inside `BEGIN` … `COMMIT` on a read connection (one snapshot).
-fn snapshot(conn: &Connection, job: Box<dyn ReadJob>) {
-    // Cached statements: a replay is a handful of statements, and parsing `BEGIN`/`COMMIT`
-    // again on every call was a measurable share of it.
-    let run = |sql: &str| conn.prepare_cached(sql).and_then(|mut s| s.execute([]));
-    if let Err(e) = run("BEGIN") {
-        job.run(Err(map_err(e)));
-        return;
-    }
-    job.run(Ok(&mut SqliteEffectTx::new(conn)));
-    let _ = run("COMMIT");
-    if !conn.is_autocommit() {
-        let _ = run("ROLLBACK");
-    }
-}
-
 impl Driver for SqliteStore {
     fn backend_id(&self) -> &str {
         SqliteStore::backend_id(self)
@@ -35,12 +19,8 @@ impl Driver for SqliteStore {
     }
 
     fn submit_read(&self, job: Box<dyn ReadJob>) {
-        let read: ReadJobFn = Box::new(move |conn| match conn {
-            Ok(conn) => snapshot(conn, job),
-            Err(e) => job.run(Err(e)),
-        });
-        if let Err((err, read)) = self.submit_read_job(read) {
-            read(Err(err));
+        if let Err((err, work)) = self.submit_read_job(ReadWork::Snapshot(job)) {
+            work.refuse(err);
         }
     }
 

@@ -282,13 +282,35 @@ impl Job {
 /// A read job for a reader thread: the thread's connection, or why it has none.
 type ReadJobFn = Box<dyn FnOnce(Result<&Connection, StoreError>) + Send>;
 
+/// Work queued for the reader threads.
+enum ReadWork {
+    /// A job given the thread's connection as it is; it opens its own transaction, if any.
+    Conn(ReadJobFn),
+    /// A job run in a read snapshot. Snapshot jobs that wait in the queue together may share
+    /// one snapshot (see [`reader_loop`]).
+    Snapshot(Box<dyn ReadJob>),
+}
+
+impl ReadWork {
+    /// Answers the job with `err` without running it.
+    fn refuse(self, err: StoreError) {
+        match self {
+            ReadWork::Conn(job) => job(Err(err)),
+            ReadWork::Snapshot(job) => job.run(Err(err)),
+        }
+    }
+}
+
+/// The most snapshot jobs one reader runs in one read transaction.
+const MAX_SHARED_SNAPSHOT: usize = 8;
+
 /// A job in a queue, with when it was queued (see [`QueueLimits::wait`]).
 type Queued<J> = (Instant, J);
 
 /// The reader threads behind [`SqliteStore::read`], started on the first async read.
 #[derive(Default)]
 struct ReaderThreads {
-    sender: Option<crossbeam_channel::Sender<Queued<ReadJobFn>>>,
+    sender: Option<crossbeam_channel::Sender<Queued<ReadWork>>>,
     handles: Vec<JoinHandle<()>>,
 }
 
@@ -848,26 +870,28 @@ impl SqliteStore {
     }
 
     fn submit_read(&self, job: ReadJobFn) -> Result<(), StoreError> {
-        self.submit_read_job(job).map_err(|(e, _)| e)
+        self.submit_read_job(ReadWork::Conn(job))
+            .map_err(|(e, _)| e)
     }
 
     /// Sends `job` to the reader threads (started on first use); on failure hands it back
     /// with the reason.
-    fn submit_read_job(&self, job: ReadJobFn) -> Result<(), (StoreError, ReadJobFn)> {
+    fn submit_read_job(&self, job: ReadWork) -> Result<(), (StoreError, ReadWork)> {
         let Ok(mut threads) = self.inner.reader_threads.lock() else {
             return Err((StoreError::Unavailable("reader pool poisoned".into()), job));
         };
         if threads.sender.is_none() {
             let limits = self.inner.limits;
             let (sender, receiver) =
-                crossbeam_channel::bounded::<Queued<ReadJobFn>>(limits.depth.max(1));
-            for i in 0..self.inner.max_readers {
+                crossbeam_channel::bounded::<Queued<ReadWork>>(limits.depth.max(1));
+            let readers = self.inner.max_readers;
+            for i in 0..readers {
                 let receiver = receiver.clone();
                 let path = self.inner.path.clone();
                 let mode = self.inner.read_only;
                 let spawned = std::thread::Builder::new()
                     .name(format!("toolledger-sqlite-reader-{i}"))
-                    .spawn(move || reader_loop(&path, mode, receiver, limits));
+                    .spawn(move || reader_loop(&path, mode, receiver, limits, readers));
                 match spawned {
                     Ok(handle) => threads.handles.push(handle),
                     Err(_) => {
@@ -1006,38 +1030,124 @@ fn connect_reader(path: &Path, mode: Option<ReadMode>) -> Result<Connection, Sto
     Ok(conn)
 }
 
+/// A reader thread: takes one job at a time from the readers' queue. A snapshot job takes
+/// along the snapshot jobs queued behind it — its share of the queue (the queue's length over
+/// the number of readers), at most [`MAX_SHARED_SNAPSHOT`] in all — and they run one after
+/// the other in one read transaction, which saves each of them the transaction's start and
+/// end (SQLite's read locks). Every one of them was queued before the snapshot begins (at the
+/// first job's first read), so each still sees every write committed before it was queued.
 fn reader_loop(
     path: &Path,
     mode: Option<ReadMode>,
-    receiver: crossbeam_channel::Receiver<Queued<ReadJobFn>>,
+    receiver: crossbeam_channel::Receiver<Queued<ReadWork>>,
     limits: QueueLimits,
+    readers: usize,
 ) {
     let mut conn: Option<Connection> = None;
-    while let Ok((queued_at, job)) = receiver.recv() {
+    // A job taken from the queue while gathering snapshot jobs, to run next.
+    let mut next: Option<Queued<ReadWork>> = None;
+    loop {
+        let (queued_at, work) = match next.take() {
+            Some(queued) => queued,
+            None => match receiver.recv() {
+                Ok(queued) => queued,
+                Err(_) => break,
+            },
+        };
         queue_depth("reader", receiver.len());
         if limits.expired(queued_at, Instant::now()) {
-            job(Err(queue_wait_expired()));
+            work.refuse(queue_wait_expired());
             continue;
         }
+        let ready = match work {
+            ReadWork::Conn(job) => Ready::Conn(job),
+            ReadWork::Snapshot(job) => {
+                let mut jobs = vec![job];
+                let share = receiver.len().div_ceil(readers.max(1));
+                while jobs.len() <= share.min(MAX_SHARED_SNAPSHOT - 1) {
+                    match receiver.try_recv() {
+                        Ok((at, ReadWork::Snapshot(job))) => {
+                            if limits.expired(at, Instant::now()) {
+                                job.run(Err(queue_wait_expired()));
+                            } else {
+                                jobs.push(job);
+                            }
+                        }
+                        Ok(other) => {
+                            next = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                Ready::Snapshots(jobs)
+            }
+        };
         if let Err(e) = read_only::still_readable(path, mode) {
-            job(Err(e));
+            ready.refuse(e);
             continue;
         }
         if conn.is_none() {
             match connect_reader(path, mode) {
                 Ok(c) => conn = Some(c),
                 Err(e) => {
-                    job(Err(e));
+                    ready.refuse(e);
                     continue;
                 }
             }
         }
         let Some(c) = conn.as_ref() else { continue };
-        job(Ok(c));
+        match ready {
+            Ready::Conn(job) => job(Ok(c)),
+            Ready::Snapshots(jobs) => snapshots(c, jobs),
+        }
         if !c.is_autocommit() && c.execute_batch("ROLLBACK").is_err() {
             // A connection stuck in a transaction is replaced.
             conn = None;
         }
+    }
+}
+
+/// What a reader thread runs next: a connection job, or snapshot jobs sharing one snapshot.
+enum Ready {
+    Conn(ReadJobFn),
+    Snapshots(Vec<Box<dyn ReadJob>>),
+}
+
+impl Ready {
+    /// Answers every job with `err` without running it.
+    fn refuse(self, err: StoreError) {
+        match self {
+            Ready::Conn(job) => job(Err(err)),
+            Ready::Snapshots(jobs) => {
+                for job in jobs {
+                    job.run(Err(err.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// Runs `jobs` one after the other in one read transaction (`BEGIN` … `COMMIT`) on `conn`;
+/// should a job's failure end the transaction, the next job begins another.
+fn snapshots(conn: &Connection, jobs: Vec<Box<dyn ReadJob>>) {
+    // Cached statements: a replay is a handful of statements, and parsing `BEGIN`/`COMMIT`
+    // again on every call was a measurable share of it.
+    let run = |sql: &str| conn.prepare_cached(sql).and_then(|mut s| s.execute([]));
+    for job in jobs {
+        if conn.is_autocommit() {
+            if let Err(e) = run("BEGIN") {
+                job.run(Err(map_err(e)));
+                continue;
+            }
+        }
+        job.run(Ok(&mut SqliteEffectTx::new(conn)));
+    }
+    if !conn.is_autocommit() {
+        let _ = run("COMMIT");
+    }
+    if !conn.is_autocommit() {
+        let _ = run("ROLLBACK");
     }
 }
 
@@ -1454,6 +1564,95 @@ mod tests {
         assert_eq!(mode, "wal");
         assert_eq!(sync, 2, "synchronous=FULL");
         assert_eq!(fk, 1);
+    }
+
+    /// A read job for the driver's queue that runs `f` in its snapshot.
+    struct TestRead<F>(F);
+
+    impl<F: FnOnce(&mut dyn EffectTx) + Send> ReadJob for TestRead<F> {
+        fn run(self: Box<Self>, tx: Result<&mut dyn EffectTx, StoreError>) {
+            (self.0)(tx.expect("a snapshot"));
+        }
+    }
+
+    fn count_rows(tx: &mut dyn EffectTx) -> i64 {
+        use toolledger_core::effect::RowExt;
+        tx.query("SELECT count(*) FROM t", &[]).unwrap()[0]
+            .int(0)
+            .unwrap()
+    }
+
+    #[test]
+    fn snapshot_jobs_queued_together_share_one_snapshot_and_later_ones_see_later_commits() {
+        use std::sync::mpsc;
+        let (_d, path) = temp();
+        let mut opts = OpenOptions::new("shared");
+        opts.readers = 1;
+        let store = SqliteStore::open(&path, opts).unwrap();
+        let create = |c: &Connection| {
+            c.execute_batch("CREATE TABLE t(x INTEGER); INSERT INTO t VALUES (1);")
+                .map_err(map_err)
+        };
+        store.write_conn_blocking(create).unwrap();
+        let insert = || {
+            store
+                .write_blocking(|tx: &mut dyn EffectTx| {
+                    tx.execute("INSERT INTO t VALUES (2)", &[]).map(|_| ())
+                })
+                .unwrap()
+        };
+
+        // The one reader is held by a connection job while three snapshot jobs queue.
+        let (hold, held) = mpsc::channel::<()>();
+        let (release, released) = mpsc::channel::<()>();
+        store
+            .submit_read(Box::new(move |_| {
+                hold.send(()).unwrap();
+                released.recv().unwrap();
+            }))
+            .unwrap();
+        held.recv().unwrap();
+        let (seen, counts) = mpsc::channel::<(char, i64)>();
+        let (first_read, read_once) = mpsc::channel::<()>();
+        let (written, write_done) = mpsc::channel::<()>();
+        let first = seen.clone();
+        Driver::submit_read(
+            &store,
+            Box::new(TestRead(move |tx: &mut dyn EffectTx| {
+                first.send(('a', count_rows(tx))).unwrap();
+                first_read.send(()).unwrap();
+                write_done.recv().unwrap();
+            })),
+        );
+        for name in ['b', 'c'] {
+            let seen = seen.clone();
+            Driver::submit_read(
+                &store,
+                Box::new(TestRead(move |tx: &mut dyn EffectTx| {
+                    seen.send((name, count_rows(tx))).unwrap();
+                })),
+            );
+        }
+        release.send(()).unwrap();
+        // The first snapshot job has read; a write commits before the others run.
+        read_once.recv().unwrap();
+        insert();
+        written.send(()).unwrap();
+        let got: Vec<(char, i64)> = (0..3).map(|_| counts.recv().unwrap()).collect();
+        assert_eq!(
+            got,
+            [('a', 1), ('b', 1), ('c', 1)],
+            "the jobs queued together read one snapshot, taken after all of them were queued"
+        );
+        // A job queued after the commit sees it.
+        let later = seen.clone();
+        Driver::submit_read(
+            &store,
+            Box::new(TestRead(move |tx: &mut dyn EffectTx| {
+                later.send(('d', count_rows(tx))).unwrap();
+            })),
+        );
+        assert_eq!(counts.recv().unwrap(), ('d', 2));
     }
 
     /// One integer from `sql` on the writer's connection and on a reader's.
