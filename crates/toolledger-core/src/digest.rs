@@ -113,6 +113,12 @@ impl<'a> ObjectWriter<'a> {
         write_canonical(value, self.out)
     }
 
+    /// A member whose value is already canonical JSON text.
+    fn canonical(&mut self, key: &'static str, text: &str) {
+        self.key(key);
+        self.out.push_str(text);
+    }
+
     fn contract(&mut self, key: &'static str, c: &ToolContract) {
         self.key(key);
         let mut inner = ObjectWriter::new(self.out);
@@ -148,14 +154,35 @@ pub fn request_canonical(
     let mut out = String::with_capacity(160);
     let mut w = ObjectWriter::new(&mut out);
     w.value("arguments", arguments)?;
+    request_members(&mut w, tenant, subject, contract);
+    w.finish();
+    Ok(out)
+}
+
+/// The members of [`request_canonical`] after `arguments`.
+fn request_members(w: &mut ObjectWriter<'_>, tenant: &str, subject: &str, contract: &ToolContract) {
     w.str("effect_rev", &contract.effect_rev);
     w.str("input_rev", &contract.input_rev);
     w.str("output_rev", &contract.output_rev);
     w.str("subject", subject);
     w.str("tenant", tenant);
     w.str("tool", &contract.name);
+}
+
+/// [`request_digest`] of arguments given as their canonical text (what
+/// [`json::canonical_string`] made of them), which is not encoded again.
+pub(crate) fn request_digest_of_canonical(
+    tenant: &str,
+    subject: &str,
+    contract: &ToolContract,
+    arguments_text: &str,
+) -> String {
+    let mut out = String::with_capacity(160 + arguments_text.len());
+    let mut w = ObjectWriter::new(&mut out);
+    w.canonical("arguments", arguments_text);
+    request_members(&mut w, tenant, subject, contract);
     w.finish();
-    Ok(out)
+    sha256_hex(out.as_bytes())
 }
 
 /// The request digest: lowercase hex SHA-256 of [`request_canonical`], i.e. of the canonical

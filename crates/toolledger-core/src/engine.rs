@@ -779,7 +779,12 @@ impl Prepared {
         }
         let arguments_text = crate::json::canonical_string(&call.arguments)
             .map_err(|e| Error::invalid(format!("arguments: {}", e.message)))?;
-        let request_digest = request_digest(&call.principal, &call.contract, &call.arguments)?;
+        let request_digest = crate::digest::request_digest_of_canonical(
+            &call.principal.tenant,
+            &call.principal.subject,
+            &call.contract,
+            &arguments_text,
+        );
         Ok(Prepared {
             principal: call.principal,
             contract: call.contract,
@@ -792,16 +797,6 @@ impl Prepared {
             shared_key_namespace: call.shared_key_namespace,
         })
     }
-}
-
-/// The request digest (see [`crate::digest::request_digest`]).
-fn request_digest(
-    principal: &Principal,
-    contract: &ToolContract,
-    arguments: &Value,
-) -> Result<String, Error> {
-    crate::digest::request_digest(&principal.tenant, &principal.subject, contract, arguments)
-        .map_err(|e| Error::invalid(format!("arguments: {}", e.message)))
 }
 
 fn encode_result(result: &Value) -> Result<(String, String), Error> {
@@ -820,7 +815,7 @@ fn contract_error(what: &str) -> Error {
 mod batch;
 
 /// The inline view of a decoded ledger row.
-fn record(row: &[SqlValue]) -> Result<OperationRecord, Error> {
+fn record(row: &mut [SqlValue]) -> Result<OperationRecord, Error> {
     let r = ledger::decode(row)?;
     Ok(OperationRecord {
         id: r.id,
@@ -852,8 +847,8 @@ fn load_records(
 ) -> Result<Vec<OperationRecord>, Error> {
     let params: Vec<SqlValue> = args.iter().map(|a| SqlValue::from(a.as_str())).collect();
     tx.query(sql, &params)?
-        .iter()
-        .map(|row| record(row))
+        .into_iter()
+        .map(|mut row| record(&mut row))
         .collect()
 }
 
@@ -1018,29 +1013,54 @@ fn insert_applied(
 mod tests {
     use super::*;
 
+    /// The request digest of a prepared call, for `arguments` under `contract`.
+    fn prepared_digest(key: &str, contract: &ToolContract, arguments: Value) -> String {
+        let call = InlineCall {
+            principal: Principal {
+                tenant: "t".into(),
+                subject: "s".into(),
+                roles: Default::default(),
+                scopes: Default::default(),
+            },
+            contract: contract.clone(),
+            key: key.into(),
+            arguments,
+            fingerprint: None,
+            authority_deadline: None,
+            retention_deadline: None,
+            shared_key_namespace: false,
+        };
+        Prepared::new(call).unwrap().request_digest
+    }
+
     #[test]
     fn request_digest_excludes_the_key_and_binds_the_intent() {
-        let p = Principal {
-            tenant: "t".into(),
-            subject: "s".into(),
-            roles: Default::default(),
-            scopes: Default::default(),
-        };
         let c = ToolContract::uniform("tool", "1");
-        let a = request_digest(&p, &c, &serde_json::json!({"x": 1})).unwrap();
+        let a = prepared_digest("k1", &c, serde_json::json!({"x": 1}));
         assert_eq!(a.len(), 64);
-        assert_eq!(
-            a,
-            request_digest(&p, &c, &serde_json::json!({"x": 1})).unwrap()
-        );
-        assert_ne!(
-            a,
-            request_digest(&p, &c, &serde_json::json!({"x": 2})).unwrap()
-        );
+        assert_eq!(a, prepared_digest("k2", &c, serde_json::json!({"x": 1})));
+        assert_ne!(a, prepared_digest("k1", &c, serde_json::json!({"x": 2})));
         let c2 = ToolContract::uniform("tool", "2");
-        assert_ne!(
-            a,
-            request_digest(&p, &c2, &serde_json::json!({"x": 1})).unwrap()
-        );
+        assert_ne!(a, prepared_digest("k1", &c2, serde_json::json!({"x": 1})));
+    }
+
+    #[test]
+    fn a_prepared_call_has_the_request_digest_of_its_arguments() {
+        let c = ToolContract::uniform("refund", "3");
+        for arguments in [
+            serde_json::json!({}),
+            serde_json::json!({"amount": 12.5, "currency": "EUR", "z": [1, {"b": null, "a": true}]}),
+            serde_json::json!({"note": "caf\u{e9} \u{1f600} \"quoted\"", "n": -0.0, "big": 1e21}),
+            serde_json::json!([1, 2.25, "x"]),
+            serde_json::json!(null),
+        ] {
+            let expected =
+                crate::digest::request_digest("t", "s", &c, &arguments).expect("canonical");
+            assert_eq!(
+                prepared_digest("k", &c, arguments.clone()),
+                expected,
+                "{arguments}"
+            );
+        }
     }
 }

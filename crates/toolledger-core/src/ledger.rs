@@ -104,16 +104,32 @@ pub(crate) fn column<T>(read: Result<T, Error>) -> Result<T, StoreError> {
     read.map_err(|_| contract("a column has an unexpected type"))
 }
 
+/// The text in column `i`, moved out of `row` (which keeps an empty text there).
+fn take_text(row: &mut [SqlValue], i: usize) -> Result<String, StoreError> {
+    match row.get_mut(i) {
+        Some(SqlValue::Text(text)) => Ok(std::mem::take(text)),
+        _ => Err(contract("a column has an unexpected type")),
+    }
+}
+
+/// The text in column `i` or `None` for `NULL`, moved out of `row`.
+fn take_opt_text(row: &mut [SqlValue], i: usize) -> Result<Option<String>, StoreError> {
+    match row.get(i) {
+        Some(SqlValue::Null) => Ok(None),
+        _ => take_text(row, i).map(Some),
+    }
+}
+
 /// Decodes the first [`OPERATION_COLUMNS`] columns of `row` (selected with
 /// [`crate::operation_columns!`]) and checks them against the storage contract. A tombstone
 /// (`compacted_at` set) decodes with JSON `null` arguments and no result.
-pub(crate) fn decode(row: &[SqlValue]) -> Result<LedgerRow, StoreError> {
-    let state = OperationState::parse(&column(row.text(15))?)
+pub(crate) fn decode(row: &mut [SqlValue]) -> Result<LedgerRow, StoreError> {
+    let state = OperationState::parse(&take_text(row, 15)?)
         .ok_or_else(|| contract("unknown operation state"))?;
-    let arguments_text = column(row.text(12))?;
+    let arguments_text = take_text(row, 12)?;
     let arguments = parse_stored(&arguments_text)?;
-    let result_text = column(row.opt_text(16))?;
-    let result_digest = column(row.opt_text(17))?;
+    let result_text = take_opt_text(row, 16)?;
+    let result_digest = take_opt_text(row, 17)?;
     let compacted_at = column(row.opt_int(23))?;
     if compacted_at.is_some() {
         let removed = Some(TOMBSTONE_JSON);
@@ -136,33 +152,33 @@ pub(crate) fn decode(row: &[SqlValue]) -> Result<LedgerRow, StoreError> {
         (None, None) => None,
         _ => return Err(contract("result and result digest disagree")),
     };
-    let request_digest = column(row.text(5))?;
+    let request_digest = take_text(row, 5)?;
     if !is_hex64(&request_digest) {
         return Err(contract("malformed request digest"));
     }
-    let tool = column(row.text(3))?;
+    let tool = take_text(row, 3)?;
     Ok(LedgerRow {
         id: column(row.int(0))?,
         contract: ToolContract {
             name: tool.clone(),
-            input_rev: column(row.text(6))?,
-            output_rev: column(row.text(7))?,
-            effect_rev: column(row.text(8))?,
-            handler_rev: column(row.text(9))?,
-            producer_rev: column(row.text(10))?,
-            policy_rev: column(row.text(11))?,
+            input_rev: take_text(row, 6)?,
+            output_rev: take_text(row, 7)?,
+            effect_rev: take_text(row, 8)?,
+            handler_rev: take_text(row, 9)?,
+            producer_rev: take_text(row, 10)?,
+            policy_rev: take_text(row, 11)?,
         },
-        tenant: column(row.text(1))?,
-        subject: column(row.text(2))?,
+        tenant: take_text(row, 1)?,
+        subject: take_text(row, 2)?,
         tool,
-        key: column(row.text(4))?,
+        key: take_text(row, 4)?,
         request_digest,
-        fingerprint: column(row.opt_text(13))?,
-        effect_kind: column(row.text(EFFECT_KIND_COLUMN))?,
+        fingerprint: take_opt_text(row, 13)?,
+        effect_kind: take_text(row, EFFECT_KIND_COLUMN)?,
         state,
         result,
         result_digest,
-        status_ref: column(row.text(18))?,
+        status_ref: take_text(row, 18)?,
         authority_deadline: column(row.opt_int(19))?,
         retention_deadline: column(row.opt_int(20))?,
         created_at: column(row.int(21))?,
@@ -728,7 +744,7 @@ fn decode_all(
     let rows = tx
         .query(sql, params)
         .map_err(|e| crate::outbox::store_error(tx, e))?;
-    rows.iter().map(|r| decode(r)).collect()
+    rows.into_iter().map(|mut r| decode(&mut r)).collect()
 }
 
 #[cfg(test)]

@@ -420,8 +420,8 @@ impl Batcher {
                 return Err(key_taken());
             }
         }
-        if let Some(row) = own {
-            let outcome = judge(etx, p, effect, record(&row)?, now)?;
+        if let Some(mut row) = own {
+            let outcome = judge(etx, p, effect, record(&mut row)?, now)?;
             return Ok(CallEnd::Done(Ok(Written::Replayed(outcome))));
         }
         let (result, encoded) = run_fresh(etx, p, effect, self.fault.as_ref(), now)?;

@@ -75,7 +75,7 @@ const SELECT_DEFERRED: &str = concat!(
 );
 
 /// The deferred view of a ledger row and its intent context; `None` for an inline row.
-fn decode(row: &[SqlValue]) -> Result<Option<DeferredRecord>, StoreError> {
+fn decode(row: &mut [SqlValue]) -> Result<Option<DeferredRecord>, StoreError> {
     use crate::ledger::{column, contract, EFFECT_KIND_COLUMN, OPERATION_COLUMNS as I};
     if column(row.text(EFFECT_KIND_COLUMN))? != "deferred" {
         return Ok(None);
@@ -180,10 +180,10 @@ pub(super) fn load_where(
 ) -> Result<Loaded, RuntimeError> {
     let sql = format!("{SELECT_DEFERRED} WHERE {clause}");
     let row = tx.query_opt(&sql, args).map_err(|e| stored(tx, e))?;
-    let Some(row) = row else {
+    let Some(mut row) = row else {
         return Ok(Loaded::Absent);
     };
-    match decode(&row)? {
+    match decode(&mut row)? {
         None => Ok(Loaded::NotDeferred),
         Some(r) => Ok(Loaded::Deferred(Box::new(r))),
     }
