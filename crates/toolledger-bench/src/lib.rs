@@ -267,7 +267,8 @@ pub struct BenchArgs {
     /// --soak-periods` seconds.
     #[arg(long, default_value_t = 10)]
     pub soak_periods: usize,
-    /// `retention-soak`: real seconds between two passes of the pruner.
+    /// `retention-soak`: real seconds from the start of one pass of the pruner to the start of
+    /// the next (as `--prune-interval`).
     #[arg(long, default_value_t = 1.0)]
     pub soak_prune_interval: f64,
     /// `retention-soak`: samples of the ledger's size during a run (besides the one before

@@ -413,8 +413,8 @@ async fn run_once(target: &Target, shape: Shape, pruner: bool) -> Result<SoakRep
     })
 }
 
-/// [`prune`] every `every` until `stop`, as the background pruner does, timing each pass (a
-/// pass in flight is finished).
+/// [`prune`] on the pass schedule of `every` until `stop`, as the background pruner does,
+/// timing each pass (a pass in flight is finished).
 async fn prune_every(
     store: Store,
     clock: SharedClock,
@@ -423,11 +423,12 @@ async fn prune_every(
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) -> Tally {
     let mut tally = Tally::default();
+    let mut ticks = toolledger::prune::pass_schedule(every);
     loop {
         tokio::select! {
             biased;
             _ = &mut stop => return tally,
-            _ = tokio::time::sleep(every) => {}
+            _ = ticks.tick() => {}
         }
         let t0 = Instant::now();
         let res = prune(&store, &clock, &opts).await;

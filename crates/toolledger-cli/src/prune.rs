@@ -41,10 +41,11 @@ pub fn parse_ttl(text: &str) -> Result<TombstoneTtl, String> {
 /// The background pruner of a long-running command (`serve`, `proxy`, `worker`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct PruneFlags {
-    /// Seconds between two passes of the background pruner, which compacts settled operations
-    /// past their retention deadline to tombstones and deletes tombstones past the horizon
-    /// (the first pass runs one interval after start; 0 turns it off). One pruner works at a
-    /// time per ledger; the others' passes end at once.
+    /// Seconds from the start of one pass of the background pruner to the start of the next;
+    /// it compacts settled operations past their retention deadline to tombstones and deletes
+    /// tombstones past the horizon (the first pass runs one interval after start, a pass that
+    /// runs longer than the interval is followed at once by the next; 0 turns it off). One
+    /// pruner works at a time per ledger; the others' passes end at once.
     #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_INTERVAL_SECS)]
     pub prune_interval: u64,
     /// How long a tombstone keeps its key after the retention deadline: seconds, or with a

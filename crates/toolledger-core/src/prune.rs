@@ -432,9 +432,20 @@ impl BackgroundWork for Beside {
 /// `proxy` and `worker`'s `--prune-interval`; 0 turns the background pruner off).
 pub const DEFAULT_INTERVAL_SECS: u64 = 300;
 
-/// Runs [`prune`] every `every` (the first pass one interval after the start) until
-/// `shutdown` completes: the background pruner of `serve`, `proxy` and `worker`. Each pass
-/// works until nothing is left to do, in batches of [`PruneOptions::batch`] rows, each its
+/// When the background pruner's passes begin: every `every`, the first one interval from now.
+/// A pass that runs longer than the interval is followed at once by the next (the ticks it
+/// missed are not made up), so a pruner that falls behind works without a pause until it has
+/// caught up, and one that keeps up starts a pass every interval.
+pub fn pass_schedule(every: std::time::Duration) -> tokio::time::Interval {
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks
+}
+
+/// Runs [`prune`] on the [`pass_schedule`] of `every` (a pass begins every `every`, the first
+/// one interval after the start; one that ran longer is followed at once) until `shutdown`
+/// completes: the background pruner of `serve`, `proxy` and `worker`. Each pass works until
+/// the rows due at its start are done, in batches of [`PruneOptions::batch`] rows, each its
 /// own write transaction. A pass that fails is logged (target
 /// `toolledger::prune`, warn) and the next one runs on time; a pass that finds another pruner
 /// working ends early (`busy`) and is not an error. Each pass records
@@ -448,11 +459,12 @@ pub async fn run_every<F: std::future::Future>(
     shutdown: F,
 ) -> F::Output {
     tokio::pin!(shutdown);
+    let mut ticks = pass_schedule(every);
     loop {
         tokio::select! {
             biased;
             stopped = &mut shutdown => return stopped,
-            _ = tokio::time::sleep(every) => {}
+            _ = ticks.tick() => {}
         }
         tokio::select! {
             biased;
@@ -721,6 +733,31 @@ pub fn row_counts(tx: &mut dyn EffectTx) -> Result<RowCounts, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The seconds (from the start) at which passes lasting `passes` seconds each begin on the
+    /// schedule of `every` seconds.
+    async fn pass_starts(every: u64, passes: &[u64]) -> Vec<u64> {
+        let t0 = tokio::time::Instant::now();
+        let mut ticks = pass_schedule(std::time::Duration::from_secs(every));
+        let mut starts = Vec::new();
+        for pass in passes {
+            ticks.tick().await;
+            starts.push(t0.elapsed().as_secs());
+            tokio::time::sleep(std::time::Duration::from_secs(*pass)).await;
+        }
+        starts
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn passes_begin_every_interval_and_one_that_ran_longer_is_followed_at_once() {
+        // Short passes: one begins every interval, not an interval after the last one ended.
+        assert_eq!(pass_starts(10, &[2, 2, 2, 2]).await, [10, 20, 30, 40]);
+        // Passes longer than the interval: back to back.
+        assert_eq!(pass_starts(10, &[15, 15, 15, 15]).await, [10, 25, 40, 55]);
+        // After a long pass the next begins at once, and the ones it missed are not made up:
+        // the schedule goes on an interval after that.
+        assert_eq!(pass_starts(10, &[35, 1, 1, 1]).await, [10, 45, 55, 65]);
+    }
 
     #[test]
     fn a_step_along_callers_prunes_two_rows_per_caller_at_least_the_floor_and_at_most_a_batch() {
