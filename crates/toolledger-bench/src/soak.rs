@@ -164,7 +164,7 @@ pub struct SoakReport {
     pub retention_seconds: i64,
     /// The tombstone horizon, in simulated seconds after the retention deadline.
     pub tombstone_ttl_seconds: i64,
-    /// Real time between two prune passes (ms).
+    /// Real time from the start of one prune pass to the start of the next (ms).
     pub prune_interval_ms: u64,
     /// Calls offered per second (absent: as fast as the callers go).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -189,6 +189,11 @@ pub struct SoakReport {
     pub replay_p50_us: u64,
     /// 99th-percentile latency of a replay (µs).
     pub replay_p99_us: u64,
+    /// PostgreSQL only: write-ahead log the server inserted from the first call to the end of
+    /// the run (the advance of `pg_current_wal_insert_lsn()`: the whole server's log, so
+    /// another database's writes meanwhile count too), in bytes per call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wal_bytes_per_call: Option<f64>,
     /// `fresh_p99_us` over the pruner-off run's (on the pruner-on line).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fresh_p99_vs_off: Option<f64>,
@@ -277,6 +282,7 @@ async fn run_once(target: &Target, shape: Shape, pruner: bool) -> Result<SoakRep
     let engine = Engine::new(store.clone(), clock.clone());
     let period = shape.period();
     let first = sample(&store, file.clone(), 0, Instant::now()).await?;
+    let wal_before = wal_bytes(&store, backend).await;
 
     let (stop_pruner, stopped) = tokio::sync::oneshot::channel::<()>();
     let pruning = pruner.then(|| {
@@ -338,6 +344,12 @@ async fn run_once(target: &Target, shape: Shape, pruner: bool) -> Result<SoakRep
     let mut samples = vec![first];
     samples.extend(sampling.await.map_err(|_| "BENCH_FAILED")??);
     samples.push(sample(&store, file.clone(), shape.ops, t0).await?);
+    let wal_bytes_per_call = match (wal_before, wal_bytes(&store, backend).await) {
+        (Some(before), Some(after)) => {
+            Some(((after - before) as f64 / shape.ops.max(1) as f64).round())
+        }
+        _ => None,
+    };
     drop(store);
     if let Some(schema) = schema {
         tokio::task::spawn_blocking(move || schema.drop_schema())
@@ -386,6 +398,7 @@ async fn run_once(target: &Target, shape: Shape, pruner: bool) -> Result<SoakRep
         replay_failed: replay.failed,
         replay_p50_us: replay.p50_us,
         replay_p99_us: replay.p99_us,
+        wal_bytes_per_call,
         fresh_p99_vs_off: None,
         replay_p99_vs_off: None,
         prune_passes: tally.passes,
@@ -411,6 +424,28 @@ async fn run_once(target: &Target, shape: Shape, pruner: bool) -> Result<SoakRep
         synchronous,
         samples,
     })
+}
+
+/// The PostgreSQL server's write-ahead log insert position, in bytes; `None` on SQLite, or
+/// when the server does not say.
+async fn wal_bytes(store: &Store, backend: &str) -> Option<i64> {
+    if backend != "postgres" {
+        return None;
+    }
+    store
+        .read(|tx: &mut dyn EffectTx| -> Result<Option<i64>, Error> {
+            Ok(tx
+                .query_opt(
+                    "SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint",
+                    &[],
+                )
+                .ok()
+                .flatten()
+                .and_then(|row| row.int(0).ok()))
+        })
+        .await
+        .ok()
+        .flatten()
 }
 
 /// [`prune`] on the pass schedule of `every` until `stop`, as the background pruner does,

@@ -155,6 +155,12 @@ pub fn check_soak_lines(lines: &[Value], backend: &str, ops: u64) {
         let rows = last["live"].as_u64().unwrap() + last["tombstones"].as_u64().unwrap();
         assert_eq!(rows + v["deleted"].as_u64().unwrap(), fresh, "{v}");
         assert!(v["growth_second_half"].as_f64().is_some(), "{v}");
+        // The server's log written per call: PostgreSQL's line says it, SQLite's has no such
+        // figure.
+        match backend {
+            "postgres" => assert!(v["wal_bytes_per_call"].as_f64().unwrap() > 0.0, "{v}"),
+            _ => assert!(v.get("wal_bytes_per_call").is_none(), "{v}"),
+        }
         assert!(v["prune_rows_per_sec"].as_f64().is_some(), "{v}");
     }
     assert_eq!(lines[0]["prune_passes"], 0);
