@@ -1059,8 +1059,9 @@ fn reader_loop(
             work.refuse(queue_wait_expired());
             continue;
         }
-        let ready = match work {
-            ReadWork::Conn(job) => Ready::Conn(job),
+        let conn_now = reader_connection(&mut conn, path, mode);
+        match work {
+            ReadWork::Conn(job) => job(conn_now),
             ReadWork::Snapshot(job) => {
                 let mut jobs = vec![job];
                 let share = receiver.len().div_ceil(readers.max(1));
@@ -1080,27 +1081,17 @@ fn reader_loop(
                         Err(_) => break,
                     }
                 }
-                Ready::Snapshots(jobs)
-            }
-        };
-        if let Err(e) = read_only::still_readable(path, mode) {
-            ready.refuse(e);
-            continue;
-        }
-        if conn.is_none() {
-            match connect_reader(path, mode) {
-                Ok(c) => conn = Some(c),
-                Err(e) => {
-                    ready.refuse(e);
-                    continue;
+                match conn_now {
+                    Ok(c) => snapshots(c, jobs),
+                    Err(e) => {
+                        for job in jobs {
+                            job.run(Err(e.clone()));
+                        }
+                    }
                 }
             }
         }
         let Some(c) = conn.as_ref() else { continue };
-        match ready {
-            Ready::Conn(job) => job(Ok(c)),
-            Ready::Snapshots(jobs) => snapshots(c, jobs),
-        }
         if !c.is_autocommit() && c.execute_batch("ROLLBACK").is_err() {
             // A connection stuck in a transaction is replaced.
             conn = None;
@@ -1108,28 +1099,24 @@ fn reader_loop(
     }
 }
 
-/// What a reader thread runs next: a connection job, or snapshot jobs sharing one snapshot.
-enum Ready {
-    Conn(ReadJobFn),
-    Snapshots(Vec<Box<dyn ReadJob>>),
-}
-
-impl Ready {
-    /// Answers every job with `err` without running it.
-    fn refuse(self, err: StoreError) {
-        match self {
-            Ready::Conn(job) => job(Err(err)),
-            Ready::Snapshots(jobs) => {
-                for job in jobs {
-                    job.run(Err(err.clone()));
-                }
-            }
-        }
+/// The reader thread's connection, opened on first use: an error when the ledger can no longer
+/// be read as it was opened, or the connection cannot be opened.
+fn reader_connection<'c>(
+    conn: &'c mut Option<Connection>,
+    path: &Path,
+    mode: Option<ReadMode>,
+) -> Result<&'c Connection, StoreError> {
+    read_only::still_readable(path, mode)?;
+    if conn.is_none() {
+        *conn = Some(connect_reader(path, mode)?);
     }
+    conn.as_ref()
+        .ok_or_else(|| StoreError::Unavailable("no reader connection".into()))
 }
 
 /// Runs `jobs` one after the other in one read transaction (`BEGIN` … `COMMIT`) on `conn`;
-/// should a job's failure end the transaction, the next job begins another.
+/// should a job's failure end the transaction, the next job begins another. A transaction
+/// left open is rolled back by the reader loop.
 fn snapshots(conn: &Connection, jobs: Vec<Box<dyn ReadJob>>) {
     // Cached statements: a replay is a handful of statements, and parsing `BEGIN`/`COMMIT`
     // again on every call was a measurable share of it.
@@ -1145,9 +1132,6 @@ fn snapshots(conn: &Connection, jobs: Vec<Box<dyn ReadJob>>) {
     }
     if !conn.is_autocommit() {
         let _ = run("COMMIT");
-    }
-    if !conn.is_autocommit() {
-        let _ = run("ROLLBACK");
     }
 }
 
