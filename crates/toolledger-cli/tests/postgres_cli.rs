@@ -10,7 +10,7 @@ use std::process::Command;
 
 use serde_json::Value;
 use support::bin;
-use toolledger::effect::EffectTx;
+use toolledger::effect::{EffectTx, RowExt};
 use toolledger_testkit::conformance::{test_database_url, Harness};
 
 struct Out {
@@ -41,79 +41,75 @@ fn fixture() -> String {
         .to_string()
 }
 
+/// A PostgreSQL schema of its own (`Harness`), its store and URL, and the refund fixture
+/// with the path of its downstream's file.
+struct Refunds {
+    store: toolledger::store::Store,
+    url: String,
+    ds: String,
+    f: String,
+    _dir: tempfile::TempDir,
+    _h: Harness,
+}
+
+impl Refunds {
+    /// `toolledger ARGS --fixture F --downstream-db DS` on this schema.
+    fn refund(&self, args: &[&str]) -> Out {
+        let mut all = args.to_vec();
+        all.extend(["--fixture", &self.f, "--downstream-db", &self.ds]);
+        run(&self.url, &all)
+    }
+}
+
+/// [`Refunds`], or `None` (the test skipped, loudly) without a test database.
+fn refunds() -> Option<Refunds> {
+    let h = Harness::postgres()?;
+    let dir = tempfile::tempdir().unwrap();
+    Some(Refunds {
+        store: h.open(),
+        url: h.database_url().unwrap(),
+        ds: dir.path().join("payments.sqlite").display().to_string(),
+        f: fixture(),
+        _dir: dir,
+        _h: h,
+    })
+}
+
 #[test]
 fn migrate_principal_and_the_runtime_path_on_postgres() {
-    let Some(h) = Harness::postgres() else { return };
-    let store = h.open();
-    let url = h.database_url().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let ds = dir.path().join("payments.sqlite").display().to_string();
-    let f = fixture();
+    let Some(r) = refunds() else { return };
 
-    let m = run(&url, &["migrate"]);
+    let m = run(&r.url, &["migrate"]);
     assert_eq!(m.code, 0, "{}", m.stderr);
     assert_eq!(m.json["backend_id"], "conformance");
     let p = run(
-        &url,
+        &r.url,
         &["principal", "add", "carol", "--tenant", "t9", "--token"],
     );
     assert_eq!(p.code, 0, "{}", p.stderr);
-    let listed = run(&url, &["principal", "list"]);
+    let listed = run(&r.url, &["principal", "list"]);
     assert_eq!(listed.json["principals"][0]["name"], "carol");
     assert_eq!(listed.json["principals"][0]["tokens"], 1);
 
-    let a = run(
-        &url,
-        &[
-            "approve",
-            "--fixture",
-            &f,
-            "--approver",
-            "bob",
-            "--downstream-db",
-            &ds,
-        ],
-    );
+    let a = r.refund(&["approve", "--approver", "bob"]);
     assert_eq!(a.code, 0, "{}", a.stderr);
-    let crash = run(
-        &url,
-        &[
-            "dispatch",
-            "--fixture",
-            &f,
-            "--failure",
-            "after_downstream_commit",
-            "--downstream-db",
-            &ds,
-        ],
-    );
+    let crash = r.refund(&["dispatch", "--failure", "after_downstream_commit"]);
     assert_eq!(crash.code, 1);
     assert_eq!(crash.json["code"], "OUTCOME_UNKNOWN");
     let status_ref = crash.json["status_ref"].as_str().unwrap().to_string();
-    let again = run(&url, &["dispatch", "--fixture", &f, "--downstream-db", &ds]);
+    let again = r.refund(&["dispatch"]);
     assert_eq!(again.json["status_ref"], status_ref.as_str());
     assert_eq!(
         again.json["code"], "OUTCOME_UNKNOWN",
         "dispatch only observes"
     );
-    let st = run(
-        &url,
-        &[
-            "status",
-            "--fixture",
-            &f,
-            "--status-ref",
-            &status_ref,
-            "--downstream-db",
-            &ds,
-        ],
-    );
+    let st = r.refund(&["status", "--status-ref", &status_ref]);
     assert_eq!(st.code, 0, "{}", st.stderr);
     assert_eq!(st.json["delivery"], "receipt_reconciled");
-    let replay = run(&url, &["dispatch", "--fixture", &f, "--downstream-db", &ds]);
+    let replay = r.refund(&["dispatch"]);
     assert_eq!(replay.code, 0);
     assert_eq!(replay.json["delivery"], "local_replay");
-    let audit = run(&url, &["audit", "--downstream-db", &ds]);
+    let audit = run(&r.url, &["audit", "--downstream-db", &r.ds]);
     assert_eq!(audit.code, 0, "{}", audit.json);
     assert_eq!(audit.json["gate"], "PASS");
     assert_eq!(audit.json["backend"], "postgres");
@@ -122,9 +118,12 @@ fn migrate_principal_and_the_runtime_path_on_postgres() {
 
     // A violated semantic rule blocks the audit, by opaque reference only.
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(store.write(|tx: &mut dyn EffectTx| tx.execute("DELETE FROM local_receipts", &[])))
-        .unwrap();
-    let audit = run(&url, &["audit", "--downstream-db", &ds]);
+    rt.block_on(
+        r.store
+            .write(|tx: &mut dyn EffectTx| tx.execute("DELETE FROM local_receipts", &[])),
+    )
+    .unwrap();
+    let audit = run(&r.url, &["audit", "--downstream-db", &r.ds]);
     assert_eq!(audit.code, 1);
     assert_eq!(
         audit.json["violations"][0]["rule"],
@@ -133,19 +132,94 @@ fn migrate_principal_and_the_runtime_path_on_postgres() {
     assert_eq!(audit.json["violations"][0]["refs"][0], status_ref.as_str());
 
     // A schema newer than this program is refused with a stable, path-free code.
-    rt.block_on(store.write(|tx: &mut dyn EffectTx| {
+    rt.block_on(r.store.write(|tx: &mut dyn EffectTx| {
         tx.execute(
             "INSERT INTO schema_migrations(namespace, version) VALUES ('toolledger', 999)",
             &[],
         )
     }))
     .unwrap();
-    let refused = run(&url, &["principal", "list"]);
+    let refused = run(&r.url, &["principal", "list"]);
     assert_eq!(refused.code, 2);
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(refused.stderr.trim()).unwrap()["error"]["code"],
         "SCHEMA_TOO_NEW"
     );
+}
+
+/// One text from `sql` (which yields one row of one column) on `store`.
+fn pg_text(
+    rt: &tokio::runtime::Runtime,
+    store: &toolledger::store::Store,
+    sql: &'static str,
+) -> String {
+    rt.block_on(store.read(
+        move |tx: &mut dyn EffectTx| -> Result<String, toolledger::Error> {
+            tx.query_opt(sql, &[])?.expect("a row").text(0)
+        },
+    ))
+    .unwrap()
+}
+
+#[test]
+fn migrating_a_version_6_ledger_on_postgres_keeps_its_operations_under_one_scope_index() {
+    let Some(r) = refunds() else { return };
+    assert_eq!(r.refund(&["approve", "--approver", "bob"]).code, 0);
+    let first = r.refund(&["dispatch"]);
+    assert_eq!(first.code, 0, "{}", first.stderr);
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let indexes = "SELECT string_agg(indexdef, ' | ' ORDER BY indexname) FROM pg_indexes
+                   WHERE schemaname = current_schema() AND tablename = 'operations'";
+    let rows = "SELECT string_agg(id || ':' || tenant || ':' || subject || ':' || tool || ':' ||
+                    idempotency_key || ':' || state || ':' || status_ref || ':' || result_digest,
+                    ',' ORDER BY id) FROM operations";
+    let migrated = pg_text(&rt, &r.store, indexes);
+    assert!(
+        migrated.contains("UNIQUE INDEX operations_scope_key ON")
+            && migrated.contains("(tool, idempotency_key, tenant, subject)"),
+        "{migrated}"
+    );
+    assert!(!migrated.contains("operations_by_tool_key"), "{migrated}");
+    // Turn the database into a schema-v6 ledger: the scope unique in its old column order and
+    // the `(tool, idempotency_key)` index of its own, version 7 not applied.
+    rt.block_on(r.store.write(|tx: &mut dyn EffectTx| {
+        tx.execute(
+            "ALTER TABLE operations ADD CONSTRAINT operations_tenant_subject_tool_idempotency_key_key
+                 UNIQUE (tenant, subject, tool, idempotency_key)",
+            &[],
+        )?;
+        tx.execute("ALTER TABLE operations DROP CONSTRAINT operations_scope_key", &[])?;
+        tx.execute(
+            "CREATE INDEX operations_by_tool_key ON operations(tool, idempotency_key)",
+            &[],
+        )?;
+        tx.execute(
+            "DELETE FROM schema_migrations WHERE namespace = 'toolledger' AND version = 7",
+            &[],
+        )
+    }))
+    .unwrap();
+    let before = pg_text(&rt, &r.store, rows);
+    assert!(before.contains(":succeeded:"), "{before}");
+    assert!(pg_text(&rt, &r.store, indexes).contains("operations_by_tool_key"));
+    assert_eq!(
+        run(&r.url, &["audit", "--downstream-db", &r.ds]).code,
+        2,
+        "SCHEMA_OUTDATED"
+    );
+
+    let m = run(&r.url, &["migrate"]);
+    assert_eq!(m.code, 0, "{}", m.stderr);
+    assert_eq!(pg_text(&rt, &r.store, indexes), migrated);
+    assert_eq!(pg_text(&rt, &r.store, rows), before);
+    let audit = run(&r.url, &["audit", "--downstream-db", &r.ds]);
+    assert_eq!(audit.json["gate"], "PASS", "{}", audit.json);
+    // The migrated operation replays under its key.
+    let replay = r.refund(&["dispatch"]);
+    assert_eq!(replay.code, 0, "{}", replay.stderr);
+    assert_eq!(replay.json["delivery"], "local_replay");
+    assert_eq!(replay.json["status_ref"], first.json["status_ref"]);
 }
 
 #[test]

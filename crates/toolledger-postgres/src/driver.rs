@@ -7,7 +7,8 @@ use super::*;
 /// `OFFSET 0` keeps the lateral subquery from being pulled up into a plain join: planned
 /// while the table is new and small (and the plan then cached for the connection), that
 /// join became a hash join over a sequential scan of `operations`, whose cost grew with the
-/// table. As written it is always a nested loop over the `(tool, idempotency_key)` index.
+/// table. As written it is always a nested loop over the scope's unique index, which leads
+/// with `(tool, idempotency_key)`.
 const LOOKUP: &str = concat!(
     "SELECT o.* FROM jsonb_to_recordset(?1::text::jsonb) AS q(tool text, k text)
      CROSS JOIN LATERAL (SELECT ",

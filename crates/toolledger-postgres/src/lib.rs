@@ -88,8 +88,10 @@ use toolledger_core::store::{
 
 pub use toolledger_core::store::QueueLimits;
 
-/// The migrations of the library's own tables in PostgreSQL dialect (namespace `toolledger`);
-/// the same versions as `CORE_MIGRATIONS` of the SQLite driver.
+/// The migrations of the library's own tables in PostgreSQL dialect (namespace `toolledger`):
+/// versions 1–6 are those of the SQLite driver's `CORE_MIGRATIONS`; version 7 (the scope's
+/// unique index reordered to serve the `(tool, idempotency_key)` lookups too) is PostgreSQL's
+/// alone.
 pub const CORE_MIGRATIONS: &[Migration] = &[
     Migration {
         namespace: "toolledger",
@@ -120,6 +122,11 @@ pub const CORE_MIGRATIONS: &[Migration] = &[
         namespace: "toolledger",
         version: 6,
         sql: include_str!("sql/pg_0006_receipt_ids.sql"),
+    },
+    Migration {
+        namespace: "toolledger",
+        version: 7,
+        sql: include_str!("sql/pg_0007_scope_index.sql"),
     },
 ];
 
