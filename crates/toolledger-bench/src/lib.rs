@@ -48,7 +48,8 @@
 //! - `retention-soak`: fresh calls and one replay in ten with a short retention on a clock that
 //!   moves one second per call, `--ops` calls crossing `--soak-periods` retention periods
 //!   (the tombstone horizon is one period too), once with the pruner off and once with it
-//!   running every `--soak-prune-interval` seconds, as two lines; each has the ledger's size
+//!   running every `--soak-prune-interval` seconds, as two lines (`--soak-rounds` pairs of
+//!   them, the order alternating); each has the ledger's size
 //!   sampled `--soak-samples` times, what the pruner did and how fast, and fresh and replay
 //!   latency, the pruner-on line also its p99 over the pruner-off line's (see [`soak`]). At
 //!   the highest `--concurrency` given. Only when asked for with `--workload retention-soak`.
@@ -287,6 +288,12 @@ pub struct BenchArgs {
     /// it took (default: the background pruner's; 0: none).
     #[arg(long, default_value_t = toolledger::prune::BACKGROUND_PACE)]
     pub soak_prune_pace: u32,
+    /// `retention-soak`: pairs of runs, pruner off and on, the order alternating (off first,
+    /// then on first, …); each pruner-on line compares with the off line of its pair. Even
+    /// counts put each side first as often: the first run of an invocation tends to have the
+    /// worse tail.
+    #[arg(long, default_value_t = 1)]
+    pub soak_rounds: usize,
 }
 
 /// Refuses the flag combinations a benchmark cannot run with, before anything is opened.
@@ -360,11 +367,13 @@ fn validate(args: &BenchArgs) -> Result<(), Failure> {
         || !positive(args.soak_prune_interval)
         || args.soak_prune_interval > 3600.0
         || !(args.soak_rate >= 0.0 && args.soak_rate.is_finite())
+        || !(1..=20).contains(&args.soak_rounds)
     {
         return refuse(
             "INVALID_ARGUMENTS",
             "--soak-periods must be in [1, --ops], --soak-samples in [1, 1000], \
-             --soak-prune-interval in (0, 3600] and --soak-rate a finite number ≥ 0",
+             --soak-prune-interval in (0, 3600], --soak-rate a finite number ≥ 0 and \
+             --soak-rounds in [1, 20]",
         );
     }
     if args.overload_callers > 100_000 || args.max_in_flight > 1_000_000 {
@@ -528,6 +537,7 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                 rate: (args.soak_rate > 0.0).then_some(args.soak_rate),
                 prune_batch: args.soak_prune_batch.max(1),
                 prune_pace: args.soak_prune_pace,
+                rounds: args.soak_rounds,
             };
             for r in soak::run(target, shape).await? {
                 report::print_line(&r, r.workload);

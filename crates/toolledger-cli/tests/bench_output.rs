@@ -478,6 +478,8 @@ fn bad_options_are_refused_with_a_stable_code() {
         (&["--max-in-flight", "0"][..], "INVALID_ARGUMENTS"),
         (&["--soak-periods", "0"][..], "INVALID_ARGUMENTS"),
         (&["--soak-samples", "0"][..], "INVALID_ARGUMENTS"),
+        (&["--soak-rounds", "0"][..], "INVALID_ARGUMENTS"),
+        (&["--soak-rounds", "21"][..], "INVALID_ARGUMENTS"),
         (&["--soak-prune-interval", "0"][..], "INVALID_ARGUMENTS"),
         (
             &[

@@ -10,7 +10,7 @@
 //! - [`clients`]: the interpreters and programs of other people's MCP clients and servers;
 //! - [`ack`]: the acknowledgement stream of `bench --ack-db/--ack-schema` (crash tests);
 //! - [`SOAK_ARGS`] and [`check_soak_lines`]: a tiny `bench --workload retention-soak` and its
-//!   two lines;
+//!   four lines;
 //! - [`json_lines`]: the JSON lines of a run that succeeded.
 //!
 //! Each test binary compiles all of it and uses a part, hence the `allow`s.
@@ -106,7 +106,8 @@ impl Db {
     }
 }
 
-/// The flags of a tiny `bench --workload retention-soak` of 400 calls (either backend).
+/// The flags of a tiny `bench --workload retention-soak` of 400 calls in two rounds (either
+/// backend).
 pub const SOAK_ARGS: &[&str] = &[
     "--workload",
     "retention-soak",
@@ -120,18 +121,23 @@ pub const SOAK_ARGS: &[&str] = &[
     "4",
     "--soak-prune-interval",
     "0.01",
+    "--soak-rounds",
+    "2",
 ];
 
-/// Checks the two lines of `bench --workload retention-soak` of `ops` calls on `backend`:
-/// pruner off, then on; every call ended as expected; the samples run from the first call to
+/// Checks the four lines of [`SOAK_ARGS`]' `bench --workload retention-soak` of `ops` calls on
+/// `backend`: pruner off then on, then on then off; every call ended as expected; the samples run from the first call to
 /// the last; and every fresh call is a row, a tombstone or a deleted tombstone at the end.
 /// No figure is asserted.
 pub fn check_soak_lines(lines: &[Value], backend: &str, ops: u64) {
-    assert_eq!(lines.len(), 2, "{lines:?}");
-    for (v, pruner) in lines.iter().zip(["off", "on"]) {
+    // Two rounds, the order alternating: off then on, on then off.
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    let order = [("off", 1), ("on", 1), ("on", 2), ("off", 2)];
+    for (v, (pruner, round)) in lines.iter().zip(order) {
         assert_eq!(v["workload"], "retention-soak", "{v}");
         assert_eq!(v["backend"], backend, "{v}");
         assert_eq!(v["pruner"], pruner, "{v}");
+        assert_eq!(v["round"], round, "{v}");
         assert_eq!(v["ops"], ops, "{v}");
         let (fresh, replays) = (
             v["fresh_ops"].as_u64().unwrap(),
@@ -163,13 +169,15 @@ pub fn check_soak_lines(lines: &[Value], backend: &str, ops: u64) {
         }
         assert!(v["prune_rows_per_sec"].as_f64().is_some(), "{v}");
     }
-    assert_eq!(lines[0]["prune_passes"], 0);
-    assert_eq!(lines[0]["compacted"], 0);
-    assert!(
-        lines[1]["fresh_p99_vs_off"].as_f64().is_some(),
-        "{}",
-        lines[1]
-    );
+    for v in lines {
+        if v["pruner"] == "off" {
+            assert_eq!(v["prune_passes"], 0, "{v}");
+            assert_eq!(v["compacted"], 0, "{v}");
+            assert!(v.get("fresh_p99_vs_off").is_none(), "{v}");
+        } else {
+            assert!(v["fresh_p99_vs_off"].as_f64().is_some(), "{v}");
+        }
+    }
 }
 
 /// The JSON lines `out` printed on stdout; panics with its stderr unless it succeeded.
