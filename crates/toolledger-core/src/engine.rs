@@ -46,6 +46,19 @@
 //! on an existing row (conflict, deadlines, state, replay) is written once and run by both the
 //! single-call path and group commit.
 //!
+//! # Replays from memory
+//!
+//! A settled operation (`applied`, `succeeded`, `failed`) does not change until the pruner
+//! compacts it after its retention deadline. Once an engine has read one from the store, it
+//! keeps a copy (bounded by size), and answers later calls of the same scope from the copy:
+//! the same checks in the same order (the effect's access check, conflict, deadlines, the
+//! replay check), without a round trip to the store's threads. The store still answers when
+//! the effect's checks read it (they run against a transaction that answers no statement; one
+//! that tries is answered by the store instead), in a shared key namespace, and once the
+//! retention deadline is within [`KEPT_ROW_MARGIN_SECS`] of the latest time the engine's clock
+//! has shown. A fresh call's own row is never kept: its first retry reads it back and checks
+//! it against the storage contract.
+//!
 //! # Stored JSON
 //!
 //! Arguments and results are stored as canonical JSON (see [`crate::json`]). On every read they are
@@ -255,6 +268,8 @@ pub struct Engine {
     fault: Option<FaultHook>,
     /// Group commit of inline calls, when the driver offers it.
     batcher: Option<Arc<batch::Batcher>>,
+    /// Settled rows recently read, for exact retries.
+    replays: Arc<replays::Replays>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -288,6 +303,7 @@ impl Engine {
             clock,
             fault: None,
             batcher: None,
+            replays: Arc::new(replays::Replays::new()),
         };
         engine.make_batcher();
         engine
@@ -306,6 +322,7 @@ impl Engine {
                 driver,
                 self.clock.clone(),
                 self.fault.clone(),
+                self.replays.clone(),
             )));
         }
     }
@@ -354,6 +371,9 @@ impl Engine {
         prepared: Arc<Prepared>,
         effect: Arc<dyn InlineEffect>,
     ) -> Result<Outcome, Error> {
+        if let Some(answer) = self.answer_from_memory(&prepared, effect.as_ref()) {
+            return answer;
+        }
         if let Some(batcher) = &self.batcher {
             return match batcher.run(prepared, effect).await? {
                 Written::Replayed(o) => Ok(o),
@@ -370,6 +390,7 @@ impl Engine {
         }
         let fault = self.fault.clone();
         let clock = self.clock.clone();
+        let replays = self.replays.clone();
         // Drawn before the write so the writer does not wait for it (unused on a replay).
         let status_ref = ledger::new_status_ref()?;
         let written = self
@@ -377,7 +398,7 @@ impl Engine {
             .write(move |tx: &mut dyn EffectTx| -> Result<Written, Error> {
                 let now = clock.now();
                 tx.lock_key(&prepared.lock_key())?;
-                if let Some(found) = examine(tx, &prepared, effect.as_ref(), now)? {
+                if let Some(found) = examine(tx, &prepared, effect.as_ref(), now, &replays)? {
                     return Ok(Written::Replayed(found));
                 }
                 // The scope is free and every writer of it waits for this transaction (the
@@ -435,17 +456,18 @@ impl Engine {
         }
         let fault = self.fault.clone();
         let clock = self.clock.clone();
+        let replays = self.replays.clone();
         let written = self
             .store
             .write(
                 move |tx: &mut dyn EffectTx| -> Result<WrittenBegin, Error> {
                     let now = clock.now();
                     tx.lock_key(&prepared.lock_key())?;
-                    if let Some(found) = examine(tx, &prepared, first.as_ref(), now)? {
+                    if let Some(found) = examine(tx, &prepared, first.as_ref(), now, &replays)? {
                         return Ok(WrittenBegin::Replayed(found));
                     }
                     let Some((id, status_ref)) = reserve(tx, &prepared, now)? else {
-                        return examine(tx, &prepared, first.as_ref(), now)?
+                        return examine(tx, &prepared, first.as_ref(), now, &replays)?
                             .map(WrittenBegin::Replayed)
                             .ok_or_else(|| contract_error("the reserved scope is not readable"));
                     };
@@ -626,7 +648,7 @@ impl Engine {
                         "this key was already used for a different request",
                     ));
                 }
-                settled(record, now, |_| Ok(())).map(Some)
+                settled(&record, now, |_| Ok(())).map(Some)
             })
             .await
     }
@@ -685,10 +707,28 @@ impl Engine {
     ) -> Result<Option<Outcome>, Error> {
         let prepared = prepared.clone();
         let effect = effect.clone();
+        let replays = self.replays.clone();
         let now = self.clock.now();
         self.store
-            .read(move |tx: &mut dyn EffectTx| examine(tx, &prepared, effect.as_ref(), now))
+            .read(move |tx: &mut dyn EffectTx| {
+                examine(tx, &prepared, effect.as_ref(), now, &replays)
+            })
             .await
+    }
+
+    /// The answer to a call whose scope holds a settled row this engine read before, without
+    /// the store (see `engine/replays.rs`); `None` when the store must answer.
+    fn answer_from_memory(
+        &self,
+        prepared: &Prepared,
+        effect: &dyn InlineEffect,
+    ) -> Option<Result<Outcome, Error>> {
+        if prepared.shared_key_namespace {
+            return None;
+        }
+        let now = self.clock.now();
+        let kept = self.replays.get(prepared, now)?;
+        replays::answer(&kept, prepared, effect, self.store.dialect(), now)
     }
 }
 
@@ -813,6 +853,13 @@ fn contract_error(what: &str) -> Error {
 }
 
 mod batch;
+mod replays;
+
+/// An engine answers the exact retries of a settled operation it has read from memory only
+/// while the operation's retention deadline is more than this many seconds ahead of the latest
+/// time its clock has shown, so a pruner whose clock runs up to this much ahead has not yet
+/// compacted it. (See "Replays from memory" in the module docs.)
+pub const KEPT_ROW_MARGIN_SECS: i64 = replays::RETENTION_MARGIN;
 
 /// The inline view of a decoded ledger row.
 fn record(row: &mut [SqlValue]) -> Result<OperationRecord, Error> {
@@ -857,13 +904,14 @@ fn key_taken() -> Error {
     Error::conflict("this operation id is already used for another request")
 }
 
-/// Authorize, shared-namespace check, scope lookup, and for an existing row [`judge`].
-/// `Ok(None)` means the scope is absent.
+/// Authorize, shared-namespace check, scope lookup, and for an existing row [`judge`] (a
+/// settled row is then kept in `replays`). `Ok(None)` means the scope is absent.
 fn examine(
     tx: &mut dyn EffectTx,
     p: &Prepared,
     effect: &dyn InlineEffect,
     now: i64,
+    replays: &replays::Replays,
 ) -> Result<Option<Outcome>, Error> {
     effect.authorize(tx, &p.principal)?;
     if p.shared_key_namespace
@@ -886,17 +934,20 @@ fn examine(
     let Some(record) = load_records(tx, ledger::BY_SCOPE, &args)?.pop() else {
         return Ok(None);
     };
-    judge(tx, p, effect, record, now).map(Some)
+    let answer = judge(tx, p, effect, &record, now);
+    replays.keep(record, now);
+    answer.map(Some)
 }
 
 /// The checks after the scope lookup, for an existing row of the call's scope, in their one
-/// order: conflict, deadlines (authority before retention), state, replay. Both the
-/// single-call path ([`examine`]) and a batch's call (`batch.rs`) run them through here.
+/// order: conflict, deadlines (authority before retention), state, replay. The single-call
+/// path ([`examine`]), a batch's call (`batch.rs`) and an answer from memory (`replays.rs`)
+/// all run them through here.
 fn judge(
     tx: &mut dyn EffectTx,
     p: &Prepared,
     effect: &dyn InlineEffect,
-    record: OperationRecord,
+    record: &OperationRecord,
     now: i64,
 ) -> Result<Outcome, Error> {
     if record.request_digest != p.request_digest || record.fingerprint != p.fingerprint {
@@ -913,7 +964,7 @@ fn judge(
 /// retention), then the state — a finished operation replays its stored result once `check`
 /// allows it, an unsure one is `outcome_unknown`, an unfinished one `operation_in_progress`.
 fn settled(
-    record: OperationRecord,
+    record: &OperationRecord,
     now: i64,
     check: impl FnOnce(&OperationRecord) -> Result<(), Error>,
 ) -> Result<Outcome, Error> {
@@ -924,7 +975,7 @@ fn settled(
     }
     match record.state {
         s if s.is_terminal() => {
-            check(&record)?;
+            check(record)?;
             let result = record
                 .result
                 .clone()
@@ -933,7 +984,7 @@ fn settled(
                 result,
                 replayed: true,
                 state: record.state,
-                status_ref: record.status_ref,
+                status_ref: record.status_ref.clone(),
                 operation_id: record.id,
             })
         }

@@ -37,6 +37,7 @@ use std::time::Instant;
 
 use tokio::sync::oneshot;
 
+use super::replays::Replays;
 use super::{
     judge, key_taken, record, run_fresh, FaultHook, InlineEffect, Outcome, Prepared, Written,
 };
@@ -77,6 +78,8 @@ pub(crate) struct Batcher {
     store: Arc<dyn BatchDriver>,
     clock: SharedClock,
     fault: Option<FaultHook>,
+    /// The engine's settled rows, for exact retries.
+    replays: Arc<Replays>,
     writers: usize,
     limits: QueueLimits,
     state: Mutex<State>,
@@ -106,6 +109,7 @@ impl Batcher {
         store: Arc<dyn BatchDriver>,
         clock: SharedClock,
         fault: Option<FaultHook>,
+        replays: Arc<Replays>,
     ) -> Self {
         let writers = store.batch_writers();
         let limits = store.queue_limits();
@@ -115,6 +119,7 @@ impl Batcher {
             store,
             clock,
             fault,
+            replays,
             state: Mutex::new(State {
                 queue: VecDeque::new(),
                 running: vec![false; writers],
@@ -421,8 +426,10 @@ impl Batcher {
             }
         }
         if let Some(mut row) = own {
-            let outcome = judge(etx, p, effect, record(&mut row)?, now)?;
-            return Ok(CallEnd::Done(Ok(Written::Replayed(outcome))));
+            let found = record(&mut row)?;
+            let answer = judge(etx, p, effect, &found, now);
+            self.replays.keep(found, now);
+            return Ok(CallEnd::Done(Ok(Written::Replayed(answer?))));
         }
         let (result, encoded) = run_fresh(etx, p, effect, self.fault.as_ref(), now)?;
         let status_ref = crate::ledger::new_status_ref()?;

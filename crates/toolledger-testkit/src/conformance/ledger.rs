@@ -4,12 +4,13 @@
 
 use std::sync::Arc;
 
+use serde_json::{json, Value};
 use toolledger::effect::{EffectTx, RowExt, SqlValue};
-use toolledger::engine::Engine;
-use toolledger::model::{Error, ErrorCode, OperationState};
+use toolledger::engine::{Engine, InlineEffect};
+use toolledger::model::{Error, ErrorCode, OperationState, Principal};
 
 use super::harness::{code, engine, widget, widget_call, Harness, T0};
-use crate::calls::principal;
+use crate::calls::{inline_call, principal};
 use crate::db::count;
 
 /// `EffectTx::insert_id` answers the id of the row it inserted (the same id a read finds),
@@ -215,6 +216,155 @@ pub async fn shared_key_namespace(h: &Harness) {
             .unwrap()
             .len(),
         1
+    );
+}
+
+/// Spoils the stored arguments of every operation of `e`'s store: from now on a read of one
+/// from the store is a storage-contract error (`unavailable`).
+async fn spoil_stored_rows(e: &Engine) {
+    e.store()
+        .write(|tx: &mut dyn EffectTx| {
+            tx.execute(
+                "UPDATE operations SET arguments = ?1",
+                &[SqlValue::from(r#"{ "name":"a"}"#)],
+            )
+        })
+        .await
+        .unwrap();
+}
+
+/// A settled row an engine has read from the store answers the exact retries of its scope
+/// from memory, with the same checks (conflict, deadlines): after the stored row is spoiled,
+/// the engine that read it still replays and refuses as before while a new engine is refused
+/// by the store. A fresh call's own row is not kept; the copy stops answering once the
+/// retention deadline is within `KEPT_ROW_MARGIN_SECS`, and a clock set back does not revive
+/// it.
+pub async fn settled_rows_answer_retries_from_memory(h: &Harness) {
+    use toolledger::engine::KEPT_ROW_MARGIN_SECS as MARGIN;
+    let (e, clock) = engine(h);
+    let p = principal("t1", "alice");
+    let mut call = widget_call(&p, "k1", "a");
+    call.retention_deadline = Some(T0 + 3600);
+    let fresh = e.execute_inline(call.clone(), widget("a")).await.unwrap();
+    let replayed = e.execute_inline(call.clone(), widget("a")).await.unwrap();
+    assert!(replayed.replayed);
+    spoil_stored_rows(&e).await;
+    let from_memory = e.execute_inline(call.clone(), widget("a")).await.unwrap();
+    assert!(from_memory.replayed);
+    assert_eq!(from_memory.result, fresh.result);
+    assert_eq!(from_memory.status_ref, fresh.status_ref);
+    assert_eq!(from_memory.operation_id, fresh.operation_id);
+    let mut other = widget_call(&p, "k1", "b");
+    other.retention_deadline = call.retention_deadline;
+    assert_eq!(
+        code(e.execute_inline(other, widget("b")).await),
+        ErrorCode::OperationConflict
+    );
+    // The store itself now refuses the row.
+    let (reader, _) = engine(h);
+    assert_eq!(
+        code(reader.execute_inline(call.clone(), widget("a")).await),
+        ErrorCode::Unavailable
+    );
+    // Near the retention deadline the store answers, and keeps answering after the clock
+    // is set back.
+    clock.set(T0 + 3600 - MARGIN - 1);
+    assert!(
+        e.execute_inline(call.clone(), widget("a"))
+            .await
+            .unwrap()
+            .replayed
+    );
+    clock.set(T0 + 3600 - MARGIN);
+    assert_eq!(
+        code(e.execute_inline(call.clone(), widget("a")).await),
+        ErrorCode::Unavailable
+    );
+    clock.set(T0);
+    assert_eq!(
+        code(e.execute_inline(call.clone(), widget("a")).await),
+        ErrorCode::Unavailable
+    );
+    // A fresh call's own row is not kept: a spoiled row is refused at its first retry.
+    let (e, _) = engine(h);
+    let second = widget_call(&p, "k2", "c");
+    e.execute_inline(second.clone(), widget("c")).await.unwrap();
+    spoil_stored_rows(&e).await;
+    assert_eq!(
+        code(e.execute_inline(second, widget("c")).await),
+        ErrorCode::Unavailable
+    );
+    assert_eq!(count(e.store(), "widgets").await, 2);
+}
+
+/// The widget effect whose access check reads the store: the caller's tenant must own a
+/// widget row.
+struct OwnersOnly;
+
+impl InlineEffect for OwnersOnly {
+    fn authorize(&self, tx: &mut dyn EffectTx, principal: &Principal) -> Result<(), Error> {
+        let owned = tx.query(
+            "SELECT id FROM widgets WHERE tenant = ?1",
+            &[SqlValue::from(principal.tenant.as_str())],
+        )?;
+        if owned.is_empty() {
+            return Err(Error::new(ErrorCode::PermissionDenied, "not an owner"));
+        }
+        Ok(())
+    }
+
+    fn apply(&self, _tx: &mut dyn EffectTx, _principal: &Principal) -> Result<Value, Error> {
+        Ok(json!({"granted": true}))
+    }
+}
+
+/// Retries whose effect's access check reads the store, and retries in a shared key
+/// namespace, are answered by the store every time: a revoked access is refused at the next
+/// retry, and a spoiled row is refused.
+pub async fn retries_the_store_must_answer_read_it(h: &Harness) {
+    let (e, _) = engine(h);
+    let p = principal("t1", "alice");
+    e.execute_inline(widget_call(&p, "w", "a"), widget("a"))
+        .await
+        .unwrap();
+    let call = inline_call(&p, "grant", "g1", json!({}));
+    let owners: Arc<dyn InlineEffect> = Arc::new(OwnersOnly);
+    e.execute_inline(call.clone(), owners.clone())
+        .await
+        .unwrap();
+    assert!(
+        e.execute_inline(call.clone(), owners.clone())
+            .await
+            .unwrap()
+            .replayed
+    );
+    assert!(
+        e.execute_inline(call.clone(), owners.clone())
+            .await
+            .unwrap()
+            .replayed
+    );
+    e.store()
+        .write(|tx: &mut dyn EffectTx| tx.execute("DELETE FROM widgets", &[]))
+        .await
+        .unwrap();
+    assert_eq!(
+        code(e.execute_inline(call, owners).await),
+        ErrorCode::PermissionDenied
+    );
+    let mut shared = widget_call(&p, "s1", "b");
+    shared.shared_key_namespace = true;
+    e.execute_inline(shared.clone(), widget("b")).await.unwrap();
+    assert!(
+        e.execute_inline(shared.clone(), widget("b"))
+            .await
+            .unwrap()
+            .replayed
+    );
+    spoil_stored_rows(&e).await;
+    assert_eq!(
+        code(e.execute_inline(shared, widget("b")).await),
+        ErrorCode::Unavailable
     );
 }
 

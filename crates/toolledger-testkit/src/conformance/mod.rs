@@ -8,7 +8,7 @@
 //! module per area:
 //!
 //! - [`ledger`]: insert ids, reservations, replay, conflicts, deadlines and tombstones, the
-//!   shared key namespace, stored JSON that is not canonical;
+//!   shared key namespace, stored JSON that is not canonical, settled rows answered from memory;
 //! - [`inline`]: multi-step operations, rollback on failure, contention;
 //! - [`deferred`]: the deferred-effect runtime from intent to receipt;
 //! - [`outbox`]: claims, leases, fencing, backlogs, exhausted attempts;
@@ -68,6 +68,8 @@ macro_rules! conformance_suite {
                 deadlines_and_tombstones,
                 shared_key_namespace,
                 non_canonical_stored_json_is_refused,
+                settled_rows_answer_retries_from_memory,
+                retries_the_store_must_answer_read_it,
             }
             inline {
                 multi_step_operations,
