@@ -53,8 +53,9 @@
 //! keeps a copy (bounded by size), and answers later calls of the same scope from the copy:
 //! the same checks in the same order (the effect's access check, conflict, deadlines, the
 //! replay check), without a round trip to the store's threads. The store still answers when
-//! the effect's checks read it (they run against a transaction that answers no statement; one
-//! that tries is answered by the store instead), in a shared key namespace, and once the
+//! the effect's checks read it (a row is kept only when the checks of the call that read it
+//! sent no statement, and an answer from memory runs them against a transaction that answers
+//! none: one that tries is answered by the store instead), in a shared key namespace, and once the
 //! retention deadline is within [`KEPT_ROW_MARGIN_SECS`] of the latest time the engine's clock
 //! has shown. A fresh call's own row is never kept: its first retry reads it back and checks
 //! it against the storage contract.
@@ -905,7 +906,8 @@ fn key_taken() -> Error {
 }
 
 /// Authorize, shared-namespace check, scope lookup, and for an existing row [`judge`] (a
-/// settled row is then kept in `replays`). `Ok(None)` means the scope is absent.
+/// settled row is then kept in `replays` when the effect's checks sent no statement).
+/// `Ok(None)` means the scope is absent.
 fn examine(
     tx: &mut dyn EffectTx,
     p: &Prepared,
@@ -913,7 +915,9 @@ fn examine(
     now: i64,
     replays: &replays::Replays,
 ) -> Result<Option<Outcome>, Error> {
-    effect.authorize(tx, &p.principal)?;
+    let mut checks = replays::Watched::new(tx);
+    effect.authorize(&mut checks, &p.principal)?;
+    let authorize_sent = checks.sent;
     if p.shared_key_namespace
         && ledger::key_held_elsewhere(
             tx,
@@ -934,8 +938,11 @@ fn examine(
     let Some(record) = load_records(tx, ledger::BY_SCOPE, &args)?.pop() else {
         return Ok(None);
     };
-    let answer = judge(tx, p, effect, &record, now);
-    replays.keep(record, now);
+    let mut checks = replays::Watched::new(tx);
+    let answer = judge(&mut checks, p, effect, &record, now);
+    if !(authorize_sent || checks.sent) {
+        replays.keep(record, now);
+    }
     answer.map(Some)
 }
 

@@ -37,12 +37,12 @@ use std::time::Instant;
 
 use tokio::sync::oneshot;
 
-use super::replays::Replays;
+use super::replays::{Replays, Watched};
 use super::{
     judge, key_taken, record, run_fresh, FaultHook, InlineEffect, Outcome, Prepared, Written,
 };
 use crate::clock::SharedClock;
-use crate::effect::{EffectTx, RowExt, SqlValue};
+use crate::effect::{RowExt, SqlValue};
 use crate::model::{Error, OperationState};
 use crate::store::{
     queue_full, queue_wait_expired, AppliedRow, BatchDriver, BatchTx, BatchWriter, QueueLimits,
@@ -414,8 +414,9 @@ impl Batcher {
         found: Vec<Vec<SqlValue>>,
         now: i64,
     ) -> Result<CallEnd, Error> {
-        let etx: &mut dyn EffectTx = tx.effect_tx();
-        effect.authorize(etx, &p.principal)?;
+        let mut checks = Watched::new(tx.effect_tx());
+        effect.authorize(&mut checks, &p.principal)?;
+        let authorize_sent = checks.sent;
         let mut own = None;
         for row in found {
             let mine = row.text(1)? == p.principal.tenant && row.text(2)? == p.principal.subject;
@@ -427,11 +428,14 @@ impl Batcher {
         }
         if let Some(mut row) = own {
             let found = record(&mut row)?;
-            let answer = judge(etx, p, effect, &found, now);
-            self.replays.keep(found, now);
+            let mut checks = Watched::new(tx.effect_tx());
+            let answer = judge(&mut checks, p, effect, &found, now);
+            if !(authorize_sent || checks.sent) {
+                self.replays.keep(found, now);
+            }
             return Ok(CallEnd::Done(Ok(Written::Replayed(answer?))));
         }
-        let (result, encoded) = run_fresh(etx, p, effect, self.fault.as_ref(), now)?;
+        let (result, encoded) = run_fresh(tx.effect_tx(), p, effect, self.fault.as_ref(), now)?;
         let status_ref = crate::ledger::new_status_ref()?;
         Ok(CallEnd::Fresh(
             Outcome {

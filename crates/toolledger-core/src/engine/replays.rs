@@ -11,9 +11,10 @@
 //! - only rows read from the store are kept (a committed row: replays read a snapshot or lock
 //!   the scope, and two calls of one scope never share a transaction), never a fresh call's own
 //!   row, so a stored row the store's checks refuse is refused again on every read;
-//! - the effect's checks run against a transaction that answers no statement: an effect whose
-//!   [`InlineEffect::authorize`] or [`InlineEffect::check_replay`] reads the store (or panics)
-//!   is answered from the store instead, whatever the checks returned;
+//! - a row is kept only when the effect's checks of the call that read it sent no statement,
+//!   and an answer from memory runs them against a transaction that answers none: an effect
+//!   whose [`InlineEffect::authorize`] or [`InlineEffect::check_replay`] reads the store (or
+//!   panics) is answered from the store, whatever the checks returned;
 //! - a copy answers only while its retention deadline is at least [`RETENTION_MARGIN`] ahead
 //!   of the latest time this engine has seen (a clock set back does not revive it, and a
 //!   pruner whose clock runs up to the margin ahead has not compacted it);
@@ -214,6 +215,72 @@ impl EffectTx for NoStatements {
 
     fn lock_key(&mut self, _key: &str) -> Result<(), Error> {
         self.refuse()
+    }
+}
+
+/// A transaction that passes everything on to `inner` and tells whether a statement was sent:
+/// a row read from the store is kept only when the effect's checks of that call sent none.
+pub(crate) struct Watched<'a> {
+    inner: &'a mut dyn EffectTx,
+    pub(crate) sent: bool,
+}
+
+impl<'a> Watched<'a> {
+    pub(crate) fn new(inner: &'a mut dyn EffectTx) -> Self {
+        Watched { inner, sent: false }
+    }
+}
+
+impl EffectTx for Watched<'_> {
+    fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<usize, Error> {
+        self.sent = true;
+        self.inner.execute(sql, params)
+    }
+
+    fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<Vec<Vec<SqlValue>>, Error> {
+        self.sent = true;
+        self.inner.query(sql, params)
+    }
+
+    fn dialect(&self) -> Dialect {
+        self.inner.dialect()
+    }
+
+    fn execute_batch(&mut self, sql: &str) -> Result<(), Error> {
+        self.sent = true;
+        self.inner.execute_batch(sql)
+    }
+
+    fn lock_key(&mut self, key: &str) -> Result<(), Error> {
+        self.sent = true;
+        self.inner.lock_key(key)
+    }
+
+    fn take_store_error(&mut self) -> Option<crate::store::StoreError> {
+        self.inner.take_store_error()
+    }
+
+    fn insert_id(&mut self, sql: &str, params: &[SqlValue]) -> Result<Option<i64>, Error> {
+        self.sent = true;
+        self.inner.insert_id(sql, params)
+    }
+
+    fn query_opt_locked(
+        &mut self,
+        sql: &str,
+        params: &[SqlValue],
+    ) -> Result<Option<Vec<SqlValue>>, Error> {
+        self.sent = true;
+        self.inner.query_opt_locked(sql, params)
+    }
+
+    fn query_opt(
+        &mut self,
+        sql: &str,
+        params: &[SqlValue],
+    ) -> Result<Option<Vec<SqlValue>>, Error> {
+        self.sent = true;
+        self.inner.query_opt(sql, params)
     }
 }
 
