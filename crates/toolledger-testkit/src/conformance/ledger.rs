@@ -375,15 +375,7 @@ pub async fn non_canonical_stored_json_is_refused(h: &Harness) {
     e.execute_inline(widget_call(&p, "k1", "a"), widget("a"))
         .await
         .unwrap();
-    e.store()
-        .write(|tx: &mut dyn EffectTx| {
-            tx.execute(
-                "UPDATE operations SET arguments = ?1",
-                &[SqlValue::from(r#"{ "name":"a"}"#)],
-            )
-        })
-        .await
-        .unwrap();
+    spoil_stored_rows(&e).await;
     assert_eq!(
         code(
             e.execute_inline(widget_call(&p, "k1", "a"), widget("a"))
