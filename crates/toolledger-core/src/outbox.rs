@@ -1,13 +1,13 @@
 //! The outbox: pending deliveries of accepted deferred operations, claimed under a lease with a
 //! fencing token.
 //!
-//! - [`enqueue`] writes the event in the same transaction as its operation (transaction A).
-//! - [`claim`] moves a `pending` event, or a `processing` one whose lease has expired
+//! - `enqueue` writes the event in the same transaction as its operation (transaction A).
+//! - `claim` moves a `pending` event, or a `processing` one whose lease has expired
 //!   (`lease_until <= now`), to `processing` under a new lease and increments the fencing
 //!   token. An unexpired lease is never taken over. The claiming worker's attempt limit
 //!   applies: a claim of an event that was already claimed that many times moves it to `dead`
 //!   instead, and the limit applied is written into the event's `max_attempts`.
-//! - [`renew`], [`record_attempt_error`] and [`complete`] are conditional on the fencing token:
+//! - `renew`, `record_attempt_error` and `complete` are conditional on the fencing token:
 //!   a worker whose lease was reclaimed by someone else gets [`Fenced`] and changes nothing.
 //!
 //! A lease alone does not make a worker safe: after expiry the old holder may still be running.
@@ -127,7 +127,7 @@ pub struct Lease {
     pub attempt: i64,
 }
 
-/// What [`claim`] found.
+/// What a claim found.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "claim", rename_all = "snake_case")]
 pub enum ClaimOutcome {
