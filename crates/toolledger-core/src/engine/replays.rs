@@ -15,7 +15,7 @@
 //!   and an answer from memory runs them against a transaction that answers none: an effect
 //!   whose [`InlineEffect::authorize`] or [`InlineEffect::check_replay`] reads the store (or
 //!   panics) is answered from the store, whatever the checks returned;
-//! - a copy answers only while its retention deadline is at least [`RETENTION_MARGIN`] ahead
+//! - a copy answers only while its retention deadline is more than [`RETENTION_MARGIN`] ahead
 //!   of the latest time this engine has seen (a clock set back does not revive it, and a
 //!   pruner whose clock runs up to the margin ahead has not compacted it);
 //! - calls in a shared key namespace always read the store (another principal's row of the
@@ -35,7 +35,8 @@ use super::{InlineEffect, OperationRecord, Prepared};
 use crate::effect::{Dialect, EffectTx, SqlValue};
 use crate::model::Error;
 
-/// Seconds a kept row's retention deadline must lie ahead of the latest time seen.
+/// A kept row answers while its retention deadline lies more than this many seconds ahead of
+/// the latest time seen.
 pub(crate) const RETENTION_MARGIN: i64 = 60;
 
 /// The bytes (about) the kept rows may hold together.
