@@ -281,7 +281,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 0.0)]
     pub soak_rate: f64,
     /// `retention-soak`: rows per prune transaction (default: the background pruner's; on
-    /// SQLite, where the store's writer does the pruning, at most its own step sizes).
+    /// SQLite, where the store's writer does the pruning, at most its own step sizes; on
+    /// PostgreSQL at most the background pruner's batch of 100).
     #[arg(long, default_value_t = toolledger::prune::DEFAULT_BATCH)]
     pub soak_prune_batch: usize,
     /// `retention-soak`: the pruner's rest after each transaction, as a multiple of the time

@@ -57,7 +57,8 @@ pub struct Shape {
     pub samples: usize,
     /// Calls offered per second (`None`: as fast as the callers go).
     pub rate: Option<f64>,
-    /// Rows per prune transaction.
+    /// Rows per prune transaction: on PostgreSQL the background pruner's batches (at most
+    /// 100), on SQLite the most rows of one of the writer's steps.
     pub prune_batch: usize,
     /// The pruner's rest after each transaction, as a multiple of its duration.
     pub prune_pace: u32,
@@ -175,7 +176,8 @@ pub struct SoakReport {
     /// Calls offered per second (absent: as fast as the callers go).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub offered_rate: Option<f64>,
-    /// Rows per prune transaction.
+    /// Rows per prune transaction: on PostgreSQL the background pruner's batches (at most
+    /// 100), on SQLite the most rows of one of the writer's steps.
     pub prune_batch: usize,
     /// The pruner's rest after each transaction, as a multiple of its duration.
     pub prune_pace: u32,
@@ -411,7 +413,11 @@ async fn run_once(
         tombstone_ttl_seconds: period,
         prune_interval_ms: shape.prune_interval.as_millis() as u64,
         offered_rate: shape.rate,
-        prune_batch: shape.prune_batch,
+        prune_batch: match backend {
+            // The background pruner's own batches there are at most this.
+            "postgres" => shape.prune_batch.min(toolledger::prune::BACKGROUND_BATCH),
+            _ => shape.prune_batch,
+        },
         prune_pace: shape.prune_pace,
         fresh_ops: fresh.ops,
         fresh_failed: fresh.failed,

@@ -304,10 +304,10 @@ async fn the_background_pruner_works_in_small_transactions(h: &Harness) {
     let r = run(&e, &opts).await;
     // Every expired operation compacted, in short transactions: on SQLite steps of ALONE_ROWS
     // the writer does while it has nothing else to do, on PostgreSQL paced batches of
-    // DEFAULT_BATCH.
+    // BACKGROUND_BATCH.
     let steps = match h.sqlite_path() {
         Some(_) => 16,
-        None => n.div_ceil(prune::DEFAULT_BATCH) as u64,
+        None => n.div_ceil(prune::BACKGROUND_BATCH) as u64,
     };
     assert_eq!((r.compacted, r.batches), (n as u64, steps), "{r:?}");
     no_violations(e.store()).await;

@@ -167,6 +167,13 @@ pub fn check_soak_lines(lines: &[Value], backend: &str, ops: u64) {
             "postgres" => assert!(v["wal_bytes_per_call"].as_f64().unwrap() > 0.0, "{v}"),
             _ => assert!(v.get("wal_bytes_per_call").is_none(), "{v}"),
         }
+        // The default batch: on PostgreSQL the background pruner's own batches are smaller
+        // than `toolledger prune`'s, on SQLite it only caps the writer's steps.
+        let batch = match backend {
+            "postgres" => toolledger::prune::BACKGROUND_BATCH,
+            _ => toolledger::prune::DEFAULT_BATCH,
+        };
+        assert_eq!(v["prune_batch"], batch, "{v}");
         assert!(v["prune_rows_per_sec"].as_f64().is_some(), "{v}");
     }
     for v in lines {
