@@ -50,7 +50,7 @@ pub struct TelemetryArgs {
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
     /// Also serve Prometheus metrics at http://ADDR/metrics.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", env = "TOOLLEDGER_METRICS")]
     pub metrics: Option<SocketAddr>,
 }
 

@@ -12,6 +12,7 @@ on_both_backends!(
     without_automation_write_scope_nothing_is_written,
     a_lost_set_interval_reply_is_recovered_by_the_same_request_id,
     a_stdio_server_serves_its_metrics_on_the_metrics_address,
+    the_metrics_address_may_come_from_the_environment,
 );
 
 fn create_then_set_interval_replays_and_refuses_stale_versions(db: Db) {
@@ -147,13 +148,36 @@ fn scrape(addr: &str) -> String {
     raw.split_once("\r\n\r\n").unwrap().1.to_string()
 }
 
-fn a_stdio_server_serves_its_metrics_on_the_metrics_address(db: Db) {
-    // A free port: bound and released here, then named to the server.
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+/// A free port: bound and released here, then named to a server.
+fn free_addr() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
-        .to_string();
+        .to_string()
+}
+
+fn the_metrics_address_may_come_from_the_environment(db: Db) {
+    let addr = free_addr();
+    let mut s = Server::start_with_env(&db, "alice", &[], &[("TOOLLEDGER_METRICS", &addr)]);
+    let created = s.call(
+        "create_automation",
+        json!({"request_id": "req-e", "interval_minutes": 30}),
+    );
+    assert_eq!(created["isError"], false, "{created}");
+    let body = scrape(&addr);
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with("toolledger_tool_calls_total{")
+                && l.contains("outcome=\"fresh\"")
+                && l.ends_with(" 1")),
+        "{body}"
+    );
+    assert_eq!(s.finish(), 0);
+}
+
+fn a_stdio_server_serves_its_metrics_on_the_metrics_address(db: Db) {
+    let addr = free_addr();
     let mut s = Server::start(&db, "alice", &["--metrics", &addr]);
     let created = s.call(
         "create_automation",
