@@ -309,12 +309,17 @@ async fn run_once(
     let wal_before = wal_bytes(&store, backend).await;
 
     let (stop_pruner, stopped) = tokio::sync::oneshot::channel::<()>();
+    let opts = PruneOptions {
+        batch: shape.prune_batch,
+        pace: shape.prune_pace,
+        ..PruneOptions::background(Some(period))
+    };
+    // On SQLite the store's writer takes the pruner's work, in steps `batch` only caps.
+    let prune_batch = match backend {
+        "postgres" => opts.own_batch(),
+        _ => opts.batch,
+    };
     let pruning = pruner.then(|| {
-        let opts = PruneOptions {
-            batch: shape.prune_batch,
-            pace: shape.prune_pace,
-            ..PruneOptions::background(Some(period))
-        };
         tokio::spawn(prune_every(
             store.clone(),
             clock.clone(),
@@ -413,11 +418,7 @@ async fn run_once(
         tombstone_ttl_seconds: period,
         prune_interval_ms: shape.prune_interval.as_millis() as u64,
         offered_rate: shape.rate,
-        prune_batch: match backend {
-            // The background pruner's own batches there are at most this.
-            "postgres" => shape.prune_batch.min(toolledger::prune::BACKGROUND_BATCH),
-            _ => shape.prune_batch,
-        },
+        prune_batch,
         prune_pace: shape.prune_pace,
         fresh_ops: fresh.ops,
         fresh_failed: fresh.failed,

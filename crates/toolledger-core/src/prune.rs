@@ -119,6 +119,17 @@ impl PruneOptions {
     }
 }
 
+impl PruneOptions {
+    /// Rows per transaction of the pruner's own, where the store has no writer to take its
+    /// work ([`PruneOptions::beside_writes`] runs: at most [`BACKGROUND_BATCH`]).
+    pub fn own_batch(&self) -> usize {
+        match self.beside_writes {
+            true => self.batch.min(BACKGROUND_BATCH),
+            false => self.batch,
+        }
+    }
+}
+
 /// Rests `pace` times as long as the transaction begun at `started` took.
 async fn rest(started: std::time::Instant, pace: u32) {
     if pace > 0 {
@@ -235,14 +246,8 @@ pub async fn prune(
     let cap = opts.limit.unwrap_or(u64::MAX);
     if opts.dry_run {
         dry_run(store, now, opts.tombstone_ttl, cap, &mut report).await?;
-    } else if !opts.beside_writes {
+    } else if !(opts.beside_writes && beside_writes(store, opts, &mut report).await?) {
         in_batches(store, opts, &mut report).await?;
-    } else if !beside_writes(store, opts, &mut report).await? {
-        let opts = PruneOptions {
-            batch: opts.batch.min(BACKGROUND_BATCH),
-            ..opts.clone()
-        };
-        in_batches(store, &opts, &mut report).await?;
     }
     if !opts.dry_run && report.compacted + report.deleted > 0 {
         report.reclaimed_pages = reclaim(store, opts.pace, opts.keep_free_percent).await?;
@@ -255,13 +260,13 @@ pub async fn prune(
     Ok(report)
 }
 
-/// Prunes in batches of [`PruneOptions::batch`] rows, each a write transaction of its own.
+/// Prunes in batches of [`PruneOptions::own_batch`] rows, each a write transaction of its own.
 async fn in_batches(
     store: &Store,
     opts: &PruneOptions,
     report: &mut PruneReport,
 ) -> Result<(), StoreError> {
-    let (now, batch) = (report.now, opts.batch.max(1) as u64);
+    let (now, batch) = (report.now, opts.own_batch().max(1) as u64);
     let cap = opts.limit.unwrap_or(u64::MAX);
     while report.compacted < cap {
         let n = batch.min(cap - report.compacted) as i64;
