@@ -5,6 +5,7 @@
 pub mod common;
 pub mod exit;
 pub mod fixture;
+pub mod log_line;
 pub mod log_sink;
 pub mod prune;
 pub mod telemetry;

@@ -27,6 +27,7 @@ use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
+use crate::log_line::{LineFields, LineTime};
 use crate::log_sink::BufferedStderr;
 use toolledger::clock::SharedClock;
 use toolledger::model::OperationState;
@@ -74,12 +75,13 @@ pub fn init_logs(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(BufferedStderr)
+        .with_timer(LineTime)
         .with_ansi(false)
         // A client that closed our stderr must not make a log line a crash: the subscriber
         // would otherwise report its failed write with `eprintln!`, which panics then.
         .log_internal_errors(false);
     let _ = match format {
-        LogFormat::Text => builder.try_init(),
+        LogFormat::Text => builder.fmt_fields(LineFields).try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
 }
