@@ -28,6 +28,7 @@ pub mod engine;
 pub mod json;
 pub mod key_ids;
 mod ledger;
+pub mod metric;
 pub mod model;
 pub mod operations;
 pub mod outbox;

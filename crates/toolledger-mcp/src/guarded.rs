@@ -526,6 +526,8 @@ struct Wrapped<S> {
     validator: Option<Arc<jsonschema::Validator>>,
     ledger: LedgerGuard,
     status: Arc<StatusTool>,
+    /// The tool's name and its metric series.
+    series: Arc<crate::observe::CallSeries>,
 }
 
 fn call_wrapped<'a, S: Send + Sync + 'static>(
@@ -546,7 +548,7 @@ fn call_wrapped<'a, S: Send + Sync + 'static>(
         client_capabilities: ctx.request_context.client_capabilities(),
     });
     ctx.request_context.extensions.insert(scope);
-    let tool = ctx.name.to_string();
+    let series = w.series.clone();
     // Named for the log line without a read of the principal store.
     let principal = w.ledger.caller_source().name(&ctx.request_context).ok();
     let started = std::time::Instant::now();
@@ -561,7 +563,7 @@ fn call_wrapped<'a, S: Send + Sync + 'static>(
             }
             other => other,
         };
-        crate::observe::tool_call(&tool, principal.as_deref(), &response, started.elapsed());
+        crate::observe::tool_call(&series, principal.as_deref(), &response, started.elapsed());
         response
     })
 }
@@ -639,6 +641,7 @@ impl LedgerGuard {
                 validator,
                 ledger: self.clone(),
                 status: status.clone(),
+                series: Arc::new(crate::observe::CallSeries::new(&route.attr.name)),
             };
             *route = ToolRoute::new_dyn(route.attr.clone(), move |ctx| call_wrapped(&wrapped, ctx));
         }

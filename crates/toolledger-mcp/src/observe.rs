@@ -13,13 +13,19 @@
 //! `requestState`). The error of an in-band refusal is read from `content[0]`, as
 //! [`crate::reply::error_of`] reads it from a serialized result.
 
+use std::borrow::Cow;
+use std::sync::{PoisonError, RwLock};
 use std::time::Duration;
 
+use metrics::{Counter, Histogram};
 use rmcp::model::{CallToolResponse, ErrorData};
 use serde_json::Value;
+use toolledger::metric::{self, Registered};
 
 /// The outcome label and the operation id of a tool's answer.
-fn classify(response: &Result<CallToolResponse, ErrorData>) -> (String, Option<String>) {
+fn classify(
+    response: &Result<CallToolResponse, ErrorData>,
+) -> (Cow<'static, str>, Option<Cow<'_, str>>) {
     match response {
         Err(_) => ("protocol_error".into(), None),
         Ok(CallToolResponse::InputRequired(_)) => ("input_required".into(), None),
@@ -42,15 +48,15 @@ fn classify(response: &Result<CallToolResponse, ErrorData>) -> (String, Option<S
             };
             let operation = ["operationId", "status_ref"]
                 .iter()
-                .find_map(|k| structured[*k].as_str().map(str::to_string))
-                .or_else(|| ledger.and_then(|l| l["operationId"].as_str().map(str::to_string)))
+                .find_map(|k| structured[*k].as_str().map(Cow::Borrowed))
+                .or_else(|| ledger.and_then(|l| l["operationId"].as_str().map(Cow::Borrowed)))
                 .or_else(|| {
                     error
                         .as_ref()
-                        .and_then(|e| e["status_ref"].as_str().map(str::to_string))
+                        .and_then(|e| e["status_ref"].as_str().map(|s| Cow::Owned(s.to_string())))
                 });
             if let Some(code) = error.as_ref().and_then(|e| e["code"].as_str()) {
-                return (code.to_string(), operation);
+                return (Cow::Owned(code.to_string()), operation);
             }
             if let Some(ledger) = ledger {
                 // A stored upstream answer: an error result of the upstream's is `failed`.
@@ -73,30 +79,77 @@ fn classify(response: &Result<CallToolResponse, ErrorData>) -> (String, Option<S
     }
 }
 
-/// Records one finished call of `tool` by `principal` (`None`: not resolved) that answered
-/// `response` after `elapsed`.
+/// Most outcomes of one tool whose counters are kept; others are looked up each time.
+const KEPT_OUTCOMES: usize = 32;
+
+/// One tool's name and its series, registered once per recorder.
+pub(crate) struct CallSeries {
+    tool: String,
+    duration: Registered<Histogram>,
+    /// The recorder the counters are of, and a counter per outcome seen.
+    calls: RwLock<(usize, Vec<(String, Counter)>)>,
+}
+
+impl CallSeries {
+    /// The series of `tool`.
+    pub(crate) fn new(tool: &str) -> Self {
+        CallSeries {
+            tool: tool.to_string(),
+            duration: Registered::new(),
+            calls: RwLock::new((0, Vec::new())),
+        }
+    }
+
+    /// `toolledger_tool_calls_total{tool,outcome}` for `outcome`.
+    fn calls(&self, outcome: &str) -> Counter {
+        let recorder = metric::recorder_id();
+        {
+            let kept = self.calls.read().unwrap_or_else(PoisonError::into_inner);
+            if kept.0 == recorder {
+                if let Some((_, counter)) = kept.1.iter().find(|(o, _)| o == outcome) {
+                    return counter.clone();
+                }
+            }
+        }
+        let counter = metrics::counter!("toolledger_tool_calls_total", "tool" => self.tool.clone(), "outcome" => outcome.to_string());
+        let mut kept = self.calls.write().unwrap_or_else(PoisonError::into_inner);
+        if kept.0 != recorder {
+            *kept = (recorder, Vec::new());
+        }
+        if kept.1.len() < KEPT_OUTCOMES && !kept.1.iter().any(|(o, _)| o == outcome) {
+            kept.1.push((outcome.to_string(), counter.clone()));
+        }
+        counter
+    }
+
+    /// `toolledger_tool_call_duration_seconds{tool}`.
+    fn duration(&self) -> Histogram {
+        self.duration.get(
+            || metrics::histogram!("toolledger_tool_call_duration_seconds", "tool" => self.tool.clone()),
+        )
+    }
+}
+
+/// Records one finished call of the tool of `series` by `principal` (`None`: not resolved)
+/// that answered `response` after `elapsed`.
 pub(crate) fn tool_call(
-    tool: &str,
+    series: &CallSeries,
     principal: Option<&str>,
     response: &Result<CallToolResponse, ErrorData>,
     elapsed: Duration,
 ) {
     let (outcome, operation) = classify(response);
     let latency_ms = elapsed.as_secs_f64() * 1000.0;
+    let tool = series.tool.as_str();
     let principal = principal.unwrap_or("-");
     let operation = operation.as_deref().unwrap_or("-");
-    if matches!(
-        outcome.as_str(),
-        "outcome_unknown" | "operation_in_progress"
-    ) {
+    if matches!(&*outcome, "outcome_unknown" | "operation_in_progress") {
         tracing::warn!(target: "toolledger::call", tool, principal, operation, outcome = %outcome, latency_ms, "tool call");
     } else {
         tracing::info!(target: "toolledger::call", tool, principal, operation, outcome = %outcome, latency_ms, "tool call");
     }
-    metrics::counter!("toolledger_tool_calls_total", "tool" => tool.to_string(), "outcome" => outcome)
-        .increment(1);
-    metrics::histogram!("toolledger_tool_call_duration_seconds", "tool" => tool.to_string())
-        .record(elapsed.as_secs_f64());
+    series.calls(&outcome).increment(1);
+    series.duration().record(elapsed.as_secs_f64());
 }
 
 #[cfg(test)]
@@ -109,10 +162,8 @@ mod tests {
     #[test]
     fn outcomes_name_fresh_replayed_refusals_and_protocol_errors() {
         let ok = |v: Value| Ok(CallToolResponse::Complete(tool_ok(v)));
-        assert_eq!(
-            classify(&ok(json!({"operationId": "a", "replayed": false}))),
-            ("fresh".into(), Some("a".into()))
-        );
+        let fresh = ok(json!({"operationId": "a", "replayed": false}));
+        assert_eq!(classify(&fresh), ("fresh".into(), Some("a".into())));
         assert_eq!(
             classify(&ok(json!({"operationId": "a", "replayed": true}))).0,
             "replayed"

@@ -77,6 +77,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{IsNull, ToSql, Type};
 use tokio_postgres::{Client, NoTls, Statement};
 use tokio_postgres_rustls::MakeRustlsConnect;
+use toolledger_core::metric::QueueDepth;
 
 use toolledger_core::effect::{refuse_transaction_control, Dialect, EffectTx, RowExt, SqlValue};
 use toolledger_core::model::Error;
@@ -999,7 +1000,7 @@ fn worker_loop(
     limits: QueueLimits,
 ) {
     while let Ok((queued_at, job)) = receiver.recv() {
-        queue_depth("jobs", receiver.len());
+        JOBS_QUEUE.set(receiver.len());
         if limits.expired(queued_at, Instant::now()) {
             job(Err(queue_wait_expired()));
         } else {
@@ -1010,7 +1011,7 @@ fn worker_loop(
 
 fn batch_writer_loop(receiver: crossbeam_channel::Receiver<BatchSlotJob>, mut slot: Slot) {
     while let Ok(job) = receiver.recv() {
-        queue_depth("batch_writer", receiver.len());
+        BATCH_WRITER_QUEUE.set(receiver.len());
         job(&mut slot);
     }
 }
@@ -1018,10 +1019,9 @@ fn batch_writer_loop(receiver: crossbeam_channel::Receiver<BatchSlotJob>, mut sl
 /// `toolledger_store_queue_depth{backend="postgres",queue}`: the jobs waiting for a connection
 /// thread (`jobs`: reads and writes other than batched inline calls) or for a batch writer's
 /// thread (`batch_writer`), as last seen by a sender or by the thread taking work.
-fn queue_depth(queue: &'static str, depth: usize) {
-    metrics::gauge!("toolledger_store_queue_depth", "backend" => "postgres", "queue" => queue)
-        .set(depth as f64);
-}
+static JOBS_QUEUE: QueueDepth = QueueDepth::new("postgres", "jobs");
+/// See [`JOBS_QUEUE`].
+static BATCH_WRITER_QUEUE: QueueDepth = QueueDepth::new("postgres", "batch_writer");
 
 impl PgStore {
     /// Connects to `url` (`postgres://user@host:port/db?options`), creates or checks the
@@ -1122,7 +1122,7 @@ impl PgStore {
         match guard.as_ref() {
             Some(s) => match s.try_send((Instant::now(), job)) {
                 Ok(()) => {
-                    queue_depth("jobs", s.len());
+                    JOBS_QUEUE.set(s.len());
                     Ok(())
                 }
                 Err(crossbeam_channel::TrySendError::Full((_, job))) => {

@@ -29,6 +29,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use tokio::sync::oneshot;
 
 use toolledger_core::effect::{Dialect, EffectTx};
+use toolledger_core::metric::{BatchSize, QueueDepth};
 use toolledger_core::store::migrate::{self, Binding, MigrationHooks, MigrationRequest};
 use toolledger_core::store::{
     queue_full, queue_wait_expired, BackgroundRefused, BackgroundWork, Driver, Migration, ReadJob,
@@ -780,7 +781,7 @@ impl SqliteStore {
                         (StoreError::Unavailable("writer stopped".into()), job)
                     }
                 })?;
-                queue_depth("writer", s.len());
+                WRITER_QUEUE.set(s.len());
                 Ok(())
             }
             None => Err((StoreError::Unavailable("store closed".into()), job)),
@@ -910,7 +911,7 @@ impl SqliteStore {
                         (StoreError::Unavailable("readers stopped".into()), job)
                     }
                 })?;
-                queue_depth("reader", s.len());
+                READER_QUEUE.set(s.len());
                 Ok(())
             }
             None => Err((StoreError::Unavailable("store closed".into()), job)),
@@ -1054,7 +1055,7 @@ fn reader_loop(
                 Err(_) => break,
             },
         };
-        queue_depth("reader", receiver.len());
+        READER_QUEUE.set(receiver.len());
         if limits.expired(queued_at, Instant::now()) {
             work.refuse(queue_wait_expired());
             continue;
@@ -1138,10 +1139,11 @@ fn snapshots(conn: &Connection, jobs: Vec<Box<dyn ReadJob>>) {
 /// `toolledger_store_queue_depth{backend="sqlite",queue}`: the jobs waiting for the writer
 /// (`writer`) or for a reader thread (`reader`), as last seen by a sender or by the thread
 /// taking work.
-fn queue_depth(queue: &'static str, depth: usize) {
-    metrics::gauge!("toolledger_store_queue_depth", "backend" => "sqlite", "queue" => queue)
-        .set(depth as f64);
-}
+static WRITER_QUEUE: QueueDepth = QueueDepth::new("sqlite", "writer");
+/// See [`WRITER_QUEUE`].
+static READER_QUEUE: QueueDepth = QueueDepth::new("sqlite", "reader");
+/// Jobs per writer transaction.
+static BATCH_SIZE: BatchSize = BatchSize::new("sqlite");
 
 fn writer_loop(
     conn: Connection,
@@ -1186,14 +1188,13 @@ fn writer_loop(
                 next = receiver.try_recv().ok();
             }
         }
-        queue_depth("writer", receiver.len());
+        WRITER_QUEUE.set(receiver.len());
         if batch.is_empty() {
             continue;
         }
         // Counted before the batch runs, so a caller that has been answered sees its batch.
         let n = batch.len() as u64;
-        metrics::histogram!("toolledger_store_commit_batch_size", "backend" => "sqlite")
-            .record(n as f64);
+        BATCH_SIZE.record(batch.len());
         stats.batches.fetch_add(1, Ordering::Relaxed);
         stats.jobs.fetch_add(n, Ordering::Relaxed);
         stats.largest_batch.fetch_max(n, Ordering::Relaxed);

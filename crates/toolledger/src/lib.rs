@@ -21,8 +21,8 @@
 #![warn(missing_docs)]
 
 pub use toolledger_core::{
-    approval, audit, authz, clock, digest, downstream, effect, engine, json, key_ids, model,
-    operations, outbox, prune, runtime,
+    approval, audit, authz, clock, digest, downstream, effect, engine, json, key_ids, metric,
+    model, operations, outbox, prune, runtime,
 };
 pub use toolledger_core::{Error, ErrorCode, OperationState, Principal, Scope, ToolContract};
 

@@ -43,6 +43,7 @@ use super::{
 };
 use crate::clock::SharedClock;
 use crate::effect::{RowExt, SqlValue};
+use crate::metric::{BatchSize, QueueDepth};
 use crate::model::{Error, OperationState};
 use crate::store::{
     queue_full, queue_wait_expired, AppliedRow, BatchDriver, BatchTx, BatchWriter, QueueLimits,
@@ -156,7 +157,7 @@ impl Batcher {
                 return;
             }
             st.queue.push_back(pending);
-            queue_depth(st.queue.len());
+            INLINE_QUEUE.set(st.queue.len());
             claim_writer(&mut st)
         };
         if let Some(writer) = start {
@@ -200,7 +201,7 @@ impl Batcher {
                     return;
                 }
                 let batch = take_batch(&mut st.queue);
-                queue_depth(st.queue.len());
+                INLINE_QUEUE.set(st.queue.len());
                 batch
             };
             // Calls that waited past the queue's limit are answered without running.
@@ -220,8 +221,7 @@ impl Batcher {
                 batch
             };
             // The batch's calls share one transaction (and one commit, when any is fresh).
-            metrics::histogram!("toolledger_store_commit_batch_size", "backend" => "postgres")
-                .record(batch.len() as f64);
+            BATCH_SIZE.record(batch.len());
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 self.run_batch(w, batch, careful)
             }));
@@ -460,10 +460,9 @@ fn claim_writer(st: &mut State) -> Option<usize> {
 /// `toolledger_store_queue_depth{backend="postgres",queue="inline_batch"}`: the inline calls
 /// waiting for a batch writer, as last seen. (Only PostgreSQL's driver batches; SQLite's
 /// writer groups its jobs itself.)
-fn queue_depth(depth: usize) {
-    metrics::gauge!("toolledger_store_queue_depth", "backend" => "postgres", "queue" => "inline_batch")
-        .set(depth as f64);
-}
+static INLINE_QUEUE: QueueDepth = QueueDepth::new("postgres", "inline_batch");
+/// Inline calls per batch transaction.
+static BATCH_SIZE: BatchSize = BatchSize::new("postgres");
 
 /// Takes up to [`MAX_BATCH`] calls from the front of `queue`, at most one per `(tool, key)`;
 /// the rest keep their order.
