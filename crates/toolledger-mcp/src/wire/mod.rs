@@ -25,7 +25,10 @@
 pub mod http;
 pub mod stdio;
 
-use rmcp::model::{CallToolRequestMethod, ClientJsonRpcMessage, ConstString, RequestId};
+use rmcp::model::{
+    CallToolRequest, CallToolRequestMethod, ClientJsonRpcMessage, ClientRequest, ConstString,
+    JsonRpcMessage, JsonRpcRequest, RequestId,
+};
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
@@ -265,6 +268,11 @@ fn classify(value: &Value, bytes: &[u8]) -> Result<ClientJsonRpcMessage, WireErr
                     WireError::invalid_request("a request id is a string or an integer")
                 })?;
                 check_params(&id, method, map.get("params"))?;
+                if method == CallToolRequestMethod::VALUE {
+                    if let Some(message) = tool_call_request(bytes) {
+                        return Ok(message);
+                    }
+                }
             }
         }
         Some(_) => return Err(WireError::invalid_request("the method is a string")),
@@ -275,6 +283,20 @@ fn classify(value: &Value, bytes: &[u8]) -> Result<ClientJsonRpcMessage, WireErr
     // A request for another known method whose params do not fit it is left to the server:
     // several such methods are removed in MCP 2026-07-28, where the answer is -32601.
     Ok(message)
+}
+
+/// A `tools/call` request (a message with an id and that method, and neither result nor
+/// error) read straight as one: the message rmcp's own reading gives, without its trying
+/// every request type before `tools/call` in turn (each failure an error value with a
+/// formatted message). `None` when its params do not fit a `tools/call` request: rmcp's
+/// reading then decides what it is.
+fn tool_call_request(bytes: &[u8]) -> Option<ClientJsonRpcMessage> {
+    let request: JsonRpcRequest<CallToolRequest> = serde_json::from_slice(bytes).ok()?;
+    Some(JsonRpcMessage::Request(JsonRpcRequest {
+        jsonrpc: request.jsonrpc,
+        id: request.id,
+        request: ClientRequest::from(request.request),
+    }))
 }
 
 /// The shape of a request's params, checked before rmcp deserializes them: params are an
@@ -418,7 +440,33 @@ impl<'de> Visitor<'de> for WireVisitor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rmcp::model::JsonRpcMessage;
+
+    #[test]
+    fn a_tool_call_read_straight_is_the_message_rmcp_reads() {
+        let lines = [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"refund","arguments":{"amount":12.5,"order":{"id":"o-1","lines":[1,2]}}}}"#,
+            r#"{"jsonrpc":"2.0","id":"r-7","method":"tools/call","params":{"name":"t","arguments":{},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","progressToken":3}}}"#,
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"t","requestState":"abc","inputResponses":{"q":{"action":"accept","content":{"ok":true}}}}}"#,
+            r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"t","task":{"ttl":1000},"extra":[null]},"also":"ignored"}"#,
+            r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"t"}}"#,
+        ];
+        for line in lines {
+            let straight = tool_call_request(line.as_bytes()).expect("read straight");
+            let rmcp: ClientJsonRpcMessage = serde_json::from_slice(line.as_bytes()).unwrap();
+            assert!(
+                matches!(&straight, JsonRpcMessage::Request(r) if matches!(r.request, ClientRequest::CallToolRequest(_))),
+                "{line}"
+            );
+            assert_eq!(format!("{straight:?}"), format!("{rmcp:?}"), "{line}");
+            assert_eq!(
+                serde_json::to_value(&straight).unwrap(),
+                serde_json::to_value(&rmcp).unwrap(),
+                "{line}"
+            );
+            let checked = check_message(line.as_bytes()).unwrap();
+            assert_eq!(format!("{checked:?}"), format!("{rmcp:?}"), "{line}");
+        }
+    }
 
     fn refused(line: &[u8]) -> WireError {
         check_message(line).expect_err("refused")
