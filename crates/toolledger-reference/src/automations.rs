@@ -174,6 +174,20 @@ pub async fn call_tool_with(
         .map(|o| reply(&o))
 }
 
+/// [`call_tool_with`] for a principal already read under `principal_name` (see [`run_as`]).
+pub async fn call_tool_as(
+    engine: &Engine,
+    principal: Principal,
+    principal_name: &str,
+    tool: &str,
+    args: Value,
+    options: &ToolOptions,
+) -> Result<Value, Error> {
+    run_as(engine, principal, principal_name, tool, args, options)
+        .await
+        .map(|o| reply(&o))
+}
+
 /// The caller-visible reply for an outcome: the stored result plus `replayed`.
 pub fn reply(outcome: &Outcome) -> Value {
     let mut out = match &outcome.result {
@@ -197,11 +211,26 @@ pub async fn run(
     args: Value,
     options: &ToolOptions,
 ) -> Result<Outcome, Error> {
-    let contract = contract(tool).ok_or_else(|| Error::invalid("unknown tool"))?;
+    contract(tool).ok_or_else(|| Error::invalid("unknown tool"))?;
     let principal = principals
         .resolve(principal_name)
         .await?
         .ok_or_else(|| Error::denied("unknown or inactive principal"))?;
+    run_as(engine, principal, principal_name, tool, args, options).await
+}
+
+/// [`run`] for `principal`, already read from the principal store under `principal_name` (an
+/// MCP server's resolved caller): not read again here. The effect still reads it inside its
+/// own transaction, so a principal revoked since is refused.
+pub async fn run_as(
+    engine: &Engine,
+    principal: Principal,
+    principal_name: &str,
+    tool: &str,
+    args: Value,
+    options: &ToolOptions,
+) -> Result<Outcome, Error> {
+    let contract = contract(tool).ok_or_else(|| Error::invalid("unknown tool"))?;
     if !principal.has_scope(SCOPE) {
         return Err(Error::denied("automation:write is required"));
     }

@@ -370,9 +370,10 @@ impl ReferenceTools {
             authority_ttl: Some(c.authority_ttl),
             retention_ttl: Some(c.retention_ttl),
         };
-        automations::call_tool_with(
+        // The caller was read from the principal store when the call was extracted.
+        automations::call_tool_as(
             self.env.guard.engine(),
-            &self.env.principals,
+            call.caller.principal,
             &call.caller.name,
             tool,
             Value::Object(call.arguments),
