@@ -174,20 +174,6 @@ pub async fn call_tool_with(
         .map(|o| reply(&o))
 }
 
-/// [`call_tool_with`] for a principal already read under `principal_name` (see [`run_as`]).
-pub async fn call_tool_as(
-    engine: &Engine,
-    principal: Principal,
-    principal_name: &str,
-    tool: &str,
-    args: Value,
-    options: &ToolOptions,
-) -> Result<Value, Error> {
-    run_as(engine, principal, principal_name, tool, args, options)
-        .await
-        .map(|o| reply(&o))
-}
-
 /// The caller-visible reply for an outcome: the stored result plus `replayed`.
 pub fn reply(outcome: &Outcome) -> Value {
     let mut out = match &outcome.result {

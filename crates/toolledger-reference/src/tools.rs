@@ -371,7 +371,7 @@ impl ReferenceTools {
             retention_ttl: Some(c.retention_ttl),
         };
         // The caller was read from the principal store when the call was extracted.
-        automations::call_tool_as(
+        automations::run_as(
             self.env.guard.engine(),
             call.caller.principal,
             &call.caller.name,
@@ -380,6 +380,7 @@ impl ReferenceTools {
             &options,
         )
         .await
+        .map(|outcome| automations::reply(&outcome))
     }
 
     /// `refund_order`: a deferred effect through the outbox to the payments service, by the
