@@ -9,7 +9,9 @@
 //! anew. Recorders are told apart by address, so a test's local recorder dropped and another
 //! made in its place would be taken for it; a program's global recorder lives for ever.
 //!
-//! The store's own series, written per job, are here: [`QueueDepth`] and [`BatchSize`].
+//! [`RegisteredByLabel`] does the same for a family of series told apart by one label's value
+//! (a tool's calls by outcome); [`Registered`] is its one-series case. The store's own series,
+//! written per job, are here: [`QueueDepth`] and [`BatchSize`].
 
 use std::sync::{PoisonError, RwLock};
 
@@ -23,34 +25,73 @@ pub fn recorder_id() -> usize {
 
 /// A series' handle (`metrics::Counter`, `Gauge` or `Histogram`), registered once per recorder.
 pub struct Registered<H> {
-    slot: RwLock<Option<(usize, H)>>,
+    by_label: RegisteredByLabel<H>,
 }
 
 impl<H: Clone> Registered<H> {
     /// No handle yet.
     pub const fn new() -> Self {
         Registered {
-            slot: RwLock::new(None),
+            by_label: RegisteredByLabel::new(),
         }
     }
 
     /// The handle for the current recorder: the one kept, or a new one from `register`.
     pub fn get(&self, register: impl FnOnce() -> H) -> H {
-        let recorder = recorder_id();
-        if let Some((kept_for, handle)) = &*self.slot.read().unwrap_or_else(PoisonError::into_inner)
-        {
-            if *kept_for == recorder {
-                return handle.clone();
-            }
-        }
-        let handle = register();
-        *self.slot.write().unwrap_or_else(PoisonError::into_inner) =
-            Some((recorder, handle.clone()));
-        handle
+        self.by_label.get("", register)
     }
 }
 
 impl<H: Clone> Default for Registered<H> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Most label values whose handles a [`RegisteredByLabel`] keeps; the handles of others are
+/// registered each time.
+pub const KEPT_LABELS: usize = 32;
+
+/// The handles of a family of series told apart by one label's value (a tool's calls by
+/// outcome), each registered once per recorder.
+pub struct RegisteredByLabel<H> {
+    /// The recorder the handles are of, and a handle per label value seen.
+    kept: RwLock<(usize, Vec<(String, H)>)>,
+}
+
+impl<H: Clone> RegisteredByLabel<H> {
+    /// No handles yet.
+    pub const fn new() -> Self {
+        RegisteredByLabel {
+            kept: RwLock::new((0, Vec::new())),
+        }
+    }
+
+    /// The handle of `label` for the current recorder: the one kept, or a new one from
+    /// `register` (kept while fewer than [`KEPT_LABELS`] are).
+    pub fn get(&self, label: &str, register: impl FnOnce() -> H) -> H {
+        let recorder = recorder_id();
+        {
+            let kept = self.kept.read().unwrap_or_else(PoisonError::into_inner);
+            if kept.0 == recorder {
+                if let Some((_, handle)) = kept.1.iter().find(|(l, _)| l == label) {
+                    return handle.clone();
+                }
+            }
+        }
+        let handle = register();
+        let mut kept = self.kept.write().unwrap_or_else(PoisonError::into_inner);
+        if kept.0 != recorder {
+            *kept = (recorder, Vec::new());
+        }
+        if kept.1.len() < KEPT_LABELS && !kept.1.iter().any(|(l, _)| l == label) {
+            kept.1.push((label.to_string(), handle.clone()));
+        }
+        handle
+    }
+}
+
+impl<H: Clone> Default for RegisteredByLabel<H> {
     fn default() -> Self {
         Self::new()
     }
@@ -110,22 +151,38 @@ impl BatchSize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use metrics::{
-        Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
-    };
+    use metrics::{Counter, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+    use std::collections::HashMap;
     use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
 
-    /// A recorder of one counter.
+    /// A recorder of counters by their labels' values (`a/b`), counting registrations.
     #[derive(Default)]
-    struct OneCounter(Arc<AtomicU64>);
+    struct Counters {
+        counts: Mutex<HashMap<String, Arc<AtomicU64>>>,
+        registrations: AtomicU64,
+    }
 
-    impl Recorder for OneCounter {
+    impl Counters {
+        fn count(&self, labels: &str) -> u64 {
+            let counts = self.counts.lock().unwrap();
+            counts.get(labels).map_or(0, |c| c.load(Ordering::Relaxed))
+        }
+
+        fn registrations(&self) -> u64 {
+            self.registrations.load(Ordering::Relaxed)
+        }
+    }
+
+    impl Recorder for Counters {
         fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
         fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
         fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
-            Counter::from_arc(self.0.clone())
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            self.registrations.fetch_add(1, Ordering::Relaxed);
+            let labels: Vec<&str> = key.labels().map(|l| l.value()).collect();
+            let mut counts = self.counts.lock().unwrap();
+            Counter::from_arc(counts.entry(labels.join("/")).or_default().clone())
         }
         fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
             Gauge::noop()
@@ -151,18 +208,54 @@ mod tests {
         increment();
         increment();
         assert_eq!(registrations.get(), 1);
-        let first = OneCounter::default();
+        let first = Counters::default();
         metrics::with_local_recorder(&first, || {
             increment();
             increment();
         });
         // A recorder installed later gets its own handle, and every increment.
         assert_eq!(registrations.get(), 2);
-        assert_eq!(first.0.load(Ordering::Relaxed), 2);
-        let second = OneCounter::default();
+        assert_eq!(first.count(""), 2);
+        let second = Counters::default();
         metrics::with_local_recorder(&second, increment);
         assert_eq!(registrations.get(), 3);
-        assert_eq!(second.0.load(Ordering::Relaxed), 1);
-        assert_eq!(first.0.load(Ordering::Relaxed), 2);
+        assert_eq!(second.count(""), 1);
+        assert_eq!(first.count(""), 2);
+    }
+
+    #[test]
+    fn handles_are_kept_per_label_value_and_per_recorder() {
+        let calls: RegisteredByLabel<Counter> = RegisteredByLabel::new();
+        let increment = |outcome: &str| {
+            calls
+                .get(outcome, || metrics::counter!("calls", "tool" => "refund", "outcome" => outcome.to_string()))
+                .increment(1)
+        };
+        let first = Counters::default();
+        metrics::with_local_recorder(&first, || {
+            for outcome in ["fresh", "fresh", "replayed", "fresh", "operation_conflict"] {
+                increment(outcome);
+            }
+        });
+        assert_eq!(first.count("refund/fresh"), 3);
+        assert_eq!(first.count("refund/replayed"), 1);
+        assert_eq!(first.count("refund/operation_conflict"), 1);
+        // Each label value was looked up in the recorder once.
+        assert_eq!(first.registrations(), 3);
+        // Another recorder gets its own handles; the first one's are left as they were.
+        let second = Counters::default();
+        metrics::with_local_recorder(&second, || increment("fresh"));
+        assert_eq!(second.count("refund/fresh"), 1);
+        assert_eq!(first.count("refund/fresh"), 3);
+        // Past the bound, a label's handle is registered on every use, and still counts.
+        let many = Counters::default();
+        metrics::with_local_recorder(&many, || {
+            for i in 0..KEPT_LABELS + 2 {
+                increment(&format!("code_{i}"));
+            }
+            increment(&format!("code_{}", KEPT_LABELS + 1));
+        });
+        assert_eq!(many.registrations(), KEPT_LABELS as u64 + 3);
+        assert_eq!(many.count(&format!("refund/code_{}", KEPT_LABELS + 1)), 2);
     }
 }

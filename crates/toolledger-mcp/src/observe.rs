@@ -14,13 +14,12 @@
 //! [`crate::reply::error_of`] reads it from a serialized result.
 
 use std::borrow::Cow;
-use std::sync::{PoisonError, RwLock};
 use std::time::Duration;
 
 use metrics::{Counter, Histogram};
 use rmcp::model::{CallToolResponse, ErrorData};
 use serde_json::Value;
-use toolledger::metric::{self, Registered};
+use toolledger::metric::{Registered, RegisteredByLabel};
 
 /// The outcome label and the operation id of a tool's answer.
 fn classify(
@@ -79,15 +78,11 @@ fn classify(
     }
 }
 
-/// Most outcomes of one tool whose counters are kept; others are looked up each time.
-const KEPT_OUTCOMES: usize = 32;
-
 /// One tool's name and its series, registered once per recorder.
 pub(crate) struct CallSeries {
     tool: String,
     duration: Registered<Histogram>,
-    /// The recorder the counters are of, and a counter per outcome seen.
-    calls: RwLock<(usize, Vec<(String, Counter)>)>,
+    calls: RegisteredByLabel<Counter>,
 }
 
 impl CallSeries {
@@ -96,30 +91,15 @@ impl CallSeries {
         CallSeries {
             tool: tool.to_string(),
             duration: Registered::new(),
-            calls: RwLock::new((0, Vec::new())),
+            calls: RegisteredByLabel::new(),
         }
     }
 
     /// `toolledger_tool_calls_total{tool,outcome}` for `outcome`.
     fn calls(&self, outcome: &str) -> Counter {
-        let recorder = metric::recorder_id();
-        {
-            let kept = self.calls.read().unwrap_or_else(PoisonError::into_inner);
-            if kept.0 == recorder {
-                if let Some((_, counter)) = kept.1.iter().find(|(o, _)| o == outcome) {
-                    return counter.clone();
-                }
-            }
-        }
-        let counter = metrics::counter!("toolledger_tool_calls_total", "tool" => self.tool.clone(), "outcome" => outcome.to_string());
-        let mut kept = self.calls.write().unwrap_or_else(PoisonError::into_inner);
-        if kept.0 != recorder {
-            *kept = (recorder, Vec::new());
-        }
-        if kept.1.len() < KEPT_OUTCOMES && !kept.1.iter().any(|(o, _)| o == outcome) {
-            kept.1.push((outcome.to_string(), counter.clone()));
-        }
-        counter
+        self.calls.get(outcome, || {
+            metrics::counter!("toolledger_tool_calls_total", "tool" => self.tool.clone(), "outcome" => outcome.to_string())
+        })
     }
 
     /// `toolledger_tool_call_duration_seconds{tool}`.
@@ -156,66 +136,8 @@ pub(crate) fn tool_call(
 mod tests {
     use super::*;
     use crate::reply::{tool_error, tool_ok};
-    use metrics::{Gauge, Key, KeyName, Metadata, Recorder, SharedString, Unit};
     use serde_json::json;
-    use std::collections::HashMap;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::{Arc, Mutex};
     use toolledger::model::{Error, ErrorCode};
-
-    /// A recorder of counters by their labels' values (`tool/outcome`), counting how many
-    /// times each was registered.
-    #[derive(Default)]
-    struct Counters {
-        counts: Mutex<HashMap<String, Arc<AtomicU64>>>,
-        registrations: AtomicU64,
-    }
-
-    impl Counters {
-        fn count(&self, labels: &str) -> u64 {
-            let counts = self.counts.lock().unwrap();
-            counts.get(labels).map_or(0, |c| c.load(Ordering::Relaxed))
-        }
-    }
-
-    impl Recorder for Counters {
-        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-            self.registrations.fetch_add(1, Ordering::Relaxed);
-            let labels: Vec<&str> = key.labels().map(|l| l.value()).collect();
-            let mut counts = self.counts.lock().unwrap();
-            Counter::from_arc(counts.entry(labels.join("/")).or_default().clone())
-        }
-        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
-            Gauge::noop()
-        }
-        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
-            Histogram::noop()
-        }
-    }
-
-    #[test]
-    fn a_tools_counters_are_kept_per_outcome_and_per_recorder() {
-        let series = CallSeries::new("refund");
-        let first = Counters::default();
-        metrics::with_local_recorder(&first, || {
-            for outcome in ["fresh", "fresh", "replayed", "fresh", "operation_conflict"] {
-                series.calls(outcome).increment(1);
-            }
-        });
-        assert_eq!(first.count("refund/fresh"), 3);
-        assert_eq!(first.count("refund/replayed"), 1);
-        assert_eq!(first.count("refund/operation_conflict"), 1);
-        // Each outcome's series was looked up in the recorder once.
-        assert_eq!(first.registrations.load(Ordering::Relaxed), 3);
-        // Another recorder gets its own counters; the first one's are left as they were.
-        let second = Counters::default();
-        metrics::with_local_recorder(&second, || series.calls("fresh").increment(1));
-        assert_eq!(second.count("refund/fresh"), 1);
-        assert_eq!(first.count("refund/fresh"), 3);
-    }
 
     #[test]
     fn outcomes_name_fresh_replayed_refusals_and_protocol_errors() {
