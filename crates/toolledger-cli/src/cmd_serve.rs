@@ -277,6 +277,8 @@ impl HttpFrontArgs {
             max_in_flight_per_principal: self.max_in_flight_per_principal as usize,
             body_timeout: Duration::from_secs(self.body_timeout),
             limits: self.listener.limits(),
+            // The reference tools and the proxy send no notifications during a call.
+            direct_tool_calls: true,
         })
     }
 }

@@ -35,12 +35,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::response::IntoResponse;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use toolledger::authz::PrincipalStore;
 use toolledger::store::Store;
 
 use crate::caller::bearer_auth;
+use crate::wire::direct::{CheckedCall, DirectCalls};
 use crate::wire::http::{
     bind_sessions, end_session, guard_host_and_origin, limit_in_flight, limit_per_principal,
     strict_body, AllowedHosts, BodyTimeout, ConnectionLimits, InFlight, PerPrincipal,
@@ -67,6 +69,12 @@ pub struct HttpFront {
     pub body_timeout: Duration,
     /// The listener's connection limits.
     pub limits: ConnectionLimits,
+    /// Whether a `tools/call` of MCP 2026-07-28 that rmcp's service would take as it is
+    /// (see [`crate::wire`]'s direct path) is answered in the task that read it, without rmcp
+    /// reading it again and starting a service loop for it. The answer is the same; a
+    /// notification a tool sends during such a call is not delivered. On by default; turn it
+    /// off for tools that send notifications.
+    pub direct_tool_calls: bool,
 }
 
 impl Default for HttpFront {
@@ -77,6 +85,7 @@ impl Default for HttpFront {
             max_in_flight_per_principal: DEFAULT_MAX_IN_FLIGHT_PER_PRINCIPAL,
             body_timeout: DEFAULT_BODY_TIMEOUT,
             limits: ConnectionLimits::default(),
+            direct_tool_calls: true,
         }
     }
 }
@@ -97,14 +106,31 @@ impl HttpFront {
             .with_allowed_hosts(self.hosts.entries())
             .with_max_request_body_bytes(MAX_MESSAGE_BYTES);
         let sessions = Arc::new(LocalSessionManager::default());
+        let factory = server.clone();
         let service =
-            StreamableHttpService::new(move || Ok(server.clone()), sessions.clone(), config);
+            StreamableHttpService::new(move || Ok(factory.clone()), sessions.clone(), config);
         // Shared, not cloned per request (a clone copies its configuration and registers a
         // cancellation token).
         let shared = Arc::new(service);
+        let direct = self
+            .direct_tool_calls
+            .then(|| Arc::new(DirectCalls::new(server)));
         let mcp = axum::routing::any(move |request: axum::extract::Request| {
             let shared = shared.clone();
-            async move { shared.handle(request).await }
+            let direct = direct.clone();
+            async move {
+                let (mut parts, body) = request.into_parts();
+                let checked = parts.extensions.remove::<CheckedCall>();
+                if let (Some(direct), Some(CheckedCall(call))) = (direct, checked) {
+                    if direct.takes(&parts.method, &parts.headers, &call) {
+                        return direct.answer(parts, call).await;
+                    }
+                }
+                shared
+                    .handle(axum::extract::Request::from_parts(parts, body))
+                    .await
+                    .into_response()
+            }
         });
         // Layers wrap outward: the last added runs first.
         axum::Router::new()

@@ -8,7 +8,8 @@
 //! - `strict_body`: a JSON POST body is read (at most
 //!   [`MAX_MESSAGE_BYTES`](super::MAX_MESSAGE_BYTES); more is 413) and checked by
 //!   [`check_message`](super::check_message); a refused body is answered 400 with the JSON-RPC
-//!   error as `application/json`, and an accepted one is passed on unchanged.
+//!   error as `application/json`, and an accepted one is passed on unchanged (a `tools/call`
+//!   with the message it was read as, for the front's direct path).
 //! - `end_session`: `DELETE` of a legacy session answers 204 No Content once the session
 //!   is closed (rmcp answers 202, which clients read as a failed termination) and 404 for a
 //!   session the server does not know.
@@ -257,13 +258,22 @@ pub(crate) async fn strict_body(
         Ok(bytes) => bytes,
         Err(refusal) => return refusal,
     };
-    if let Err(error) = check_message(&bytes) {
-        tracing::debug!(
-            code = error.code,
-            rule = error.rule,
-            "refused an incoming message"
-        );
-        return jsonrpc_error(StatusCode::BAD_REQUEST, &error);
+    let mut parts = parts;
+    match check_message(&bytes) {
+        Ok(rmcp::model::JsonRpcMessage::Request(call))
+            if matches!(call.request, rmcp::model::ClientRequest::CallToolRequest(_)) =>
+        {
+            parts.extensions.insert(super::direct::CheckedCall(call));
+        }
+        Ok(_) => {}
+        Err(error) => {
+            tracing::debug!(
+                code = error.code,
+                rule = error.rule,
+                "refused an incoming message"
+            );
+            return jsonrpc_error(StatusCode::BAD_REQUEST, &error);
+        }
     }
     next.run(Request::from_parts(parts, Body::from(bytes)))
         .await

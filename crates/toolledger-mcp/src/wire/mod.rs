@@ -22,6 +22,8 @@
 //! Error messages name the broken rule and a byte offset, never the input.
 
 #[cfg(feature = "http")]
+pub(crate) mod direct;
+#[cfg(feature = "http")]
 pub mod http;
 pub mod stdio;
 
