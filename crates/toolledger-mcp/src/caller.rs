@@ -115,8 +115,18 @@ impl CallerSource {
 #[cfg(feature = "http")]
 pub async fn bearer_auth(
     State(principals): State<Arc<PrincipalStore>>,
-    mut request: Request,
+    request: Request,
     next: Next,
+) -> Response {
+    authenticate(&principals, request, |r| next.run(r)).await
+}
+
+/// [`bearer_auth`] with `next` the rest of the request's way.
+#[cfg(feature = "http")]
+pub(crate) async fn authenticate<F: std::future::Future<Output = Response>>(
+    principals: &PrincipalStore,
+    mut request: Request,
+    next: impl FnOnce(Request) -> F,
 ) -> Response {
     let token = request
         .headers()
@@ -150,7 +160,7 @@ pub async fn bearer_auth(
             };
             request.extensions_mut().insert(AuthenticatedName(name));
             request.extensions_mut().insert(ReadWithToken(caller));
-            next.run(request).await
+            next(request).await
         }
         Ok(None) => unauthorized(),
         Err(_) => (

@@ -35,18 +35,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::response::IntoResponse;
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use toolledger::authz::PrincipalStore;
 use toolledger::store::Store;
 
-use crate::caller::bearer_auth;
+use crate::caller::authenticate;
 use crate::wire::direct::{CheckedCall, DirectCalls};
 use crate::wire::http::{
-    bind_sessions, end_session, guard_host_and_origin, limit_in_flight, limit_per_principal,
-    strict_body, AllowedHosts, BodyTimeout, ConnectionLimits, InFlight, PerPrincipal,
-    SessionOwners, DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_IN_FLIGHT_PER_PRINCIPAL,
+    bind_sessions, end_session, host_and_origin, limit_in_flight, limit_per_principal, strict_body,
+    AllowedHosts, BodyTimeout, ConnectionLimits, InFlight, PerPrincipal, SessionOwners,
+    DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_IN_FLIGHT_PER_PRINCIPAL,
 };
 use crate::wire::MAX_MESSAGE_BYTES;
 
@@ -109,60 +110,27 @@ impl HttpFront {
         let factory = server.clone();
         let service =
             StreamableHttpService::new(move || Ok(factory.clone()), sessions.clone(), config);
-        // Shared, not cloned per request (a clone copies its configuration and registers a
-        // cancellation token).
-        let shared = Arc::new(service);
-        let direct = self
-            .direct_tool_calls
-            .then(|| Arc::new(DirectCalls::new(server)));
-        let mcp = axum::routing::any(move |request: axum::extract::Request| {
-            let shared = shared.clone();
-            let direct = direct.clone();
-            async move {
-                let (mut parts, body) = request.into_parts();
-                let checked = parts.extensions.remove::<CheckedCall>();
-                if let (Some(direct), Some(CheckedCall(call))) = (direct, checked) {
-                    if direct.takes(&parts.method, &parts.headers, &call) {
-                        return direct.answer(parts, call).await;
-                    }
-                }
-                shared
-                    .handle(axum::extract::Request::from_parts(parts, body))
-                    .await
-                    .into_response()
-            }
+        // One value shared by every request: axum's layers would clone each layer, and every
+        // layer inside it, per request, and rmcp's service registers a cancellation token
+        // when cloned.
+        let pipeline = Arc::new(Pipeline {
+            in_flight: InFlight::new(self.max_in_flight),
+            hosts: self.hosts.clone(),
+            principals,
+            per_principal: Arc::new(PerPrincipal::new(self.max_in_flight_per_principal)),
+            body_timeout: BodyTimeout(self.body_timeout),
+            owners: SessionOwners::new(sessions.clone()),
+            sessions,
+            direct: self.direct_tool_calls.then(|| DirectCalls::new(server)),
+            service,
         });
-        // Layers wrap outward: the last added runs first.
-        axum::Router::new()
-            .route("/mcp", mcp)
-            .layer(axum::middleware::from_fn_with_state(
-                sessions.clone(),
-                end_session::<LocalSessionManager>,
-            ))
-            .layer(axum::middleware::from_fn_with_state(
-                Arc::new(SessionOwners::new(sessions)),
-                bind_sessions::<LocalSessionManager>,
-            ))
-            .layer(axum::middleware::from_fn_with_state(
-                BodyTimeout(self.body_timeout),
-                strict_body,
-            ))
-            .layer(axum::middleware::from_fn_with_state(
-                Arc::new(PerPrincipal::new(self.max_in_flight_per_principal)),
-                limit_per_principal,
-            ))
-            .layer(axum::middleware::from_fn_with_state(
-                Arc::new(principals),
-                bearer_auth,
-            ))
-            .layer(axum::middleware::from_fn_with_state(
-                Arc::new(self.hosts.clone()),
-                guard_host_and_origin,
-            ))
-            .layer(axum::middleware::from_fn_with_state(
-                Arc::new(InFlight::new(self.max_in_flight)),
-                limit_in_flight,
-            ))
+        axum::Router::new().route(
+            "/mcp",
+            axum::routing::any(move |request: Request| {
+                let pipeline = pipeline.clone();
+                async move { pipeline.pass(request).await }
+            }),
+        )
     }
 
     /// Serves `app` on `listener` within [`HttpFront::limits`] until `shutdown` completes,
@@ -174,6 +142,58 @@ impl HttpFront {
         shutdown: impl std::future::Future<Output = ()>,
     ) -> std::io::Result<()> {
         crate::wire::http::serve(listener, app, self.limits, shutdown).await
+    }
+}
+
+/// Every layer of the front, in the order a request meets them, and the MCP service at the
+/// end: one value per router, so a request clones nothing but its own data on its way.
+struct Pipeline<S: rmcp::ServerHandler> {
+    in_flight: InFlight,
+    hosts: AllowedHosts,
+    principals: PrincipalStore,
+    per_principal: Arc<PerPrincipal>,
+    body_timeout: BodyTimeout,
+    owners: SessionOwners<LocalSessionManager>,
+    sessions: Arc<LocalSessionManager>,
+    direct: Option<DirectCalls<S>>,
+    service: StreamableHttpService<S, LocalSessionManager>,
+}
+
+impl<S: rmcp::ServerHandler + Clone + Send + Sync + 'static> Pipeline<S> {
+    /// `request` through every layer, outermost first — the in-flight limit, `Host` and
+    /// `Origin`, the bearer token, the principal's share, the strict body, a legacy
+    /// session's owner and end — then the MCP service.
+    async fn pass(&self, request: Request) -> Response {
+        limit_in_flight(&self.in_flight, request, |r| {
+            host_and_origin(&self.hosts, r, |r| {
+                authenticate(&self.principals, r, |r| {
+                    limit_per_principal(&self.per_principal, r, |r| {
+                        strict_body(self.body_timeout, r, |r| {
+                            bind_sessions(&self.owners, r, |r| {
+                                end_session(self.sessions.as_ref(), r, |r| self.mcp(r))
+                            })
+                        })
+                    })
+                })
+            })
+        })
+        .await
+    }
+
+    /// `/mcp`: a `tools/call` the direct path takes is answered there; anything else by
+    /// rmcp's service.
+    async fn mcp(&self, request: Request) -> Response {
+        let (mut parts, body) = request.into_parts();
+        let checked = parts.extensions.remove::<CheckedCall>();
+        if let (Some(direct), Some(CheckedCall(call))) = (&self.direct, checked) {
+            if direct.takes(&parts.method, &parts.headers, &call) {
+                return direct.answer(parts, call).await;
+            }
+        }
+        self.service
+            .handle(Request::from_parts(parts, body))
+            .await
+            .into_response()
     }
 }
 

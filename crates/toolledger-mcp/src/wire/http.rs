@@ -1,5 +1,7 @@
-//! The HTTP side of the strict wire entry, as axum middleware for a streamable HTTP MCP
-//! endpoint (rmcp's `StreamableHttpService`):
+//! The HTTP side of the strict wire entry: the steps a request to a streamable HTTP MCP
+//! endpoint passes before rmcp's `StreamableHttpService` (or the direct path) answers it. Each
+//! takes the rest of the request's way as a function, so the front chains them in one future
+//! per request; [`guard_host_and_origin`] is also axum middleware, for other routers:
 //!
 //! - [`guard_host_and_origin`]: the `Host` header must name an allowed host
 //!   ([`AllowedHosts`]: loopback, plus the operator's own names), and a present `Origin`
@@ -26,6 +28,7 @@
 //!   `strict_body`'s body deadline, a slow or idle client holds neither a connection nor a
 //!   request slot for long.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -181,6 +184,15 @@ pub async fn guard_host_and_origin(
     request: Request,
     next: Next,
 ) -> Response {
+    host_and_origin(&hosts, request, |r| next.run(r)).await
+}
+
+/// [`guard_host_and_origin`] with `next` the rest of the request's way.
+pub(crate) async fn host_and_origin<F: Future<Output = Response>>(
+    hosts: &AllowedHosts,
+    request: Request,
+    next: impl FnOnce(Request) -> F,
+) -> Response {
     let headers = request.headers();
     let host = headers
         .get(header::HOST)
@@ -203,7 +215,7 @@ pub async fn guard_host_and_origin(
             );
         }
     }
-    next.run(request).await
+    next(request).await
 }
 
 fn is_json(headers: &HeaderMap) -> bool {
@@ -239,19 +251,19 @@ impl Default for BodyTimeout {
     }
 }
 
-/// Middleware: checks a JSON POST body with the strict wire entry before the MCP service
+/// Checks a JSON POST body with the strict wire entry before the MCP service
 /// reads it. The body must arrive in full within the [`BodyTimeout`] (408 `body_timeout`
 /// otherwise, and the connection is closed: a slow body cannot hold a request slot). Refused:
 /// 400 with the JSON-RPC error body (-32700, -32600 or -32602 with the request's id); over
 /// [`MAX_MESSAGE_BYTES`]: 413 with the -32700 `too_large` body. Other requests (GET, DELETE,
 /// another content type) pass untouched; the service answers them.
-pub(crate) async fn strict_body(
-    State(deadline): State<BodyTimeout>,
+pub(crate) async fn strict_body<F: Future<Output = Response>>(
+    deadline: BodyTimeout,
     request: Request,
-    next: Next,
+    next: impl FnOnce(Request) -> F,
 ) -> Response {
     if request.method() != Method::POST || !is_json(request.headers()) {
-        return next.run(request).await;
+        return next(request).await;
     }
     let (parts, body) = request.into_parts();
     let bytes = match read_body_within(body, MAX_MESSAGE_BYTES, deadline.0).await {
@@ -275,20 +287,19 @@ pub(crate) async fn strict_body(
             return jsonrpc_error(StatusCode::BAD_REQUEST, &error);
         }
     }
-    next.run(Request::from_parts(parts, Body::from(bytes)))
-        .await
+    next(Request::from_parts(parts, Body::from(bytes))).await
 }
 
-/// Middleware for `DELETE` of a legacy session (`Mcp-Session-Id`): 404 when `sessions` does
+/// For `DELETE` of a legacy session (`Mcp-Session-Id`): 404 when `sessions` does
 /// not know the session, 204 No Content when the service closed it (rmcp's 202 is mapped),
 /// anything else the service answered as it is.
-pub(crate) async fn end_session<M: SessionManager>(
-    State(sessions): State<Arc<M>>,
+pub(crate) async fn end_session<M: SessionManager, F: Future<Output = Response>>(
+    sessions: &M,
     request: Request,
-    next: Next,
+    next: impl FnOnce(Request) -> F,
 ) -> Response {
     if request.method() != Method::DELETE {
-        return next.run(request).await;
+        return next(request).await;
     }
     let known = match request
         .headers()
@@ -296,9 +307,9 @@ pub(crate) async fn end_session<M: SessionManager>(
         .and_then(|v| v.to_str().ok())
     {
         Some(id) => sessions.has_session(&Arc::from(id)).await.unwrap_or(false),
-        None => return next.run(request).await,
+        None => return next(request).await,
     };
-    let response = next.run(request).await;
+    let response = next(request).await;
     if response.status() != StatusCode::ACCEPTED {
         return response;
     }
@@ -369,13 +380,13 @@ impl<M: SessionManager> SessionOwners<M> {
     }
 }
 
-/// Middleware, inside the bearer layer: a legacy session (`Mcp-Session-Id`) belongs to the
+/// Inside the bearer step: a legacy session (`Mcp-Session-Id`) belongs to the
 /// principal whose request opened it. Another principal presenting its id — to call in it, or
 /// to `DELETE` it — is answered 404 `session_not_found`, as for a session that does not exist.
-pub(crate) async fn bind_sessions<M: SessionManager>(
-    State(owners): State<Arc<SessionOwners<M>>>,
+pub(crate) async fn bind_sessions<M: SessionManager, F: Future<Output = Response>>(
+    owners: &SessionOwners<M>,
     request: Request,
-    next: Next,
+    next: impl FnOnce(Request) -> F,
 ) -> Response {
     let caller = request
         .extensions()
@@ -398,7 +409,7 @@ pub(crate) async fn bind_sessions<M: SessionManager>(
             }
         }
     }
-    let response = next.run(request).await;
+    let response = next(request).await;
     match (&presented, caller) {
         (None, Some(caller)) => {
             let opened = response
@@ -431,15 +442,15 @@ impl InFlight {
     }
 }
 
-/// Middleware: handles the request while fewer than the [`InFlight`] limit of others are handled;
+/// Handles the request while fewer than the [`InFlight`] limit of others are handled;
 /// otherwise answers 503 `{"error": {"code": "unavailable", …}}` with `Retry-After: 1` at
 /// once, without reading the body, and counts it in
 /// `toolledger_http_requests_shed_total`. The permit is held until the response's head is
 /// ready (for a JSON response, the whole call).
-pub(crate) async fn limit_in_flight(
-    State(limit): State<Arc<InFlight>>,
+pub(crate) async fn limit_in_flight<F: Future<Output = Response>>(
+    limit: &InFlight,
     request: Request,
-    next: Next,
+    next: impl FnOnce(Request) -> F,
 ) -> Response {
     let Ok(_permit) = limit.permits.clone().try_acquire_owned() else {
         metrics::counter!("toolledger_http_requests_shed_total").increment(1);
@@ -447,7 +458,7 @@ pub(crate) async fn limit_in_flight(
             "the server is handling as many requests as it can; retry the same request later",
         );
     };
-    next.run(request).await
+    next(request).await
 }
 
 /// How many requests one principal may have handled at once ([`limit_per_principal`]), beside
@@ -511,22 +522,22 @@ fn shed(message: &str) -> Response {
     response
 }
 
-/// Middleware, inside the bearer layer: handles the request while its principal has fewer
+/// Inside the bearer step: handles the request while its principal has fewer
 /// than the [`PerPrincipal`] limit of others handled; otherwise answers 503 `unavailable` with
 /// `Retry-After: 1` before the body is read, counted in
 /// `toolledger_http_requests_shed_per_principal_total`. Requests without an authenticated
 /// principal pass.
-pub(crate) async fn limit_per_principal(
-    State(limit): State<Arc<PerPrincipal>>,
+pub(crate) async fn limit_per_principal<F: Future<Output = Response>>(
+    limit: &Arc<PerPrincipal>,
     request: Request,
-    next: Next,
+    next: impl FnOnce(Request) -> F,
 ) -> Response {
     let Some(name) = request
         .extensions()
         .get::<crate::caller::AuthenticatedName>()
         .map(|n| n.0.clone())
     else {
-        return next.run(request).await;
+        return next(request).await;
     };
     let Some(_share) = limit.try_take(&name) else {
         metrics::counter!("toolledger_http_requests_shed_per_principal_total").increment(1);
@@ -535,7 +546,7 @@ pub(crate) async fn limit_per_principal(
              request later",
         );
     };
-    next.run(request).await
+    next(request).await
 }
 
 /// The limits of one HTTP listener ([`serve`]).
