@@ -8,8 +8,8 @@
 //!   header must name one too; otherwise 403 before anything else runs (DNS rebinding and
 //!   cross-site requests from a browser never reach authentication or a tool).
 //! - `strict_body`: a JSON POST body is read (at most
-//!   [`MAX_MESSAGE_BYTES`](super::MAX_MESSAGE_BYTES); more is 413) and checked by
-//!   [`check_message`](super::check_message); a refused body is answered 400 with the JSON-RPC
+//!   [`MAX_MESSAGE_BYTES`]; more is 413) and checked by
+//!   [`check_message`]; a refused body is answered 400 with the JSON-RPC
 //!   error as `application/json`, and an accepted one is passed on unchanged (a `tools/call`
 //!   with the message it was read as, for the front's direct path).
 //! - `end_session`: `DELETE` of a legacy session answers 204 No Content once the session

@@ -1,7 +1,7 @@
 //! The stdio transport of the strict wire entry: newline-delimited JSON-RPC messages, each
-//! checked by [`check_message`](super::check_message), every refused line answered.
+//! checked by [`check_message`], every refused line answered.
 //!
-//! - Reading is bounded: a line is buffered up to [`MAX_MESSAGE_BYTES`](super::MAX_MESSAGE_BYTES)
+//! - Reading is bounded: a line is buffered up to [`MAX_MESSAGE_BYTES`]
 //!   (plus its `\r\n`); a longer one is answered -32700 `too_large` as soon as it crosses the
 //!   limit and the rest of it is read in chunks and discarded up to its newline.
 //! - Receiving is cancel-safe (rmcp polls it inside `select!`): a partly read line stays in
