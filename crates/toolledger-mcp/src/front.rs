@@ -119,8 +119,7 @@ impl HttpFront {
             principals,
             per_principal: Arc::new(PerPrincipal::new(self.max_in_flight_per_principal)),
             body_timeout: BodyTimeout(self.body_timeout),
-            owners: SessionOwners::new(sessions.clone()),
-            sessions,
+            owners: SessionOwners::new(sessions),
             direct: self.direct_tool_calls.then(|| DirectCalls::new(server)),
             service,
         });
@@ -154,7 +153,6 @@ struct Pipeline<S: rmcp::ServerHandler> {
     per_principal: Arc<PerPrincipal>,
     body_timeout: BodyTimeout,
     owners: SessionOwners<LocalSessionManager>,
-    sessions: Arc<LocalSessionManager>,
     direct: Option<DirectCalls<S>>,
     service: StreamableHttpService<S, LocalSessionManager>,
 }
@@ -170,7 +168,7 @@ impl<S: rmcp::ServerHandler + Clone + Send + Sync + 'static> Pipeline<S> {
                     limit_per_principal(&self.per_principal, r, |r| {
                         strict_body(self.body_timeout, r, |r| {
                             bind_sessions(&self.owners, r, |r| {
-                                end_session(self.sessions.as_ref(), r, |r| self.mcp(r))
+                                end_session(self.owners.sessions(), r, |r| self.mcp(r))
                             })
                         })
                     })

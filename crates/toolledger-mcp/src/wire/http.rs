@@ -265,12 +265,11 @@ pub(crate) async fn strict_body<F: Future<Output = Response>>(
     if request.method() != Method::POST || !is_json(request.headers()) {
         return next(request).await;
     }
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let bytes = match read_body_within(body, MAX_MESSAGE_BYTES, deadline.0).await {
         Ok(bytes) => bytes,
         Err(refusal) => return refusal,
     };
-    let mut parts = parts;
     match check_message(&bytes) {
         Ok(rmcp::model::JsonRpcMessage::Request(call))
             if matches!(call.request, rmcp::model::ClientRequest::CallToolRequest(_)) =>
@@ -374,6 +373,11 @@ impl<M: SessionManager> SessionOwners<M> {
         owners.insert(id, owner);
     }
 
+    /// The session manager whose sessions these are.
+    pub(crate) fn sessions(&self) -> &M {
+        &self.sessions
+    }
+
     fn forget(&self, id: &str) {
         let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
         owners.remove(id);
@@ -430,14 +434,14 @@ pub(crate) async fn bind_sessions<M: SessionManager, F: Future<Output = Response
 /// How many requests an HTTP endpoint handles at once ([`limit_in_flight`]).
 #[derive(Debug)]
 pub(crate) struct InFlight {
-    permits: Arc<tokio::sync::Semaphore>,
+    permits: tokio::sync::Semaphore,
 }
 
 impl InFlight {
     /// At most `limit` requests at once (at least 1).
     pub(crate) fn new(limit: usize) -> Self {
         InFlight {
-            permits: Arc::new(tokio::sync::Semaphore::new(limit.max(1))),
+            permits: tokio::sync::Semaphore::new(limit.max(1)),
         }
     }
 }
@@ -452,7 +456,7 @@ pub(crate) async fn limit_in_flight<F: Future<Output = Response>>(
     request: Request,
     next: impl FnOnce(Request) -> F,
 ) -> Response {
-    let Ok(_permit) = limit.permits.clone().try_acquire_owned() else {
+    let Ok(_permit) = limit.permits.try_acquire() else {
         metrics::counter!("toolledger_http_requests_shed_total").increment(1);
         return shed(
             "the server is handling as many requests as it can; retry the same request later",
