@@ -20,6 +20,7 @@ use std::sync::Arc;
 use toolledger::authz::PrincipalStore;
 use toolledger::clock::{ManualClock, SharedClock, SystemClock};
 use toolledger::engine::Engine;
+use toolledger::store::sqlite::CommitWait;
 use toolledger_cli::common::{StoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
 use toolledger_cli::telemetry::{init_logs, start_metrics, TelemetryArgs};
@@ -198,11 +199,14 @@ fn proxy_config(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
     ProxyConfig::parse(&text).map_err(|e| Failure::explained("CONFIG_INVALID", e.to_string()))
 }
 
-async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
+async fn proxy(args: ProxyArgs, mut config: StoreConfig) -> Result<(), Failure> {
     init_logs(args.telemetry.log_format);
     let front = args.front.resolve()?;
     let proxy_config = proxy_config(&args)?;
     let spec = upstream_spec(&args, &proxy_config)?;
+    // A proxied call's three write jobs are separated by the upstream's answer, so they reach
+    // the SQLite writer one by one: a short wait lets a commit carry more of them.
+    config.commit_wait = Some(CommitWait::PROXY);
     let store = config.open()?;
     let clock: SharedClock = match args.clock_epoch {
         Some(epoch) => Arc::new(ManualClock::new(epoch)),

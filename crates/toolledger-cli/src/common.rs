@@ -14,10 +14,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use toolledger::store::postgres::{PgOptions, PgStore};
-use toolledger::store::sqlite::{OpenOptions, SqliteStore, Synchronous};
+use toolledger::store::sqlite::{CommitWait, OpenOptions, SqliteStore, Synchronous};
 use toolledger::store::{Store, StoreError};
 
-use toolledger_reference::ledger::open_sqlite;
+use toolledger_reference::ledger::{open_sqlite, sqlite_options};
 
 use crate::exit::Failure;
 
@@ -164,6 +164,9 @@ pub struct StoreConfig {
     pub default_dir: Option<PathBuf>,
     /// The payments stand-in's own SQLite file.
     pub downstream: PathBuf,
+    /// How long the SQLite writer may hold a small batch for more jobs (`None`: it commits
+    /// at once). `proxy` sets [`CommitWait::PROXY`]; PostgreSQL ignores it.
+    pub commit_wait: Option<CommitWait>,
 }
 
 /// Resolves the store flags of one command into its [`StoreConfig`]; `downstream` is `None`
@@ -233,6 +236,7 @@ fn resolve_with(
         db,
         default_dir,
         downstream,
+        commit_wait: None,
     })
 }
 
@@ -275,7 +279,9 @@ impl StoreConfig {
                     return Err(Failure::code("DATABASE_NOT_FOUND"));
                 }
                 self.create_default_dir()?;
-                Ok(open_sqlite(path, self.backend_id.clone(), migrate, *synchronous)?.into())
+                let opts = sqlite_options(self.backend_id.clone(), migrate, *synchronous)
+                    .with_commit_wait(self.commit_wait);
+                Ok(SqliteStore::open(path, opts).map(Store::from)?)
             }
         }
     }

@@ -35,14 +35,20 @@ pub fn open_sqlite(
     migrate: bool,
     synchronous: Synchronous,
 ) -> Result<SqliteStore, StoreError> {
+    SqliteStore::open(db, sqlite_options(backend_id, migrate, synchronous))
+}
+
+/// The options [`open_sqlite`] opens with, for a caller that sets more of them.
+pub fn sqlite_options(
+    backend_id: Option<String>,
+    migrate: bool,
+    synchronous: Synchronous,
+) -> OpenOptions {
     let opts = match backend_id {
         Some(id) => OpenOptions::new(id),
         None => OpenOptions::any_backend(),
     };
-    SqliteStore::open(
-        db,
-        opts.with_migrations(crate::MIGRATIONS)
-            .allow_migrate(migrate)
-            .with_synchronous(synchronous),
-    )
+    opts.with_migrations(crate::MIGRATIONS)
+        .allow_migrate(migrate)
+        .with_synchronous(synchronous)
 }
