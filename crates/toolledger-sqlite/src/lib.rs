@@ -1908,12 +1908,20 @@ mod tests {
 
     /// A store at `path` with an application table `t(x UNIQUE)`.
     fn with_table_t(path: &Path) -> SqliteStore {
+        over_table_t(path, None)
+    }
+
+    /// A store over table `t` whose writer waits as `wait` says.
+    fn over_table_t(path: &Path, wait: Option<CommitWait>) -> SqliteStore {
         const APP: &[Migration] = &[Migration {
             namespace: "t",
             version: 1,
             sql: "CREATE TABLE t(x INTEGER NOT NULL UNIQUE) STRICT;",
         }];
-        SqliteStore::open(path, OpenOptions::new("b").with_migrations(APP)).unwrap()
+        let opts = OpenOptions::new("b")
+            .with_migrations(APP)
+            .with_commit_wait(wait);
+        SqliteStore::open(path, opts).unwrap()
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -2287,18 +2295,11 @@ mod tests {
         release
     }
 
-    /// A store over table `t` whose writer waits as `wait` says, with a peak of eight jobs:
-    /// eight inserts (`-8..0`) queued behind a held writer make one batch.
-    fn waiting_store(path: &Path, wait: Option<CommitWait>) -> SqliteStore {
-        const APP: &[Migration] = &[Migration {
-            namespace: "t",
-            version: 1,
-            sql: "CREATE TABLE t(x INTEGER NOT NULL UNIQUE) STRICT;",
-        }];
-        let opts = OpenOptions::new("b")
-            .with_migrations(APP)
-            .with_commit_wait(wait);
-        let store = SqliteStore::open(path, opts).unwrap();
+    /// A store over table `t` whose writer waits up to [`LONG`], ending at a `gap` without a
+    /// job (no wait at all when `None`), with a peak of eight jobs: eight inserts (`-8..0`)
+    /// queued behind a held writer make one batch.
+    fn waiting_store(path: &Path, gap: Option<Duration>) -> SqliteStore {
+        let store = over_table_t(path, gap.map(|gap| CommitWait { most: LONG, gap }));
         let release = hold_the_writer(&store);
         let answers: Vec<_> = (-8..0).map(|x| insert_job(&store, x)).collect();
         release.send(()).unwrap();
@@ -2316,13 +2317,7 @@ mod tests {
     #[test]
     fn a_small_batch_waits_for_more_jobs_and_commits_with_them_once_it_holds_half_the_peak() {
         let (_d, path) = temp();
-        let store = waiting_store(
-            &path,
-            Some(CommitWait {
-                most: LONG,
-                gap: LONG,
-            }),
-        );
+        let store = waiting_store(&path, Some(LONG));
         let before = store.writer_stats();
         let first = insert_job(&store, 1);
         assert!(
@@ -2350,13 +2345,7 @@ mod tests {
     #[test]
     fn a_commit_wait_ends_when_no_job_arrives_for_its_gap() {
         let (_d, path) = temp();
-        let store = waiting_store(
-            &path,
-            Some(CommitWait {
-                most: LONG,
-                gap: Duration::from_millis(50),
-            }),
-        );
+        let store = waiting_store(&path, Some(Duration::from_millis(50)));
         let before = store.writer_stats();
         let lone = insert_job(&store, 1);
         assert!(matches!(lone.recv_timeout(LONG / 2), Ok((1, None))));
@@ -2377,17 +2366,13 @@ mod tests {
 
         // A wait set, but one caller at a time: the peak stays at one job and nothing waits.
         let (_d2, path2) = temp();
-        let opts = OpenOptions::new("b")
-            .with_migrations(&[Migration {
-                namespace: "t",
-                version: 1,
-                sql: "CREATE TABLE t(x INTEGER NOT NULL UNIQUE) STRICT;",
-            }])
-            .with_commit_wait(Some(CommitWait {
+        let single = over_table_t(
+            &path2,
+            Some(CommitWait {
                 most: LONG,
                 gap: LONG,
-            }));
-        let single = SqliteStore::open(&path2, opts).unwrap();
+            }),
+        );
         for x in 0..20 {
             let answer = insert_job(&single, x);
             assert!(matches!(answer.recv_timeout(LONG / 2), Ok((y, None)) if y == x));
