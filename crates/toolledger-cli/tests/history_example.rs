@@ -26,7 +26,7 @@ use toolledger_testkit::kill::{
 };
 
 const CLIENTS: usize = 3;
-const CALLS_PER_CLIENT: usize = 80;
+const CALLS_PER_CLIENT: usize = 200;
 
 #[test]
 fn a_guarded_tool_keeps_its_history_under_random_sigkills() {
@@ -101,7 +101,7 @@ fn a_guarded_tool_keeps_its_history_under_random_sigkills() {
         }
         let plan = KillPlan {
             cycles: 6,
-            pause_ms: (30, 250),
+            pause_ms: (20, 120),
             down_ms: (0, 0),
         };
         killer(
