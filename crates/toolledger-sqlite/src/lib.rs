@@ -1263,40 +1263,25 @@ fn writer_loop(
         let now = Instant::now();
         let mut batch = Vec::with_capacity(receiver.len().min(MAX_BATCH) + 1);
         let mut next = Some(first);
-        while let Some((queued_at, job)) = next.take() {
-            if let Job::Background(work) = job {
-                background.take(work);
-            } else if limits.expired(queued_at, now) {
-                // Waited too long: answered without running (it changed nothing).
-                job.refuse(queue_wait_expired());
-            } else {
-                batch.push(job);
-            }
+        while let Some(queued) = next.take() {
+            gather(queued, now, &mut batch, &mut background, limits);
             if batch.len() < MAX_BATCH {
                 next = receiver.try_recv().ok();
             }
         }
         if let Some(wait) = commit_wait {
-            if peak.wants_more(batch.len()) {
-                let until = now + wait.most;
-                while peak.wants_more(batch.len()) {
-                    let left = until
-                        .saturating_duration_since(Instant::now())
-                        .min(wait.gap);
-                    let Ok((queued_at, job)) = receiver.recv_timeout(left) else {
-                        break;
-                    };
-                    if let Job::Background(work) = job {
-                        background.take(work);
-                    } else if limits.expired(queued_at, Instant::now()) {
-                        job.refuse(queue_wait_expired());
-                    } else {
-                        batch.push(job);
-                    }
-                }
+            let until = now + wait.most;
+            while peak.wants_more(batch.len()) {
+                let left = until
+                    .saturating_duration_since(Instant::now())
+                    .min(wait.gap);
+                let Ok(queued) = receiver.recv_timeout(left) else {
+                    break;
+                };
+                gather(queued, Instant::now(), &mut batch, &mut background, limits);
             }
+            peak.saw(batch.len(), now);
         }
-        peak.saw(batch.len(), Instant::now());
         WRITER_QUEUE.set(receiver.len());
         if batch.is_empty() {
             continue;
@@ -1310,6 +1295,25 @@ fn writer_loop(
         savepoints_only = run_batch(&conn, batch, savepoints_only, &mut background);
     }
     background.end(Some(StoreError::Unavailable("the store closed".into())));
+}
+
+/// Puts one job taken from the writer's queue at `now` where it belongs: background work to
+/// `background`, a job that waited too long answered without running (it changed nothing),
+/// any other into `batch`.
+fn gather(
+    (queued_at, job): Queued<Job>,
+    now: Instant,
+    batch: &mut Vec<Job>,
+    background: &mut Background<'_>,
+    limits: QueueLimits,
+) {
+    if let Job::Background(work) = job {
+        background.take(work);
+    } else if limits.expired(queued_at, now) {
+        job.refuse(queue_wait_expired());
+    } else {
+        batch.push(job);
+    }
 }
 
 /// How long the writer waits for a job before it does a step of its background work alone.
