@@ -635,7 +635,8 @@ struct Crossing {
     second: i64,
     /// First run: told once this effect holds its first row.
     holding: Option<tokio::sync::mpsc::UnboundedSender<()>>,
-    /// First run: waits for the partner to hold its row, then sleeps `lag`.
+    /// First run: waits for the partner to hold its row and then to wait for this effect's
+    /// first row, then sleeps `lag`.
     partner: Option<Mutex<mpsc::Receiver<()>>>,
     /// First run: tells the partner it holds its first row.
     tell: Option<Mutex<mpsc::Sender<()>>>,
@@ -662,6 +663,7 @@ impl InlineEffect for Crossing {
                 if p.lock().unwrap().recv_timeout(PATIENCE).is_err() {
                     return Err(Error::unavailable("the partner never came"));
                 }
+                wait_for_a_waiter(tx)?;
                 std::thread::sleep(self.lag);
             }
         }
@@ -678,10 +680,35 @@ impl InlineEffect for Crossing {
     }
 }
 
+/// Returns once another transaction waits for a lock this transaction holds. The partner's
+/// "I hold my row" comes before its request for this one's row reaches the server; on a busy
+/// machine that request can come late, and whichever transaction waited first is the one
+/// PostgreSQL's deadlock check aborts. Waiting for the partner's wait makes it that one.
+fn wait_for_a_waiter(tx: &mut dyn EffectTx) -> Result<(), Error> {
+    let end = std::time::Instant::now() + PATIENCE;
+    loop {
+        let waiting = tx
+            .query_opt(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted \
+                 AND locktype = 'transactionid' AND transactionid = pg_current_xact_id()::xid",
+                &[],
+            )?
+            .expect("one row")
+            .int(0)?;
+        if waiting > 0 {
+            return Ok(());
+        }
+        if std::time::Instant::now() > end {
+            return Err(Error::unavailable("the partner never waited"));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Two batches deadlock on rows of `t`: `a` (alone in a batch on one writer) holds row 1 and
 /// waits for `b`; `b` (first in a batch with neighbours on the other writer, queued behind a
-/// gate) takes row 2 and then asks for row 1, and `a` asks for row 2 a moment after, so `b`
-/// has waited longest and PostgreSQL's deadlock check aborts `b`'s statement. Nothing of `b`'s
+/// gate) takes row 2 and then asks for row 1, and `a` asks for row 2 a moment after `b` waits,
+/// so `b` has waited longest and PostgreSQL's deadlock check aborts `b`'s statement. Nothing of `b`'s
 /// first run may commit; `b` must run again and commit once, its neighbours must commit
 /// together, and `a` must commit having run once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -697,7 +724,7 @@ async fn a_deadlocked_call_is_retried_and_commits() {
         holding: Some(a_holding_tx),
         partner: Some(Mutex::new(b_holds_rx)),
         tell: None,
-        lag: Duration::from_millis(300),
+        lag: Duration::from_millis(100),
         txids: Mutex::default(),
     });
     let b = Arc::new(Crossing {
