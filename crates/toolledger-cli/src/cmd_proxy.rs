@@ -199,14 +199,20 @@ fn proxy_config(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
     ProxyConfig::parse(&text).map_err(|e| Failure::explained("CONFIG_INVALID", e.to_string()))
 }
 
-async fn proxy(args: ProxyArgs, mut config: StoreConfig) -> Result<(), Failure> {
+/// The proxy's ledger: `config` with [`CommitWait::PROXY`]. A proxied call's three write jobs
+/// are separated by the upstream's answer, so they reach the SQLite writer one by one: a short
+/// wait lets a commit carry more of them.
+fn ledger_config(mut config: StoreConfig) -> StoreConfig {
+    config.commit_wait = Some(CommitWait::PROXY);
+    config
+}
+
+async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
     init_logs(args.telemetry.log_format);
     let front = args.front.resolve()?;
     let proxy_config = proxy_config(&args)?;
     let spec = upstream_spec(&args, &proxy_config)?;
-    // A proxied call's three write jobs are separated by the upstream's answer, so they reach
-    // the SQLite writer one by one: a short wait lets a commit carry more of them.
-    config.commit_wait = Some(CommitWait::PROXY);
+    let config = ledger_config(config);
     let store = config.open()?;
     let clock: SharedClock = match args.clock_epoch {
         Some(epoch) => Arc::new(ManualClock::new(epoch)),
@@ -296,4 +302,32 @@ async fn proxy(args: ProxyArgs, mut config: StoreConfig) -> Result<(), Failure> 
     stopping.close().await;
     pruner.stop().await;
     served
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::common::{Access, StoreArgs, SyncMode};
+
+    /// What the proxy's ledger is opened with: the commit wait on its SQLite writer, and
+    /// nothing else of the resolved store flags changed.
+    #[test]
+    fn the_proxy_opens_its_ledger_with_the_commit_wait() {
+        let resolved = StoreArgs {
+            db: Some("dir/ledger.sqlite".into()),
+            database_url: None,
+            backend_id: None,
+            sqlite_synchronous: SyncMode::Full,
+        }
+        .resolve(Access::OpenOrCreate)
+        .unwrap();
+        assert_eq!(resolved.commit_wait, None, "other commands keep no wait");
+        assert_eq!(
+            ledger_config(resolved.clone()),
+            StoreConfig {
+                commit_wait: Some(CommitWait::PROXY),
+                ..resolved
+            }
+        );
+    }
 }
