@@ -196,10 +196,25 @@ fn one_principal_cannot_take_every_slot() {
         &["--max-in-flight-per-principal", "1", "--body-timeout", "30"],
         &[],
     );
-    // Alice's one share is held by a body that is still arriving.
-    let holding = slow_body(&server.addr, &alice);
-    std::thread::sleep(Duration::from_millis(300));
-    let refused = exchange(&server.addr, &tools_list(&server.addr, &alice));
+    // Alice's one share is held by a body that is still arriving. Until the server has read
+    // that request's head her share is free, and a request of hers that comes first takes it
+    // (the slow one is then refused and closed). On a busy machine that can outlast any fixed
+    // pause, so a probe that is served starts over with a new slow body and a longer pause.
+    let until = Instant::now() + BOUND;
+    let mut pause = Duration::from_millis(300);
+    let (holding, refused) = loop {
+        let holding = slow_body(&server.addr, &alice);
+        std::thread::sleep(pause);
+        let answer = exchange(&server.addr, &tools_list(&server.addr, &alice));
+        if !answer.starts_with("HTTP/1.1 200") {
+            break (holding, answer);
+        }
+        assert!(
+            Instant::now() < until,
+            "alice's second request was never refused: {answer}"
+        );
+        pause *= 2;
+    };
     let r = HttpResponse::parse_text(&refused);
     assert_eq!(r.status, 503, "{refused}");
     assert_eq!(r.header("retry-after"), Some("1"), "{refused}");
