@@ -708,9 +708,9 @@ fn wait_for_a_waiter(tx: &mut dyn EffectTx) -> Result<(), Error> {
 /// Two batches deadlock on rows of `t`: `a` (alone in a batch on one writer) holds row 1 and
 /// waits for `b`; `b` (first in a batch with neighbours on the other writer, queued behind a
 /// gate) takes row 2 and then asks for row 1, and `a` asks for row 2 a moment after `b` waits,
-/// so `b` has waited longest and PostgreSQL's deadlock check aborts `b`'s statement. Nothing of `b`'s
-/// first run may commit; `b` must run again and commit once, its neighbours must commit
-/// together, and `a` must commit having run once.
+/// so `b` has waited longest and PostgreSQL's deadlock check aborts `b`'s statement. Nothing
+/// of `b`'s first run may commit; `b` must run again and commit once, its neighbours must
+/// commit together, and `a` must commit having run once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_deadlocked_call_is_retried_and_commits() {
     let Some(db) = PgSchema::new() else { return };
