@@ -7,7 +7,9 @@ Tools:
       Inserts one row and answers {charge_id, customer, amount_cents} (structured content,
       plus a text block). The row's `reference` is the request's
       `_meta["io.toolledger/operation_id"]` when present, else `idempotency_key`, else NULL.
-      The server does not deduplicate: two calls are two rows, whatever their keys.
+      The server does not deduplicate: two calls are two rows, whatever their keys — unless
+      CHARGE_DEDUPLICATE is set: then a call whose reference is already recorded answers that
+      charge and inserts nothing (as a payments API that deduplicates on its key does).
       amount_cents <= 0: a tool error (isError true), no row.
       amount_cents == 13: a JSON-RPC error response (-32602), no row.
       CHARGE_DELAY_MS: sleep that long after the row is committed and before answering.
@@ -199,6 +201,17 @@ async def charge(
     if amount_cents <= 0:
         raise ToolError(f"amount_cents must be positive, got {amount_cents}")
     reference = operation_id(ctx) or idempotency_key
+    if os.environ.get("CHARGE_DEDUPLICATE") and reference is not None:
+        # Like a payments API that deduplicates on its idempotency key: a known key answers
+        # the charge it made, whatever the other arguments say.
+        existing = await anyio.to_thread.run_sync(select_charge, reference)
+        if existing is not None:
+            log(f"charge {existing['id']}: deduplicated on reference={reference!r}")
+            out = Charged(charge_id=existing["id"], customer=existing["customer"], amount_cents=existing["amount_cents"])
+            return CallToolResult(
+                content=[TextContent(type="text", text=f"Charged {out.customer} {out.amount_cents} cents (charge {out.charge_id}).")],
+                structured_content=out.model_dump(mode="json"),
+            )
     charge_id = await anyio.to_thread.run_sync(insert_charge, customer, amount_cents, reference, idempotency_key)
     log(f"charge {charge_id}: {customer} {amount_cents} reference={reference!r}")
     delay_ms = os.environ.get("CHARGE_DELAY_MS")

@@ -221,6 +221,17 @@ fn charge(i: usize) -> Value {
     json!({"customer": format!("c-{i}"), "amount_cents": 100 + (i % 1000) as i64})
 }
 
+/// The key the proxy forwarded operation `op-{i}` of the bench principal under (its scope
+/// digest), which the upstream recorded as the charge's reference.
+fn upstream_key(i: usize) -> String {
+    toolledger::downstream::scope_digest(&toolledger::Scope {
+        tenant: "bench".into(),
+        subject: PRINCIPAL.into(),
+        tool: "charge".into(),
+        key: format!("op-{i}"),
+    })
+}
+
 fn charge_with_id(i: usize) -> Value {
     let mut a = charge(i);
     a["operation_id"] = json!(format!("op-{i}"));
@@ -275,7 +286,7 @@ pub async fn run(
         concurrency,
         ops,
         "find_charge",
-        move |i| json!({"reference": format!("op-{}", i % distinct)}),
+        move |i| json!({"reference": upstream_key(i % distinct)}),
         Expect::Found,
     )
     .await;

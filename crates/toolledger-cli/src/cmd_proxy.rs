@@ -25,7 +25,9 @@ use toolledger_cli::common::{StoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
 use toolledger_cli::telemetry::{init_logs, start_metrics, TelemetryArgs};
 use toolledger_mcp::{CallerSource, Guard, GuardConfig, LedgerGuard};
-use toolledger_proxy::{BuildError, Lifecycle, Proxy, ProxyConfig, Upstream, UpstreamSpec};
+use toolledger_proxy::{
+    BuildError, ChildEnv, Lifecycle, Proxy, ProxyConfig, Upstream, UpstreamSpec,
+};
 
 use crate::cmd_serve::{bound_keys, serve_http, stdio_principal, HttpFrontArgs};
 
@@ -81,6 +83,20 @@ pub struct ProxyArgs {
     /// The MCP lifecycle spoken to the upstream.
     #[arg(long, value_enum, default_value = "auto")]
     pub upstream_lifecycle: LifecycleArg,
+    /// Seconds the upstream may take to complete its MCP handshake (each start and restart),
+    /// and to list its tools at the proxy's start; long enough by default for an `npx -y` or
+    /// `uvx` upstream to install itself on a cold cache.
+    #[arg(long, value_name = "SECS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub upstream_start_timeout: u64,
+    /// Set a variable in a stdio upstream's environment, `NAME=VALUE` (repeatable). The
+    /// ledger's keys and database URL are never passed on. A secret here is visible to every
+    /// user of the machine (`ps`): prefer the configuration's `[upstream_env]` with `${NAME}`.
+    #[arg(long, value_name = "NAME=VALUE", conflicts_with = "upstream_url")]
+    pub upstream_env: Vec<String>,
+    /// Remove a variable from a stdio upstream's environment (repeatable).
+    #[arg(long, value_name = "NAME", conflicts_with = "upstream_url")]
+    pub upstream_env_remove: Vec<String>,
     /// Pin the clock to this Unix second (testing aid; production uses wall time).
     #[arg(long, value_name = "SECS")]
     pub clock_epoch: Option<i64>,
@@ -183,7 +199,47 @@ fn upstream_spec(args: &ProxyArgs, config: &ProxyConfig) -> Result<UpstreamSpec,
     Ok(UpstreamSpec::Stdio {
         command: command.clone(),
         args: rest.to_vec(),
+        env: child_env(args, config)?,
     })
+}
+
+/// The stdio upstream's environment changes: the configuration's, then the flags'.
+fn child_env(args: &ProxyArgs, config: &ProxyConfig) -> Result<ChildEnv, Failure> {
+    let mut set = config
+        .upstream_env(|name| std::env::var(name).ok())
+        .map_err(|e| Failure::explained("CONFIG_INVALID", e.to_string()))?;
+    for pair in &args.upstream_env {
+        match pair.split_once('=') {
+            Some((name, value)) if !name.is_empty() => {
+                set.retain(|(n, _)| n != name);
+                set.push((name.to_string(), value.to_string()));
+            }
+            _ => {
+                return Err(Failure::explained(
+                    "USAGE_ERROR",
+                    "--upstream-env takes NAME=VALUE (to remove a variable: --upstream-env-remove NAME)",
+                ))
+            }
+        }
+    }
+    let mut remove = config.upstream_env_remove.clone();
+    remove.extend(args.upstream_env_remove.iter().cloned());
+    Ok(ChildEnv { remove, set })
+}
+
+/// How the upstream is named in a start-up error: its program's file name (never a
+/// directory, never its arguments, which may hold secrets), or "the HTTP upstream".
+fn upstream_name(spec: &UpstreamSpec) -> String {
+    match spec {
+        UpstreamSpec::Stdio { command, .. } => {
+            let program = std::path::Path::new(command)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| command.clone());
+            format!("the upstream command `{program}`")
+        }
+        UpstreamSpec::Http { .. } => "the HTTP upstream".into(),
+    }
 }
 
 fn proxy_config(args: &ProxyArgs) -> Result<ProxyConfig, Failure> {
@@ -236,22 +292,62 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
         LifecycleArg::Legacy => Lifecycle::Legacy,
         LifecycleArg::Modern => Lifecycle::Modern,
     };
+    let named = upstream_name(&spec);
     let upstream = Upstream::new(spec, lifecycle);
+    let start_timeout = std::time::Duration::from_secs(args.upstream_start_timeout);
+    upstream.set_start_timeout(start_timeout);
     let stopping = upstream.clone();
     let hook = crate::cmd_dispatch::hold_hook();
-    let built = Proxy::build(
+    let build = Proxy::build(
         &store,
         clock.clone(),
         guard.clone(),
         upstream,
         &proxy_config,
         hook,
-    )
-    .await
-    .map_err(|e| match e {
-        BuildError::Upstream(e) => Failure::explained("UPSTREAM_UNAVAILABLE", e.detail()),
-        BuildError::Config(why) => Failure::explained("CONFIG_INVALID", why),
-    })?;
+    );
+    // A stdio client that goes away while the upstream starts (its end of stdin closed) is
+    // not waited for: the proxy stops its upstream and exits.
+    let mut watch = stdin_watch(args.http.is_none());
+    let built = tokio::select! {
+        biased;
+        built = tokio::time::timeout(start_timeout, build) => built,
+        () = watch.closed() => {
+            tracing::info!(target: "toolledger::proxy",
+                "the client closed its input while the upstream was starting; stopping");
+            stopping.close().await;
+            return Ok(());
+        }
+    };
+    watch.stop();
+    let built = built
+        .map_err(|_| {
+            Failure::explained(
+                "UPSTREAM_UNAVAILABLE",
+                format!(
+                    "{named} did not start and list its tools within {} s \
+                     (--upstream-start-timeout)",
+                    start_timeout.as_secs()
+                ),
+            )
+        })?
+        .map_err(|e| match e {
+            BuildError::Upstream(e) => Failure::explained(
+                "UPSTREAM_UNAVAILABLE",
+                format!(
+                    "{named} could not be started or did not list its tools: {}",
+                    e.start_reason()
+                ),
+            ),
+            BuildError::Config(why) => Failure::explained("CONFIG_INVALID", why),
+        });
+    let built = match built {
+        Ok(b) => b,
+        Err(e) => {
+            stopping.close().await;
+            return Err(e);
+        }
+    };
     tracing::info!(target: "toolledger::proxy", guarded = ?built.guarded,
         passed_through = ?built.passed_through, "proxying the upstream's tools");
     start_metrics(
@@ -302,6 +398,72 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
     stopping.close().await;
     pruner.stop().await;
     served
+}
+
+/// Watches the proxy's stdin while the upstream starts, without reading it: says when the
+/// client's end closed with nothing left to read (a pipe or socket hung up). Input that is
+/// not a pipe (`/dev/null`, a file) or that holds data is never taken for a closed client.
+struct StdinWatch {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    closed: Option<tokio::sync::oneshot::Receiver<()>>,
+}
+
+fn stdin_watch(enabled: bool) -> StdinWatch {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if !enabled {
+        return StdinWatch { stop, closed: None };
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let stopped = stop.clone();
+    std::thread::spawn(move || {
+        use std::sync::atomic::Ordering;
+        while !stopped.load(Ordering::Relaxed) {
+            let mut fd = libc::pollfd {
+                fd: 0,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd, for the duration of the call.
+            let n = unsafe { libc::poll(&mut fd, 1, 200) };
+            if n < 0 || fd.revents & libc::POLLNVAL != 0 {
+                return;
+            }
+            if n == 0 {
+                continue;
+            }
+            if fd.revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+                let mut pending: libc::c_int = 0;
+                // SAFETY: FIONREAD writes one c_int.
+                let r = unsafe { libc::ioctl(0, libc::FIONREAD, &mut pending) };
+                if r == 0 && pending == 0 {
+                    let _ = tx.send(());
+                }
+            }
+            // Readable data, or input that is always readable: the client is there.
+            return;
+        }
+    });
+    StdinWatch {
+        stop,
+        closed: Some(rx),
+    }
+}
+
+impl StdinWatch {
+    /// Completes when the client's input closed (never when it is not watched, or once the
+    /// watch saw input that is there).
+    async fn closed(&mut self) {
+        if let Some(rx) = self.closed.as_mut() {
+            if rx.await.is_ok() {
+                return;
+            }
+        }
+        std::future::pending::<()>().await
+    }
+
+    fn stop(&self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 #[cfg(test)]

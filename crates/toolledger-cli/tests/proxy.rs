@@ -15,8 +15,8 @@
 //!   `outcome_unknown` and never forwarded again; the upstream is started again for the next
 //!   call; the reconcile lookup settles it; `operations list` and `resolve` settle it too;
 //! - a proxy killed after the intent committed but before the claim forwards on the retry;
-//! - progress notifications reach the client under its own token; a cancelled call is
-//!   cancelled upstream too and is `outcome_unknown`;
+//! - progress notifications reach the client under its own token; a cancelled guarded call
+//!   still runs to its recorded end upstream, and the retry replays it;
 //! - an upstream round that asks for input (`input_required`) reaches the client with the
 //!   proxy's own sealed `requestState`, bound to the operation, and the continuation is the
 //!   forward that acts;
@@ -439,8 +439,16 @@ fn a_lost_upstream_answer_is_unknown_until_reconciled(db: Db) {
     let looked = &shown["events"][at.unwrap()]["detail"];
     assert_eq!(looked["lookup"], "find_charge", "{looked}");
     assert_eq!(looked["found"], true, "{looked}");
+    // The upstream knows the operation by its upstream key (the scope digest), never by the
+    // caller's raw operation id; the lookup asked for that key.
+    let upstream_key = shown["intent"]["downstream_key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(upstream_key.len(), 64, "{shown}");
     assert_eq!(
-        looked["answer"]["structuredContent"]["charge"]["reference"], "op-lost",
+        looked["answer"]["structuredContent"]["charge"]["reference"],
+        upstream_key.as_str(),
         "{looked}"
     );
     let replay = p.call("charge", charge("op-lost", 900));
@@ -463,7 +471,7 @@ fn a_lost_upstream_answer_is_unknown_until_reconciled(db: Db) {
     assert_eq!(
         replay["_meta"]["io.toolledger/confirmed"]["evidence"]["structuredContent"]["charge"]
             ["reference"],
-        "op-lost",
+        upstream_key.as_str(),
         "the evidence: {replay}"
     );
     assert_eq!(w.charges(), 1, "never a second forward");
@@ -702,20 +710,42 @@ fn the_operation_id_travels_as_configured(db: Db) {
     assert_eq!(first["isError"], false, "{first}");
     let again = p.call("charge", own);
     assert_eq!(ledger_meta(&again)["replayed"], true);
+    // What reaches the upstream is each operation's upstream key (its scope digest, shown as
+    // `downstream_key` by `operations show`), never the caller's raw id.
+    let upstream_key = |result: &Value| {
+        let status_ref = ledger_meta(result)["statusRef"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let (code, shown) = w.cli(&["operations", "show", &status_ref]);
+        assert_eq!(code, 0, "{shown}");
+        let shown: Value = serde_json::from_str(&shown).unwrap();
+        shown["intent"]["downstream_key"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (m2, own) = (upstream_key(&by_meta), upstream_key(&first));
+    assert_ne!(m2, own);
     let keys = w.charge_keys();
     assert!(
-        keys.iter().any(|k| k.1.as_deref() == Some("op-m2")),
+        keys.iter().any(|k| k.1.as_deref() == Some(m2.as_str())),
         "forwarded as an argument: {keys:?}"
     );
     assert!(
-        keys.iter().any(|k| k.1.as_deref() == Some("k-own")),
-        "the upstream's own key: {keys:?}"
+        keys.iter().any(|k| k.1.as_deref() == Some(own.as_str())),
+        "the upstream's own key argument carries the upstream key: {keys:?}"
     );
     assert_eq!(
         keys.iter()
-            .filter(|k| k.1.as_deref() == Some("k-own"))
+            .filter(|k| k.1.as_deref() == Some(own.as_str()))
             .count(),
         1
+    );
+    assert!(
+        keys.iter()
+            .all(|k| !matches!(k.1.as_deref(), Some("op-m2" | "k-own"))),
+        "never the raw id: {keys:?}"
     );
 }
 
@@ -809,11 +839,13 @@ fn progress_and_cancellation_pass_through(db: Db) {
         progress.iter().all(|n| n["progressToken"] == "tok-7"),
         "{progress:?}"
     );
-    // The client cancels a guarded call in flight: the upstream is told, and the operation,
-    // which the upstream may have acted on, is outcome_unknown, never forwarded again.
+    // The client cancels a guarded call in flight (as the official SDK clients do when their
+    // read timeout fires): the client stops waiting, the forward does not. The upstream is not
+    // told, its answer is recorded, and the retry replays it instead of finding the operation
+    // outcome_unknown.
     p.send_call(
         6,
-        json!({"name": "slow", "arguments": {"seconds": 20, "operation_id": "op-c"}}),
+        json!({"name": "slow", "arguments": {"seconds": 3, "operation_id": "op-c"}}),
     );
     w.wait_for_log("upstream started");
     std::thread::sleep(Duration::from_millis(500));
@@ -822,9 +854,32 @@ fn progress_and_cancellation_pass_through(db: Db) {
                    "params": {"requestId": 6, "reason": "the user changed their mind",
                               "_meta": support::wire::meta()}}),
     );
-    w.wait_for_log("slow: cancelled by the client");
-    let retry = p.call("slow", json!({"seconds": 20, "operation_id": "op-c"}));
-    assert_eq!(error_of(&retry)["code"], "outcome_unknown", "{retry}");
+    let during = p.call("slow", json!({"seconds": 3, "operation_id": "op-c"}));
+    assert_eq!(
+        error_of(&during)["code"],
+        "operation_in_progress",
+        "{during}"
+    );
+    let until = Instant::now() + Duration::from_secs(30);
+    let retry = loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let retry = p.call("slow", json!({"seconds": 3, "operation_id": "op-c"}));
+        if retry["isError"] != true || Instant::now() > until {
+            break retry;
+        }
+        assert_eq!(error_of(&retry)["code"], "operation_in_progress", "{retry}");
+    };
+    assert_eq!(
+        retry["isError"], false,
+        "the upstream's answer is replayed: {retry}"
+    );
+    assert_eq!(ledger_meta(&retry)["replayed"], true, "{retry}");
+    assert_eq!(retry["structuredContent"]["slept"], 3.0, "{retry}");
+    let log = std::fs::read_to_string(w.log()).unwrap_or_default();
+    assert!(
+        !log.contains("slow: cancelled by the client"),
+        "a guarded forward is not cancelled upstream: {log}"
+    );
 }
 
 fn an_upstream_round_asking_for_input_passes_through_bound_to_the_operation(db: Db) {

@@ -779,7 +779,26 @@ fn at_most_one_upstream_effect_under_random_sigkills(db: Db) {
     drop(final_http);
 
     // (1) At most one charge row per operation id, and each acknowledged charge is its row.
-    let rows = charges(&world.charge_db);
+    // The upstream knows each operation by its upstream key (derived from the scope: the
+    // stdio clients act as alice, the HTTP ones as hank), never by the raw id: read back
+    // through the keys of the ids sent.
+    let by_upstream_key: BTreeMap<String, String> = plans
+        .iter()
+        .flat_map(|p| p.ops.iter())
+        .flat_map(|o| {
+            ["alice", "hank"].map(|who| {
+                (
+                    support::wire::upstream_key("acme", who, "charge", &o.id),
+                    o.id.clone(),
+                )
+            })
+        })
+        .collect();
+    let mut rows: BTreeMap<Option<String>, Vec<(i64, String, i64)>> = BTreeMap::new();
+    for (reference, found) in charges(&world.charge_db) {
+        let id = reference.map(|r| by_upstream_key.get(&r).cloned().unwrap_or(r));
+        rows.entry(id).or_default().extend(found);
+    }
     assert!(
         !rows.contains_key(&None),
         "every charge carries its operation id"

@@ -593,13 +593,30 @@ fn run(db: Db, pg: Option<&RestoreServer>) {
             r.ok()
         })
         .expect("the issues are counted");
-    effects.extend(
-        count_effects_sqlite(
-            &world.charges,
-            "SELECT reference, count(*) FROM charges GROUP BY reference",
-        )
-        .unwrap(),
-    );
+    // The charge server records each charge under the operation's upstream key (derived from
+    // alice's scope), never the raw id: read back to the ids.
+    let by_upstream_key: BTreeMap<String, String> = rows
+        .iter()
+        .filter(|r| r.tool == "charge")
+        .map(|r| {
+            (
+                support::wire::upstream_key("acme", "alice", "charge", &r.key),
+                r.key.clone(),
+            )
+        })
+        .collect();
+    for (reference, n) in count_effects_sqlite(
+        &world.charges,
+        "SELECT reference, count(*) FROM charges GROUP BY reference",
+    )
+    .unwrap()
+    {
+        let key = by_upstream_key
+            .get(&reference)
+            .cloned()
+            .unwrap_or(reference);
+        *effects.entry(key).or_default() += n;
+    }
     let by_ref: BTreeMap<&str, &str> = rows
         .iter()
         .map(|r| (r.status_ref.as_str(), r.key.as_str()))

@@ -12,16 +12,23 @@
 //! [upstream_headers]                 # sent to an HTTP upstream (--upstream-url) with every request
 //! Authorization = "Bearer ${UPSTREAM_TOKEN}"   # ${NAME}: the environment variable NAME
 //!
+//! [upstream_env]                     # set in a stdio upstream's environment (${NAME} as above)
+//! PAYMENTS_API_KEY = "${PAYMENTS_API_KEY}"
+//! # removed from it (the ledger's keys and database URL are never passed on)
+//! upstream_env_remove = ["AWS_SECRET_ACCESS_KEY"]
+//!
 //! [tools.charge]
 //! guarded = true                     # default: guarded unless the upstream marks it readOnlyHint
 //! key_argument = "operation_id"      # this tool's operation id argument
 //! forward_operation_id = "_meta"     # or an argument name, e.g. "idempotency_key"; absent: not sent
+//!                                    # (what is sent is the operation's upstream key, derived from
+//!                                    # tenant, subject, tool and operation id: never the raw id)
 //! call_timeout_seconds = 30
 //! required_scopes = ["payments:write"]
 //!
 //! [tools.charge.reconcile]           # how a status query looks an unsure charge up
 //! tool = "find_charge"               # a read-only upstream tool
-//! arguments = { reference = "{operation_id}" }   # "{operation_id}" is replaced by the id
+//! arguments = { reference = "{operation_id}" }   # replaced by the upstream key that was sent
 //! found_when = "/structuredContent/found"        # JSON pointer into its result: true = evidence
 //! ```
 
@@ -66,6 +73,14 @@ pub struct ProxyConfig {
     /// ([`ProxyConfig::upstream_headers`]), so a secret need not be written in the file.
     #[serde(default)]
     pub upstream_headers: BTreeMap<String, String>,
+    /// Variables set in a stdio upstream's environment, by name; `${NAME}` as in
+    /// `upstream_headers`.
+    #[serde(default)]
+    pub upstream_env: BTreeMap<String, String>,
+    /// Variables removed from a stdio upstream's environment (the ledger's own secrets always
+    /// are: [`crate::upstream::STRIPPED_ENV`]).
+    #[serde(default)]
+    pub upstream_env_remove: Vec<String>,
 }
 
 /// One tool's settings; unset ones take the file's defaults.
@@ -105,7 +120,8 @@ pub struct ToolConfig {
 pub struct Reconcile {
     /// The upstream tool to call.
     pub tool: String,
-    /// Its arguments; every string `{operation_id}` is replaced by the operation id.
+    /// Its arguments; every `{operation_id}` in a string is replaced by the operation's
+    /// upstream key (what the forward sent: [`crate::effect::upstream_key`]).
     #[serde(default)]
     pub arguments: serde_json::Map<String, Value>,
     /// A JSON pointer into the lookup's tool result (`/structuredContent/found`): the effect
@@ -161,7 +177,7 @@ impl Reconcile {
             .is_none_or(|p| result.pointer(p).is_some())
     }
 
-    /// The lookup's arguments for operation `key`.
+    /// The lookup's arguments for the operation whose upstream key is `key`.
     pub fn arguments_for(&self, key: &str) -> serde_json::Map<String, Value> {
         fn substitute(v: &Value, key: &str) -> Value {
             match v {
@@ -315,6 +331,26 @@ impl ProxyConfig {
             .collect()
     }
 
+    /// The `[upstream_env]` with `${NAME}` replaced from the environment `env`, in name order;
+    /// `Err` says which variable names which unset one (never a value).
+    pub fn upstream_env(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Vec<(String, String)>, ConfigError> {
+        self.upstream_env
+            .iter()
+            .map(|(name, value)| {
+                substitute_env(value, &env)
+                    .map(|v| (name.clone(), v))
+                    .map_err(|var| {
+                        ConfigError::Invalid(format!(
+                            "upstream_env.{name} uses ${{{var}}}, which is not set in the environment"
+                        ))
+                    })
+            })
+            .collect()
+    }
+
     /// Parses the TOML text of a configuration file and checks it.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
         let config: ProxyConfig =
@@ -343,6 +379,25 @@ impl ProxyConfig {
             }
             if value.chars().any(|c| c.is_control() && c != '\t') {
                 return bad(format!("upstream_headers.{name} holds a control character"));
+            }
+        }
+        let env_name_ok = |n: &str| {
+            !n.is_empty()
+                && !n.contains('=')
+                && !n.contains('\0')
+                && !n.chars().any(char::is_whitespace)
+        };
+        for name in self
+            .upstream_env
+            .keys()
+            .chain(self.upstream_env_remove.iter())
+        {
+            if !env_name_ok(name) {
+                return bad(
+                    "upstream_env and upstream_env_remove take variable names without `=`, \
+                     spaces or NUL"
+                        .into(),
+                );
             }
         }
         for (name, t) in &self.tools {

@@ -401,7 +401,7 @@ impl UpstreamEffect {
     pub async fn look_up(&self, record: &DeferredRecord) -> Option<Lookup> {
         let reconcile = self.policy.reconcile.as_ref()?;
         let mut params = CallToolRequestParams::new(reconcile.tool.clone());
-        params.arguments = Some(reconcile.arguments_for(&record.scope.key));
+        params.arguments = Some(reconcile.arguments_for(&record.downstream_key));
         let mut seen = Lookup {
             lookup: reconcile.tool.clone(),
             found: false,
@@ -494,6 +494,9 @@ impl UpstreamEffect {
         }
     }
 
+    /// The forward of one call: `arguments` with the operation's upstream key (see
+    /// [`upstream_key`]) where the policy sends it — as an argument, in `_meta`, or as the
+    /// upstream's own key argument.
     fn params(&self, key: &str, arguments: &Value) -> CallToolRequestParams {
         let mut args: Map<String, Value> = arguments.as_object().cloned().unwrap_or_default();
         let mut params = CallToolRequestParams::new(self.tool.clone());
@@ -523,6 +526,19 @@ impl UpstreamEffect {
     }
 }
 
+/// The key an operation is known by upstream: the forwarded operation id, the value of the
+/// upstream's own key argument, and what a reconcile lookup's `{operation_id}` stands for. It
+/// is the operation's scope digest (the `downstream_key` of `toolledger operations show`):
+/// the SHA-256 of the whole idempotency scope — tenant, subject, tool and the caller's key —
+/// so two tenants' (or two subjects') `order-42` are two keys upstream, and it is the same
+/// after restarts and on every host of the ledger. Never the caller's raw key.
+pub fn upstream_key(scope: &Scope, request: &Value) -> String {
+    request["scope_digest"]
+        .as_str()
+        .map(str::to_string)
+        .unwrap_or_else(|| toolledger::downstream::scope_digest(scope))
+}
+
 /// The receipt of a forward: the runtime's generic bindings plus the stored result.
 fn receipt(request: &Value, result: Value) -> Value {
     let id = format!("upstream-{}", request["status_ref"].as_str().unwrap_or(""));
@@ -536,7 +552,8 @@ impl Downstream for UpstreamEffect {
         request: &'a Value,
     ) -> BoxFuture<'a, Result<Value, DownstreamError>> {
         Box::pin(async move {
-            let mut params = self.params(&scope.key, &request["arguments"]);
+            let key = upstream_key(scope, request);
+            let mut params = self.params(&key, &request["arguments"]);
             let call = FORWARD.try_with(|f| f.scope.clone()).unwrap_or_default();
             if let Some(c) = &call.continuation {
                 params.input_responses = Some(c.input_responses.clone());

@@ -7,7 +7,9 @@
 //! accepted too), which is removed before the call goes upstream — unless the upstream
 //! declares an argument of that name itself (its own idempotency key), which is then the key
 //! and is forwarded unchanged. Tools the upstream marks `readOnlyHint: true` pass through
-//! unguarded unless the configuration ([`config`]) says otherwise.
+//! unguarded unless the configuration ([`config`]) says otherwise; a tool's required scopes
+//! are checked on every route, passed through or guarded, and a tool the configuration says
+//! is guarded is never passed through on the upstream's word (the proxy refuses to start).
 //!
 //! A guarded call is a deferred operation of the ledger's runtime ([`effect`]):
 //!
@@ -60,7 +62,7 @@ use toolledger_mcp::{
 };
 
 pub use config::{ConfigError, ProxyConfig, ToolPolicy};
-pub use upstream::{Lifecycle, Upstream, UpstreamError, UpstreamSpec};
+pub use upstream::{ChildEnv, Lifecycle, Upstream, UpstreamError, UpstreamSpec, STRIPPED_ENV};
 
 use effect::{ProxiedTool, UpstreamEffect};
 use tools::{GuardedForward, Passthrough, ProxyStatus, StatusEntry};
@@ -174,6 +176,16 @@ impl Proxy {
                 .and_then(|a| a.read_only_hint)
                 .unwrap_or(false);
             let mut policy = config.policy(&tool.name, read_only);
+            let configured_guarded =
+                config.tools.get(tool.name.as_ref()).and_then(|t| t.guarded) == Some(true);
+            if configured_guarded && task_required.contains(tool.name.as_ref()) {
+                return Err(BuildError::Config(format!(
+                    "tools.{name} says guarded = true, but the upstream requires task execution                      for it (execution.taskSupport = \"required\"), which the ledger's forward \
+                     cannot do; the proxy does not pass a tool the configuration guards through \
+                     unguarded",
+                    name = tool.name
+                )));
+            }
             if policy.guarded && task_required.contains(tool.name.as_ref()) {
                 tracing::warn!(target: "toolledger::proxy", tool = %tool.name,
                     "the upstream's tool requires task execution (execution.taskSupport = \"required\"), which the ledger's forward cannot do; it is passed through unguarded");
@@ -229,10 +241,15 @@ impl Proxy {
                     });
                 }
                 None => {
-                    let timeout =
-                        Duration::from_secs(config.policy(&tool.name, true).call_timeout_seconds);
+                    let policy = config.policy(&tool.name, true);
+                    let timeout = Duration::from_secs(policy.call_timeout_seconds);
                     out.passed_through.push(tool.name.to_string());
-                    let passthrough = Arc::new(Passthrough::new(&tool, upstream.clone(), timeout));
+                    let passthrough = Arc::new(Passthrough::new(
+                        &tool,
+                        upstream.clone(),
+                        timeout,
+                        policy.required_scopes,
+                    ));
                     out.add(
                         passthrough.definition(),
                         CallerRead::Resolved,

@@ -65,12 +65,25 @@ pub fn guarded_definition(upstream: &Tool, key_argument: &str) -> Tool {
     tool
 }
 
-/// The route of `call`'s forward: its client, progress token and cancellation.
+/// The route of a passed-through `call`: its client, progress token and cancellation (a
+/// cancelled pass-through is cancelled upstream too).
 fn route(call: &ToolCall) -> CallRoute {
+    CallRoute {
+        cancelled: call.cancelled.clone(),
+        ..guarded_route(call)
+    }
+}
+
+/// The route of a guarded `call`'s forward: its client and progress token, and no
+/// cancellation. Once sent, a forward runs to its recorded end whatever happens to the request
+/// that asked for it (the client cancelled it, its connection dropped): a cancellation stops
+/// the waiting, never the ledger's work, so a retry replays what the upstream answered instead
+/// of finding the operation `outcome_unknown`. The call timeout still bounds it.
+fn guarded_route(call: &ToolCall) -> CallRoute {
     let token = call.meta.as_ref().and_then(|m| m.get_progress_token());
     CallRoute {
         progress: token.and_then(|t| call.peer.clone().map(|p| (p, t))),
-        cancelled: call.cancelled.clone(),
+        cancelled: None,
     }
 }
 
@@ -303,7 +316,7 @@ impl GuardedForward {
             }
         };
         Ok(CallScope {
-            route: route(call),
+            route: guarded_route(call),
             capabilities: call
                 .multi_round
                 .then(|| call.client_capabilities.clone())
@@ -362,11 +375,24 @@ impl GuardedForward {
             .ok_or_else(toolledger_mcp::internal::revoked)
     }
 
-    /// Handles one call. The caller comes by name only ([`CallerRead::NameOnly`]): the
+    /// Handles one call in a task of its own, so that the forward and its record run to their
+    /// end even when the request's own task is dropped (its connection closed, its client
+    /// cancelled it): the caller stops waiting, the ledger does not ([`GuardedForward::answer`]).
+    pub async fn run(self: Arc<Self>, call: ToolCall) -> Result<CallToolResponse, ErrorData> {
+        match tokio::spawn(async move { self.answer(call).await }).await {
+            Ok(answer) => answer,
+            Err(_) => Err(ErrorData::internal_error(
+                "the call ended without an answer",
+                None,
+            )),
+        }
+    }
+
+    /// Answers one call. The caller comes by name only ([`CallerRead::NameOnly`]): the
     /// runtime reads the principal in the snapshot it examines the operation in (and again
     /// when it records an intent), so a read of the principal store before the call would be
     /// a second read, and a second hand-off to the store's reader threads, per call.
-    pub async fn run(&self, call: ToolCall) -> Result<CallToolResponse, ErrorData> {
+    pub async fn answer(&self, call: ToolCall) -> Result<CallToolResponse, ErrorData> {
         let outcome = async {
             let (key, arguments) = self.split(&call)?;
             let scope = self.scope(&call, &key, &arguments).await?;
@@ -536,15 +562,25 @@ pub struct Passthrough {
     definition: Tool,
     upstream: Arc<Upstream>,
     timeout: std::time::Duration,
+    /// Scopes the caller must hold: checked on this route as on a guarded one, so an upstream
+    /// that marks a scoped tool read-only (or task-required) cannot lift its scopes.
+    required_scopes: Vec<String>,
 }
 
 impl Passthrough {
-    /// `tool` of `upstream`, forwarded as it is called, with at most `timeout` per call.
-    pub fn new(tool: &Tool, upstream: Arc<Upstream>, timeout: std::time::Duration) -> Self {
+    /// `tool` of `upstream`, forwarded as it is called by a caller holding every one of
+    /// `required_scopes`, with at most `timeout` per call.
+    pub fn new(
+        tool: &Tool,
+        upstream: Arc<Upstream>,
+        timeout: std::time::Duration,
+        required_scopes: Vec<String>,
+    ) -> Self {
         Passthrough {
             definition: tool.clone(),
             upstream,
             timeout,
+            required_scopes,
         }
     }
 }
@@ -555,8 +591,18 @@ impl Passthrough {
         self.definition.clone()
     }
 
-    /// Forwards one call as it is.
+    /// Forwards one call as it is, once the caller is known to hold the tool's scopes
+    /// (the principal is read for this call: [`toolledger_mcp::CallerRead::Resolved`]).
     pub async fn call(&self, call: ToolCall) -> Result<CallToolResponse, ErrorData> {
+        // Refused as a guarded tool refuses it: the same answer as for a tool the caller
+        // may not see.
+        if self
+            .required_scopes
+            .iter()
+            .any(|s| !call.caller.principal.has_scope(s))
+        {
+            return toolledger_mcp::internal::respond(Err(Error::not_found()));
+        }
         {
             let route = route(&call);
             let mut params = CallToolRequestParams::new(self.definition.name.clone());

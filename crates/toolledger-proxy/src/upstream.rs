@@ -5,9 +5,12 @@
 //!
 //! A child that exits is started again (after a second; longer, up to 30 s, while it keeps
 //! exiting within seconds of its start), and a call that finds no live connection makes one
-//! at once; an HTTP upstream is reconnected at the next call. Every start and exit is logged,
-//! and the child's stderr goes to the proxy's log, line by line (target
-//! `toolledger::upstream`).
+//! at once; an HTTP upstream is reconnected at the next call. Each connection must complete
+//! its MCP handshake within the start timeout ([`DEFAULT_START_TIMEOUT`] unless set). Every
+//! start and exit is logged, and the child's stderr goes to the proxy's log, line by line,
+//! each line capped at [`MAX_STDERR_LINE_BYTES`] (target `toolledger::upstream`). A child's
+//! environment is the proxy's without the ledger's secrets ([`STRIPPED_ENV`]), changed as its
+//! [`ChildEnv`] says.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -129,6 +132,8 @@ pub enum UpstreamSpec {
         command: String,
         /// Its arguments.
         args: Vec<String>,
+        /// What its environment differs from the proxy's by (beyond [`STRIPPED_ENV`]).
+        env: ChildEnv,
     },
     /// A streamable HTTP endpoint.
     Http {
@@ -137,6 +142,41 @@ pub enum UpstreamSpec {
         /// Headers sent with every request (`Authorization: Bearer …` among them).
         headers: Vec<(String, String)>,
     },
+}
+
+/// The ledger's own secrets, never passed to a stdio upstream: the keys, the database URL
+/// (which may hold a password) and the HTTP upstream's headers. The child inherits the rest of
+/// the proxy's environment, changed by [`ChildEnv`].
+pub const STRIPPED_ENV: &[&str] = &[
+    "TOOLLEDGER_STATE_KEY_HEX",
+    "TOOLLEDGER_FINGERPRINT_KEY_HEX",
+    "TOOLLEDGER_DATABASE_URL",
+    "TOOLLEDGER_UPSTREAM_HEADERS",
+];
+
+/// How a stdio upstream's environment differs from the proxy's, besides [`STRIPPED_ENV`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ChildEnv {
+    /// Variables removed (names).
+    pub remove: Vec<String>,
+    /// Variables set (name, value), after the removals.
+    pub set: Vec<(String, String)>,
+}
+
+impl ChildEnv {
+    /// Applies the removals of [`STRIPPED_ENV`] and of `self`, then the settings, to `cmd`.
+    fn apply(&self, cmd: &mut tokio::process::Command) {
+        for name in STRIPPED_ENV
+            .iter()
+            .copied()
+            .chain(self.remove.iter().map(String::as_str))
+        {
+            cmd.env_remove(name);
+        }
+        for (name, value) in &self.set {
+            cmd.env(name, value);
+        }
+    }
 }
 
 /// Which lifecycle the proxy speaks to its upstream.
@@ -187,6 +227,24 @@ impl UpstreamError {
                 format!("{self} ({})", redact_urls(d))
             }
             _ => self.to_string(),
+        }
+    }
+
+    /// Why the upstream could not be started or listed, for the proxy's start-up error: the
+    /// detail in the proxy's words (secrets in URLs redacted), without the wording of a call.
+    pub fn start_reason(&self) -> String {
+        match self {
+            UpstreamError::NotSent(d) | UpstreamError::Transport(d) if !d.is_empty() => {
+                redact_urls(d)
+            }
+            UpstreamError::NotSent(_) | UpstreamError::Transport(_) => {
+                "the connection failed or closed".into()
+            }
+            UpstreamError::Protocol(e) => {
+                format!("it answered with a JSON-RPC error ({})", e.message)
+            }
+            UpstreamError::Timeout(s) => format!("it did not answer within {s} s"),
+            UpstreamError::Cancelled => "the start was cancelled".into(),
         }
     }
 
@@ -305,6 +363,43 @@ impl Drop for StopOnDrop {
     }
 }
 
+/// The most bytes of one line of a child's stderr the log keeps; the rest of the line is
+/// read and dropped (the log line says how many bytes), so a child that writes without a
+/// newline cannot grow the proxy's memory.
+pub const MAX_STDERR_LINE_BYTES: usize = 8 * 1024;
+
+/// Reads one line of `reader` into `line` (cleared first, without its newline), keeping at
+/// most `cap` bytes of it: `Some(dropped bytes)`, or `None` at the end of the input.
+async fn read_capped_line<R: tokio::io::AsyncBufRead + Unpin>(
+    reader: &mut R,
+    line: &mut Vec<u8>,
+    cap: usize,
+) -> std::io::Result<Option<usize>> {
+    line.clear();
+    let mut dropped = 0usize;
+    let mut any = false;
+    loop {
+        let buf = reader.fill_buf().await?;
+        if buf.is_empty() {
+            return Ok(any.then_some(dropped));
+        }
+        any = true;
+        let (chunk, done) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (&buf[..i], Some(i + 1)),
+            None => (buf, None),
+        };
+        let room = cap.saturating_sub(line.len());
+        let keep = chunk.len().min(room);
+        line.extend_from_slice(&chunk[..keep]);
+        dropped += chunk.len() - keep;
+        let used = done.unwrap_or(buf.len());
+        reader.consume(used);
+        if done.is_some() {
+            return Ok(Some(dropped));
+        }
+    }
+}
+
 /// Seconds a child must have run for its exit to be restarted after the shortest backoff.
 const HEALTHY_RUN_SECONDS: u64 = 5;
 /// The longest wait before starting a child that keeps exiting again.
@@ -330,7 +425,13 @@ pub struct Upstream {
     task_required: Arc<TaskRequired>,
     /// Set by [`Upstream::close`]: no connection is made again.
     closed: AtomicBool,
+    /// Milliseconds a connection may take to complete its MCP handshake.
+    start_timeout_ms: AtomicU64,
 }
+
+/// How long the MCP handshake with a new connection may take by default: long enough for an
+/// `npx -y` or `uvx` upstream to install itself on a cold cache.
+pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why a connection to the upstream was not made.
 enum Startup {
@@ -392,7 +493,21 @@ impl Upstream {
             lifecycle_now: std::sync::Mutex::new(lifecycle),
             task_required: Arc::default(),
             closed: AtomicBool::new(false),
+            start_timeout_ms: AtomicU64::new(DEFAULT_START_TIMEOUT.as_millis() as u64),
         })
+    }
+
+    /// Sets how long a new connection (a child's start, a reconnection) may take to complete
+    /// its MCP handshake before it is given up and the child stopped
+    /// ([`DEFAULT_START_TIMEOUT`] unless set).
+    pub fn set_start_timeout(&self, timeout: Duration) {
+        self.start_timeout_ms
+            .store(timeout.as_millis().max(1) as u64, Ordering::Relaxed);
+    }
+
+    /// How long a new connection may take to complete its MCP handshake.
+    pub fn start_timeout(&self) -> Duration {
+        Duration::from_millis(self.start_timeout_ms.load(Ordering::Relaxed))
     }
 
     /// Stops the upstream for good, as the proxy's own shutdown does: a stdio child's stdin is
@@ -480,6 +595,14 @@ impl Upstream {
                 "the upstream could not be started");
             Startup::Failed(UpstreamError::NotSent(detail))
         };
+        let late = || {
+            let secs = self.start_timeout().as_secs();
+            tracing::warn!(target: "toolledger::upstream", generation, seconds = secs,
+                "the upstream did not complete the MCP handshake in time; it is stopped");
+            Startup::Failed(UpstreamError::NotSent(format!(
+                "it did not complete the MCP handshake within {secs} s"
+            )))
+        };
         let handshake = |e: ClientInitializeError| match e {
             // The answer to `server/discover` arrived after the fallback to `initialize`: a
             // result (the upstream speaks MCP 2026-07-28) or an error (it does not).
@@ -496,8 +619,9 @@ impl Upstream {
             e => failed(&e),
         };
         match &self.spec {
-            UpstreamSpec::Stdio { command, args } => {
+            UpstreamSpec::Stdio { command, args, env } => {
                 let mut cmd = tokio::process::Command::new(command);
+                env.apply(&mut cmd);
                 cmd.args(args)
                     .stdin(std::process::Stdio::piped())
                     .stdout(std::process::Stdio::piped())
@@ -510,17 +634,28 @@ impl Upstream {
                 let pid = transport.id();
                 if let Some(stderr) = stderr {
                     tokio::spawn(async move {
-                        let mut lines = tokio::io::BufReader::new(stderr).lines();
-                        while let Ok(Some(line)) = lines.next_line().await {
-                            tracing::info!(target: "toolledger::upstream", pid, "{line}");
+                        let mut stderr = tokio::io::BufReader::new(stderr);
+                        let mut line = Vec::new();
+                        while let Ok(Some(cut)) =
+                            read_capped_line(&mut stderr, &mut line, MAX_STDERR_LINE_BYTES).await
+                        {
+                            let text = String::from_utf8_lossy(&line);
+                            if cut > 0 {
+                                tracing::info!(target: "toolledger::upstream", pid,
+                                    truncated_bytes = cut, "{text}");
+                            } else {
+                                tracing::info!(target: "toolledger::upstream", pid, "{text}");
+                            }
                         }
                     });
                 }
                 let service = self
                     .handler
                     .clone()
-                    .serve_with_lifecycle(transport, self.mode())
+                    .serve_with_lifecycle(transport, self.mode());
+                let service = tokio::time::timeout(self.start_timeout(), service)
                     .await
+                    .map_err(|_| late())?
                     .map_err(handshake)?;
                 tracing::info!(target: "toolledger::upstream", generation, pid,
                     protocol = ?service.peer().peer_info().map(|i| i.protocol_version.clone()),
@@ -558,8 +693,10 @@ impl Upstream {
                 let service = self
                     .handler
                     .clone()
-                    .serve_with_lifecycle(transport, self.mode())
+                    .serve_with_lifecycle(transport, self.mode());
+                let service = tokio::time::timeout(self.start_timeout(), service)
                     .await
+                    .map_err(|_| late())?
                     .map_err(handshake)?;
                 tracing::info!(target: "toolledger::upstream", generation,
                     protocol = ?service.peer().peer_info().map(|i| i.protocol_version.clone()),
@@ -746,5 +883,38 @@ impl Upstream {
         drop(abandoned);
         drop(guard);
         answer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_stderr_line_is_kept_up_to_its_cap_and_the_rest_is_counted() {
+        let mut input: Vec<u8> = b"short\n".to_vec();
+        input.extend(std::iter::repeat_n(b'x', 100_000));
+        input.extend(b"\nlast");
+        let mut reader = tokio::io::BufReader::with_capacity(1024, &input[..]);
+        let mut line = Vec::new();
+        assert_eq!(
+            read_capped_line(&mut reader, &mut line, 10).await.unwrap(),
+            Some(0)
+        );
+        assert_eq!(line, b"short");
+        assert_eq!(
+            read_capped_line(&mut reader, &mut line, 10).await.unwrap(),
+            Some(100_000 - 10)
+        );
+        assert_eq!(line, b"xxxxxxxxxx");
+        assert_eq!(
+            read_capped_line(&mut reader, &mut line, 10).await.unwrap(),
+            Some(0)
+        );
+        assert_eq!(line, b"last");
+        assert_eq!(
+            read_capped_line(&mut reader, &mut line, 10).await.unwrap(),
+            None
+        );
     }
 }

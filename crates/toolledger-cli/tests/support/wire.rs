@@ -427,3 +427,20 @@ pub fn approve<L: Ledger + ?Sized>(
         .args(extra);
     toolledger_testkit::reference::approve(command, "ed", "alice", tool, key, arguments)
 }
+
+/// The key a guarded proxied operation of `subject` (of `tenant`) on `tool` under the caller's
+/// operation id `key` is known by upstream: the SHA-256 of its canonical scope (what
+/// `operations show` shows as the intent's `downstream_key`). Strings are written as JSON
+/// strings, which for the plain ids of the tests is their canonical form.
+pub fn upstream_key(tenant: &str, subject: &str, tool: &str, key: &str) -> String {
+    use sha2::Digest;
+    let s = |v: &str| serde_json::to_string(v).unwrap();
+    let text = format!(
+        "{{\"idempotency_key\":{},\"subject\":{},\"tenant\":{},\"tool\":{}}}",
+        s(key),
+        s(subject),
+        s(tenant),
+        s(tool)
+    );
+    hex::encode(sha2::Sha256::digest(text.as_bytes()))
+}
