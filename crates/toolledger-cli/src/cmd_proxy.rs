@@ -176,9 +176,37 @@ fn upstream_headers(
     Ok(headers)
 }
 
+/// The secrets of an HTTP upstream no log line may show: its headers' values (and a bearer
+/// token alone), and its URL's password and query values.
+fn upstream_secrets(url: &str, headers: &[(String, String)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (_, value) in headers {
+        out.push(value.clone());
+        if let Some((_, token)) = value.split_once(' ') {
+            out.push(token.to_string());
+        }
+    }
+    let after_scheme = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = after_scheme.split(['/', '?', '#']).next().unwrap_or("");
+    if let Some((userinfo, _)) = authority.rsplit_once('@') {
+        out.extend(userinfo.split(':').map(str::to_string));
+    }
+    if let Some((_, query)) = url.split_once('?') {
+        let query = query.split('#').next().unwrap_or("");
+        out.extend(
+            query
+                .split('&')
+                .filter_map(|pair| pair.split_once('='))
+                .map(|(_, v)| v.to_string()),
+        );
+    }
+    out
+}
+
 fn upstream_spec(args: &ProxyArgs, config: &ProxyConfig) -> Result<UpstreamSpec, Failure> {
     let headers = upstream_headers(args, config)?;
     if let Some(url) = &args.upstream_url {
+        toolledger_cli::log_sink::register_secrets(upstream_secrets(url, &headers));
         return Ok(UpstreamSpec::Http {
             url: url.clone(),
             headers,

@@ -9,6 +9,11 @@
 //! after whatever is buffered, so the order of lines is kept and an unsure outcome is never
 //! held back. [`flush`] writes the rest (the command's end).
 //!
+//! Every line is scrubbed before it is kept ([`scrub`]), whichever crate logged it: the
+//! values of registered secrets ([`register_secrets`]: a proxy's upstream headers and URL
+//! credentials) are replaced by `[redacted]`, and so are the user information and query values
+//! of every `http://` or `https://` URL in the line.
+//!
 //! Memory is bounded: while stderr does not take what is written (a reader that stopped
 //! reading), at most [`MAX_PENDING`] bytes wait, later `info` lines are dropped and counted,
 //! and a line saying how many were dropped comes first once stderr takes writes again. Calls
@@ -123,6 +128,53 @@ impl Sink {
     }
 }
 
+/// The shortest value [`register_secrets`] keeps: a shorter one would redact ordinary words.
+pub const MIN_SECRET_LEN: usize = 6;
+
+static SECRETS: std::sync::RwLock<Vec<String>> = std::sync::RwLock::new(Vec::new());
+
+/// Registers values no log line may show (a header's value, a token, a password), however a
+/// library formats them: each is replaced by `[redacted]` in every later line. Values shorter
+/// than [`MIN_SECRET_LEN`] are not kept (URL query values and credentials are redacted by
+/// their place anyway).
+pub fn register_secrets<I: IntoIterator<Item = String>>(values: I) {
+    let mut secrets = SECRETS.write().unwrap_or_else(|p| p.into_inner());
+    for v in values {
+        let v = v.trim().to_string();
+        if v.len() >= MIN_SECRET_LEN && !secrets.contains(&v) {
+            secrets.push(v);
+        }
+    }
+    // The longest first, so a secret that contains another is redacted whole.
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+}
+
+/// `line` as it may be logged: registered secrets and URL credentials and query values
+/// replaced by `[redacted]`. Unchanged (and not copied) when it holds neither.
+pub fn scrub(line: &mut Vec<u8>) {
+    let secrets = SECRETS.read().unwrap_or_else(|p| p.into_inner());
+    let (has_url, has_secret) = {
+        let text = String::from_utf8_lossy(line);
+        (
+            text.contains("://"),
+            secrets.iter().any(|s| text.contains(s.as_str())),
+        )
+    };
+    if !has_url && !has_secret {
+        return;
+    }
+    let mut text = String::from_utf8_lossy(line).into_owned();
+    for s in secrets.iter() {
+        if text.contains(s.as_str()) {
+            text = text.replace(s.as_str(), "[redacted]");
+        }
+    }
+    if has_url {
+        text = toolledger_proxy::upstream::redact_urls(&text);
+    }
+    *line = text.into_bytes();
+}
+
 static SINK: OnceLock<&'static Sink> = OnceLock::new();
 
 /// Set when the sink's thread could not be started: every line is then written at once.
@@ -171,6 +223,7 @@ impl Drop for LineWriter {
         if self.line.is_empty() {
             return;
         }
+        scrub(&mut self.line);
         let sink = sink();
         if self.urgent || UNBUFFERED.load(Ordering::Relaxed) {
             sink.write_out(&self.line);
@@ -304,5 +357,27 @@ mod tests {
             written.len(),
             expected.len() + MAX_PENDING / line.len() * line.len()
         );
+    }
+
+    #[test]
+    fn secrets_and_url_credentials_never_reach_a_line() {
+        register_secrets(["tok-abcdef-123".to_string(), "short".to_string()]);
+        let mut line =
+            b"ERROR x: Client(reqwest::Error { url: \"http://u:pw@h:1/mcp?key=SECRET9\" }) \
+            Authorization: Bearer tok-abcdef-123 short\n"
+                .to_vec();
+        scrub(&mut line);
+        let line = String::from_utf8(line).unwrap();
+        assert!(!line.contains("SECRET9"), "{line}");
+        assert!(!line.contains("pw@"), "{line}");
+        assert!(!line.contains("tok-abcdef-123"), "{line}");
+        assert!(line.contains("Bearer [redacted]"), "{line}");
+        assert!(
+            line.contains("short"),
+            "a short value is not taken for a secret: {line}"
+        );
+        let mut plain = b"INFO nothing to hide\n".to_vec();
+        scrub(&mut plain);
+        assert_eq!(plain, b"INFO nothing to hide\n");
     }
 }

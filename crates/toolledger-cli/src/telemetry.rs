@@ -71,6 +71,12 @@ pub fn init_logs(format: LogFormat) {
         if let Ok(directive) = "rmcp=warn".parse() {
             filter = filter.add_directive(directive);
         }
+        // The fatal error of an rmcp client transport (an HTTP upstream that cannot be
+        // reached) is said again, in the proxy's words, by the proxy's own warning; rmcp's
+        // line is its error's debug dump (internal type names, the request's URL).
+        if let Ok(directive) = "rmcp::transport::worker=off".parse() {
+            filter = filter.add_directive(directive);
+        }
     }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

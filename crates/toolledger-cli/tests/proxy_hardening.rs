@@ -458,3 +458,53 @@ fn a_client_that_goes_away_during_the_start_is_not_waited_for() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A proxy whose HTTP upstream cannot be reached logs and answers in its own words: no line of
+/// its whole log — its own, rmcp's or reqwest's, at the default level or at `trace` — shows
+/// the URL's password or query values or the header's token, and the default log and the error
+/// name no internal type.
+#[test]
+fn a_failing_start_shows_no_secret_and_no_internal_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    for level in ["", "trace"] {
+        let out = Command::new(support::BIN)
+            .arg("proxy")
+            .args(["--db", dir.path().join("ledger.sqlite").to_str().unwrap()])
+            .args([
+                "--upstream-url",
+                &format!("http://user:pw-secret-1@127.0.0.1:{port}/mcp?key=query-secret-2&v=1"),
+                "--upstream-header",
+                "Authorization: Bearer header-secret-3",
+                "--upstream-header",
+                "X-Api-Key: header-secret-4",
+            ])
+            .env("RUST_LOG", level)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for secret in [
+            "pw-secret-1",
+            "query-secret-2",
+            "header-secret-3",
+            "header-secret-4",
+        ] {
+            assert!(!all.contains(secret), "RUST_LOG={level}: {secret} in {all}");
+        }
+        let err = failure(&out.stderr);
+        assert_eq!(err["error"]["code"], "UPSTREAM_UNAVAILABLE", "{err}");
+        if level.is_empty() {
+            for internal in ["rmcp::transport", "reqwest::", "Transport [", "hyper_util"] {
+                assert!(!all.contains(internal), "{internal} in {all}");
+            }
+            let message = err["error"]["message"].as_str().unwrap();
+            assert!(message.contains("no connection could be made"), "{message}");
+        }
+    }
+}

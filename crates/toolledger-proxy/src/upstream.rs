@@ -308,6 +308,61 @@ fn redact_url(url: &str) -> String {
     format!("{scheme}{authority}{path}{fragment}")
 }
 
+/// Why a connection's MCP handshake failed, in the proxy's words: no internal type name, no
+/// URL credential or query value (rmcp's own messages carry both).
+fn handshake_words(e: &ClientInitializeError) -> String {
+    use rmcp::transport::streamable_http_client::StreamableHttpError;
+    match e {
+        ClientInitializeError::LegacyFallbackFailed { fallback, .. } => handshake_words(fallback),
+        ClientInitializeError::ConnectionClosed(_) => {
+            "it closed the connection during the MCP handshake (a child that exited, or a \
+             server that hung up)"
+                .into()
+        }
+        ClientInitializeError::TransportError { error, .. } => {
+            match error
+                .error
+                .downcast_ref::<StreamableHttpError<reqwest::Error>>()
+            {
+                Some(StreamableHttpError::Client(r)) if r.is_connect() => {
+                    "no connection could be made (refused, unreachable, or the name did not \
+                     resolve)"
+                        .into()
+                }
+                Some(StreamableHttpError::Client(r)) if r.is_timeout() => {
+                    "the connection timed out".into()
+                }
+                Some(StreamableHttpError::Client(r)) => match r.status() {
+                    Some(status) => format!("it answered HTTP {status}"),
+                    None => "the HTTP request failed".into(),
+                },
+                Some(StreamableHttpError::AuthRequired(_))
+                | Some(StreamableHttpError::InsufficientScope(_)) => {
+                    "it asked for credentials (HTTP 401 or 403): check the upstream headers".into()
+                }
+                Some(_) => "it answered the MCP handshake with something other than MCP".into(),
+                None => "the connection failed during the MCP handshake".into(),
+            }
+        }
+        ClientInitializeError::JsonRpcError(data) => format!(
+            "it refused the MCP handshake with a JSON-RPC error ({})",
+            redact_urls(&data.message)
+        ),
+        ClientInitializeError::NoCompatibleProtocolVersion {
+            server_supported, ..
+        } => format!(
+            "it speaks no MCP version the proxy speaks (it offers {})",
+            server_supported
+                .iter()
+                .map(|v| v.as_str().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        ClientInitializeError::Cancelled => "the MCP handshake was cancelled".into(),
+        _ => "it answered the MCP handshake with something other than its result".into(),
+    }
+}
+
 /// The detail of a transport error without rmcp's wrapper (which names internal types).
 fn transport_detail(e: &rmcp::transport::DynamicTransportError) -> String {
     e.error.to_string()
@@ -603,6 +658,12 @@ impl Upstream {
                 "it did not complete the MCP handshake within {secs} s"
             )))
         };
+        let refused = |e: &ClientInitializeError| {
+            let detail = handshake_words(e);
+            tracing::warn!(target: "toolledger::upstream", generation, error = %detail,
+                "the upstream could not be started");
+            Startup::Failed(UpstreamError::NotSent(detail))
+        };
         let handshake = |e: ClientInitializeError| match e {
             // The answer to `server/discover` arrived after the fallback to `initialize`: a
             // result (the upstream speaks MCP 2026-07-28) or an error (it does not).
@@ -616,7 +677,7 @@ impl Upstream {
             {
                 Startup::LateDiscover(Lifecycle::Legacy)
             }
-            e => failed(&e),
+            e => refused(&e),
         };
         match &self.spec {
             UpstreamSpec::Stdio { command, args, env } => {
