@@ -508,3 +508,92 @@ fn a_failing_start_shows_no_secret_and_no_internal_name() {
         }
     }
 }
+
+/// The proxy's peak resident memory (`VmHWM`), in KiB.
+fn peak_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// An upstream that lists without end — endless pages, too many tools, definitions too large
+/// — is refused at start with a clear error naming the limit; one with 2,000 tools is served
+/// in bounded memory (the tool table is linear); one that floods its stderr without a newline
+/// is logged truncated, in bounded memory, and still served.
+#[test]
+fn a_hostile_upstream_cannot_grow_the_proxys_memory() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let hostile = proxy_fixture("hostile_upstream.py");
+    let proxy = |mode: &str, extra: &[(&str, &str)]| {
+        let mut c = Command::new(support::BIN);
+        c.arg("proxy")
+            .args(["--db", dir.path().join("ledger.sqlite").to_str().unwrap()])
+            .arg("--")
+            .arg(&python)
+            .arg(&hostile)
+            .env("HOSTILE_MODE", mode)
+            .envs(extra.iter().copied());
+        c
+    };
+    for (mode, limit) in [
+        ("endless_pages", "more than 50 pages"),
+        ("many_tools", "more than 2000 tools"),
+        ("fat_tools", "exceed 32 MiB"),
+    ] {
+        let out = proxy(mode, &[]).stdin(Stdio::null()).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{mode}");
+        let err = failure(&out.stderr);
+        assert_eq!(
+            err["error"]["code"], "UPSTREAM_UNAVAILABLE",
+            "{mode}: {err}"
+        );
+        let message = err["error"]["message"].as_str().unwrap();
+        assert!(message.contains(limit), "{mode}: {message}");
+    }
+
+    let mut p =
+        toolledger_testkit::stdio::Server::spawn(proxy("tools", &[("HOSTILE_TOOLS", "2000")]));
+    p.send(
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": meta()}}),
+    );
+    let listed = p.recv();
+    assert_eq!(
+        listed["result"]["tools"].as_array().map(Vec::len),
+        Some(2001),
+        "the 2,000 tools and get_operation_status"
+    );
+    let peak = peak_kib(p.pid());
+    assert!(peak < 200 * 1024, "2,000 tools took {peak} KiB");
+    drop(p);
+
+    let log = dir.path().join("flood.log");
+    let mut p = toolledger_testkit::stdio::Server::spawn_with_stderr(
+        proxy("stderr_flood", &[("HOSTILE_STDERR_MB", "200")]),
+        Stdio::from(std::fs::File::create(&log).unwrap()),
+    );
+    let pong = p.call("ping", json!({}));
+    assert_eq!(pong["structuredContent"]["pong"], true, "{pong}");
+    let peak = peak_kib(p.pid());
+    assert!(peak < 150 * 1024, "a 200 MiB stderr line took {peak} KiB");
+    let until = Instant::now() + Duration::from_secs(30);
+    let logged = loop {
+        let logged = std::fs::read_to_string(&log).unwrap();
+        if logged.contains("truncated_bytes=209707008") || Instant::now() > until {
+            break logged;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    drop(p);
+    assert!(
+        logged.contains("truncated_bytes=209707008"),
+        "the truncation is logged with the bytes dropped"
+    );
+    assert!(
+        logged.len() < 1 << 20,
+        "the log holds the line's first bytes only"
+    );
+}

@@ -92,12 +92,13 @@ impl<S: Send + Sync + 'static> GuardedServer<S> {
     /// Lists the tools named in `order` first, in that order.
     pub fn with_order<N: AsRef<str>>(mut self, order: &[N]) -> Self {
         let mut listed = self.listed.as_ref().clone();
-        let rank = |t: &Tool| {
-            order
-                .iter()
-                .position(|n| n.as_ref() == t.name)
-                .unwrap_or(order.len())
-        };
+        let ranks: std::collections::HashMap<&str, usize> = order
+            .iter()
+            .enumerate()
+            .rev()
+            .map(|(i, n)| (n.as_ref(), i))
+            .collect();
+        let rank = |t: &Tool| ranks.get(t.name.as_ref()).copied().unwrap_or(order.len());
         listed.sort_by_key(|t| rank(t));
         self.listed = Arc::new(listed);
         self

@@ -87,8 +87,10 @@ pub enum BuildError {
 /// lookup runs unasked, so it must not act). Settings for tools the upstream does not list
 /// and lookups of tools that are not guarded are only warned about.
 fn check_against(listed: &[rmcp::model::Tool], config: &ProxyConfig) -> Result<(), BuildError> {
+    let by_name: std::collections::HashMap<&str, &rmcp::model::Tool> =
+        listed.iter().map(|t| (t.name.as_ref(), t)).collect();
     let policy_of = |name: &str| {
-        listed.iter().find(|t| t.name == name).map(|t| {
+        by_name.get(name).map(|t| {
             let read_only = t
                 .annotations
                 .as_ref()
@@ -207,11 +209,15 @@ impl Proxy {
             passed_through: Vec::new(),
         };
         let mut entries = Vec::new();
+        // One registry for every guarded tool's runtime (a runtime's clone shares it): a copy
+        // per tool would make the proxy's memory grow with the square of the upstream's tools.
+        let base = Runtime::new(store.clone(), clock.clone(), registry);
         for (tool, guarded) in plan {
             match guarded {
                 Some((proxied, effect)) => {
                     let p = proxied.policy();
-                    let mut runtime = Runtime::new(store.clone(), clock.clone(), registry.clone())
+                    let mut runtime = base
+                        .clone()
                         .with_config(RuntimeConfig {
                             lease_seconds: (p.call_timeout_seconds + LEASE_MARGIN_SECONDS) as i64,
                             max_attempts: 1,

@@ -251,7 +251,7 @@ pub async fn list_over_http(
     session.notify("notifications/initialized").await?;
     let seen = TaskRequired::default();
     let mut cursor: Option<String> = None;
-    for page in 0..1_000 {
+    for page in 0..crate::upstream::MAX_LIST_PAGES as u64 {
         let params = match &cursor {
             Some(c) => json!({"cursor": c}),
             None => json!({}),
@@ -318,10 +318,23 @@ impl Session {
             .get("content-type")
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
-        let text = response
-            .text()
+        // Read up to the largest message the proxy takes, never the whole of a flood.
+        let mut response = response;
+        let mut body = Vec::new();
+        while let Some(chunk) = response
+            .chunk()
             .await
-            .map_err(|e| format!("{method}: {}", without_url(e)))?;
+            .map_err(|e| format!("{method}: {}", without_url(e)))?
+        {
+            if body.len() + chunk.len() > MAX_LINE {
+                return Err(format!(
+                    "{method}: the answer exceeds {} MiB",
+                    MAX_LINE >> 20
+                ));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let text = String::from_utf8_lossy(&body);
         let messages: Vec<Value> = if sse {
             text.lines()
                 .filter_map(|l| l.strip_prefix("data:"))

@@ -217,6 +217,9 @@ pub enum UpstreamError {
     /// The client cancelled its request; the cancellation was passed on upstream.
     #[error("the client cancelled the call")]
     Cancelled,
+    /// The upstream's answer is beyond what the proxy keeps (the detail says which limit).
+    #[error("the upstream's answer is too large")]
+    TooLarge(String),
 }
 
 impl UpstreamError {
@@ -245,6 +248,7 @@ impl UpstreamError {
             }
             UpstreamError::Timeout(s) => format!("it did not answer within {s} s"),
             UpstreamError::Cancelled => "the start was cancelled".into(),
+            UpstreamError::TooLarge(d) => d.clone(),
         }
     }
 
@@ -361,6 +365,48 @@ fn handshake_words(e: &ClientInitializeError) -> String {
         ClientInitializeError::Cancelled => "the MCP handshake was cancelled".into(),
         _ => "it answered the MCP handshake with something other than its result".into(),
     }
+}
+
+/// The most tools the proxy takes from an upstream's listing.
+pub const MAX_LISTED_TOOLS: usize = 2_000;
+/// The most `tools/list` pages the proxy asks for.
+pub const MAX_LIST_PAGES: usize = 50;
+/// The most bytes of tool definitions (their JSON) the proxy keeps from a listing.
+pub const MAX_LISTED_BYTES: usize = 32 << 20;
+
+/// Every page of the upstream's `tools/list`, within the caps above (each answer is itself
+/// bounded by rmcp's largest message, 16 MiB).
+async fn list_bounded(peer: &Peer<RoleClient>) -> Result<Vec<Tool>, UpstreamError> {
+    let mut tools = Vec::new();
+    let mut bytes = 0usize;
+    let mut cursor: Option<String> = None;
+    for _ in 0..MAX_LIST_PAGES {
+        let params =
+            cursor.map(|c| rmcp::model::PaginatedRequestParams::default().with_cursor(Some(c)));
+        let page = peer.list_tools(params).await?;
+        for tool in page.tools {
+            bytes += serde_json::to_vec(&tool).map(|v| v.len()).unwrap_or(0);
+            tools.push(tool);
+            if tools.len() > MAX_LISTED_TOOLS {
+                return Err(UpstreamError::TooLarge(format!(
+                    "it lists more than {MAX_LISTED_TOOLS} tools"
+                )));
+            }
+            if bytes > MAX_LISTED_BYTES {
+                return Err(UpstreamError::TooLarge(format!(
+                    "its tool definitions exceed {} MiB",
+                    MAX_LISTED_BYTES >> 20
+                )));
+            }
+        }
+        cursor = page.next_cursor;
+        if cursor.is_none() {
+            return Ok(tools);
+        }
+    }
+    Err(UpstreamError::TooLarge(format!(
+        "its tools/list has more than {MAX_LIST_PAGES} pages"
+    )))
 }
 
 /// The detail of a transport error without rmcp's wrapper (which names internal types).
@@ -850,17 +896,21 @@ impl Upstream {
     /// `execution.taskSupport` is `required` (read from the upstream's own answers: rmcp's
     /// `Tool` does not keep `execution`). An HTTP upstream whose tools cannot be listed a second
     /// time, on a session of the proxy's own, is taken to require tasks for none (logged).
+    ///
+    /// A listing beyond [`MAX_LISTED_TOOLS`] tools, [`MAX_LIST_PAGES`] pages or
+    /// [`MAX_LISTED_BYTES`] of tool definitions is refused ([`UpstreamError::TooLarge`]): an
+    /// upstream cannot grow the proxy's memory by listing without end.
     pub async fn list_tools(&self) -> Result<(Vec<Tool>, BTreeSet<String>), UpstreamError> {
         let peer = self.peer().await?;
         match &self.spec {
             UpstreamSpec::Stdio { .. } => {
                 self.task_required.start();
-                let tools = peer.list_all_tools().await;
+                let tools = list_bounded(&peer).await;
                 let required = self.task_required.finish();
                 Ok((tools?, required))
             }
             UpstreamSpec::Http { url, headers } => {
-                let tools = peer.list_all_tools().await?;
+                let tools = list_bounded(&peer).await?;
                 let required = match tasks::list_over_http(url, headers).await {
                     Ok(required) => required,
                     Err(e) => {
