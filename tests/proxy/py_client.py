@@ -12,7 +12,14 @@ The spec:
                                                `mcp.ClientSession`
    "list_tools": true | false
    "progress": true | false                    ask for progress and print what arrives
-   "calls": [{"name", "arguments", "meta"?}]}
+   "calls": [{"name", "arguments", "meta"?, "until"?}],   "until": repeat the call (up to 100
+                                               times, 100 ms apart) until its result's JSON
+                                               contains this text, as an agent polls; the
+                                               last result is the one printed
+   "roots": ["file:///…"]                      optional: the client offers roots (a
+                                               list_roots callback answering these)
+   "sampling": "TEXT"}                         optional: the client offers sampling, answering
+                                               every request with this text
 
 lifecycle: with api "client", "2026-07-28" is `Client(mode="2026-07-28")`, which adopts that
 version without any handshake on the wire; "legacy" is `mode="legacy"` (initialize); "auto" is
@@ -21,6 +28,7 @@ the SDK's default (server/discover, falling back to initialize). With api "sessi
 
 Output, one JSON line each, flushed as soon as it is known:
   {"connected": {"protocol_version"}}        once the client is ready
+  {"roots_asked": N} / {"sampled": N}        each time the server asked for roots / sampling
   {"tools": [...]}                           the listing, when asked for
   {"i": N, "progress": {...}}                a progress notification for call N, when asked for
   {"i": N, "result": CallToolResult}         the result as the SDK returns it (isError included)
@@ -111,16 +119,43 @@ def http_transport(spec: dict[str, Any]):
     return streamable_http_client(spec["url"], http_client=create_mcp_http_client(headers=headers))
 
 
+def callbacks(spec: dict[str, Any]) -> dict[str, Any]:
+    """The client's roots and sampling callbacks the spec asks for."""
+    out: dict[str, Any] = {}
+    asked = {"roots": 0, "sampled": 0}
+    if spec.get("roots") is not None:
+        roots = [types.Root(uri=u) for u in spec["roots"]]
+
+        async def list_roots(context: Any) -> types.ListRootsResult:
+            asked["roots"] += 1
+            emit({"roots_asked": asked["roots"]})
+            return types.ListRootsResult(roots=roots)
+
+        out["list_roots_callback"] = list_roots
+    if spec.get("sampling") is not None:
+        text = spec["sampling"]
+
+        async def sample(context: Any, params: Any) -> types.CreateMessageResult:
+            asked["sampled"] += 1
+            emit({"sampled": asked["sampled"]})
+            return types.CreateMessageResult(
+                role="assistant", content=types.TextContent(type="text", text=text), model="test-model"
+            )
+
+        out["sampling_callback"] = sample
+    return out
+
+
 async def connect(stack: AsyncExitStack, spec: dict[str, Any]):
     """Returns (call_tool, list_tools, protocol_version) over one open connection."""
     lifecycle = spec.get("lifecycle", "legacy")
     if spec.get("api", "client") == "client":
         target = stdio_params(spec) if spec["transport"] == "stdio" else http_transport(spec)
-        client = await stack.enter_async_context(Client(target, mode=lifecycle))
+        client = await stack.enter_async_context(Client(target, mode=lifecycle, **callbacks(spec)))
         return client.call_tool, client.list_tools, client.protocol_version
     transport = stdio_client(stdio_params(spec)) if spec["transport"] == "stdio" else http_transport(spec)
     read, write = await stack.enter_async_context(transport)
-    session = await stack.enter_async_context(ClientSession(read, write))
+    session = await stack.enter_async_context(ClientSession(read, write, **callbacks(spec)))
     if lifecycle == "2026-07-28":
         await session.discover()
     elif lifecycle == "legacy":
@@ -178,6 +213,11 @@ async def drive(spec: dict[str, Any]) -> int:
                 kwargs["progress_callback"] = progress_printer(i)
             try:
                 result = await call_tool(call["name"], call.get("arguments") or {}, **kwargs)
+                for _ in range(100 if call.get("until") else 0):
+                    if call["until"] in json.dumps(dump(result)):
+                        break
+                    await asyncio.sleep(0.1)
+                    result = await call_tool(call["name"], call.get("arguments") or {}, **kwargs)
             except Exception as e:
                 e = first_leaf(e)
                 if is_transport(e):

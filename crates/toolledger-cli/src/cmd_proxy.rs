@@ -322,6 +322,9 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
     };
     let named = upstream_name(&spec);
     let upstream = Upstream::new(spec, lifecycle);
+    // A stdio proxy's one client is the upstream's client: its roots, and its answers to the
+    // upstream's sampling and elicitation requests, are relayed.
+    let relay = upstream.client_relay(args.http.is_none());
     let start_timeout = std::time::Duration::from_secs(args.upstream_start_timeout);
     upstream.set_start_timeout(start_timeout);
     let stopping = upstream.clone();
@@ -392,7 +395,11 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
         (None, Some(caller)) => {
             let ledger =
                 LedgerGuard::from_parts(guard, principals, CallerSource::Configured(caller));
-            built.server(&ledger).serve_stdio(front.max_in_flight).await;
+            built
+                .server(&ledger)
+                .with_client_events(relay)
+                .serve_stdio(front.max_in_flight)
+                .await;
             Ok(())
         }
         (None, None) => unreachable!("a stdio session's caller is resolved above"),

@@ -597,3 +597,120 @@ fn a_hostile_upstream_cannot_grow_the_proxys_memory() {
         "the log holds the line's first bytes only"
     );
 }
+
+/// The Python SDK's `Client` (the `initialize` lifecycle) with `extra` spec members, driving a
+/// stdio proxy on a fresh ledger in `dir` in front of `node UPSTREAM_ARGS…`.
+fn through_stdio_proxy(
+    dir: &Path,
+    node: &Path,
+    upstream: &[String],
+    calls: Value,
+    extra: Value,
+) -> Vec<Value> {
+    let python = python().expect("python");
+    let mut args = vec![
+        "proxy".to_string(),
+        "--db".into(),
+        dir.join("ledger.sqlite").display().to_string(),
+        "--".into(),
+        node.display().to_string(),
+    ];
+    args.extend(upstream.iter().cloned());
+    let mut spec = json!({"transport": "stdio", "lifecycle": "legacy", "api": "client",
+        "calls": calls,
+        "server": {"command": support::BIN, "args": args,
+                   "env": {"PATH": std::env::var("PATH").unwrap_or_default()}}});
+    for (k, v) in extra.as_object().unwrap() {
+        spec[k] = v.clone();
+    }
+    let mut driver = Command::new(python);
+    driver.arg(proxy_fixture("py_client.py"));
+    support::clients::run_driver(driver, &spec)
+}
+
+/// `@modelcontextprotocol/server-filesystem` started without directories takes its allowed
+/// directories from its client's roots. Behind a stdio proxy, the client's roots reach it: it
+/// lists the directory, and a guarded write into it succeeds (and replays).
+#[test]
+fn the_clients_roots_reach_the_upstream() {
+    let (Some(_), Some(node)) = (python(), support::clients::node()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("work");
+    std::fs::create_dir(&root).unwrap();
+    let root = root.canonicalize().unwrap();
+    let file = root.join("note.txt");
+    let write = json!({"path": file, "content": "hello", "operation_id": "w-1"});
+    let lines = through_stdio_proxy(
+        dir.path(),
+        &node,
+        &[support::clients::server_filesystem().display().to_string()],
+        // The upstream takes the roots in when it is told they changed, which races with
+        // the first call: the directory listing is asked again until it shows them (as an
+        // agent polls); without the relay it never does.
+        json!([
+            {"name": "list_allowed_directories", "arguments": {},
+             "until": root.display().to_string()},
+            {"name": "write_file", "arguments": write},
+            {"name": "write_file", "arguments": write},
+        ]),
+        json!({"roots": [format!("file://{}", root.display())]}),
+    );
+    assert!(
+        lines.iter().any(|l| l.get("roots_asked").is_some()),
+        "the upstream asked the client for its roots: {lines:?}"
+    );
+    let allowed = support::clients::driver_result(&lines, 0);
+    assert!(
+        allowed.to_string().contains(&root.display().to_string()),
+        "{allowed}"
+    );
+    let written = support::clients::driver_result(&lines, 1);
+    assert_ne!(written["isError"], true, "{written}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "hello");
+    let again = support::clients::driver_result(&lines, 2);
+    assert_eq!(
+        again["_meta"]["io.toolledger/ledger"]["replayed"], true,
+        "{again}"
+    );
+}
+
+/// `@modelcontextprotocol/server-everything`'s `trigger-sampling-request` (a guarded tool)
+/// asks its client for an LLM sample during the call: behind a stdio proxy the request reaches
+/// the proxy's client, whose answer comes back in the tool's result, recorded and replayed.
+#[test]
+fn the_upstreams_sampling_request_reaches_the_client() {
+    let (Some(_), Some(node)) = (python(), support::clients::node()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let call = json!({"name": "trigger-sampling-request",
+        "arguments": {"prompt": "say hi", "maxTokens": 5, "operation_id": "s-1"}});
+    let lines = through_stdio_proxy(
+        dir.path(),
+        &node,
+        &[
+            support::clients::server_everything().display().to_string(),
+            "stdio".into(),
+        ],
+        json!([call, call]),
+        json!({"sampling": "sampled-by-the-client"}),
+    );
+    let first = support::clients::driver_result(&lines, 0);
+    assert_ne!(first["isError"], true, "{first}");
+    assert!(
+        first.to_string().contains("sampled-by-the-client"),
+        "{first}"
+    );
+    assert_eq!(
+        lines.iter().filter(|l| l.get("sampled").is_some()).count(),
+        1,
+        "sampled once: the retry replays: {lines:?}"
+    );
+    let again = support::clients::driver_result(&lines, 1);
+    assert_eq!(
+        again["_meta"]["io.toolledger/ledger"]["replayed"], true,
+        "{again}"
+    );
+}

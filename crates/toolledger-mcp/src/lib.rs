@@ -77,7 +77,7 @@ pub use guarded::{
 pub use keys::{KeyError, KeyMaterial};
 pub use ledger::{LedgerGuard, LedgerGuardBuilder, OpenError};
 pub use reply::error_of;
-pub use server::{GuardedServer, ToolCall};
+pub use server::{ClientEvents, GuardedServer, ToolCall};
 pub use state::StateBinding;
 pub use status::{EffectObserver, LedgerResultObserver, Observation, StatusTool};
 

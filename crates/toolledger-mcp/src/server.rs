@@ -52,6 +52,17 @@ pub struct ToolCall {
     pub peer: Option<Peer<RoleServer>>,
 }
 
+/// What a [`GuardedServer`] tells of a session its client opens under the `initialize`
+/// lifecycle, for a server that relays requests to its client: the proxy passes its
+/// upstream's `roots/list`, sampling and elicitation requests on to it.
+pub trait ClientEvents: Send + Sync + 'static {
+    /// A client finished the `initialize` handshake (its capabilities are in
+    /// `peer.peer_info()`).
+    fn initialized(&self, peer: Peer<RoleServer>);
+    /// The client said its roots changed (`notifications/roots/list_changed`).
+    fn roots_list_changed(&self, peer: Peer<RoleServer>);
+}
+
 /// An rmcp `ServerHandler` over a [`ToolRouter`] wrapped by [`crate::LedgerGuard::router`] (or
 /// [`crate::LedgerGuard::router_unchecked`]): what `toolledger serve`, the proxy and any server whose
 /// tools are routes rather than `#[tool_handler]` methods serve. `tools/list` answers in the
@@ -63,6 +74,7 @@ pub struct GuardedServer<S> {
     router: Arc<ToolRouter<S>>,
     listed: Arc<Vec<Tool>>,
     name: Arc<str>,
+    events: Option<Arc<dyn ClientEvents>>,
 }
 
 impl<S> Clone for GuardedServer<S> {
@@ -72,6 +84,7 @@ impl<S> Clone for GuardedServer<S> {
             router: self.router.clone(),
             listed: self.listed.clone(),
             name: self.name.clone(),
+            events: self.events.clone(),
         }
     }
 }
@@ -86,7 +99,15 @@ impl<S: Send + Sync + 'static> GuardedServer<S> {
             router: Arc::new(router),
             listed: Arc::new(listed),
             name: Arc::from(name.into()),
+            events: None,
         }
+    }
+
+    /// Tells `events` of each session a client opens under the `initialize` lifecycle, and of
+    /// its roots changing.
+    pub fn with_client_events(mut self, events: Arc<dyn ClientEvents>) -> Self {
+        self.events = Some(events);
+        self
     }
 
     /// Lists the tools named in `order` first, in that order.
@@ -224,6 +245,18 @@ impl<S: Send + Sync + 'static> ServerHandler for GuardedServer<S> {
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
         self.router.get(name).cloned()
+    }
+
+    async fn on_initialized(&self, context: rmcp::service::NotificationContext<RoleServer>) {
+        if let Some(events) = &self.events {
+            events.initialized(context.peer);
+        }
+    }
+
+    async fn on_roots_list_changed(&self, context: rmcp::service::NotificationContext<RoleServer>) {
+        if let Some(events) = &self.events {
+            events.roots_list_changed(context.peer);
+        }
     }
 
     async fn call_tool(

@@ -62,7 +62,9 @@ use toolledger_mcp::{
 };
 
 pub use config::{ConfigError, ProxyConfig, ToolPolicy};
-pub use upstream::{ChildEnv, Lifecycle, Upstream, UpstreamError, UpstreamSpec, STRIPPED_ENV};
+pub use upstream::{
+    ChildEnv, ClientRelay, Lifecycle, Upstream, UpstreamError, UpstreamSpec, STRIPPED_ENV,
+};
 
 use effect::{ProxiedTool, UpstreamEffect};
 use tools::{GuardedForward, Passthrough, ProxyStatus, StatusEntry};

@@ -25,7 +25,8 @@ use rmcp::model::{
 };
 use rmcp::service::{
     ClientInitializeError, ClientLifecycleMode, ClientServiceExt, NotificationContext, Peer,
-    PeerRequestOptions, QuitReason, RunningService, RunningServiceCancellationToken, ServiceError,
+    PeerRequestOptions, QuitReason, RequestContext, RunningService,
+    RunningServiceCancellationToken, ServiceError,
 };
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;
@@ -48,16 +49,143 @@ pub struct CallRoute {
 
 type Routes = Arc<std::sync::Mutex<HashMap<ProgressToken, (Peer<RoleServer>, ProgressToken)>>>;
 
+/// The one client of a stdio proxy, to which the upstream's requests for the client (roots,
+/// sampling, elicitation) are relayed. Empty until that client initializes (under the
+/// `initialize` lifecycle), and always on an HTTP proxy, whose upstream serves many callers:
+/// there no caller's roots are given to the upstream, and its requests for a client are
+/// refused.
+#[derive(Default)]
+pub struct ClientRelay {
+    /// Whether requests are relayed at all (a stdio proxy's one client).
+    enabled: AtomicBool,
+    client: std::sync::Mutex<Option<Peer<RoleServer>>>,
+    /// The upstream, told when the client's roots change.
+    upstream: std::sync::Mutex<std::sync::Weak<Upstream>>,
+}
+
+impl ClientRelay {
+    fn client(&self) -> Option<(Peer<RoleServer>, ClientCapabilities)> {
+        if !self.enabled.load(Ordering::Relaxed) {
+            return None;
+        }
+        let peer = self.client.lock().ok()?.clone()?;
+        let capabilities = peer.peer_info()?.capabilities.clone();
+        Some((peer, capabilities))
+    }
+
+    /// Tells the upstream that the roots changed (it asks for them again), when the client
+    /// has roots to give.
+    fn announce_roots(&self) {
+        let has_roots = self.client().is_some_and(|(_, caps)| caps.roots.is_some());
+        let upstream = self.upstream.lock().ok().and_then(|u| u.upgrade());
+        if let (true, Some(upstream)) = (has_roots, upstream) {
+            tokio::spawn(async move {
+                let peer = upstream
+                    .current
+                    .lock()
+                    .await
+                    .as_ref()
+                    .map(|c| c.peer.clone());
+                if let Some(peer) = peer {
+                    let _ = peer.notify_roots_list_changed().await;
+                }
+            });
+        }
+    }
+}
+
+impl toolledger_mcp::ClientEvents for ClientRelay {
+    fn initialized(&self, peer: Peer<RoleServer>) {
+        if !self.enabled.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Ok(mut client) = self.client.lock() {
+            *client = Some(peer);
+        }
+        self.announce_roots();
+    }
+
+    fn roots_list_changed(&self, _peer: Peer<RoleServer>) {
+        self.announce_roots();
+    }
+}
+
+/// A failed relay of a request to the client, as the upstream's error.
+fn relay_error(e: ServiceError) -> ErrorData {
+    match e {
+        ServiceError::McpError(data) => data,
+        _ => ErrorData::internal_error("the proxy's client did not answer", None),
+    }
+}
+
 /// The proxy as the upstream's client: passes the upstream's progress notifications on to
-/// the client whose call they belong to, under that client's own progress token.
+/// the client whose call they belong to, under that client's own progress token, and relays
+/// the upstream's requests for a client to the proxy's own client ([`ClientRelay`]).
 #[derive(Clone, Default)]
 struct ProxyClient {
     routes: Routes,
+    relay: Arc<ClientRelay>,
 }
 
 impl ClientHandler for ProxyClient {
     fn get_info(&self) -> ClientConfig {
-        client_config()
+        let mut config = client_config();
+        // Roots are always declared: without a client to ask, the list is empty, and the
+        // upstream is told when a client with roots arrives.
+        let mut roots = rmcp::model::RootsCapabilities::default();
+        roots.list_changed = Some(true);
+        config.capabilities.roots = Some(roots);
+        if self.relay.enabled.load(Ordering::Relaxed) {
+            config.capabilities.sampling = Some(Default::default());
+            config.capabilities.elicitation = Some(Default::default());
+        }
+        config
+    }
+
+    #[allow(deprecated)] // roots/list: what a client of the `initialize` lifecycle is asked
+    async fn list_roots(
+        &self,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::ListRootsResult, ErrorData> {
+        match self.relay.client() {
+            Some((peer, caps)) if caps.roots.is_some() => {
+                peer.list_roots().await.map_err(relay_error)
+            }
+            _ => Ok(rmcp::model::ListRootsResult::default()),
+        }
+    }
+
+    #[allow(deprecated)] // sampling/createMessage: what a client of that lifecycle is asked
+    async fn create_message(
+        &self,
+        params: rmcp::model::CreateMessageRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::CreateMessageResult, ErrorData> {
+        match self.relay.client() {
+            Some((peer, caps)) if caps.sampling.is_some() => {
+                peer.create_message(params).await.map_err(relay_error)
+            }
+            _ => Err(ErrorData::new(
+                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+                "the proxy's client does not offer sampling",
+                None,
+            )),
+        }
+    }
+
+    async fn create_elicitation(
+        &self,
+        params: rmcp::model::ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::ElicitResult, ErrorData> {
+        match self.relay.client() {
+            Some((peer, caps)) if caps.elicitation.is_some() => {
+                peer.create_elicitation(params).await.map_err(relay_error)
+            }
+            _ => Ok(rmcp::model::ElicitResult::new(
+                rmcp::model::ElicitationAction::Decline,
+            )),
+        }
     }
 
     fn on_progress(
@@ -628,6 +756,20 @@ impl Upstream {
             Err(_) => tracing::warn!(target: "toolledger::upstream", generation,
                 "the upstream did not stop in time"),
         }
+    }
+
+    /// The relay of this upstream's requests for a client (roots, sampling, elicitation) to
+    /// the proxy's own client: give it to the server the client talks to
+    /// ([`toolledger_mcp::GuardedServer::with_client_events`]). Relaying starts with
+    /// `enabled` — for a stdio proxy's one client; an HTTP proxy's upstream serves many
+    /// callers and is given no caller's roots. Call before the first connection.
+    pub fn client_relay(self: &Arc<Self>, enabled: bool) -> Arc<ClientRelay> {
+        let relay = self.handler.relay.clone();
+        relay.enabled.store(enabled, Ordering::Relaxed);
+        if let Ok(mut upstream) = relay.upstream.lock() {
+            *upstream = Arc::downgrade(self);
+        }
+        relay
     }
 
     /// How many times a connection was made (the child started) so far.

@@ -89,3 +89,9 @@ pub fn wait_listening(port: u16, what: &str) {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+/// `@modelcontextprotocol/server-filesystem`'s entry point (its allowed directories are its
+/// arguments, or the client's roots).
+pub fn server_filesystem() -> PathBuf {
+    repo().join("tests/js/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js")
+}
