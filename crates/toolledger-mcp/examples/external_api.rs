@@ -11,7 +11,8 @@
 //! ```
 //!
 //! The mail service here is a stand-in (`Mailer`: a JSON-lines file, deduplicating by key, with
-//! `MAIL_LOSE_REPLY=1` to lose every answer after sending); yours is an HTTP client.
+//! `MAIL_LOSE_REPLY=1` to lose every answer after sending and `MAIL_REPLY_DELAY_MS` to answer
+//! late); yours is an HTTP client.
 
 use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
 use rmcp::{schemars, tool, tool_handler, tool_router, ServerHandler, ServiceExt};
@@ -91,6 +92,8 @@ use toolledger::{downstream::DownstreamError, runtime::ExternalRequest};
 pub struct Mailer {
     pub spool: std::path::PathBuf,
     pub lose_reply: bool,
+    /// How long the service takes to answer after it sent (`MAIL_REPLY_DELAY_MS`).
+    pub reply_delay: std::time::Duration,
 }
 
 impl Mailer {
@@ -98,9 +101,13 @@ impl Mailer {
     /// is set.
     pub fn from_env() -> Mailer {
         let spool = std::env::var("MAIL_SPOOL").unwrap_or_else(|_| "mail.jsonl".into());
+        let delay_ms = std::env::var("MAIL_REPLY_DELAY_MS").ok();
         Mailer {
             spool: spool.into(),
             lose_reply: std::env::var_os("MAIL_LOSE_REPLY").is_some(),
+            reply_delay: std::time::Duration::from_millis(
+                delay_ms.and_then(|d| d.parse().ok()).unwrap_or(0),
+            ),
         }
     }
 
@@ -119,6 +126,7 @@ impl Mailer {
             .map_err(|_| DownstreamError::NotSent("the mail service is not reachable".into()))?;
         file.write_all(line.as_bytes())
             .map_err(|e| DownstreamError::Unavailable(e.to_string()))?;
+        tokio::time::sleep(self.reply_delay).await;
         match self.lose_reply {
             true => Err(DownstreamError::Unavailable("the answer was lost".into())),
             false => Ok(sent),

@@ -17,12 +17,17 @@ struct Session {
 }
 
 async fn session(lose_reply: bool) -> Session {
+    session_with(lose_reply, std::time::Duration::ZERO).await
+}
+
+async fn session_with(lose_reply: bool, reply_delay: std::time::Duration) -> Session {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("mail.sqlite");
     let spool = dir.path().join("mail.jsonl");
     let mailer = example::Mailer {
         spool: spool.clone(),
         lose_reply,
+        reply_delay,
     };
     let (_ledger, mail) = example::open(db.to_str().unwrap(), "billing", mailer)
         .await
@@ -141,5 +146,48 @@ async fn a_lost_answer_is_unknown_until_the_lookup_finds_the_message() {
         replay["result"],
         json!({"message_id": format!("msg-{status_ref}"), "to": "ap@example.com"})
     );
+    assert_eq!(s.sent(), 1);
+}
+
+/// The client cancels its call (`notifications/cancelled`, as the official SDKs do when their
+/// read timeout fires) after the service sent the message and before it answered: the call
+/// runs to its recorded end, and the retry replays the answer — one message, nothing unsure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_call_still_records_the_answer_and_the_retry_replays_it() {
+    let s = session_with(false, std::time::Duration::from_millis(1_500)).await;
+    let params = rmcp::model::CallToolRequestParams::new("send_email")
+        .with_arguments(email("mail-c").as_object().cloned().unwrap());
+    let handle = s
+        .client
+        .send_cancellable_request(
+            rmcp::model::ClientRequest::CallToolRequest(rmcp::model::CallToolRequest::new(params)),
+            rmcp::service::PeerRequestOptions::no_options(),
+        )
+        .await
+        .unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while s.sent() == 0 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the message was never sent"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    handle
+        .cancel(Some("the caller gave up".into()))
+        .await
+        .unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let replay = loop {
+        let (err, answer) = s.call("send_email", email("mail-c")).await;
+        if !err || std::time::Instant::now() > until {
+            break answer;
+        }
+        // While the call still runs, a retry is told it is unfinished (never sent again).
+        assert_eq!(answer["status"], "processing", "{answer}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert_eq!(replay["code"], "OK", "{replay}");
+    assert_eq!(replay["delivery"], "local_replay", "{replay}");
     assert_eq!(s.sent(), 1);
 }
