@@ -164,6 +164,7 @@ pub async fn run(
             async move {
                 let key = format!("drain-{i:08}");
                 let call = DeferredCall {
+                    new_intent: false,
                     principal: PRINCIPAL.into(),
                     tool: TOOL.into(),
                     provider: ProviderContext::mcp(&key),

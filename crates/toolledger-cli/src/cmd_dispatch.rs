@@ -183,6 +183,7 @@ pub async fn apply_setup(
 pub fn call_of(f: &Fixture) -> Result<DeferredCall, Failure> {
     let parsed = refunds::parse_tool_arguments(&f.arguments).map_err(Failure::Refused)?;
     Ok(DeferredCall {
+        new_intent: false,
         principal: f.principal.clone(),
         tool: f.tool.clone(),
         key: parsed.key,

@@ -348,6 +348,49 @@ pub(crate) fn insert_applied(
     )
 }
 
+/// The states an operation may be in while its effect is unsure or not yet done: a new key
+/// with the same intent may be a re-plan of it (see [`unsettled_twin`]). The partial index
+/// `operations_unsettled_by_digest` covers exactly these states.
+pub(crate) const UNSETTLED_STATES_SQL: &str =
+    "('in_progress', 'accepted', 'processing', 'outcome_unknown')";
+
+/// The newest operation of `scope`'s caller and tool, under another key, with the same
+/// request digest (the same intent), created at `since` or later and still unsettled: what a
+/// call under `scope` may be a re-plan of.
+pub(crate) fn unsettled_twin(
+    tx: &mut dyn EffectTx,
+    scope: &crate::model::Scope,
+    request_digest: &str,
+    since: i64,
+) -> Result<Option<crate::model::EarlierOperation>, Error> {
+    let sql = format!(
+        "SELECT idempotency_key, status_ref, state FROM operations
+          WHERE request_digest = ?1 AND state IN {UNSETTLED_STATES_SQL}
+            AND tenant = ?2 AND subject = ?3 AND tool = ?4 AND idempotency_key <> ?5
+            AND created_at >= ?6
+          ORDER BY id DESC LIMIT 1"
+    );
+    let row = tx.query_opt(
+        &sql,
+        &[
+            request_digest.into(),
+            scope.tenant.as_str().into(),
+            scope.subject.as_str().into(),
+            scope.tool.as_str().into(),
+            scope.key.as_str().into(),
+            since.into(),
+        ],
+    )?;
+    let Some(r) = row else {
+        return Ok(None);
+    };
+    Ok(Some(crate::model::EarlierOperation {
+        operation_id: r.text(0)?,
+        status_ref: r.text(1)?,
+        state: r.text(2)?,
+    }))
+}
+
 /// Whether `(tool, key)` is held by a principal other than `(tenant, subject)`.
 pub(crate) fn key_held_elsewhere(
     tx: &mut dyn EffectTx,

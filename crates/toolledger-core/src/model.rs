@@ -43,11 +43,15 @@ pub enum ErrorCode {
     ContractDrift,
     /// The store is unreachable or busy; the call may be retried.
     Unavailable,
+    /// A call under a new key whose intent equals an earlier, unsettled operation of the same
+    /// caller and tool (whose reply may have been lost): nothing was recorded; ask about the
+    /// earlier one, or say it is a new intent.
+    PossibleDuplicate,
 }
 
 impl ErrorCode {
     /// Every code, in declaration order.
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 17] = [
         ErrorCode::InvalidArguments,
         ErrorCode::PermissionDenied,
         ErrorCode::NotFound,
@@ -64,6 +68,7 @@ impl ErrorCode {
         ErrorCode::BusinessStateChanged,
         ErrorCode::ContractDrift,
         ErrorCode::Unavailable,
+        ErrorCode::PossibleDuplicate,
     ];
 
     /// The stable snake_case name of the code.
@@ -85,6 +90,7 @@ impl ErrorCode {
             ErrorCode::BusinessStateChanged => "business_state_changed",
             ErrorCode::ContractDrift => "contract_drift",
             ErrorCode::Unavailable => "unavailable",
+            ErrorCode::PossibleDuplicate => "possible_duplicate",
         }
     }
 }
@@ -104,6 +110,21 @@ pub struct Error {
     pub code: ErrorCode,
     /// A human-readable, redacted explanation.
     pub message: String,
+    /// The earlier operation a [`ErrorCode::PossibleDuplicate`] refusal names (`None` for
+    /// every other error).
+    pub earlier: Option<Box<EarlierOperation>>,
+}
+
+/// The earlier, unsettled operation a `possible_duplicate` refusal names, so the caller can
+/// ask about it (`get_operation_status` with its operation id) instead of acting again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EarlierOperation {
+    /// Its operation id (the caller's idempotency key).
+    pub operation_id: String,
+    /// Its status reference.
+    pub status_ref: String,
+    /// Its state (`outcome_unknown`, `processing`, `accepted`, `in_progress`).
+    pub state: String,
 }
 
 impl Error {
@@ -112,6 +133,23 @@ impl Error {
         Error {
             code,
             message: message.into(),
+            earlier: None,
+        }
+    }
+
+    /// The `possible_duplicate` refusal of a call whose intent equals the unsettled
+    /// operation `earlier`'s.
+    pub fn possible_duplicate(earlier: EarlierOperation) -> Self {
+        Error {
+            code: ErrorCode::PossibleDuplicate,
+            message: format!(
+                "an earlier call of this tool with the same arguments (operation id {}) is {} \
+                 and may have acted; nothing was done. Ask get_operation_status about it, retry \
+                 under its operation id, or send _meta \"io.toolledger/new_intent\": true if \
+                 this is another intent",
+                earlier.operation_id, earlier.state
+            ),
+            earlier: Some(Box::new(earlier)),
         }
     }
 

@@ -384,6 +384,9 @@ pub struct DeferredCall {
     pub approval_id: Option<String>,
     /// The provider call context.
     pub provider: ProviderContext,
+    /// The caller says this is a new intent even if it equals an unsettled earlier one (the
+    /// re-plan guard does not look: see [`Runtime::with_replan_window`]).
+    pub new_intent: bool,
 }
 
 /// An explicit status query for one operation.
@@ -764,7 +767,14 @@ pub struct Runtime {
     config: RuntimeConfig,
     deadlines: Deadlines,
     hook: Option<PointHook>,
+    /// Seconds back a new key's intent is compared with unsettled operations (the re-plan
+    /// guard); `None`: off.
+    replan_window: Option<i64>,
 }
+
+/// How long back, by default, a call under a new key is compared with the caller's unsettled
+/// operations of the same tool and intent (the re-plan guard): one day.
+pub const DEFAULT_REPLAN_WINDOW_SECONDS: i64 = 86_400;
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -791,7 +801,28 @@ impl Runtime {
             config: RuntimeConfig::default(),
             deadlines: Deadlines::default(),
             hook: None,
+            replan_window: Some(DEFAULT_REPLAN_WINDOW_SECONDS),
         }
+    }
+
+    /// Sets the re-plan guard's window: a call under a new key whose intent (tool, caller,
+    /// canonical arguments, contract) equals an operation accepted within the last `seconds`
+    /// that is still unsettled — accepted and not sent, processing, or `outcome_unknown` — is
+    /// refused with `possible_duplicate` naming it, and nothing is recorded (a call with
+    /// [`DeferredCall::new_intent`] proceeds). A settled earlier operation never blocks.
+    /// `None` turns the guard off. Default: [`DEFAULT_REPLAN_WINDOW_SECONDS`].
+    ///
+    /// The window's trade-off: a longer one catches a re-plan that comes later (an agent
+    /// resumed the next day), and makes a caller who really means the same thing twice while
+    /// the first is unsure say so (`new_intent`) for longer.
+    pub fn with_replan_window(mut self, seconds: Option<i64>) -> Self {
+        self.replan_window = seconds.filter(|s| *s > 0);
+        self
+    }
+
+    /// The re-plan guard's window in seconds (`None`: off).
+    pub fn replan_window(&self) -> Option<i64> {
+        self.replan_window
     }
 
     /// Replaces the tunables.

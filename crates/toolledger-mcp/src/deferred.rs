@@ -64,6 +64,9 @@ pub struct DeferredArguments {
     pub arguments: Value,
     /// The approval id, if the call carries one.
     pub approval_id: Option<String>,
+    /// The caller said this is a new intent (`_meta["io.toolledger/new_intent"]: true`): the
+    /// re-plan guard does not compare it with unsettled operations.
+    pub new_intent: bool,
 }
 
 impl DeferredArguments {
@@ -73,7 +76,15 @@ impl DeferredArguments {
             key: key.into(),
             arguments,
             approval_id: None,
+            new_intent: false,
         }
+    }
+
+    /// The same call, marked as a new intent when `new_intent` (see
+    /// [`DeferredArguments::new_intent`]).
+    pub fn with_new_intent(mut self, new_intent: bool) -> Self {
+        self.new_intent = new_intent;
+        self
     }
 
     /// The same call carrying `approval` (if `Some`).
@@ -92,6 +103,7 @@ impl DeferredArguments {
             key: self.key,
             arguments: self.arguments,
             approval_id: self.approval_id,
+            new_intent: self.new_intent,
         }
     }
 }
@@ -289,7 +301,17 @@ impl DeferredAdapter {
         caller: &Caller,
         arguments: &JsonObject,
     ) -> Result<DeferredReply, Error> {
-        let call = (self.parse)(arguments)?;
+        self.dispatch_as(caller, arguments, false).await
+    }
+
+    /// [`DeferredAdapter::dispatch`] of a call the caller marked as a new intent (or not).
+    pub async fn dispatch_as(
+        &self,
+        caller: &Caller,
+        arguments: &JsonObject,
+        new_intent: bool,
+    ) -> Result<DeferredReply, Error> {
+        let call = (self.parse)(arguments)?.with_new_intent(new_intent);
         let answer = dispatch(&self.runtime, caller, self.name(), call).await?;
         Ok(DeferredReply::from(&answer))
     }
@@ -330,7 +352,9 @@ impl DeferredAdapter {
     pub async fn call(&self, call: ToolCall) -> Result<CallToolResponse, ErrorData> {
         let result = async {
             single_round(call.request_state.is_some(), call.input_responses.is_some())?;
-            self.dispatch(&call.caller, &call.arguments).await
+            let new_intent = crate::carriers::new_intent(call.meta.as_ref());
+            self.dispatch_as(&call.caller, &call.arguments, new_intent)
+                .await
         }
         .await;
         crate::reply::respond(result.map(|r| CallToolResponse::Complete(r.into_tool_result())))
@@ -349,7 +373,9 @@ impl Guarded {
         call: DeferredArguments,
     ) -> Result<DeferredOutcome, Refusal> {
         single_round(false, self.answers().is_some())?;
+        let new_intent = call.new_intent || crate::carriers::new_intent(Some(self.meta()));
         let caller = self.caller().await?;
+        let call = call.with_new_intent(new_intent);
         let answer = dispatch(runtime, &caller, self.tool(), call).await?;
         Ok(DeferredOutcome(DeferredReply::from(&answer)))
     }

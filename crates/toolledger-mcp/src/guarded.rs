@@ -223,6 +223,17 @@ impl Guarded {
         &self.scope.ledger
     }
 
+    /// The request's `_meta` (the progress token, the operation id's carriers, vendor keys).
+    pub fn meta(&self) -> &rmcp::model::RequestMetaObject {
+        &self.context.meta
+    }
+
+    /// Whether the caller marked this call as a new intent
+    /// (`_meta["io.toolledger/new_intent"]: true`): the re-plan guard lets it through.
+    pub fn new_intent(&self) -> bool {
+        crate::carriers::new_intent(Some(&self.context.meta))
+    }
+
     /// Whether the session may receive `input_required` (MCP 2026-07-28 or newer).
     pub fn multi_round(&self) -> bool {
         self.scope.multi_round
@@ -528,13 +539,30 @@ struct Wrapped<S> {
     status: Arc<StatusTool>,
     /// The tool's name and its metric series.
     series: Arc<crate::observe::CallSeries>,
+    /// The argument that carries the tool's operation id, if it has one
+    /// ([`crate::carriers::key_argument`]).
+    key_argument: Option<String>,
 }
 
 fn call_wrapped<'a, S: Send + Sync + 'static>(
     w: &Wrapped<S>,
     mut ctx: ToolCallContext<'a, S>,
 ) -> BoxFuture<'a, Result<CallToolResponse, ErrorData>> {
-    let arguments = ctx.arguments.clone().unwrap_or_default();
+    let mut arguments = ctx.arguments.clone().unwrap_or_default();
+    if let Some(name) = &w.key_argument {
+        // The operation id may travel outside the arguments (`_meta`, `params.idempotencyKey`,
+        // the `Idempotency-Key` header): carriers that disagree are refused, and a key carried
+        // elsewhere becomes the argument before anything is validated.
+        let meta = &ctx.request_context.meta;
+        match crate::carriers::carried_key(Some(meta), name, arguments.get(name)) {
+            Err(e) => return Box::pin(std::future::ready(complete_error(&e))),
+            Ok(Some(key)) if !arguments.contains_key(name) => {
+                arguments.insert(name.clone(), Value::String(key));
+                ctx.arguments = Some(arguments.clone());
+            }
+            Ok(_) => {}
+        }
+    }
     if let Some(Err(e)) = w.validator.as_ref().map(|v| check_arguments(v, &arguments)) {
         return Box::pin(std::future::ready(complete_error(&e)));
     }
@@ -642,6 +670,9 @@ impl LedgerGuard {
                 ledger: self.clone(),
                 status: status.clone(),
                 series: Arc::new(crate::observe::CallSeries::new(&route.attr.name)),
+                key_argument: (route.attr.name != StatusTool::NAME)
+                    .then(|| crate::carriers::key_argument(&route.attr.input_schema))
+                    .flatten(),
             };
             *route = ToolRoute::new_dyn(route.attr.clone(), move |ctx| call_wrapped(&wrapped, ctx));
         }

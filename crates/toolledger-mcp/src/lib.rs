@@ -52,6 +52,7 @@
 #![warn(unreachable_pub)]
 
 pub mod caller;
+pub mod carriers;
 pub mod deferred;
 #[cfg(feature = "http")]
 pub mod front;

@@ -25,7 +25,17 @@ pub fn tool_ok(value: Value) -> CallToolResult {
 
 /// The JSON body of an in-band tool error.
 pub(crate) fn error_body(error: &Error) -> Value {
-    json!({"error": {"code": error.code.as_str(), "message": error.message}})
+    let mut body = json!({"error": {"code": error.code.as_str(), "message": error.message}});
+    if let Some(earlier) = &error.earlier {
+        // A `possible_duplicate` names the earlier operation to ask about.
+        body["error"]["status_ref"] = json!(earlier.status_ref);
+        body["error"]["earlier"] = json!({
+            "operation_id": earlier.operation_id,
+            "status_ref": earlier.status_ref,
+            "state": earlier.state,
+        });
+    }
+    body
 }
 
 /// An in-band tool error: `isError: true`, `content[0]` the JSON text of

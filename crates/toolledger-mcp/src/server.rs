@@ -276,7 +276,16 @@ impl<S: Send + Sync + 'static> ServerHandler for GuardedServer<S> {
 }
 
 fn server_info(name: &str) -> ServerConfig {
-    let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build());
+    let mut capabilities = ServerCapabilities::builder().enable_tools().build();
+    capabilities.experimental = Some(
+        [(
+            crate::carriers::CAPABILITY.to_string(),
+            crate::carriers::capability(),
+        )]
+        .into_iter()
+        .collect(),
+    );
+    let mut info = ServerConfig::new(capabilities);
     info.server_info = Implementation::new(name.to_string(), env!("CARGO_PKG_VERSION"));
     info.instructions = Some(
         "Side-effecting tools are guarded by a durable ledger: retry with the same \

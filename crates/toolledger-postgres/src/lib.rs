@@ -129,6 +129,11 @@ pub const CORE_MIGRATIONS: &[Migration] = &[
         version: 7,
         sql: include_str!("sql/pg_0007_scope_index.sql"),
     },
+    Migration {
+        namespace: "toolledger",
+        version: 8,
+        sql: include_str!("sql/pg_0008_replan_index.sql"),
+    },
 ];
 
 /// The backend id a new database gets when none is requested.

@@ -8,6 +8,7 @@
 //! call_timeout_seconds = 60                # a forward without an answer by then is outcome_unknown
 //! authority_ttl_seconds = 86400            # how long a retry may still replay (and a forward run)
 //! retention_ttl_seconds = 604800           # how long a stored result is replayed
+//! replan_window_seconds = 86400            # the re-plan guard's window; 0 turns it off
 //!
 //! [upstream_headers]                 # sent to an HTTP upstream (--upstream-url) with every request
 //! Authorization = "Bearer ${UPSTREAM_TOKEN}"   # ${NAME}: the environment variable NAME
@@ -65,6 +66,10 @@ pub struct ProxyConfig {
     /// Seconds after acceptance during which a stored result is replayed.
     #[serde(default)]
     pub retention_ttl_seconds: Option<i64>,
+    /// Seconds back a call under a new operation id is compared with the caller's unsettled
+    /// operations of the same tool and arguments (the re-plan guard); 0 turns it off.
+    #[serde(default)]
+    pub replan_window_seconds: Option<i64>,
     /// Per tool, by the upstream's tool name.
     #[serde(default)]
     pub tools: BTreeMap<String, ToolConfig>,
@@ -105,6 +110,9 @@ pub struct ToolConfig {
     /// Retention deadline, seconds after acceptance.
     #[serde(default)]
     pub retention_ttl_seconds: Option<i64>,
+    /// The re-plan guard's window for this tool, in seconds; 0 turns it off.
+    #[serde(default)]
+    pub replan_window_seconds: Option<i64>,
     /// Scopes the caller must hold, checked at acceptance, before the forward, at replay and
     /// at status.
     #[serde(default)]
@@ -246,6 +254,8 @@ pub struct ToolPolicy {
     pub required_scopes: Vec<String>,
     /// The lookup that settles an unsure operation, if any.
     pub reconcile: Option<Reconcile>,
+    /// The re-plan guard's window in seconds (`None`: off).
+    pub replan_window_seconds: Option<i64>,
 }
 
 /// Default seconds a forward may take.
@@ -274,6 +284,17 @@ fn check_limits(
     if timeout == Some(0) {
         return Err(ConfigError::Invalid(format!(
             "{at}call_timeout_seconds must be at least 1"
+        )));
+    }
+    Ok(())
+}
+
+/// The re-plan guard's window of the file (`at` = "") or of one tool, checked: 0 (off) up to
+/// the longest TTL.
+fn check_window(at: &str, window: Option<i64>) -> Result<(), ConfigError> {
+    if window.is_some_and(|s| !(0..=toolledger::runtime::MAX_TTL_SECONDS).contains(&s)) {
+        return Err(ConfigError::Invalid(format!(
+            "{at}replan_window_seconds is out of range (0 turns the guard off)"
         )));
     }
     Ok(())
@@ -415,6 +436,7 @@ impl ProxyConfig {
                     ));
                 }
             }
+            check_window(&format!("tools.{name}."), t.replan_window_seconds)?;
             check_limits(
                 &format!("tools.{name}."),
                 t.authority_ttl_seconds,
@@ -435,6 +457,7 @@ impl ProxyConfig {
                 }
             }
         }
+        check_window("", self.replan_window_seconds)?;
         check_limits(
             "",
             self.authority_ttl_seconds,
@@ -471,6 +494,12 @@ impl ProxyConfig {
                 .unwrap_or(DEFAULT_RETENTION_TTL_SECONDS),
             required_scopes: t.required_scopes,
             reconcile: t.reconcile,
+            replan_window_seconds: Some(
+                t.replan_window_seconds
+                    .or(self.replan_window_seconds)
+                    .unwrap_or(toolledger::runtime::DEFAULT_REPLAN_WINDOW_SECONDS),
+            )
+            .filter(|s| *s > 0),
         }
     }
 }

@@ -227,7 +227,8 @@ impl Proxy {
                         .with_deadlines(Deadlines {
                             authority_ttl: Some(p.authority_ttl_seconds),
                             retention_ttl: Some(p.retention_ttl_seconds),
-                        });
+                        })
+                        .with_replan_window(p.replan_window_seconds);
                     if let Some(h) = &hook {
                         runtime = runtime.with_hook(h.clone());
                     }

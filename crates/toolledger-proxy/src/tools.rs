@@ -46,6 +46,14 @@ pub fn guarded_definition(upstream: &Tool, key_argument: &str) -> Tool {
                     on every retry of that effect; a retry replays the stored result."
             })
         });
+        // Marks the key argument, so a key carried elsewhere (`_meta`,
+        // `params.idempotencyKey`, the `Idempotency-Key` header) is read as this argument.
+        if let Some(Value::Object(key)) = p.get_mut(key_argument) {
+            key.insert(
+                toolledger_mcp::carriers::KEY_KEYWORD.into(),
+                Value::Bool(true),
+            );
+        }
     }
     let required = schema
         .entry("required")
@@ -260,7 +268,13 @@ impl GuardedForward {
         let key = match (arguments.get(name), from_meta) {
             (Some(v), _) => v.clone(),
             (None, Some(v)) => v,
-            (None, None) => return Err(Error::invalid(format!("{name} is required"))),
+            (None, None) => {
+                return Err(Error::invalid(format!(
+                    "{name} is required: the operation id, as this argument, \
+                     _meta[\"io.toolledger/operation_id\"], params.idempotencyKey or the \
+                     Idempotency-Key header"
+                )))
+            }
         };
         let key = match key {
             Value::String(s) if !s.is_empty() && s.chars().count() <= 256 => s,
@@ -397,6 +411,7 @@ impl GuardedForward {
             let (key, arguments) = self.split(&call)?;
             let scope = self.scope(&call, &key, &arguments).await?;
             let deferred = DeferredCall {
+                new_intent: toolledger_mcp::carriers::new_intent(call.meta.as_ref()),
                 principal: call.caller.name.clone(),
                 tool: self.definition.name.to_string(),
                 provider: ProviderContext::mcp(&key),

@@ -100,6 +100,11 @@ pub const CORE_MIGRATIONS: &[Migration] = &[
         version: 6,
         sql: include_str!("sql/sqlite_0006_receipt_ids.sql"),
     },
+    Migration {
+        namespace: "toolledger",
+        version: 7,
+        sql: include_str!("sql/sqlite_0007_replan_index.sql"),
+    },
 ];
 
 /// The backend id a new file gets when none is requested.

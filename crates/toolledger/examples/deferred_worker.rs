@@ -124,6 +124,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for n in 1..=3 {
         let key = format!("invoice-{n}");
         let call = DeferredCall {
+            new_intent: false,
             principal: "billing".into(),
             tool: "send_invoice".into(),
             arguments: json!({"invoice": format!("INV-{n:04}"), "to": "ap@example.com"}),

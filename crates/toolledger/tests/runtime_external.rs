@@ -91,6 +91,7 @@ async fn runtime(h: &Harness, api: &Arc<Api>, with_lookup: bool) -> Runtime {
 
 fn send(principal: &str, key: &str, to: &str) -> DeferredCall {
     DeferredCall {
+        new_intent: false,
         principal: principal.into(),
         tool: "send_email".into(),
         key: key.into(),

@@ -146,6 +146,7 @@ impl Logs {
 
 fn call(key: &str, address: &str) -> DeferredCall {
     DeferredCall {
+        new_intent: false,
         principal: "alice".into(),
         tool: "ship_parcel".into(),
         key: key.into(),

@@ -174,7 +174,17 @@ impl Runtime {
                     tool.check_access(tx, &principal, &p.arguments)
                         .map_err(hide_refusal)?;
                     match load_scope(tx, &p.scope)? {
-                        Loaded::Absent => Ok((p, None)),
+                        Loaded::Absent => {
+                            if let (Some(window), false) = (this.replan_window, call.new_intent) {
+                                let since = this.clock.now().saturating_sub(window);
+                                if let Some(earlier) =
+                                    ledger::unsettled_twin(tx, &p.scope, &p.request_digest, since)?
+                                {
+                                    return Err(Error::possible_duplicate(earlier).into());
+                                }
+                            }
+                            Ok((p, None))
+                        }
                         Loaded::NotDeferred => Err(Error::conflict(
                             "the idempotency key was used for a different effect",
                         )

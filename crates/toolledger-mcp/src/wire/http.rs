@@ -40,6 +40,48 @@ use rmcp::transport::streamable_http_server::SessionManager;
 
 use super::{check_message, WireError, MAX_MESSAGE_BYTES};
 
+/// Moves the `Idempotency-Key` header of a `tools/call` into its `_meta` under
+/// [`crate::carriers::META_HEADER_KEY`]. `Ok(true)` when the message changed (the header, or
+/// a `params.idempotencyKey` the wire entry moved, is in its `_meta`); a header that is not
+/// one visible ASCII value is 400 with the JSON-RPC error -32602.
+#[allow(clippy::result_large_err)]
+fn carry_header_key(
+    headers: &HeaderMap,
+    call: &mut rmcp::model::JsonRpcRequest<rmcp::model::ClientRequest>,
+) -> Result<bool, Response> {
+    use rmcp::model::GetMeta;
+    if !matches!(call.request, rmcp::model::ClientRequest::CallToolRequest(_)) {
+        return Ok(false);
+    }
+    let mut values = headers.get_all("idempotency-key").iter();
+    let Some(value) = values.next() else {
+        return Ok(call
+            .request
+            .get_meta()
+            .contains_key(crate::carriers::META_PARAMS_KEY));
+    };
+    let text = value
+        .to_str()
+        .ok()
+        .filter(|_| values.next().is_none())
+        .map(str::trim)
+        .filter(|t| !t.is_empty());
+    let Some(text) = text else {
+        let error = WireError {
+            code: super::INVALID_PARAMS,
+            id: Some(call.id.clone()),
+            message: "the Idempotency-Key header is one visible ASCII value".into(),
+            rule: None,
+        };
+        return Err(jsonrpc_error(StatusCode::BAD_REQUEST, &error));
+    };
+    call.request.get_meta_mut().insert(
+        crate::carriers::META_HEADER_KEY.into(),
+        serde_json::Value::String(text.to_string()),
+    );
+    Ok(true)
+}
+
 /// The hosts an HTTP endpoint answers for: the names a `Host` header may carry, and the hosts
 /// an `Origin` may name. Loopback names are always allowed; an operator adds the names the
 /// server is reached by (`HOST` matches any port, `HOST:PORT` that port only).
@@ -270,10 +312,24 @@ pub(crate) async fn strict_body<F: Future<Output = Response>>(
         Ok(bytes) => bytes,
         Err(refusal) => return refusal,
     };
+    let mut bytes = bytes;
     match check_message(&bytes) {
-        Ok(rmcp::model::JsonRpcMessage::Request(call))
+        Ok(rmcp::model::JsonRpcMessage::Request(mut call))
             if matches!(call.request, rmcp::model::ClientRequest::CallToolRequest(_)) =>
         {
+            // The operation id's carriers rmcp does not keep (the `Idempotency-Key` header,
+            // `params.idempotencyKey`) travel in the request's `_meta`: the body rmcp reads is
+            // the message with them moved there.
+            match carry_header_key(&parts.headers, &mut call) {
+                Err(refusal) => return refusal,
+                Ok(moved) => {
+                    if moved {
+                        if let Ok(body) = serde_json::to_vec(&call) {
+                            bytes = body.into();
+                        }
+                    }
+                }
+            }
             parts.extensions.insert(super::direct::CheckedCall(call));
         }
         Ok(_) => {}

@@ -148,7 +148,37 @@ pub fn check_message(bytes: &[u8]) -> Result<ClientJsonRpcMessage, WireError> {
         Ok(value) => value,
         Err(first) => outside_the_fast_path(bytes, first)?,
     };
-    classify(&value, bytes)
+    let mut message = classify(&value, bytes)?;
+    carry_params_key(&value, &mut message)?;
+    Ok(message)
+}
+
+/// Moves a `tools/call`'s `params.idempotencyKey` (a carrier of the operation id that rmcp
+/// does not keep) into the request's `_meta` under
+/// [`crate::carriers::META_PARAMS_KEY`], where the guard reads every carrier. One that is not
+/// a string is -32602.
+fn carry_params_key(value: &Value, message: &mut ClientJsonRpcMessage) -> Result<(), WireError> {
+    let Some(key) = value.pointer("/params/idempotencyKey") else {
+        return Ok(());
+    };
+    let JsonRpcMessage::Request(JsonRpcRequest { id, request, .. }) = message else {
+        return Ok(());
+    };
+    if !matches!(request, ClientRequest::CallToolRequest(_)) {
+        return Ok(());
+    }
+    if !key.is_string() {
+        return Err(WireError::invalid_params(
+            id.clone(),
+            "tools/call params.idempotencyKey is a string".into(),
+            None,
+        ));
+    }
+    use rmcp::model::GetMeta;
+    request
+        .get_meta_mut()
+        .insert(crate::carriers::META_PARAMS_KEY.into(), key.clone());
+    Ok(())
 }
 
 /// A message the ledger's own parser refused under the fast path's limits: either it breaks
@@ -647,5 +677,33 @@ mod tests {
         big.push(b'"');
         let e = refused(&big);
         assert_eq!((e.code, e.rule), (PARSE_ERROR, Some("too_large")));
+    }
+}
+
+#[cfg(test)]
+mod carrier_tests {
+    use super::*;
+
+    #[test]
+    fn params_idempotency_key_moves_into_meta_and_must_be_a_string() {
+        let line = br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"t","arguments":{},"idempotencyKey":"k-1"}}"#;
+        let JsonRpcMessage::Request(r) = check_message(line).unwrap() else {
+            panic!("a request")
+        };
+        use rmcp::model::GetMeta;
+        assert_eq!(
+            r.request.get_meta().get(crate::carriers::META_PARAMS_KEY),
+            Some(&json!("k-1"))
+        );
+        // The body rmcp reads again over HTTP carries it in `_meta`.
+        let again = serde_json::to_value(&r).unwrap();
+        assert_eq!(
+            again["params"]["_meta"][crate::carriers::META_PARAMS_KEY],
+            json!("k-1"),
+            "{again}"
+        );
+        let bad = br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"t","idempotencyKey":5}}"#;
+        let e = check_message(bad).unwrap_err();
+        assert_eq!(e.code, INVALID_PARAMS);
     }
 }

@@ -384,6 +384,7 @@ impl World {
 /// A call shipping `parcel` under `key`.
 pub fn ship(key: &str, parcel: &str) -> DeferredCall {
     DeferredCall {
+        new_intent: false,
         principal: "alice".into(),
         tool: "ship_parcel".into(),
         key: key.into(),

@@ -265,6 +265,7 @@ impl<'a> Fixture<'a> {
     /// A refund of `amount` cents on `order` by `principal` under `key`, approval `approval-<key>`.
     pub fn call(&self, principal: &str, key: &str, order: &str, amount: i64) -> DeferredCall {
         DeferredCall {
+            new_intent: false,
             principal: principal.into(),
             tool: "refund_order".into(),
             key: key.into(),
