@@ -81,6 +81,8 @@ pub struct LedgerGuardBuilder {
     revision: Option<String>,
     observers: BTreeMap<String, Arc<dyn EffectObserver>>,
     deferred: Option<Registry>,
+    /// `None`: the runtime's default window.
+    replan_window: Option<Option<i64>>,
 }
 
 impl std::fmt::Debug for LedgerGuardBuilder {
@@ -210,6 +212,17 @@ impl LedgerGuardBuilder {
         self
     }
 
+    /// The re-plan guard's window for the deferred tools (default one day,
+    /// [`toolledger::runtime::DEFAULT_REPLAN_WINDOW_SECONDS`]; `None` turns it off): a call
+    /// under a new operation id whose intent equals an operation of the same caller and tool
+    /// accepted within the window and still unsettled is refused with `possible_duplicate`
+    /// naming it, unless its `_meta` says `"io.toolledger/new_intent": true`. See
+    /// [`toolledger::runtime::Runtime::with_replan_window`].
+    pub fn replan_window(mut self, window: Option<std::time::Duration>) -> Self {
+        self.replan_window = Some(window.map(|d| d.as_secs().min(i64::MAX as u64) as i64));
+        self
+    }
+
     /// Opens the database (creating and migrating a new one), loads the keys and builds the
     /// guard. Blocking: call it before serving (or from `spawn_blocking`).
     pub fn open(self) -> Result<LedgerGuard, OpenError> {
@@ -241,7 +254,13 @@ impl LedgerGuardBuilder {
         };
         let runtime = self
             .deferred
-            .map(|r| Runtime::new(store.clone(), clock.clone(), r).with_deadlines(deadlines));
+            .map(|r| {
+                Runtime::new(store.clone(), clock.clone(), r)
+                    .with_deadlines(deadlines)
+                    .with_replan_window(self.replan_window.unwrap_or(Some(
+                        toolledger::runtime::DEFAULT_REPLAN_WINDOW_SECONDS,
+                    )))
+            });
         let guard = Guard::new(engine, &keys, self.config).map_err(OpenError::Guard)?;
         Ok(LedgerGuard {
             inner: Arc::new(Inner {

@@ -100,7 +100,10 @@ pub fn contract(tool: &str) -> Option<ToolContract> {
 
 /// The JSON Schema of `tool`'s arguments, if it belongs to this domain.
 pub fn input_schema(tool: &str) -> Option<Value> {
-    let request_id = json!({"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"});
+    // The operation id: a key carried in `_meta`, `params.idempotencyKey` or the
+    // `Idempotency-Key` header is read as this argument.
+    let request_id = json!({"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$",
+                            toolledger_mcp::carriers::KEY_KEYWORD: true});
     let positive =
         json!({"type": "integer", "minimum": 1, "maximum": toolledger::json::MAX_SAFE_INTEGER});
     let interval = json!({"type": "integer", "minimum": MIN_INTERVAL, "maximum": MAX_INTERVAL});

@@ -313,7 +313,8 @@ pub fn input_schema() -> Arc<Map<String, Value>> {
         "type": "object",
         "properties": {
             "operation": {"type": "string", "minLength": 1, "maxLength": 256,
-                "description": "Stable id of this intent; reuse it on every retry"},
+                "description": "Stable id of this intent; reuse it on every retry",
+                toolledger_mcp::carriers::KEY_KEYWORD: true},
             "slug": {"type": "string", "pattern": "^[a-z0-9-]{1,64}$"},
             "title": {"type": "string", "minLength": 1, "maxLength": 200},
             "text": {"type": "string", "minLength": 1, "maxLength": 20000},

@@ -237,7 +237,8 @@ fn refund_schema() -> Arc<serde_json::Map<String, Value>> {
     crate::object(serde_json::json!({
         "type": "object",
         "properties": {
-            "idempotency_key": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,128}$"},
+            "idempotency_key": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,128}$",
+                                toolledger_mcp::carriers::KEY_KEYWORD: true},
             "order_id": {"type": "string", "minLength": 1, "maxLength": 64},
             "amount_cents": {"type": "integer", "minimum": 1,
                              "maximum": refunds::MAX_AMOUNT_CENTS},
