@@ -319,13 +319,24 @@ class LedgerSession:
             self._release = None
         tg, self._tg = self._tg, None
         if tg is not None:
-            await tg.__aexit__(*exc)
+            # The block's own exception goes on unwrapped: the connections are closed as after
+            # a normal exit (their tasks never fail the group, see `_hold`).
+            await tg.__aexit__(None, None, None)
 
     async def _hold(self, factory: AsyncConnect, *, task_status: anyio.abc.TaskStatus[Any]) -> None:
         release = anyio.Event()
-        async with factory() as target:
-            task_status.started((target, release))
-            await release.wait()
+        started = False
+        try:
+            async with factory() as target:
+                task_status.started((target, release))
+                started = True
+                await release.wait()
+        except Exception as exc:
+            if not started:
+                raise  # to the caller of `start`: the connection could not be opened
+            # A connection that broke (its own tasks failed) or failed to close: the session
+            # has dropped it or is ending; say so and end quietly.
+            logger.info("a connection ended with %s: %s", type(exc).__name__, exc)
 
     async def _connect(self) -> None:
         """Open a new connection with the factory (in the session's own task, so that it can
