@@ -463,6 +463,11 @@ class LedgerSession:
             return self._from_journal(current)
         return await self._drive(current, deadline, new_intent)
 
+    async def call_tool_direct(self, name: str, arguments: Mapping[str, Any] | None = None) -> Any:
+        """Call `name` on the current connection without the journal: for read-only tools,
+        whose answers must not be replayed. Returns what the connection's `call_tool` returns."""
+        return await (await self._current()).call_tool(name, dict(arguments or {}), meta=None)
+
     async def operation_status(self, operation_id: str, tool: str | None = None) -> dict[str, Any] | None:
         """The server's `get_operation_status` answer (its structured content), or None when it
         answered with an error."""
