@@ -411,6 +411,7 @@ class LedgerSession:
         intent: str | None = None,
         deadline: float | None = None,
         new_intent: bool = False,
+        meta: Mapping[str, Any] | None = None,
     ) -> Outcome:
         """Call `name` with `arguments` so that its effect happens at most once.
 
@@ -423,7 +424,8 @@ class LedgerSession:
         session's) bounds all of it: past it the outcome is `unknown` and the entry stays
         pending. An intent already settled in the journal is answered from it without a call.
         `new_intent=True` tells the server this is not a duplicate of an earlier operation with
-        equal arguments (after a `possible_duplicate` refusal).
+        equal arguments (after a `possible_duplicate` refusal). `meta` adds request `_meta`
+        entries (not journaled: a resumed call is sent without them).
         """
         args = dict(arguments or {})
         explicit_key = self._key_arguments.get(name, DEFAULT_KEY_ARGUMENT)
@@ -449,7 +451,7 @@ class LedgerSession:
             )
         if entry.status == "settled":
             return self._from_journal(entry)
-        return await self._drive(entry, deadline, new_intent)
+        return await self._drive(entry, deadline, new_intent, meta)
 
     async def resume(
         self, entry: JournalEntry | str, *, deadline: float | None = None, new_intent: bool = False
@@ -570,7 +572,9 @@ class LedgerSession:
                 await self._broken(target)
             raise _Retry(detail) from exc
 
-    async def _drive(self, entry: JournalEntry, deadline: float | None, new_intent: bool) -> Outcome:
+    async def _drive(
+        self, entry: JournalEntry, deadline: float | None, new_intent: bool, extra_meta: Mapping[str, Any] | None = None
+    ) -> Outcome:
         deadline_at = anyio.current_time() + (self.deadline if deadline is None else deadline)
         backoff = _Backoff(self.backoff_initial, self.backoff_max)
         last_code: str | None = entry.error_code
@@ -582,7 +586,7 @@ class LedgerSession:
             args = dict(entry.arguments)
             if key is not None:
                 args[key] = entry.operation_id
-            meta: dict[str, Any] = {META_OPERATION_ID: entry.operation_id}
+            meta: dict[str, Any] = {**(extra_meta or {}), META_OPERATION_ID: entry.operation_id}
             if new_intent:
                 meta[META_NEW_INTENT] = True
             return await target.call_tool(entry.tool, args, meta=meta)
