@@ -239,3 +239,60 @@ async def test_http_proxy_with_a_bearer_token(files):
             assert status["state"] == "applied" and status["statusRef"] == out.status_ref
             assert (await session.resume(out.operation_id)).replayed
     assert _support.count_charges(files["charges"]) == 1
+
+
+async def test_unavailable_is_retried_until_the_upstream_is_back(files):
+    """The proxy's HTTP upstream is down: `unavailable` (nothing sent). The session retries
+    under the same id; once the upstream is back, the retry is forwarded. One charge."""
+    import subprocess
+
+    import anyio
+
+    port = _support.free_port()
+    env = {**__import__("os").environ, "CHARGE_DB": files["charges"]}
+
+    def start_upstream():
+        proc = subprocess.Popen(
+            [_support.python(), _support.charge_server(), "--http", str(port)],
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+
+        def up():
+            try:
+                import socket
+
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                return True
+            except OSError:
+                return False
+
+        _support.wait_for(up, 30, "the charge server's port")
+        return proc
+
+    upstream = start_upstream()
+    token = _support.add_principal(files["ledger"], "agent")
+    args = ["proxy", "--db", files["ledger"], "--upstream-url", f"http://127.0.0.1:{port}/mcp"]
+    try:
+        with _support.http_server(args) as url:
+            upstream.terminate()
+            upstream.wait(timeout=15)
+            spec = {"transport": "http", "url": url, "token": token}
+            ledger = Ledger(files["journal"])
+            async with ledger.session(
+                reconnect=lambda: _support.connect(spec), backoff_initial=0.2, backoff_max=0.5
+            ) as session:
+                async with anyio.create_task_group() as tg:
+
+                    async def bring_back():
+                        await anyio.sleep(2)
+                        nonlocal upstream
+                        upstream = await anyio.to_thread.run_sync(start_upstream)
+
+                    tg.start_soon(bring_back)
+                    out = await session.call_tool_once("charge", CHARGE, intent="order-9", deadline=30)
+            assert out.state == "succeeded", out
+            assert ledger.find("order-9").attempts >= 2
+    finally:
+        upstream.terminate()
+        upstream.wait(timeout=15)
+    assert _support.count_charges(files["charges"]) == 1
