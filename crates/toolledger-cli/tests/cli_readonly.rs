@@ -239,7 +239,8 @@ fn an_older_or_newer_schema_is_refused_read_only_and_never_migrated() {
     assert_eq!(d.run("migrate", &[]).code, 0);
     d.ledger()
         .execute_batch(
-            "DROP INDEX operations_live_by_retention;
+            "DROP INDEX operations_unsettled_by_digest;
+             DROP INDEX operations_live_by_retention;
              DROP INDEX operations_tombstones_by_retention; DROP TABLE prune_state;
              ALTER TABLE operations DROP COLUMN compacted_at;
              DELETE FROM schema_migrations WHERE namespace = 'toolledger' AND version >= 5;",

@@ -252,15 +252,14 @@ impl LedgerGuardBuilder {
             authority_ttl: Some(self.config.authority_ttl),
             retention_ttl: Some(self.config.retention_ttl),
         };
-        let runtime = self
-            .deferred
-            .map(|r| {
-                Runtime::new(store.clone(), clock.clone(), r)
-                    .with_deadlines(deadlines)
-                    .with_replan_window(self.replan_window.unwrap_or(Some(
-                        toolledger::runtime::DEFAULT_REPLAN_WINDOW_SECONDS,
-                    )))
-            });
+        let runtime = self.deferred.map(|r| {
+            Runtime::new(store.clone(), clock.clone(), r)
+                .with_deadlines(deadlines)
+                .with_replan_window(
+                    self.replan_window
+                        .unwrap_or(Some(toolledger::runtime::DEFAULT_REPLAN_WINDOW_SECONDS)),
+                )
+        });
         let guard = Guard::new(engine, &keys, self.config).map_err(OpenError::Guard)?;
         Ok(LedgerGuard {
             inner: Arc::new(Inner {

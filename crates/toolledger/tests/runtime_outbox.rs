@@ -8,7 +8,10 @@ use toolledger::runtime::{Accepted, Answer, CrashPoint, Processed, RuntimeError}
 use toolledger::OperationState;
 
 async fn accepted(h: &Fixture<'_>, key: &str) -> (i64, String) {
-    let call = h.call("alice", key, "ord-1", 100);
+    let mut call = h.call("alice", key, "ord-1", 100);
+    // Several refunds of one order for one amount, each its own intent: the re-plan guard
+    // would take the second for a re-plan of the first while it is unsettled.
+    call.new_intent = true;
     h.approve(&call, "bob").await.unwrap();
     match h.runtime.accept(&call).await.unwrap() {
         Accepted::New {

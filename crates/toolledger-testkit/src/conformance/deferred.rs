@@ -3,7 +3,7 @@
 //! status query.
 
 use toolledger::effect::{EffectTx, RowExt};
-use toolledger::model::{ErrorCode, OperationState};
+use toolledger::model::{Error, ErrorCode, OperationState};
 use toolledger::outbox::ClaimOutcome;
 use toolledger::runtime::{Accepted, Answer, Delivery, RuntimeError, StatusQuery};
 
@@ -135,7 +135,11 @@ pub async fn eight_handles_accept_one_intent(h: &Harness) {
     for i in 1..=8 {
         let rt = w.runtime(h);
         tasks.push(tokio::spawn(async move {
-            rt.accept(&ship("contested", &format!("p{i}"))).await
+            // Contention on one key, not a re-plan: each says it is a new intent, so the
+            // re-plan guard (tested on its own) does not compare it with the first intent.
+            let mut call = ship("contested", &format!("p{i}"));
+            call.new_intent = true;
+            rt.accept(&call).await
         }));
     }
     let (mut won, mut conflicts) = (0, 0);
@@ -153,6 +157,52 @@ pub async fn eight_handles_accept_one_intent(h: &Harness) {
     let store = h.open();
     assert_eq!(count(&store, "outbox").await, 2);
     assert_eq!(count(&store, "operations").await, 2);
+}
+
+/// The re-plan guard: while an intent is unsettled (here `accepted`, not sent), the same
+/// intent under a new key is `possible_duplicate` naming it, and nothing is recorded; a new
+/// intent flag, other arguments, an earlier operation older than the window, or the guard
+/// turned off let it through.
+pub async fn a_replan_of_an_unsettled_intent_is_a_possible_duplicate(h: &Harness) {
+    let w = World::new(h).await;
+    let rt = w.runtime(h);
+    let first = rt.accept(&ship("first", "p2")).await.unwrap();
+    assert!(matches!(first, Accepted::New { .. }), "{first:?}");
+    let store = h.open();
+    let e = Error::from(rt.accept(&ship("second", "p2")).await.unwrap_err());
+    assert_eq!(e.code, ErrorCode::PossibleDuplicate, "{e}");
+    let earlier = e.earlier.expect("the earlier operation is named");
+    assert_eq!(earlier.operation_id, "first");
+    assert_eq!(earlier.state, "accepted");
+    assert!(earlier.status_ref.starts_with("op_"), "{earlier:?}");
+    assert_eq!(count(&store, "operations").await, 1, "nothing recorded");
+    assert_eq!(count(&store, "outbox").await, 1);
+    let mut again = ship("second", "p2");
+    again.new_intent = true;
+    assert!(matches!(
+        rt.accept(&again).await.unwrap(),
+        Accepted::New { .. }
+    ));
+    assert!(matches!(
+        rt.accept(&ship("third", "p3")).await.unwrap(),
+        Accepted::New { .. }
+    ));
+    // Off: the same intent under yet another key is accepted.
+    let off = w.runtime(h).with_replan_window(None);
+    assert!(matches!(
+        off.accept(&ship("fourth", "p3")).await.unwrap(),
+        Accepted::New { .. }
+    ));
+    // Older than the window: the earlier operations no longer block.
+    let narrow = w.runtime(h).with_replan_window(Some(60));
+    let e = Error::from(narrow.accept(&ship("fifth", "p2")).await.unwrap_err());
+    assert_eq!(e.code, ErrorCode::PossibleDuplicate, "{e}");
+    w.clock.advance(61);
+    assert!(matches!(
+        narrow.accept(&ship("fifth", "p2")).await.unwrap(),
+        Accepted::New { .. }
+    ));
+    assert_eq!(count(&store, "operations").await, 5);
 }
 
 /// A worker's transaction C and an explicit status query racing for one operation: one local

@@ -83,6 +83,7 @@ macro_rules! conformance_suite {
                 dispatch_of_unfinished_only_observes_and_status_reconciles,
                 transaction_c_rolls_back_as_a_unit,
                 eight_handles_accept_one_intent,
+                a_replan_of_an_unsettled_intent_is_a_possible_duplicate,
                 worker_and_status_query_reconcile_once,
             }
             outbox {
