@@ -350,14 +350,9 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
     };
     tracing::info!(target: "toolledger::proxy", guarded = ?built.guarded,
         passed_through = ?built.passed_through, "proxying the upstream's tools");
-    start_metrics(
-        args.telemetry.metrics,
-        &store,
-        &clock,
-        front.limits.header_timeout,
-    )
-    .await
-    .map_err(Failure::code)?;
+    start_metrics(args.telemetry.metrics, &store, &clock, front.limits)
+        .await
+        .map_err(Failure::code)?;
     let principals_for_console = principals.clone();
     let pruner = args.prune.spawn(&store, &clock);
     let served = match (args.http, stdio_caller) {
