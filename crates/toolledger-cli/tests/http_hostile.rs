@@ -1,8 +1,9 @@
 //! Hostile sockets against `serve --http` and the `--metrics` listener: connections that send
 //! nothing, send their request head slowly, idle between requests, or send their body slowly
 //! are closed after their timeouts (set small here); a listener whose connection cap is full of
-//! idle sockets serves a valid caller once they time out; a slow body frees its request slot;
-//! one principal cannot take every slot from another; `/metrics` answers the hosts `/mcp` answers, within its in-flight limit, and reads
+//! idle sockets serves a valid caller once they time out; a slow body frees its request slot,
+//! on `/mcp` and on the console's forms alike; one principal cannot take every slot from
+//! another; `/metrics` answers the hosts `/mcp` answers, within its in-flight limit, and reads
 //! the ledger at most once per window however often it is scraped. No duration is asserted
 //! beyond "before the test's own bound".
 
@@ -287,6 +288,62 @@ fn the_metrics_listener_is_bounded_and_answers_health() {
     assert!(closed_by_server(&mut silent), "an idle metrics connection");
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// A console login form whose body never arrives in full (`Content-Length` says 200; a byte
+/// is sent now and then until the server closes the connection).
+fn slow_console_form(addr: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "POST /console/login HTTP/1.1\r\nHost: {addr}\r\n\
+         Cookie: toolledger_console_login=x\r\n\
+         Content-Type: application/x-www-form-urlencoded\r\n\
+         Content-Length: 200\r\n\r\ncsrf="
+    )
+    .unwrap();
+    let mut trickle = s.try_clone().unwrap();
+    std::thread::spawn(move || {
+        let until = Instant::now() + BOUND;
+        while Instant::now() < until && trickle.write_all(b"a").is_ok() {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    });
+    s
+}
+
+/// Every connection the listener allows held by a console form sent a byte at a time: the
+/// console's bodies have the listener's body deadline, so the connections are answered 408 and
+/// closed, and `/mcp` is answered.
+#[test]
+fn slow_console_bodies_do_not_hold_the_listener() {
+    let db = Db::sqlite();
+    let token = principal(&db, "alice");
+    let server = RawHttp::start(
+        &db,
+        &["--console", "--max-connections", "3", "--body-timeout", "1"],
+        &[],
+    );
+    let mut slow: Vec<TcpStream> = (0..3).map(|_| slow_console_form(&server.addr)).collect();
+    let served = exchange(&server.addr, &tools_list(&server.addr, &token));
+    assert!(served.starts_with("HTTP/1.1 200"), "{served:?}");
+    assert!(served.contains("get_operation_status"), "{served}");
+    let health = exchange(
+        &server.addr,
+        &format!(
+            "GET /healthz HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            server.addr
+        ),
+    );
+    assert!(health.starts_with("HTTP/1.1 200"), "{health:?}");
+    // A slow form was answered 408 `body_timeout` and closed.
+    let first = &mut slow[0];
+    first.set_read_timeout(Some(BOUND)).unwrap();
+    let mut raw = Vec::new();
+    let _ = first.read_to_end(&mut raw);
+    let r = String::from_utf8_lossy(&raw);
+    assert!(r.starts_with("HTTP/1.1 408"), "{r}");
+    assert!(r.contains("body_timeout"), "{r}");
 }
 
 /// The sum of the `toolledger_operations` gauges of a `/metrics` answer.
