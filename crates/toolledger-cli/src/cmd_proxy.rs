@@ -380,7 +380,8 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
                         clock.clone(),
                         toolledger::runtime::Registry::new(),
                     );
-                    crate::cmd_console::console(&principals_for_console, clock, rt)
+                    crate::cmd_console::console(&principals_for_console, clock, rt.clone())
+                        .with_evidence(crate::cmd_console::evidence(rt))
                         .with_secure_cookies(args.secure_cookies)
                         .router(front.hosts)
                 }),

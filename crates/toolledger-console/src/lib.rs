@@ -81,13 +81,20 @@ pub type Resolver =
     Arc<dyn Fn(Resolution) -> BoxFuture<'static, Result<Answer, RuntimeError>> + Send + Sync>;
 
 /// Asks the downstream what it holds for a deferred operation, for an operator
-/// (`Runtime::downstream_evidence`: its receipt or `None`; nothing is written).
+/// (`Runtime::downstream_evidence`; nothing is written), or says why this process cannot.
 /// Arguments: the operator's principal name, the status reference.
-pub type Evidence = Arc<
-    dyn Fn(String, String) -> BoxFuture<'static, Result<Option<serde_json::Value>, RuntimeError>>
-        + Send
-        + Sync,
->;
+pub type Evidence =
+    Arc<dyn Fn(String, String) -> BoxFuture<'static, Result<Held, RuntimeError>> + Send + Sync>;
+
+/// What an [`Evidence`] found out about a deferred operation's downstream.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Held {
+    /// The downstream was asked: its receipt (the effect happened), or `None` (no receipt).
+    Asked(Option<serde_json::Value>),
+    /// This process cannot ask that downstream (its tool is not one it serves); the text,
+    /// shown as it is, says how the operation is settled instead.
+    NotHere(String),
+}
 
 /// The console over one ledger.
 #[derive(Clone)]
