@@ -19,14 +19,18 @@
 //!   is answered 503 `unavailable` with `Retry-After: 1` at once, without being read, so a
 //!   server under more load than it can serve keeps its memory bounded and answers every
 //!   request (a refused call did nothing: the client retries it under the same operation id).
+//!   An admitted request runs in a task of its own holding its permit until its work ends,
+//!   whether or not its client still waits; [`InFlightLimit`] puts other routes under the
+//!   same limit.
 //! - `limit_per_principal`: inside the bearer layer, at most the `PerPrincipal` limit
 //!   requests of one principal at once, so one caller cannot take every slot of the whole
 //!   limit; one more is answered the same 503.
 //! - [`serve`]: the listener: at most so many connections open at once (the next one waits in
 //!   the kernel's accept queue until one closes), and a connection that sends no complete
-//!   request head in time — new, slow, or idle between requests — is closed; with
-//!   `strict_body`'s body deadline, a slow or idle client holds neither a connection nor a
-//!   request slot for long.
+//!   request head in time — new, slow, or idle between requests — is closed; every request
+//!   body of every route must arrive within the listener's body deadline and be at most
+//!   [`MAX_MESSAGE_BYTES`] ([`read_body`] tells a reader which failed), so a slow or idle client
+//!   holds neither a connection nor a request slot for long, whichever route it calls.
 
 use std::future::Future;
 use std::sync::Arc;
