@@ -18,7 +18,7 @@ use toolledger::runtime::{Resolution, Runtime};
 use toolledger_cli::common::{RuntimeStoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
 use toolledger_cli::telemetry::{init_logs, LogFormat};
-use toolledger_console::{Console, Evidence, Resolver};
+use toolledger_console::{Console, Evidence, Held, Resolver};
 
 use crate::cmd_serve::{health_routes, listen, AllowedHostArgs};
 
@@ -54,12 +54,39 @@ pub(crate) fn resolver(rt: Runtime) -> Resolver {
     })
 }
 
+/// What the console says of an operation the proxy recorded, whose upstream it cannot ask.
+const PROXIED: &str = "Recorded by `toolledger proxy`: this console cannot ask the upstream. \
+     The proxy's status query (`get_operation_status` through the proxy) asks it and records \
+     what it holds; without the proxy, settle the operation here or with `toolledger resolve` \
+     on evidence you checked yourself.";
+
+/// What the console says of a deferred operation of a tool this process does not serve.
+const NOT_SERVED: &str = "This console does not serve this operation's tool, so it cannot ask \
+     its downstream: the server that serves the tool asks it (`toolledger resolve` there asks \
+     it before settling).";
+
 /// The console's downstream evidence: [`Runtime::downstream_evidence`] with `rt` (whose
-/// registry knows the deferred tools and their downstreams).
+/// registry knows the deferred tools and their downstreams). An operation of a tool `rt` does
+/// not serve — every proxied one, whose upstream only the proxy reaches — is not asked: the
+/// page says how it is settled instead.
 pub(crate) fn evidence(rt: Runtime) -> Evidence {
     Arc::new(move |operator: String, status_ref: String| {
         let rt = rt.clone();
-        Box::pin(async move { rt.downstream_evidence(&operator, &status_ref).await })
+        Box::pin(async move {
+            if let Some(record) = rt.inspect(&status_ref).await? {
+                if rt.registry().tool(&record.scope.tool).is_none() {
+                    let note = if toolledger_proxy::offline::is_proxied(&record) {
+                        PROXIED
+                    } else {
+                        NOT_SERVED
+                    };
+                    return Ok(Held::NotHere(note.to_string()));
+                }
+            }
+            rt.downstream_evidence(&operator, &status_ref)
+                .await
+                .map(Held::Asked)
+        })
     })
 }
 

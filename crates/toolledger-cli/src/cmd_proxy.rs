@@ -381,14 +381,9 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
     };
     tracing::info!(target: "toolledger::proxy", guarded = ?built.guarded,
         passed_through = ?built.passed_through, "proxying the upstream's tools");
-    start_metrics(
-        args.telemetry.metrics,
-        &store,
-        &clock,
-        front.limits.header_timeout,
-    )
-    .await
-    .map_err(Failure::code)?;
+    start_metrics(args.telemetry.metrics, &store, &clock, front.limits)
+        .await
+        .map_err(Failure::code)?;
     let principals_for_console = principals.clone();
     let pruner = args.prune.spawn(&store, &clock);
     let served = match (args.http, stdio_caller) {
@@ -420,7 +415,8 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
                         clock.clone(),
                         toolledger::runtime::Registry::new(),
                     );
-                    crate::cmd_console::console(&principals_for_console, clock, rt)
+                    crate::cmd_console::console(&principals_for_console, clock, rt.clone())
+                        .with_evidence(crate::cmd_console::evidence(rt))
                         .with_secure_cookies(args.secure_cookies)
                         .router(front.hosts)
                 }),

@@ -28,7 +28,9 @@ use toolledger::engine::Engine;
 use toolledger::store::Store;
 pub(crate) use toolledger_mcp::front::health_routes;
 use toolledger_mcp::front::HttpFront;
-use toolledger_mcp::wire::http::{self as wire_http, AllowedHosts, ConnectionLimits};
+use toolledger_mcp::wire::http::{
+    self as wire_http, AllowedHosts, ConnectionLimits, InFlightLimit,
+};
 use toolledger_mcp::KeyError;
 use toolledger_mcp::{CallerSource, Guard, GuardConfig, GuardedServer, KeyMaterial};
 
@@ -143,14 +145,9 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
         principals: principals.clone(),
     };
     let tools = ReferenceTools::new(env);
-    start_metrics(
-        args.telemetry.metrics,
-        &store,
-        &clock,
-        front.limits.header_timeout,
-    )
-    .await
-    .map_err(Failure::code)?;
+    start_metrics(args.telemetry.metrics, &store, &clock, front.limits)
+        .await
+        .map_err(Failure::code)?;
     let pruner = args.prune.spawn(&store, &clock);
     let served = match (args.http, stdio_caller) {
         (Some(addr), _) => {
@@ -212,22 +209,12 @@ pub struct HttpFrontArgs {
         value_parser = clap::value_parser!(u32).range(1..=1_000_000)
     )]
     pub max_in_flight_per_principal: u32,
-    /// With --http: seconds a JSON request body may take to arrive in full; a slower one is
-    /// answered 408 `body_timeout` and its connection closed.
-    #[arg(
-        long,
-        value_name = "SECS",
-        env = "TOOLLEDGER_BODY_TIMEOUT",
-        default_value_t = wire_http::DEFAULT_BODY_TIMEOUT.as_secs(),
-        value_parser = clap::value_parser!(u64).range(1..=3600)
-    )]
-    pub body_timeout: u64,
     #[command(flatten)]
     pub listener: ListenerArgs,
 }
 
-/// The connection limits of an HTTP listener (`serve --http`, `proxy --http`, `console`, and
-/// the header timeout of `--metrics`).
+/// The limits of an HTTP listener (`serve --http`, `proxy --http`, `console`, and the
+/// timeouts of `--metrics`), the same for every route it serves.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ListenerArgs {
     /// With --http: connections open at once; while that many are open the next one waits to
@@ -250,6 +237,17 @@ pub struct ListenerArgs {
         value_parser = clap::value_parser!(u64).range(1..=3600)
     )]
     pub header_timeout: u64,
+    /// With --http: seconds a request body may take to arrive in full after its head, on
+    /// every route (`/mcp`, the console's forms); a slower one is answered 408
+    /// `body_timeout` and its connection closed.
+    #[arg(
+        long,
+        value_name = "SECS",
+        env = "TOOLLEDGER_BODY_TIMEOUT",
+        default_value_t = wire_http::DEFAULT_BODY_TIMEOUT.as_secs(),
+        value_parser = clap::value_parser!(u64).range(1..=3600)
+    )]
+    pub body_timeout: u64,
 }
 
 impl ListenerArgs {
@@ -258,6 +256,7 @@ impl ListenerArgs {
         ConnectionLimits {
             max_connections: self.max_connections as usize,
             header_timeout: Duration::from_secs(self.header_timeout),
+            body_timeout: Duration::from_secs(self.body_timeout),
         }
     }
 }
@@ -275,7 +274,6 @@ impl HttpFrontArgs {
             hosts: self.hosts.resolve()?,
             max_in_flight: self.max_in_flight as usize,
             max_in_flight_per_principal: self.max_in_flight_per_principal as usize,
-            body_timeout: Duration::from_secs(self.body_timeout),
             limits: self.listener.limits(),
             // The reference tools and the proxy send no notifications during a call.
             direct_tool_calls: true,
@@ -389,11 +387,14 @@ pub(crate) async fn serve_http<S: Send + Sync + 'static>(
     console: Option<axum::Router>,
 ) -> Result<(), Failure> {
     let store = principals.store().clone();
-    // `/mcp` inside the library's front; the health endpoints and `/metrics` are outside it.
+    // `/mcp` inside the library's front; `/metrics` shares its in-flight limit and Host and
+    // Origin rules; the health endpoints answer outside them. The listener bounds every
+    // route's request head and body alike.
+    let in_flight = InFlightLimit::new(front.max_in_flight);
     let app = front
-        .router(server, principals)
+        .router_within(server, principals, &in_flight)
         .merge(health_routes(store.clone()))
-        .merge(metrics_routes(store, clock, front.hosts.clone()));
+        .merge(metrics_routes(store, clock, &in_flight, &front.hosts));
     // The console's pages carry their own Host/Origin guard and sessions; the bearer layer
     // of `/mcp` is not theirs.
     let app = match console {

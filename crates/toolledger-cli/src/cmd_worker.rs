@@ -127,7 +127,7 @@ pub fn run(args: WorkerArgs, store: StoreConfig) -> Result<Outcome, Failure> {
             args.telemetry.metrics,
             &ledger,
             &clock,
-            toolledger_mcp::wire::http::DEFAULT_HEADER_TIMEOUT,
+            toolledger_mcp::wire::http::ConnectionLimits::default(),
         )
         .await
         .map_err(Failure::code)?;

@@ -12,7 +12,9 @@
 //! `serve --http` or on the address given by `--metrics ADDR`. Counters and histograms are
 //! recorded where things happen (`toolledger_tool_calls_total{tool,outcome}`,
 //! `toolledger_tool_call_duration_seconds{tool}`); the ledger's gauges are read from the store
-//! at each scrape: `toolledger_operations{state}`,
+//! at a scrape, at most once per [`LEDGER_GAUGES_EVERY`] (a scrape within it of the last read is
+//! answered from that read, so scraping more often costs the ledger nothing):
+//! `toolledger_operations{state}`,
 //! `toolledger_operation_oldest_age_seconds{state}` (how long the oldest operation in that state
 //! has been there: an old `outcome_unknown` or `in_progress` is what an operator looks for),
 //! `toolledger_outbox_events{state}` and `toolledger_outbox_oldest_age_seconds{state}` (the
@@ -21,6 +23,9 @@
 //! `toolledger_unsettled_past_retention` and its oldest age (what pruning has to keep for an
 //! operator); a background pruner counts `toolledger_prune_rows_total{kind}` and
 //! `toolledger_prune_passes_total{outcome}`.
+//!
+//! `/metrics` answers as `/mcp` does: only a `Host` (and `Origin`, when present) naming a
+//! loopback host or an allowed host, within the listener's in-flight limit.
 
 use std::net::SocketAddr;
 use std::sync::OnceLock;
@@ -32,7 +37,7 @@ use crate::log_sink::BufferedStderr;
 use toolledger::clock::SharedClock;
 use toolledger::model::OperationState;
 use toolledger::store::Store;
-use toolledger_mcp::wire::http::AllowedHosts;
+use toolledger_mcp::wire::http::{AllowedHosts, ConnectionLimits, InFlightLimit};
 
 /// How log lines are written.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -118,14 +123,14 @@ pub const SERIES: [(&str, &str, &str); 23] = [
     ("histogram", "toolledger_store_commit_batch_size", "Jobs (SQLite writer) or inline calls (PostgreSQL batch) per transaction, by backend."),
     ("counter", "toolledger_worker_events_total", "Outbox events a worker finished, by outcome."),
     ("counter", "toolledger_worker_passes_total", "Worker passes over the ready outbox events."),
-    ("gauge", "toolledger_operations", "Operations in the ledger, by state (read at each scrape)."),
-    ("gauge", "toolledger_operation_oldest_age_seconds", "Age of the oldest operation in each state (read at each scrape)."),
-    ("gauge", "toolledger_outbox_events", "Outbox events, by state (read at each scrape)."),
-    ("gauge", "toolledger_outbox_oldest_age_seconds", "Age of the oldest outbox event in each state (read at each scrape)."),
-    ("gauge", "toolledger_operation_rows", "Operation rows by kind: live (with their payload) and tombstone (read at each scrape)."),
-    ("gauge", "toolledger_pruned_rows", "Rows the ledger's pruners removed so far, by kind: compacted, deleted (read at each scrape)."),
-    ("gauge", "toolledger_unsettled_past_retention", "Unsettled operations past their retention deadline, which pruning keeps for an operator (read at each scrape)."),
-    ("gauge", "toolledger_unsettled_past_retention_oldest_age_seconds", "Age of the oldest unsettled operation past its retention deadline (read at each scrape)."),
+    ("gauge", "toolledger_operations", "Operations in the ledger, by state (read at most every 5 s)."),
+    ("gauge", "toolledger_operation_oldest_age_seconds", "Age of the oldest operation in each state (read at most every 5 s)."),
+    ("gauge", "toolledger_outbox_events", "Outbox events, by state (read at most every 5 s)."),
+    ("gauge", "toolledger_outbox_oldest_age_seconds", "Age of the oldest outbox event in each state (read at most every 5 s)."),
+    ("gauge", "toolledger_operation_rows", "Operation rows by kind: live (with their payload) and tombstone (read at most every 5 s)."),
+    ("gauge", "toolledger_pruned_rows", "Rows the ledger's pruners removed so far, by kind: compacted, deleted (read at most every 5 s)."),
+    ("gauge", "toolledger_unsettled_past_retention", "Unsettled operations past their retention deadline, which pruning keeps for an operator (read at most every 5 s)."),
+    ("gauge", "toolledger_unsettled_past_retention_oldest_age_seconds", "Age of the oldest unsettled operation past its retention deadline (read at most every 5 s)."),
     ("counter", "toolledger_prune_rows_total", "Rows this process's background pruner removed, by kind."),
     ("counter", "toolledger_prune_passes_total", "Background prune passes of this process, by outcome (ok, busy, failed)."),
 ];
@@ -162,9 +167,40 @@ pub fn recorder() -> &'static PrometheusHandle {
 
 const OUTBOX_STATES: [&str; 4] = ["pending", "processing", "delivered", "dead"];
 
+/// The least time between two reads of the ledger's gauges by `/metrics`.
+pub const LEDGER_GAUGES_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Reads the ledger's gauges from `store` and renders every series as Prometheus text.
 pub async fn render(store: &Store, clock: &SharedClock) -> Result<String, ()> {
-    let handle = recorder();
+    read_gauges(store, clock).await?;
+    Ok(recorder().render())
+}
+
+/// The ledger's gauges of one `/metrics` route, read at most once per
+/// [`LEDGER_GAUGES_EVERY`]: concurrent scrapes wait for one read.
+struct LedgerGauges {
+    store: Store,
+    clock: SharedClock,
+    last_read: tokio::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl LedgerGauges {
+    /// Every series as Prometheus text, the ledger's gauges as last read (read again when
+    /// that was [`LEDGER_GAUGES_EVERY`] ago or more, or never).
+    async fn render(&self) -> Result<String, ()> {
+        let mut last = self.last_read.lock().await;
+        if last.is_none_or(|at| at.elapsed() >= LEDGER_GAUGES_EVERY) {
+            read_gauges(&self.store, &self.clock).await?;
+            *last = Some(std::time::Instant::now());
+        }
+        drop(last);
+        Ok(recorder().render())
+    }
+}
+
+/// Reads the ledger's gauges from `store` into the process's recorder.
+async fn read_gauges(store: &Store, clock: &SharedClock) -> Result<(), ()> {
+    recorder();
     let now = clock.now();
     let (operations, outbox) = store
         .read(move |tx| toolledger::audit::state_counts(tx, now))
@@ -219,70 +255,46 @@ pub async fn render(store: &Store, clock: &SharedClock) -> Result<String, ()> {
             &outbox,
         );
     }
-    Ok(handle.render())
-}
-
-/// Whether a request may read `/metrics`: its `Host` is an IP address (a page that rebinds
-/// its DNS name to this server still sends its own name) or one of `hosts`, and a present
-/// `Origin` names one of `hosts`.
-pub fn metrics_reader_allowed(hosts: &AllowedHosts, headers: &axum::http::HeaderMap) -> bool {
-    use axum::http::header;
-    let value = |name| headers.get(name).and_then(|v| v.to_str().ok());
-    let host_ok = value(header::HOST).is_some_and(|h| {
-        hosts.allows_host(h)
-            || h.parse::<axum::http::uri::Authority>().is_ok_and(|a| {
-                a.host()
-                    .trim_start_matches('[')
-                    .trim_end_matches(']')
-                    .parse::<std::net::IpAddr>()
-                    .is_ok()
-            })
-    });
-    host_ok && value(header::ORIGIN).is_none_or(|o| hosts.allows_origin(o))
+    Ok(())
 }
 
 /// `GET /metrics` over `store`, to merge into a server's router (outside any bearer layer),
-/// answered only to readers [`metrics_reader_allowed`] admits (403 `host_not_allowed`
-/// otherwise).
-pub fn metrics_routes(store: Store, clock: SharedClock, hosts: AllowedHosts) -> axum::Router {
+/// within `limit` and the `Host` and `Origin` rules of `hosts` as `/mcp` is
+/// ([`InFlightLimit::guard`]: 503 beyond the limit, 403 `host_not_allowed` or
+/// `origin_not_allowed` otherwise). The ledger's gauges are read at most once per
+/// [`LEDGER_GAUGES_EVERY`].
+pub fn metrics_routes(
+    store: Store,
+    clock: SharedClock,
+    limit: &InFlightLimit,
+    hosts: &AllowedHosts,
+) -> axum::Router {
     use axum::http::{header, StatusCode};
     use axum::response::IntoResponse;
     recorder();
-    let hosts = std::sync::Arc::new(hosts);
-    let guard = move |request: axum::extract::Request, next: axum::middleware::Next| {
-        let hosts = hosts.clone();
-        async move {
-            if metrics_reader_allowed(&hosts, request.headers()) {
-                next.run(request).await
-            } else {
-                (
-                    StatusCode::FORBIDDEN,
-                    [(header::CONTENT_TYPE, "application/json")],
-                    "{\"error\":{\"code\":\"host_not_allowed\",\"message\":\"this host may not read the metrics\"}}",
-                )
-                    .into_response()
-            }
-        }
-    };
-    axum::Router::new()
-        .route(
-            "/metrics",
-            axum::routing::get(move || {
-                let (store, clock) = (store.clone(), clock.clone());
-                async move {
-                    match render(&store, &clock).await {
-                        Ok(text) => (
-                            StatusCode::OK,
-                            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-                            text,
-                        )
-                            .into_response(),
-                        Err(()) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
-                    }
+    let gauges = std::sync::Arc::new(LedgerGauges {
+        store,
+        clock,
+        last_read: tokio::sync::Mutex::new(None),
+    });
+    let routes = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let gauges = gauges.clone();
+            async move {
+                match gauges.render().await {
+                    Ok(text) => (
+                        StatusCode::OK,
+                        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                        text,
+                    )
+                        .into_response(),
+                    Err(()) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
                 }
-            }),
-        )
-        .layer(axum::middleware::from_fn(guard))
+            }
+        }),
+    );
+    limit.guard(routes, hosts)
 }
 
 /// Serves the `--metrics` listener ([`spawn_metrics_server`]) when `at` names an address, and
@@ -291,10 +303,10 @@ pub async fn start_metrics(
     at: Option<SocketAddr>,
     store: &Store,
     clock: &SharedClock,
-    header_timeout: std::time::Duration,
+    limits: ConnectionLimits,
 ) -> Result<(), &'static str> {
     if let Some(at) = at {
-        let local = spawn_metrics_server(at, store.clone(), clock.clone(), header_timeout).await?;
+        let local = spawn_metrics_server(at, store.clone(), clock.clone(), limits).await?;
         tracing::info!(metrics = %format!("http://{local}/metrics"), "serving metrics");
     }
     Ok(())
@@ -304,30 +316,32 @@ pub async fn start_metrics(
 pub const METRICS_MAX_CONNECTIONS: usize = 64;
 
 /// Serves `GET /metrics` and `GET /healthz` on `addr` until the process ends (for stdio `serve`,
-/// the proxy on stdio and `worker`), at most [`METRICS_MAX_CONNECTIONS`] connections at once,
-/// each closed when it sends no request head within `header_timeout`. Returns once listening;
-/// a bind failure is `BIND_ERROR`.
+/// the proxy on stdio and `worker`), at most [`METRICS_MAX_CONNECTIONS`] connections and as
+/// many requests at once, within the head and body deadlines of `limits`. `/metrics` answers
+/// the `Host` names of `TOOLLEDGER_ALLOWED_HOSTS` and the loopback names only. Returns once
+/// listening; a bind failure is `BIND_ERROR`.
 pub async fn spawn_metrics_server(
     addr: SocketAddr,
     store: Store,
     clock: SharedClock,
-    header_timeout: std::time::Duration,
+    limits: ConnectionLimits,
 ) -> Result<SocketAddr, &'static str> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|_| "BIND_ERROR")?;
     let local = listener.local_addr().map_err(|_| "BIND_ERROR")?;
-    // The hosts of TOOLLEDGER_ALLOWED_HOSTS (besides IP addresses and loopback names) may read.
+    // The hosts of TOOLLEDGER_ALLOWED_HOSTS (besides the loopback names) may read.
     let named = std::env::var("TOOLLEDGER_ALLOWED_HOSTS").unwrap_or_default();
     let hosts = AllowedHosts::with_hosts(named.split(',').filter(|h| !h.trim().is_empty()))
         .unwrap_or_else(|_| AllowedHosts::loopback());
-    let app = metrics_routes(store, clock, hosts).route(
+    let limit = InFlightLimit::new(METRICS_MAX_CONNECTIONS);
+    let app = metrics_routes(store, clock, &limit, &hosts).route(
         "/healthz",
         axum::routing::get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
     );
-    let limits = toolledger_mcp::wire::http::ConnectionLimits {
+    let limits = ConnectionLimits {
         max_connections: METRICS_MAX_CONNECTIONS,
-        header_timeout,
+        ..limits
     };
     tokio::spawn(toolledger_mcp::wire::http::serve(
         listener,

@@ -201,7 +201,8 @@ fn a_polling_worker_serves_metrics_that_count_what_it_did() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // Scrape until the pass that delivered the refund has been counted.
+    // Scrape until the pass that delivered the refund has been counted, and the ledger's
+    // gauges (read at most every 5 s, whatever the scrape rate) were read since.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let body = loop {
         if let Some(body) = scrape(&addr) {
@@ -210,7 +211,8 @@ fn a_polling_worker_serves_metrics_that_count_what_it_did() {
                 "toolledger_worker_events_total",
                 "outcome=\"delivered\"",
             );
-            if delivered.is_some() {
+            let settled = sample(&body, "toolledger_operations", "state=\"succeeded\"");
+            if delivered.is_some() && settled == Some(1.0) {
                 break body;
             }
         }
@@ -249,7 +251,7 @@ fn a_polling_worker_serves_metrics_that_count_what_it_did() {
         None,
         "nothing was fenced: {body}"
     );
-    // …the ledger read at the scrape…
+    // …the ledger read at a scrape…
     assert_eq!(
         sample(&body, "toolledger_operations", "state=\"succeeded\""),
         Some(1.0),

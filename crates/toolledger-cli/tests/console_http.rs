@@ -43,7 +43,8 @@ fn the_console_is_served_beside_mcp(db: Db) {
 
 on_both_backends!(
     the_console_is_served_beside_mcp,
-    the_console_runs_on_its_own
+    the_console_runs_on_its_own,
+    a_standalone_console_shows_a_proxied_operation
 );
 
 #[test]
@@ -143,6 +144,109 @@ fn the_proxy_serves_the_console_too() {
     s.read_to_string(&mut reply).unwrap();
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
     assert!(reply.contains("name=\"csrf\""));
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// `toolledger console` on its own, on a ledger a proxy wrote: a proxied operation's page shows
+/// its state, events and the ledger's evidence, and says plainly that this console cannot ask
+/// the upstream and how the operation is settled instead — never a failed question.
+fn a_standalone_console_shows_a_proxied_operation(db: Db) {
+    use serde_json::json;
+    let olga = add_principal(&db, "olga", "acme", &["operator"], &[], true).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let charges = dir.path().join("charges.sqlite");
+    let mut proxy = std::process::Command::new(support::bin());
+    proxy
+        .arg("proxy")
+        .args(db.store_args())
+        .args(["--principal", "alice", "--"])
+        .arg(support::bin())
+        .args(["upstream-example", "--db"])
+        .arg(&charges)
+        .env_remove("TOOLLEDGER_STATE_KEY_HEX")
+        .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX")
+        .envs(db.key_env());
+    let mut proxy = Server::spawn(proxy);
+    let charged = proxy.call(
+        "charge",
+        json!({"customer": "c-1", "amount_cents": 250, "operation_id": "console-1"}),
+    );
+    assert_eq!(charged["isError"], false, "{charged}");
+    assert_eq!(proxy.finish(), 0);
+    let rows = db.pairs("SELECT status_ref, state FROM operations");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let (status_ref, state) = rows[0].clone();
+
+    let mut child = std::process::Command::new(support::bin())
+        .arg("console")
+        .args(["--http", "127.0.0.1:0"])
+        .args(db.store_args())
+        .envs(db.key_env())
+        .env_remove("TOOLLEDGER_ALLOWED_HOSTS")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (url, _) = wait_listening(child.stderr.take().unwrap());
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/console")
+        .to_string();
+    let request = |method: &str, path: &str, headers: &[(&str, &str)], body: &str| {
+        raw::exchange(&addr, method, path, headers, body.as_bytes()).expect("an answer")
+    };
+    // Sign in as the operator.
+    let form = request("GET", "/console/login", &[], "");
+    let at = form.body.find("name=\"csrf\" value=\"").unwrap() + 19;
+    let nonce = &form.body[at..at + 64];
+    let cookie = format!("toolledger_console_login={nonce}");
+    let signed = request(
+        "POST",
+        "/console/login",
+        &[
+            ("Cookie", &cookie),
+            ("Content-Type", "application/x-www-form-urlencoded"),
+        ],
+        &format!("csrf={nonce}&token={olga}"),
+    );
+    assert_eq!(signed.status, 303, "{}", signed.body);
+    let session = signed
+        .headers
+        .iter()
+        .find(|(k, v)| k.eq_ignore_ascii_case("set-cookie") && v.starts_with("toolledger_console="))
+        .map(|(_, v)| v.split(';').next().unwrap().to_string())
+        .expect("a session cookie");
+
+    let page = request(
+        "GET",
+        &format!("/console/operations/{status_ref}"),
+        &[("Cookie", &session)],
+        "",
+    );
+    assert_eq!(page.status, 200, "{}", page.body);
+    // What the ledger holds is shown: the state, the events, the ledger's own evidence.
+    assert!(
+        page.body.contains(&format!("class=\"state {state}\"")),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains("id=\"events\""), "{}", page.body);
+    assert!(page.body.contains("Evidence: intent and local receipt"));
+    // What needs the proxy is said plainly; no question to a downstream this console lacks.
+    assert!(
+        page.body.contains("id=\"downstream-elsewhere\""),
+        "{}",
+        page.body
+    );
+    assert!(
+        page.body
+            .contains("Recorded by `toolledger proxy`: this console cannot ask the upstream"),
+        "{}",
+        page.body
+    );
+    assert!(!page.body.contains("could not be asked"), "{}", page.body);
+    assert!(!page.body.contains("unknown tool"), "{}", page.body);
     let _ = child.kill();
     let _ = child.wait();
 }

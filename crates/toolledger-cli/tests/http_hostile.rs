@@ -1,9 +1,11 @@
 //! Hostile sockets against `serve --http` and the `--metrics` listener: connections that send
 //! nothing, send their request head slowly, idle between requests, or send their body slowly
 //! are closed after their timeouts (set small here); a listener whose connection cap is full of
-//! idle sockets serves a valid caller once they time out; a slow body frees its request slot;
-//! one principal cannot take every slot from another. No duration is asserted beyond "before
-//! the test's own bound".
+//! idle sockets serves a valid caller once they time out; a slow body frees its request slot,
+//! on `/mcp` and on the console's forms alike; one principal cannot take every slot from
+//! another; `/metrics` answers the hosts `/mcp` answers, within its in-flight limit, and reads
+//! the ledger at most once per window however often it is scraped. No duration is asserted
+//! beyond "before the test's own bound".
 
 #[macro_use]
 mod support;
@@ -83,8 +85,9 @@ fn principal(db: &Db, name: &str) -> String {
     add_principal(db, name, "acme", &["editor"], &["automation:write"], true).unwrap()
 }
 
-/// `/metrics` answers a loopback name or an IP address in `Host`, and refuses another name (a
-/// page that rebinds its DNS name to the server sends its own name).
+/// `/metrics` answers a loopback name or an allowed host in `Host` (as `/mcp` does), and
+/// refuses another name or address (a page that rebinds its DNS name to the server sends its own
+/// name); `10.20.30.40` is allowed by the caller.
 fn assert_metrics_readers(addr: &str) {
     let get = |host: &str, origin: Option<&str>| {
         let origin = origin.map_or(String::new(), |o| format!("Origin: {o}\r\n"));
@@ -95,7 +98,8 @@ fn assert_metrics_readers(addr: &str) {
     };
     assert!(get(addr, None).starts_with("HTTP/1.1 200"));
     assert!(get("10.20.30.40:9100", None).starts_with("HTTP/1.1 200"));
-    assert!(get("[fd00::1]:9100", None).starts_with("HTTP/1.1 200"));
+    let address = get("[fd00::1]:9100", None);
+    assert!(address.starts_with("HTTP/1.1 403"), "{address}");
     let rebound = get("evil.example:9100", None);
     assert!(rebound.starts_with("HTTP/1.1 403"), "{rebound}");
     assert!(rebound.contains("host_not_allowed"), "{rebound}");
@@ -106,7 +110,7 @@ fn assert_metrics_readers(addr: &str) {
 #[test]
 fn metrics_on_the_http_listener_refuse_foreign_host_names() {
     let db = Db::sqlite();
-    let server = RawHttp::start(&db, &[], &[]);
+    let server = RawHttp::start(&db, &["--allowed-host", "10.20.30.40"], &[]);
     assert_metrics_readers(&server.addr);
 }
 
@@ -259,6 +263,7 @@ fn the_metrics_listener_is_bounded_and_answers_health() {
             "1".into(),
         ],
     )
+    .env("TOOLLEDGER_ALLOWED_HOSTS", "10.20.30.40")
     .stdin(Stdio::piped())
     .stdout(Stdio::null())
     .stderr(Stdio::null())
@@ -283,4 +288,178 @@ fn the_metrics_listener_is_bounded_and_answers_health() {
     assert!(closed_by_server(&mut silent), "an idle metrics connection");
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// A console login form whose body never arrives in full (`Content-Length` says 200; a byte
+/// is sent now and then until the server closes the connection).
+fn slow_console_form(addr: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "POST /console/login HTTP/1.1\r\nHost: {addr}\r\n\
+         Cookie: toolledger_console_login=x\r\n\
+         Content-Type: application/x-www-form-urlencoded\r\n\
+         Content-Length: 200\r\n\r\ncsrf="
+    )
+    .unwrap();
+    let mut trickle = s.try_clone().unwrap();
+    std::thread::spawn(move || {
+        let until = Instant::now() + BOUND;
+        while Instant::now() < until && trickle.write_all(b"a").is_ok() {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    });
+    s
+}
+
+/// Every connection the listener allows held by a console form sent a byte at a time: the
+/// console's bodies have the listener's body deadline, so the connections are answered 408 and
+/// closed, and `/mcp` is answered.
+#[test]
+fn slow_console_bodies_do_not_hold_the_listener() {
+    let db = Db::sqlite();
+    let token = principal(&db, "alice");
+    let server = RawHttp::start(
+        &db,
+        &["--console", "--max-connections", "3", "--body-timeout", "1"],
+        &[],
+    );
+    let mut slow: Vec<TcpStream> = (0..3).map(|_| slow_console_form(&server.addr)).collect();
+    let served = exchange(&server.addr, &tools_list(&server.addr, &token));
+    assert!(served.starts_with("HTTP/1.1 200"), "{served:?}");
+    assert!(served.contains("get_operation_status"), "{served}");
+    let health = exchange(
+        &server.addr,
+        &format!(
+            "GET /healthz HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            server.addr
+        ),
+    );
+    assert!(health.starts_with("HTTP/1.1 200"), "{health:?}");
+    // A slow form was answered 408 `body_timeout` and closed.
+    let first = &mut slow[0];
+    first.set_read_timeout(Some(BOUND)).unwrap();
+    let mut raw = Vec::new();
+    let _ = first.read_to_end(&mut raw);
+    let r = String::from_utf8_lossy(&raw);
+    assert!(r.starts_with("HTTP/1.1 408"), "{r}");
+    assert!(r.contains("body_timeout"), "{r}");
+}
+
+/// The sum of the `toolledger_operations` gauges of a `/metrics` answer.
+fn operations_gauge(metrics: &str) -> i64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("toolledger_operations{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as i64)
+        .sum()
+}
+
+fn scrape(addr: &str) -> String {
+    let answer = exchange(
+        addr,
+        &format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
+    );
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    answer
+}
+
+fn create_automation(addr: &str, token: &str, request_id: &str) {
+    let mut call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "create_automation",
+        "arguments": {"request_id": request_id, "interval_minutes": 30},
+    }});
+    call["params"]["_meta"] = support::wire::meta();
+    let body = call.to_string();
+    let answer = exchange(
+        addr,
+        &format!(
+            "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAuthorization: Bearer {token}\r\n\
+             Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+             MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: create_automation\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    );
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"isError\":false"), "{answer}");
+}
+
+/// Two scrapes within the gauges' window read the ledger once: an operation made between them
+/// shows only at a scrape after the window.
+#[test]
+fn metrics_read_the_ledger_at_most_once_per_window() {
+    /// `LEDGER_GAUGES_EVERY`: a pair of scrapes further apart than this proves nothing.
+    const WINDOW: Duration = Duration::from_secs(5);
+    let db = Db::sqlite();
+    let token = principal(&db, "alice");
+    let server = RawHttp::start(&db, &[], &[]);
+    let mut made = 0;
+    let mut attempts = 0;
+    let before = loop {
+        attempts += 1;
+        assert!(attempts <= 5, "no two scrapes came within the window");
+        let started = Instant::now();
+        let first = operations_gauge(&scrape(&server.addr));
+        made += 1;
+        create_automation(&server.addr, &token, &format!("auto-{made}"));
+        let second = operations_gauge(&scrape(&server.addr));
+        if started.elapsed() < WINDOW {
+            assert_eq!(
+                second, first,
+                "the second scrape within the window read the ledger again"
+            );
+            break first;
+        }
+        // Too slow a machine for this pair: a scrape after the window, and another pair.
+        std::thread::sleep(WINDOW);
+    };
+    // After the window, a scrape reads the ledger again and shows the new operation.
+    let until = Instant::now() + BOUND;
+    loop {
+        let now = operations_gauge(&scrape(&server.addr));
+        if now > before {
+            assert_eq!(now, made, "every operation made is counted");
+            break;
+        }
+        assert!(Instant::now() < until, "the gauges were never read again");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// `/metrics` is served within the in-flight limit `/mcp` is: while a slow body holds the only
+/// slot, a scrape is answered 503 `unavailable` with `Retry-After: 1`.
+#[test]
+fn metrics_share_the_in_flight_limit() {
+    let db = Db::sqlite();
+    let token = principal(&db, "alice");
+    let server = RawHttp::start(&db, &["--max-in-flight", "1", "--body-timeout", "30"], &[]);
+    // Until the server has read the slow request's head the slot is free, and the scrape takes
+    // it; a scrape that is served starts over with a longer pause.
+    let until = Instant::now() + BOUND;
+    let mut pause = Duration::from_millis(300);
+    let (holding, refused) = loop {
+        let holding = slow_body(&server.addr, &token);
+        std::thread::sleep(pause);
+        let answer = exchange(
+            &server.addr,
+            &format!(
+                "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+                server.addr
+            ),
+        );
+        if !answer.starts_with("HTTP/1.1 200") {
+            break (holding, answer);
+        }
+        assert!(
+            Instant::now() < until,
+            "a scrape was never refused: {answer}"
+        );
+        pause *= 2;
+    };
+    let r = HttpResponse::parse_text(&refused);
+    assert_eq!(r.status, 503, "{refused}");
+    assert_eq!(r.header("retry-after"), Some("1"), "{refused}");
+    assert_eq!(r.json()["error"]["code"], "unavailable", "{refused}");
+    drop(holding);
 }

@@ -10,13 +10,21 @@
 //!
 //! **Security.**
 //! - Login exchanges a bearer token (`toolledger principal token add`) for a session: a random
-//!   id in an `HttpOnly`, `SameSite=Strict` cookie. Sessions live in memory: they end after 8
-//!   hours, on sign-out, and when the process restarts. The principal is re-read on every
-//!   request, so a revoked principal or role takes effect at once.
+//!   id in an `HttpOnly`, `SameSite=Strict` cookie, bound to the token it was opened with.
+//!   Sessions live in memory: they end after 8 hours, on sign-out, when the process restarts,
+//!   and when their token is revoked or their principal deactivated. The principal and the
+//!   token are re-read on every request, so a revocation takes effect at once. One principal
+//!   holds at most [`session::MAX_SESSIONS_PER_PRINCIPAL`] sessions; a further login ends its
+//!   own oldest one, never another principal's.
 //! - Every form that changes something (login, sign-out, resolve) carries a CSRF token,
-//!   compared with the session's (login: with a cookie set by the login page); a request
-//!   without it is refused with 403 and changes nothing. Requests pass the servers' Host and
-//!   Origin rules (`toolledger_mcp::wire::http::guard_host_and_origin`).
+//!   compared with the session's (login: with a cookie set by the login page, and accepted
+//!   only if this process issued it, once); a request without it is refused with 403 and
+//!   changes nothing. Requests pass the servers' Host and Origin rules
+//!   (`toolledger_mcp::wire::http::guard_host_and_origin`), and a request that carries
+//!   `Origin` must name the console's own origin — scheme, host and port — or is refused with
+//!   403 `origin_not_allowed`: a page on another port of the same host is another origin.
+//! - A form's body is read only after the checks that need no body (a session, the login
+//!   cookie), at most [`FORM_LIMIT`] bytes, within the listener's body deadline.
 //! - A principal sees only the operations of its own tenant, unless it holds
 //!   [`ALL_TENANTS_ROLE`]. Argument values are shown only to the operation's own principal;
 //!   the stored result, event details, intent and receipt only to it and to principals holding
@@ -33,24 +41,28 @@ pub mod session;
 
 use std::sync::Arc;
 
+use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
-use axum::{Form, Router};
+use axum::Router;
 use maud::Markup;
 use serde::Deserialize;
-use toolledger::authz::PrincipalStore;
+use toolledger::authz::{token_hash, token_id, PrincipalStore};
 use toolledger::clock::SharedClock;
 use toolledger::downstream::BoxFuture;
 use toolledger::operations::{self, Found, Selector, Unsure, UnsureQuery};
 use toolledger::runtime::{Answer, Resolution, ResolveAs, RuntimeError, OPERATOR_ROLE};
 use toolledger::store::Store;
 use toolledger::{ErrorCode, Principal};
-use toolledger_mcp::wire::http::{guard_host_and_origin, AllowedHosts};
+use toolledger_mcp::wire::http::{guard_host_and_origin, read_body, AllowedHosts, BodyFailure};
 
 use pages::{Filters, Shown};
-use session::{cookie, same, set_cookie, Sessions, LOGIN_COOKIE, SESSION_COOKIE, SESSION_SECS};
+use session::{
+    cookie, same, set_cookie, LoginForms, Sessions, LOGIN_COOKIE, LOGIN_FORM_SECS, SESSION_COOKIE,
+    SESSION_SECS,
+};
 
 /// The role that lets a principal see the operations of every tenant (resolving stays
 /// limited to the operator's own tenant).
@@ -59,19 +71,30 @@ pub const ALL_TENANTS_ROLE: &str = "operator_all_tenants";
 /// Rows per page of the unsure list.
 pub const PAGE_ROWS: u32 = 50;
 
+/// The most bytes a form's body may hold (a resolve form's reason and evidence fit with room
+/// to spare); a longer one is refused with 413 `too_large`.
+pub const FORM_LIMIT: usize = 64 * 1024;
+
 /// Settles one operation for an operator: the binary's resolution code path (the runtime
 /// with the tools and downstreams the process knows), shared with `toolledger resolve`.
 pub type Resolver =
     Arc<dyn Fn(Resolution) -> BoxFuture<'static, Result<Answer, RuntimeError>> + Send + Sync>;
 
 /// Asks the downstream what it holds for a deferred operation, for an operator
-/// (`Runtime::downstream_evidence`: its receipt or `None`; nothing is written).
+/// (`Runtime::downstream_evidence`; nothing is written), or says why this process cannot.
 /// Arguments: the operator's principal name, the status reference.
-pub type Evidence = Arc<
-    dyn Fn(String, String) -> BoxFuture<'static, Result<Option<serde_json::Value>, RuntimeError>>
-        + Send
-        + Sync,
->;
+pub type Evidence =
+    Arc<dyn Fn(String, String) -> BoxFuture<'static, Result<Held, RuntimeError>> + Send + Sync>;
+
+/// What an [`Evidence`] found out about a deferred operation's downstream.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Held {
+    /// The downstream was asked: its receipt (the effect happened), or `None` (no receipt).
+    Asked(Option<serde_json::Value>),
+    /// This process cannot ask that downstream (its tool is not one it serves); the text,
+    /// shown as it is, says how the operation is settled instead.
+    NotHere(String),
+}
 
 /// The console over one ledger.
 #[derive(Clone)]
@@ -86,7 +109,22 @@ struct Inner {
     resolver: Resolver,
     evidence: std::sync::OnceLock<Evidence>,
     sessions: Sessions,
+    login_forms: LoginForms,
     secure_cookies: std::sync::atomic::AtomicBool,
+}
+
+impl Inner {
+    /// Whether `request`'s headers say it reached the console over TLS: `--secure-cookies`,
+    /// or `X-Forwarded-Proto: https` from a TLS-terminating proxy.
+    fn tls(&self, headers: &HeaderMap) -> bool {
+        headers
+            .get("x-forwarded-proto")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("https"))
+            || self
+                .secure_cookies
+                .load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// Middleware: adds `Secure` to every cookie the response sets when the console says so
@@ -97,15 +135,7 @@ async fn secure_cookies(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let forwarded_tls = request
-        .headers()
-        .get("x-forwarded-proto")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("https"));
-    let secure = forwarded_tls
-        || c.inner
-            .secure_cookies
-            .load(std::sync::atomic::Ordering::Relaxed);
+    let secure = c.inner.tls(request.headers());
     let mut response = next.run(request).await;
     if secure {
         let cookies: Vec<HeaderValue> = response
@@ -167,6 +197,7 @@ impl Console {
                 resolver,
                 evidence: std::sync::OnceLock::new(),
                 sessions: Sessions::default(),
+                login_forms: LoginForms::default(),
                 secure_cookies: std::sync::atomic::AtomicBool::new(false),
             }),
         }
@@ -204,6 +235,10 @@ impl Console {
                 self.clone(),
                 secure_cookies,
             ))
+            .layer(axum::middleware::from_fn_with_state(
+                self.clone(),
+                same_origin,
+            ))
             .layer(axum::middleware::from_fn(secure_headers))
             .layer(axum::middleware::from_fn_with_state(
                 Arc::new(hosts),
@@ -212,7 +247,8 @@ impl Console {
     }
 
     /// The logged-in viewer of `headers`, re-read from the principal store; `None` without a
-    /// live session or when the principal is no longer active.
+    /// live session, or when the token the session was opened with is revoked or the
+    /// principal is no longer active (the session then ends).
     async fn viewer(&self, headers: &HeaderMap) -> Result<Option<Viewer>, Response> {
         let Some(id) = cookie(headers, SESSION_COOKIE) else {
             return Ok(None);
@@ -220,7 +256,12 @@ impl Console {
         let Some(s) = self.inner.sessions.get(id) else {
             return Ok(None);
         };
-        match self.inner.principals.resolve(&s.principal).await {
+        match self
+            .inner
+            .principals
+            .resolve_with_token(&s.principal, &s.token_id)
+            .await
+        {
             Ok(Some(principal)) => Ok(Some(Viewer {
                 name: s.principal,
                 csrf: s.csrf,
@@ -233,6 +274,61 @@ impl Console {
             Err(_) => Err(unavailable(None)),
         }
     }
+}
+
+/// Middleware: a request that carries `Origin` is served only when it names the console's own
+/// origin — the scheme the request came by (`https` over TLS, see [`Inner::tls`]), and the host
+/// and port of its `Host` header; otherwise 403 `origin_not_allowed` before anything is read.
+/// A page on another port of the same host is another origin: it could set a cookie for this
+/// host, but not send a request this console accepts.
+async fn same_origin(
+    State(c): State<Console>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let headers = request.headers();
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+        let tls = c.inner.tls(headers);
+        if !origin
+            .to_str()
+            .is_ok_and(|o| host.is_some_and(|h| own_origin(o, h, tls)))
+        {
+            return refused(
+                None,
+                StatusCode::FORBIDDEN,
+                "origin_not_allowed",
+                "the request came from a page of another origin (scheme, host and port)",
+            );
+        }
+    }
+    next.run(request).await
+}
+
+/// Whether `origin` is `http://HOST` (`https://HOST` when `tls`), the host and port of `host`
+/// (a `Host` header value), a missing port being the scheme's default.
+fn own_origin(origin: &str, host: &str, tls: bool) -> bool {
+    let (scheme, default_port) = if tls { ("https", 443) } else { ("http", 80) };
+    let Ok(uri) = origin.parse::<axum::http::Uri>() else {
+        return false;
+    };
+    let (Some(seen), Some(from)) = (uri.scheme_str(), uri.authority()) else {
+        return false;
+    };
+    let Ok(own) = host.parse::<axum::http::uri::Authority>() else {
+        return false;
+    };
+    let normal = |h: &str| {
+        h.trim_start_matches('[')
+            .trim_end_matches(']')
+            .trim_end_matches('.')
+            .to_ascii_lowercase()
+    };
+    seen.eq_ignore_ascii_case(scheme)
+        && (uri.path().is_empty() || uri.path() == "/")
+        && from.as_str().rsplit_once('@').is_none()
+        && normal(from.host()) == normal(own.host())
+        && from.port_u16().unwrap_or(default_port) == own.port_u16().unwrap_or(default_port)
 }
 
 /// The headers of every console response.
@@ -386,13 +482,14 @@ async fn login_page(State(c): State<Console>, headers: HeaderMap) -> Response {
     if let Ok(Some(_)) = c.viewer(&headers).await {
         return Redirect::to("/console").into_response();
     }
-    login_form(StatusCode::OK, false)
+    login_form(&c, StatusCode::OK, false)
 }
 
-fn login_form(status: StatusCode, error: bool) -> Response {
-    let nonce = session::random_token();
+/// The login form with a CSRF token this console issued, also set as the login cookie.
+fn login_form(c: &Console, status: StatusCode, error: bool) -> Response {
+    let nonce = c.inner.login_forms.issue();
     let mut r = html(status, pages::login(&nonce, error));
-    if let Ok(v) = HeaderValue::from_str(&set_cookie(LOGIN_COOKIE, &nonce, 3600)) {
+    if let Ok(v) = HeaderValue::from_str(&set_cookie(LOGIN_COOKIE, &nonce, LOGIN_FORM_SECS)) {
         r.headers_mut().append(header::SET_COOKIE, v);
     }
     r
@@ -413,6 +510,45 @@ struct ChangeForm {
     evidence: Option<String>,
 }
 
+/// The form in `body`, at most [`FORM_LIMIT`] bytes, or the page refusing it: 413
+/// `too_large`, 408 `body_timeout` (past the listener's body deadline; the connection is
+/// closed), 400 `body_unreadable` or `invalid_arguments`.
+async fn read_form(viewer: Option<&Viewer>, body: Body) -> Result<ChangeForm, Response> {
+    match read_body(body, FORM_LIMIT).await {
+        Ok(bytes) => serde_urlencoded::from_bytes(&bytes).map_err(|_| {
+            refused(
+                viewer,
+                StatusCode::BAD_REQUEST,
+                "invalid_arguments",
+                "the form could not be read",
+            )
+        }),
+        Err(BodyFailure::TooLarge) => Err(refused(
+            viewer,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            "the form is larger than the console accepts",
+        )),
+        Err(BodyFailure::TimedOut) => {
+            let mut r = refused(
+                viewer,
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                "the form did not arrive in time",
+            );
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            Err(r)
+        }
+        Err(BodyFailure::Unreadable) => Err(refused(
+            viewer,
+            StatusCode::BAD_REQUEST,
+            "body_unreadable",
+            "the form could not be read",
+        )),
+    }
+}
+
 fn csrf_refused(viewer: Option<&Viewer>) -> Response {
     refused(
         viewer,
@@ -422,20 +558,29 @@ fn csrf_refused(viewer: Option<&Viewer>) -> Response {
     )
 }
 
-async fn login(
-    State(c): State<Console>,
-    headers: HeaderMap,
-    Form(f): Form<ChangeForm>,
-) -> Response {
-    let expected = cookie(&headers, LOGIN_COOKIE);
-    let ok = matches!((expected, f.csrf.as_deref()), (Some(e), Some(g)) if same(e, g));
+async fn login(State(c): State<Console>, headers: HeaderMap, body: Body) -> Response {
+    // Without the login page's cookie there is nothing the form could match: refused unread.
+    let Some(expected) = cookie(&headers, LOGIN_COOKIE) else {
+        return csrf_refused(None);
+    };
+    let f = match read_form(None, body).await {
+        Ok(f) => f,
+        Err(r) => return r,
+    };
+    // The form's token must be the cookie's and one this console issued (used up here): a
+    // cookie set by another page of the same host names no form of ours.
+    let ok = f
+        .csrf
+        .as_deref()
+        .is_some_and(|g| same(expected, g) && c.inner.login_forms.take(g));
     if !ok {
         return csrf_refused(None);
     }
     let token = f.token.unwrap_or_default();
-    match c.inner.principals.resolve_token(token.trim()).await {
+    let token = token.trim();
+    match c.inner.principals.resolve_token(token).await {
         Ok(Some((name, _))) => {
-            let id = c.inner.sessions.start(&name);
+            let id = c.inner.sessions.start(&name, &token_id(&token_hash(token)));
             tracing::info!(target: "toolledger::console", principal = %name, "signed in");
             let mut r = Redirect::to("/console").into_response();
             let h = r.headers_mut();
@@ -449,19 +594,19 @@ async fn login(
             }
             r
         }
-        Ok(None) => login_form(StatusCode::UNAUTHORIZED, true),
+        Ok(None) => login_form(&c, StatusCode::UNAUTHORIZED, true),
         Err(_) => unavailable(None),
     }
 }
 
-async fn logout(
-    State(c): State<Console>,
-    headers: HeaderMap,
-    Form(f): Form<ChangeForm>,
-) -> Response {
+async fn logout(State(c): State<Console>, headers: HeaderMap, body: Body) -> Response {
     let viewer = match c.viewer(&headers).await {
         Ok(Some(v)) => v,
         Ok(None) => return to_login(),
+        Err(r) => return r,
+    };
+    let f = match read_form(Some(&viewer), body).await {
+        Ok(f) => f,
         Err(r) => return r,
     };
     if !f.csrf.as_deref().is_some_and(|g| same(&viewer.csrf, g)) {
@@ -605,11 +750,15 @@ async fn resolve(
     State(c): State<Console>,
     headers: HeaderMap,
     Path(status_ref): Path<String>,
-    Form(f): Form<ChangeForm>,
+    body: Body,
 ) -> Response {
     let viewer = match c.viewer(&headers).await {
         Ok(Some(v)) => v,
         Ok(None) => return to_login(),
+        Err(r) => return r,
+    };
+    let f = match read_form(Some(&viewer), body).await {
+        Ok(f) => f,
         Err(r) => return r,
     };
     if !f.csrf.as_deref().is_some_and(|g| same(&viewer.csrf, g)) {

@@ -244,10 +244,10 @@ pub fn list(
 pub struct Shown<'a> {
     /// The timeline (core's `operations::timeline` JSON).
     pub timeline: &'a Value,
-    /// What the downstream holds now (a receipt or none), or why it could not be asked;
-    /// `None`: not asked (not an operator of the tenant, an inline operation, or no
-    /// downstream known to this process).
-    pub downstream: Option<&'a Result<Option<Value>, String>>,
+    /// What the downstream holds now (a receipt or none), why this process cannot ask it, or
+    /// why asking failed; `None`: not asked (not an operator of the tenant, an inline
+    /// operation, or no evidence configured).
+    pub downstream: Option<&'a Result<crate::Held, String>>,
     /// Whether the viewer may read arguments (the operation's own principal).
     pub arguments: bool,
     /// Whether the viewer may read the stored result, event details, intent and receipt.
@@ -350,8 +350,9 @@ pub fn operation(viewer: (&str, &str), s: &Shown<'_>) -> Markup {
                 h2 { "Evidence: what the downstream holds now" }
                 div id="downstream-evidence" {
                     @match answer {
-                        Ok(Some(receipt)) => { p { "The downstream holds a receipt: the effect happened." } (json_block(receipt)) }
-                        Ok(None) => { p { "The downstream holds no receipt for this operation." } }
+                        Ok(crate::Held::Asked(Some(receipt))) => { p { "The downstream holds a receipt: the effect happened." } (json_block(receipt)) }
+                        Ok(crate::Held::Asked(None)) => { p { "The downstream holds no receipt for this operation." } }
+                        Ok(crate::Held::NotHere(how)) => { p.note id="downstream-elsewhere" { (how) } }
                         Err(why) => { p.error { "The downstream could not be asked: " (why) } }
                     }
                 }

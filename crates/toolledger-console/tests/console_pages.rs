@@ -175,6 +175,11 @@ fn set_cookies(r: &Reply) -> Vec<String> {
 
 /// Logs `who` in; returns (session cookie, csrf token of its forms).
 async fn login(w: &World, who: &str) -> (String, String) {
+    login_with(w, &w.tokens[who]).await
+}
+
+/// Logs in with bearer token `token`; returns (session cookie, csrf token of its forms).
+async fn login_with(w: &World, token: &str) -> (String, String) {
     let page = send(&w.app, get("/console/login", None)).await;
     let nonce = csrf_of(&page.body);
     let login_cookie = format!("toolledger_console_login={nonce}");
@@ -183,7 +188,7 @@ async fn login(w: &World, who: &str) -> (String, String) {
         post(
             "/console/login",
             Some(&login_cookie),
-            &[("csrf", &nonce), ("token", &w.tokens[who])],
+            &[("csrf", &nonce), ("token", token)],
         ),
     )
     .await;
@@ -539,5 +544,142 @@ fn cookies_are_secure_behind_tls() {
         .router(AllowedHosts::loopback());
         let r = send(&secure, get("/console/login", None)).await;
         assert!(login_cookie(&r).ends_with("; Secure"), "{:?}", r.headers);
+    });
+}
+
+/// Whether `cookie` opens the list (a live session) rather than leading to the login form.
+async fn signed_in(w: &World, cookie: &str) -> bool {
+    let r = send(&w.app, get("/console", Some(cookie))).await;
+    match r.status {
+        StatusCode::OK => true,
+        StatusCode::SEE_OTHER => {
+            assert_eq!(r.headers[header::LOCATION], "/console/login");
+            false
+        }
+        other => panic!("unexpected {other}: {}", r.body),
+    }
+}
+
+/// A session is bound to the token it was opened with: revoking that token ends it at the
+/// next request, while a session opened with another token of the same principal goes on
+/// until the principal is deactivated.
+#[test]
+fn a_session_ends_with_its_token() {
+    let (_f, store) = sqlite();
+    block_on(async move {
+        let w = world(store).await;
+        let principals = PrincipalStore::new(w.store.clone());
+        let first = w.tokens["olga"].clone();
+        let toolledger::authz::TokenIssue::Issued(second) =
+            principals.issue_token("olga").await.unwrap()
+        else {
+            panic!("a second token")
+        };
+        let (by_first, _) = login_with(&w, &first).await;
+        let (by_second, _) = login_with(&w, &second.token).await;
+        assert!(signed_in(&w, &by_first).await && signed_in(&w, &by_second).await);
+
+        let first_id = toolledger::authz::token_id(&toolledger::authz::token_hash(&first));
+        let revoked = principals.revoke_token("olga", &first_id).await.unwrap();
+        assert!(matches!(
+            revoked,
+            toolledger::authz::TokenRevoke::Revoked { .. }
+        ));
+        assert!(
+            !signed_in(&w, &by_first).await,
+            "the revoked token's session is over"
+        );
+        assert!(
+            signed_in(&w, &by_second).await,
+            "the other token's session stays"
+        );
+        // Signing the revoked token's session out needs a session: it leads to the login form.
+        let r = send(&w.app, get("/console", Some(&by_first))).await;
+        assert_eq!(r.status, StatusCode::SEE_OTHER);
+
+        principals.revoke("olga", &[], &[], true).await.unwrap();
+        assert!(
+            !signed_in(&w, &by_second).await,
+            "a deactivated principal's sessions are over"
+        );
+    });
+}
+
+/// A login form posted from a page of another origin — another port of the same host, the
+/// other scheme — is refused before anything is read; and a login CSRF token is one the console
+/// issued, once: a cookie and form field another page made up together open no session.
+#[test]
+fn login_csrf_needs_the_consoles_own_origin_and_token() {
+    let (_f, store) = sqlite();
+    block_on(async move {
+        let w = world(store).await;
+        let sessions_opened = |r: &Reply| {
+            set_cookies(r)
+                .iter()
+                .any(|c| c.starts_with("toolledger_console=") && !c.contains("Max-Age=0"))
+        };
+        let login_post = |host: &str, origin: Option<&str>, cookie: &str, csrf: &str| {
+            let mut b = Request::post("/console/login")
+                .header(header::HOST, host)
+                .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+                .header(header::COOKIE, format!("toolledger_console_login={cookie}"));
+            if let Some(o) = origin {
+                b = b.header(header::ORIGIN, o);
+            }
+            let form = format!("csrf={csrf}&token={}", w.tokens["zed"]);
+            b.body(Body::from(form)).unwrap()
+        };
+
+        // A page on another port (or over the other scheme) of the console's host.
+        for origin in [
+            "http://localhost:9999",
+            "http://localhost",
+            "https://localhost:8090",
+        ] {
+            let page = send(&w.app, get("/console/login", None)).await;
+            let nonce = csrf_of(&page.body);
+            let r = send(
+                &w.app,
+                login_post("localhost:8090", Some(origin), &nonce, &nonce),
+            )
+            .await;
+            assert_eq!(r.status, StatusCode::FORBIDDEN, "{origin}: {}", r.body);
+            assert!(r.body.contains("origin_not_allowed"), "{}", r.body);
+            assert!(!sessions_opened(&r), "{origin}");
+        }
+
+        // A cookie tossed by another page, with the same made-up value in the form.
+        let made_up = "ab".repeat(32);
+        let r = send(
+            &w.app,
+            login_post("localhost:8090", None, &made_up, &made_up),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
+        assert!(r.body.contains("csrf_invalid"));
+        assert!(!sessions_opened(&r));
+
+        // The console's own origin, with a token it issued: signed in, once.
+        let page = send(&w.app, get("/console/login", None)).await;
+        let nonce = csrf_of(&page.body);
+        let r = send(
+            &w.app,
+            login_post(
+                "localhost:8090",
+                Some("http://localhost:8090"),
+                &nonce,
+                &nonce,
+            ),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+        assert!(sessions_opened(&r));
+        let again = send(&w.app, login_post("localhost:8090", None, &nonce, &nonce)).await;
+        assert_eq!(
+            again.status,
+            StatusCode::FORBIDDEN,
+            "a login token is used once"
+        );
+        assert!(!sessions_opened(&again));
     });
 }

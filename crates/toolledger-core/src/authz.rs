@@ -682,6 +682,27 @@ impl PrincipalStore {
             .await
     }
 
+    /// The active principal `name` while it still holds the token whose [`token_id`] is `id`:
+    /// `None` once that token is revoked, or the principal is absent or inactive. For a
+    /// session opened with that token, re-checked on every request.
+    pub async fn resolve_with_token(
+        &self,
+        name: &str,
+        id: &str,
+    ) -> Result<Option<Principal>, Error> {
+        let (name, id) = (name.to_string(), id.to_string());
+        self.store
+            .read(
+                move |tx: &mut dyn EffectTx| -> Result<Option<Principal>, Error> {
+                    if !tokens_in(tx, &name)?.iter().any(|(_, e)| e.id == id) {
+                        return Ok(None);
+                    }
+                    resolve_in(tx, &name)
+                },
+            )
+            .await
+    }
+
     /// The store the principals live in.
     pub fn store(&self) -> &Store {
         &self.store

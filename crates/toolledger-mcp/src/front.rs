@@ -4,20 +4,23 @@
 //! `ServerHandler` — inside every layer the wire guarantees need, outermost first:
 //!
 //! 1. the in-flight limit ([`HttpFront::max_in_flight`]; one more request is 503 `unavailable`
-//!    with `Retry-After: 1`, unread);
+//!    with `Retry-After: 1`, unread; a request's permit is held until its work ends, even when
+//!    its client went away; [`HttpFront::router_within`] shares the limit with other routes);
 //! 2. `Host` and `Origin` ([`HttpFront::hosts`]; 403 for any other host: DNS rebinding and
 //!    cross-site requests never reach authentication);
 //! 3. the bearer token (401 unless it names an active principal; the principal is what
 //!    [`crate::Guarded`] and [`crate::CallerSource::BearerToken`] act for);
 //! 4. the principal's share of the in-flight limit ([`HttpFront::max_in_flight_per_principal`]);
-//! 5. the strict body, read within [`HttpFront::body_timeout`] (400 for a message the ledger's
+//! 5. the strict body, read within [`ConnectionLimits::body_timeout`] (400 for a message the ledger's
 //!    strict JSON refuses, 408, 413);
 //! 6. a legacy session's owner (404 for another principal's session id) and the end of a
 //!    session (`DELETE` → 204, or 404 for an unknown one).
 //!
 //! [`health_routes`] adds `GET /healthz` and `GET /readyz` outside all of them, and
 //! [`HttpFront::serve`] runs the listener with [`HttpFront::limits`]: at most so many
-//! connections, and a connection that sends no complete request head in time is closed.
+//! connections, a connection that sends no complete request head in time is closed, and every
+//! request body of every route is read within [`ConnectionLimits::body_timeout`] of its head
+//! and is at most [`MAX_MESSAGE_BYTES`] long.
 //!
 //! ```no_run
 //! # async fn run(server: impl rmcp::ServerHandler + Clone + Send + Sync + 'static,
@@ -33,7 +36,6 @@
 //! ```
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
@@ -46,8 +48,8 @@ use crate::caller::authenticate;
 use crate::wire::direct::{CheckedCall, DirectCalls};
 use crate::wire::http::{
     bind_sessions, end_session, host_and_origin, limit_in_flight, limit_per_principal, strict_body,
-    AllowedHosts, BodyTimeout, ConnectionLimits, InFlight, PerPrincipal, SessionOwners,
-    DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_IN_FLIGHT_PER_PRINCIPAL,
+    AllowedHosts, BodyTimeout, ConnectionLimits, InFlightLimit, PerPrincipal, SessionOwners,
+    DEFAULT_MAX_IN_FLIGHT_PER_PRINCIPAL,
 };
 use crate::wire::MAX_MESSAGE_BYTES;
 
@@ -56,8 +58,7 @@ use crate::wire::MAX_MESSAGE_BYTES;
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
 
 /// The HTTP front's settings. [`Default`]: loopback hosts only, [`DEFAULT_MAX_IN_FLIGHT`],
-/// [`DEFAULT_MAX_IN_FLIGHT_PER_PRINCIPAL`], [`DEFAULT_BODY_TIMEOUT`] and the default
-/// [`ConnectionLimits`].
+/// [`DEFAULT_MAX_IN_FLIGHT_PER_PRINCIPAL`] and the default [`ConnectionLimits`].
 #[derive(Clone, Debug)]
 pub struct HttpFront {
     /// The hosts the server answers for (`Host`, and `Origin` when present).
@@ -66,9 +67,8 @@ pub struct HttpFront {
     pub max_in_flight: usize,
     /// Requests of one principal handled at once.
     pub max_in_flight_per_principal: usize,
-    /// How long a request body may take to arrive in full.
-    pub body_timeout: Duration,
-    /// The listener's connection limits.
+    /// The listener's limits; its body deadline ([`ConnectionLimits::body_timeout`]) is also
+    /// the deadline of `/mcp`'s strict body under any listener.
     pub limits: ConnectionLimits,
     /// Whether a `tools/call` of MCP 2026-07-28 that rmcp's service would take as it is
     /// (see [`crate::wire`]'s direct path) is answered in the task that read it, without rmcp
@@ -84,7 +84,6 @@ impl Default for HttpFront {
             hosts: AllowedHosts::loopback(),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             max_in_flight_per_principal: DEFAULT_MAX_IN_FLIGHT_PER_PRINCIPAL,
-            body_timeout: DEFAULT_BODY_TIMEOUT,
             limits: ConnectionLimits::default(),
             direct_tool_calls: true,
         }
@@ -96,6 +95,21 @@ impl HttpFront {
     /// responses, within every layer of the front; callers are the principals of
     /// `principals` their bearer tokens name.
     pub fn router<S>(&self, server: S, principals: PrincipalStore) -> axum::Router
+    where
+        S: rmcp::ServerHandler + Clone + Send + Sync + 'static,
+    {
+        self.router_within(server, principals, &InFlightLimit::new(self.max_in_flight))
+    }
+
+    /// [`HttpFront::router`] with `limit` as its in-flight limit instead of a limit of
+    /// [`HttpFront::max_in_flight`] of its own, so that other routes of the server can share it
+    /// ([`InFlightLimit::guard`]).
+    pub fn router_within<S>(
+        &self,
+        server: S,
+        principals: PrincipalStore,
+        limit: &InFlightLimit,
+    ) -> axum::Router
     where
         S: rmcp::ServerHandler + Clone + Send + Sync + 'static,
     {
@@ -114,11 +128,11 @@ impl HttpFront {
         // layer inside it, per request, and rmcp's service registers a cancellation token
         // when cloned.
         let pipeline = Arc::new(Pipeline {
-            in_flight: InFlight::new(self.max_in_flight),
+            in_flight: limit.clone(),
             hosts: self.hosts.clone(),
             principals,
             per_principal: Arc::new(PerPrincipal::new(self.max_in_flight_per_principal)),
-            body_timeout: BodyTimeout(self.body_timeout),
+            body_timeout: BodyTimeout(self.limits.body_timeout),
             owners: SessionOwners::new(sessions),
             direct: self.direct_tool_calls.then(|| DirectCalls::new(server)),
             service,
@@ -147,7 +161,7 @@ impl HttpFront {
 /// Every layer of the front, in the order a request meets them, and the MCP service at the
 /// end: one value per router, so a request clones nothing but its own data on its way.
 struct Pipeline<S: rmcp::ServerHandler> {
-    in_flight: InFlight,
+    in_flight: InFlightLimit,
     hosts: AllowedHosts,
     principals: PrincipalStore,
     per_principal: Arc<PerPrincipal>,
@@ -160,16 +174,25 @@ struct Pipeline<S: rmcp::ServerHandler> {
 impl<S: rmcp::ServerHandler + Clone + Send + Sync + 'static> Pipeline<S> {
     /// `request` through every layer, outermost first — the in-flight limit, `Host` and
     /// `Origin`, the bearer token, the principal's share, the strict body, a legacy
-    /// session's owner and end — then the MCP service.
-    async fn pass(&self, request: Request) -> Response {
-        limit_in_flight(&self.in_flight, request, |r| {
-            host_and_origin(&self.hosts, r, |r| {
-                authenticate(&self.principals, r, |r| {
-                    limit_per_principal(&self.per_principal, r, |r| {
-                        strict_body(self.body_timeout, r, |r| {
-                            bind_sessions(&self.owners, r, |r| {
-                                end_session(self.owners.sessions(), r, |r| self.mcp(r))
-                            })
+    /// session's owner and end — then the MCP service. Inside the in-flight limit the request
+    /// is handled in a task of its own, which keeps its permit until its work is done even when
+    /// the client goes away.
+    async fn pass(self: Arc<Self>, request: Request) -> Response {
+        let this = self.clone();
+        limit_in_flight(self.in_flight.in_flight(), request, move |r| async move {
+            this.inside(r).await
+        })
+        .await
+    }
+
+    /// Every layer inside the in-flight limit.
+    async fn inside(&self, request: Request) -> Response {
+        host_and_origin(&self.hosts, request, |r| {
+            authenticate(&self.principals, r, |r| {
+                limit_per_principal(&self.per_principal, r, |r| {
+                    strict_body(self.body_timeout, r, |r| {
+                        bind_sessions(&self.owners, r, |r| {
+                            end_session(self.owners.sessions(), r, |r| self.mcp(r))
                         })
                     })
                 })

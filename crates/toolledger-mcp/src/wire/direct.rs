@@ -125,11 +125,15 @@ impl<S: ServerHandler + Clone> DirectCalls<S> {
         let mut meta = RequestMetaObject::new();
         std::mem::swap(&mut meta, request.get_meta_mut());
         let mut extensions = std::mem::take(request.extensions_mut());
+        // rmcp's loop gives the handler a child of the request's token; the request's token is
+        // cancelled when the client goes away before the answer (the in-flight limit's
+        // `ClientGone`, when the request passed it: this future then runs on without a client).
+        let request_ct = parts
+            .extensions
+            .get::<super::http::ClientGone>()
+            .map_or_else(CancellationToken::new, |gone| gone.0.child_token());
         extensions.insert(parts);
         let mut context = RequestContext::new(id.clone(), self.peer());
-        // rmcp's loop gives the handler a child of the request's token; the request's token is
-        // cancelled when the client goes away before the answer.
-        let request_ct = CancellationToken::new();
         context.ct = request_ct.child_token();
         context.meta = meta;
         context.extensions = extensions;

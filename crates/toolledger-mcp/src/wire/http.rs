@@ -19,14 +19,18 @@
 //!   is answered 503 `unavailable` with `Retry-After: 1` at once, without being read, so a
 //!   server under more load than it can serve keeps its memory bounded and answers every
 //!   request (a refused call did nothing: the client retries it under the same operation id).
+//!   An admitted request runs in a task of its own holding its permit until its work ends,
+//!   whether or not its client still waits; [`InFlightLimit`] puts other routes under the
+//!   same limit.
 //! - `limit_per_principal`: inside the bearer layer, at most the `PerPrincipal` limit
 //!   requests of one principal at once, so one caller cannot take every slot of the whole
 //!   limit; one more is answered the same 503.
 //! - [`serve`]: the listener: at most so many connections open at once (the next one waits in
 //!   the kernel's accept queue until one closes), and a connection that sends no complete
-//!   request head in time — new, slow, or idle between requests — is closed; with
-//!   `strict_body`'s body deadline, a slow or idle client holds neither a connection nor a
-//!   request slot for long.
+//!   request head in time — new, slow, or idle between requests — is closed; every request
+//!   body of every route must arrive within the listener's body deadline and be at most
+//!   [`MAX_MESSAGE_BYTES`] ([`read_body`] tells a reader which failed), so a slow or idle client
+//!   holds neither a connection nor a request slot for long, whichever route it calls.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -490,35 +494,101 @@ pub(crate) async fn bind_sessions<M: SessionManager, F: Future<Output = Response
 /// How many requests an HTTP endpoint handles at once ([`limit_in_flight`]).
 #[derive(Debug)]
 pub(crate) struct InFlight {
-    permits: tokio::sync::Semaphore,
+    permits: Arc<tokio::sync::Semaphore>,
 }
 
 impl InFlight {
     /// At most `limit` requests at once (at least 1).
     pub(crate) fn new(limit: usize) -> Self {
         InFlight {
-            permits: tokio::sync::Semaphore::new(limit.max(1)),
+            permits: Arc::new(tokio::sync::Semaphore::new(limit.max(1))),
         }
     }
 }
 
+/// Set on a request by [`limit_in_flight`]: cancelled when the client stops waiting for the
+/// answer (its connection closed), while the request's work goes on to its end.
+#[derive(Clone, Debug)]
+pub(crate) struct ClientGone(pub(crate) tokio_util::sync::CancellationToken);
+
 /// Handles the request while fewer than the [`InFlight`] limit of others are handled;
 /// otherwise answers 503 `{"error": {"code": "unavailable", …}}` with `Retry-After: 1` at
 /// once, without reading the body, and counts it in
-/// `toolledger_http_requests_shed_total`. The permit is held until the response's head is
-/// ready (for a JSON response, the whole call).
-pub(crate) async fn limit_in_flight<F: Future<Output = Response>>(
+/// `toolledger_http_requests_shed_total`.
+///
+/// The request is handled in a task of its own, which holds the permit until the response's
+/// head is ready (for a JSON response, the whole call): a client that goes away meanwhile
+/// stops waiting ([`ClientGone`] is cancelled) but does not give the permit back while its
+/// work still runs, so the limit bounds the work, not only the connections waiting for it.
+pub(crate) async fn limit_in_flight<F>(
     limit: &InFlight,
-    request: Request,
+    mut request: Request,
     next: impl FnOnce(Request) -> F,
-) -> Response {
-    let Ok(_permit) = limit.permits.try_acquire() else {
+) -> Response
+where
+    F: Future<Output = Response> + Send + 'static,
+{
+    let Ok(permit) = limit.permits.clone().try_acquire_owned() else {
         metrics::counter!("toolledger_http_requests_shed_total").increment(1);
         return shed(
             "the server is handling as many requests as it can; retry the same request later",
         );
     };
-    next(request).await
+    let gone = tokio_util::sync::CancellationToken::new();
+    request.extensions_mut().insert(ClientGone(gone.clone()));
+    let waiting = gone.drop_guard();
+    let work = next(request);
+    let handled = tokio::spawn(async move {
+        let response = work.await;
+        drop(permit);
+        response
+    })
+    .await;
+    waiting.disarm();
+    handled.unwrap_or_else(|_| {
+        tracing::error!("an HTTP request's handler ended without an answer");
+        json_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "the request ended without an answer",
+        )
+    })
+}
+
+/// A limit on the requests handled at once, shared by every route it guards: the front's
+/// `/mcp` ([`crate::front::HttpFront::router_within`]) and the routes given to
+/// [`InFlightLimit::guard`], such as a server's `/metrics`.
+#[derive(Clone, Debug)]
+pub struct InFlightLimit(Arc<InFlight>);
+
+impl InFlightLimit {
+    /// At most `limit` requests at once (at least 1).
+    pub fn new(limit: usize) -> Self {
+        InFlightLimit(Arc::new(InFlight::new(limit)))
+    }
+
+    pub(crate) fn in_flight(&self) -> &InFlight {
+        &self.0
+    }
+
+    /// `router`'s routes within this limit (one more request is answered 503 `unavailable`
+    /// with `Retry-After: 1`, unread; the permit lives as long as the request's work) and,
+    /// inside it, the `Host` and `Origin` rules of `hosts` (403 otherwise), as `/mcp` is.
+    pub fn guard(&self, router: axum::Router, hosts: &AllowedHosts) -> axum::Router {
+        let limit = self.0.clone();
+        let hosts = Arc::new(hosts.clone());
+        router.layer(axum::middleware::from_fn(
+            move |request: Request, next: Next| {
+                let (limit, hosts) = (limit.clone(), hosts.clone());
+                async move {
+                    limit_in_flight(&limit, request, move |r| async move {
+                        host_and_origin(&hosts, r, |r| next.run(r)).await
+                    })
+                    .await
+                }
+            },
+        ))
+    }
 }
 
 /// How many requests one principal may have handled at once ([`limit_per_principal`]), beside
@@ -609,7 +679,7 @@ pub(crate) async fn limit_per_principal<F: Future<Output = Response>>(
     next(request).await
 }
 
-/// The limits of one HTTP listener ([`serve`]).
+/// The limits of one HTTP listener ([`serve`]), the same for every route it serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnectionLimits {
     /// Connections open at once; while that many are open the next one waits in the kernel's
@@ -619,6 +689,10 @@ pub struct ConnectionLimits {
     /// and again from when it finished a response on a kept-alive connection (the idle wait
     /// counts). A connection that takes longer is closed.
     pub header_timeout: std::time::Duration,
+    /// How long a request body may take to arrive in full, counted from its head, on every
+    /// route; past it, reading the body fails ([`BodyFailure::TimedOut`]) and the connection
+    /// is closed after the answer.
+    pub body_timeout: std::time::Duration,
 }
 
 /// [`ConnectionLimits::max_connections`] by default.
@@ -633,6 +707,7 @@ impl Default for ConnectionLimits {
         ConnectionLimits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             header_timeout: DEFAULT_HEADER_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
         }
     }
 }
@@ -644,8 +719,10 @@ impl Default for ConnectionLimits {
 /// complete request head within [`ConnectionLimits::header_timeout`] — a new connection that
 /// sends nothing, or sends its head slowly, or a kept-alive one idle between requests — is
 /// closed (counted in `toolledger_http_connections_timed_out_total`). At most
-/// [`ConnectionLimits::max_connections`] are open at once. A request body's own deadline is
-/// `read_body_within`'s.
+/// [`ConnectionLimits::max_connections`] are open at once. Every request body, whatever its
+/// route, is read within [`ConnectionLimits::body_timeout`] of its head and is at most
+/// [`MAX_MESSAGE_BYTES`] ([`read_body`] tells which failed); a connection whose body ran out of
+/// time is closed after its answer.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: axum::Router,
@@ -659,6 +736,10 @@ pub async fn serve(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
+    let body_timeout = limits.body_timeout;
+    let app = app.layer(axum::middleware::from_fn(
+        move |request: Request, next: Next| bound_body(body_timeout, request, next),
+    ));
     let service = hyper_util::service::TowerToHyperService::new(app);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -699,31 +780,132 @@ pub async fn serve(
     Ok(())
 }
 
+/// [`serve`]'s bound on every request body: at most [`MAX_MESSAGE_BYTES`], in full within
+/// `deadline` of the head; `Connection: close` on the answer to a request whose body ran out
+/// of time.
+async fn bound_body(deadline: std::time::Duration, request: Request, next: Next) -> Response {
+    let expired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let request = request.map(|body| {
+        Body::new(http_body_util::Limited::new(
+            DeadlineBody {
+                inner: body,
+                deadline: Box::pin(tokio::time::sleep(deadline)),
+                expired: expired.clone(),
+            },
+            MAX_MESSAGE_BYTES,
+        ))
+    });
+    let mut response = next.run(request).await;
+    if expired.load(std::sync::atomic::Ordering::Relaxed) {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// The error of a request body that did not arrive in full within the listener's
+/// [`ConnectionLimits::body_timeout`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the request body did not arrive in time")]
+pub struct BodyTimedOut;
+
+/// A body that fails with [`BodyTimedOut`] once its deadline passes.
+struct DeadlineBody {
+    inner: Body,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    expired: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl axum::body::HttpBody for DeadlineBody {
+    type Data = axum::body::Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        use std::task::Poll;
+        if self.deadline.as_mut().poll(cx).is_ready() {
+            self.expired
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            return Poll::Ready(Some(Err(BodyTimedOut.into())));
+        }
+        std::pin::Pin::new(&mut self.inner)
+            .poll_frame(cx)
+            .map_err(Into::into)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Why a request body could not be read in full ([`read_body`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyFailure {
+    /// Longer than the limit (the reader's, or the listener's [`MAX_MESSAGE_BYTES`]).
+    TooLarge,
+    /// Not in full within the listener's [`ConnectionLimits::body_timeout`].
+    TimedOut,
+    /// The connection failed while it was read.
+    Unreadable,
+}
+
+/// Whether `error` or one of its sources is a `T`.
+fn caused_by<T: std::error::Error + 'static>(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut at = Some(error);
+    while let Some(e) = at {
+        if e.is::<T>() {
+            return true;
+        }
+        at = e.source();
+    }
+    false
+}
+
+/// The whole of `body`, at most `limit` bytes, or why not. Under [`serve`] a body also ends at
+/// the listener's deadline ([`BodyFailure::TimedOut`]).
+pub async fn read_body(body: Body, limit: usize) -> Result<axum::body::Bytes, BodyFailure> {
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        if caused_by::<http_body_util::LengthLimitError>(&e) {
+            BodyFailure::TooLarge
+        } else if caused_by::<BodyTimedOut>(&e) {
+            BodyFailure::TimedOut
+        } else {
+            BodyFailure::Unreadable
+        }
+    })
+}
+
 /// The whole body of `request`, at most `limit` bytes, read within `deadline`: `Err` is the
 /// response to send instead — 413 with the JSON-RPC `too_large` error over the limit, 408
-/// `body_timeout` past the deadline (counted in `toolledger_http_body_timeouts_total`), 400
-/// `body_unreadable` when the connection failed.
+/// `body_timeout` past the deadline (or the listener's; counted in
+/// `toolledger_http_body_timeouts_total`), 400 `body_unreadable` when the connection failed.
 pub(crate) async fn read_body_within(
     body: Body,
     limit: usize,
     deadline: std::time::Duration,
 ) -> Result<axum::body::Bytes, Response> {
-    match tokio::time::timeout(deadline, axum::body::to_bytes(body, limit)).await {
-        Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(e)) => {
-            let too_large = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-            Err(if too_large {
-                jsonrpc_error(StatusCode::PAYLOAD_TOO_LARGE, &WireError::too_large())
-            } else {
-                json_error(
-                    StatusCode::BAD_REQUEST,
-                    "body_unreadable",
-                    "the request body could not be read",
-                )
-            })
+    let failure = match tokio::time::timeout(deadline, read_body(body, limit)).await {
+        Ok(Ok(bytes)) => return Ok(bytes),
+        Ok(Err(failure)) => failure,
+        Err(_) => BodyFailure::TimedOut,
+    };
+    Err(match failure {
+        BodyFailure::TooLarge => {
+            jsonrpc_error(StatusCode::PAYLOAD_TOO_LARGE, &WireError::too_large())
         }
-        Err(_) => {
+        BodyFailure::Unreadable => json_error(
+            StatusCode::BAD_REQUEST,
+            "body_unreadable",
+            "the request body could not be read",
+        ),
+        BodyFailure::TimedOut => {
             metrics::counter!("toolledger_http_body_timeouts_total").increment(1);
             let mut response = json_error(
                 StatusCode::REQUEST_TIMEOUT,
@@ -733,9 +915,9 @@ pub(crate) async fn read_body_within(
             response
                 .headers_mut()
                 .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
-            Err(response)
+            response
         }
-    }
+    })
 }
 
 #[cfg(test)]
