@@ -54,8 +54,8 @@ pub struct ResolveArgs {
     /// What you verified, as a JSON object (`{"message_id": "…"}`): lets a deferred
     /// operation whose downstream holds no receipt be resolved as `succeeded`, with this as
     /// its receipt; every retry is then told the effect happened, with this evidence.
-    #[arg(long, value_name = "JSON")]
-    pub evidence: Option<String>,
+    #[arg(long, value_name = "JSON", value_parser = common::json_object)]
+    pub evidence: Option<serde_json::Value>,
     /// Use this Unix time instead of the wall clock (tests).
     #[arg(long)]
     pub clock_epoch: Option<i64>,
@@ -75,19 +75,7 @@ pub fn run(args: ResolveArgs, store: StoreConfig) -> Result<Outcome, Failure> {
             outcome: args.outcome,
             reason: args.reason,
             operator: args.operator,
-            evidence: match &args.evidence {
-                None => None,
-                Some(text) => Some(
-                    toolledger::json::parse(text.as_bytes(), &toolledger::json::Limits::DEFAULT)
-                        .ok()
-                        .filter(serde_json::Value::is_object)
-                        .ok_or_else(|| {
-                            Failure::Refused(Error::invalid(
-                                "--evidence takes a JSON object (what you verified)",
-                            ))
-                        })?,
-                ),
-            },
+            evidence: args.evidence.clone(),
         };
         match settle(rt, &resolution).await {
             Ok(Answer::Done {

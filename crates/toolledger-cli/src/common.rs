@@ -275,8 +275,16 @@ impl StoreConfig {
                 Ok(open_postgres(url, self.backend_id.clone(), migrate)?)
             }
             Backend::Sqlite { path, synchronous } => {
-                if self.access == Access::Existing && !path.exists() {
-                    return Err(Failure::code("DATABASE_NOT_FOUND"));
+                if self.access == Access::Existing {
+                    match std::fs::metadata(path) {
+                        Err(_) => return Err(Failure::code("DATABASE_NOT_FOUND")),
+                        // An empty file is a ledger yet to be created: not for a command that
+                        // needs an existing one.
+                        Ok(m) if m.is_file() && m.len() == 0 => {
+                            return Err(Failure::code("NOT_A_LEDGER"))
+                        }
+                        Ok(_) => {}
+                    }
                 }
                 self.create_default_dir()?;
                 let opts = sqlite_options(self.backend_id.clone(), migrate, *synchronous)
@@ -365,6 +373,25 @@ pub fn random_hex(bytes: usize) -> Option<String> {
     let mut b = vec![0u8; bytes];
     getrandom::fill(&mut b).ok()?;
     Some(hex::encode(b))
+}
+
+/// The value parser of a JSON-valued flag (`call --args`, `approve --arguments`, `resolve
+/// --evidence`, …): the strict parser the ledger reads arguments with. A value that is not
+/// JSON is refused by the command-line parser, so it is a usage error like any other
+/// (`USAGE_ERROR`, exit 2, naming the flag), in every command alike.
+pub fn json_value(text: &str) -> Result<Value, String> {
+    toolledger::json::parse(text.as_bytes(), &toolledger::json::Limits::DEFAULT)
+        .map_err(|e| format!("not valid JSON ({})", e.message))
+}
+
+/// [`json_value`] for a flag that takes a JSON object.
+pub fn json_object(text: &str) -> Result<Value, String> {
+    let value = json_value(text)?;
+    if value.is_object() {
+        Ok(value)
+    } else {
+        Err("expected a JSON object".into())
+    }
 }
 
 /// Prints one JSON object on stdout.
