@@ -394,6 +394,15 @@ pub fn json_object(text: &str) -> Result<Value, String> {
     }
 }
 
+/// The value parser of a flag naming a JSON file (`resolve --output-schema FILE`): its JSON,
+/// read strictly. A file that cannot be read or holds no JSON is a usage error naming the
+/// flag, never the path.
+pub fn json_file(path: &str) -> Result<Value, String> {
+    let bytes = std::fs::read(path).map_err(|_| "the file cannot be read".to_string())?;
+    toolledger::json::parse(&bytes, &toolledger::json::Limits::DEFAULT)
+        .map_err(|e| format!("the file is not valid JSON ({})", e.message))
+}
+
 /// Prints one JSON object on stdout.
 pub fn print_json(value: &Value) {
     println!("{value}");

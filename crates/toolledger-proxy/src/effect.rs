@@ -32,7 +32,9 @@ use crate::upstream::{CallRoute, Upstream, UpstreamError};
 /// operation from others.
 pub const EFFECT_REVISION: &str = "proxy-forward-1";
 
-fn revision(value: &Value) -> String {
+/// The revision of a schema as a contract records it: the first 16 hex digits of the SHA-256
+/// of its canonical JSON (`null` for a tool without an output schema).
+pub fn revision(value: &Value) -> String {
     let text = toolledger::json::canonical_string(value).unwrap_or_else(|_| value.to_string());
     toolledger::digest::sha256_hex(text.as_bytes())[..16].to_string()
 }
