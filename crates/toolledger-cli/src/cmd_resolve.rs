@@ -26,7 +26,7 @@ use serde_json::json;
 use toolledger::clock::{ManualClock, SharedClock, SystemClock};
 use toolledger::runtime::{Answer, Resolution, ResolveAs, Runtime, RuntimeError};
 use toolledger::Error;
-use toolledger_cli::common::{self, RuntimeStoreArgs, StoreConfig};
+use toolledger_cli::common::{self, StoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
 
 use crate::cmd_dispatch::{block_on, runtime};
@@ -39,13 +39,13 @@ fn parse_as(s: &str) -> Result<ResolveAs, String> {
 #[derive(clap::Args, Debug)]
 pub struct ResolveArgs {
     #[command(flatten)]
-    pub store: RuntimeStoreArgs,
+    pub store: StoreArgs,
     /// The operation's opaque reference.
     #[arg(long)]
     pub status_ref: String,
     /// The outcome to record. Deferred: `succeeded` (needs the downstream's receipt, or
-    /// `--evidence`) or
-    /// `failed` (refused when the downstream holds a receipt). Inline: `applied` or `partial`.
+    /// `--evidence`) or `failed` (refused when the downstream holds a receipt). Inline:
+    /// `applied` or `partial`.
     #[arg(long = "as", value_parser = parse_as)]
     pub outcome: ResolveAs,
     /// Why; recorded in the operation's events.

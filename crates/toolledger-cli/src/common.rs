@@ -1,6 +1,7 @@
 //! Which ledger a command opens: the store flags every such command shares ([`StoreArgs`];
-//! with [`DownstreamArgs`] as [`RuntimeStoreArgs`] for the commands that reach the payments
-//! stand-in), resolved once by
+//! with [`DownstreamArgs`] as [`RuntimeStoreArgs`] for the reference demo's commands that
+//! reach the payments stand-in; the operator commands name no demo and take the stand-in's
+//! file from [`DOWNSTREAM_DB_ENV`] only), resolved once by
 //! [`resolve`] into a [`StoreConfig`] that the command opens; and printing one JSON object.
 //!
 //! The flags are checked in two steps. The command-line parser refuses what can be said about
@@ -52,14 +53,32 @@ pub struct StoreArgs {
     pub sqlite_synchronous: SyncMode,
 }
 
+/// The environment variable naming the payments stand-in's own SQLite file: the reference
+/// server's refunds demo keeps its receipts there. The demo's commands also take it as
+/// `--downstream-db`; the operator commands (`resolve`, `console`) name no demo and read only
+/// this variable, so they find the receipts wherever the demo keeps them.
+pub const DOWNSTREAM_DB_ENV: &str = "TOOLLEDGER_DOWNSTREAM_DB";
+
 /// Where the payments stand-in keeps its receipts (the commands of the deferred runtime).
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct DownstreamArgs {
     /// The payments stand-in's own SQLite file (default: `<db>.downstream.sqlite` beside the
     /// ledger file, also with `--database-url`, where `--db` names no ledger but still places
     /// this file).
-    #[arg(long)]
+    #[arg(long, env = DOWNSTREAM_DB_ENV)]
     pub downstream_db: Option<PathBuf>,
+}
+
+impl DownstreamArgs {
+    /// The stand-in's file as the environment names it ([`DOWNSTREAM_DB_ENV`]), for the
+    /// operator commands, which take no flag for it.
+    pub fn from_env() -> DownstreamArgs {
+        DownstreamArgs {
+            downstream_db: std::env::var_os(DOWNSTREAM_DB_ENV)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
+        }
+    }
 }
 
 /// The flags of the deferred runtime's commands: the ledger and the payments stand-in's file.
@@ -244,6 +263,13 @@ impl StoreArgs {
     /// [`resolve`] for a command without `--downstream-db`.
     pub fn resolve(&self, access: Access) -> Result<StoreConfig, Failure> {
         resolve(self, None, access)
+    }
+
+    /// [`resolve`] for an operator command that runs the deferred runtime (`resolve`,
+    /// `console`): the payments stand-in's file is the one [`DOWNSTREAM_DB_ENV`] names, else
+    /// the default beside the ledger.
+    pub fn resolve_operator(&self, access: Access) -> Result<StoreConfig, Failure> {
+        resolve(self, Some(&DownstreamArgs::from_env()), access)
     }
 }
 

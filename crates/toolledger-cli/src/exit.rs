@@ -328,7 +328,8 @@ pub fn hint(code: &str) -> Option<&'static str> {
              determined (no home directory); pass --db PATH or set TOOLLEDGER_DB"
         }
         "DOWNSTREAM_IO_ERROR" | "DOWNSTREAM_UNAVAILABLE" => {
-            "the payments stand-in's file could not be opened or created; check --downstream-db"
+            "the reference demo's payments stand-in file could not be opened or created; \
+             check --downstream-db (or TOOLLEDGER_DOWNSTREAM_DB)"
         }
         "FIXTURE_IO_ERROR" => "the fixture file could not be read; check --fixture",
         "FIXTURE_TOO_LARGE" => "the fixture is larger than 65,536 bytes",
