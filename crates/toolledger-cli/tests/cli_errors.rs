@@ -405,8 +405,22 @@ fn store_commands() -> Vec<Vec<&'static str>> {
         ],
         vec!["approve", "--fixture", "FIXTURE", "--approver", "bob"],
         vec!["dispatch", "--fixture", "FIXTURE"],
-        vec!["call", "set_interval", "--principal", "alice", "--args", "{}"],
-        vec!["call", "create_issue", "--principal", "alice", "--args", "{}"],
+        vec![
+            "call",
+            "set_interval",
+            "--principal",
+            "alice",
+            "--args",
+            "{}",
+        ],
+        vec![
+            "call",
+            "create_issue",
+            "--principal",
+            "alice",
+            "--args",
+            "{}",
+        ],
         vec!["serve", "--principal", "alice"],
         vec!["serve", "--http", "127.0.0.1:0"],
         vec!["console", "--http", "127.0.0.1:0"],
@@ -461,7 +475,11 @@ fn each_bad_store_gets_one_error_in_every_command() {
     let fixture = fixture.to_str().unwrap();
     let urls: &[(&str, &str, &[&str])] = &[
         ("postgres//hunter2@x/db", "DATABASE_URL_INVALID", &[]),
-        ("mysql://admin:hunter2@db.internal/ledger", "DATABASE_URL_INVALID", &[]),
+        (
+            "mysql://admin:hunter2@db.internal/ledger",
+            "DATABASE_URL_INVALID",
+            &[],
+        ),
         (
             "postgres://admin:hunter2@127.0.0.1:1/ledger",
             "DATABASE_UNREACHABLE",
@@ -529,7 +547,14 @@ fn a_json_flag_that_is_not_json_is_a_usage_error_in_every_command() {
     let op = "op_00000000000000000000000000000000";
     let cases: &[(&[&str], &str)] = &[
         (
-            &["call", "set_interval", "--principal", "alice", "--args", "{bad"],
+            &[
+                "call",
+                "set_interval",
+                "--principal",
+                "alice",
+                "--args",
+                "{bad",
+            ],
             "--args",
         ),
         (

@@ -618,7 +618,7 @@ fn story(db: Db, client: ClientKind, transport: Transport, lifecycle: Lifecycle)
     c.that(
         "refund.status_after_delivery",
         r["status_after"]["isError"] == false
-            && r["status_after"]["structured"]["state"] == "applied",
+            && r["status_after"]["structured"]["state"] == "succeeded",
         &r["status_after"],
         "state applied",
     );

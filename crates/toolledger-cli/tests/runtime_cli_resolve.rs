@@ -203,11 +203,24 @@ fn resolve_names_no_demo_and_finds_the_stand_in_where_the_demo_keeps_it() {
     ]);
     assert_eq!(crash.json()["code"], "OUTCOME_UNKNOWN", "{}", crash.stdout);
     let sr = crash.json()["status_ref"].as_str().unwrap().to_string();
-    assert!(payments.exists(), "the demo's stand-in is where the variable says");
+    assert!(
+        payments.exists(),
+        "the demo's stand-in is where the variable says"
+    );
     assert!(!d.downstream().exists(), "and not beside the ledger");
     assert_eq!(
-        run(&["principal", "add", "olga", "--tenant", "acme", "--role", "operator", "--db", d.db()])
-            .code,
+        run(&[
+            "principal",
+            "add",
+            "olga",
+            "--tenant",
+            "acme",
+            "--role",
+            "operator",
+            "--db",
+            d.db()
+        ])
+        .code,
         0
     );
     let later = (NOW + 1000).to_string();
@@ -233,9 +246,17 @@ fn resolve_names_no_demo_and_finds_the_stand_in_where_the_demo_keeps_it() {
     assert!(named.stderr.contains("USAGE_ERROR"), "{}", named.stderr);
     let failed = resolve("failed", &[]);
     assert_eq!(failed.code, 1, "{}", failed.stdout);
-    assert_eq!(failed.json()["code"], "OPERATION_CONFLICT", "{}", failed.stdout);
+    assert_eq!(
+        failed.json()["code"],
+        "OPERATION_CONFLICT",
+        "{}",
+        failed.stdout
+    );
     let ok = resolve("succeeded", &[]);
     assert_eq!(ok.code, 0, "{} {}", ok.stdout, ok.stderr);
     assert_eq!(ok.json()["delivery"], "receipt_reconciled");
-    assert!(!d.downstream().exists(), "no stand-in was made beside the ledger");
+    assert!(
+        !d.downstream().exists(),
+        "no stand-in was made beside the ledger"
+    );
 }

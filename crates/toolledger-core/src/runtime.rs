@@ -764,7 +764,12 @@ pub struct Runtime {
     config: RuntimeConfig,
     deadlines: Deadlines,
     hook: Option<PointHook>,
+    forwarder: &'static str,
 }
+
+/// Who holds the lease of a delivery [`Runtime::dispatch`] makes at once, by default: its
+/// lease owner is `dispatch-PID`.
+pub const DEFAULT_FORWARDER: &str = "dispatch";
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -791,7 +796,17 @@ impl Runtime {
             config: RuntimeConfig::default(),
             deadlines: Deadlines::default(),
             hook: None,
+            forwarder: DEFAULT_FORWARDER,
         }
+    }
+
+    /// Names who delivers what [`Runtime::dispatch`] accepts at once: the lease owner of that
+    /// delivery is `NAME-PID` (`proxy-4711` for the proxy's forward), as the operation's
+    /// `claimed` event, `operations show` and the logs (`owner`) say. Default
+    /// [`DEFAULT_FORWARDER`].
+    pub fn with_forwarder(mut self, name: &'static str) -> Self {
+        self.forwarder = name;
+        self
     }
 
     /// Replaces the tunables.

@@ -476,8 +476,9 @@ impl Slot {
         self.client = None;
         self.statements.clear();
         let password = self.config.get_password().map(<[u8]>::to_vec);
-        let unavailable =
-            |e: tokio_postgres::Error| StoreError::Unreachable(connect_error(&e, password.as_deref()));
+        let unavailable = |e: tokio_postgres::Error| {
+            StoreError::Unreachable(connect_error(&e, password.as_deref()))
+        };
         let client = match self.tls.clone() {
             None => {
                 let (client, connection) = self

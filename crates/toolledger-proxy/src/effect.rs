@@ -312,6 +312,8 @@ pub enum Captured {
 struct Forwarding {
     scope: CallScope,
     captured: std::cell::RefCell<Captured>,
+    /// Whether this call's dispatch forwarded (sent, or began to send, the call upstream).
+    sent: std::cell::Cell<bool>,
 }
 
 tokio::task_local! {
@@ -319,18 +321,24 @@ tokio::task_local! {
 }
 
 /// Runs `f` (a dispatch that may forward) for a client call described by `scope`, and returns
-/// what its own forward left besides the answer. Only the call whose forward it was sees it;
-/// a concurrent retry of the same operation does not.
-pub async fn forwarding<F: std::future::Future>(scope: CallScope, f: F) -> (F::Output, Captured) {
+/// what its own forward left besides the answer, and whether it forwarded at all (`false`:
+/// the answer came from the ledger alone). Only the call whose forward it was sees it; a
+/// concurrent retry of the same operation does not.
+pub async fn forwarding<F: std::future::Future>(
+    scope: CallScope,
+    f: F,
+) -> (F::Output, Captured, bool) {
     let forwarding = Forwarding {
         scope,
         captured: std::cell::RefCell::new(Captured::Nothing),
+        sent: std::cell::Cell::new(false),
     };
     FORWARD
         .scope(forwarding, async {
             let out = f.await;
-            let captured = FORWARD.with(|c| std::mem::take(&mut *c.captured.borrow_mut()));
-            (out, captured)
+            let (captured, sent) =
+                FORWARD.with(|c| (std::mem::take(&mut *c.captured.borrow_mut()), c.sent.get()));
+            (out, captured, sent)
         })
         .await
 }
@@ -556,7 +564,12 @@ impl Downstream for UpstreamEffect {
         Box::pin(async move {
             let key = upstream_key(scope, request);
             let mut params = self.params(&key, &request["arguments"]);
-            let call = FORWARD.try_with(|f| f.scope.clone()).unwrap_or_default();
+            let call = FORWARD
+                .try_with(|f| {
+                    f.sent.set(true);
+                    f.scope.clone()
+                })
+                .unwrap_or_default();
             if let Some(c) = &call.continuation {
                 params.input_responses = Some(c.input_responses.clone());
                 params.request_state = c.upstream_state.clone();

@@ -219,7 +219,8 @@ impl Proxy {
                         .with_deadlines(Deadlines {
                             authority_ttl: Some(p.authority_ttl_seconds),
                             retention_ttl: Some(p.retention_ttl_seconds),
-                        });
+                        })
+                        .with_forwarder("proxy");
                     if let Some(h) = &hook {
                         runtime = runtime.with_hook(h.clone());
                     }

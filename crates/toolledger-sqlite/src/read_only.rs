@@ -174,9 +174,8 @@ pub(crate) fn refuse_foreign(path: &Path) -> Result<(), StoreError> {
             })
     };
     let tables = count("SELECT count(*) FROM sqlite_schema WHERE type='table'")?;
-    let bookkeeping = count(
-        "SELECT count(*) FROM sqlite_schema WHERE type='table' AND name='store_metadata'",
-    )?;
+    let bookkeeping =
+        count("SELECT count(*) FROM sqlite_schema WHERE type='table' AND name='store_metadata'")?;
     if tables > 0 && bookkeeping == 0 {
         return Err(StoreError::NotALedger(
             "a database of another application".into(),
