@@ -24,7 +24,6 @@ use toolledger::approval::{self, Approval};
 use toolledger::authz;
 use toolledger::clock::{Clock, SystemClock};
 use toolledger::effect::EffectTx;
-use toolledger::json::{self, Limits};
 use toolledger::store::StoreError;
 use toolledger::Error;
 use toolledger_cli::common::{self, RuntimeStoreArgs, StoreConfig};
@@ -56,8 +55,8 @@ pub struct ApproveArgs {
     pub key: Option<String>,
     /// The call's arguments as JSON (for `refund_order`: `{"order_id":…,"amount_cents":…}`;
     /// for your own guarded tool that runs `Guarded::run_approved`: the intent it records).
-    #[arg(long)]
-    pub arguments: Option<String>,
+    #[arg(long, value_name = "JSON", value_parser = common::json_value)]
+    pub arguments: Option<serde_json::Value>,
     /// Approval id to issue (default: the fixture's `arguments.approval`, or a random id).
     #[arg(long)]
     pub approval_id: Option<String>,
@@ -142,8 +141,7 @@ pub fn run(args: ApproveArgs, store: StoreConfig) -> Result<Outcome, Failure> {
                      K --arguments JSON",
                 ));
             };
-            let arguments = json::parse(arguments.as_bytes(), &Limits::DEFAULT)
-                .map_err(|_| Failure::code("ARGUMENTS_INVALID_JSON"))?;
+            let arguments = arguments.clone();
             let id = match args.approval_id.clone() {
                 Some(id) => id,
                 None => approval::new_approval_id().map_err(Failure::Refused)?,

@@ -21,7 +21,6 @@ use serde_json::{json, Value};
 use toolledger::authz::PrincipalStore;
 use toolledger::clock::{ManualClock, SharedClock, SystemClock};
 use toolledger::engine::Engine;
-use toolledger::json::{parse, Limits};
 use toolledger::store::Store;
 use toolledger::Error;
 use toolledger_mcp::KeyError;
@@ -52,15 +51,15 @@ pub struct CallArgs {
     #[arg(long)]
     pub principal: String,
     /// Tool arguments as one JSON object.
-    #[arg(long)]
-    pub args: String,
+    #[arg(long, value_name = "JSON", value_parser = common::json_value)]
+    pub args: Value,
     /// The `requestState` of the previous round of a multi-round call (`create_issue`).
     #[arg(long, requires = "input_responses")]
     pub request_state: Option<String>,
     /// The input responses of this round, as one JSON object (for `create_issue`:
     /// `{"body":{"action":"accept","content":{"body":"…"}}}`).
-    #[arg(long)]
-    pub input_responses: Option<String>,
+    #[arg(long, value_name = "JSON", value_parser = common::json_object)]
+    pub input_responses: Option<Value>,
     /// Pin the clock to this Unix second (testing aid).
     #[arg(long)]
     pub clock_epoch: Option<i64>,
@@ -84,31 +83,10 @@ fn tool_error(e: &Error) -> Outcome {
 
 /// Runs `toolledger call` on the ledger `store` resolves to.
 pub fn run(args: CallArgs, config: &StoreConfig) -> Result<Outcome, Failure> {
-    let tool_args = match parse(args.args.as_bytes(), &Limits::DEFAULT) {
-        Ok(v) => v,
-        Err(e) => {
-            return Ok(tool_error(&Error::invalid(format!(
-                "--args: {}",
-                e.message
-            ))))
-        }
-    };
+    let tool_args = args.args.clone();
     let input_responses = match &args.input_responses {
-        None => None,
-        Some(text) => match parse(text.as_bytes(), &Limits::DEFAULT) {
-            Ok(Value::Object(m)) => Some(m.into_iter().collect::<BTreeMap<_, _>>()),
-            Ok(_) => {
-                return Ok(tool_error(&Error::invalid(
-                    "--input-responses must be a JSON object",
-                )))
-            }
-            Err(e) => {
-                return Ok(tool_error(&Error::invalid(format!(
-                    "--input-responses: {}",
-                    e.message
-                ))))
-            }
-        },
+        Some(Value::Object(m)) => Some(m.clone().into_iter().collect::<BTreeMap<_, _>>()),
+        _ => None,
     };
     if !TOOLS.contains(&args.tool.as_str()) {
         return Ok(tool_error(&Error::invalid(format!(

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use toolledger::authz::PrincipalStore;
 use toolledger::clock::{ManualClock, SharedClock, SystemClock};
 use toolledger::runtime::{Resolution, Runtime};
-use toolledger_cli::common::{RuntimeStoreArgs, StoreConfig};
+use toolledger_cli::common::{StoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
 use toolledger_cli::telemetry::{init_logs, LogFormat};
 use toolledger_console::{Console, Evidence, Held, Resolver};
@@ -26,7 +26,7 @@ use crate::cmd_serve::{health_routes, listen, AllowedHostArgs};
 #[derive(clap::Args, Debug, Clone)]
 pub struct ConsoleArgs {
     #[command(flatten)]
-    pub store: RuntimeStoreArgs,
+    pub store: StoreArgs,
     /// Serve the console at `http://ADDR/console`.
     #[arg(long, value_name = "ADDR")]
     pub http: SocketAddr,

@@ -8,7 +8,10 @@
 //!   a receipt, `--as failed` is refused and `--as succeeded` reconciles it (transaction C);
 //!   without one, `--as succeeded` needs `--evidence JSON` (what the operator verified,
 //!   recorded as the receipt with operator and reason) and `--as failed` stores the failure
-//!   result `{code: "resolved_failed", message}`.
+//!   result `{code: "resolved_failed", message}`. For an operation the proxy recorded,
+//!   `--result JSON` adds the tool's result, checked against the output schema the tool
+//!   declared when the call was accepted (`--output-schema FILE`, verified against the
+//!   recorded revision): every retry through the proxy is then a success with that result.
 //! - An inline operation stuck `in_progress` (unchanged for the in-progress expiry, 300 s)
 //!   resolves as `applied` or `partial`, with its first step's result; a `partial` one may be
 //!   resolved as `applied` once its remaining steps were done by hand.
@@ -23,7 +26,7 @@ use serde_json::json;
 use toolledger::clock::{ManualClock, SharedClock, SystemClock};
 use toolledger::runtime::{Answer, Resolution, ResolveAs, Runtime, RuntimeError};
 use toolledger::Error;
-use toolledger_cli::common::{self, RuntimeStoreArgs, StoreConfig};
+use toolledger_cli::common::{self, StoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
 
 use crate::cmd_dispatch::{block_on, runtime};
@@ -36,13 +39,13 @@ fn parse_as(s: &str) -> Result<ResolveAs, String> {
 #[derive(clap::Args, Debug)]
 pub struct ResolveArgs {
     #[command(flatten)]
-    pub store: RuntimeStoreArgs,
+    pub store: StoreArgs,
     /// The operation's opaque reference.
     #[arg(long)]
     pub status_ref: String,
     /// The outcome to record. Deferred: `succeeded` (needs the downstream's receipt, or
-    /// `--evidence`) or
-    /// `failed` (refused when the downstream holds a receipt). Inline: `applied` or `partial`.
+    /// `--evidence`) or `failed` (refused when the downstream holds a receipt). Inline:
+    /// `applied` or `partial`.
     #[arg(long = "as", value_parser = parse_as)]
     pub outcome: ResolveAs,
     /// Why; recorded in the operation's events.
@@ -54,8 +57,20 @@ pub struct ResolveArgs {
     /// What you verified, as a JSON object (`{"message_id": "…"}`): lets a deferred
     /// operation whose downstream holds no receipt be resolved as `succeeded`, with this as
     /// its receipt; every retry is then told the effect happened, with this evidence.
-    #[arg(long, value_name = "JSON")]
-    pub evidence: Option<String>,
+    #[arg(long, value_name = "JSON", value_parser = common::json_object)]
+    pub evidence: Option<serde_json::Value>,
+    /// With `--as succeeded --evidence`, for an operation `toolledger proxy` recorded: the
+    /// tool's result, as a JSON object, which every retry then receives as a success (for a
+    /// tool with an output schema, the only success its clients accept). Refused, changing
+    /// nothing, when it does not conform to the tool's output schema.
+    #[arg(long, value_name = "JSON", value_parser = common::json_value, requires = "evidence")]
+    pub result: Option<serde_json::Value>,
+    /// The output schema `--result` is checked against: the tool's `outputSchema` as the
+    /// upstream lists it (`tools/list`), in a JSON file. It must be the schema the tool
+    /// declared when the call was accepted (the ledger recorded its revision). Needed when the
+    /// tool declared one.
+    #[arg(long, value_name = "FILE", value_parser = common::json_file, requires = "result")]
+    pub output_schema: Option<serde_json::Value>,
     /// Use this Unix time instead of the wall clock (tests).
     #[arg(long)]
     pub clock_epoch: Option<i64>,
@@ -75,21 +90,13 @@ pub fn run(args: ResolveArgs, store: StoreConfig) -> Result<Outcome, Failure> {
             outcome: args.outcome,
             reason: args.reason,
             operator: args.operator,
-            evidence: match &args.evidence {
-                None => None,
-                Some(text) => Some(
-                    toolledger::json::parse(text.as_bytes(), &toolledger::json::Limits::DEFAULT)
-                        .ok()
-                        .filter(serde_json::Value::is_object)
-                        .ok_or_else(|| {
-                            Failure::Refused(Error::invalid(
-                                "--evidence takes a JSON object (what you verified)",
-                            ))
-                        })?,
-                ),
-            },
+            evidence: args.evidence.clone(),
         };
-        match settle(rt, &resolution).await {
+        let confirmed = args.result.as_ref().map(|result| ConfirmedResult {
+            result: result.clone(),
+            output_schema: args.output_schema.clone(),
+        });
+        match settle_confirmed(rt, &resolution, confirmed.as_ref()).await {
             Ok(Answer::Done {
                 status_ref,
                 state,
@@ -121,18 +128,54 @@ pub fn run(args: ResolveArgs, store: StoreConfig) -> Result<Outcome, Failure> {
     })
 }
 
+/// The tool's result an operator gives with a confirmed success (`--result`), and the output
+/// schema it is checked against (`--output-schema`).
+pub(crate) struct ConfirmedResult {
+    /// The result, as given.
+    pub result: serde_json::Value,
+    /// The tool's output schema, as given.
+    pub output_schema: Option<serde_json::Value>,
+}
+
 /// Settles `resolution` with `rt`: the one resolution code path of `toolledger resolve` and
 /// the console. An operation the proxy recorded whose tool `rt` does not know is settled
 /// offline (its tool registered from the operation's own record, without the upstream).
 pub(crate) async fn settle(rt: Runtime, resolution: &Resolution) -> Result<Answer, RuntimeError> {
+    settle_confirmed(rt, resolution, None).await
+}
+
+/// [`settle`], with the tool's result an operator gives with a confirmed success: checked
+/// against the schema the tool declared when the call was accepted and stored with the
+/// confirmation, so every retry is a success carrying it. Only for a success an operator
+/// confirms (`succeeded` with evidence) of an operation the proxy recorded, settled offline;
+/// anything else with a result is refused (`invalid_arguments`) and nothing changes.
+pub(crate) async fn settle_confirmed(
+    rt: Runtime,
+    resolution: &Resolution,
+    confirmed: Option<&ConfirmedResult>,
+) -> Result<Answer, RuntimeError> {
     let mut rt = rt;
+    let refuse = |message: &str| Err(RuntimeError::Refused(Error::invalid(message)));
+    if confirmed.is_some() && resolution.outcome != ResolveAs::Succeeded {
+        return refuse("--result goes with --as succeeded");
+    }
     if let Ok(Some(record)) = rt.inspect(&resolution.status_ref).await {
         if toolledger_proxy::offline::is_proxied(&record)
             && rt.registry().tool(&record.scope.tool).is_none()
         {
-            let (tool, downstream) = toolledger_proxy::offline::tool_for(&record);
+            let mapped = match confirmed {
+                Some(c) => Some(toolledger_proxy::offline::checked_result(
+                    &record,
+                    &c.result,
+                    c.output_schema.as_ref(),
+                )?),
+                None => None,
+            };
+            let (tool, downstream) = toolledger_proxy::offline::tool_confirming(&record, mapped);
             let registry = rt.registry().clone().register(tool, downstream);
             rt = Runtime::new(rt.store().clone(), rt.clock().clone(), registry);
+        } else if confirmed.is_some() {
+            return refuse("--result applies to an operation `toolledger proxy` recorded");
         }
     }
     rt.resolve(resolution).await

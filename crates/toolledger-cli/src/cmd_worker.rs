@@ -91,8 +91,8 @@ fn report(owner: &str, event_id: Option<i64>, e: &RuntimeError) {
         RuntimeError::Refused(err) => (err.code.as_str().to_string(), err.message.clone()),
         RuntimeError::Store(s) => (
             s.cli_code().to_string(),
-            exit::hint(s.cli_code())
-                .map(str::to_string)
+            exit::store_message(s)
+                .or_else(|| exit::hint(s.cli_code()).map(str::to_string))
                 .unwrap_or_else(|| s.caller_error().message),
         ),
         RuntimeError::Fenced(f) => ("fenced".to_string(), f.to_string()),

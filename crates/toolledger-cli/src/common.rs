@@ -1,6 +1,7 @@
 //! Which ledger a command opens: the store flags every such command shares ([`StoreArgs`];
-//! with [`DownstreamArgs`] as [`RuntimeStoreArgs`] for the commands that reach the payments
-//! stand-in), resolved once by
+//! with [`DownstreamArgs`] as [`RuntimeStoreArgs`] for the reference demo's commands that
+//! reach the payments stand-in; the operator commands name no demo and take the stand-in's
+//! file from [`DOWNSTREAM_DB_ENV`] only), resolved once by
 //! [`resolve`] into a [`StoreConfig`] that the command opens; and printing one JSON object.
 //!
 //! The flags are checked in two steps. The command-line parser refuses what can be said about
@@ -52,14 +53,32 @@ pub struct StoreArgs {
     pub sqlite_synchronous: SyncMode,
 }
 
+/// The environment variable naming the payments stand-in's own SQLite file: the reference
+/// server's refunds demo keeps its receipts there. The demo's commands also take it as
+/// `--downstream-db`; the operator commands (`resolve`, `console`) name no demo and read only
+/// this variable, so they find the receipts wherever the demo keeps them.
+pub const DOWNSTREAM_DB_ENV: &str = "TOOLLEDGER_DOWNSTREAM_DB";
+
 /// Where the payments stand-in keeps its receipts (the commands of the deferred runtime).
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct DownstreamArgs {
     /// The payments stand-in's own SQLite file (default: `<db>.downstream.sqlite` beside the
     /// ledger file, also with `--database-url`, where `--db` names no ledger but still places
     /// this file).
-    #[arg(long)]
+    #[arg(long, env = DOWNSTREAM_DB_ENV)]
     pub downstream_db: Option<PathBuf>,
+}
+
+impl DownstreamArgs {
+    /// The stand-in's file as the environment names it ([`DOWNSTREAM_DB_ENV`]), for the
+    /// operator commands, which take no flag for it.
+    pub fn from_env() -> DownstreamArgs {
+        DownstreamArgs {
+            downstream_db: std::env::var_os(DOWNSTREAM_DB_ENV)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
+        }
+    }
 }
 
 /// The flags of the deferred runtime's commands: the ledger and the payments stand-in's file.
@@ -245,6 +264,13 @@ impl StoreArgs {
     pub fn resolve(&self, access: Access) -> Result<StoreConfig, Failure> {
         resolve(self, None, access)
     }
+
+    /// [`resolve`] for an operator command that runs the deferred runtime (`resolve`,
+    /// `console`): the payments stand-in's file is the one [`DOWNSTREAM_DB_ENV`] names, else
+    /// the default beside the ledger.
+    pub fn resolve_operator(&self, access: Access) -> Result<StoreConfig, Failure> {
+        resolve(self, Some(&DownstreamArgs::from_env()), access)
+    }
 }
 
 impl StoreConfig {
@@ -275,8 +301,16 @@ impl StoreConfig {
                 Ok(open_postgres(url, self.backend_id.clone(), migrate)?)
             }
             Backend::Sqlite { path, synchronous } => {
-                if self.access == Access::Existing && !path.exists() {
-                    return Err(Failure::code("DATABASE_NOT_FOUND"));
+                if self.access == Access::Existing {
+                    match std::fs::metadata(path) {
+                        Err(_) => return Err(Failure::code("DATABASE_NOT_FOUND")),
+                        // An empty file is a ledger yet to be created: not for a command that
+                        // needs an existing one.
+                        Ok(m) if m.is_file() && m.len() == 0 => {
+                            return Err(Failure::code("NOT_A_LEDGER"))
+                        }
+                        Ok(_) => {}
+                    }
                 }
                 self.create_default_dir()?;
                 let opts = sqlite_options(self.backend_id.clone(), migrate, *synchronous)
@@ -365,6 +399,34 @@ pub fn random_hex(bytes: usize) -> Option<String> {
     let mut b = vec![0u8; bytes];
     getrandom::fill(&mut b).ok()?;
     Some(hex::encode(b))
+}
+
+/// The value parser of a JSON-valued flag (`call --args`, `approve --arguments`, `resolve
+/// --evidence`, …): the strict parser the ledger reads arguments with. A value that is not
+/// JSON is refused by the command-line parser, so it is a usage error like any other
+/// (`USAGE_ERROR`, exit 2, naming the flag), in every command alike.
+pub fn json_value(text: &str) -> Result<Value, String> {
+    toolledger::json::parse(text.as_bytes(), &toolledger::json::Limits::DEFAULT)
+        .map_err(|e| format!("not valid JSON ({})", e.message))
+}
+
+/// [`json_value`] for a flag that takes a JSON object.
+pub fn json_object(text: &str) -> Result<Value, String> {
+    let value = json_value(text)?;
+    if value.is_object() {
+        Ok(value)
+    } else {
+        Err("expected a JSON object".into())
+    }
+}
+
+/// The value parser of a flag naming a JSON file (`resolve --output-schema FILE`): its JSON,
+/// read strictly. A file that cannot be read or holds no JSON is a usage error naming the
+/// flag, never the path.
+pub fn json_file(path: &str) -> Result<Value, String> {
+    let bytes = std::fs::read(path).map_err(|_| "the file cannot be read".to_string())?;
+    toolledger::json::parse(&bytes, &toolledger::json::Limits::DEFAULT)
+        .map_err(|e| format!("the file is not valid JSON ({})", e.message))
 }
 
 /// Prints one JSON object on stdout.

@@ -70,7 +70,29 @@ impl Failure {
 
 impl From<StoreError> for Failure {
     fn from(e: StoreError) -> Failure {
-        Failure::code(e.cli_code())
+        match store_message(&e) {
+            Some(message) => Failure::explained(e.cli_code(), message),
+            None => Failure::code(e.cli_code()),
+        }
+    }
+}
+
+/// The message of a store failure whose code needs its own words: what was wrong with the
+/// database URL, or the connection error (never the URL or its password: the store's reason
+/// is its own words, or the server's with the password removed). `None` for the codes whose
+/// [`hint`] says it all.
+pub fn store_message(e: &StoreError) -> Option<String> {
+    match e {
+        StoreError::UrlInvalid(reason) => Some(format!(
+            "--database-url (or TOOLLEDGER_DATABASE_URL) is not a usable PostgreSQL URL: \
+             {reason}; write it as postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE"
+        )),
+        StoreError::Unreachable(reason) => Some(format!(
+            "cannot connect to the database --database-url (or TOOLLEDGER_DATABASE_URL) \
+             names: {reason}; check the host, port, user and database, and that the server \
+             is running"
+        )),
+        _ => None,
     }
 }
 
@@ -258,8 +280,9 @@ pub fn hint(code: &str) -> Option<&'static str> {
             "this build's own migration list is malformed; it cannot open any database"
         }
         "NOT_A_LEDGER" => {
-            "this is not a toolledger ledger (an empty file, not SQLite, or another \
-             application's database); check --db or --database-url; nothing was changed"
+            "this is not a toolledger ledger (not SQLite, another application's database, or \
+             for a command that needs an existing ledger an empty file); check --db or \
+             --database-url; nothing was changed"
         }
         "UNKNOWN_STATE" => {
             "--state takes a ledger state: in_progress, applied, partial, accepted, processing, \
@@ -269,8 +292,16 @@ pub fn hint(code: &str) -> Option<&'static str> {
             "several principals hold this key for the tool; add --tenant and --subject"
         }
         "DATABASE_CORRUPT" => {
-            "this is not a toolledger database, or it is damaged; check --db, or restore the \
-             database from a backup"
+            "the ledger is damaged (the database reports corruption, or its recorded \
+             migrations have a gap); restore it from a backup"
+        }
+        "DATABASE_URL_INVALID" => {
+            "--database-url is not a usable PostgreSQL URL; write it as \
+             postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE"
+        }
+        "DATABASE_UNREACHABLE" => {
+            "cannot connect to the database --database-url names; check the host, port, user \
+             and database, and that the server is running"
         }
         "PERSISTENCE_CONTRACT_ERROR" => {
             "stored data violates the storage contract; `toolledger audit` names the rows"
@@ -297,7 +328,8 @@ pub fn hint(code: &str) -> Option<&'static str> {
              determined (no home directory); pass --db PATH or set TOOLLEDGER_DB"
         }
         "DOWNSTREAM_IO_ERROR" | "DOWNSTREAM_UNAVAILABLE" => {
-            "the payments stand-in's file could not be opened or created; check --downstream-db"
+            "the reference demo's payments stand-in file could not be opened or created; \
+             check --downstream-db (or TOOLLEDGER_DOWNSTREAM_DB)"
         }
         "FIXTURE_IO_ERROR" => "the fixture file could not be read; check --fixture",
         "FIXTURE_TOO_LARGE" => "the fixture is larger than 65,536 bytes",
@@ -311,7 +343,6 @@ pub fn hint(code: &str) -> Option<&'static str> {
              missing, unknown or of the wrong type"
         }
         "USAGE_ERROR" => "the command line is not valid; see `toolledger --help`",
-        "ARGUMENTS_INVALID_JSON" => "--arguments is not valid JSON",
         "PRINCIPAL_REQUIRED" => {
             "`serve` on stdio acts for one principal: pass --principal NAME (or use --http, \
              where each caller presents a bearer token)"

@@ -201,7 +201,7 @@ fn run_command(cli: Cli, opened: &mut Option<StoreConfig>) -> Result<Outcome, Fa
             cmd_status::run(args, store)
         }
         Command::Resolve(args) => {
-            let store = remember(opened, args.store.resolve(Access::Existing)?);
+            let store = remember(opened, args.store.resolve_operator(Access::Existing)?);
             cmd_resolve::run(args, store)
         }
         Command::Operations { cmd } => {
@@ -235,7 +235,7 @@ fn run_command(cli: Cli, opened: &mut Option<StoreConfig>) -> Result<Outcome, Fa
             cmd_serve::run(args, store)
         }
         Command::Console(args) => {
-            let store = remember(opened, args.store.resolve(Access::Existing)?);
+            let store = remember(opened, args.store.resolve_operator(Access::Existing)?);
             cmd_console::run(args, store)
         }
         Command::Proxy(args) => {

@@ -189,7 +189,7 @@ fn tool_errors_are_one_json_object_with_exit_1_and_write_nothing() {
         assert_eq!(out["error"]["code"], "invalid_arguments", "{out}");
         assert!(out["error"]["message"].is_string());
     }
-    // Malformed JSON in --args.
+    // Malformed JSON in --args is a command-line failure: exit 2, on stderr.
     let out = Command::new(BIN)
         .args(["call", "set_interval", "--principal", "alice"])
         .args([
@@ -200,9 +200,10 @@ fn tool_errors_are_one_json_object_with_exit_1_and_write_nothing() {
         .arg(&w.path)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["error"]["code"], "invalid_arguments");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    let v: Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(v["error"]["code"], "USAGE_ERROR");
     // A missing required option is a usage error (exit 2), not a tool call.
     let out = Command::new(BIN)
         .args(["call", "set_interval", "--args", "{}", "--db"])

@@ -136,7 +136,7 @@ fn the_proxy_demo_counts_two_charges_without_the_proxy_and_one_with_it() {
     let first = &v["with_proxy"]["first_answer"];
     assert_eq!(first["outcome"], "outcome_unknown", "{v}");
     assert_eq!(v["with_proxy"]["retry_answer"], *first, "{v}");
-    assert_eq!(v["with_proxy"]["status"]["state"], "applied", "{v}");
+    assert_eq!(v["with_proxy"]["status"]["state"], "succeeded", "{v}");
     assert_eq!(v["with_proxy"]["replay"]["replayed"], true, "{v}");
     let checks = v["checks"].as_object().unwrap();
     assert!(checks.len() >= 5);
@@ -149,7 +149,7 @@ fn the_proxy_demo_counts_two_charges_without_the_proxy_and_one_with_it() {
     for (label, content) in [
         ("without the proxy:", "2 charges"),
         ("with the proxy:", "outcome unknown"),
-        ("status:", "applied"),
+        ("status:", "succeeded"),
         ("replay:", "replayed: true"),
         ("charges:", "1 with the proxy, 2 without"),
     ] {

@@ -359,3 +359,271 @@ fn approve_without_a_fixture_needs_an_existing_ledger() {
     assert_eq!(exit_2(&r).0, "DATABASE_NOT_FOUND");
     assert!(!d.db.exists(), "no ledger is created");
 }
+
+/// Every command that opens the ledger, with the flags it needs besides the store's.
+/// `REF` and `FIXTURE` are filled in per run; the store flags come last, except for `proxy`,
+/// whose upstream command follows them.
+fn store_commands() -> Vec<Vec<&'static str>> {
+    const REF: &str = "op_00000000000000000000000000000000";
+    vec![
+        vec!["migrate"],
+        vec!["audit"],
+        vec!["operations", "list"],
+        vec!["operations", "show", REF],
+        vec!["status", "--status-ref", REF],
+        vec!["status", "--status-ref", REF, "--fixture", "FIXTURE"],
+        vec![
+            "resolve",
+            "--status-ref",
+            REF,
+            "--as",
+            "failed",
+            "--reason",
+            "r",
+            "--operator",
+            "olga",
+        ],
+        vec!["worker", "--once"],
+        vec!["prune"],
+        vec!["prune", "--dry-run"],
+        vec!["principal", "list"],
+        vec!["principal", "add", "alice", "--tenant", "t"],
+        vec!["principal", "revoke", "alice", "--all"],
+        vec!["principal", "token", "list", "alice"],
+        vec![
+            "approve",
+            "--approver",
+            "bob",
+            "--tool",
+            "refund_order",
+            "--requester",
+            "alice",
+            "--key",
+            "k-1",
+            "--arguments",
+            "{}",
+        ],
+        vec!["approve", "--fixture", "FIXTURE", "--approver", "bob"],
+        vec!["dispatch", "--fixture", "FIXTURE"],
+        vec![
+            "call",
+            "set_interval",
+            "--principal",
+            "alice",
+            "--args",
+            "{}",
+        ],
+        vec![
+            "call",
+            "create_issue",
+            "--principal",
+            "alice",
+            "--args",
+            "{}",
+        ],
+        vec!["serve", "--principal", "alice"],
+        vec!["serve", "--http", "127.0.0.1:0"],
+        vec!["console", "--http", "127.0.0.1:0"],
+        vec!["proxy", "--", "true"],
+    ]
+}
+
+/// `command` with the store flags `store` (before a `--`), the fixture path filled in.
+fn with_store(command: &[&str], store: &[&str], fixture: &str) -> Vec<String> {
+    let split = command
+        .iter()
+        .position(|a| *a == "--")
+        .unwrap_or(command.len());
+    let fill = |a: &&str| {
+        if *a == "FIXTURE" {
+            fixture.to_string()
+        } else {
+            a.to_string()
+        }
+    };
+    let mut args: Vec<String> = command[..split].iter().map(fill).collect();
+    args.extend(store.iter().map(|s| s.to_string()));
+    args.extend(command[split..].iter().map(fill));
+    args
+}
+
+/// Every file in `dir` with its SHA-256: what a refused command must leave as it was.
+fn dir_state(dir: &std::path::Path) -> Vec<(String, String)> {
+    let mut files: Vec<(String, String)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .map(|p| {
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                file_hash(&p),
+            )
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// One error per cause, the same in every command: a malformed `--database-url` is
+/// `DATABASE_URL_INVALID`; a server that cannot be reached is `DATABASE_UNREACHABLE`, naming
+/// the connection error without the URL's password; a file that is not a ledger (not SQLite,
+/// plain text, another application's SQLite database) is `NOT_A_LEDGER`, and the file and its
+/// directory are left exactly as they were.
+#[test]
+fn each_bad_store_gets_one_error_in_every_command() {
+    let fixture = example("refund-order.json");
+    let fixture = fixture.to_str().unwrap();
+    let urls: &[(&str, &str, &[&str])] = &[
+        ("postgres//hunter2@x/db", "DATABASE_URL_INVALID", &[]),
+        (
+            "mysql://admin:hunter2@db.internal/ledger",
+            "DATABASE_URL_INVALID",
+            &[],
+        ),
+        (
+            "postgres://admin:hunter2@127.0.0.1:1/ledger",
+            "DATABASE_UNREACHABLE",
+            &["refused"],
+        ),
+    ];
+    for command in store_commands() {
+        for (url, want, names) in urls {
+            let args = with_store(&command, &["--database-url", url], fixture);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let r = run(&args);
+            let (code, message) = exit_2(&r);
+            assert_eq!(code, *want, "{command:?} with {url}: {message}");
+            for name in *names {
+                assert!(
+                    message.to_lowercase().contains(name),
+                    "{command:?} with {url}: {message}"
+                );
+            }
+            for private in ["hunter2", "db.internal", "127.0.0.1:1"] {
+                assert!(!r.stderr.contains(private), "{command:?}: {}", r.stderr);
+            }
+        }
+    }
+
+    let foreign = |path: &std::path::Path| {
+        let c = rusqlite::Connection::open(path).unwrap();
+        c.execute_batch("CREATE TABLE notes(body TEXT); INSERT INTO notes VALUES ('mine');")
+            .unwrap();
+    };
+    type Make = fn(&std::path::Path);
+    let files: &[(&str, Make)] = &[
+        ("bytes", |p| std::fs::write(p, vec![0x42u8; 8192]).unwrap()),
+        ("text", |p| std::fs::write(p, "not a database\n").unwrap()),
+        ("foreign", foreign),
+    ];
+    for command in store_commands() {
+        for (what, make) in files {
+            let dir = tempfile::tempdir().unwrap();
+            let db = dir.path().join("ledger.sqlite");
+            make(&db);
+            let before = dir_state(dir.path());
+            let args = with_store(&command, &["--db", db.to_str().unwrap()], fixture);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let r = run(&args);
+            let (code, message) = exit_2(&r);
+            assert_eq!(code, "NOT_A_LEDGER", "{command:?} on {what}: {message}");
+            assert!(!r.stderr.contains(dir.path().to_str().unwrap()));
+            assert_eq!(
+                dir_state(dir.path()),
+                before,
+                "{command:?} on {what} changed the directory"
+            );
+        }
+    }
+}
+
+/// A JSON-valued flag whose value is not JSON is a usage error in every command (exit 2, one
+/// JSON line on stderr naming the flag, nothing on stdout), and the ledger is left as it was.
+#[test]
+fn a_json_flag_that_is_not_json_is_a_usage_error_in_every_command() {
+    let d = Db::new();
+    assert_eq!(d.run("migrate", &[]).code, 0);
+    let before = file_hash(&d.db);
+    let op = "op_00000000000000000000000000000000";
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &[
+                "call",
+                "set_interval",
+                "--principal",
+                "alice",
+                "--args",
+                "{bad",
+            ],
+            "--args",
+        ),
+        (
+            &[
+                "call",
+                "set_interval",
+                "--principal",
+                "alice",
+                "--args",
+                r#"{"request_id":"a","request_id":"b"}"#,
+            ],
+            "--args",
+        ),
+        (
+            &[
+                "call",
+                "create_issue",
+                "--principal",
+                "alice",
+                "--args",
+                "{}",
+                "--request-state",
+                "s",
+                "--input-responses",
+                "[1",
+            ],
+            "--input-responses",
+        ),
+        (
+            &[
+                "approve",
+                "--approver",
+                "bob",
+                "--tool",
+                "refund_order",
+                "--requester",
+                "alice",
+                "--key",
+                "k-1",
+                "--arguments",
+                "{not json",
+            ],
+            "--arguments",
+        ),
+        (
+            &[
+                "resolve",
+                "--status-ref",
+                op,
+                "--as",
+                "succeeded",
+                "--reason",
+                "r",
+                "--operator",
+                "olga",
+                "--evidence",
+                "{not json",
+            ],
+            "--evidence",
+        ),
+    ];
+    for (args, flag) in cases {
+        let mut args = args.to_vec();
+        args.extend(["--db", d.db()]);
+        let r = run(&args);
+        let (code, message) = exit_2(&r);
+        assert_eq!(code, "USAGE_ERROR", "{args:?}: {message}");
+        assert!(message.contains(flag), "{args:?}: {message}");
+        assert!(message.contains("not valid JSON"), "{args:?}: {message}");
+        assert_eq!(file_hash(&d.db), before, "{args:?} changed the ledger");
+    }
+}

@@ -37,7 +37,8 @@ fn an_approved_refund_is_delivered_once_and_replayed_by_key(db: Db) {
 
     // The status tool answers for the deferred tool too: the receipt was reconciled.
     let st = s.status("refund-1");
-    assert_eq!(st["state"], "applied", "{st}");
+    assert_eq!(st["state"], "succeeded", "{st}");
+    assert_eq!(st["ledgerState"], "succeeded", "{st}");
     assert_eq!(st["authoritative"], true);
     assert_eq!(st["tool"], "refund_order");
     assert_eq!(st["ledgerState"], "succeeded");

@@ -269,8 +269,9 @@ fn a_retry_replays_the_upstream_answer(db: Db) {
         assert_eq!(ledger_meta(&again)["replayed"], true, "{again}");
         assert_eq!(content(&again), content(&first));
     }
-    // A new proxy process replays it too.
-    drop(p);
+    // A new proxy process replays it too. (The first one stops as a client stops it: its
+    // stdin closed, it writes its last log lines.)
+    p.finish();
     let mut p = w.start(&[], 0);
     let again = p.call("charge", charge("op-1", 500));
     assert_eq!(content(&again), content(&first));
@@ -285,6 +286,19 @@ fn a_retry_replays_the_upstream_answer(db: Db) {
     // A guarded call without an operation id is refused before anything is recorded.
     let missing = p.call("charge", json!({"customer": "c-1", "amount_cents": 5}));
     assert_eq!(error_of(&missing)["code"], "invalid_arguments");
+    // The log says what happened in the ledger's words: the proxy's forward settled the
+    // operation (no worker runs here), under the proxy's lease. (Stopped by closing its
+    // stdin, so it writes its last log lines.)
+    p.finish();
+    let log = std::fs::read_to_string(w.log()).unwrap();
+    assert!(!log.contains("toolledger::worker"), "{log}");
+    assert!(!log.contains("reconciled"), "{log}");
+    let settled = log
+        .lines()
+        .find(|l| l.contains("succeeded: the downstream's receipt is recorded"))
+        .unwrap_or_else(|| panic!("no settle line: {log}"));
+    assert!(settled.contains("toolledger::delivery"), "{settled}");
+    assert!(settled.contains("owner=proxy-"), "{settled}");
     assert_eq!(support::wire::count(&w.db, "operations"), 1);
 }
 
@@ -418,7 +432,7 @@ fn a_lost_upstream_answer_is_unknown_until_reconciled(db: Db) {
     assert!(listed.contains(&status_ref), "{listed}");
     // The status query runs the reconcile lookup (on a restarted upstream) and records it.
     let status = p.status("op-lost");
-    assert_eq!(status["state"], "applied", "{status}");
+    assert_eq!(status["state"], "succeeded", "{status}");
     assert_eq!(status["authoritative"], true);
     assert_eq!(status["ledgerState"], "succeeded");
     // The operator sees the lookup's answer on the timeline, before the reconciled receipt.
@@ -567,7 +581,17 @@ fn a_timeout_is_outcome_unknown_and_resolvable(db: Db) {
     let r = p.call("slow", json!({"seconds": 3, "operation_id": "op-t"}));
     let e = error_of(&r);
     assert_eq!(e["code"], "outcome_unknown", "{r}");
+    assert_eq!(
+        ledger_meta(&r)["replayed"],
+        false,
+        "this call forwarded: {r}"
+    );
     let status_ref = e["status_ref"].as_str().unwrap().to_string();
+    // A retry is answered from the ledger, not forwarded: `replayed: true`.
+    let again = p.call("slow", json!({"seconds": 3, "operation_id": "op-t"}));
+    assert_eq!(error_of(&again)["code"], "outcome_unknown", "{again}");
+    assert_eq!(ledger_meta(&again)["replayed"], true, "{again}");
+    assert_eq!(ledger_meta(&again)["state"], "outcome_unknown", "{again}");
     let status = p.status("op-t");
     assert_eq!(status["ledgerState"], "outcome_unknown", "{status}");
     w.wait_for_log("found_when pointer resolves to nothing");
@@ -575,6 +599,13 @@ fn a_timeout_is_outcome_unknown_and_resolvable(db: Db) {
     assert!(log.contains("/structuredContent/nope"), "{log}");
     let (_, shown) = w.cli(&["operations", "show", &status_ref]);
     let shown: Value = serde_json::from_str(&shown).unwrap();
+    // The outbox of an unsure operation is not `processing`: its event is `leased`, by the
+    // proxy's forward.
+    assert_eq!(shown["operation"]["state"], "outcome_unknown", "{shown}");
+    assert_eq!(shown["outbox"]["state"], "leased", "{shown}");
+    let owner = shown["outbox"]["lease_owner"].as_str().unwrap_or_default();
+    assert!(owner.starts_with("proxy-"), "{shown}");
+    assert_eq!(shown["claims"][0]["lease_owner"], owner, "{shown}");
     let looked = shown["events"]
         .as_array()
         .unwrap()
@@ -1042,7 +1073,7 @@ fn an_operator_confirms_a_success_with_evidence(db: Db) {
     let (code, out) = resolve(&[]);
     assert_eq!(code, 1, "no receipt, no evidence: refused: {out}");
     let (code, out) = resolve(&["--evidence", "[1]"]);
-    assert_eq!(code, 1, "evidence is an object: {out}");
+    assert_eq!(code, 2, "evidence is an object (a usage error): {out}");
     let (code, out) = resolve(&[
         "--evidence",
         r#"{"log_line": "slept 2.5s", "seconds": 2.5}"#,
@@ -1056,7 +1087,7 @@ fn an_operator_confirms_a_success_with_evidence(db: Db) {
     assert_eq!(confirmed["operator"], "olga");
     assert_eq!(confirmed["evidence"]["seconds"], 2.5);
     let status = p.status("op-e");
-    assert_eq!(status["state"], "applied", "{status}");
+    assert_eq!(status["state"], "succeeded", "{status}");
     drop(p);
     for api in ["client", "session", "ts"] {
         let Some(lines) = w.client(
@@ -1076,6 +1107,125 @@ fn an_operator_confirms_a_success_with_evidence(db: Db) {
     let (code, audit) = w.cli(&["audit"]);
     assert_eq!(code, 0, "{audit}");
     assert!(audit.contains("\"gate\":\"PASS\""), "{audit}");
+}
+
+/// An operator who verified the effect also gives the tool's result (`--result`), checked
+/// against the output schema the tool declared when the call was accepted (`--output-schema`,
+/// the tool's `outputSchema` as the upstream lists it; another schema is refused): every retry
+/// is then a success whose `structuredContent` is that result, which the official SDKs accept.
+/// A result that does not fit, or a missing or different schema, is refused and changes
+/// nothing.
+fn an_operator_confirms_a_success_with_a_result_that_fits_the_schema(db: Db) {
+    let Some(w) = World::new(db) else { return };
+    let config = w.config("[tools.slow]\ncall_timeout_seconds = 1\n");
+    let config = config.display().to_string();
+    let mut p = w.start(&["--config", &config], 0);
+    p.send(&json!({"jsonrpc": "2.0", "id": 900, "method": "tools/list",
+                   "params": {"_meta": support::wire::meta()}}));
+    let tools = p.recv()["result"]["tools"].as_array().unwrap().clone();
+    let slow = tools.iter().find(|t| t["name"] == "slow").unwrap().clone();
+    let schema_file = w.dir.path().join("slow-output-schema.json");
+    std::fs::write(&schema_file, slow["outputSchema"].to_string()).unwrap();
+    let schema_file = schema_file.display().to_string();
+    let other_schema = w.dir.path().join("other-schema.json");
+    std::fs::write(&other_schema, r#"{"type":"object"}"#).unwrap();
+    let other_schema = other_schema.display().to_string();
+    let r = p.call("slow", json!({"seconds": 2.5, "operation_id": "op-r"}));
+    let e = error_of(&r);
+    assert_eq!(e["code"], "outcome_unknown", "{r}");
+    let status_ref = e["status_ref"].as_str().unwrap().to_string();
+    add_principal(&w.db, "olga", "acme", &["operator"], &[], false);
+    let resolve = |extra: &[&str]| {
+        let mut args = vec![
+            "resolve",
+            "--status-ref",
+            &status_ref,
+            "--as",
+            "succeeded",
+            "--reason",
+            "the upstream's log shows the sleep finished",
+            "--operator",
+            "olga",
+            "--evidence",
+            r#"{"log_line": "slept 2.5s"}"#,
+        ];
+        args.extend_from_slice(extra);
+        w.cli(&args)
+    };
+    let unsure = || {
+        w.db.scalar("SELECT count(*) FROM operations WHERE state = 'outcome_unknown'")
+    };
+    for (extra, why) in [
+        (
+            vec![
+                "--result",
+                r#"{"slept": "long"}"#,
+                "--output-schema",
+                &schema_file,
+            ],
+            "does not conform",
+        ),
+        (
+            vec![
+                "--result",
+                r#"{"nap": 2.5}"#,
+                "--output-schema",
+                &schema_file,
+            ],
+            "does not conform",
+        ),
+        (vec!["--result", r#"{"slept": 2.5}"#], "--output-schema"),
+        (
+            vec![
+                "--result",
+                r#"{"slept": 2.5}"#,
+                "--output-schema",
+                &other_schema,
+            ],
+            "not the one",
+        ),
+    ] {
+        let (code, out) = resolve(&extra);
+        assert_eq!(code, 1, "{extra:?}: {out}");
+        assert!(out.contains("INVALID_ARGUMENTS"), "{extra:?}: {out}");
+        assert!(out.contains(why), "{extra:?}: {out}");
+        assert_eq!(unsure(), 1, "{extra:?} changed the operation");
+    }
+    let (code, out) = resolve(&[
+        "--result",
+        r#"{"slept": 2.5}"#,
+        "--output-schema",
+        &schema_file,
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let replay = p.call("slow", json!({"seconds": 2.5, "operation_id": "op-r"}));
+    assert_eq!(replay["isError"], false, "{replay}");
+    assert_eq!(
+        replay["structuredContent"],
+        json!({"slept": 2.5}),
+        "{replay}"
+    );
+    assert_eq!(ledger_meta(&replay)["state"], "succeeded", "{replay}");
+    assert_eq!(replay["_meta"]["io.toolledger/confirmed"]["by"], "operator");
+    drop(p);
+    for api in ["client", "session", "ts"] {
+        let Some(lines) = w.client(
+            &["--config", &config],
+            api,
+            json!([{"name": "slow", "arguments": {"seconds": 2.5, "operation_id": "op-r"}}]),
+        ) else {
+            continue;
+        };
+        let r = support::clients::driver_result(&lines, 0);
+        assert_eq!(r["isError"], false, "{api}: {lines:?}");
+        assert_eq!(
+            r["structuredContent"]["slept"],
+            json!(2.5),
+            "{api}: {lines:?}"
+        );
+    }
+    let (code, audit) = w.cli(&["audit"]);
+    assert_eq!(code, 0, "{audit}");
 }
 
 /// A charge server on streamable HTTP at `port`, sharing the world's charge file.
@@ -1182,6 +1332,7 @@ fn an_unreachable_upstream_is_not_sent_and_the_retry_forwards(db: Db) {
 on_both_backends!(
     fractional_numbers_pass_and_are_one_intent,
     an_operator_confirms_a_success_with_evidence,
+    an_operator_confirms_a_success_with_a_result_that_fits_the_schema,
     an_unreachable_upstream_is_not_sent_and_the_retry_forwards,
     an_upstream_round_asking_for_input_passes_through_bound_to_the_operation,
     progress_and_cancellation_pass_through,

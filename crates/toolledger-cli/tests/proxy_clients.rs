@@ -198,7 +198,10 @@ fn check_charge_story(lines: &[Value], op: &str) {
     assert_eq!(again["structuredContent"], first["structuredContent"]);
     assert_eq!(again["content"], first["content"]);
     let status = result(lines, 2);
-    assert_eq!(status["structuredContent"]["state"], "applied", "{status}");
+    assert_eq!(
+        status["structuredContent"]["state"], "succeeded",
+        "{status}"
+    );
     assert_eq!(status["structuredContent"]["operationId"], op);
 }
 

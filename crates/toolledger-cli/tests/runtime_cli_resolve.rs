@@ -161,3 +161,102 @@ fn dispatch_stores_deadlines_and_refuses_a_replay_after_the_authority_deadline()
     assert_eq!(s.code, 0, "{}", s.stdout);
     assert_eq!(s.json()["delivery"], "local_replay");
 }
+
+/// `resolve` is an operator command: it names no demo (no `--downstream-db`, nothing about the
+/// payments stand-in in its help). The reference server's refunds demo keeps its stand-in's
+/// file where `TOOLLEDGER_DOWNSTREAM_DB` says, for `resolve` as for the demo's own commands:
+/// a receipt the stand-in holds there is found, so `--as failed` is refused and `--as
+/// succeeded` reconciles it.
+#[test]
+fn resolve_names_no_demo_and_finds_the_stand_in_where_the_demo_keeps_it() {
+    let help = run(&["resolve", "--help"]);
+    assert_eq!(help.code, 0);
+    for demo in ["downstream-db", "payments", "stand-in"] {
+        assert!(!help.stdout.contains(demo), "{}", help.stdout);
+    }
+    let d = Db::new();
+    let payments = d.dir.path().join("elsewhere").join("payments.sqlite");
+    std::fs::create_dir(payments.parent().unwrap()).unwrap();
+    let with_stand_in = |args: &[&str]| -> Run {
+        toolledger()
+            .args(args)
+            .args(["--db", d.db()])
+            .env("TOOLLEDGER_DOWNSTREAM_DB", &payments)
+            .env_remove("TOOLLEDGER_TEST_HOLD_AT")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+            .into()
+    };
+    let f = example("refund-order.json");
+    let f = f.to_str().unwrap();
+    assert_eq!(
+        with_stand_in(&["approve", "--fixture", f, "--approver", "bob"]).code,
+        0
+    );
+    let crash = with_stand_in(&[
+        "dispatch",
+        "--fixture",
+        f,
+        "--failure",
+        "after_downstream_commit",
+    ]);
+    assert_eq!(crash.json()["code"], "OUTCOME_UNKNOWN", "{}", crash.stdout);
+    let sr = crash.json()["status_ref"].as_str().unwrap().to_string();
+    assert!(
+        payments.exists(),
+        "the demo's stand-in is where the variable says"
+    );
+    assert!(!d.downstream().exists(), "and not beside the ledger");
+    assert_eq!(
+        run(&[
+            "principal",
+            "add",
+            "olga",
+            "--tenant",
+            "acme",
+            "--role",
+            "operator",
+            "--db",
+            d.db()
+        ])
+        .code,
+        0
+    );
+    let later = (NOW + 1000).to_string();
+    let resolve = |as_: &str, extra: &[&str]| {
+        let mut args = vec![
+            "resolve",
+            "--status-ref",
+            &sr,
+            "--as",
+            as_,
+            "--reason",
+            "checked the payments service",
+            "--operator",
+            "olga",
+            "--clock-epoch",
+            &later,
+        ];
+        args.extend_from_slice(extra);
+        with_stand_in(&args)
+    };
+    let named = resolve("failed", &["--downstream-db", payments.to_str().unwrap()]);
+    assert_eq!(named.code, 2, "{}", named.stderr);
+    assert!(named.stderr.contains("USAGE_ERROR"), "{}", named.stderr);
+    let failed = resolve("failed", &[]);
+    assert_eq!(failed.code, 1, "{}", failed.stdout);
+    assert_eq!(
+        failed.json()["code"],
+        "OPERATION_CONFLICT",
+        "{}",
+        failed.stdout
+    );
+    let ok = resolve("succeeded", &[]);
+    assert_eq!(ok.code, 0, "{} {}", ok.stdout, ok.stderr);
+    assert_eq!(ok.json()["delivery"], "receipt_reconciled");
+    assert!(
+        !d.downstream().exists(),
+        "no stand-in was made beside the ledger"
+    );
+}

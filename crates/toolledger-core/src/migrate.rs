@@ -6,7 +6,8 @@
 //! - a new (empty) database is bound to the requested backend id (or the driver's default)
 //!   and built to the current schema;
 //! - a database bound to another backend id is refused ([`StoreError::BackendMismatch`]); one
-//!   with tables but no binding is not a toolledger database ([`StoreError::Corrupt`]);
+//!   with tables but no bookkeeping is another application's ([`StoreError::NotALedger`]),
+//!   and one whose bookkeeping lacks its binding is damaged ([`StoreError::Corrupt`]);
 //! - a namespace recorded at a version newer than this program knows is refused
 //!   ([`StoreError::SchemaTooNew`]), as is a namespace whose recorded versions have a gap;
 //! - a namespace recorded at an older version is refused unless migration is allowed
@@ -199,7 +200,11 @@ pub fn run(
             hooks.bind(id)?;
             (id.to_string(), true)
         }
-        Binding::Foreign => return Err(StoreError::Corrupt("not a toolledger database".into())),
+        Binding::Foreign => {
+            return Err(StoreError::NotALedger(
+                "a database of another application".into(),
+            ))
+        }
         Binding::Bound(None) => return Err(StoreError::Corrupt("missing backend id".into())),
         Binding::Bound(Some(bound)) => match request.backend_id {
             Some(wanted) if wanted != bound => return Err(StoreError::BackendMismatch),
@@ -450,7 +455,7 @@ mod tests {
         };
         assert!(matches!(
             run(&mut foreign, &request(None, CORE, true)).unwrap_err(),
-            StoreError::Corrupt(_)
+            StoreError::NotALedger(_)
         ));
         assert!(foreign.log.is_empty());
         let mut unbound = Fake {

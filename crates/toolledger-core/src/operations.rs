@@ -520,7 +520,7 @@ fn build(tx: &mut dyn EffectTx, row: &LedgerRow, now: i64) -> Result<Value, Stor
     let outbox = match outbox::for_operation(tx, row.id)? {
         None => Value::Null,
         Some(ev) => json!({
-            "state": ev.state,
+            "state": ev.state.word(),
             "fencing_token": ev.fencing_token,
             "lease_owner": ev.lease_owner,
             "lease_until": ev.lease_until,

@@ -71,6 +71,17 @@ impl EventState {
         }
     }
 
+    /// What an operator is told (`operations show`): the stored name, except `leased` for a
+    /// claimed event, so the outbox never says `processing` — an operation's state — beside
+    /// an operation that is, say, `outcome_unknown` while the lease of its last attempt runs
+    /// out. The stored name stays `processing` (the table, `audit`'s counts, the metrics).
+    pub fn word(self) -> &'static str {
+        match self {
+            EventState::Processing => "leased",
+            other => other.as_str(),
+        }
+    }
+
     /// Parses the stored name.
     pub fn parse(s: &str) -> Option<Self> {
         [

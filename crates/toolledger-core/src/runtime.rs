@@ -770,11 +770,16 @@ pub struct Runtime {
     /// Seconds back a new key's intent is compared with unsettled operations (the re-plan
     /// guard); `None`: off.
     replan_window: Option<i64>,
+    forwarder: &'static str,
 }
 
 /// How long back, by default, a call under a new key is compared with the caller's unsettled
 /// operations of the same tool and intent (the re-plan guard): one day.
 pub const DEFAULT_REPLAN_WINDOW_SECONDS: i64 = 86_400;
+
+/// Who holds the lease of a delivery [`Runtime::dispatch`] makes at once, by default: its
+/// lease owner is `dispatch-PID`.
+pub const DEFAULT_FORWARDER: &str = "dispatch";
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -802,6 +807,7 @@ impl Runtime {
             deadlines: Deadlines::default(),
             hook: None,
             replan_window: Some(DEFAULT_REPLAN_WINDOW_SECONDS),
+            forwarder: DEFAULT_FORWARDER,
         }
     }
 
@@ -823,6 +829,15 @@ impl Runtime {
     /// The re-plan guard's window in seconds (`None`: off).
     pub fn replan_window(&self) -> Option<i64> {
         self.replan_window
+    }
+
+    /// Names who delivers what [`Runtime::dispatch`] accepts at once: the lease owner of that
+    /// delivery is `NAME-PID` (`proxy-4711` for the proxy's forward), as the operation's
+    /// `claimed` event, `operations show` and the logs (`owner`) say. Default
+    /// [`DEFAULT_FORWARDER`].
+    pub fn with_forwarder(mut self, name: &'static str) -> Self {
+        self.forwarder = name;
+        self
     }
 
     /// Replaces the tunables.

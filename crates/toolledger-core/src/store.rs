@@ -625,11 +625,13 @@ pub enum StoreError {
         /// What is wrong with them.
         reason: String,
     },
-    /// The file is not a toolledger database (or is damaged).
-    #[error("not a toolledger database or damaged: {0}")]
+    /// The ledger is damaged: the database reports corruption, or its recorded migrations
+    /// have a gap.
+    #[error("the database is damaged: {0}")]
     Corrupt(String),
-    /// A read-only open found no ledger: an empty file, a file that is not a database, or a
-    /// database of another application. Nothing was created or changed.
+    /// The database holds no ledger: a file that is not SQLite, a database or schema of
+    /// another application (or, for a read-only open, an empty file or database). Nothing
+    /// was created or changed.
     #[error("not a toolledger ledger: {0}")]
     NotALedger(String),
     /// Stored data violates the storage contract (non-canonical JSON, digest mismatch…).
@@ -660,17 +662,29 @@ pub enum StoreError {
         /// A safe description (never shown to callers).
         reason: String,
     },
-    /// Any other failure not tied to one backend (a store this build cannot open, an
-    /// unusable database URL, a job that panicked).
+    /// Any other failure not tied to one backend (a store this build cannot open, a job that
+    /// panicked).
     #[error("database error")]
     Database(String),
+    /// The database URL cannot be used: not a `postgres://` URL, malformed, or naming TLS
+    /// settings that cannot be used. The reason is this program's own words, never the URL.
+    #[error("the database URL is not valid: {0}")]
+    UrlInvalid(String),
+    /// No connection to the database server could be made: the connection error (refused,
+    /// no such host, authentication failed, no such database, a timeout), in the server's or
+    /// the operating system's words, never the URL or its password. Transient like
+    /// [`StoreError::Unavailable`].
+    #[error("cannot connect to the database: {0}")]
+    Unreachable(String),
 }
 
 impl StoreError {
     /// The kind of failure.
     pub fn kind(&self) -> StoreErrorKind {
         match self {
-            StoreError::Unavailable(_) | StoreError::TimedOut => StoreErrorKind::Unavailable,
+            StoreError::Unavailable(_) | StoreError::TimedOut | StoreError::Unreachable(_) => {
+                StoreErrorKind::Unavailable
+            }
             StoreError::BackendMismatch => StoreErrorKind::Binding,
             StoreError::SchemaTooNew { .. }
             | StoreError::SchemaOutdated { .. }
@@ -679,7 +693,9 @@ impl StoreError {
             StoreError::Contract(_) => StoreErrorKind::Contract,
             StoreError::Refused { .. } => StoreErrorKind::Refused,
             StoreError::NetworkFilesystem(_) | StoreError::Io => StoreErrorKind::Io,
-            StoreError::Failed { .. } | StoreError::Database(_) => StoreErrorKind::Other,
+            StoreError::Failed { .. } | StoreError::Database(_) | StoreError::UrlInvalid(_) => {
+                StoreErrorKind::Other
+            }
         }
     }
 
@@ -717,6 +733,8 @@ impl StoreError {
             StoreError::Io => "DATABASE_IO_ERROR",
             StoreError::NetworkFilesystem(_) => "NETWORK_FILESYSTEM",
             StoreError::Database(_) => "STORE_ERROR",
+            StoreError::UrlInvalid(_) => "DATABASE_URL_INVALID",
+            StoreError::Unreachable(_) => "DATABASE_UNREACHABLE",
         }
     }
 
@@ -730,9 +748,11 @@ impl StoreError {
     /// [`StoreError::is_transient`], for callers that hold the `StoreError`.
     pub fn caller_error(&self) -> Error {
         let message = match self {
-            StoreError::Unavailable(_) => "store unavailable".to_string(),
+            StoreError::Unavailable(_) | StoreError::Unreachable(_) => {
+                "store unavailable".to_string()
+            }
             StoreError::Refused { .. } => "write refused by the database".to_string(),
-            StoreError::Corrupt(_) => "the database is damaged or not a toolledger database".into(),
+            StoreError::Corrupt(_) => "the database is damaged".into(),
             StoreError::NotALedger(_) => "the database is not a toolledger ledger".into(),
             other => other.to_string(),
         };

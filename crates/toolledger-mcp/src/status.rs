@@ -4,9 +4,10 @@
 //! caller's own ledger row for the operation id — under every guarded tool of the server, or
 //! only under `tool` when the call names one — and asks the tool's [`EffectObserver`] which
 //! physical effect rows belong to it. Only a finished ledger row whose effect rows are present
-//! and consistent with the stored result is `authoritative`: `applied` (an inline effect that
-//! committed, or a deferred one whose downstream receipt was reconciled), `partial`, or
-//! `failed` (a deferred effect the downstream refused for good; nothing was applied). An
+//! and consistent with the stored result is `authoritative`, and `state` is then the ledger's
+//! own word for it: `applied` or `partial` (an inline effect), `succeeded` (a deferred one
+//! whose downstream receipt was reconciled) or `failed` (a deferred effect the downstream
+//! refused for good; nothing was applied). An
 //! unfinished or absent row is `unknown` — absence never means "not applied"; `ledgerState`
 //! says which unfinished state (e.g. `outcome_unknown`) and `statusRef` names the operation
 //! for `toolledger resolve`. Another principal's operation is indistinguishable from an
@@ -193,10 +194,8 @@ impl StatusTool {
                 Value::Null,
             ),
             Some((record, _)) if record.compacted_at.is_some() => (
-                match record.state {
-                    OperationState::Failed => "failed",
-                    _ => "applied",
-                },
+                // A tombstone is a settled operation: its state, in the ledger's word.
+                record.state.as_str(),
                 false,
                 Vec::new(),
                 format!(
@@ -208,12 +207,9 @@ impl StatusTool {
             ),
             Some((record, observer)) => {
                 let seen = observer.observe(&record).await?;
-                let settled = match record.state {
-                    OperationState::Applied | OperationState::Succeeded => Some("applied"),
-                    OperationState::Partial => Some("partial"),
-                    OperationState::Failed => Some("failed"),
-                    _ => None,
-                };
+                // The ledger's own word for a settled row: `succeeded` for a deferred effect,
+                // never `applied` beside `ledgerState: "succeeded"`.
+                let settled = record.state.is_terminal().then(|| record.state.as_str());
                 match settled {
                     Some(state) if seen.consistent => (
                         state,
@@ -291,7 +287,10 @@ pub fn output_schema() -> Map<String, Value> {
             "authoritative": {"type": "boolean"},
             "freshWriteAuthorized": {"type": "boolean", "const": false},
             "scopeBinding": binding,
-            "state": {"type": "string", "enum": ["applied", "partial", "failed", "unknown"]},
+            "state": {
+                "type": "string",
+                "enum": ["applied", "partial", "succeeded", "failed", "unknown"],
+            },
             "matchingIds": {"type": "array", "items": {"type": "integer"}},
             "detail": {"type": "string"},
             "storedResult": {},

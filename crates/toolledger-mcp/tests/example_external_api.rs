@@ -129,7 +129,10 @@ async fn a_lost_answer_is_unknown_until_the_lookup_finds_the_message() {
         .await;
     assert!(!err, "{status}");
     assert_eq!(status["ledgerState"], "succeeded", "{status}");
-    assert_eq!(status["state"], "applied");
+    assert_eq!(
+        status["state"], "succeeded",
+        "one word for one state: {status}"
+    );
     assert_eq!(status["authoritative"], true);
     assert_eq!(
         status["storedResult"],

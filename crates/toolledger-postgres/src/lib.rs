@@ -480,11 +480,9 @@ impl Slot {
         }
         self.client = None;
         self.statements.clear();
-        let unavailable = |e: tokio_postgres::Error| match map_pg_error(&e) {
-            StoreError::Failed { .. } => {
-                StoreError::Unavailable("cannot connect to the database".into())
-            }
-            other => other,
+        let password = self.config.get_password().map(<[u8]>::to_vec);
+        let unavailable = |e: tokio_postgres::Error| {
+            StoreError::Unreachable(connect_error(&e, password.as_deref()))
         };
         let client = match self.tls.clone() {
             None => {
@@ -952,6 +950,31 @@ impl std::fmt::Debug for PgStore {
     }
 }
 
+/// What went wrong when connecting, in the server's words (`password authentication failed
+/// for user "u"`, `database "x" does not exist`) or the operating system's (`Connection refused
+/// (os error 111)`, a failed name lookup, a timeout): never the URL, and the password removed
+/// should any message quote it.
+fn connect_error(e: &tokio_postgres::Error, password: Option<&[u8]>) -> String {
+    let mut text = match e.as_db_error() {
+        Some(db) => db.message().to_string(),
+        None => {
+            // The innermost cause says what happened (the outer layers say "error connecting
+            // to server" and the like).
+            let mut cause: &dyn std::error::Error = e;
+            while let Some(inner) = cause.source() {
+                cause = inner;
+            }
+            cause.to_string()
+        }
+    };
+    if let Some(password) = password.and_then(|p| std::str::from_utf8(p).ok()) {
+        if !password.is_empty() {
+            text = text.replace(password, "***");
+        }
+    }
+    text.chars().take(300).collect()
+}
+
 /// Whether `url` names a PostgreSQL database (`postgres://` or `postgresql://`).
 pub fn is_postgres_url(url: &str) -> bool {
     url.starts_with("postgres://") || url.starts_with("postgresql://")
@@ -962,15 +985,15 @@ fn parse_config(
     opts: &PgOptions,
 ) -> Result<(tokio_postgres::Config, Option<MakeRustlsConnect>), StoreError> {
     if !is_postgres_url(url) {
-        return Err(StoreError::Database(
-            "the database URL must start with postgres://".into(),
+        return Err(StoreError::UrlInvalid(
+            "it must start with postgres:// or postgresql://".into(),
         ));
     }
     let tls_url = tls::split_url(url)?;
     let mut config: tokio_postgres::Config = tls_url
         .url
         .parse()
-        .map_err(|_| StoreError::Database("the database URL is malformed".into()))?;
+        .map_err(|_| StoreError::UrlInvalid("it is malformed".into()))?;
     config.ssl_mode(tls_url.mode.negotiation());
     let tls = tls::connector(tls_url.mode, tls_url.root_cert.as_deref())?;
     if config.get_connect_timeout().is_none() {
@@ -1602,7 +1625,7 @@ mod tests {
         assert!(is_postgres_url("postgresql://u@h/db"));
         assert!(!is_postgres_url("/tmp/x.sqlite"));
         let err = PgStore::open("mysql://x", PgOptions::any_backend()).unwrap_err();
-        assert!(matches!(err, StoreError::Database(_)), "{err:?}");
+        assert!(matches!(err, StoreError::UrlInvalid(_)), "{err:?}");
         let err = PgStore::open(
             "postgres://u@127.0.0.1/db?sslmode=allow",
             PgOptions::any_backend(),

@@ -54,7 +54,7 @@ pub(super) struct TlsUrl {
 }
 
 fn percent_decode(value: &str) -> Result<String, StoreError> {
-    let bad = || StoreError::Database("the database URL is malformed".into());
+    let bad = || StoreError::UrlInvalid("it is malformed".into());
     let bytes = value.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -92,7 +92,7 @@ pub(super) fn split_url(url: &str) -> Result<TlsUrl, StoreError> {
                         "require" => SslMode::Require,
                         "verify-ca" => SslMode::VerifyCa,
                         "verify-full" => SslMode::VerifyFull,
-                        _ => return Err(StoreError::Database(
+                        _ => return Err(StoreError::UrlInvalid(
                             "sslmode must be disable, prefer, require, verify-ca or verify-full"
                                 .into(),
                         )),
@@ -128,7 +128,8 @@ fn roots(root_cert: Option<&str>) -> Result<RootCertStore, StoreError> {
             roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
         }),
         Some(path) => {
-            let unreadable = || StoreError::Database("the sslrootcert file cannot be read".into());
+            let unreadable =
+                || StoreError::UrlInvalid("the sslrootcert file cannot be read".into());
             let mut store = RootCertStore::empty();
             for cert in CertificateDer::pem_file_iter(path).map_err(|_| unreadable())? {
                 store

@@ -32,7 +32,9 @@ use crate::upstream::{CallRoute, Upstream, UpstreamError};
 /// operation from others.
 pub const EFFECT_REVISION: &str = "proxy-forward-1";
 
-fn revision(value: &Value) -> String {
+/// The revision of a schema as a contract records it: the first 16 hex digits of the SHA-256
+/// of its canonical JSON (`null` for a tool without an output schema).
+pub fn revision(value: &Value) -> String {
     let text = toolledger::json::canonical_string(value).unwrap_or_else(|_| value.to_string());
     toolledger::digest::sha256_hex(text.as_bytes())[..16].to_string()
 }
@@ -310,6 +312,8 @@ pub enum Captured {
 struct Forwarding {
     scope: CallScope,
     captured: std::cell::RefCell<Captured>,
+    /// Whether this call's dispatch forwarded (sent, or began to send, the call upstream).
+    sent: std::cell::Cell<bool>,
 }
 
 tokio::task_local! {
@@ -317,18 +321,24 @@ tokio::task_local! {
 }
 
 /// Runs `f` (a dispatch that may forward) for a client call described by `scope`, and returns
-/// what its own forward left besides the answer. Only the call whose forward it was sees it;
-/// a concurrent retry of the same operation does not.
-pub async fn forwarding<F: std::future::Future>(scope: CallScope, f: F) -> (F::Output, Captured) {
+/// what its own forward left besides the answer, and whether it forwarded at all (`false`:
+/// the answer came from the ledger alone). Only the call whose forward it was sees it; a
+/// concurrent retry of the same operation does not.
+pub async fn forwarding<F: std::future::Future>(
+    scope: CallScope,
+    f: F,
+) -> (F::Output, Captured, bool) {
     let forwarding = Forwarding {
         scope,
         captured: std::cell::RefCell::new(Captured::Nothing),
+        sent: std::cell::Cell::new(false),
     };
     FORWARD
         .scope(forwarding, async {
             let out = f.await;
-            let captured = FORWARD.with(|c| std::mem::take(&mut *c.captured.borrow_mut()));
-            (out, captured)
+            let (captured, sent) =
+                FORWARD.with(|c| (std::mem::take(&mut *c.captured.borrow_mut()), c.sent.get()));
+            (out, captured, sent)
         })
         .await
 }
@@ -554,7 +564,12 @@ impl Downstream for UpstreamEffect {
         Box::pin(async move {
             let key = upstream_key(scope, request);
             let mut params = self.params(&key, &request["arguments"]);
-            let call = FORWARD.try_with(|f| f.scope.clone()).unwrap_or_default();
+            let call = FORWARD
+                .try_with(|f| {
+                    f.sent.set(true);
+                    f.scope.clone()
+                })
+                .unwrap_or_default();
             if let Some(c) = &call.continuation {
                 params.input_responses = Some(c.input_responses.clone());
                 params.request_state = c.upstream_state.clone();

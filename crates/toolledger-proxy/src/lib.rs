@@ -228,7 +228,8 @@ impl Proxy {
                             authority_ttl: Some(p.authority_ttl_seconds),
                             retention_ttl: Some(p.retention_ttl_seconds),
                         })
-                        .with_replan_window(p.replan_window_seconds);
+                        .with_replan_window(p.replan_window_seconds)
+                        .with_forwarder("proxy");
                     if let Some(h) = &hook {
                         runtime = runtime.with_hook(h.clone());
                     }

@@ -5,8 +5,17 @@
 //! `failed` records the operator's word (with their reason) — the reconcile lookup is not
 //! run; resolving as `succeeded` needs the operator's evidence (`--evidence JSON`), which is
 //! recorded as the receipt, and every retry through the proxy is told the effect happened.
+//! With the tool's result as well (`--result JSON`, [`checked_result`]), stored beside the
+//! confirmation as its `mapped` result, every retry is a success carrying that result — the
+//! only form the official SDK clients accept as a success for a tool with an output schema.
 //! Run `get_operation_status` through the proxy first when the tool has a reconcile lookup:
 //! it records the upstream's evidence itself.
+//!
+//! The ledger records a proxied operation's contract, whose `output_rev` is the revision of
+//! the output schema the tool declared when the call was accepted ([`revision`]), not the
+//! schema itself. So an operator who gives a result gives the schema too (the tool's
+//! `outputSchema` as the upstream lists it): it must be the one whose revision was recorded,
+//! and the result must conform to it.
 
 use std::sync::Arc;
 
@@ -16,18 +25,75 @@ use toolledger::effect::EffectTx;
 use toolledger::model::{Error, Principal, Scope, ToolContract};
 use toolledger::runtime::{DeferredRecord, DeferredTool};
 
-use crate::effect::EFFECT_REVISION;
+use crate::effect::{revision, EFFECT_REVISION};
 
 /// Whether the ledger recorded `record` through the proxy.
 pub fn is_proxied(record: &DeferredRecord) -> bool {
     record.contract.effect_rev == EFFECT_REVISION
 }
 
-struct OfflineTool(ToolContract);
+/// The largest result an operator may record (canonical JSON).
+pub const MAX_RESULT_BYTES: usize = 64 * 1024;
+
+/// The operator's `result` for the proxied operation `record`, checked: a JSON object in the
+/// ledger's canonical domain, of at most [`MAX_RESULT_BYTES`], conforming to `output_schema`,
+/// which must be the schema the tool declared when the call was accepted (its revision is the
+/// recorded `output_rev`). A tool that declared none needs no schema (`None`). Every refusal
+/// is `invalid_arguments` saying what does not fit; nothing is written here.
+pub fn checked_result(
+    record: &DeferredRecord,
+    result: &Value,
+    output_schema: Option<&Value>,
+) -> Result<Value, Error> {
+    if !result.is_object() {
+        return Err(Error::invalid(
+            "--result must be a JSON object: the tool's structured result",
+        ));
+    }
+    let text = toolledger::json::canonical_string(result)
+        .map_err(|e| Error::invalid(format!("--result {}", e.message)))?;
+    if text.len() > MAX_RESULT_BYTES {
+        return Err(Error::invalid("--result is larger than 64 KiB"));
+    }
+    let recorded = &record.contract.output_rev;
+    let schema = match output_schema {
+        Some(schema) => {
+            if revision(schema) != *recorded {
+                return Err(Error::invalid(
+                    "the output schema given is not the one the tool declared when the call \
+                     was accepted (its revision differs from the recorded output_rev)",
+                ));
+            }
+            schema
+        }
+        None if *recorded == revision(&Value::Null) => return Ok(result.clone()),
+        None => {
+            return Err(Error::invalid(
+                "the tool declared an output schema when the call was accepted: give it with \
+                 --output-schema FILE (its outputSchema as the upstream lists it), so the \
+                 result is checked against it",
+            ))
+        }
+    };
+    let validator = jsonschema::validator_for(schema)
+        .map_err(|_| Error::invalid("the output schema given does not compile"))?;
+    if let Some(why) = validator.iter_errors(result).next() {
+        return Err(Error::invalid(format!(
+            "--result does not conform to the tool's output schema: {why}"
+        )));
+    }
+    Ok(result.clone())
+}
+
+struct OfflineTool {
+    contract: ToolContract,
+    /// The operator's checked result, stored beside the confirmation as `mapped`.
+    mapped: Option<Value>,
+}
 
 impl DeferredTool for OfflineTool {
     fn contract(&self) -> ToolContract {
-        self.0.clone()
+        self.contract.clone()
     }
 
     fn validate(&self, arguments: &Value) -> Result<Value, Error> {
@@ -50,6 +116,14 @@ impl DeferredTool for OfflineTool {
 
     fn accept_receipt(&self, _: &Value, _: &Value) -> Result<Value, Error> {
         Err(Error::invalid("no upstream here to take a receipt from"))
+    }
+
+    fn confirmed_result(&self, _: &Value, confirmation: &Value) -> Result<Value, Error> {
+        let mut stored = serde_json::json!({ "confirmed": confirmation });
+        if let Some(mapped) = &self.mapped {
+            stored["mapped"] = mapped.clone();
+        }
+        Ok(stored)
     }
 }
 
@@ -76,8 +150,20 @@ impl Downstream for NoUpstream {
 
 /// The tool and downstream to register for the proxied operation `record`.
 pub fn tool_for(record: &DeferredRecord) -> (Arc<dyn DeferredTool>, Arc<dyn Downstream>) {
+    tool_confirming(record, None)
+}
+
+/// [`tool_for`], whose confirmation of a success stores `mapped` (a result
+/// [`checked_result`] accepted) as the tool's result: every retry is then a success with it.
+pub fn tool_confirming(
+    record: &DeferredRecord,
+    mapped: Option<Value>,
+) -> (Arc<dyn DeferredTool>, Arc<dyn Downstream>) {
     (
-        Arc::new(OfflineTool(record.contract.clone())),
+        Arc::new(OfflineTool {
+            contract: record.contract.clone(),
+            mapped,
+        }),
         Arc::new(NoUpstream),
     )
 }

@@ -193,7 +193,16 @@ pub fn confirmed_reply(stored: &Value, output_schema: bool) -> Option<CallToolRe
 /// The client's answer for a runtime answer: the upstream's stored result as it was (with
 /// the ledger's `_meta`), a confirmed effect ([`confirmed_reply`]; `output_schema`: whether
 /// the tool declares one), an operator's failure as an error result, or `outcome_unknown`.
+///
+/// `_meta["io.toolledger/ledger"].replayed` is `false` only for the call that produced the
+/// answer by forwarding (delivery `fresh`, or the unsure end of its own forward); every answer
+/// from the ledger without a new forward — a stored result, an operation in progress, an
+/// unknown outcome a retry finds — is `true` ([`unknown_reply`] says which for an unknown
+/// outcome). An `Answer::Unknown` given here is taken as found by a retry.
 pub fn reply(key: &str, answer: &Answer, output_schema: bool) -> CallToolResult {
+    if let Answer::Unknown { .. } = answer {
+        return unknown_reply(key, answer, output_schema, true);
+    }
     match answer {
         Answer::Done {
             status_ref,
@@ -210,19 +219,34 @@ pub fn reply(key: &str, answer: &Answer, output_schema: bool) -> CallToolResult 
                 });
             with_ledger_meta(out, key, status_ref, *delivery != Delivery::Fresh, *state)
         }
-        Answer::Unknown { status_ref, state } => with_ledger_meta(
-            error_result(
-                ErrorCode::OutcomeUnknown.as_str(),
-                "the upstream may or may not have acted on this operation; call \
-                 get_operation_status with its operation id, or an operator settles it",
-                Some(status_ref),
-            ),
-            key,
-            status_ref,
-            false,
-            *state,
-        ),
+        Answer::Unknown { .. } => unknown_reply(key, answer, output_schema, true),
     }
+}
+
+/// The `outcome_unknown` error result for `answer` (an [`Answer::Unknown`]); `replayed`:
+/// whether it comes from the ledger (a retry of an operation already unsure) rather than from
+/// this call's own forward. Any other answer is given [`reply`].
+pub fn unknown_reply(
+    key: &str,
+    answer: &Answer,
+    output_schema: bool,
+    replayed: bool,
+) -> CallToolResult {
+    let Answer::Unknown { status_ref, state } = answer else {
+        return reply(key, answer, output_schema);
+    };
+    with_ledger_meta(
+        error_result(
+            ErrorCode::OutcomeUnknown.as_str(),
+            "the upstream may or may not have acted on this operation; call \
+             get_operation_status with its operation id, or an operator settles it",
+            Some(status_ref),
+        ),
+        key,
+        status_ref,
+        replayed,
+        *state,
+    )
 }
 
 /// A guarded upstream tool: every call is one deferred operation of the ledger.
@@ -421,7 +445,7 @@ impl GuardedForward {
             };
             // The principal is read (and its scopes checked) by the runtime, in the snapshot
             // it reads the operation in.
-            let (answer, captured) =
+            let (answer, captured, sent) =
                 forwarding(scope.clone(), self.runtime.dispatch(&deferred, None)).await;
             let (key, arguments) = (&deferred.key, &deferred.arguments);
             let settled = match captured {
@@ -430,7 +454,7 @@ impl GuardedForward {
                     return Ok(Ok(self.ask(&call, key, arguments, asked).await?))
                 }
                 Captured::NotSent(why) => Settled::NotSent(why),
-                Captured::Nothing => self.settle(&deferred, answer?, scope).await?,
+                Captured::Nothing => self.settle(&deferred, answer?, scope, sent).await?,
             };
             Ok(match settled {
                 Settled::Answer(r) => Ok(CallToolResponse::Complete(r)),
@@ -453,11 +477,15 @@ impl GuardedForward {
     /// under a live lease is `operation_in_progress`; one that another call of the same
     /// operation finished meanwhile is replayed; the JSON-RPC error of this call's own forward
     /// goes back unchanged.
+    ///
+    /// `sent`: whether this call's dispatch forwarded. An answer this call did not forward
+    /// for is answered from the ledger and says `replayed: true` (see [`reply`]).
     async fn settle(
         &self,
         deferred: &DeferredCall,
         answer: Answer,
         scope: CallScope,
+        sent: bool,
     ) -> Result<Settled, Error> {
         let key = deferred.key.as_str();
         let Answer::Unknown { status_ref, state } = &answer else {
@@ -474,14 +502,14 @@ impl GuardedForward {
                         Some(status_ref),
                     );
                     Ok(Settled::Answer(with_ledger_meta(
-                        r, key, status_ref, false, *state,
+                        r, key, status_ref, true, *state,
                     )))
                 };
                 // Read after this call's own look at the operation: a concurrent call of the
                 // same operation may have claimed it, or finished it, in between.
                 let again = if event.state == EventState::Pending && event.attempt_count == 0 {
                     let owner = format!("proxy-{}", std::process::id());
-                    let (processed, captured) =
+                    let (processed, captured, forwarded) =
                         forwarding(scope, self.runtime.process(event.id, &owner, None)).await;
                     match captured {
                         Captured::Protocol(rpc) => return Ok(Settled::Protocol(rpc)),
@@ -490,7 +518,15 @@ impl GuardedForward {
                         Captured::Nothing => {}
                     }
                     match processed? {
-                        Processed::Delivered(a) | Processed::Unknown(a) => Some(a),
+                        Processed::Delivered(a) => Some(a),
+                        Processed::Unknown(a) => {
+                            return Ok(Settled::Answer(unknown_reply(
+                                key,
+                                &a,
+                                self.output_schema(),
+                                !forwarded,
+                            )))
+                        }
                         Processed::NotClaimed(ClaimOutcome::Leased { until }) if until > now => {
                             return in_progress()
                         }
@@ -530,7 +566,12 @@ impl GuardedForward {
                 *state
             },
         };
-        Ok(Settled::Answer(reply(key, &unknown, self.output_schema())))
+        Ok(Settled::Answer(unknown_reply(
+            key,
+            &unknown,
+            self.output_schema(),
+            !sent,
+        )))
     }
 }
 

@@ -493,9 +493,8 @@ pub(crate) fn map_err(e: rusqlite::Error) -> StoreError {
             C::CannotOpen | C::PermissionDenied | C::ReadOnly | C::SystemIoFailure => {
                 StoreError::Io
             }
-            C::NotADatabase | C::DatabaseCorrupt => {
-                StoreError::Corrupt("file is not a database".into())
-            }
+            C::NotADatabase => StoreError::NotALedger("file is not a database".into()),
+            C::DatabaseCorrupt => StoreError::Corrupt("the database file is damaged".into()),
             C::ConstraintViolation => StoreError::Refused {
                 backend: Dialect::Sqlite,
                 reason: constraint_kind(f.extended_code).into(),
@@ -775,6 +774,7 @@ impl SqliteStore {
         if let Some(fs) = detect_network_filesystem(&path) {
             return Err(StoreError::NetworkFilesystem(fs));
         }
+        read_only::refuse_foreign(&path)?;
         let mut conn = connect(&path)?;
         let backend_id = bootstrap(&mut conn, &opts)?;
         // Each job of a group-commit batch runs in its own savepoint, whose sub-journal holds
@@ -1907,12 +1907,14 @@ mod tests {
             let c = Connection::open(&path).unwrap();
             c.execute_batch("CREATE TABLE other(x)").unwrap();
         }
+        let before = std::fs::read(&path).unwrap();
         let err = SqliteStore::open(&path, OpenOptions::new("x")).unwrap_err();
-        assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
+        assert!(matches!(err, StoreError::NotALedger(_)), "{err:?}");
+        assert_eq!(std::fs::read(&path).unwrap(), before, "left as it was");
         let (_d2, garbage) = temp();
         std::fs::write(&garbage, vec![0x42u8; 8192]).unwrap();
         let err = SqliteStore::open(&garbage, OpenOptions::new("x")).unwrap_err();
-        assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
+        assert!(matches!(err, StoreError::NotALedger(_)), "{err:?}");
     }
 
     /// A store at `path` with an application table `t(x UNIQUE)`.

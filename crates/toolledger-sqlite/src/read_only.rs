@@ -126,7 +126,7 @@ pub(crate) fn journal_mode(path: &Path, mode: Option<ReadMode>) -> Option<String
 }
 
 /// The first 100 bytes of the file; `NotALedger` when it is shorter or not a SQLite file.
-fn read_header(path: &Path) -> Result<[u8; 100], StoreError> {
+pub(crate) fn read_header(path: &Path) -> Result<[u8; 100], StoreError> {
     let mut f = std::fs::File::open(path).map_err(|_| StoreError::Io)?;
     let mut header = [0u8; 100];
     let mut filled = 0;
@@ -141,6 +141,47 @@ fn read_header(path: &Path) -> Result<[u8; 100], StoreError> {
         return Err(StoreError::NotALedger("not a SQLite database".into()));
     }
     Ok(header)
+}
+
+/// Refuses, before a writable open touches it, a file that exists and holds no ledger: one
+/// that is not SQLite, or a SQLite database in rollback-journal mode (a ledger is always in
+/// WAL mode) with tables but without the ledger's bookkeeping — another application's. Its
+/// schema is read over a read-only connection, closed before the writable open, so the file
+/// is left exactly as it was. A missing or empty file (a new ledger), a directory (an I/O
+/// error for the open to report) and a file in WAL mode (checked by the bootstrap, which
+/// changes nothing when it refuses) pass.
+pub(crate) fn refuse_foreign(path: &Path) -> Result<(), StoreError> {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(());
+    };
+    if !meta.is_file() || meta.len() == 0 {
+        return Ok(());
+    }
+    let header = read_header(path)?;
+    if header[18] == 2 && header[19] == 2 {
+        return Ok(());
+    }
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(map_err)?;
+    let count = |sql: &str| -> Result<i64, StoreError> {
+        conn.query_row(sql, [], |r| r.get(0))
+            .map_err(|e| match map_err(e) {
+                StoreError::Failed { .. } => StoreError::Corrupt("unreadable schema".into()),
+                other => other,
+            })
+    };
+    let tables = count("SELECT count(*) FROM sqlite_schema WHERE type='table'")?;
+    let bookkeeping =
+        count("SELECT count(*) FROM sqlite_schema WHERE type='table' AND name='store_metadata'")?;
+    if tables > 0 && bookkeeping == 0 {
+        return Err(StoreError::NotALedger(
+            "a database of another application".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The reading hooks of [`migrate::check`] over a read-only connection.

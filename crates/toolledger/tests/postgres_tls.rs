@@ -91,9 +91,9 @@ fn verify_modes_check_the_server_certificate() {
     };
     // The Mozilla roots do not vouch for a test server's self-signed certificate.
     let err = session_uses_tls(&with_param(&url, "sslmode=verify-full")).unwrap_err();
-    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    assert!(matches!(err, StoreError::Unreachable(_)), "{err:?}");
     let err = session_uses_tls(&with_param(&url, "sslmode=verify-ca")).unwrap_err();
-    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    assert!(matches!(err, StoreError::Unreachable(_)), "{err:?}");
     // The server's own certificate as the root: verify-ca accepts it.
     if std::fs::metadata(&cert).is_ok() {
         let ca = with_param(&url, &format!("sslmode=verify-ca&sslrootcert={cert}"));

@@ -246,7 +246,7 @@ pub fn run() -> Result<DemoReport, &'static str> {
             && status_ref.is_string(),
         "the_retry_is_not_sent_again": with["retry_answer"]["outcome"] == "outcome_unknown"
             && with["retry_answer"]["status_ref"] == *status_ref,
-        "the_status_query_finds_the_charge": with["status"]["state"] == "applied"
+        "the_status_query_finds_the_charge": with["status"]["state"] == "succeeded"
             && with["status"]["settled"] == true,
         "the_retry_then_gets_it_back": with["replay"]["replayed"] == true
             && with["replay"]["confirmed_by"] == "lookup"

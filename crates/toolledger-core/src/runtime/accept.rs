@@ -387,7 +387,7 @@ impl Runtime {
                         state: OperationState::Accepted,
                     });
                 }
-                let owner = format!("dispatch-{}", std::process::id());
+                let owner = format!("{}-{}", self.forwarder, std::process::id());
                 match self.process(event_id, &owner, failure).await? {
                     Processed::Delivered(a) | Processed::Unknown(a) => Ok(a),
                     Processed::NotClaimed(_) => Ok(Answer::Unknown {

@@ -252,14 +252,17 @@ impl Runtime {
         answer: Result<Answer, RuntimeError>,
     ) -> Result<Answer, RuntimeError> {
         count_fenced("complete", &answer);
+        // The settle step of whoever holds the lease (a worker, the proxy's forward, a
+        // server's or `dispatch`'s own delivery): `owner` says which.
         match &answer {
             Ok(_) => tracing::info!(
-                target: "toolledger::worker", event_id = lease.event_id,
+                target: "toolledger::delivery", event_id = lease.event_id,
                 operation = lease.operation_id, fencing_token = lease.token,
-                "reconciled: the downstream's receipt is recorded"),
+                owner = %lease.owner, "succeeded: the downstream's receipt is recorded"),
             Err(e) => tracing::warn!(
-                target: "toolledger::worker", event_id = lease.event_id,
-                operation = lease.operation_id, error = %e, "the receipt could not be recorded"),
+                target: "toolledger::delivery", event_id = lease.event_id,
+                operation = lease.operation_id, owner = %lease.owner, error = %e,
+                "the receipt could not be recorded"),
         }
         answer
     }
@@ -350,12 +353,13 @@ impl Runtime {
         count_fenced("fail", &answer);
         match &answer {
             Ok(_) => tracing::info!(
-                target: "toolledger::worker", event_id = lease.event_id,
-                operation = lease.operation_id, code = %code,
+                target: "toolledger::delivery", event_id = lease.event_id,
+                operation = lease.operation_id, owner = %lease.owner, code = %code,
                 "failed: the downstream refused for good"),
             Err(e) => tracing::warn!(
-                target: "toolledger::worker", event_id = lease.event_id,
-                operation = lease.operation_id, error = %e, "the refusal could not be recorded"),
+                target: "toolledger::delivery", event_id = lease.event_id,
+                operation = lease.operation_id, owner = %lease.owner, error = %e,
+                "the refusal could not be recorded"),
         }
         answer
     }

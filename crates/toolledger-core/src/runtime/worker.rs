@@ -10,17 +10,17 @@ impl Runtime {
         let out = self.claim_unlogged(event_id, owner).await;
         match &out {
             Ok(ClaimOutcome::Claimed(l)) if l.attempt > 1 => tracing::info!(
-                target: "toolledger::worker", event_id, operation = l.operation_id,
+                target: "toolledger::delivery", event_id, operation = l.operation_id,
                 attempt = l.attempt, fencing_token = l.token, owner, "claimed again (an earlier lease expired)"),
             Ok(ClaimOutcome::Claimed(l)) => tracing::debug!(
-                target: "toolledger::worker", event_id, operation = l.operation_id,
+                target: "toolledger::delivery", event_id, operation = l.operation_id,
                 attempt = l.attempt, fencing_token = l.token, owner, "claimed"),
             Ok(ClaimOutcome::Exhausted) => tracing::warn!(
-                target: "toolledger::worker", event_id, owner,
+                target: "toolledger::delivery", event_id, owner,
                 "dead letter: attempts exhausted; an operator decides (toolledger resolve)"),
             Ok(_) => {}
             Err(e) => {
-                tracing::warn!(target: "toolledger::worker", event_id, owner, error = %e, "claim failed")
+                tracing::warn!(target: "toolledger::delivery", event_id, owner, error = %e, "claim failed")
             }
         }
         out
@@ -83,7 +83,7 @@ impl Runtime {
         count_fenced("renew", &renewed);
         if let Err(RuntimeError::Fenced(_)) = &renewed {
             tracing::warn!(
-                target: "toolledger::worker", event_id = lease.event_id,
+                target: "toolledger::delivery", event_id = lease.event_id,
                 operation = lease.operation_id, fencing_token = lease.token, owner = %lease.owner,
                 "fencing rejection: the lease was taken over");
         }
@@ -104,8 +104,8 @@ impl Runtime {
             Some(_) => "sent_outcome_unknown",
         };
         tracing::warn!(
-            target: "toolledger::worker", event_id = lease.event_id,
-            operation = lease.operation_id, attempt = lease.attempt, code,
+            target: "toolledger::delivery", event_id = lease.event_id,
+            operation = lease.operation_id, owner = %lease.owner, attempt = lease.attempt, code,
             state = state.map(OperationState::as_str).unwrap_or("unchanged"),
             "attempt failed");
         let lease = lease.clone();
@@ -136,8 +136,8 @@ impl Runtime {
     /// event recorded. [`RuntimeError::Fenced`] if the lease was taken over.
     async fn rearm(&self, lease: &Lease) -> Result<(), RuntimeError> {
         tracing::info!(
-            target: "toolledger::worker", event_id = lease.event_id,
-            operation = lease.operation_id, attempt = lease.attempt,
+            target: "toolledger::delivery", event_id = lease.event_id,
+            operation = lease.operation_id, owner = %lease.owner, attempt = lease.attempt,
             "awaiting input: the event is given back for the continuation");
         self.give_back(lease, "input_required", "awaiting_input", None)
             .await
@@ -148,8 +148,8 @@ impl Runtime {
     /// recorded with `why`. The next call (or worker pass) forwards it.
     async fn not_sent(&self, lease: &Lease, why: &str) -> Result<(), RuntimeError> {
         tracing::warn!(
-            target: "toolledger::worker", event_id = lease.event_id,
-            operation = lease.operation_id, attempt = lease.attempt, reason = why,
+            target: "toolledger::delivery", event_id = lease.event_id,
+            operation = lease.operation_id, owner = %lease.owner, attempt = lease.attempt, reason = why,
             "not sent: the downstream was not reached; the event is given back");
         self.give_back(lease, "not_sent", "not_sent", Some(why))
             .await
