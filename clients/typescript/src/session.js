@@ -27,6 +27,10 @@ const TRANSPORT_CODES = new Set([
 
 export class LedgerError extends Error {}
 
+/** Thrown inside the session when too little time is left to send a request. */
+class DeadlinePassed extends Error {}
+const MIN_REQUEST_MS = 20;
+
 /** The `{"error": {code, message, status_ref?}}` a toolledger server puts in a refusal, or null. */
 export function ledgerError(result) {
     if (!result?.isError) return null;
@@ -204,7 +208,9 @@ export class LedgerSession {
         signal?.addEventListener('abort', onAbort, { immediate: true });
         this._inFlight.add(abort);
         try {
-            const timeout = Math.max(1, Math.min(this.requestTimeoutMs, at - Date.now()));
+            const left = at - Date.now();
+            if (left < MIN_REQUEST_MS) throw new DeadlinePassed();
+            const timeout = Math.min(this.requestTimeoutMs, left);
             return await fn({ signal: abort.signal, timeout });
         } catch (e) {
             if (signal?.aborted) throw signal.reason;
@@ -239,8 +245,17 @@ export class LedgerSession {
 
     /** After a transport failure: a new connection when one can be made. False: give up. */
     async _recover(error) {
+        // A request that timed out on a live connection is sent again on it: the server may be
+        // slow, and the same id tells it apart from a new call.
+        if (error instanceof SdkError && error.code === SdkErrorCode.RequestTimeout) return true;
         if (this.reconnect) {
-            const client = await this.reconnect(this._client);
+            const previous = this._client;
+            try {
+                await previous.close(); // its stdio child, its HTTP session: let them go
+            } catch {
+                // already gone
+            }
+            const client = await this.reconnect(previous);
             if (client && client !== this._client) this._attach(client);
             else this._tools = null;
             return true;
@@ -281,6 +296,7 @@ export class LedgerSession {
                 res = await this._send(entry, at, { signal, newIntent });
             } catch (e) {
                 if (signal?.aborted) throw e;
+                if (e instanceof DeadlinePassed) return this._unknown(entry, seen, 'the deadline passed before the server settled the call; the journal keeps it pending');
                 if (e instanceof ProtocolError) {
                     // A JSON-RPC error: the server (or the upstream behind a proxy) refused the
                     // request. Whether the ledger recorded it decides what it means.
@@ -371,6 +387,9 @@ export class LedgerSession {
                 st = await this._status(entry, at, signal);
             } catch (e) {
                 if (signal?.aborted) throw e;
+                if (e instanceof DeadlinePassed) {
+                    return { unknown: this._unknown(entry, seen, `the operation is ${seen.ledgerState ?? seen.errorCode}: its outcome is not settled by the deadline; the journal keeps it pending`) };
+                }
                 if (isTransportError(e)) {
                     try {
                         if (!(await this._recover(e))) return { unknown: this._unknown(entry, seen, `the connection is gone (${describe(e)}) and the session has no reconnect`) };
