@@ -63,6 +63,12 @@ export TOOLLEDGER_BIN="$bin" TOOLLEDGER_PYTHON="$python"
 export TOOLLEDGER_CHARGE_SERVER="$repo/tests/proxy/charge_server.py"
 [ -f "$TOOLLEDGER_CHARGE_SERVER" ] || fail "no $TOOLLEDGER_CHARGE_SERVER"
 rc=0
-timeout 280 node --test --test-timeout=120000 --test-reporter=spec test/*.test.mjs || rc=$?
+timeout 280 node --test --test-timeout=120000 \
+  --test-reporter=spec --test-reporter-destination=stdout \
+  --test-reporter=tap --test-reporter-destination="$work/tap.txt" \
+  test/*.test.mjs || rc=$?
+passed=$(sed -n 's/^# pass \([0-9]*\)$/\1/p' "$work/tap.txt" | tail -n1)
+failed=$(sed -n 's/^# fail \([0-9]*\)$/\1/p' "$work/tap.txt" | tail -n1)
+echo "client-typescript: ${passed:-0} passed, ${failed:-0} failed"
 [ "$rc" -eq 0 ] || fail "the tests failed (exit $rc)"
-echo "client-typescript: passed"
+[ "${passed:-0}" -gt 0 ] || fail "no test ran"
