@@ -1,6 +1,6 @@
 // What the tests share: the toolledger binary, the Python test upstream, processes, ports.
 import { execFileSync, spawn } from 'node:child_process';
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -16,8 +16,16 @@ export const CHARGE_SERVER =
 export const AGENT = fileURLToPath(new URL('./fixtures/agent.mjs', import.meta.url));
 export const AI_AGENT = fileURLToPath(new URL('./fixtures/ai_agent.mjs', import.meta.url));
 
+const made = [];
+process.on('exit', () => {
+    for (const dir of made) rmSync(dir, { recursive: true, force: true });
+});
+
+/** A temporary directory, removed when the test file's process exits. */
 export function tempDir(prefix = 'tl-client-') {
-    return mkdtempSync(join(tmpdir(), prefix));
+    const dir = mkdtempSync(join(tmpdir(), prefix));
+    made.push(dir);
+    return dir;
 }
 
 /** How an agent starts the proxy in front of charge_server.py on its stdio. */
