@@ -55,6 +55,10 @@ pub enum DemoCmd {
     /// The ledger in front of a server it did not write: a charge whose reply is lost, retried
     /// without the proxy (charged twice) and through `toolledger proxy` (status, replay: once).
     Proxy,
+    /// Exactly-once from the agent's side: an agent killed mid-call resumes from its journal
+    /// (one charge), and a model's re-plan after a lost reply is refused as a possible
+    /// duplicate (one charge); without the ledger, two charges each.
+    Agent,
 }
 
 impl DemoCmd {
@@ -64,6 +68,7 @@ impl DemoCmd {
             DemoCmd::Receipts => "receipts",
             DemoCmd::LostReply => "lost-reply",
             DemoCmd::Proxy => "proxy",
+            DemoCmd::Agent => "agent",
         }
     }
 }
@@ -85,6 +90,7 @@ pub type DemoFn = fn() -> Result<DemoReport, &'static str>;
 pub const DEMOS: &[(&str, DemoFn)] = &[
     ("lost-reply", crate::demo::lost_reply::run),
     ("proxy", crate::demo::proxy::run),
+    ("agent", crate::demo::agent::run),
     ("receipts", receipts),
 ];
 

@@ -161,3 +161,41 @@ fn the_proxy_demo_counts_two_charges_without_the_proxy_and_one_with_it() {
         );
     }
 }
+
+#[test]
+fn the_agent_demo_resumes_from_the_journal_and_refuses_the_replan() {
+    let (code, stdout) = piped(&["demo", "agent"]);
+    assert_eq!(code, 0, "{stdout}");
+    let v: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["ok"], true, "{v}");
+    assert_eq!(v["demo"], "agent");
+    let crash = &v["crash"];
+    assert_eq!(crash["with_ledger"]["resumed"], 1, "{v}");
+    assert_eq!(crash["with_ledger"]["replayed"], true, "{v}");
+    assert_eq!(crash["with_ledger"]["charges"], 1, "{v}");
+    assert_eq!(crash["without_ledger"]["charges"], 2, "{v}");
+    let replan = &v["replan"];
+    assert_eq!(replan["with_ledger"]["first"], "outcome_unknown", "{v}");
+    assert_eq!(replan["with_ledger"]["replan"], "possible_duplicate", "{v}");
+    assert_eq!(replan["with_ledger"]["names"], true, "{v}");
+    assert_eq!(replan["with_ledger"]["charges"], 1, "{v}");
+    assert_eq!(replan["without_ledger"]["charges"], 2, "{v}");
+
+    let (code, text) = on_a_terminal(&["demo", "agent"]);
+    assert_eq!(code, 0, "{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.last().copied(), Some("ok"), "{text}");
+    for (label, content) in [
+        ("crash:", "died before the reply"),
+        ("resume:", "replayed; 1 charge"),
+        ("re-plan:", "possible_duplicate"),
+        ("without the ledger:", "2 charges"),
+    ] {
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.trim_start().starts_with(label) && l.contains(content)),
+            "no {label:?} line with {content:?}: {text}"
+        );
+    }
+}
