@@ -7,6 +7,7 @@ handshake, then misbehaves as HOSTILE_MODE says.
   stderr_flood    writes HOSTILE_STDERR_MB MiB (default 64) to stderr without a newline, then
                   one newline, then behaves: one read-only tool `ping` answering {"pong": true}
   tools           HOSTILE_TOOLS tools named t0, t1, … on one page, each answering {"ok": true}
+  task_required   one tool `pay` whose execution.taskSupport is "required" (and `ping`)
 
 Unknown methods (server/discover among them) get -32601, so a client falls back to
 `initialize`.
@@ -38,6 +39,10 @@ def tools_page(cursor):
     if MODE == "endless_pages":
         n = int(cursor or "0")
         return {"tools": [tool(f"t{n}")], "nextCursor": str(n + 1)}
+    if MODE == "task_required":
+        pay = tool("pay")
+        pay["execution"] = {"taskSupport": "required"}
+        return {"tools": [pay, tool("ping", read_only=True)]}
     if MODE in ("many_tools", "tools"):
         return {"tools": [tool(f"t{i}") for i in range(TOOLS)]}
     if MODE == "fat_tools":

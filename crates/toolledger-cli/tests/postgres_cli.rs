@@ -182,7 +182,7 @@ fn migrating_a_version_6_ledger_on_postgres_keeps_its_operations_under_one_scope
     );
     assert!(!migrated.contains("operations_by_tool_key"), "{migrated}");
     // Turn the database into a schema-v6 ledger: the scope unique in its old column order and
-    // the `(tool, idempotency_key)` index of its own, version 7 not applied.
+    // the `(tool, idempotency_key)` index of its own, versions 7 and 8 not applied.
     rt.block_on(r.store.write(|tx: &mut dyn EffectTx| {
         tx.execute(
             "ALTER TABLE operations ADD CONSTRAINT operations_tenant_subject_tool_idempotency_key_key
@@ -194,8 +194,10 @@ fn migrating_a_version_6_ledger_on_postgres_keeps_its_operations_under_one_scope
             "CREATE INDEX operations_by_tool_key ON operations(tool, idempotency_key)",
             &[],
         )?;
+        // Version 8 (the re-plan guard's index) came after it.
+        tx.execute("DROP INDEX operations_unsettled_by_digest", &[])?;
         tx.execute(
-            "DELETE FROM schema_migrations WHERE namespace = 'toolledger' AND version = 7",
+            "DELETE FROM schema_migrations WHERE namespace = 'toolledger' AND version >= 7",
             &[],
         )
     }))
@@ -234,7 +236,7 @@ fn an_unreachable_database_is_a_clean_store_error() {
     assert_eq!(out.code, 2);
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(out.stderr.trim()).unwrap()["error"]["code"],
-        "STORE_UNAVAILABLE"
+        "DATABASE_UNREACHABLE"
     );
 }
 

@@ -714,3 +714,57 @@ fn the_upstreams_sampling_request_reaches_the_client() {
         "{again}"
     );
 }
+
+/// An upstream that requires task execution for a tool cannot pass it through unguarded when
+/// the configuration guards it: the proxy refuses to start, naming the tool. Not configured,
+/// the tool passes through (as documented), its scopes still checked.
+#[test]
+fn a_configured_guard_is_never_downgraded_by_the_upstream() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("proxy.toml");
+    std::fs::write(&config, "[tools.pay]\nguarded = true\n").unwrap();
+    let out = Command::new(support::BIN)
+        .arg("proxy")
+        .args(["--db", dir.path().join("ledger.sqlite").to_str().unwrap()])
+        .args(["--config", config.to_str().unwrap(), "--"])
+        .arg(&python)
+        .arg(proxy_fixture("hostile_upstream.py"))
+        .env("HOSTILE_MODE", "task_required")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = failure(&out.stderr);
+    assert_eq!(err["error"]["code"], "CONFIG_INVALID", "{err}");
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(message.contains("tools.pay"), "{message}");
+    assert!(message.contains("taskSupport"), "{message}");
+    let mut p = toolledger_testkit::stdio::Server::spawn({
+        let mut c = Command::new(support::BIN);
+        c.arg("proxy")
+            .args(["--db", dir.path().join("ledger.sqlite").to_str().unwrap()])
+            .arg("--")
+            .arg(&python)
+            .arg(proxy_fixture("hostile_upstream.py"))
+            .env("HOSTILE_MODE", "task_required");
+        c
+    });
+    p.send(
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": meta()}}),
+    );
+    let listed = p.recv();
+    let pay = listed["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "pay")
+        .cloned()
+        .unwrap();
+    assert!(
+        pay["inputSchema"]["properties"]
+            .get("operation_id")
+            .is_none(),
+        "not configured, a task-required tool passes through: {pay}"
+    );
+}

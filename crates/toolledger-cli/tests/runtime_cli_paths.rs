@@ -281,7 +281,8 @@ fn migrating_a_version_5_ledger_keeps_its_receipts_and_drops_the_receipt_id_uniq
                     fencing_token || ':' || reconciled_at, ',') FROM local_receipts";
     let before = d.text(receipts);
     assert!(before.contains(":worker:"), "{before}");
-    // Turn the file into a schema-v5 ledger: its receipt ids unique, version 6 not applied.
+    // Turn the file into a schema-v5 ledger: its receipt ids unique, versions 6 and 7 not
+    // applied.
     d.ledger()
         .execute_batch(
             "CREATE TABLE v5 (
@@ -294,7 +295,8 @@ fn migrating_a_version_5_ledger_keeps_its_receipts_and_drops_the_receipt_id_uniq
              INSERT INTO v5 SELECT * FROM local_receipts;
              DROP TABLE local_receipts;
              ALTER TABLE v5 RENAME TO local_receipts;
-             DELETE FROM schema_migrations WHERE namespace = 'toolledger' AND version = 6;",
+             DROP INDEX operations_unsettled_by_digest;
+             DELETE FROM schema_migrations WHERE namespace = 'toolledger' AND version >= 6;",
         )
         .unwrap();
     let unique = "SELECT count(*) FROM pragma_index_list('local_receipts') WHERE \"unique\" = 1";
@@ -318,6 +320,7 @@ fn an_older_schema_needs_migrate_and_a_newer_one_is_refused() {
     d.ledger()
         .execute_batch(
             "DROP INDEX operations_by_state; DROP INDEX operations_live_by_retention;
+             DROP INDEX operations_unsettled_by_digest;
              DROP INDEX operations_tombstones_by_retention; DROP TABLE prune_state;
              ALTER TABLE operations DROP COLUMN compacted_at;
              DROP TABLE key_ids; DROP TABLE local_receipts; DROP TABLE outbox;

@@ -121,8 +121,16 @@ impl World<'_> {
             .env_remove("TOOLLEDGER_STATE_KEY_HEX")
             .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX")
             .envs(self.env());
-        if cmd != "proxy" {
-            c.arg("--downstream-db").arg(&self.payments);
+        match cmd {
+            "proxy" => {}
+            // Operator commands name no demo: they find the payments stand-in's file through
+            // the environment.
+            "resolve" | "console" => {
+                c.env("TOOLLEDGER_DOWNSTREAM_DB", &self.payments);
+            }
+            _ => {
+                c.arg("--downstream-db").arg(&self.payments);
+            }
         }
         c
     }
@@ -259,7 +267,9 @@ fn charge_calls(client: &str, seed: u64) -> Vec<Call> {
             Call::new(
                 &id,
                 "charge",
-                json!({"customer": format!("cus-{i}"), "amount_cents": 100 + i as i64,
+                // Every call its own intent (a customer per client and call): equal
+                // arguments under two ids would be a re-plan to the proxy's guard.
+                json!({"customer": format!("cus-{client}-{i}"), "amount_cents": 100 + i as i64,
                        "operation_id": id}),
             )
         })

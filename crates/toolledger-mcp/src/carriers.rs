@@ -123,7 +123,7 @@ fn usable(v: &Value, carrier: &str) -> Result<String, Error> {
     match v {
         Value::String(s) if !s.is_empty() && s.chars().count() <= MAX_KEY_CHARS => Ok(s.clone()),
         _ => Err(Error::invalid(format!(
-            "{carrier} must be a string of 1 to {MAX_KEY_CHARS} characters"
+            "{carrier}: the operation id must be a string of 1 to {MAX_KEY_CHARS} characters"
         ))),
     }
 }
