@@ -403,7 +403,7 @@ export class LedgerSession {
             if (st.ledgerState === 'outcome_unknown' || st.ledgerState === 'dead') seen.errorCode = 'outcome_unknown';
             else if (st.ledgerState === 'processing' || st.ledgerState === 'in_progress') seen.errorCode = 'operation_in_progress';
             if (st.ledgerState === null || st.ledgerState === undefined) return 'no_row';
-            if (['applied', 'partial', 'failed'].includes(st.state) || !OPEN_LEDGER_STATES.has(st.ledgerState)) return { seen };
+            if (['applied', 'succeeded', 'partial', 'failed'].includes(st.state) || !OPEN_LEDGER_STATES.has(st.ledgerState)) return { seen };
             if (st.ledgerState === 'processing' || st.ledgerState === 'in_progress') {
                 // A forward that may finish by itself (or whose lease lapses into
                 // outcome_unknown): the same id again tells which.

@@ -671,7 +671,7 @@ class LedgerSession:
             answer = wire.get("structuredContent")
             if wire.get("isError") or not isinstance(answer, dict):
                 continue
-            if answer.get("state") in ("applied", "partial", "failed"):
+            if answer.get("state") in ("applied", "succeeded", "partial", "failed"):
                 return
             if answer.get("ledgerState") in (None, "accepted", "succeeded", "failed", "applied", "partial"):
                 return
