@@ -132,7 +132,7 @@ fn attr<'a>(span: &'a Value, key: &str) -> &'a Value {
 }
 
 /// The server span answering request `id`.
-fn server_span<'a>(spans: &'a [Value], id: i64) -> &'a Value {
+fn server_span(spans: &[Value], id: i64) -> &Value {
     spans
         .iter()
         .find(|s| s["kind"] == "SERVER" && attr(s, "jsonrpc.request.id") == &json!(id.to_string()))
