@@ -2,7 +2,7 @@
 //! semantic conventions (OpenTelemetry's GenAI conventions, status: development).
 //!
 //! Every `tools/call` that reaches a route wrapped by [`crate::LedgerGuard::router`] is one
-//! span of kind `SERVER`, named `tools/call {tool}`, with `mcp.method.name`,
+//! span of kind `SERVER` (a [`crate::GuardedServer`]'s `tools/list` one named `tools/list`), named `tools/call {tool}`, with `mcp.method.name`,
 //! `gen_ai.tool.name`, `gen_ai.operation.name = execute_tool`, `jsonrpc.request.id`,
 //! `mcp.protocol.version`, `network.transport` (`pipe` on stdio, `tcp` over HTTP),
 //! `error.type` (`tool_error` for an `isError` result, the JSON-RPC error code of an error
@@ -165,6 +165,16 @@ pub fn end_client(cx: &Context, error: Option<&str>) {
 /// The span of one `tools/call` of `tool` this server answers, child of the caller's context
 /// ([`caller_context`]); the context holding it, to run the call in and to [`finish`].
 pub(crate) fn tool_call(tool: &str, ctx: &RequestContext<RoleServer>) -> Context {
+    request("tools/call", Some(tool), ctx)
+}
+
+/// The span of one request of `method` (with the tool it names, if any) this server answers;
+/// a request other than `tools/call` ends with [`end`].
+pub(crate) fn request(
+    method: &'static str,
+    tool: Option<&str>,
+    ctx: &RequestContext<RoleServer>,
+) -> Context {
     let headers = ctx
         .extensions
         .get::<http::request::Parts>()
@@ -172,15 +182,19 @@ pub(crate) fn tool_call(tool: &str, ctx: &RequestContext<RoleServer>) -> Context
     let parent = caller_context(&ctx.meta, headers);
     let tracer = global::tracer(TRACER);
     let mut span = tracer
-        .span_builder("tools/call")
+        .span_builder(method)
         .with_kind(SpanKind::Server)
         .start_with_context(&tracer, &parent);
     if span.is_recording() {
-        span.update_name(format!("tools/call {tool}"));
+        if let Some(tool) = tool {
+            span.update_name(format!("{method} {tool}"));
+            span.set_attributes([
+                KeyValue::new("gen_ai.tool.name", tool.to_string()),
+                KeyValue::new("gen_ai.operation.name", "execute_tool"),
+            ]);
+        }
         span.set_attributes([
-            KeyValue::new("mcp.method.name", "tools/call"),
-            KeyValue::new("gen_ai.tool.name", tool.to_string()),
-            KeyValue::new("gen_ai.operation.name", "execute_tool"),
+            KeyValue::new("mcp.method.name", method),
             KeyValue::new("jsonrpc.request.id", ctx.id.to_string()),
             KeyValue::new(
                 "network.transport",
@@ -195,6 +209,11 @@ pub(crate) fn tool_call(tool: &str, ctx: &RequestContext<RoleServer>) -> Context
         }
     }
     parent.with_span(span)
+}
+
+/// Ends the span of [`request`] in `cx`.
+pub(crate) fn end(cx: &Context) {
+    cx.span().end();
 }
 
 /// What the ledger did for one answer, by the conventions' and the ledger's vocabulary.
