@@ -489,3 +489,90 @@ fn a_collector_that_is_not_there_changes_no_answer() {
     assert_eq!(traced, plain);
     assert!(exit < Duration::from_secs(10), "the exit waited {exit:?}");
 }
+
+#[test]
+fn the_proxy_over_http_continues_the_trace_from_the_header() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(receiver) = Receiver::start(dir.path()) else {
+        return;
+    };
+    let python = python().unwrap();
+    let db = Db::sqlite();
+    let token = add_principal(&db, "hank", "acme", &["editor"], &[], true).unwrap();
+    let addr = format!("127.0.0.1:{}", toolledger_testkit::kill::free_port());
+    let mut c = toolledger();
+    c.arg("proxy")
+        .args(db.store_args())
+        .args(["--http", &addr, "--"])
+        .arg(&python)
+        .arg(proxy_fixture("charge_server.py"))
+        .env_remove("TOOLLEDGER_STATE_KEY_HEX")
+        .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX")
+        .env_remove("TOOLLEDGER_ALLOWED_HOSTS")
+        .envs(db.key_env())
+        .env("CHARGE_DB", dir.path().join("charges.sqlite"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    with_env(&mut c, &receiver.env());
+    let mut child = toolledger_testkit::kill::Killed(c.spawn().unwrap());
+    toolledger_testkit::stdio::wait_listening(child.0.stderr.take().unwrap());
+    let auth = format!("Bearer {token}");
+    let tp = traceparent();
+    let call = |id: i64| {
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+            "name": "charge",
+            "arguments": {"customer": "cust-zq88", "amount_cents": 1433,
+                          "operation_id": "key-http-proxy-zq89"},
+            "_meta": meta()}});
+        let r = raw::exchange(
+            &addr,
+            "POST",
+            "/mcp",
+            &[
+                ("Authorization", &auth),
+                ("Content-Type", "application/json"),
+                ("Accept", "application/json, text/event-stream"),
+                ("MCP-Protocol-Version", "2026-07-28"),
+                ("Mcp-Method", "tools/call"),
+                ("Mcp-Name", "charge"),
+                ("traceparent", &tp),
+            ],
+            body.to_string().as_bytes(),
+        )
+        .expect("an HTTP answer");
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["result"].clone()
+    };
+    let fresh = call(1);
+    assert_eq!(fresh["isError"], false, "{fresh}");
+    let again = call(2);
+    assert_eq!(
+        again["_meta"]["io.toolledger/ledger"]["replayed"], true,
+        "{again}"
+    );
+    // SIGTERM: the proxy stops as an operator stops it, sending what it queued.
+    // SAFETY: a signal to our own child process.
+    unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
+    let _ = child.0.wait();
+    let spans = receiver.wait_for_servers(2);
+    let fresh = server_span(&spans, 1);
+    assert_tool_call(fresh, "charge", "tcp");
+    assert_eq!(attr(fresh, "toolledger.outcome"), "executed");
+    let forward = children(&spans, fresh);
+    assert_eq!(forward.len(), 1, "{spans:#?}");
+    assert_eq!(attr(forward[0], "toolledger.step"), "forward");
+    let replay = server_span(&spans, 2);
+    assert_tool_call(replay, "charge", "tcp");
+    assert_eq!(attr(replay, "toolledger.outcome"), "replayed");
+    assert!(children(&spans, replay).is_empty());
+    assert_exports_none_of(
+        &receiver,
+        &[
+            "key-http-proxy-zq89",
+            "cust-zq88",
+            "int_value: 1433",
+            &token,
+        ],
+    );
+}
