@@ -117,7 +117,11 @@ pub fn run(args: ProxyArgs, config: StoreConfig) -> Result<Outcome, Failure> {
         .enable_all()
         .build()
         .map_err(|_| Failure::code("RUNTIME_ERROR"))?;
+    init_logs(args.telemetry.log_format);
+    let traces = toolledger_cli::telemetry::init_traces();
     let result = runtime.block_on(proxy(args, config));
+    // The spans still queued are sent (within a bound) before the process ends.
+    drop(traces);
     runtime.shutdown_background();
     result.map(|()| Outcome::Pass)
 }

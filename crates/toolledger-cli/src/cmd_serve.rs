@@ -92,7 +92,11 @@ pub fn run(args: ServeArgs, config: StoreConfig) -> Result<Outcome, Failure> {
         .enable_all()
         .build()
         .map_err(|_| Failure::code("RUNTIME_ERROR"))?;
+    init_logs(args.telemetry.log_format);
+    let traces = toolledger_cli::telemetry::init_traces();
     let result = runtime.block_on(serve(args, config));
+    // The spans still queued are sent (within a bound) before the process ends.
+    drop(traces);
     // A pending stdin read cannot be cancelled; do not wait for it.
     runtime.shutdown_background();
     result.map(|()| Outcome::Pass)

@@ -83,6 +83,13 @@ pub fn init_logs(format: LogFormat) {
             filter = filter.add_directive(directive);
         }
     }
+    if !spec.contains("opentelemetry") {
+        // The OpenTelemetry SDK's own info lines are its set-up's bookkeeping; its warnings
+        // and errors (a failed export, spans dropped from a full queue) stay.
+        if let Ok(directive) = "opentelemetry=warn".parse() {
+            filter = filter.add_directive(directive);
+        }
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(BufferedStderr)
@@ -350,4 +357,100 @@ pub async fn spawn_metrics_server(
         std::future::pending(),
     ));
     Ok(local)
+}
+
+/// The variables any one of which turns trace export on.
+pub const TRACE_ENDPOINT_VARS: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+];
+
+/// How long the process waits at its end for the spans still queued to be sent.
+pub const TRACE_FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// The process's trace export, shut down (its queue flushed, within [`TRACE_FLUSH_TIMEOUT`])
+/// when dropped.
+pub struct Traces(opentelemetry_sdk::trace::SdkTracerProvider);
+
+impl Drop for Traces {
+    fn drop(&mut self) {
+        let _ = self.0.shutdown_with_timeout(TRACE_FLUSH_TIMEOUT);
+    }
+}
+
+fn env_set(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| !v.trim().is_empty())
+}
+
+/// Turns traces on when the standard OpenTelemetry variables ask for them: an OTLP endpoint
+/// (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, or `OTEL_EXPORTER_OTLP_ENDPOINT` + `/v1/traces`),
+/// unless `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none`. Spans go over OTLP
+/// HTTP/protobuf (`OTEL_EXPORTER_OTLP_PROTOCOL` other than `http/protobuf` is refused with a
+/// warning), batched on a thread of the SDK's own with a bounded queue (`OTEL_BSP_*`): a
+/// collector that is down or slow costs a logged error per failed batch and dropped spans,
+/// never a call's time or answer. The sampler is `OTEL_TRACES_SAMPLER` (default
+/// `parentbased_always_on`), the service `OTEL_SERVICE_NAME` (default `toolledger`), more
+/// resource attributes `OTEL_RESOURCE_ATTRIBUTES`, headers (an API key) `OTEL_EXPORTER_OTLP_HEADERS`.
+///
+/// W3C trace context (`traceparent`, `tracestate`, `baggage`) is read from requests and
+/// passed upstream whether or not spans are exported: a caller's trace continues through a
+/// proxy that exports nothing. Call it after [`init_logs`], outside the async runtime; keep
+/// the answer until the command ends.
+pub fn init_traces() -> Option<Traces> {
+    use opentelemetry::propagation::TextMapCompositePropagator;
+    use opentelemetry_sdk::propagation::{BaggagePropagator, TraceContextPropagator};
+    opentelemetry::global::set_text_map_propagator(TextMapCompositePropagator::new(vec![
+        Box::new(TraceContextPropagator::new()),
+        Box::new(BaggagePropagator::new()),
+    ]));
+    if !TRACE_ENDPOINT_VARS.iter().any(|v| env_set(v))
+        || std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"))
+        || std::env::var("OTEL_TRACES_EXPORTER").is_ok_and(|v| v.trim() == "none")
+    {
+        return None;
+    }
+    for var in [
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+    ] {
+        if let Ok(p) = std::env::var(var) {
+            if p.trim() != "http/protobuf" {
+                tracing::warn!(target: "toolledger::traces", variable = var, protocol = %p,
+                    "traces are not exported: only the http/protobuf protocol is supported");
+                return None;
+            }
+            break;
+        }
+    }
+    // An https endpoint's TLS: the one provider of the binary (a second install is refused,
+    // which is fine: the first was this one).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let exporter = match opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .build()
+    {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::warn!(target: "toolledger::traces", error = %e, "traces are not exported");
+            return None;
+        }
+    };
+    let mut resource = opentelemetry_sdk::Resource::builder();
+    let named = env_set("OTEL_SERVICE_NAME")
+        || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|v| v.contains("service.name="));
+    if !named {
+        resource = resource.with_service_name("toolledger");
+    }
+    let resource = resource
+        .with_attribute(opentelemetry::KeyValue::new(
+            "service.version",
+            env!("CARGO_PKG_VERSION"),
+        ))
+        .build();
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(resource)
+        .build();
+    opentelemetry::global::set_tracer_provider(provider.clone());
+    Some(Traces(provider))
 }

@@ -548,6 +548,13 @@ fn call_wrapped<'a, S: Send + Sync + 'static>(
     w: &Wrapped<S>,
     mut ctx: ToolCallContext<'a, S>,
 ) -> BoxFuture<'a, Result<CallToolResponse, ErrorData>> {
+    let status_query = w.key_argument.is_none() && w.series.tool() == StatusTool::NAME;
+    let span = crate::trace::tool_call(w.series.tool(), &ctx.request_context);
+    let refused = |e: &Error| {
+        let response = complete_error(e);
+        crate::trace::finish(&span, &response, status_query);
+        Box::pin(std::future::ready(response)) as BoxFuture<'a, _>
+    };
     let mut arguments = ctx.arguments.clone().unwrap_or_default();
     if let Some(name) = &w.key_argument {
         // The operation id may travel outside the arguments (`_meta`, `params.idempotencyKey`,
@@ -555,7 +562,7 @@ fn call_wrapped<'a, S: Send + Sync + 'static>(
         // elsewhere becomes the argument before anything is validated.
         let meta = &ctx.request_context.meta;
         match crate::carriers::carried_key(Some(meta), name, arguments.get(name)) {
-            Err(e) => return Box::pin(std::future::ready(complete_error(&e))),
+            Err(e) => return refused(&e),
             Ok(Some(key)) if !arguments.contains_key(name) => {
                 arguments.insert(name.clone(), Value::String(key));
                 ctx.arguments = Some(arguments.clone());
@@ -564,7 +571,7 @@ fn call_wrapped<'a, S: Send + Sync + 'static>(
         }
     }
     if let Some(Err(e)) = w.validator.as_ref().map(|v| check_arguments(v, &arguments)) {
-        return Box::pin(std::future::ready(complete_error(&e)));
+        return refused(&e);
     }
     let scope = Arc::new(Scope {
         ledger: w.ledger.clone(),
@@ -580,7 +587,7 @@ fn call_wrapped<'a, S: Send + Sync + 'static>(
     // Named for the log line without a read of the principal store.
     let principal = w.ledger.caller_source().name(&ctx.request_context).ok();
     let started = std::time::Instant::now();
-    let fut = (w.inner)(ctx);
+    let fut = crate::trace::in_context(&span, (w.inner)(ctx));
     Box::pin(async move {
         let response = match fut.await {
             Err(e) if is_parameters_error(&e) => {
@@ -592,6 +599,7 @@ fn call_wrapped<'a, S: Send + Sync + 'static>(
             other => other,
         };
         crate::observe::tool_call(&series, principal.as_deref(), &response, started.elapsed());
+        crate::trace::finish(&span, &response, status_query);
         response
     })
 }

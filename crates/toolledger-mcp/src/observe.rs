@@ -95,6 +95,11 @@ impl CallSeries {
         }
     }
 
+    /// The tool's name.
+    pub(crate) fn tool(&self) -> &str {
+        &self.tool
+    }
+
     /// `toolledger_tool_calls_total{tool,outcome}` for `outcome`.
     fn calls(&self, outcome: &str) -> Counter {
         self.calls.get(outcome, || {

@@ -238,9 +238,12 @@ impl<S: Send + Sync + 'static> ServerHandler for GuardedServer<S> {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(self.listed.to_vec()))
+        let span = crate::trace::request("tools/list", None, &context);
+        let listed = ListToolsResult::with_all_items(self.listed.to_vec());
+        crate::trace::end(&span);
+        Ok(listed)
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {

@@ -420,7 +420,14 @@ impl UpstreamEffect {
         };
         let answer = match self
             .upstream
-            .call_tool(params, self.timeout(), &CallRoute::default())
+            .call_tool(
+                params,
+                self.timeout(),
+                &CallRoute {
+                    step: "reconcile",
+                    ..CallRoute::default()
+                },
+            )
             .await
         {
             Ok(a) => a,
@@ -570,6 +577,8 @@ impl Downstream for UpstreamEffect {
                     f.scope.clone()
                 })
                 .unwrap_or_default();
+            // The intent and this forward's claim are committed: the forward follows.
+            toolledger_mcp::trace::event("toolledger.accept");
             if let Some(c) = &call.continuation {
                 params.input_responses = Some(c.input_responses.clone());
                 params.request_state = c.upstream_state.clone();

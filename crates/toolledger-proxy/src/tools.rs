@@ -78,6 +78,7 @@ pub fn guarded_definition(upstream: &Tool, key_argument: &str) -> Tool {
 fn route(call: &ToolCall) -> CallRoute {
     CallRoute {
         cancelled: call.cancelled.clone(),
+        step: "pass_through",
         ..guarded_route(call)
     }
 }
@@ -92,6 +93,7 @@ fn guarded_route(call: &ToolCall) -> CallRoute {
     CallRoute {
         progress: token.and_then(|t| call.peer.clone().map(|p| (p, t))),
         cancelled: None,
+        step: "forward",
     }
 }
 
@@ -417,7 +419,9 @@ impl GuardedForward {
     /// end even when the request's own task is dropped (its connection closed, its client
     /// cancelled it): the caller stops waiting, the ledger does not ([`GuardedForward::answer`]).
     pub async fn run(self: Arc<Self>, call: ToolCall) -> Result<CallToolResponse, ErrorData> {
-        match tokio::spawn(async move { self.answer(call).await }).await {
+        // The task continues the request's trace: its forward's span is the request's child.
+        let answer = toolledger_mcp::trace::in_current(async move { self.answer(call).await });
+        match tokio::spawn(answer).await {
             Ok(answer) => answer,
             Err(_) => Err(ErrorData::internal_error(
                 "the call ended without an answer",

@@ -45,6 +45,23 @@ pub struct CallRoute {
     pub progress: Option<(Peer<RoleServer>, ProgressToken)>,
     /// Cancelled when the client cancels its request.
     pub cancelled: Option<CancellationToken>,
+    /// What the call is to the ledger, for its span's `toolledger.step`: `forward`,
+    /// `pass_through`, `reconcile` (empty: `upstream`).
+    pub step: &'static str,
+}
+
+/// The `error.type` of an upstream's answer for the span of the call that got it: `tool_error`
+/// for an `isError` result, the JSON-RPC error's code, or what kept the answer away.
+fn error_type(answer: &Result<CallToolResponse, UpstreamError>) -> Option<String> {
+    match answer {
+        Ok(CallToolResponse::Complete(r)) if r.is_error == Some(true) => Some("tool_error".into()),
+        Ok(_) => None,
+        Err(UpstreamError::Protocol(e)) => Some(e.code.0.to_string()),
+        Err(UpstreamError::NotSent(_)) => Some("not_sent".into()),
+        Err(UpstreamError::Timeout(_)) => Some("timeout".into()),
+        Err(UpstreamError::Cancelled) => Some("cancelled".into()),
+        Err(_) => Some("transport".into()),
+    }
 }
 
 type Routes = Arc<std::sync::Mutex<HashMap<ProgressToken, (Peer<RoleServer>, ProgressToken)>>>;
@@ -1088,6 +1105,30 @@ impl Upstream {
         route: &CallRoute,
         capabilities: Option<&ClientCapabilities>,
     ) -> Result<CallToolResponse, UpstreamError> {
+        // The call's own span, a child of the client's request: the upstream receives it as
+        // its parent in `_meta`.
+        let step = if route.step.is_empty() {
+            "upstream"
+        } else {
+            route.step
+        };
+        let cx = toolledger_mcp::trace::client_span(step, &params.name);
+        let answer = toolledger_mcp::trace::in_context(
+            &cx,
+            self.send_call(params, timeout, route, capabilities),
+        )
+        .await;
+        toolledger_mcp::trace::end_client(&cx, error_type(&answer).as_deref());
+        answer
+    }
+
+    async fn send_call(
+        &self,
+        params: CallToolRequestParams,
+        timeout: Duration,
+        route: &CallRoute,
+        capabilities: Option<&ClientCapabilities>,
+    ) -> Result<CallToolResponse, UpstreamError> {
         // No connection (every error of `peer` is NotSent): nothing was sent.
         let peer = self.peer().await?;
         let mut options = PeerRequestOptions::no_options();
@@ -1099,6 +1140,9 @@ impl Upstream {
             meta.set_client_capabilities(caps.clone());
             options.meta = Some(meta);
         }
+        let mut meta = options.meta.take().unwrap_or_default();
+        toolledger_mcp::trace::inject_meta(&mut meta);
+        options.meta = (!meta.is_empty()).then_some(meta);
         // rmcp gives every request a progress token of its own; the upstream's progress for
         // this call arrives under it and is routed to the client's token.
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
