@@ -331,6 +331,27 @@ pub fn substitute_env(value: &str, env: impl Fn(&str) -> Option<String>) -> Resu
     Ok(out)
 }
 
+/// The table `section`'s values with `${NAME}` replaced from the environment `env`, in name
+/// order; `Err` names the member and the unset variable (never a value).
+fn substituted(
+    section: &str,
+    table: &BTreeMap<String, String>,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Vec<(String, String)>, ConfigError> {
+    table
+        .iter()
+        .map(|(name, value)| {
+            substitute_env(value, &env)
+                .map(|v| (name.clone(), v))
+                .map_err(|var| {
+                    ConfigError::Invalid(format!(
+                        "{section}.{name} uses ${{{var}}}, which is not set in the environment"
+                    ))
+                })
+        })
+        .collect()
+}
+
 impl ProxyConfig {
     /// The `[upstream_headers]` with `${NAME}` replaced from the environment `env`, in name
     /// order; `Err` says which header names which unset variable (never a value).
@@ -338,18 +359,7 @@ impl ProxyConfig {
         &self,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Vec<(String, String)>, ConfigError> {
-        self.upstream_headers
-            .iter()
-            .map(|(name, value)| {
-                substitute_env(value, &env)
-                    .map(|v| (name.clone(), v))
-                    .map_err(|var| {
-                        ConfigError::Invalid(format!(
-                            "upstream_headers.{name} uses ${{{var}}}, which is not set in the environment"
-                        ))
-                    })
-            })
-            .collect()
+        substituted("upstream_headers", &self.upstream_headers, env)
     }
 
     /// The `[upstream_env]` with `${NAME}` replaced from the environment `env`, in name order;
@@ -358,18 +368,7 @@ impl ProxyConfig {
         &self,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Vec<(String, String)>, ConfigError> {
-        self.upstream_env
-            .iter()
-            .map(|(name, value)| {
-                substitute_env(value, &env)
-                    .map(|v| (name.clone(), v))
-                    .map_err(|var| {
-                        ConfigError::Invalid(format!(
-                            "upstream_env.{name} uses ${{{var}}}, which is not set in the environment"
-                        ))
-                    })
-            })
-            .collect()
+        substituted("upstream_env", &self.upstream_env, env)
     }
 
     /// Parses the TOML text of a configuration file and checks it.

@@ -20,11 +20,12 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use crate::cmd_demo::DemoReport;
+use crate::demo::proxy::{charges, error_of, upstream, wait_for_charges};
 use crate::demo::session::Session;
 
 /// How long any one step may take.
@@ -101,40 +102,6 @@ fn new_id() -> Result<String, &'static str> {
     Ok(format!("agent-{}", hex::encode(bytes)))
 }
 
-/// Rows in a charge file (0 before the server created it).
-fn charges(path: &Path) -> i64 {
-    let Ok(conn) =
-        rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-    else {
-        return 0;
-    };
-    let _ = conn.busy_timeout(Duration::from_secs(5));
-    conn.query_row("SELECT count(*) FROM charges", [], |r| r.get(0))
-        .unwrap_or(0)
-}
-
-fn wait_for_charges(path: &Path, n: i64) -> Result<(), &'static str> {
-    let until = Instant::now() + STEP;
-    while charges(path) < n {
-        if Instant::now() > until {
-            return Err("DEMO_TIMEOUT");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Ok(())
-}
-
-/// The upstream alone, charging into `file` `delay_ms` after each commit.
-fn upstream(exe: &Path, file: &Path, delay_ms: &str) -> Command {
-    let mut c = Command::new(exe);
-    c.arg("upstream-example")
-        .arg("--db")
-        .arg(file)
-        .args(["--reply-delay-ms", delay_ms])
-        .env_remove("TOOLLEDGER_UPSTREAM_DELAY_MS");
-    c
-}
-
 /// `toolledger proxy` on `ledger` (as its local principal, with `config` if given) in front
 /// of the upstream.
 fn proxy(exe: &Path, ledger: &Path, config: Option<&str>, file: &Path, delay_ms: &str) -> Command {
@@ -164,18 +131,6 @@ fn charge(operation_id: Option<&str>) -> Value {
         a["operation_id"] = json!(id);
     }
     json!({"name": "charge", "arguments": a})
-}
-
-/// The error object of an error result (`null` for a success).
-fn error_of(result: &Value) -> Value {
-    if result["isError"] != true {
-        return Value::Null;
-    }
-    result["content"][0]["text"]
-        .as_str()
-        .and_then(|t| serde_json::from_str::<Value>(t).ok())
-        .map(|v| v["error"].clone())
-        .unwrap_or(Value::Null)
 }
 
 /// The crash story: the agent dies mid-call; a new agent resumes its journal.

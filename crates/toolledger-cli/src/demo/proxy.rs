@@ -54,7 +54,8 @@ fn call(s: &mut Session, name: &str, arguments: Value) -> Result<Value, &'static
         .ok_or("DEMO_PROTOCOL_ERROR")
 }
 
-fn upstream(exe: &Path, charges: &Path, delay_ms: &str) -> Command {
+/// The binary's example upstream alone, charging into `charges` `delay_ms` after each commit.
+pub(crate) fn upstream(exe: &Path, charges: &Path, delay_ms: &str) -> Command {
     let mut c = Command::new(exe);
     c.arg("upstream-example")
         .arg("--db")
@@ -65,7 +66,7 @@ fn upstream(exe: &Path, charges: &Path, delay_ms: &str) -> Command {
 }
 
 /// Rows in a charge file (0 before the server created it).
-fn charges(path: &Path) -> i64 {
+pub(crate) fn charges(path: &Path) -> i64 {
     let Ok(conn) =
         rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
     else {
@@ -77,7 +78,7 @@ fn charges(path: &Path) -> i64 {
 }
 
 /// Waits until the charge file holds `n` rows.
-fn wait_for_charges(path: &Path, n: i64) -> Result<(), &'static str> {
+pub(crate) fn wait_for_charges(path: &Path, n: i64) -> Result<(), &'static str> {
     let until = Instant::now() + STEP;
     while charges(path) < n {
         if Instant::now() > until {
@@ -110,7 +111,7 @@ fn kill(pid: i32) {
 }
 
 /// The `{code, status_ref}` of an error result, or `null` for a result that is not an error.
-fn error_of(result: &Value) -> Value {
+pub(crate) fn error_of(result: &Value) -> Value {
     if result["isError"] != true {
         return Value::Null;
     }
