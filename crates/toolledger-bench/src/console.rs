@@ -125,7 +125,7 @@ pub async fn run(
         .ok()
         .flatten()
         .ok_or("BENCH_SEED_FAILED")?;
-    let resolver: Resolver = Arc::new(|_: Resolution| {
+    let resolver: Resolver = Arc::new(|_: Resolution, _| {
         Box::pin(async {
             Err(RuntimeError::Refused(Error::denied(
                 "the benchmark resolves nothing",

@@ -29,8 +29,9 @@
 //!   ledger of `--list-rows` operations, over HTTP (see [`console`]). Only when asked for
 //!   with `--workload console-list`: its seed is large.
 //! - `proxy`: `charge` of the built-in example upstream called directly and through
-//!   `toolledger proxy` over stdio, fresh and replayed, as four lines, `proxy-direct-fresh`,
-//!   `proxy-fresh`, `proxy-direct-lookup` and `proxy-replay`; the proxied lines carry what the
+//!   `toolledger proxy` over stdio, fresh and replayed, as five lines, `proxy-direct-fresh`,
+//!   `proxy-fresh-unguarded` (the re-plan guard off), `proxy-fresh`, `proxy-direct-lookup` and
+//!   `proxy-replay`; the proxied lines carry what the
 //!   proxy adds (see [`proxy`]). Only when asked for with `--workload proxy`.
 //! - `overload`: fresh calls offered at `--overload-factor` times the store's measured
 //!   capacity for `--overload-seconds` by `--overload-callers` callers, then checked: every

@@ -3,13 +3,17 @@
 //!
 //! The upstream is the binary's example charge server (`toolledger upstream-example`, one
 //! durable row per `charge`, no deduplication of its own); clients talk MCP 2026-07-28 over
-//! stdio, `concurrency` requests in flight on one connection (pipelined, matched by id). Four
+//! stdio, `concurrency` requests in flight on one connection (pipelined, matched by id). Five
 //! lines per concurrency, each with its own server processes:
 //!
 //! - `proxy-direct-fresh`: `charge` sent to the upstream directly;
 //! - `proxy-fresh`: `charge` through the proxy (guarded; the operation id forwarded in
 //!   `_meta`), a new operation id per call: intent, claim, forward, result, each durable;
 //!   compared with `proxy-direct-fresh`;
+//! - `proxy-fresh-unguarded`: the same through a proxy whose re-plan guard is off
+//!   (`replan_window_seconds = 0`) on a ledger of its own; compared with `proxy-direct-fresh`,
+//!   so the two fresh lines' ratios show what the guard's lookup costs (the guard's index is
+//!   part of the schema, so it is maintained in both);
 //! - `proxy-direct-lookup`: `find_charge` of an earlier charge's reference sent to the
 //!   upstream directly. The upstream has no replay of its own; a lookup by reference is the
 //!   least an upstream that deduplicated itself would do for a retry, and a round trip with
@@ -46,6 +50,15 @@ tool = "find_charge"
 arguments = { reference = "{operation_id}" }
 found_when = "/structuredContent/found"
 "#;
+
+/// [`CONFIG`] with the re-plan guard off.
+fn unguarded_config() -> String {
+    CONFIG.replacen(
+        "[tools.charge]\n",
+        "[tools.charge]\nreplan_window_seconds = 0\n",
+        1,
+    )
+}
 
 /// The files of one concurrency level's lines.
 struct Files {
@@ -106,7 +119,12 @@ fn proxied(exe: &Path, files: &Files, synchronous: Synchronous) -> tokio::proces
 
 /// Creates the ledger with the bench principal and writes the proxy's configuration.
 async fn prepare(files: &Files) -> Result<(), &'static str> {
-    std::fs::write(&files.config, CONFIG).map_err(|_| "BENCH_SETUP_FAILED")?;
+    prepare_with(files, CONFIG).await
+}
+
+/// [`prepare`] with the configuration `config`.
+async fn prepare_with(files: &Files, config: &str) -> Result<(), &'static str> {
+    std::fs::write(&files.config, config).map_err(|_| "BENCH_SETUP_FAILED")?;
     let store = toolledger_reference::ledger::open_sqlite(
         &files.ledger,
         Some(BACKEND_ID.to_string()),
@@ -238,7 +256,7 @@ fn charge_with_id(i: usize) -> Value {
     a
 }
 
-/// Runs the four lines at `concurrency` with `ops` calls each; `db` names this level's
+/// Runs the five lines at `concurrency` with `ops` calls each; `db` names this level's
 /// files (the others sit beside it).
 pub async fn run(
     db: PathBuf,
@@ -261,6 +279,22 @@ pub async fn run(
         Expect::Charged,
     )
     .await;
+    finish(client).await;
+
+    let unguarded_files = Files::beside(&db.with_extension("unguarded.sqlite"));
+    prepare_with(&unguarded_files, &unguarded_config()).await?;
+    let client = McpClient::over_stdio(proxied(&exe, &unguarded_files, synchronous))?;
+    let unguarded = measure(
+        &client,
+        "proxy-fresh-unguarded",
+        concurrency,
+        ops,
+        "charge",
+        charge_with_id,
+        Expect::Fresh,
+    )
+    .await
+    .compared_with(&direct_fresh);
     finish(client).await;
 
     let client = McpClient::over_stdio(proxied(&exe, &files, synchronous))?;
@@ -306,5 +340,5 @@ pub async fn run(
     .compared_with(&lookup);
     finish(client).await;
 
-    Ok(vec![direct_fresh, fresh, lookup, replay])
+    Ok(vec![direct_fresh, unguarded, fresh, lookup, replay])
 }

@@ -18,7 +18,7 @@ use toolledger::runtime::{Resolution, Runtime};
 use toolledger_cli::common::{StoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
 use toolledger_cli::telemetry::{init_logs, LogFormat};
-use toolledger_console::{Console, Evidence, Held, Resolver};
+use toolledger_console::{ConfirmedResult, Console, Evidence, Held, Resolver};
 
 use crate::cmd_serve::{health_routes, listen, AllowedHostArgs};
 
@@ -46,12 +46,16 @@ pub struct ConsoleArgs {
     pub log_format: LogFormat,
 }
 
-/// The console's resolver: [`crate::cmd_resolve::settle`] with `rt`.
+/// The console's resolver: [`crate::cmd_resolve::settle_confirmed`] with `rt`.
 pub(crate) fn resolver(rt: Runtime) -> Resolver {
-    Arc::new(move |resolution: Resolution| {
-        let rt = rt.clone();
-        Box::pin(async move { crate::cmd_resolve::settle(rt, &resolution).await })
-    })
+    Arc::new(
+        move |resolution: Resolution, confirmed: Option<ConfirmedResult>| {
+            let rt = rt.clone();
+            Box::pin(async move {
+                crate::cmd_resolve::settle_confirmed(rt, &resolution, confirmed.as_ref()).await
+            })
+        },
+    )
 }
 
 /// What the console says of an operation the proxy recorded, whose upstream it cannot ask.

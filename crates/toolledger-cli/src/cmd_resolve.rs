@@ -28,6 +28,7 @@ use toolledger::runtime::{Answer, Resolution, ResolveAs, Runtime, RuntimeError};
 use toolledger::Error;
 use toolledger_cli::common::{self, StoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
+use toolledger_console::ConfirmedResult;
 
 use crate::cmd_dispatch::{block_on, runtime};
 
@@ -128,23 +129,10 @@ pub fn run(args: ResolveArgs, store: StoreConfig) -> Result<Outcome, Failure> {
     })
 }
 
-/// The tool's result an operator gives with a confirmed success (`--result`), and the output
-/// schema it is checked against (`--output-schema`).
-pub(crate) struct ConfirmedResult {
-    /// The result, as given.
-    pub result: serde_json::Value,
-    /// The tool's output schema, as given.
-    pub output_schema: Option<serde_json::Value>,
-}
-
 /// Settles `resolution` with `rt`: the one resolution code path of `toolledger resolve` and
 /// the console. An operation the proxy recorded whose tool `rt` does not know is settled
 /// offline (its tool registered from the operation's own record, without the upstream).
-pub(crate) async fn settle(rt: Runtime, resolution: &Resolution) -> Result<Answer, RuntimeError> {
-    settle_confirmed(rt, resolution, None).await
-}
-
-/// [`settle`], with the tool's result an operator gives with a confirmed success: checked
+/// With `confirmed`, the tool's result an operator gives with a confirmed success: checked
 /// against the schema the tool declared when the call was accepted and stored with the
 /// confirmation, so every retry is a success carrying it. Only for a success an operator
 /// confirms (`succeeded` with evidence) of an operation the proxy recorded, settled offline;
@@ -157,11 +145,14 @@ pub(crate) async fn settle_confirmed(
     let mut rt = rt;
     let refuse = |message: &str| Err(RuntimeError::Refused(Error::invalid(message)));
     if confirmed.is_some() && resolution.outcome != ResolveAs::Succeeded {
-        return refuse("--result goes with --as succeeded");
+        return refuse("a result goes with the outcome succeeded");
     }
     if let Ok(Some(record)) = rt.inspect(&resolution.status_ref).await {
+        // A confirmed result is stored by the offline tool even where this process serves the
+        // tool (the proxy's own console): it is checked against the contract the call was
+        // accepted under, not the upstream's listing now.
         if toolledger_proxy::offline::is_proxied(&record)
-            && rt.registry().tool(&record.scope.tool).is_none()
+            && (confirmed.is_some() || rt.registry().tool(&record.scope.tool).is_none())
         {
             let mapped = match confirmed {
                 Some(c) => Some(toolledger_proxy::offline::checked_result(
@@ -175,7 +166,7 @@ pub(crate) async fn settle_confirmed(
             let registry = rt.registry().clone().register(tool, downstream);
             rt = Runtime::new(rt.store().clone(), rt.clock().clone(), registry);
         } else if confirmed.is_some() {
-            return refuse("--result applies to an operation `toolledger proxy` recorded");
+            return refuse("a result applies to an operation `toolledger proxy` recorded");
         }
     }
     rt.resolve(resolution).await

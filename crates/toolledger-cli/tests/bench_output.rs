@@ -250,6 +250,7 @@ fn the_proxy_workload_prints_direct_and_proxied_lines_and_what_the_proxy_adds() 
     let level = |c| {
         [
             ("proxy-direct-fresh", c),
+            ("proxy-fresh-unguarded", c),
             ("proxy-fresh", c),
             ("proxy-direct-lookup", c),
             ("proxy-replay", c),
@@ -269,7 +270,7 @@ fn the_proxy_workload_prints_direct_and_proxied_lines_and_what_the_proxy_adds() 
         assert!(l["server_cpu_us_per_op"].is_number(), "{l}");
         let workload = l["workload"].as_str().unwrap();
         let baseline = match workload {
-            "proxy-fresh" => Some("proxy-direct-fresh"),
+            "proxy-fresh" | "proxy-fresh-unguarded" => Some("proxy-direct-fresh"),
             "proxy-replay" => Some("proxy-direct-lookup"),
             _ => None,
         };

@@ -197,26 +197,7 @@ fn a_standalone_console_shows_a_proxied_operation(db: Db) {
         raw::exchange(&addr, method, path, headers, body.as_bytes()).expect("an answer")
     };
     // Sign in as the operator.
-    let form = request("GET", "/console/login", &[], "");
-    let at = form.body.find("name=\"csrf\" value=\"").unwrap() + 19;
-    let nonce = &form.body[at..at + 64];
-    let cookie = format!("toolledger_console_login={nonce}");
-    let signed = request(
-        "POST",
-        "/console/login",
-        &[
-            ("Cookie", &cookie),
-            ("Content-Type", "application/x-www-form-urlencoded"),
-        ],
-        &format!("csrf={nonce}&token={olga}"),
-    );
-    assert_eq!(signed.status, 303, "{}", signed.body);
-    let session = signed
-        .headers
-        .iter()
-        .find(|(k, v)| k.eq_ignore_ascii_case("set-cookie") && v.starts_with("toolledger_console="))
-        .map(|(_, v)| v.split(';').next().unwrap().to_string())
-        .expect("a session cookie");
+    let session = raw::console_sign_in(&addr, &olga);
 
     let page = request(
         "GET",

@@ -26,6 +26,8 @@
 
 #[macro_use]
 mod support;
+#[path = "support/raw.rs"]
+mod raw;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -1228,6 +1230,105 @@ fn an_operator_confirms_a_success_with_a_result_that_fits_the_schema(db: Db) {
     assert_eq!(code, 0, "{audit}");
 }
 
+/// The console's resolve form does what `resolve --result --output-schema` does: the operator
+/// who verified the effect pastes the tool's result and its output schema; a result that does
+/// not fit, or another schema, is shown refused and changes nothing; a fitting one is stored,
+/// and the retry through the proxy is a success whose `structuredContent` is that result.
+fn the_console_confirms_a_success_with_a_result_that_fits_the_schema(db: Db) {
+    let Some(w) = World::new(db) else { return };
+    let config = w.config("[tools.slow]\ncall_timeout_seconds = 1\n");
+    let config = config.display().to_string();
+    let mut p = w.start(&["--config", &config], 0);
+    p.send(&json!({"jsonrpc": "2.0", "id": 900, "method": "tools/list",
+                   "params": {"_meta": support::wire::meta()}}));
+    let tools = p.recv()["result"]["tools"].as_array().unwrap().clone();
+    let schema = tools.iter().find(|t| t["name"] == "slow").unwrap()["outputSchema"].to_string();
+    let r = p.call("slow", json!({"seconds": 2.5, "operation_id": "op-c"}));
+    let e = error_of(&r);
+    assert_eq!(e["code"], "outcome_unknown", "{r}");
+    let status_ref = e["status_ref"].as_str().unwrap().to_string();
+    drop(p);
+    let olga = add_principal(&w.db, "olga", "acme", &["operator"], &[], true).unwrap();
+
+    let mut console = toolledger()
+        .arg("console")
+        .args(["--http", "127.0.0.1:0"])
+        .args(w.db.store_args())
+        .envs(w.db.key_env())
+        .env_remove("TOOLLEDGER_ALLOWED_HOSTS")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (url, _) = toolledger_testkit::stdio::wait_listening(console.stderr.take().unwrap());
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/console")
+        .to_string();
+    let session = raw::console_sign_in(&addr, &olga);
+    let page_path = format!("/console/operations/{status_ref}");
+    let page = raw::exchange(&addr, "GET", &page_path, &[("Cookie", &session)], b"").unwrap();
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains("name=\"result\""), "{}", page.body);
+    assert!(
+        page.body.contains("name=\"output_schema\""),
+        "{}",
+        page.body
+    );
+    let csrf = raw::console_csrf(&page.body[page.body.find("id=\"resolve\"").unwrap()..]);
+    let resolve = |result: &str, output_schema: &str| {
+        let body = raw::form_body(&[
+            ("csrf", &csrf),
+            ("as", "succeeded"),
+            ("reason", "the upstream's log shows the sleep finished"),
+            ("evidence", r#"{"log_line": "slept 2.5s"}"#),
+            ("result", result),
+            ("output_schema", output_schema),
+        ]);
+        raw::exchange(
+            &addr,
+            "POST",
+            &format!("{page_path}/resolve"),
+            &[
+                ("Cookie", &session),
+                ("Content-Type", "application/x-www-form-urlencoded"),
+            ],
+            body.as_bytes(),
+        )
+        .unwrap()
+    };
+    let unsure = || {
+        w.db.scalar("SELECT count(*) FROM operations WHERE state = 'outcome_unknown'")
+    };
+    for (result, output_schema, why) in [
+        (r#"{"slept": "long"}"#, schema.as_str(), "does not conform"),
+        (r#"{"slept": 2.5}"#, "", "output schema"),
+        (r#"{"slept": 2.5}"#, r#"{"type":"object"}"#, "not the one"),
+        ("[2.5]", schema.as_str(), "must be a JSON object"),
+    ] {
+        let r = resolve(result, output_schema);
+        assert_eq!(r.status, 422, "{result} {output_schema}: {}", r.body);
+        assert!(r.body.contains("invalid_arguments"), "{}", r.body);
+        assert!(r.body.contains(why), "{why}: {}", r.body);
+        assert_eq!(unsure(), 1, "{result} changed the operation");
+    }
+    let r = resolve(r#"{"slept": 2.5}"#, &schema);
+    assert_eq!(r.status, 303, "{}", r.body);
+    assert_eq!(unsure(), 0);
+    let _ = console.kill();
+    let _ = console.wait();
+
+    let mut p = w.start(&["--config", &config], 0);
+    let replay = p.call("slow", json!({"seconds": 2.5, "operation_id": "op-c"}));
+    assert_eq!(replay["isError"], false, "{replay}");
+    assert_eq!(
+        replay["structuredContent"],
+        json!({"slept": 2.5}),
+        "{replay}"
+    );
+    assert_eq!(replay["_meta"]["io.toolledger/confirmed"]["by"], "operator");
+}
+
 /// A charge server on streamable HTTP at `port`, sharing the world's charge file.
 fn http_upstream(w: &World, port: u16) -> std::process::Child {
     let child = Command::new(&w.python)
@@ -1333,6 +1434,7 @@ on_both_backends!(
     fractional_numbers_pass_and_are_one_intent,
     an_operator_confirms_a_success_with_evidence,
     an_operator_confirms_a_success_with_a_result_that_fits_the_schema,
+    the_console_confirms_a_success_with_a_result_that_fits_the_schema,
     an_unreachable_upstream_is_not_sent_and_the_retry_forwards,
     an_upstream_round_asking_for_input_passes_through_bound_to_the_operation,
     progress_and_cancellation_pass_through,

@@ -71,14 +71,30 @@ pub const ALL_TENANTS_ROLE: &str = "operator_all_tenants";
 /// Rows per page of the unsure list.
 pub const PAGE_ROWS: u32 = 50;
 
-/// The most bytes a form's body may hold (a resolve form's reason and evidence fit with room
-/// to spare); a longer one is refused with 413 `too_large`.
-pub const FORM_LIMIT: usize = 64 * 1024;
+/// The most bytes a form's body may hold (a resolve form's reason, evidence, a 64 KiB result
+/// and its output schema fit, URL-encoded); a longer one is refused with 413 `too_large`.
+pub const FORM_LIMIT: usize = 256 * 1024;
 
 /// Settles one operation for an operator: the binary's resolution code path (the runtime
-/// with the tools and downstreams the process knows), shared with `toolledger resolve`.
-pub type Resolver =
-    Arc<dyn Fn(Resolution) -> BoxFuture<'static, Result<Answer, RuntimeError>> + Send + Sync>;
+/// with the tools and downstreams the process knows), shared with `toolledger resolve`. The
+/// second argument is the tool's result the operator gives with a confirmed success, if any.
+pub type Resolver = Arc<
+    dyn Fn(Resolution, Option<ConfirmedResult>) -> BoxFuture<'static, Result<Answer, RuntimeError>>
+        + Send
+        + Sync,
+>;
+
+/// The tool's result an operator gives with a confirmed success (`succeeded` with evidence),
+/// and the output schema it is checked against: stored with the confirmation, so every retry
+/// is a success carrying it. The resolver refuses it (`invalid_arguments`, nothing changed)
+/// where it does not apply or does not fit.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConfirmedResult {
+    /// The result, as given.
+    pub result: serde_json::Value,
+    /// The tool's output schema (its `outputSchema` as the upstream lists it), as given.
+    pub output_schema: Option<serde_json::Value>,
+}
 
 /// Asks the downstream what it holds for a deferred operation, for an operator
 /// (`Runtime::downstream_evidence`; nothing is written), or says why this process cannot.
@@ -508,6 +524,10 @@ struct ChangeForm {
     reason: Option<String>,
     #[serde(default)]
     evidence: Option<String>,
+    #[serde(default)]
+    result: Option<String>,
+    #[serde(default)]
+    output_schema: Option<String>,
 }
 
 /// The form in `body`, at most [`FORM_LIMIT`] bytes, or the page refusing it: 413
@@ -746,6 +766,24 @@ fn refusal_status(code: ErrorCode) -> StatusCode {
     }
 }
 
+/// A form's JSON field: `None` when empty; the parsed value (an object when `object`), or
+/// `why` when it is not.
+fn json_field(
+    text: Option<&str>,
+    object: bool,
+    why: &'static str,
+) -> Result<Option<serde_json::Value>, &'static str> {
+    match text.map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(text) => {
+            match toolledger::json::parse(text.as_bytes(), &toolledger::json::Limits::DEFAULT) {
+                Ok(v) if v.is_object() || !object => Ok(Some(v)),
+                _ => Err(why),
+            }
+        }
+    }
+}
+
 async fn resolve(
     State(c): State<Console>,
     headers: HeaderMap,
@@ -785,31 +823,57 @@ async fn resolve(
         )
         .await;
     };
+    let fields = (
+        json_field(
+            f.evidence.as_deref(),
+            true,
+            "the evidence must be a JSON object",
+        ),
+        json_field(f.result.as_deref(), false, "the result must be JSON"),
+        json_field(
+            f.output_schema.as_deref(),
+            false,
+            "the output schema must be JSON",
+        ),
+    );
+    let (evidence, result, output_schema) = match fields {
+        (Ok(e), Ok(r), Ok(o)) => (e, r, o),
+        (Err(why), _, _) | (_, Err(why), _) | (_, _, Err(why)) => {
+            return render_operation(
+                &c,
+                &viewer,
+                &status_ref,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Some(("invalid_arguments", why)),
+            )
+            .await
+        }
+    };
+    if output_schema.is_some() && result.is_none() {
+        return render_operation(
+            &c,
+            &viewer,
+            &status_ref,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Some((
+                "invalid_arguments",
+                "an output schema goes with a result, which it checks",
+            )),
+        )
+        .await;
+    }
+    let confirmed = result.map(|result| ConfirmedResult {
+        result,
+        output_schema,
+    });
     let resolution = Resolution {
         status_ref: status_ref.clone(),
         outcome,
         reason: f.reason.unwrap_or_default().replace("\r\n", "\n"),
         operator: viewer.name.clone(),
-        evidence: match f.evidence.as_deref().map(str::trim) {
-            None | Some("") => None,
-            Some(text) => {
-                match toolledger::json::parse(text.as_bytes(), &toolledger::json::Limits::DEFAULT) {
-                    Ok(v) if v.is_object() => Some(v),
-                    _ => {
-                        return render_operation(
-                            &c,
-                            &viewer,
-                            &status_ref,
-                            StatusCode::UNPROCESSABLE_ENTITY,
-                            Some(("invalid_arguments", "the evidence must be a JSON object")),
-                        )
-                        .await
-                    }
-                }
-            }
-        },
+        evidence,
     };
-    match (c.inner.resolver)(resolution).await {
+    match (c.inner.resolver)(resolution, confirmed).await {
         Ok(Answer::Done { .. }) => Redirect::to(&format!(
             "/console/operations/{}",
             pages::encode(&status_ref)

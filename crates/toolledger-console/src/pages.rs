@@ -383,6 +383,12 @@ pub fn operation(viewer: (&str, &str), s: &Shown<'_>) -> Markup {
                     textarea id="reason" name="reason" rows="3" maxlength="512" required {}
                     label for="evidence" { "Evidence (a JSON object of what you verified; needed to record succeeded when the downstream holds no receipt)" }
                     textarea id="evidence" name="evidence" rows="3" maxlength="16384" placeholder="{\"message_id\": \"…\"}" {}
+                    label for="result" { "Result (optional, with succeeded and evidence, for an operation "
+                        code { "toolledger proxy" } " recorded: the tool's result as a JSON object, which every retry then receives as a success)" }
+                    textarea id="result" name="result" rows="3" maxlength="65536" {}
+                    label for="output_schema" { "Output schema (with a result, when the tool declared one: its "
+                        code { "outputSchema" } " as the upstream lists it; the result is checked against it)" }
+                    textarea id="output_schema" name="output_schema" rows="3" maxlength="65536" {}
                     p { button type="submit" id="resolve-submit" { "Resolve" } }
                 }
             } @else if let Some(note) = s.resolve_note {

@@ -18,7 +18,7 @@ use toolledger::engine::{Begun, Engine, InlineEffect};
 use toolledger::runtime::{Registry, Resolution, Runtime};
 use toolledger::store::Store;
 use toolledger::{Error, OperationState, Principal};
-use toolledger_console::{Console, Resolver};
+use toolledger_console::{ConfirmedResult, Console, Resolver};
 use toolledger_mcp::wire::http::AllowedHosts;
 use toolledger_testkit::calls::{inline_call, principal};
 use toolledger_testkit::db::{PgSchema, SqliteFile};
@@ -63,7 +63,7 @@ async fn world(store: Store) -> World {
     }
     // The resolver: the runtime's resolution (inline operations need no tool).
     let rt = Runtime::new(store.clone(), shared.clone(), Registry::new());
-    let resolver: Resolver = Arc::new(move |r: Resolution| {
+    let resolver: Resolver = Arc::new(move |r: Resolution, _: Option<ConfirmedResult>| {
         let rt = rt.clone();
         Box::pin(async move { rt.resolve(&r).await })
     });
@@ -399,6 +399,32 @@ async fn scenario(store: Store) {
     )
     .await;
     assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY);
+    // A result that is not JSON, or an output schema without the result it checks, is
+    // refused before anything is asked of the runtime.
+    for (fields, why) in [
+        (
+            vec![("result", "{not json"), ("output_schema", "{}")],
+            "the result must be JSON",
+        ),
+        (
+            vec![("result", "{}"), ("output_schema", "{not json")],
+            "the output schema must be JSON",
+        ),
+        (
+            vec![("output_schema", "{\"type\": \"object\"}")],
+            "an output schema goes with a result",
+        ),
+    ] {
+        let mut form = vec![
+            ("csrf", olga_csrf.as_str()),
+            ("as", "applied"),
+            ("reason", "checked by hand"),
+        ];
+        form.extend(fields);
+        let r = send(&w.app, post(&resolve_path, Some(&olga), &form)).await;
+        assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
+        assert!(r.body.contains(why), "{why}: {}", r.body);
+    }
     assert_eq!(events(&w.store).await, before, "refusals change nothing");
     assert_eq!(state_of(&w.store, &mine).await, "partial");
 
@@ -529,7 +555,7 @@ fn cookies_are_secure_behind_tls() {
         let r = send(&w.app, forwarded).await;
         assert!(login_cookie(&r).ends_with("; Secure"), "{:?}", r.headers);
         let rt = Runtime::new(w.store.clone(), Arc::new(w.clock.clone()), Registry::new());
-        let resolver: Resolver = Arc::new(move |r: Resolution| {
+        let resolver: Resolver = Arc::new(move |r: Resolution, _: Option<ConfirmedResult>| {
             let rt = rt.clone();
             Box::pin(async move { rt.resolve(&r).await })
         });

@@ -47,13 +47,13 @@ pub fn checked_result(
 ) -> Result<Value, Error> {
     if !result.is_object() {
         return Err(Error::invalid(
-            "--result must be a JSON object: the tool's structured result",
+            "the result must be a JSON object: the tool's structured result",
         ));
     }
     let text = toolledger::json::canonical_string(result)
-        .map_err(|e| Error::invalid(format!("--result {}", e.message)))?;
+        .map_err(|e| Error::invalid(format!("the result {}", e.message)))?;
     if text.len() > MAX_RESULT_BYTES {
-        return Err(Error::invalid("--result is larger than 64 KiB"));
+        return Err(Error::invalid("the result is larger than 64 KiB"));
     }
     let recorded = &record.contract.output_rev;
     let schema = match output_schema {
@@ -69,9 +69,9 @@ pub fn checked_result(
         None if *recorded == revision(&Value::Null) => return Ok(result.clone()),
         None => {
             return Err(Error::invalid(
-                "the tool declared an output schema when the call was accepted: give it with \
-                 --output-schema FILE (its outputSchema as the upstream lists it), so the \
-                 result is checked against it",
+                "the tool declared an output schema when the call was accepted: give it \
+                 (its outputSchema as the upstream lists it; `toolledger resolve` takes it \
+                 with --output-schema FILE), so the result is checked against it",
             ))
         }
     };
@@ -79,7 +79,7 @@ pub fn checked_result(
         .map_err(|_| Error::invalid("the output schema given does not compile"))?;
     if let Some(why) = validator.iter_errors(result).next() {
         return Err(Error::invalid(format!(
-            "--result does not conform to the tool's output schema: {why}"
+            "the result does not conform to the tool's output schema: {why}"
         )));
     }
     Ok(result.clone())

@@ -201,6 +201,51 @@ pub fn exchange(
     HttpResponse::try_parse(&raw)
 }
 
+/// The CSRF token the first form of a console page carries.
+pub fn console_csrf(page: &str) -> String {
+    let at = page
+        .find("name=\"csrf\" value=\"")
+        .expect("a form with a CSRF token")
+        + 19;
+    let end = page[at..].find('"').expect("the token's end");
+    page[at..at + end].to_string()
+}
+
+/// A console session on `addr` (`host:port`) for the principal whose bearer token is `token`,
+/// signed in through the login form: the `Cookie` header's value that carries it.
+pub fn console_sign_in(addr: &str, token: &str) -> String {
+    let form = exchange(addr, "GET", "/console/login", &[], b"").expect("the login form");
+    let nonce = console_csrf(&form.body);
+    let cookie = format!("toolledger_console_login={nonce}");
+    let signed = exchange(
+        addr,
+        "POST",
+        "/console/login",
+        &[
+            ("Cookie", &cookie),
+            ("Content-Type", "application/x-www-form-urlencoded"),
+        ],
+        format!("csrf={nonce}&token={token}").as_bytes(),
+    )
+    .expect("an answer to the login");
+    assert_eq!(signed.status, 303, "{}", signed.body);
+    signed
+        .headers
+        .iter()
+        .find(|(k, v)| k.eq_ignore_ascii_case("set-cookie") && v.starts_with("toolledger_console="))
+        .map(|(_, v)| v.split(';').next().unwrap().to_string())
+        .expect("a session cookie")
+}
+
+/// `fields` as an `application/x-www-form-urlencoded` body.
+pub fn form_body(fields: &[(&str, &str)]) -> String {
+    fields
+        .iter()
+        .map(|(k, v)| format!("{k}={}", toolledger_console::pages::encode(v)))
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
 /// One HTTP response.
 #[derive(Debug)]
 pub struct HttpResponse {
