@@ -20,6 +20,9 @@ MCP='mcp==2.3.0'
 PYTEST='pytest==9.2.0'
 PYDANTIC_AI='pydantic-ai-slim[mcp]==2.78.0'
 OPENAI_AGENTS='openai-agents==0.24.0'
+# The trace test: the SDK's in-memory exporter, and the protobufs the OTLP receiver decodes with.
+OTEL_SDK='opentelemetry-sdk==1.45.2'
+OTEL_PROTO='opentelemetry-proto==1.45.2'
 
 root="$PWD/target/client-python"
 mkdir -p "$root"
@@ -42,7 +45,8 @@ echo "== client-python: test venv"
 if [ ! -x "$root/venv/bin/python" ]; then
   python3 -m venv "$root/venv"
 fi
-"$root/venv/bin/pip" install "${pip_q[@]}" "$MCP" "$PYTEST" "$PYDANTIC_AI" "$OPENAI_AGENTS"
+"$root/venv/bin/pip" install "${pip_q[@]}" "$MCP" "$PYTEST" "$PYDANTIC_AI" "$OPENAI_AGENTS" \
+  "$OTEL_SDK" "$OTEL_PROTO"
 "$root/venv/bin/pip" install "${pip_q[@]}" --force-reinstall --no-deps ./clients/python
 # The adapters' frameworks must leave the pinned SDK in place (the charge server needs it).
 "$root/venv/bin/python" -c 'import importlib.metadata as m; v = m.version("mcp"); assert v == "2.3.0", v'

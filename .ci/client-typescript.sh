@@ -6,7 +6,8 @@
 # Usage: .ci/client-typescript.sh TOOLLEDGER_BIN NODE_BIN_DIR
 #   TOOLLEDGER_BIN  the toolledger binary the tests drive (proxy, serve)
 #   NODE_BIN_DIR    the directory of Node.js 22's `node` (what .ci/node.sh prints)
-# Environment: TOOLLEDGER_PYTHON, a python with mcp==2.3.0 (the test upstream's SDK): required.
+# Environment: TOOLLEDGER_PYTHON, a python with mcp==2.3.0 (the test upstream's SDK) and
+# opentelemetry-proto (the trace test's receiver): required.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -29,6 +30,9 @@ node_major=$(node -p 'process.versions.node.split(".")[0]')
 python=${TOOLLEDGER_PYTHON:-}
 [ -n "$python" ] || fail "TOOLLEDGER_PYTHON must name a python with mcp==2.3.0"
 "$python" -c 'import mcp.server.mcpserver' 2>/dev/null || fail "$python has no mcp 2.x (pip install 'mcp==2.3.0')"
+# The trace test's OTLP receiver decodes the server's export with the official protobufs.
+"$python" -c 'import opentelemetry.proto' 2>/dev/null ||
+  fail "$python has no opentelemetry-proto (pip install 'opentelemetry-proto==1.45.2')"
 
 pkg="$repo/clients/typescript"
 work=$(mktemp -d "${TMPDIR:-/tmp}/toolledger-client-ts.XXXXXX")
@@ -61,6 +65,7 @@ rm -rf "$work/test/install"
 cd "$work"
 export TOOLLEDGER_BIN="$bin" TOOLLEDGER_PYTHON="$python"
 export TOOLLEDGER_CHARGE_SERVER="$repo/tests/proxy/charge_server.py"
+export TOOLLEDGER_OTLP_RECEIVER="$repo/crates/toolledger-cli/tests/py/otlp_receiver.py"
 [ -f "$TOOLLEDGER_CHARGE_SERVER" ] || fail "no $TOOLLEDGER_CHARGE_SERVER"
 rc=0
 timeout 280 node --test --test-timeout=120000 \

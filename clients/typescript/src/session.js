@@ -2,6 +2,7 @@
 // under the same operation id until the server gives an answer that settles it.
 import { ProtocolError, SdkError, SdkErrorCode } from '@modelcontextprotocol/client';
 import { canonicalJson, uuidv7 } from './ids.js';
+import { request, traced } from './trace.js';
 
 export const META_OPERATION_ID = 'io.toolledger/operation_id';
 export const META_LEDGER = 'io.toolledger/ledger';
@@ -181,7 +182,7 @@ export class LedgerSession {
             entry = { operationId, intent: intent ?? null, tool: name, arguments: arguments_, keyArgument };
             this.ledger.recordIntent(entry); // durable before anything is sent
         }
-        return this._drive(entry, at, { signal, newIntent });
+        return traced(name, false, () => this._drive(entry, at, { signal, newIntent }));
     }
 
     /** Takes a journaled call up again (`ledger.pending()` lists them) under its own id. */
@@ -189,7 +190,9 @@ export class LedgerSession {
         const id = typeof entry === 'string' ? entry : entry?.operationId;
         const stored = this.ledger.entry(id);
         if (!stored) throw new LedgerError(`the journal has no operation ${id}`);
-        return this._drive(stored, deadlineAt(options.deadline), { signal: options.signal, newIntent: options.newIntent ?? false });
+        return traced(stored.tool, true, () =>
+            this._drive(stored, deadlineAt(options.deadline), { signal: options.signal, newIntent: options.newIntent ?? false }),
+        );
     }
 
     _delay(attempt) {
@@ -227,7 +230,9 @@ export class LedgerSession {
         if (entry.keyArgument) args[entry.keyArgument] = entry.operationId;
         const meta = { [META_OPERATION_ID]: entry.operationId };
         if (newIntent) meta[META_NEW_INTENT] = true;
-        return this._request(opts => this._client.callTool({ name: entry.tool, arguments: args, _meta: meta }, opts), at, signal);
+        return request(entry.tool, meta, carried =>
+            this._request(opts => this._client.callTool({ name: entry.tool, arguments: args, _meta: carried }, opts), at, signal),
+        );
     }
 
     async _status(entry, at, signal) {
@@ -238,7 +243,9 @@ export class LedgerSession {
         } catch {
             // asked without `tool`
         }
-        const res = await this._request(opts => this._client.callTool({ name: STATUS_TOOL, arguments: args }, opts), at, signal);
+        const res = await request(STATUS_TOOL, {}, carried =>
+            this._request(opts => this._client.callTool({ name: STATUS_TOOL, arguments: args, ...(Object.keys(carried).length ? { _meta: carried } : {}) }, opts), at, signal),
+        );
         if (res.isError) throw new LedgerError(`${STATUS_TOOL} failed: ${res.content?.[0]?.text ?? 'no text'}`);
         return res.structuredContent ?? JSON.parse(res.content?.[0]?.text ?? '{}');
     }

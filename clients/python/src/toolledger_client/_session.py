@@ -19,6 +19,7 @@ except NameError:  # Python 3.10: anyio's dependency provides it
     from exceptiongroup import BaseExceptionGroup
 
 from ._journal import JournalEntry, Ledger, canonical_json
+from ._trace import traced
 
 logger = logging.getLogger("toolledger_client")
 
@@ -451,7 +452,7 @@ class LedgerSession:
             )
         if entry.status == "settled":
             return self._from_journal(entry)
-        return await self._drive(entry, deadline, new_intent, meta)
+        return await traced(name, False, lambda: self._drive(entry, deadline, new_intent, meta))
 
     async def resume(
         self, entry: JournalEntry | str, *, deadline: float | None = None, new_intent: bool = False
@@ -463,7 +464,7 @@ class LedgerSession:
             raise KeyError(f"the journal has no operation {operation_id!r}")
         if current.status == "settled":
             return self._from_journal(current)
-        return await self._drive(current, deadline, new_intent)
+        return await traced(current.tool, True, lambda: self._drive(current, deadline, new_intent))
 
     async def call_tool_direct(self, name: str, arguments: Mapping[str, Any] | None = None) -> Any:
         """Call `name` on the current connection without the journal: for read-only tools,
