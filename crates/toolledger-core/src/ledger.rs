@@ -3,8 +3,8 @@
 //! The inline path ([`crate::engine`]) and the deferred path ([`crate::runtime`]) are two
 //! paths over what this module owns:
 //!
-//! - the columns of a ledger row ([`crate::operation_columns!`]) and the one decoder of them
-//!   into a [`LedgerRow`], which checks every row against the storage contract (canonical
+//! - a ledger row as stored ([`OperationRow`], its columns and their one reader) and the one
+//!   decoder of it into a [`LedgerRow`], which checks every row against the storage contract (canonical
 //!   stored JSON, the result against its digest, a well-formed request digest, a known state);
 //!   the inline [`OperationRecord`](crate::engine::OperationRecord) and the deferred
 //!   [`DeferredRecord`](crate::runtime::DeferredRecord) are views built on it;
@@ -27,10 +27,8 @@ use crate::effect::{EffectTx, RowExt, SqlValue};
 use crate::model::{Error, ErrorCode, OperationState, ToolContract};
 use crate::store::StoreError;
 
-/// The columns of a ledger row, in the order the ledger's row decoder reads them, as one
-/// string literal (for `concat!`): what a driver's own lookup of ledger rows (a batch's
-/// [`crate::store::BatchTx::lookup_scopes`]) must select.
-#[macro_export]
+/// The columns of a ledger row, in [`OperationRow`]'s order, as one string literal (for
+/// `concat!`).
 macro_rules! operation_columns {
     () => {
         "id, tenant, subject, tool, idempotency_key, request_digest,
@@ -39,22 +37,143 @@ macro_rules! operation_columns {
     retention_deadline, created_at, updated_at, compacted_at"
     };
 }
+pub(crate) use operation_columns;
 
-/// How many columns [`crate::operation_columns!`] names; a query may select more after them.
-pub(crate) const OPERATION_COLUMNS: usize = 24;
+/// One row of the `operations` table as stored: every column, typed, not yet checked against
+/// the storage contract (the ledger checks it before any use). A driver's own query of ledger
+/// rows (a batch's [`crate::store::BatchTx::lookup_scopes`]) selects
+/// [`OperationRow::COLUMNS`] and reads each row with [`OperationRow::from_values`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OperationRow {
+    /// `id`.
+    pub id: i64,
+    /// `tenant`.
+    pub tenant: String,
+    /// `subject`.
+    pub subject: String,
+    /// `tool`.
+    pub tool: String,
+    /// `idempotency_key`.
+    pub idempotency_key: String,
+    /// `request_digest`.
+    pub request_digest: String,
+    /// `input_rev`.
+    pub input_rev: String,
+    /// `output_rev`.
+    pub output_rev: String,
+    /// `effect_rev`.
+    pub effect_rev: String,
+    /// `handler_rev`.
+    pub handler_rev: String,
+    /// `producer_rev`.
+    pub producer_rev: String,
+    /// `policy_rev`.
+    pub policy_rev: String,
+    /// `arguments`: the canonical arguments' text.
+    pub arguments: String,
+    /// `fingerprint`.
+    pub fingerprint: Option<String>,
+    /// `effect_kind`: `inline` or `deferred`.
+    pub effect_kind: String,
+    /// `state`.
+    pub state: String,
+    /// `result`: the stored result's canonical text.
+    pub result: Option<String>,
+    /// `result_digest`.
+    pub result_digest: Option<String>,
+    /// `status_ref`.
+    pub status_ref: String,
+    /// `authority_deadline` (Unix seconds).
+    pub authority_deadline: Option<i64>,
+    /// `retention_deadline` (Unix seconds).
+    pub retention_deadline: Option<i64>,
+    /// `created_at` (Unix seconds).
+    pub created_at: i64,
+    /// `updated_at` (Unix seconds).
+    pub updated_at: i64,
+    /// `compacted_at` (Unix seconds): set once the row is a tombstone.
+    pub compacted_at: Option<i64>,
+}
 
-/// Position of `effect_kind` in [`crate::operation_columns!`].
-pub(crate) const EFFECT_KIND_COLUMN: usize = 14;
+impl OperationRow {
+    /// The columns [`OperationRow::from_values`] reads, in its order.
+    pub const COLUMNS: &'static str = operation_columns!();
+
+    /// How many columns [`OperationRow::COLUMNS`] names.
+    pub const WIDTH: usize = 24;
+
+    /// Reads a row selected with [`OperationRow::COLUMNS`]: its first [`OperationRow::WIDTH`]
+    /// values, moved out (any after them are ignored). A value of the wrong type, or a row too
+    /// short, is a [`StoreError::Contract`].
+    pub fn from_values(values: impl IntoIterator<Item = SqlValue>) -> Result<Self, StoreError> {
+        Self::take(&mut values.into_iter())
+    }
+
+    /// Reads the next [`OperationRow::WIDTH`] values of `values`, leaving the ones after them.
+    pub(crate) fn take(values: &mut impl Iterator<Item = SqlValue>) -> Result<Self, StoreError> {
+        let mut next = || values.next().ok_or_else(wrong_type);
+        Ok(OperationRow {
+            id: int(next()?)?,
+            tenant: text(next()?)?,
+            subject: text(next()?)?,
+            tool: text(next()?)?,
+            idempotency_key: text(next()?)?,
+            request_digest: text(next()?)?,
+            input_rev: text(next()?)?,
+            output_rev: text(next()?)?,
+            effect_rev: text(next()?)?,
+            handler_rev: text(next()?)?,
+            producer_rev: text(next()?)?,
+            policy_rev: text(next()?)?,
+            arguments: text(next()?)?,
+            fingerprint: opt_text(next()?)?,
+            effect_kind: text(next()?)?,
+            state: text(next()?)?,
+            result: opt_text(next()?)?,
+            result_digest: opt_text(next()?)?,
+            status_ref: text(next()?)?,
+            authority_deadline: opt_int(next()?)?,
+            retention_deadline: opt_int(next()?)?,
+            created_at: int(next()?)?,
+            updated_at: int(next()?)?,
+            compacted_at: opt_int(next()?)?,
+        })
+    }
+}
+
+fn wrong_type() -> StoreError {
+    contract("a column has an unexpected type")
+}
+
+fn int(v: SqlValue) -> Result<i64, StoreError> {
+    v.as_i64().ok_or_else(wrong_type)
+}
+
+fn opt_int(v: SqlValue) -> Result<Option<i64>, StoreError> {
+    match v {
+        SqlValue::Null => Ok(None),
+        v => int(v).map(Some),
+    }
+}
+
+fn text(v: SqlValue) -> Result<String, StoreError> {
+    match v {
+        SqlValue::Text(t) => Ok(t),
+        _ => Err(wrong_type()),
+    }
+}
+
+fn opt_text(v: SqlValue) -> Result<Option<String>, StoreError> {
+    match v {
+        SqlValue::Null => Ok(None),
+        v => text(v).map(Some),
+    }
+}
 
 /// The columns of a ledger row, followed by a `WHERE` clause given as a literal.
 macro_rules! select_rows {
     ($where:literal) => {
-        concat!(
-            "SELECT ",
-            $crate::operation_columns!(),
-            " FROM operations ",
-            $where
-        )
+        concat!("SELECT ", operation_columns!(), " FROM operations ", $where)
     };
 }
 
@@ -104,33 +223,16 @@ pub(crate) fn column<T>(read: Result<T, Error>) -> Result<T, StoreError> {
     read.map_err(|_| contract("a column has an unexpected type"))
 }
 
-/// The text in column `i`, moved out of `row` (which keeps an empty text there).
-fn take_text(row: &mut [SqlValue], i: usize) -> Result<String, StoreError> {
-    match row.get_mut(i) {
-        Some(SqlValue::Text(text)) => Ok(std::mem::take(text)),
-        _ => Err(contract("a column has an unexpected type")),
-    }
-}
-
-/// The text in column `i` or `None` for `NULL`, moved out of `row`.
-fn take_opt_text(row: &mut [SqlValue], i: usize) -> Result<Option<String>, StoreError> {
-    match row.get(i) {
-        Some(SqlValue::Null) => Ok(None),
-        _ => take_text(row, i).map(Some),
-    }
-}
-
-/// Decodes the first [`OPERATION_COLUMNS`] columns of `row` (selected with
-/// [`crate::operation_columns!`]) and checks them against the storage contract. A tombstone
-/// (`compacted_at` set) decodes with JSON `null` arguments and no result.
-pub(crate) fn decode(row: &mut [SqlValue]) -> Result<LedgerRow, StoreError> {
-    let state = OperationState::parse(&take_text(row, 15)?)
-        .ok_or_else(|| contract("unknown operation state"))?;
-    let arguments_text = take_text(row, 12)?;
+/// Checks a stored row against the storage contract. A tombstone (`compacted_at` set)
+/// decodes with JSON `null` arguments and no result.
+pub(crate) fn decode(row: OperationRow) -> Result<LedgerRow, StoreError> {
+    let state =
+        OperationState::parse(&row.state).ok_or_else(|| contract("unknown operation state"))?;
+    let arguments_text = row.arguments;
     let arguments = parse_stored(&arguments_text)?;
-    let result_text = take_opt_text(row, 16)?;
-    let result_digest = take_opt_text(row, 17)?;
-    let compacted_at = column(row.opt_int(23))?;
+    let result_text = row.result;
+    let result_digest = row.result_digest;
+    let compacted_at = row.compacted_at;
     if compacted_at.is_some() {
         let removed = Some(TOMBSTONE_JSON);
         if arguments_text != TOMBSTONE_JSON
@@ -152,37 +254,35 @@ pub(crate) fn decode(row: &mut [SqlValue]) -> Result<LedgerRow, StoreError> {
         (None, None) => None,
         _ => return Err(contract("result and result digest disagree")),
     };
-    let request_digest = take_text(row, 5)?;
-    if !is_hex64(&request_digest) {
+    if !is_hex64(&row.request_digest) {
         return Err(contract("malformed request digest"));
     }
-    let tool = take_text(row, 3)?;
     Ok(LedgerRow {
-        id: column(row.int(0))?,
+        id: row.id,
         contract: ToolContract {
-            name: tool.clone(),
-            input_rev: take_text(row, 6)?,
-            output_rev: take_text(row, 7)?,
-            effect_rev: take_text(row, 8)?,
-            handler_rev: take_text(row, 9)?,
-            producer_rev: take_text(row, 10)?,
-            policy_rev: take_text(row, 11)?,
+            name: row.tool.clone(),
+            input_rev: row.input_rev,
+            output_rev: row.output_rev,
+            effect_rev: row.effect_rev,
+            handler_rev: row.handler_rev,
+            producer_rev: row.producer_rev,
+            policy_rev: row.policy_rev,
         },
-        tenant: take_text(row, 1)?,
-        subject: take_text(row, 2)?,
-        tool,
-        key: take_text(row, 4)?,
-        request_digest,
-        fingerprint: take_opt_text(row, 13)?,
-        effect_kind: take_text(row, EFFECT_KIND_COLUMN)?,
+        tenant: row.tenant,
+        subject: row.subject,
+        tool: row.tool,
+        key: row.idempotency_key,
+        request_digest: row.request_digest,
+        fingerprint: row.fingerprint,
+        effect_kind: row.effect_kind,
         state,
         result,
         result_digest,
-        status_ref: take_text(row, 18)?,
-        authority_deadline: column(row.opt_int(19))?,
-        retention_deadline: column(row.opt_int(20))?,
-        created_at: column(row.int(21))?,
-        updated_at: column(row.int(22))?,
+        status_ref: row.status_ref,
+        authority_deadline: row.authority_deadline,
+        retention_deadline: row.retention_deadline,
+        created_at: row.created_at,
+        updated_at: row.updated_at,
         compacted_at,
         arguments,
         arguments_text,
@@ -787,7 +887,9 @@ fn decode_all(
     let rows = tx
         .query(sql, params)
         .map_err(|e| crate::outbox::store_error(tx, e))?;
-    rows.into_iter().map(|mut r| decode(&mut r)).collect()
+    rows.into_iter()
+        .map(|r| decode(OperationRow::from_values(r)?))
+        .collect()
 }
 
 #[cfg(test)]

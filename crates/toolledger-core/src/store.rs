@@ -15,8 +15,10 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use crate::effect::{Dialect, EffectTx, SqlValue};
+use crate::effect::{Dialect, EffectTx};
 use crate::model::{Error, ErrorCode};
+
+pub use crate::ledger::OperationRow;
 
 /// A unit of write work handed to a [`Driver`]: the driver runs it inside a write
 /// transaction (possibly more than once, after a transient conflict, each time in a fresh
@@ -282,9 +284,8 @@ pub trait BatchTx {
     /// statement.
     fn lock_keys(&mut self, keys: &[String]) -> Result<(), Error>;
 
-    /// Every ledger row of the given scopes (each tenant's and subject's included), with the
-    /// columns of [`crate::operation_columns!`] in that order.
-    fn lookup_scopes(&mut self, scopes: &[ScopeKey<'_>]) -> Result<Vec<Vec<SqlValue>>, Error>;
+    /// Every ledger row of the given scopes (each tenant's and subject's included).
+    fn lookup_scopes(&mut self, scopes: &[ScopeKey<'_>]) -> Result<Vec<OperationRow>, Error>;
 
     /// Inserts the ledger rows of the batch's fresh calls as `inline` and `applied`, created
     /// and updated at `now`, and commits. Returns `(id, status_ref)` of every inserted row.

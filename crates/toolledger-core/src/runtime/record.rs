@@ -5,7 +5,7 @@
 //! downstream request, the purpose-bound identity of a status query).
 
 use super::*;
-use crate::ledger;
+use crate::ledger::{self, OperationRow};
 
 /// The approval fields a deferred intent stored.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -60,12 +60,12 @@ pub struct DeferredRecord {
     pub compacted_at: Option<i64>,
 }
 
-/// A ledger row ([`crate::operation_columns!`]) followed by its intent context. The intent
+/// A ledger row ([`OperationRow::COLUMNS`]) followed by its intent context. The intent
 /// columns come through a derived table so that the ledger's unqualified column names stay
 /// unambiguous.
 const SELECT_DEFERRED: &str = concat!(
     "SELECT ",
-    crate::operation_columns!(),
+    ledger::operation_columns!(),
     ", d.operation_id, d.provider, d.api_family, d.adapter_revision, d.turn_id, d.call_id,
     d.response_id, d.downstream_key, d.approval_id, d.approver, d.approval_digest,
     d.approved_at, d.approval_expires_at
@@ -75,25 +75,29 @@ const SELECT_DEFERRED: &str = concat!(
 );
 
 /// The deferred view of a ledger row and its intent context; `None` for an inline row.
-fn decode(row: &mut [SqlValue]) -> Result<Option<DeferredRecord>, StoreError> {
-    use crate::ledger::{column, contract, EFFECT_KIND_COLUMN, OPERATION_COLUMNS as I};
-    if column(row.text(EFFECT_KIND_COLUMN))? != "deferred" {
+fn decode(row: Vec<SqlValue>) -> Result<Option<DeferredRecord>, StoreError> {
+    use crate::ledger::{column, contract};
+    let mut values = row.into_iter();
+    let stored = OperationRow::take(&mut values)?;
+    if stored.effect_kind != "deferred" {
         return Ok(None);
     }
-    let r = ledger::decode(row)?;
+    let r = ledger::decode(stored)?;
     if r.compacted_at.is_some() {
         return Ok(Some(tombstone(r)));
     }
-    if column(row.opt_int(I))?.is_none() {
+    // The intent context's columns, after the ledger row's.
+    let row: Vec<SqlValue> = values.collect();
+    if column(row.opt_int(0))?.is_none() {
         return Err(contract("deferred operation has no intent context"));
     }
-    let text = |k: usize| column(row.text(I + k));
+    let text = |k: usize| column(row.text(k));
     let approval = match (
-        column(row.opt_text(I + 8))?,
-        column(row.opt_text(I + 9))?,
-        column(row.opt_text(I + 10))?,
-        column(row.opt_int(I + 11))?,
-        column(row.opt_int(I + 12))?,
+        column(row.opt_text(8))?,
+        column(row.opt_text(9))?,
+        column(row.opt_text(10))?,
+        column(row.opt_int(11))?,
+        column(row.opt_int(12))?,
     ) {
         (None, None, None, None, None) => None,
         (Some(approval_id), Some(approver), Some(approval_digest), Some(at), Some(exp)) => {
@@ -180,10 +184,10 @@ pub(super) fn load_where(
 ) -> Result<Loaded, RuntimeError> {
     let sql = format!("{SELECT_DEFERRED} WHERE {clause}");
     let row = tx.query_opt(&sql, args).map_err(|e| stored(tx, e))?;
-    let Some(mut row) = row else {
+    let Some(row) = row else {
         return Ok(Loaded::Absent);
     };
-    match decode(&mut row)? {
+    match decode(row)? {
         None => Ok(Loaded::NotDeferred),
         Some(r) => Ok(Loaded::Deferred(Box::new(r))),
     }
