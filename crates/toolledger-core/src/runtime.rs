@@ -90,7 +90,7 @@ pub use worker::{Worker, WorkerFailure, WorkerRun};
 use record::*;
 pub use record::{
     approval_target, bound_receipt, downstream_request, query_identity, DeferredRecord,
-    IntentApproval,
+    DownstreamRequest, IntentApproval,
 };
 
 /// Prefix of the purpose-bound identity a status query derives. Provider ids carrying it are

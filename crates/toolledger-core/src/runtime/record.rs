@@ -287,8 +287,31 @@ pub fn approval_target(
     }
 }
 
-/// The request sent downstream for a record: scope digest, status ref, request digest, tool
-/// and canonical arguments.
+/// A request sent downstream for a deferred operation, read back from its JSON form (what
+/// [`downstream_request`] builds and [`Downstream::submit`] is given).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct DownstreamRequest {
+    /// The call's canonical arguments.
+    pub arguments: Value,
+    /// The request digest.
+    pub request_digest: String,
+    /// The scope digest: the key the downstream deduplicates on.
+    pub scope_digest: String,
+    /// The operation's opaque status reference.
+    pub status_ref: String,
+    /// The tool's name.
+    pub tool: String,
+}
+
+impl DownstreamRequest {
+    /// The request whose JSON form is `request`; `None` when `request` is not one.
+    pub fn from_json(request: &Value) -> Option<DownstreamRequest> {
+        DownstreamRequest::deserialize(request).ok()
+    }
+}
+
+/// The request sent downstream for a record, in its JSON form: scope digest, status ref,
+/// request digest, tool and canonical arguments ([`DownstreamRequest`]).
 pub fn downstream_request(record: &DeferredRecord) -> Value {
     json!({
         "arguments": record.arguments,
