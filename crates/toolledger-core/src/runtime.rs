@@ -129,6 +129,15 @@ impl From<StoreError> for RuntimeError {
     }
 }
 
+impl From<outbox::OutboxError> for RuntimeError {
+    fn from(e: outbox::OutboxError) -> Self {
+        match e {
+            outbox::OutboxError::Fenced(f) => RuntimeError::Fenced(f),
+            outbox::OutboxError::Store(s) => RuntimeError::Store(s),
+        }
+    }
+}
+
 impl From<Error> for RuntimeError {
     fn from(e: Error) -> Self {
         RuntimeError::Refused(e)
