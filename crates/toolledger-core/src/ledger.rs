@@ -4,12 +4,18 @@
 //! paths over what this module owns:
 //!
 //! - a ledger row as stored ([`OperationRow`], its columns and their one reader) and the one
-//!   decoder of it into a [`LedgerRow`], which checks every row against the storage contract (canonical
-//!   stored JSON, the result against its digest, a well-formed request digest, a known state);
+//!   decoder of it into a [`LedgerRow`], which checks every row against the storage contract
+//!   (canonical stored JSON, the result against its digest, a well-formed request digest, a
+//!   known state);
 //!   the inline [`OperationRecord`](crate::engine::OperationRecord) and the deferred
 //!   [`DeferredRecord`](crate::runtime::DeferredRecord) are views built on it;
-//! - the statements that read rows (by scope, by `(tool, key)`, by status reference), insert
-//!   them and settle them, and the event writer and reader;
+//! - the statements that read rows (by scope, by `(tool, key)`, by status reference, with
+//!   their intent context for the deferred view), insert them and settle them, and the event
+//!   writer and reader;
+//! - the statements of the operators' list, the pruner (compaction, the tombstone horizon, the
+//!   counts; the driver gives the query of the next rows to compact,
+//!   [`crate::store::Driver::compactable_operations`]) and the audit (its rules, the stored
+//!   payloads it checks, the counts by state);
 //! - the status-reference generator ([`new_status_ref`]): `op_` and 32 hex digits, the first
 //!   48 bits the creation time in milliseconds, the other 80 random — for inline and deferred
 //!   operations alike, so a new reference lands at the end of the `status_ref` index;
@@ -37,7 +43,6 @@ macro_rules! operation_columns {
     retention_deadline, created_at, updated_at, compacted_at"
     };
 }
-pub(crate) use operation_columns;
 
 /// One row of the `operations` table as stored: every column, typed, not yet checked against
 /// the storage contract (the ledger checks it before any use). A driver's own query of ledger
@@ -890,6 +895,319 @@ fn decode_all(
     rows.into_iter()
         .map(|r| decode(OperationRow::from_values(r)?))
         .collect()
+}
+
+/// A ledger row ([`OperationRow::COLUMNS`]) followed by its intent context
+/// ([`row_with_intent`]). The intent columns come through a derived table so that the
+/// ledger's unqualified column names stay unambiguous.
+const SELECT_DEFERRED: &str = concat!(
+    "SELECT ",
+    operation_columns!(),
+    ", d.operation_id, d.provider, d.api_family, d.adapter_revision, d.turn_id, d.call_id,
+    d.response_id, d.downstream_key, d.approval_id, d.approver, d.approval_digest,
+    d.approved_at, d.approval_expires_at
+    FROM operations o LEFT JOIN (SELECT operation_id, provider, api_family, adapter_revision,
+        turn_id, call_id, response_id, downstream_key, approval_id, approver, approval_digest,
+        approved_at, approval_expires_at FROM deferred_intents) d ON d.operation_id = o.id"
+);
+
+/// Which operation [`row_with_intent`] reads.
+pub(crate) enum RowBy<'a> {
+    /// The operation of one scope.
+    Scope(&'a crate::model::Scope),
+    /// The operation with one status reference.
+    StatusRef(&'a str),
+    /// The operation with one id.
+    Id(i64),
+}
+
+/// The ledger row `by` names, and after it the columns of its intent context
+/// (`deferred_intents`: `operation_id`, `provider`, `api_family`, `adapter_revision`,
+/// `turn_id`, `call_id`, `response_id`, `downstream_key`, `approval_id`, `approver`,
+/// `approval_digest`, `approved_at`, `approval_expires_at`), all `NULL` when it has none.
+pub(crate) fn row_with_intent(
+    tx: &mut dyn EffectTx,
+    by: RowBy<'_>,
+) -> Result<Option<(OperationRow, Vec<SqlValue>)>, StoreError> {
+    let (clause, args): (&str, Vec<SqlValue>) = match by {
+        RowBy::Scope(scope) => (
+            "o.tenant = ?1 AND o.subject = ?2 AND o.tool = ?3 AND o.idempotency_key = ?4",
+            vec![
+                scope.tenant.as_str().into(),
+                scope.subject.as_str().into(),
+                scope.tool.as_str().into(),
+                scope.key.as_str().into(),
+            ],
+        ),
+        RowBy::StatusRef(status_ref) => ("o.status_ref = ?1", vec![status_ref.into()]),
+        RowBy::Id(id) => ("o.id = ?1", vec![id.into()]),
+    };
+    let sql = format!("{SELECT_DEFERRED} WHERE {clause}");
+    let row = tx
+        .query_opt(&sql, &args)
+        .map_err(|e| crate::outbox::store_error(tx, e))?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let mut values = row.into_iter();
+    let operation = OperationRow::take(&mut values)?;
+    Ok(Some((operation, values.collect())))
+}
+
+/// The audit's semantic rules ([`crate::audit`]), by name, with the query returning the
+/// offending rows' opaque references.
+pub const RULES: &[(&str, &str)] = &[
+    (
+        "succeeded_operation_without_receipt",
+        "SELECT o.status_ref FROM operations o
+         WHERE o.effect_kind = 'deferred' AND o.state = 'succeeded' AND o.compacted_at IS NULL
+           AND NOT EXISTS (SELECT 1 FROM local_receipts r WHERE r.operation_id = o.id)",
+    ),
+    (
+        "delivered_event_without_succeeded_operation",
+        "SELECT o.status_ref FROM outbox e JOIN operations o ON o.id = e.operation_id
+         WHERE e.state = 'delivered' AND o.state <> 'succeeded' AND o.state <> 'failed'",
+    ),
+    (
+        "failed_operation_not_closed",
+        "SELECT o.status_ref FROM operations o JOIN outbox e ON e.operation_id = o.id
+         WHERE o.effect_kind = 'deferred' AND o.state = 'failed' AND e.state <> 'delivered'",
+    ),
+    (
+        "succeeded_operation_not_delivered",
+        "SELECT o.status_ref FROM operations o JOIN outbox e ON e.operation_id = o.id
+         WHERE o.state = 'succeeded' AND e.state <> 'delivered'",
+    ),
+    (
+        "deferred_operation_without_event_or_context",
+        "SELECT o.status_ref FROM operations o
+         WHERE o.effect_kind = 'deferred' AND o.compacted_at IS NULL
+           AND (NOT EXISTS (SELECT 1 FROM outbox e WHERE e.operation_id = o.id)
+             OR NOT EXISTS (SELECT 1 FROM deferred_intents d WHERE d.operation_id = o.id))",
+    ),
+    (
+        "orphan_receipt",
+        "SELECT 'receipt:' || r.id FROM local_receipts r JOIN operations o ON o.id = r.operation_id
+         LEFT JOIN outbox e ON e.operation_id = o.id
+         WHERE o.state <> 'succeeded' OR e.state IS DISTINCT FROM 'delivered'",
+    ),
+    (
+        "approval_not_consumed_by_its_operation",
+        "SELECT o.status_ref FROM deferred_intents d JOIN operations o ON o.id = d.operation_id
+         LEFT JOIN approvals a ON a.approval_id = d.approval_id
+         WHERE d.approval_id IS NOT NULL
+           AND (a.consumed_operation IS DISTINCT FROM o.id
+             OR a.binding_digest IS DISTINCT FROM d.approval_digest)",
+    ),
+    (
+        "tombstone_before_retention_or_with_payload",
+        "SELECT o.status_ref FROM operations o
+         WHERE o.compacted_at IS NOT NULL
+           AND (o.retention_deadline IS NULL OR o.retention_deadline > o.compacted_at
+             OR EXISTS (SELECT 1 FROM operation_events v WHERE v.operation_id = o.id)
+             OR EXISTS (SELECT 1 FROM outbox e WHERE e.operation_id = o.id)
+             OR EXISTS (SELECT 1 FROM deferred_intents d WHERE d.operation_id = o.id)
+             OR EXISTS (SELECT 1 FROM local_receipts r WHERE r.operation_id = o.id))",
+    ),
+];
+
+/// Every row of a parameterless audit query, its failure the store's.
+fn audit_rows(tx: &mut dyn EffectTx, sql: &str) -> Result<Vec<Vec<SqlValue>>, StoreError> {
+    tx.query(sql, &[])
+        .map_err(|e| crate::outbox::store_error(tx, e))
+}
+
+/// A column of an audit query that has an unexpected type.
+fn audit_column(e: Error) -> StoreError {
+    StoreError::Contract(e.message)
+}
+
+/// One deferred operation's stored payload, for the audit's content check.
+pub(crate) struct StoredPayload {
+    pub(crate) status_ref: String,
+    pub(crate) arguments: String,
+    pub(crate) result: Option<String>,
+    pub(crate) result_digest: Option<String>,
+}
+
+/// The stored payload of every deferred operation.
+pub(crate) fn deferred_payloads(tx: &mut dyn EffectTx) -> Result<Vec<StoredPayload>, StoreError> {
+    audit_rows(
+        tx,
+        "SELECT status_ref, arguments, result, result_digest FROM operations
+         WHERE effect_kind = 'deferred'",
+    )?
+    .into_iter()
+    .map(|r| {
+        Ok(StoredPayload {
+            status_ref: r.text(0).map_err(audit_column)?,
+            arguments: r.text(1).map_err(audit_column)?,
+            result: r.opt_text(2).map_err(audit_column)?,
+            result_digest: r.opt_text(3).map_err(audit_column)?,
+        })
+    })
+    .collect()
+}
+
+/// How many operations are in each state.
+pub(crate) fn counts_by_state(
+    tx: &mut dyn EffectTx,
+) -> Result<std::collections::BTreeMap<String, i64>, StoreError> {
+    audit_rows(
+        tx,
+        "SELECT state, count(*) FROM operations GROUP BY state ORDER BY state",
+    )?
+    .iter()
+    .map(|r| {
+        Ok((
+            r.text(0).map_err(audit_column)?,
+            r.int(1).map_err(audit_column)?,
+        ))
+    })
+    .collect()
+}
+
+/// How many operations are tombstones.
+pub(crate) fn tombstone_count(tx: &mut dyn EffectTx) -> Result<i64, StoreError> {
+    audit_rows(
+        tx,
+        "SELECT count(*) FROM operations WHERE compacted_at IS NOT NULL",
+    )?
+    .first()
+    .ok_or_else(|| StoreError::Contract("no row".into()))?
+    .int(0)
+    .map_err(audit_column)
+}
+
+/// For each state that holds operations: `(state, count, oldest updated_at)`.
+pub(crate) fn states_and_oldest_change(
+    tx: &mut dyn EffectTx,
+) -> Result<Vec<(String, i64, i64)>, StoreError> {
+    audit_rows(
+        tx,
+        "SELECT state, count(*), min(updated_at) FROM operations GROUP BY state ORDER BY state",
+    )?
+    .iter()
+    .map(|r| {
+        Ok((
+            r.text(0).map_err(audit_column)?,
+            r.int(1).map_err(audit_column)?,
+            r.int(2).map_err(audit_column)?,
+        ))
+    })
+    .collect()
+}
+
+/// The live, settled operations past their retention deadline (`?1`), oldest deadline first,
+/// at most `?2`: the portable form of [`crate::store::Driver::compactable_operations`].
+pub(crate) const COMPACTABLE: &str = "SELECT id FROM operations
+     WHERE compacted_at IS NULL AND retention_deadline IS NOT NULL AND retention_deadline <= ?1
+       AND (state = 'applied' OR state = 'succeeded' OR state = 'failed')
+     ORDER BY retention_deadline LIMIT ?2";
+
+/// The tombstones whose retention deadline is at or before `?1` (now minus the horizon),
+/// oldest first, at most `?2`.
+pub(crate) const EXPIRED_TOMBSTONES: &str = "SELECT id FROM operations
+     WHERE compacted_at IS NOT NULL AND retention_deadline <= ?1
+     ORDER BY retention_deadline LIMIT ?2";
+
+/// How many live operations past their retention deadline at `now` are not settled, and the
+/// creation time of the oldest.
+pub(crate) fn kept_unsettled(tx: &mut dyn EffectTx, now: i64) -> Result<(i64, Option<i64>), Error> {
+    let row = tx
+        .query_opt(
+            "SELECT count(*), min(created_at) FROM operations
+     WHERE compacted_at IS NULL AND retention_deadline IS NOT NULL AND retention_deadline <= ?1
+       AND state <> 'applied' AND state <> 'succeeded' AND state <> 'failed'",
+            &[now.into()],
+        )?
+        .ok_or_else(|| Error::unavailable("no count"))?;
+    Ok((row.int(0)?, row.opt_int(1)?))
+}
+
+/// How many rows a query of ids of `(?1, ?2)` ([`COMPACTABLE`], [`EXPIRED_TOMBSTONES`])
+/// selects with `at` and `limit`.
+pub(crate) fn count_of(
+    tx: &mut dyn EffectTx,
+    ids_query: &str,
+    at: i64,
+    limit: i64,
+) -> Result<i64, Error> {
+    let sql = format!("SELECT count(*) FROM ({ids_query}) AS c");
+    tx.query_opt(&sql, &[at.into(), limit.into()])?
+        .ok_or_else(|| Error::unavailable("no count"))?
+        .int(0)
+}
+
+/// The ids a query of `(?1, ?2)` selects with `at` and `n`, and as many `NULL`s after them as
+/// make `n` values: the statements that take them as an `IN` list ([`marks`]) then have one
+/// text per batch size (a `NULL` matches no row), so the store's statement cache keeps them
+/// however many rows were due. Also how many ids were found.
+pub(crate) fn ids_of(
+    tx: &mut dyn EffectTx,
+    ids_query: &str,
+    at: i64,
+    n: i64,
+) -> Result<(Vec<SqlValue>, usize), Error> {
+    let mut ids = tx
+        .query(ids_query, &[at.into(), n.into()])?
+        .into_iter()
+        .map(|r| {
+            r.into_iter()
+                .next()
+                .ok_or_else(|| Error::unavailable("no id"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let found = ids.len();
+    ids.resize(n.max(0) as usize, SqlValue::Null);
+    Ok((ids, found))
+}
+
+/// `?{from}, ?{from+1}, …` for `n` parameters.
+pub(crate) fn marks(from: usize, n: usize) -> String {
+    (from..from + n)
+        .map(|i| format!("?{i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Compacts the live operations among `ids` ([`ids_of`]) to tombstones at `now`: their
+/// arguments and result become [`TOMBSTONE_JSON`]. Returns how many changed.
+pub(crate) fn compact(tx: &mut dyn EffectTx, ids: Vec<SqlValue>, now: i64) -> Result<usize, Error> {
+    let k = ids.len();
+    let list = marks(1, k);
+    let mut params = ids;
+    params.push(TOMBSTONE_JSON.into());
+    params.push(sha256_hex(TOMBSTONE_JSON.as_bytes()).into());
+    params.push(now.into());
+    tx.execute(
+        &format!(
+            "UPDATE operations SET arguments = ?{a}, result = ?{a}, result_digest = ?{d},
+                 compacted_at = ?{t}
+             WHERE id IN ({list}) AND compacted_at IS NULL",
+            a = k + 1,
+            d = k + 2,
+            t = k + 3,
+        ),
+        &params,
+    )
+}
+
+/// Deletes the tombstones among `ids` ([`ids_of`]). Returns how many were deleted.
+pub(crate) fn delete_tombstones(tx: &mut dyn EffectTx, ids: &[SqlValue]) -> Result<usize, Error> {
+    let list = marks(1, ids.len());
+    tx.execute(
+        &format!("DELETE FROM operations WHERE id IN ({list}) AND compacted_at IS NOT NULL"),
+        ids,
+    )
+}
+
+/// How many operation rows there are, and how many of them are tombstones.
+pub(crate) fn row_counts(tx: &mut dyn EffectTx) -> Result<(i64, i64), Error> {
+    let row = tx
+        .query_opt("SELECT count(*), count(compacted_at) FROM operations", &[])?
+        .ok_or_else(|| Error::unavailable("no count"))?;
+    Ok((row.int(0)?, row.int(1)?))
 }
 
 #[cfg(test)]

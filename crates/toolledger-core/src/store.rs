@@ -117,6 +117,13 @@ pub trait Driver: Send + Sync + std::fmt::Debug + 'static {
         tx: &mut dyn EffectTx,
     ) -> Result<(bool, serde_json::Value), StoreError>;
 
+    /// The query of the operations compaction takes next ([`crate::prune`]), in this driver's
+    /// dialect: the `id` of live, settled operations whose retention deadline is at or before
+    /// `?1`, oldest deadline first, at most `?2`. Default: the portable query.
+    fn compactable_operations(&self) -> &'static str {
+        crate::ledger::COMPACTABLE
+    }
+
     /// Gives at most `max_pages` free pages of the database back to the file system, inside
     /// the write transaction `tx`, after rows were deleted, keeping free pages up to
     /// `keep_free_percent` of the pages in use; returns how many it gave back.

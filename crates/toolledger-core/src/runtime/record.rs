@@ -60,25 +60,9 @@ pub struct DeferredRecord {
     pub compacted_at: Option<i64>,
 }
 
-/// A ledger row ([`OperationRow::COLUMNS`]) followed by its intent context. The intent
-/// columns come through a derived table so that the ledger's unqualified column names stay
-/// unambiguous.
-const SELECT_DEFERRED: &str = concat!(
-    "SELECT ",
-    ledger::operation_columns!(),
-    ", d.operation_id, d.provider, d.api_family, d.adapter_revision, d.turn_id, d.call_id,
-    d.response_id, d.downstream_key, d.approval_id, d.approver, d.approval_digest,
-    d.approved_at, d.approval_expires_at
-    FROM operations o LEFT JOIN (SELECT operation_id, provider, api_family, adapter_revision,
-        turn_id, call_id, response_id, downstream_key, approval_id, approver, approval_digest,
-        approved_at, approval_expires_at FROM deferred_intents) d ON d.operation_id = o.id"
-);
-
 /// The deferred view of a ledger row and its intent context; `None` for an inline row.
-fn decode(row: Vec<SqlValue>) -> Result<Option<DeferredRecord>, StoreError> {
+fn decode(stored: OperationRow, row: Vec<SqlValue>) -> Result<Option<DeferredRecord>, StoreError> {
     use crate::ledger::{column, contract};
-    let mut values = row.into_iter();
-    let stored = OperationRow::take(&mut values)?;
     if stored.effect_kind != "deferred" {
         return Ok(None);
     }
@@ -86,8 +70,6 @@ fn decode(row: Vec<SqlValue>) -> Result<Option<DeferredRecord>, StoreError> {
     if r.compacted_at.is_some() {
         return Ok(Some(tombstone(r)));
     }
-    // The intent context's columns, after the ledger row's.
-    let row: Vec<SqlValue> = values.collect();
     if column(row.opt_int(0))?.is_none() {
         return Err(contract("deferred operation has no intent context"));
     }
@@ -176,18 +158,12 @@ pub(super) enum Loaded {
     Deferred(Box<DeferredRecord>),
 }
 
-/// The deferred row matching `clause` (over the alias `o` of `operations`).
-pub(super) fn load_where(
-    tx: &mut dyn EffectTx,
-    clause: &str,
-    args: &[SqlValue],
-) -> Result<Loaded, RuntimeError> {
-    let sql = format!("{SELECT_DEFERRED} WHERE {clause}");
-    let row = tx.query_opt(&sql, args).map_err(|e| stored(tx, e))?;
-    let Some(row) = row else {
+/// The deferred row `by` names.
+fn load(tx: &mut dyn EffectTx, by: ledger::RowBy<'_>) -> Result<Loaded, RuntimeError> {
+    let Some((row, intent)) = ledger::row_with_intent(tx, by)? else {
         return Ok(Loaded::Absent);
     };
-    match decode(row)? {
+    match decode(row, intent)? {
         None => Ok(Loaded::NotDeferred),
         Some(r) => Ok(Loaded::Deferred(Box::new(r))),
     }
@@ -195,16 +171,7 @@ pub(super) fn load_where(
 
 /// The row of one scope.
 pub(super) fn load_scope(tx: &mut dyn EffectTx, scope: &Scope) -> Result<Loaded, RuntimeError> {
-    load_where(
-        tx,
-        "o.tenant = ?1 AND o.subject = ?2 AND o.tool = ?3 AND o.idempotency_key = ?4",
-        &[
-            scope.tenant.as_str().into(),
-            scope.subject.as_str().into(),
-            scope.tool.as_str().into(),
-            scope.key.as_str().into(),
-        ],
-    )
+    load(tx, ledger::RowBy::Scope(scope))
 }
 
 /// The row with one status reference.
@@ -212,12 +179,12 @@ pub(super) fn load_status_ref(
     tx: &mut dyn EffectTx,
     status_ref: &str,
 ) -> Result<Loaded, RuntimeError> {
-    load_where(tx, "o.status_ref = ?1", &[status_ref.into()])
+    load(tx, ledger::RowBy::StatusRef(status_ref))
 }
 
 /// The deferred operation an outbox event belongs to.
 pub(super) fn load_id(tx: &mut dyn EffectTx, id: i64) -> Result<DeferredRecord, RuntimeError> {
-    match load_where(tx, "o.id = ?1", &[id.into()])? {
+    match load(tx, ledger::RowBy::Id(id))? {
         Loaded::Deferred(r) => Ok(*r),
         _ => Err(contract_violation(
             "outbox event without a deferred operation",
