@@ -5,7 +5,8 @@
 //! the offending rows) and checks stored content: arguments, results and receipts that are not
 //! canonical JSON or do not match their digests. Rows are named only by opaque references
 //! (status refs, or a hash for receipts), never by their content. [`counts`] counts rows by
-//! state. A driver adds its own physical checks ([`crate::store::Driver::physical_checks`]).
+//! state. The statements on the `operations` table are the ledger's; a driver adds its own
+//! physical checks ([`crate::store::Driver::physical_checks`]).
 
 use std::collections::BTreeMap;
 
@@ -32,61 +33,7 @@ impl Violation {
     }
 }
 
-/// The semantic rules, by name, with the query returning the offending rows' opaque references.
-pub const RULES: &[(&str, &str)] = &[
-    (
-        "succeeded_operation_without_receipt",
-        "SELECT o.status_ref FROM operations o
-         WHERE o.effect_kind = 'deferred' AND o.state = 'succeeded' AND o.compacted_at IS NULL
-           AND NOT EXISTS (SELECT 1 FROM local_receipts r WHERE r.operation_id = o.id)",
-    ),
-    (
-        "delivered_event_without_succeeded_operation",
-        "SELECT o.status_ref FROM outbox e JOIN operations o ON o.id = e.operation_id
-         WHERE e.state = 'delivered' AND o.state <> 'succeeded' AND o.state <> 'failed'",
-    ),
-    (
-        "failed_operation_not_closed",
-        "SELECT o.status_ref FROM operations o JOIN outbox e ON e.operation_id = o.id
-         WHERE o.effect_kind = 'deferred' AND o.state = 'failed' AND e.state <> 'delivered'",
-    ),
-    (
-        "succeeded_operation_not_delivered",
-        "SELECT o.status_ref FROM operations o JOIN outbox e ON e.operation_id = o.id
-         WHERE o.state = 'succeeded' AND e.state <> 'delivered'",
-    ),
-    (
-        "deferred_operation_without_event_or_context",
-        "SELECT o.status_ref FROM operations o
-         WHERE o.effect_kind = 'deferred' AND o.compacted_at IS NULL
-           AND (NOT EXISTS (SELECT 1 FROM outbox e WHERE e.operation_id = o.id)
-             OR NOT EXISTS (SELECT 1 FROM deferred_intents d WHERE d.operation_id = o.id))",
-    ),
-    (
-        "orphan_receipt",
-        "SELECT 'receipt:' || r.id FROM local_receipts r JOIN operations o ON o.id = r.operation_id
-         LEFT JOIN outbox e ON e.operation_id = o.id
-         WHERE o.state <> 'succeeded' OR e.state IS DISTINCT FROM 'delivered'",
-    ),
-    (
-        "approval_not_consumed_by_its_operation",
-        "SELECT o.status_ref FROM deferred_intents d JOIN operations o ON o.id = d.operation_id
-         LEFT JOIN approvals a ON a.approval_id = d.approval_id
-         WHERE d.approval_id IS NOT NULL
-           AND (a.consumed_operation IS DISTINCT FROM o.id
-             OR a.binding_digest IS DISTINCT FROM d.approval_digest)",
-    ),
-    (
-        "tombstone_before_retention_or_with_payload",
-        "SELECT o.status_ref FROM operations o
-         WHERE o.compacted_at IS NOT NULL
-           AND (o.retention_deadline IS NULL OR o.retention_deadline > o.compacted_at
-             OR EXISTS (SELECT 1 FROM operation_events v WHERE v.operation_id = o.id)
-             OR EXISTS (SELECT 1 FROM outbox e WHERE e.operation_id = o.id)
-             OR EXISTS (SELECT 1 FROM deferred_intents d WHERE d.operation_id = o.id)
-             OR EXISTS (SELECT 1 FROM local_receipts r WHERE r.operation_id = o.id))",
-    ),
-];
+pub use crate::ledger::RULES;
 
 /// The rule name of stored JSON that is not canonical or does not match its digest.
 pub const CONTENT_RULE: &str = "stored_json_or_digest_mismatch";
@@ -142,16 +89,8 @@ pub fn scalar(tx: &mut dyn EffectTx, sql: &str) -> Result<i64, StoreError> {
 /// Stored JSON that is not canonical, results or receipts that do not match their digests.
 fn content_violations(tx: &mut dyn EffectTx) -> Result<Vec<String>, StoreError> {
     let mut bad = Vec::new();
-    let ops = rows(
-        tx,
-        "SELECT status_ref, arguments, result, result_digest FROM operations
-         WHERE effect_kind = 'deferred'",
-    )?;
-    for r in ops {
-        let sr = r.text(0).map_err(contract)?;
-        let args = r.text(1).map_err(contract)?;
-        let result = r.opt_text(2).map_err(contract)?;
-        let digest = r.opt_text(3).map_err(contract)?;
+    for p in crate::ledger::deferred_payloads(tx)? {
+        let (sr, args, result, digest) = (p.status_ref, p.arguments, p.result, p.result_digest);
         let args_ok = strict::parse_canonical(args.as_bytes()).is_ok();
         let result_ok = match (&result, &digest) {
             (Some(t), Some(d)) => {
@@ -200,10 +139,8 @@ pub fn violations(tx: &mut dyn EffectTx) -> Result<Vec<Violation>, StoreError> {
 /// consumed, operation events.
 pub fn counts(tx: &mut dyn EffectTx) -> Result<Value, StoreError> {
     Ok(json!({
-        "operations": counts_by(tx,
-            "SELECT state, count(*) FROM operations GROUP BY state ORDER BY state")?,
-        "tombstones": scalar(tx,
-            "SELECT count(*) FROM operations WHERE compacted_at IS NOT NULL")?,
+        "operations": crate::ledger::counts_by_state(tx)?,
+        "tombstones": crate::ledger::tombstone_count(tx)?,
         "outbox": counts_by(tx,
             "SELECT state, count(*) FROM outbox GROUP BY state ORDER BY state")?,
         "local_receipts": scalar(tx, "SELECT count(*) FROM local_receipts")?,
@@ -233,22 +170,27 @@ pub fn state_counts(
     tx: &mut dyn EffectTx,
     now: i64,
 ) -> Result<(Vec<StateCount>, Vec<StateCount>), StoreError> {
-    let mut read = |sql: &str| -> Result<Vec<StateCount>, StoreError> {
-        rows(tx, sql)?
-            .iter()
-            .map(|r| {
-                Ok(StateCount {
-                    state: r.text(0).map_err(contract)?,
-                    count: r.int(1).map_err(contract)?,
-                    oldest_age_seconds: now.saturating_sub(r.int(2).map_err(contract)?).max(0),
-                })
-            })
-            .collect()
+    let count = |(state, count, oldest): (String, i64, i64)| StateCount {
+        state,
+        count,
+        oldest_age_seconds: now.saturating_sub(oldest).max(0),
     };
+    let operations = crate::ledger::states_and_oldest_change(tx)?;
+    let outbox = rows(
+        tx,
+        "SELECT state, count(*), min(updated_at) FROM outbox GROUP BY state ORDER BY state",
+    )?
+    .iter()
+    .map(|r| {
+        Ok((
+            r.text(0).map_err(contract)?,
+            r.int(1).map_err(contract)?,
+            r.int(2).map_err(contract)?,
+        ))
+    })
+    .collect::<Result<Vec<_>, StoreError>>()?;
     Ok((
-        read(
-            "SELECT state, count(*), min(updated_at) FROM operations GROUP BY state ORDER BY state",
-        )?,
-        read("SELECT state, count(*), min(updated_at) FROM outbox GROUP BY state ORDER BY state")?,
+        operations.into_iter().map(count).collect(),
+        outbox.into_iter().map(count).collect(),
     ))
 }

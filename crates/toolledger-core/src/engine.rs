@@ -76,7 +76,7 @@ use crate::clock::SharedClock;
 use crate::effect::{EffectTx, SqlValue};
 use crate::ledger;
 use crate::model::{Error, ErrorCode, OperationState, Principal, ToolContract};
-use crate::store::Store;
+use crate::store::{OperationRow, Store};
 
 /// A named point on the fresh path where a test or `--fault` may crash the process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -863,7 +863,7 @@ mod replays;
 pub const KEPT_ROW_MARGIN_SECS: i64 = replays::RETENTION_MARGIN;
 
 /// The inline view of a decoded ledger row.
-fn record(row: &mut [SqlValue]) -> Result<OperationRecord, Error> {
+fn record(row: OperationRow) -> Result<OperationRecord, Error> {
     let r = ledger::decode(row)?;
     Ok(OperationRecord {
         id: r.id,
@@ -896,7 +896,7 @@ fn load_records(
     let params: Vec<SqlValue> = args.iter().map(|a| SqlValue::from(a.as_str())).collect();
     tx.query(sql, &params)?
         .into_iter()
-        .map(|mut row| record(&mut row))
+        .map(|row| record(OperationRow::from_values(row)?))
         .collect()
 }
 

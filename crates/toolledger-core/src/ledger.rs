@@ -3,13 +3,19 @@
 //! The inline path ([`crate::engine`]) and the deferred path ([`crate::runtime`]) are two
 //! paths over what this module owns:
 //!
-//! - the columns of a ledger row ([`crate::operation_columns!`]) and the one decoder of them
-//!   into a [`LedgerRow`], which checks every row against the storage contract (canonical
-//!   stored JSON, the result against its digest, a well-formed request digest, a known state);
+//! - a ledger row as stored ([`OperationRow`], its columns and their one reader) and the one
+//!   decoder of it into a [`LedgerRow`], which checks every row against the storage contract
+//!   (canonical stored JSON, the result against its digest, a well-formed request digest, a
+//!   known state);
 //!   the inline [`OperationRecord`](crate::engine::OperationRecord) and the deferred
 //!   [`DeferredRecord`](crate::runtime::DeferredRecord) are views built on it;
-//! - the statements that read rows (by scope, by `(tool, key)`, by status reference), insert
-//!   them and settle them, and the event writer and reader;
+//! - the statements that read rows (by scope, by `(tool, key)`, by status reference, with
+//!   their intent context for the deferred view), insert them and settle them, and the event
+//!   writer and reader;
+//! - the statements of the operators' list, the pruner (compaction, the tombstone horizon, the
+//!   counts; the driver gives the query of the next rows to compact,
+//!   [`crate::store::Driver::compactable_operations`]) and the audit (its rules, the stored
+//!   payloads it checks, the counts by state);
 //! - the status-reference generator ([`new_status_ref`]): `op_` and 32 hex digits, the first
 //!   48 bits the creation time in milliseconds, the other 80 random — for inline and deferred
 //!   operations alike, so a new reference lands at the end of the `status_ref` index;
@@ -27,10 +33,8 @@ use crate::effect::{EffectTx, RowExt, SqlValue};
 use crate::model::{Error, ErrorCode, OperationState, ToolContract};
 use crate::store::StoreError;
 
-/// The columns of a ledger row, in the order the ledger's row decoder reads them, as one
-/// string literal (for `concat!`): what a driver's own lookup of ledger rows (a batch's
-/// [`crate::store::BatchTx::lookup_scopes`]) must select.
-#[macro_export]
+/// The columns of a ledger row, in [`OperationRow`]'s order, as one string literal (for
+/// `concat!`).
 macro_rules! operation_columns {
     () => {
         "id, tenant, subject, tool, idempotency_key, request_digest,
@@ -40,21 +44,141 @@ macro_rules! operation_columns {
     };
 }
 
-/// How many columns [`crate::operation_columns!`] names; a query may select more after them.
-pub(crate) const OPERATION_COLUMNS: usize = 24;
+/// One row of the `operations` table as stored: every column, typed, not yet checked against
+/// the storage contract (the ledger checks it before any use). A driver's own query of ledger
+/// rows (a batch's [`crate::store::BatchTx::lookup_scopes`]) selects
+/// [`OperationRow::COLUMNS`] and reads each row with [`OperationRow::from_values`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OperationRow {
+    /// `id`.
+    pub id: i64,
+    /// `tenant`.
+    pub tenant: String,
+    /// `subject`.
+    pub subject: String,
+    /// `tool`.
+    pub tool: String,
+    /// `idempotency_key`.
+    pub idempotency_key: String,
+    /// `request_digest`.
+    pub request_digest: String,
+    /// `input_rev`.
+    pub input_rev: String,
+    /// `output_rev`.
+    pub output_rev: String,
+    /// `effect_rev`.
+    pub effect_rev: String,
+    /// `handler_rev`.
+    pub handler_rev: String,
+    /// `producer_rev`.
+    pub producer_rev: String,
+    /// `policy_rev`.
+    pub policy_rev: String,
+    /// `arguments`: the canonical arguments' text.
+    pub arguments: String,
+    /// `fingerprint`.
+    pub fingerprint: Option<String>,
+    /// `effect_kind`: `inline` or `deferred`.
+    pub effect_kind: String,
+    /// `state`.
+    pub state: String,
+    /// `result`: the stored result's canonical text.
+    pub result: Option<String>,
+    /// `result_digest`.
+    pub result_digest: Option<String>,
+    /// `status_ref`.
+    pub status_ref: String,
+    /// `authority_deadline` (Unix seconds).
+    pub authority_deadline: Option<i64>,
+    /// `retention_deadline` (Unix seconds).
+    pub retention_deadline: Option<i64>,
+    /// `created_at` (Unix seconds).
+    pub created_at: i64,
+    /// `updated_at` (Unix seconds).
+    pub updated_at: i64,
+    /// `compacted_at` (Unix seconds): set once the row is a tombstone.
+    pub compacted_at: Option<i64>,
+}
 
-/// Position of `effect_kind` in [`crate::operation_columns!`].
-pub(crate) const EFFECT_KIND_COLUMN: usize = 14;
+impl OperationRow {
+    /// The columns [`OperationRow::from_values`] reads, in its order.
+    pub const COLUMNS: &'static str = operation_columns!();
+
+    /// How many columns [`OperationRow::COLUMNS`] names.
+    pub const WIDTH: usize = 24;
+
+    /// Reads a row selected with [`OperationRow::COLUMNS`]: its first [`OperationRow::WIDTH`]
+    /// values, moved out (any after them are ignored). A value of the wrong type, or a row too
+    /// short, is a [`StoreError::Contract`].
+    pub fn from_values(values: impl IntoIterator<Item = SqlValue>) -> Result<Self, StoreError> {
+        Self::take(&mut values.into_iter())
+    }
+
+    /// Reads the next [`OperationRow::WIDTH`] values of `values`, leaving the ones after them.
+    pub(crate) fn take(values: &mut impl Iterator<Item = SqlValue>) -> Result<Self, StoreError> {
+        let mut next = || values.next().ok_or_else(wrong_type);
+        Ok(OperationRow {
+            id: int(next()?)?,
+            tenant: text(next()?)?,
+            subject: text(next()?)?,
+            tool: text(next()?)?,
+            idempotency_key: text(next()?)?,
+            request_digest: text(next()?)?,
+            input_rev: text(next()?)?,
+            output_rev: text(next()?)?,
+            effect_rev: text(next()?)?,
+            handler_rev: text(next()?)?,
+            producer_rev: text(next()?)?,
+            policy_rev: text(next()?)?,
+            arguments: text(next()?)?,
+            fingerprint: opt_text(next()?)?,
+            effect_kind: text(next()?)?,
+            state: text(next()?)?,
+            result: opt_text(next()?)?,
+            result_digest: opt_text(next()?)?,
+            status_ref: text(next()?)?,
+            authority_deadline: opt_int(next()?)?,
+            retention_deadline: opt_int(next()?)?,
+            created_at: int(next()?)?,
+            updated_at: int(next()?)?,
+            compacted_at: opt_int(next()?)?,
+        })
+    }
+}
+
+fn wrong_type() -> StoreError {
+    contract("a column has an unexpected type")
+}
+
+fn int(v: SqlValue) -> Result<i64, StoreError> {
+    v.as_i64().ok_or_else(wrong_type)
+}
+
+fn opt_int(v: SqlValue) -> Result<Option<i64>, StoreError> {
+    match v {
+        SqlValue::Null => Ok(None),
+        v => int(v).map(Some),
+    }
+}
+
+fn text(v: SqlValue) -> Result<String, StoreError> {
+    match v {
+        SqlValue::Text(t) => Ok(t),
+        _ => Err(wrong_type()),
+    }
+}
+
+fn opt_text(v: SqlValue) -> Result<Option<String>, StoreError> {
+    match v {
+        SqlValue::Null => Ok(None),
+        v => text(v).map(Some),
+    }
+}
 
 /// The columns of a ledger row, followed by a `WHERE` clause given as a literal.
 macro_rules! select_rows {
     ($where:literal) => {
-        concat!(
-            "SELECT ",
-            $crate::operation_columns!(),
-            " FROM operations ",
-            $where
-        )
+        concat!("SELECT ", operation_columns!(), " FROM operations ", $where)
     };
 }
 
@@ -104,33 +228,16 @@ pub(crate) fn column<T>(read: Result<T, Error>) -> Result<T, StoreError> {
     read.map_err(|_| contract("a column has an unexpected type"))
 }
 
-/// The text in column `i`, moved out of `row` (which keeps an empty text there).
-fn take_text(row: &mut [SqlValue], i: usize) -> Result<String, StoreError> {
-    match row.get_mut(i) {
-        Some(SqlValue::Text(text)) => Ok(std::mem::take(text)),
-        _ => Err(contract("a column has an unexpected type")),
-    }
-}
-
-/// The text in column `i` or `None` for `NULL`, moved out of `row`.
-fn take_opt_text(row: &mut [SqlValue], i: usize) -> Result<Option<String>, StoreError> {
-    match row.get(i) {
-        Some(SqlValue::Null) => Ok(None),
-        _ => take_text(row, i).map(Some),
-    }
-}
-
-/// Decodes the first [`OPERATION_COLUMNS`] columns of `row` (selected with
-/// [`crate::operation_columns!`]) and checks them against the storage contract. A tombstone
-/// (`compacted_at` set) decodes with JSON `null` arguments and no result.
-pub(crate) fn decode(row: &mut [SqlValue]) -> Result<LedgerRow, StoreError> {
-    let state = OperationState::parse(&take_text(row, 15)?)
-        .ok_or_else(|| contract("unknown operation state"))?;
-    let arguments_text = take_text(row, 12)?;
+/// Checks a stored row against the storage contract. A tombstone (`compacted_at` set)
+/// decodes with JSON `null` arguments and no result.
+pub(crate) fn decode(row: OperationRow) -> Result<LedgerRow, StoreError> {
+    let state =
+        OperationState::parse(&row.state).ok_or_else(|| contract("unknown operation state"))?;
+    let arguments_text = row.arguments;
     let arguments = parse_stored(&arguments_text)?;
-    let result_text = take_opt_text(row, 16)?;
-    let result_digest = take_opt_text(row, 17)?;
-    let compacted_at = column(row.opt_int(23))?;
+    let result_text = row.result;
+    let result_digest = row.result_digest;
+    let compacted_at = row.compacted_at;
     if compacted_at.is_some() {
         let removed = Some(TOMBSTONE_JSON);
         if arguments_text != TOMBSTONE_JSON
@@ -152,37 +259,35 @@ pub(crate) fn decode(row: &mut [SqlValue]) -> Result<LedgerRow, StoreError> {
         (None, None) => None,
         _ => return Err(contract("result and result digest disagree")),
     };
-    let request_digest = take_text(row, 5)?;
-    if !is_hex64(&request_digest) {
+    if !is_hex64(&row.request_digest) {
         return Err(contract("malformed request digest"));
     }
-    let tool = take_text(row, 3)?;
     Ok(LedgerRow {
-        id: column(row.int(0))?,
+        id: row.id,
         contract: ToolContract {
-            name: tool.clone(),
-            input_rev: take_text(row, 6)?,
-            output_rev: take_text(row, 7)?,
-            effect_rev: take_text(row, 8)?,
-            handler_rev: take_text(row, 9)?,
-            producer_rev: take_text(row, 10)?,
-            policy_rev: take_text(row, 11)?,
+            name: row.tool.clone(),
+            input_rev: row.input_rev,
+            output_rev: row.output_rev,
+            effect_rev: row.effect_rev,
+            handler_rev: row.handler_rev,
+            producer_rev: row.producer_rev,
+            policy_rev: row.policy_rev,
         },
-        tenant: take_text(row, 1)?,
-        subject: take_text(row, 2)?,
-        tool,
-        key: take_text(row, 4)?,
-        request_digest,
-        fingerprint: take_opt_text(row, 13)?,
-        effect_kind: take_text(row, EFFECT_KIND_COLUMN)?,
+        tenant: row.tenant,
+        subject: row.subject,
+        tool: row.tool,
+        key: row.idempotency_key,
+        request_digest: row.request_digest,
+        fingerprint: row.fingerprint,
+        effect_kind: row.effect_kind,
         state,
         result,
         result_digest,
-        status_ref: take_text(row, 18)?,
-        authority_deadline: column(row.opt_int(19))?,
-        retention_deadline: column(row.opt_int(20))?,
-        created_at: column(row.int(21))?,
-        updated_at: column(row.int(22))?,
+        status_ref: row.status_ref,
+        authority_deadline: row.authority_deadline,
+        retention_deadline: row.retention_deadline,
+        created_at: row.created_at,
+        updated_at: row.updated_at,
         compacted_at,
         arguments,
         arguments_text,
@@ -787,7 +892,322 @@ fn decode_all(
     let rows = tx
         .query(sql, params)
         .map_err(|e| crate::outbox::store_error(tx, e))?;
-    rows.into_iter().map(|mut r| decode(&mut r)).collect()
+    rows.into_iter()
+        .map(|r| decode(OperationRow::from_values(r)?))
+        .collect()
+}
+
+/// A ledger row ([`OperationRow::COLUMNS`]) followed by its intent context
+/// ([`row_with_intent`]). The intent columns come through a derived table so that the
+/// ledger's unqualified column names stay unambiguous.
+const SELECT_DEFERRED: &str = concat!(
+    "SELECT ",
+    operation_columns!(),
+    ", d.operation_id, d.provider, d.api_family, d.adapter_revision, d.turn_id, d.call_id,
+    d.response_id, d.downstream_key, d.approval_id, d.approver, d.approval_digest,
+    d.approved_at, d.approval_expires_at
+    FROM operations o LEFT JOIN (SELECT operation_id, provider, api_family, adapter_revision,
+        turn_id, call_id, response_id, downstream_key, approval_id, approver, approval_digest,
+        approved_at, approval_expires_at FROM deferred_intents) d ON d.operation_id = o.id"
+);
+
+/// Which operation [`row_with_intent`] reads.
+pub(crate) enum RowBy<'a> {
+    /// The operation of one scope.
+    Scope(&'a crate::model::Scope),
+    /// The operation with one status reference.
+    StatusRef(&'a str),
+    /// The operation with one id.
+    Id(i64),
+}
+
+/// The ledger row `by` names, and after it the columns of its intent context
+/// (`deferred_intents`: `operation_id`, `provider`, `api_family`, `adapter_revision`,
+/// `turn_id`, `call_id`, `response_id`, `downstream_key`, `approval_id`, `approver`,
+/// `approval_digest`, `approved_at`, `approval_expires_at`), all `NULL` when it has none.
+pub(crate) fn row_with_intent(
+    tx: &mut dyn EffectTx,
+    by: RowBy<'_>,
+) -> Result<Option<(OperationRow, Vec<SqlValue>)>, StoreError> {
+    let (clause, args): (&str, Vec<SqlValue>) = match by {
+        RowBy::Scope(scope) => (
+            "o.tenant = ?1 AND o.subject = ?2 AND o.tool = ?3 AND o.idempotency_key = ?4",
+            vec![
+                scope.tenant.as_str().into(),
+                scope.subject.as_str().into(),
+                scope.tool.as_str().into(),
+                scope.key.as_str().into(),
+            ],
+        ),
+        RowBy::StatusRef(status_ref) => ("o.status_ref = ?1", vec![status_ref.into()]),
+        RowBy::Id(id) => ("o.id = ?1", vec![id.into()]),
+    };
+    let sql = format!("{SELECT_DEFERRED} WHERE {clause}");
+    let row = tx
+        .query_opt(&sql, &args)
+        .map_err(|e| crate::outbox::store_error(tx, e))?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let mut values = row.into_iter();
+    let operation = OperationRow::take(&mut values)?;
+    Ok(Some((operation, values.collect())))
+}
+
+/// The audit's semantic rules ([`crate::audit`]), by name, with the query returning the
+/// offending rows' opaque references.
+pub const RULES: &[(&str, &str)] = &[
+    (
+        "succeeded_operation_without_receipt",
+        "SELECT o.status_ref FROM operations o
+         WHERE o.effect_kind = 'deferred' AND o.state = 'succeeded' AND o.compacted_at IS NULL
+           AND NOT EXISTS (SELECT 1 FROM local_receipts r WHERE r.operation_id = o.id)",
+    ),
+    (
+        "delivered_event_without_succeeded_operation",
+        "SELECT o.status_ref FROM outbox e JOIN operations o ON o.id = e.operation_id
+         WHERE e.state = 'delivered' AND o.state <> 'succeeded' AND o.state <> 'failed'",
+    ),
+    (
+        "failed_operation_not_closed",
+        "SELECT o.status_ref FROM operations o JOIN outbox e ON e.operation_id = o.id
+         WHERE o.effect_kind = 'deferred' AND o.state = 'failed' AND e.state <> 'delivered'",
+    ),
+    (
+        "succeeded_operation_not_delivered",
+        "SELECT o.status_ref FROM operations o JOIN outbox e ON e.operation_id = o.id
+         WHERE o.state = 'succeeded' AND e.state <> 'delivered'",
+    ),
+    (
+        "deferred_operation_without_event_or_context",
+        "SELECT o.status_ref FROM operations o
+         WHERE o.effect_kind = 'deferred' AND o.compacted_at IS NULL
+           AND (NOT EXISTS (SELECT 1 FROM outbox e WHERE e.operation_id = o.id)
+             OR NOT EXISTS (SELECT 1 FROM deferred_intents d WHERE d.operation_id = o.id))",
+    ),
+    (
+        "orphan_receipt",
+        "SELECT 'receipt:' || r.id FROM local_receipts r JOIN operations o ON o.id = r.operation_id
+         LEFT JOIN outbox e ON e.operation_id = o.id
+         WHERE o.state <> 'succeeded' OR e.state IS DISTINCT FROM 'delivered'",
+    ),
+    (
+        "approval_not_consumed_by_its_operation",
+        "SELECT o.status_ref FROM deferred_intents d JOIN operations o ON o.id = d.operation_id
+         LEFT JOIN approvals a ON a.approval_id = d.approval_id
+         WHERE d.approval_id IS NOT NULL
+           AND (a.consumed_operation IS DISTINCT FROM o.id
+             OR a.binding_digest IS DISTINCT FROM d.approval_digest)",
+    ),
+    (
+        "tombstone_before_retention_or_with_payload",
+        "SELECT o.status_ref FROM operations o
+         WHERE o.compacted_at IS NOT NULL
+           AND (o.retention_deadline IS NULL OR o.retention_deadline > o.compacted_at
+             OR EXISTS (SELECT 1 FROM operation_events v WHERE v.operation_id = o.id)
+             OR EXISTS (SELECT 1 FROM outbox e WHERE e.operation_id = o.id)
+             OR EXISTS (SELECT 1 FROM deferred_intents d WHERE d.operation_id = o.id)
+             OR EXISTS (SELECT 1 FROM local_receipts r WHERE r.operation_id = o.id))",
+    ),
+];
+
+/// Every row of a parameterless audit query, its failure the store's.
+fn audit_rows(tx: &mut dyn EffectTx, sql: &str) -> Result<Vec<Vec<SqlValue>>, StoreError> {
+    tx.query(sql, &[])
+        .map_err(|e| crate::outbox::store_error(tx, e))
+}
+
+/// A column of an audit query that has an unexpected type.
+fn audit_column(e: Error) -> StoreError {
+    StoreError::Contract(e.message)
+}
+
+/// One deferred operation's stored payload, for the audit's content check.
+pub(crate) struct StoredPayload {
+    pub(crate) status_ref: String,
+    pub(crate) arguments: String,
+    pub(crate) result: Option<String>,
+    pub(crate) result_digest: Option<String>,
+}
+
+/// The stored payload of every deferred operation.
+pub(crate) fn deferred_payloads(tx: &mut dyn EffectTx) -> Result<Vec<StoredPayload>, StoreError> {
+    audit_rows(
+        tx,
+        "SELECT status_ref, arguments, result, result_digest FROM operations
+         WHERE effect_kind = 'deferred'",
+    )?
+    .into_iter()
+    .map(|r| {
+        Ok(StoredPayload {
+            status_ref: r.text(0).map_err(audit_column)?,
+            arguments: r.text(1).map_err(audit_column)?,
+            result: r.opt_text(2).map_err(audit_column)?,
+            result_digest: r.opt_text(3).map_err(audit_column)?,
+        })
+    })
+    .collect()
+}
+
+/// How many operations are in each state.
+pub(crate) fn counts_by_state(
+    tx: &mut dyn EffectTx,
+) -> Result<std::collections::BTreeMap<String, i64>, StoreError> {
+    audit_rows(
+        tx,
+        "SELECT state, count(*) FROM operations GROUP BY state ORDER BY state",
+    )?
+    .iter()
+    .map(|r| {
+        Ok((
+            r.text(0).map_err(audit_column)?,
+            r.int(1).map_err(audit_column)?,
+        ))
+    })
+    .collect()
+}
+
+/// How many operations are tombstones.
+pub(crate) fn tombstone_count(tx: &mut dyn EffectTx) -> Result<i64, StoreError> {
+    audit_rows(
+        tx,
+        "SELECT count(*) FROM operations WHERE compacted_at IS NOT NULL",
+    )?
+    .first()
+    .ok_or_else(|| StoreError::Contract("no row".into()))?
+    .int(0)
+    .map_err(audit_column)
+}
+
+/// For each state that holds operations: `(state, count, oldest updated_at)`.
+pub(crate) fn states_and_oldest_change(
+    tx: &mut dyn EffectTx,
+) -> Result<Vec<(String, i64, i64)>, StoreError> {
+    audit_rows(
+        tx,
+        "SELECT state, count(*), min(updated_at) FROM operations GROUP BY state ORDER BY state",
+    )?
+    .iter()
+    .map(|r| {
+        Ok((
+            r.text(0).map_err(audit_column)?,
+            r.int(1).map_err(audit_column)?,
+            r.int(2).map_err(audit_column)?,
+        ))
+    })
+    .collect()
+}
+
+/// The live, settled operations past their retention deadline (`?1`), oldest deadline first,
+/// at most `?2`: the portable form of [`crate::store::Driver::compactable_operations`].
+pub(crate) const COMPACTABLE: &str = "SELECT id FROM operations
+     WHERE compacted_at IS NULL AND retention_deadline IS NOT NULL AND retention_deadline <= ?1
+       AND (state = 'applied' OR state = 'succeeded' OR state = 'failed')
+     ORDER BY retention_deadline LIMIT ?2";
+
+/// The tombstones whose retention deadline is at or before `?1` (now minus the horizon),
+/// oldest first, at most `?2`.
+pub(crate) const EXPIRED_TOMBSTONES: &str = "SELECT id FROM operations
+     WHERE compacted_at IS NOT NULL AND retention_deadline <= ?1
+     ORDER BY retention_deadline LIMIT ?2";
+
+/// How many live operations past their retention deadline at `now` are not settled, and the
+/// creation time of the oldest.
+pub(crate) fn kept_unsettled(tx: &mut dyn EffectTx, now: i64) -> Result<(i64, Option<i64>), Error> {
+    let row = tx
+        .query_opt(
+            "SELECT count(*), min(created_at) FROM operations
+     WHERE compacted_at IS NULL AND retention_deadline IS NOT NULL AND retention_deadline <= ?1
+       AND state <> 'applied' AND state <> 'succeeded' AND state <> 'failed'",
+            &[now.into()],
+        )?
+        .ok_or_else(|| Error::unavailable("no count"))?;
+    Ok((row.int(0)?, row.opt_int(1)?))
+}
+
+/// How many rows a query of ids of `(?1, ?2)` ([`COMPACTABLE`], [`EXPIRED_TOMBSTONES`])
+/// selects with `at` and `limit`.
+pub(crate) fn count_of(
+    tx: &mut dyn EffectTx,
+    ids_query: &str,
+    at: i64,
+    limit: i64,
+) -> Result<i64, Error> {
+    let sql = format!("SELECT count(*) FROM ({ids_query}) AS c");
+    tx.query_opt(&sql, &[at.into(), limit.into()])?
+        .ok_or_else(|| Error::unavailable("no count"))?
+        .int(0)
+}
+
+/// The ids a query of `(?1, ?2)` selects with `at` and `n`, and as many `NULL`s after them as
+/// make `n` values: the statements that take them as an `IN` list ([`marks`]) then have one
+/// text per batch size (a `NULL` matches no row), so the store's statement cache keeps them
+/// however many rows were due. Also how many ids were found.
+pub(crate) fn ids_of(
+    tx: &mut dyn EffectTx,
+    ids_query: &str,
+    at: i64,
+    n: i64,
+) -> Result<(Vec<SqlValue>, usize), Error> {
+    let mut ids = tx
+        .query(ids_query, &[at.into(), n.into()])?
+        .into_iter()
+        .map(|r| {
+            r.into_iter()
+                .next()
+                .ok_or_else(|| Error::unavailable("no id"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let found = ids.len();
+    ids.resize(n.max(0) as usize, SqlValue::Null);
+    Ok((ids, found))
+}
+
+/// `?{from}, ?{from+1}, …` for `n` parameters.
+pub(crate) fn marks(from: usize, n: usize) -> String {
+    (from..from + n)
+        .map(|i| format!("?{i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Compacts the live operations among `ids` ([`ids_of`]) to tombstones at `now`: their
+/// arguments and result become [`TOMBSTONE_JSON`]. Returns how many changed.
+pub(crate) fn compact(tx: &mut dyn EffectTx, ids: Vec<SqlValue>, now: i64) -> Result<usize, Error> {
+    let k = ids.len();
+    let list = marks(1, k);
+    let mut params = ids;
+    params.push(TOMBSTONE_JSON.into());
+    params.push(sha256_hex(TOMBSTONE_JSON.as_bytes()).into());
+    params.push(now.into());
+    tx.execute(
+        &format!(
+            "UPDATE operations SET arguments = ?{a}, result = ?{a}, result_digest = ?{d},
+                 compacted_at = ?{t}
+             WHERE id IN ({list}) AND compacted_at IS NULL",
+            a = k + 1,
+            d = k + 2,
+            t = k + 3,
+        ),
+        &params,
+    )
+}
+
+/// Deletes the tombstones among `ids` ([`ids_of`]). Returns how many were deleted.
+pub(crate) fn delete_tombstones(tx: &mut dyn EffectTx, ids: &[SqlValue]) -> Result<usize, Error> {
+    let list = marks(1, ids.len());
+    tx.execute(
+        &format!("DELETE FROM operations WHERE id IN ({list}) AND compacted_at IS NOT NULL"),
+        ids,
+    )
+}
+
+/// How many operation rows there are, and how many of them are tombstones.
+pub(crate) fn row_counts(tx: &mut dyn EffectTx) -> Result<(i64, i64), Error> {
+    let row = tx
+        .query_opt("SELECT count(*), count(compacted_at) FROM operations", &[])?
+        .ok_or_else(|| Error::unavailable("no count"))?;
+    Ok((row.int(0)?, row.int(1)?))
 }
 
 #[cfg(test)]

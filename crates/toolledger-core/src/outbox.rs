@@ -166,6 +166,18 @@ pub enum ClaimOutcome {
 #[error("the lease was taken over by a newer claim; nothing was changed")]
 pub struct Fenced;
 
+/// Why a write conditional on a fencing token did not happen: the lease was taken over
+/// ([`Fenced`], nothing changed) or the store failed.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum OutboxError {
+    /// The lease was taken over (or the event finished) in the meantime.
+    #[error(transparent)]
+    Fenced(#[from] Fenced),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
 const SELECT_EVENT: &str = "SELECT id, operation_id, state, fencing_token, lease_owner,
     lease_until, attempt_count, max_attempts, last_error, delivered_at FROM outbox";
 
@@ -417,7 +429,7 @@ pub(crate) fn renew(
     lease: &Lease,
     now: i64,
     lease_seconds: i64,
-) -> Result<Result<Lease, Fenced>, StoreError> {
+) -> Result<Lease, OutboxError> {
     let until = lease_until(now, lease_seconds)?;
     let n = exec(
         tx,
@@ -432,12 +444,12 @@ pub(crate) fn renew(
         ],
     )?;
     if n != 1 {
-        return Ok(Err(Fenced));
+        return Err(Fenced.into());
     }
-    Ok(Ok(Lease {
+    Ok(Lease {
         until,
         ..lease.clone()
-    }))
+    })
 }
 
 /// Records why the current attempt did not finish (`code` is a stable error code). The lease
@@ -449,7 +461,7 @@ pub(crate) fn record_attempt_error(
     lease: &Lease,
     code: &str,
     now: i64,
-) -> Result<Result<(), Fenced>, StoreError> {
+) -> Result<(), OutboxError> {
     let n = exec(
         tx,
         "UPDATE outbox SET last_error = ?1, updated_at = ?2,
@@ -462,7 +474,7 @@ pub(crate) fn record_attempt_error(
             lease.token.into(),
         ],
     )?;
-    Ok(if n == 1 { Ok(()) } else { Err(Fenced) })
+    fenced_unless_one(n)
 }
 
 /// Gives the event claimed under `lease` back: the attempt ended without an effect because
@@ -475,7 +487,7 @@ pub(crate) fn rearm(
     lease: &Lease,
     code: &str,
     now: i64,
-) -> Result<Result<(), Fenced>, StoreError> {
+) -> Result<(), OutboxError> {
     let n = exec(
         tx,
         "UPDATE outbox SET state = 'pending', lease_owner = NULL, lease_until = NULL,
@@ -488,15 +500,11 @@ pub(crate) fn rearm(
             lease.token.into(),
         ],
     )?;
-    Ok(if n == 1 { Ok(()) } else { Err(Fenced) })
+    fenced_unless_one(n)
 }
 
 /// Marks the event delivered under `lease` (part of transaction C).
-pub(crate) fn complete(
-    tx: &mut dyn EffectTx,
-    lease: &Lease,
-    now: i64,
-) -> Result<Result<(), Fenced>, StoreError> {
+pub(crate) fn complete(tx: &mut dyn EffectTx, lease: &Lease, now: i64) -> Result<(), OutboxError> {
     let n = exec(
         tx,
         "UPDATE outbox SET state = 'delivered', lease_owner = NULL, lease_until = NULL,
@@ -504,7 +512,7 @@ pub(crate) fn complete(
          WHERE id = ?2 AND fencing_token = ?3 AND state = 'processing'",
         &[now.into(), lease.event_id.into(), lease.token.into()],
     )?;
-    Ok(if n == 1 { Ok(()) } else { Err(Fenced) })
+    fenced_unless_one(n)
 }
 
 /// Marks the event delivered because an explicit status query reconciled its receipt (part of
@@ -515,7 +523,7 @@ pub(crate) fn complete_by_reconciliation(
     event_id: i64,
     expected_token: i64,
     now: i64,
-) -> Result<Result<(), Fenced>, StoreError> {
+) -> Result<(), OutboxError> {
     let n = exec(
         tx,
         "UPDATE outbox SET state = 'delivered', lease_owner = NULL, lease_until = NULL,
@@ -524,5 +532,14 @@ pub(crate) fn complete_by_reconciliation(
          WHERE id = ?2 AND fencing_token = ?3 AND state IN ('pending', 'processing', 'dead')",
         &[now.into(), event_id.into(), expected_token.into()],
     )?;
-    Ok(if n == 1 { Ok(()) } else { Err(Fenced) })
+    fenced_unless_one(n)
+}
+
+/// A conditional write that changed one row went through; one that changed none was fenced.
+fn fenced_unless_one(changed: usize) -> Result<(), OutboxError> {
+    if changed == 1 {
+        Ok(())
+    } else {
+        Err(Fenced.into())
+    }
 }

@@ -28,9 +28,8 @@
 use serde::Serialize;
 
 use crate::clock::SharedClock;
-use crate::digest::sha256_hex;
-use crate::effect::{Dialect, EffectTx, RowExt, SqlValue};
-use crate::ledger::TOMBSTONE_JSON;
+use crate::effect::{EffectTx, RowExt};
+use crate::ledger;
 use crate::model::Error;
 use crate::outbox::store_error;
 #[cfg(doc)]
@@ -195,39 +194,6 @@ pub struct RowCounts {
     pub tombstones: i64,
 }
 
-/// The live, settled operations past their retention deadline, oldest deadline first.
-const COMPACTABLE: &str = "SELECT id FROM operations
-     WHERE compacted_at IS NULL AND retention_deadline IS NOT NULL AND retention_deadline <= ?1
-       AND (state = 'applied' OR state = 'succeeded' OR state = 'failed')
-     ORDER BY retention_deadline LIMIT ?2";
-
-/// [`COMPACTABLE`] for SQLite, whose planner (without statistics) would otherwise take the
-/// index on `state`, which nearly every row matches, and sort them all for each batch: the
-/// partial index on the retention deadline yields the oldest candidates first and stops at
-/// the limit.
-const COMPACTABLE_SQLITE: &str = "SELECT id FROM operations INDEXED BY operations_live_by_retention
-     WHERE compacted_at IS NULL AND retention_deadline IS NOT NULL AND retention_deadline <= ?1
-       AND (state = 'applied' OR state = 'succeeded' OR state = 'failed')
-     ORDER BY retention_deadline LIMIT ?2";
-
-/// [`COMPACTABLE`] in the dialect of `tx`.
-fn compactable(tx: &dyn EffectTx) -> &'static str {
-    match tx.dialect() {
-        Dialect::Sqlite => COMPACTABLE_SQLITE,
-        _ => COMPACTABLE,
-    }
-}
-
-/// The tombstones whose retention deadline is at or before `?1` (now minus the horizon).
-const EXPIRED_TOMBSTONES: &str = "SELECT id FROM operations
-     WHERE compacted_at IS NOT NULL AND retention_deadline <= ?1
-     ORDER BY retention_deadline LIMIT ?2";
-
-/// The live operations past their retention deadline that are not settled.
-const KEPT: &str = "SELECT count(*), min(created_at) FROM operations
-     WHERE compacted_at IS NULL AND retention_deadline IS NOT NULL AND retention_deadline <= ?1
-       AND state <> 'applied' AND state <> 'succeeded' AND state <> 'failed'";
-
 /// Runs one pass of compaction and the horizon over `store` at `clock`'s now.
 ///
 /// A failure is the store's (its kind kept: `unavailable` and the like); batches committed
@@ -268,12 +234,13 @@ async fn in_batches(
 ) -> Result<(), StoreError> {
     let (now, batch) = (report.now, opts.own_batch().max(1) as u64);
     let cap = opts.limit.unwrap_or(u64::MAX);
+    let compactable = store.driver().compactable_operations();
     while report.compacted < cap {
         let n = batch.min(cap - report.compacted) as i64;
         let started = std::time::Instant::now();
         let Some(done) = store
             .write(move |tx: &mut dyn EffectTx| {
-                compact_batch(tx, now, n).map_err(|e| store_error(tx, e))
+                compact_batch(tx, compactable, now, n).map_err(|e| store_error(tx, e))
             })
             .await?
         else {
@@ -323,6 +290,7 @@ async fn beside_writes(
 ) -> Result<bool, StoreError> {
     let (sender, receiver) = tokio::sync::oneshot::channel();
     let work = Box::new(Beside {
+        compactable: store.driver().compactable_operations(),
         now: report.now,
         horizon: opts.tombstone_ttl.map(|ttl| report.now.saturating_sub(ttl)),
         cap: opts.limit.unwrap_or(u64::MAX),
@@ -370,6 +338,8 @@ enum Phase {
 
 /// One pruning run done by the store's writer, a step at a time ([`BackgroundWork`]).
 struct Beside {
+    /// The driver's query of the operations to compact ([`Driver::compactable_operations`]).
+    compactable: &'static str,
     now: i64,
     /// Tombstones whose retention deadline is at or before it are deleted (`None`: none).
     horizon: Option<i64>,
@@ -406,7 +376,7 @@ impl BackgroundWork for Beside {
         };
         let n = rows.min(self.cap.saturating_sub(total));
         let done = match (phase, self.horizon) {
-            (Phase::Compact, _) => compact_batch(tx, self.now, n as i64),
+            (Phase::Compact, _) => compact_batch(tx, self.compactable, self.now, n as i64),
             (_, Some(horizon)) => delete_batch(tx, self.now, horizon, n as i64),
             (_, None) => Ok(Some(0)),
         }
@@ -555,10 +525,7 @@ async fn reclaim(store: &Store, pace: u32, keep_free_percent: u8) -> Result<i64,
 /// How many live operations past their retention deadline at `now` are not settled (they
 /// wait for an operator, and pruning keeps them), and the creation time of the oldest.
 pub fn kept(tx: &mut dyn EffectTx, now: i64) -> Result<(i64, Option<i64>), Error> {
-    let row = tx
-        .query_opt(KEPT, &[now.into()])?
-        .ok_or_else(|| Error::unavailable("no count"))?;
-    Ok((row.int(0)?, row.opt_int(1)?))
+    ledger::kept_unsettled(tx, now)
 }
 
 /// Counts what a run would do, within `cap` for each kind.
@@ -570,9 +537,10 @@ async fn dry_run(
     report: &mut PruneReport,
 ) -> Result<(), StoreError> {
     let cap = cap.min(i64::MAX as u64) as i64;
+    let compactable = store.driver().compactable_operations();
     let (compacted, deleted) = store
         .read(move |tx: &mut dyn EffectTx| {
-            dry_counts(tx, now, ttl, cap).map_err(|e| store_error(tx, e))
+            dry_counts(tx, compactable, now, ttl, cap).map_err(|e| store_error(tx, e))
         })
         .await?;
     report.compacted = compacted.max(0) as u64;
@@ -580,25 +548,20 @@ async fn dry_run(
     Ok(())
 }
 
-/// What a run would compact and delete: `(operations, tombstones)`.
+/// What a run would compact (found by the driver's query `compactable`) and delete:
+/// `(operations, tombstones)`.
 fn dry_counts(
     tx: &mut dyn EffectTx,
+    compactable: &str,
     now: i64,
     ttl: Option<i64>,
     cap: i64,
 ) -> Result<(i64, i64), Error> {
-    let count = |tx: &mut dyn EffectTx, sql: &str, at: i64, cap: i64| {
-        let sql = format!("SELECT count(*) FROM ({sql}) AS c");
-        tx.query_opt(&sql, &[at.into(), cap.into()])?
-            .ok_or_else(|| Error::unavailable("no count"))?
-            .int(0)
-    };
-    let sql = compactable(tx);
-    let compacted = count(tx, sql, now, cap)?;
+    let compacted = ledger::count_of(tx, compactable, now, cap)?;
     let Some(ttl) = ttl else {
         return Ok((compacted, 0));
     };
-    let deleted = count(tx, EXPIRED_TOMBSTONES, now.saturating_sub(ttl), cap)?;
+    let deleted = ledger::count_of(tx, ledger::EXPIRED_TOMBSTONES, now.saturating_sub(ttl), cap)?;
     Ok((compacted, deleted))
 }
 
@@ -609,43 +572,22 @@ fn take_lease(tx: &mut dyn EffectTx) -> Result<bool, Error> {
         .is_some())
 }
 
-/// The ids a query of `(?1, ?2)` selects, and as many `NULL`s after them as make `n` values:
-/// the statements that take them as an `IN` list then have one text per batch size (a `NULL`
-/// matches no row), so the store's statement cache keeps them however many rows were due.
-fn ids(tx: &mut dyn EffectTx, sql: &str, at: i64, n: i64) -> Result<(Vec<SqlValue>, usize), Error> {
-    let mut ids = tx
-        .query(sql, &[at.into(), n.into()])?
-        .into_iter()
-        .map(|r| {
-            r.into_iter()
-                .next()
-                .ok_or_else(|| Error::unavailable("no id"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let found = ids.len();
-    ids.resize(n.max(0) as usize, SqlValue::Null);
-    Ok((ids, found))
-}
-
-/// `?{from}, ?{from+1}, …` for `n` parameters.
-fn marks(from: usize, n: usize) -> String {
-    (from..from + n)
-        .map(|i| format!("?{i}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// Compacts up to `n` operations; `None` when another pruner holds the lease.
-fn compact_batch(tx: &mut dyn EffectTx, now: i64, n: i64) -> Result<Option<u64>, Error> {
+/// Compacts up to `n` operations (found by the driver's query `compactable`); `None` when
+/// another pruner holds the lease.
+fn compact_batch(
+    tx: &mut dyn EffectTx,
+    compactable: &str,
+    now: i64,
+    n: i64,
+) -> Result<Option<u64>, Error> {
     if !take_lease(tx)? {
         return Ok(None);
     }
-    let sql = compactable(tx);
-    let (ids, found) = ids(tx, sql, now, n)?;
+    let (ids, found) = ledger::ids_of(tx, compactable, now, n)?;
     if found == 0 {
         return Ok(Some(0));
     }
-    let list = marks(1, ids.len());
+    let list = ledger::marks(1, ids.len());
     for table in [
         "operation_events",
         "local_receipts",
@@ -657,22 +599,7 @@ fn compact_batch(tx: &mut dyn EffectTx, now: i64, n: i64) -> Result<Option<u64>,
             &ids,
         )?;
     }
-    let k = ids.len();
-    let mut params = ids;
-    params.push(TOMBSTONE_JSON.into());
-    params.push(sha256_hex(TOMBSTONE_JSON.as_bytes()).into());
-    params.push(now.into());
-    let done = tx.execute(
-        &format!(
-            "UPDATE operations SET arguments = ?{a}, result = ?{a}, result_digest = ?{d},
-                 compacted_at = ?{t}
-             WHERE id IN ({list}) AND compacted_at IS NULL",
-            a = k + 1,
-            d = k + 2,
-            t = k + 3,
-        ),
-        &params,
-    )? as u64;
+    let done = ledger::compact(tx, ids, now)? as u64;
     tx.execute(
         "UPDATE prune_state SET compacted_total = compacted_total + ?1, last_run_at = ?2
          WHERE id = 1",
@@ -692,21 +619,18 @@ fn delete_batch(
     if !take_lease(tx)? {
         return Ok(None);
     }
-    let (ids, found) = ids(tx, EXPIRED_TOMBSTONES, horizon, n)?;
+    let (ids, found) = ledger::ids_of(tx, ledger::EXPIRED_TOMBSTONES, horizon, n)?;
     if found == 0 {
         return Ok(Some(0));
     }
-    let list = marks(1, ids.len());
+    let list = ledger::marks(1, ids.len());
     tx.execute(
         &format!(
             "UPDATE approvals SET consumed_operation = NULL WHERE consumed_operation IN ({list})"
         ),
         &ids,
     )?;
-    let done = tx.execute(
-        &format!("DELETE FROM operations WHERE id IN ({list}) AND compacted_at IS NOT NULL"),
-        &ids,
-    )? as u64;
+    let done = ledger::delete_tombstones(tx, &ids)? as u64;
     tx.execute(
         "UPDATE prune_state SET deleted_total = deleted_total + ?1, last_run_at = ?2
          WHERE id = 1",
@@ -739,10 +663,7 @@ pub fn totals_in(tx: &mut dyn EffectTx) -> Result<PruneTotals, Error> {
 
 /// Operation rows by kind, live and tombstones, in the snapshot `tx` reads.
 pub fn row_counts(tx: &mut dyn EffectTx) -> Result<RowCounts, Error> {
-    let row = tx
-        .query_opt("SELECT count(*), count(compacted_at) FROM operations", &[])?
-        .ok_or_else(|| Error::unavailable("no count"))?;
-    let (all, tombstones) = (row.int(0)?, row.int(1)?);
+    let (all, tombstones) = ledger::row_counts(tx)?;
     Ok(RowCounts {
         live: all - tombstones,
         tombstones,

@@ -90,7 +90,7 @@ pub use worker::{Worker, WorkerFailure, WorkerRun};
 use record::*;
 pub use record::{
     approval_target, bound_receipt, downstream_request, query_identity, DeferredRecord,
-    IntentApproval,
+    DownstreamRequest, IntentApproval,
 };
 
 /// Prefix of the purpose-bound identity a status query derives. Provider ids carrying it are
@@ -126,6 +126,15 @@ impl RuntimeError {
 impl From<StoreError> for RuntimeError {
     fn from(e: StoreError) -> Self {
         RuntimeError::Store(e)
+    }
+}
+
+impl From<outbox::OutboxError> for RuntimeError {
+    fn from(e: outbox::OutboxError) -> Self {
+        match e {
+            outbox::OutboxError::Fenced(f) => RuntimeError::Fenced(f),
+            outbox::OutboxError::Store(s) => RuntimeError::Store(s),
+        }
     }
 }
 

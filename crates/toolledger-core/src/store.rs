@@ -15,8 +15,10 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use crate::effect::{Dialect, EffectTx, SqlValue};
+use crate::effect::{Dialect, EffectTx};
 use crate::model::{Error, ErrorCode};
+
+pub use crate::ledger::OperationRow;
 
 /// A unit of write work handed to a [`Driver`]: the driver runs it inside a write
 /// transaction (possibly more than once, after a transient conflict, each time in a fresh
@@ -114,6 +116,13 @@ pub trait Driver: Send + Sync + std::fmt::Debug + 'static {
         &self,
         tx: &mut dyn EffectTx,
     ) -> Result<(bool, serde_json::Value), StoreError>;
+
+    /// The query of the operations compaction takes next ([`crate::prune`]), in this driver's
+    /// dialect: the `id` of live, settled operations whose retention deadline is at or before
+    /// `?1`, oldest deadline first, at most `?2`. Default: the portable query.
+    fn compactable_operations(&self) -> &'static str {
+        crate::ledger::COMPACTABLE
+    }
 
     /// Gives at most `max_pages` free pages of the database back to the file system, inside
     /// the write transaction `tx`, after rows were deleted, keeping free pages up to
@@ -282,9 +291,8 @@ pub trait BatchTx {
     /// statement.
     fn lock_keys(&mut self, keys: &[String]) -> Result<(), Error>;
 
-    /// Every ledger row of the given scopes (each tenant's and subject's included), with the
-    /// columns of [`crate::operation_columns!`] in that order.
-    fn lookup_scopes(&mut self, scopes: &[ScopeKey<'_>]) -> Result<Vec<Vec<SqlValue>>, Error>;
+    /// Every ledger row of the given scopes (each tenant's and subject's included).
+    fn lookup_scopes(&mut self, scopes: &[ScopeKey<'_>]) -> Result<Vec<OperationRow>, Error>;
 
     /// Inserts the ledger rows of the batch's fresh calls as `inline` and `applied`, created
     /// and updated at `now`, and commits. Returns `(id, status_ref)` of every inserted row.

@@ -3,18 +3,19 @@
 
 use super::*;
 
-/// Every ledger row of a batch's `(tool, key)` pairs, in the ledger's column order.
+/// Every ledger row of a batch's `(tool, key)` pairs, selecting [`OperationRow::COLUMNS`].
 /// `OFFSET 0` keeps the lateral subquery from being pulled up into a plain join: planned
 /// while the table is new and small (and the plan then cached for the connection), that
 /// join became a hash join over a sequential scan of `operations`, whose cost grew with the
 /// table. As written it is always a nested loop over the scope's unique index, which leads
 /// with `(tool, idempotency_key)`.
-const LOOKUP: &str = concat!(
-    "SELECT o.* FROM jsonb_to_recordset(?1::text::jsonb) AS q(tool text, k text)
-     CROSS JOIN LATERAL (SELECT ",
-    toolledger_core::operation_columns!(),
-    " FROM operations WHERE tool = q.tool AND idempotency_key = q.k OFFSET 0) AS o"
-);
+static LOOKUP: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT o.* FROM jsonb_to_recordset(?1::text::jsonb) AS q(tool text, k text)
+     CROSS JOIN LATERAL (SELECT {} FROM operations WHERE tool = q.tool AND idempotency_key = q.k OFFSET 0) AS o",
+        OperationRow::COLUMNS
+    )
+});
 
 /// The ledger rows of a batch, given as one JSON array of objects: one statement text for
 /// any number of rows, so every connection prepares and plans it once (a `VALUES` list per row
@@ -47,12 +48,15 @@ impl BatchTx for PgTx<'_> {
         PgTx::lock_keys(self, keys)
     }
 
-    fn lookup_scopes(&mut self, scopes: &[ScopeKey<'_>]) -> Result<Vec<Vec<SqlValue>>, Error> {
+    fn lookup_scopes(&mut self, scopes: &[ScopeKey<'_>]) -> Result<Vec<OperationRow>, Error> {
         let pairs: Vec<serde_json::Value> = scopes
             .iter()
             .map(|s| serde_json::json!({"tool": s.tool, "k": s.key}))
             .collect();
-        self.query(LOOKUP, &[json_list(&pairs)?.into()])
+        self.query(&LOOKUP, &[json_list(&pairs)?.into()])?
+            .into_iter()
+            .map(|row| Ok(OperationRow::from_values(row)?))
+            .collect()
     }
 
     fn insert_applied_then_commit(

@@ -84,7 +84,7 @@ use toolledger_core::model::Error;
 use toolledger_core::store::migrate::{self, Binding, MigrationHooks, MigrationRequest};
 use toolledger_core::store::{
     queue_full, queue_wait_expired, AppliedRow, BatchDriver, BatchJob, BatchTx, BatchWriter,
-    Driver, Migration, ReadJob, ScopeKey, Store, StoreError, WriteJob,
+    Driver, Migration, OperationRow, ReadJob, ScopeKey, Store, StoreError, WriteJob,
 };
 
 pub use toolledger_core::store::QueueLimits;

@@ -44,6 +44,16 @@ impl Driver for SqliteStore {
         audit_checks::physical_checks(tx, journal)
     }
 
+    fn compactable_operations(&self) -> &'static str {
+        // Without statistics SQLite's planner would take the index on `state`, which nearly
+        // every row matches, and sort them all for each batch: the partial index on the
+        // retention deadline yields the oldest candidates first and stops at the limit.
+        "SELECT id FROM operations INDEXED BY operations_live_by_retention
+     WHERE compacted_at IS NULL AND retention_deadline IS NOT NULL AND retention_deadline <= ?1
+       AND (state = 'applied' OR state = 'succeeded' OR state = 'failed')
+     ORDER BY retention_deadline LIMIT ?2"
+    }
+
     fn reclaim_space(
         &self,
         tx: &mut dyn EffectTx,

@@ -42,12 +42,12 @@ use super::{
     judge, key_taken, record, run_fresh, FaultHook, InlineEffect, Outcome, Prepared, Written,
 };
 use crate::clock::SharedClock;
-use crate::effect::{RowExt, SqlValue};
+
 use crate::metric::{BatchSize, QueueDepth};
 use crate::model::{Error, OperationState};
 use crate::store::{
-    queue_full, queue_wait_expired, AppliedRow, BatchDriver, BatchTx, BatchWriter, QueueLimits,
-    ScopeKey, StoreError,
+    queue_full, queue_wait_expired, AppliedRow, BatchDriver, BatchTx, BatchWriter, OperationRow,
+    QueueLimits, ScopeKey, StoreError,
 };
 
 /// The most calls one batch holds. PostgreSQL keeps up to 64 subtransaction ids per
@@ -322,9 +322,9 @@ impl Batcher {
                 key: &p.key,
             })
             .collect();
-        let mut rows: HashMap<(String, String), Vec<Vec<SqlValue>>> = HashMap::new();
+        let mut rows: HashMap<(String, String), Vec<OperationRow>> = HashMap::new();
         for row in tx.lookup_scopes(&scopes)? {
-            rows.entry((row.text(3)?, row.text(4)?))
+            rows.entry((row.tool.clone(), row.idempotency_key.clone()))
                 .or_default()
                 .push(row);
         }
@@ -411,7 +411,7 @@ impl Batcher {
         tx: &mut dyn BatchTx,
         p: &Prepared,
         effect: &dyn InlineEffect,
-        found: Vec<Vec<SqlValue>>,
+        found: Vec<OperationRow>,
         now: i64,
     ) -> Result<CallEnd, Error> {
         let mut checks = Watched::new(tx.effect_tx());
@@ -419,15 +419,15 @@ impl Batcher {
         let authorize_sent = checks.sent;
         let mut own = None;
         for row in found {
-            let mine = row.text(1)? == p.principal.tenant && row.text(2)? == p.principal.subject;
+            let mine = row.tenant == p.principal.tenant && row.subject == p.principal.subject;
             if mine {
                 own = Some(row);
             } else if p.shared_key_namespace {
                 return Err(key_taken());
             }
         }
-        if let Some(mut row) = own {
-            let found = record(&mut row)?;
+        if let Some(row) = own {
+            let found = record(row)?;
             let mut checks = Watched::new(tx.effect_tx());
             let answer = judge(&mut checks, p, effect, &found, now);
             if !(authorize_sent || checks.sent) {

@@ -47,16 +47,19 @@ pub struct ExternalRequest {
 }
 
 impl ExternalRequest {
-    fn of(request: &Value) -> ExternalRequest {
+    fn of(request: DownstreamRequest) -> ExternalRequest {
         ExternalRequest {
-            idempotency_key: request["status_ref"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-            tool: request["tool"].as_str().unwrap_or_default().to_string(),
-            arguments: request["arguments"].clone(),
+            idempotency_key: request.status_ref,
+            tool: request.tool,
+            arguments: request.arguments,
         }
     }
+}
+
+/// The typed form of a request the runtime sends downstream; anything else is rejected.
+fn typed(request: &Value) -> Result<DownstreamRequest, DownstreamError> {
+    DownstreamRequest::from_json(request)
+        .ok_or_else(|| DownstreamError::Rejected("not a request of the runtime".into()))
 }
 
 type Call =
@@ -77,6 +80,9 @@ type Lookup = dyn Fn(ExternalRequest) -> BoxFuture<'static, Result<Option<Value>
 ///   made); the operation is `accepted` again and the next call of it tries again;
 /// - [`DownstreamError::Unavailable`]: the answer is lost (a timeout, a reset connection):
 ///   the effect may have happened, the operation is `outcome_unknown`.
+///
+/// A request that is not the runtime's ([`DownstreamRequest`]) is
+/// [`DownstreamError::Rejected`] without a call.
 ///
 /// The lookup answers `Ok(Some(result))` when the API shows the effect happened (the
 /// result to store), `Ok(None)` when it shows nothing (the outcome stays unknown: absence is
@@ -124,12 +130,8 @@ impl External {
 /// The receipt of an external call: the runtime's bindings, and the call's answer as the
 /// result. The status reference stands for the receipt id (the API's own ids are in the
 /// result).
-fn receipt(request: &Value, result: Value) -> Value {
-    let id = request["status_ref"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    bound_receipt(request, &id, result)
+fn receipt(request: &Value, status_ref: &str, result: Value) -> Value {
+    bound_receipt(request, status_ref, result)
 }
 
 impl Downstream for External {
@@ -139,8 +141,10 @@ impl Downstream for External {
         request: &'a Value,
     ) -> BoxFuture<'a, Result<Value, DownstreamError>> {
         Box::pin(async move {
-            let result = (self.call)(ExternalRequest::of(request)).await?;
-            Ok(receipt(request, result))
+            let typed = typed(request)?;
+            let status_ref = typed.status_ref.clone();
+            let result = (self.call)(ExternalRequest::of(typed)).await?;
+            Ok(receipt(request, &status_ref, result))
         })
     }
 
@@ -161,8 +165,10 @@ impl Downstream for External {
             let Some(lookup) = &self.lookup else {
                 return Ok(None);
             };
-            let found = lookup(ExternalRequest::of(request)).await?;
-            Ok(found.map(|result| receipt(request, result)))
+            let typed = typed(request)?;
+            let status_ref = typed.status_ref.clone();
+            let found = lookup(ExternalRequest::of(typed)).await?;
+            Ok(found.map(|result| receipt(request, &status_ref, result)))
         })
     }
 }

@@ -5,7 +5,7 @@
 //! downstream request, the purpose-bound identity of a status query).
 
 use super::*;
-use crate::ledger;
+use crate::ledger::{self, OperationRow};
 
 /// The approval fields a deferred intent stored.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -60,40 +60,26 @@ pub struct DeferredRecord {
     pub compacted_at: Option<i64>,
 }
 
-/// A ledger row ([`crate::operation_columns!`]) followed by its intent context. The intent
-/// columns come through a derived table so that the ledger's unqualified column names stay
-/// unambiguous.
-const SELECT_DEFERRED: &str = concat!(
-    "SELECT ",
-    crate::operation_columns!(),
-    ", d.operation_id, d.provider, d.api_family, d.adapter_revision, d.turn_id, d.call_id,
-    d.response_id, d.downstream_key, d.approval_id, d.approver, d.approval_digest,
-    d.approved_at, d.approval_expires_at
-    FROM operations o LEFT JOIN (SELECT operation_id, provider, api_family, adapter_revision,
-        turn_id, call_id, response_id, downstream_key, approval_id, approver, approval_digest,
-        approved_at, approval_expires_at FROM deferred_intents) d ON d.operation_id = o.id"
-);
-
 /// The deferred view of a ledger row and its intent context; `None` for an inline row.
-fn decode(row: &mut [SqlValue]) -> Result<Option<DeferredRecord>, StoreError> {
-    use crate::ledger::{column, contract, EFFECT_KIND_COLUMN, OPERATION_COLUMNS as I};
-    if column(row.text(EFFECT_KIND_COLUMN))? != "deferred" {
+fn decode(stored: OperationRow, row: Vec<SqlValue>) -> Result<Option<DeferredRecord>, StoreError> {
+    use crate::ledger::{column, contract};
+    if stored.effect_kind != "deferred" {
         return Ok(None);
     }
-    let r = ledger::decode(row)?;
+    let r = ledger::decode(stored)?;
     if r.compacted_at.is_some() {
         return Ok(Some(tombstone(r)));
     }
-    if column(row.opt_int(I))?.is_none() {
+    if column(row.opt_int(0))?.is_none() {
         return Err(contract("deferred operation has no intent context"));
     }
-    let text = |k: usize| column(row.text(I + k));
+    let text = |k: usize| column(row.text(k));
     let approval = match (
-        column(row.opt_text(I + 8))?,
-        column(row.opt_text(I + 9))?,
-        column(row.opt_text(I + 10))?,
-        column(row.opt_int(I + 11))?,
-        column(row.opt_int(I + 12))?,
+        column(row.opt_text(8))?,
+        column(row.opt_text(9))?,
+        column(row.opt_text(10))?,
+        column(row.opt_int(11))?,
+        column(row.opt_int(12))?,
     ) {
         (None, None, None, None, None) => None,
         (Some(approval_id), Some(approver), Some(approval_digest), Some(at), Some(exp)) => {
@@ -172,18 +158,12 @@ pub(super) enum Loaded {
     Deferred(Box<DeferredRecord>),
 }
 
-/// The deferred row matching `clause` (over the alias `o` of `operations`).
-pub(super) fn load_where(
-    tx: &mut dyn EffectTx,
-    clause: &str,
-    args: &[SqlValue],
-) -> Result<Loaded, RuntimeError> {
-    let sql = format!("{SELECT_DEFERRED} WHERE {clause}");
-    let row = tx.query_opt(&sql, args).map_err(|e| stored(tx, e))?;
-    let Some(mut row) = row else {
+/// The deferred row `by` names.
+fn load(tx: &mut dyn EffectTx, by: ledger::RowBy<'_>) -> Result<Loaded, RuntimeError> {
+    let Some((row, intent)) = ledger::row_with_intent(tx, by)? else {
         return Ok(Loaded::Absent);
     };
-    match decode(&mut row)? {
+    match decode(row, intent)? {
         None => Ok(Loaded::NotDeferred),
         Some(r) => Ok(Loaded::Deferred(Box::new(r))),
     }
@@ -191,16 +171,7 @@ pub(super) fn load_where(
 
 /// The row of one scope.
 pub(super) fn load_scope(tx: &mut dyn EffectTx, scope: &Scope) -> Result<Loaded, RuntimeError> {
-    load_where(
-        tx,
-        "o.tenant = ?1 AND o.subject = ?2 AND o.tool = ?3 AND o.idempotency_key = ?4",
-        &[
-            scope.tenant.as_str().into(),
-            scope.subject.as_str().into(),
-            scope.tool.as_str().into(),
-            scope.key.as_str().into(),
-        ],
-    )
+    load(tx, ledger::RowBy::Scope(scope))
 }
 
 /// The row with one status reference.
@@ -208,12 +179,12 @@ pub(super) fn load_status_ref(
     tx: &mut dyn EffectTx,
     status_ref: &str,
 ) -> Result<Loaded, RuntimeError> {
-    load_where(tx, "o.status_ref = ?1", &[status_ref.into()])
+    load(tx, ledger::RowBy::StatusRef(status_ref))
 }
 
 /// The deferred operation an outbox event belongs to.
 pub(super) fn load_id(tx: &mut dyn EffectTx, id: i64) -> Result<DeferredRecord, RuntimeError> {
-    match load_where(tx, "o.id = ?1", &[id.into()])? {
+    match load(tx, ledger::RowBy::Id(id))? {
         Loaded::Deferred(r) => Ok(*r),
         _ => Err(contract_violation(
             "outbox event without a deferred operation",
@@ -283,8 +254,31 @@ pub fn approval_target(
     }
 }
 
-/// The request sent downstream for a record: scope digest, status ref, request digest, tool
-/// and canonical arguments.
+/// A request sent downstream for a deferred operation, read back from its JSON form (what
+/// [`downstream_request`] builds and [`Downstream::submit`] is given).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct DownstreamRequest {
+    /// The call's canonical arguments.
+    pub arguments: Value,
+    /// The request digest.
+    pub request_digest: String,
+    /// The scope digest: the key the downstream deduplicates on.
+    pub scope_digest: String,
+    /// The operation's opaque status reference.
+    pub status_ref: String,
+    /// The tool's name.
+    pub tool: String,
+}
+
+impl DownstreamRequest {
+    /// The request whose JSON form is `request`; `None` when `request` is not one.
+    pub fn from_json(request: &Value) -> Option<DownstreamRequest> {
+        DownstreamRequest::deserialize(request).ok()
+    }
+}
+
+/// The request sent downstream for a record, in its JSON form: scope digest, status ref,
+/// request digest, tool and canonical arguments ([`DownstreamRequest`]).
 pub fn downstream_request(record: &DeferredRecord) -> Value {
     json!({
         "arguments": record.arguments,

@@ -210,8 +210,7 @@ impl Runtime {
                 ));
             }
             Self::lease_expired(&current, &ev, now)?;
-            outbox::complete_by_reconciliation(tx, ev.id, token, now)?
-                .map_err(RuntimeError::Fenced)?;
+            outbox::complete_by_reconciliation(tx, ev.id, token, now)?;
             let mut detail = json!({
                 "as": r.outcome.as_str(),
                 "operator": r.operator,

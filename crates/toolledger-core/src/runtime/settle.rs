@@ -165,7 +165,7 @@ impl Runtime {
         now: i64,
     ) -> Result<DeferredRecord, RuntimeError> {
         lock_operation(tx, lease.operation_id)?;
-        outbox::complete(tx, lease, now)?.map_err(RuntimeError::Fenced)?;
+        outbox::complete(tx, lease, now)?;
         load_id(tx, lease.operation_id)
     }
 
@@ -225,7 +225,7 @@ impl Runtime {
             let held = lease.clone();
             self.write_at(move |_, tx, now| -> Result<(), RuntimeError> {
                 lock_operation(tx, held.operation_id)?;
-                outbox::complete(tx, &held, now)?.map_err(RuntimeError::Fenced)?;
+                outbox::complete(tx, &held, now)?;
                 Self::write_prepared(
                     tx,
                     held.operation_id,

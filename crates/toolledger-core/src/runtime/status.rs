@@ -73,8 +73,7 @@ impl Runtime {
                 return Self::answer_existing(&current);
             }
             let ev = outbox_event(tx, record.id)?;
-            outbox::complete_by_reconciliation(tx, ev.id, ev.fencing_token, now)?
-                .map_err(RuntimeError::Fenced)?;
+            outbox::complete_by_reconciliation(tx, ev.id, ev.fencing_token, now)?;
             Self::write_reconciled(tx, &current, &identity, &receipt, &receipt_id, &result, now)?;
             Ok(Answer::Done {
                 status_ref: current.status_ref,

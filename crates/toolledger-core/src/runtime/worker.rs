@@ -76,8 +76,7 @@ impl Runtime {
         let renewed = self
             .write_at(move |this, tx, now| -> Result<Lease, RuntimeError> {
                 check_now(now)?;
-                outbox::renew(tx, &held, now, this.config.lease_seconds)?
-                    .map_err(RuntimeError::Fenced)
+                Ok(outbox::renew(tx, &held, now, this.config.lease_seconds)?)
             })
             .await;
         count_fenced("renew", &renewed);
@@ -112,8 +111,7 @@ impl Runtime {
         let code = code.to_string();
         let recorded = self
             .write_at(move |_, tx, now| -> Result<(), RuntimeError> {
-                outbox::record_attempt_error(tx, &lease, &code, now)?
-                    .map_err(RuntimeError::Fenced)?;
+                outbox::record_attempt_error(tx, &lease, &code, now)?;
                 if let Some(state) = state {
                     ledger::mark_deferred(tx, lease.operation_id, state, now)
                         .map_err(|e| stored(tx, e))?;
@@ -168,7 +166,7 @@ impl Runtime {
             detail["reason"] = json!(why);
         }
         self.write_at(move |_, tx, now| -> Result<(), RuntimeError> {
-            outbox::rearm(tx, &lease, code, now)?.map_err(RuntimeError::Fenced)?;
+            outbox::rearm(tx, &lease, code, now)?;
             ledger::mark_deferred(tx, lease.operation_id, OperationState::Accepted, now)
                 .map_err(|e| stored(tx, e))?;
             insert_event(tx, lease.operation_id, now, kind, &detail)
