@@ -86,3 +86,30 @@ async def test_serve_http_with_a_bearer_token(tmp_path):
             out = await session.call_tool_once("create_automation", {"interval_minutes": 30}, intent="weekly")
             assert out.state == "succeeded", out
             assert (await session.resume(out.operation_id)).replayed
+
+
+async def test_a_client_session_is_a_target(tmp_path):
+    """The SDK's lower-level `ClientSession`, opened by the application itself, wrapped directly
+    (no reconnect factory): the key goes in the tool's own argument, and the same intent is
+    answered from the journal, then by the server's replay when resumed."""
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import get_default_environment, stdio_client
+
+    db = str(tmp_path / "serve.sqlite")
+    _support.add_principal(db, "alice", scopes=("automation:write",))
+    spec = _support.serve_stdio_spec(db, "alice")
+    params = StdioServerParameters(command=spec["command"], args=spec["args"], env=get_default_environment())
+    ledger = Ledger(tmp_path / "journal.sqlite")
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as client_session:
+        await client_session.initialize()
+        session = ledger.session(client_session, key_arguments=KEYS)
+        first = await session.call_tool_once("create_automation", {"interval_minutes": 20}, intent="session-intent")
+        assert first.state == "succeeded" and not first.replayed, first
+        assert first.structured_content["interval_minutes"] == 20
+        again = await session.call_tool_once("create_automation", {"interval_minutes": 20}, intent="session-intent")
+        assert again.operation_id == first.operation_id
+        assert again.structured_content["id"] == first.structured_content["id"]
+        replay = await session.resume(first.operation_id)
+        assert replay.state == "succeeded" and replay.replayed
+        assert replay.structured_content["id"] == first.structured_content["id"]
+    assert ledger.pending() == []
