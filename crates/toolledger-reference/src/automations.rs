@@ -21,6 +21,8 @@
 
 use std::sync::Arc;
 
+use rmcp::schemars::{self, JsonSchema};
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use toolledger::authz::{resolve_in, PrincipalStore};
 use toolledger::effect::{EffectTx, RowExt, SqlValue};
@@ -98,35 +100,42 @@ pub fn contract(tool: &str) -> Option<ToolContract> {
     is_tool(tool).then(|| ToolContract::uniform(tool, CONTRACT_REV))
 }
 
-/// The JSON Schema of `tool`'s arguments, if it belongs to this domain.
-pub fn input_schema(tool: &str) -> Option<Value> {
-    // The operation id: a key carried in `_meta`, `params.idempotencyKey` or the
-    // `Idempotency-Key` header is read as this argument.
-    let request_id = json!({"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$",
-                            toolledger_mcp::carriers::KEY_KEYWORD: true});
-    let positive =
-        json!({"type": "integer", "minimum": 1, "maximum": toolledger::json::MAX_SAFE_INTEGER});
-    let interval = json!({"type": "integer", "minimum": MIN_INTERVAL, "maximum": MAX_INTERVAL});
-    match tool {
-        CREATE_AUTOMATION => Some(json!({
-            "type": "object",
-            "properties": {"request_id": request_id, "interval_minutes": interval},
-            "required": ["request_id", "interval_minutes"],
-            "additionalProperties": false,
-        })),
-        SET_INTERVAL => Some(json!({
-            "type": "object",
-            "properties": {
-                "request_id": request_id,
-                "automation_id": positive,
-                "expected_version": positive,
-                "interval_minutes": interval,
-            },
-            "required": ["request_id", "automation_id", "expected_version", "interval_minutes"],
-            "additionalProperties": false,
-        })),
-        _ => None,
-    }
+/// The arguments of `create_automation`. Their schema is the tool's input schema; the same
+/// rules are checked for arguments read without it.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateAutomation {
+    /// The request id: the receipt's key, also read from `_meta` or the `Idempotency-Key`.
+    #[schemars(
+        regex(pattern = "^[A-Za-z0-9_-]{1,64}$"),
+        extend("x-toolledger-key" = true)
+    )]
+    pub request_id: String,
+    /// The interval in minutes.
+    #[schemars(range(min = MIN_INTERVAL, max = MAX_INTERVAL))]
+    pub interval_minutes: i64,
+}
+
+/// The arguments of `set_interval`. Their schema is the tool's input schema; the same rules
+/// are checked for arguments read without it.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetInterval {
+    /// The request id: the receipt's key, also read from `_meta` or the `Idempotency-Key`.
+    #[schemars(
+        regex(pattern = "^[A-Za-z0-9_-]{1,64}$"),
+        extend("x-toolledger-key" = true)
+    )]
+    pub request_id: String,
+    /// The automation to change.
+    #[schemars(range(min = 1, max = toolledger::json::MAX_SAFE_INTEGER))]
+    pub automation_id: i64,
+    /// The version the change is based on.
+    #[schemars(range(min = 1, max = toolledger::json::MAX_SAFE_INTEGER))]
+    pub expected_version: i64,
+    /// The new interval in minutes.
+    #[schemars(range(min = MIN_INTERVAL, max = MAX_INTERVAL))]
+    pub interval_minutes: i64,
 }
 
 /// The JSON Schema of both tools' results (`replayed` is added to the caller-visible reply).
@@ -219,11 +228,27 @@ pub async fn run_as(
     args: Value,
     options: &ToolOptions,
 ) -> Result<Outcome, Error> {
-    let contract = contract(tool).ok_or_else(|| Error::invalid("unknown tool"))?;
+    contract(tool).ok_or_else(|| Error::invalid("unknown tool"))?;
     if !principal.has_scope(SCOPE) {
         return Err(Error::denied("automation:write is required"));
     }
-    let request = Request::parse(tool, &args)?;
+    let args = Arguments::parse(tool, &args)?;
+    run_typed(engine, principal, principal_name, args, options).await
+}
+
+/// [`run_as`] with the arguments already typed (an MCP server's `Parameters`).
+pub async fn run_typed(
+    engine: &Engine,
+    principal: Principal,
+    principal_name: &str,
+    args: Arguments,
+    options: &ToolOptions,
+) -> Result<Outcome, Error> {
+    if !principal.has_scope(SCOPE) {
+        return Err(Error::denied("automation:write is required"));
+    }
+    let contract = ToolContract::uniform(args.tool(), CONTRACT_REV);
+    let request = args.request()?;
     let now = engine.clock().now();
     let call = InlineCall {
         principal,
@@ -240,6 +265,44 @@ pub async fn run_as(
         action: request.action,
     });
     engine.execute_inline(call, effect).await
+}
+
+/// The typed arguments of either tool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Arguments {
+    /// `create_automation`'s.
+    Create(CreateAutomation),
+    /// `set_interval`'s.
+    SetInterval(SetInterval),
+}
+
+impl Arguments {
+    /// The arguments of `tool` (`set_interval`, else `create_automation`) from JSON.
+    fn parse(tool: &str, args: &Value) -> Result<Self, Error> {
+        let obj = args
+            .as_object()
+            .ok_or_else(|| Error::invalid("arguments must be a JSON object"))?;
+        Ok(if tool == SET_INTERVAL {
+            Arguments::SetInterval(crate::domain::arguments(obj)?)
+        } else {
+            Arguments::Create(crate::domain::arguments(obj)?)
+        })
+    }
+
+    /// The tool they are for.
+    pub fn tool(&self) -> &'static str {
+        match self {
+            Arguments::Create(_) => CREATE_AUTOMATION,
+            Arguments::SetInterval(_) => SET_INTERVAL,
+        }
+    }
+
+    fn request(self) -> Result<Request, Error> {
+        match self {
+            Arguments::Create(a) => a.try_into(),
+            Arguments::SetInterval(a) => a.try_into(),
+        }
+    }
 }
 
 /// Inserts an automation row directly (fixtures for tests and demos). `id` `None` lets the
@@ -305,66 +368,63 @@ fn is_request_id(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-fn integer(v: &Value) -> Option<i64> {
-    // Only JSON integers: booleans, strings and fractional numbers are not.
-    match v {
-        Value::Number(n) => n
-            .as_i64()
-            .filter(|i| i.unsigned_abs() <= toolledger::json::MAX_SAFE_INTEGER as u64),
-        _ => None,
+fn interval(minutes: i64) -> Result<i64, Error> {
+    if (MIN_INTERVAL..=MAX_INTERVAL).contains(&minutes) {
+        return Ok(minutes);
+    }
+    Err(Error::invalid(format!(
+        "interval_minutes must be an integer from {MIN_INTERVAL} to {MAX_INTERVAL}"
+    )))
+}
+
+fn positive(value: i64, name: &str) -> Result<i64, Error> {
+    if value >= 1 && value.unsigned_abs() <= toolledger::json::MAX_SAFE_INTEGER as u64 {
+        return Ok(value);
+    }
+    Err(Error::invalid(format!("{name} must be a positive integer")))
+}
+
+fn request_id(id: String) -> Result<String, Error> {
+    if is_request_id(&id) {
+        return Ok(id);
+    }
+    Err(Error::invalid(
+        "request_id must be 1-64 letters, digits, _ or -",
+    ))
+}
+
+impl TryFrom<CreateAutomation> for Request {
+    type Error = Error;
+
+    fn try_from(a: CreateAutomation) -> Result<Self, Error> {
+        Ok(Request {
+            request_id: request_id(a.request_id)?,
+            action: Action::Create {
+                interval: interval(a.interval_minutes)?,
+            },
+        })
+    }
+}
+
+impl TryFrom<SetInterval> for Request {
+    type Error = Error;
+
+    fn try_from(a: SetInterval) -> Result<Self, Error> {
+        Ok(Request {
+            request_id: request_id(a.request_id)?,
+            action: Action::SetInterval {
+                automation_id: positive(a.automation_id, "automation_id")?,
+                expected_version: positive(a.expected_version, "expected_version")?,
+                interval: interval(a.interval_minutes)?,
+            },
+        })
     }
 }
 
 impl Request {
+    #[cfg(test)]
     fn parse(tool: &str, args: &Value) -> Result<Self, Error> {
-        let obj = args
-            .as_object()
-            .ok_or_else(|| Error::invalid("arguments must be a JSON object"))?;
-        let allowed: &[&str] = if tool == SET_INTERVAL {
-            &[
-                "request_id",
-                "automation_id",
-                "expected_version",
-                "interval_minutes",
-            ]
-        } else {
-            &["request_id", "interval_minutes"]
-        };
-        if let Some(unknown) = obj.keys().find(|k| !allowed.contains(&k.as_str())) {
-            let shown: String = unknown.chars().take(32).collect();
-            return Err(Error::invalid(format!("unknown field {shown:?}")));
-        }
-        let field = |name: &str| {
-            obj.get(name)
-                .ok_or_else(|| Error::invalid(format!("{name} is required")))
-        };
-        let request_id = field("request_id")?
-            .as_str()
-            .filter(|s| is_request_id(s))
-            .ok_or_else(|| Error::invalid("request_id must be 1-64 letters, digits, _ or -"))?
-            .to_string();
-        let interval = integer(field("interval_minutes")?)
-            .filter(|i| (MIN_INTERVAL..=MAX_INTERVAL).contains(i))
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "interval_minutes must be an integer from {MIN_INTERVAL} to {MAX_INTERVAL}"
-                ))
-            })?;
-        let action = if tool == SET_INTERVAL {
-            let positive = |name: &str| -> Result<i64, Error> {
-                integer(field(name)?)
-                    .filter(|i| *i >= 1)
-                    .ok_or_else(|| Error::invalid(format!("{name} must be a positive integer")))
-            };
-            Action::SetInterval {
-                automation_id: positive("automation_id")?,
-                expected_version: positive("expected_version")?,
-                interval,
-            }
-        } else {
-            Action::Create { interval }
-        };
-        Ok(Request { request_id, action })
+        Arguments::parse(tool, args)?.request()
     }
 
     /// The validated payload the receipt is bound to (the request id is the key, not part of
@@ -551,11 +611,10 @@ mod tests {
     }
 
     #[test]
-    fn schemas_exist_for_every_tool() {
+    fn contracts_exist_for_every_tool() {
         for t in TOOLS {
-            assert!(input_schema(t).is_some());
             assert_eq!(contract(t).unwrap().name, *t);
         }
-        assert!(input_schema("nope").is_none());
+        assert!(contract("nope").is_none());
     }
 }
