@@ -247,14 +247,14 @@ pub async fn run_typed(
     if !principal.has_scope(SCOPE) {
         return Err(Error::denied("automation:write is required"));
     }
+    args.check()?;
     let contract = ToolContract::uniform(args.tool(), CONTRACT_REV);
-    let request = args.request()?;
     let now = engine.clock().now();
     let call = InlineCall {
         principal,
         contract,
-        key: request.request_id.clone(),
-        arguments: request.payload(),
+        key: args.request_id().to_string(),
+        arguments: args.payload(),
         fingerprint: None,
         authority_deadline: options.authority_ttl.map(|t| now.saturating_add(t)),
         retention_deadline: options.retention_ttl.map(|t| now.saturating_add(t)),
@@ -262,7 +262,7 @@ pub async fn run_typed(
     };
     let effect: Arc<dyn InlineEffect> = Arc::new(AutomationEffect {
         principal_name: principal_name.to_string(),
-        action: request.action,
+        args,
     });
     engine.execute_inline(call, effect).await
 }
@@ -297,10 +297,46 @@ impl Arguments {
         }
     }
 
-    fn request(self) -> Result<Request, Error> {
+    fn request_id(&self) -> &str {
         match self {
-            Arguments::Create(a) => a.try_into(),
-            Arguments::SetInterval(a) => a.try_into(),
+            Arguments::Create(a) => &a.request_id,
+            Arguments::SetInterval(a) => &a.request_id,
+        }
+    }
+
+    /// The rules the input schema states, for arguments read without it.
+    fn check(&self) -> Result<(), Error> {
+        if !is_request_id(self.request_id()) {
+            return Err(Error::invalid(
+                "request_id must be 1-64 letters, digits, _ or -",
+            ));
+        }
+        let interval = match self {
+            Arguments::Create(a) => a.interval_minutes,
+            Arguments::SetInterval(a) => {
+                positive(a.automation_id, "automation_id")?;
+                positive(a.expected_version, "expected_version")?;
+                a.interval_minutes
+            }
+        };
+        if !(MIN_INTERVAL..=MAX_INTERVAL).contains(&interval) {
+            return Err(Error::invalid(format!(
+                "interval_minutes must be an integer from {MIN_INTERVAL} to {MAX_INTERVAL}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The validated payload the receipt is bound to (the request id is the key, not part of
+    /// the intent).
+    fn payload(&self) -> Value {
+        match self {
+            Arguments::Create(a) => json!({ "interval_minutes": a.interval_minutes }),
+            Arguments::SetInterval(a) => json!({
+                "automation_id": a.automation_id,
+                "expected_version": a.expected_version,
+                "interval_minutes": a.interval_minutes,
+            }),
         }
     }
 }
@@ -345,109 +381,22 @@ pub async fn seed_automation<S: Clone + Into<Store>>(
         .await
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Action {
-    Create {
-        interval: i64,
-    },
-    SetInterval {
-        automation_id: i64,
-        expected_version: i64,
-        interval: i64,
-    },
-}
-
-struct Request {
-    request_id: String,
-    action: Action,
-}
-
 fn is_request_id(s: &str) -> bool {
     (1..=64).contains(&s.len())
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-fn interval(minutes: i64) -> Result<i64, Error> {
-    if (MIN_INTERVAL..=MAX_INTERVAL).contains(&minutes) {
-        return Ok(minutes);
-    }
-    Err(Error::invalid(format!(
-        "interval_minutes must be an integer from {MIN_INTERVAL} to {MAX_INTERVAL}"
-    )))
-}
-
-fn positive(value: i64, name: &str) -> Result<i64, Error> {
+fn positive(value: i64, name: &str) -> Result<(), Error> {
     if value >= 1 && value.unsigned_abs() <= toolledger::json::MAX_SAFE_INTEGER as u64 {
-        return Ok(value);
+        return Ok(());
     }
     Err(Error::invalid(format!("{name} must be a positive integer")))
 }
 
-fn request_id(id: String) -> Result<String, Error> {
-    if is_request_id(&id) {
-        return Ok(id);
-    }
-    Err(Error::invalid(
-        "request_id must be 1-64 letters, digits, _ or -",
-    ))
-}
-
-impl TryFrom<CreateAutomation> for Request {
-    type Error = Error;
-
-    fn try_from(a: CreateAutomation) -> Result<Self, Error> {
-        Ok(Request {
-            request_id: request_id(a.request_id)?,
-            action: Action::Create {
-                interval: interval(a.interval_minutes)?,
-            },
-        })
-    }
-}
-
-impl TryFrom<SetInterval> for Request {
-    type Error = Error;
-
-    fn try_from(a: SetInterval) -> Result<Self, Error> {
-        Ok(Request {
-            request_id: request_id(a.request_id)?,
-            action: Action::SetInterval {
-                automation_id: positive(a.automation_id, "automation_id")?,
-                expected_version: positive(a.expected_version, "expected_version")?,
-                interval: interval(a.interval_minutes)?,
-            },
-        })
-    }
-}
-
-impl Request {
-    #[cfg(test)]
-    fn parse(tool: &str, args: &Value) -> Result<Self, Error> {
-        Arguments::parse(tool, args)?.request()
-    }
-
-    /// The validated payload the receipt is bound to (the request id is the key, not part of
-    /// the intent).
-    fn payload(&self) -> Value {
-        match self.action {
-            Action::Create { interval } => json!({ "interval_minutes": interval }),
-            Action::SetInterval {
-                automation_id,
-                expected_version,
-                interval,
-            } => json!({
-                "automation_id": automation_id,
-                "expected_version": expected_version,
-                "interval_minutes": interval,
-            }),
-        }
-    }
-}
-
 struct AutomationEffect {
     principal_name: String,
-    action: Action,
+    args: Arguments,
 }
 
 fn result_of(row: &[SqlValue]) -> Result<Value, Error> {
@@ -468,10 +417,10 @@ impl InlineEffect for AutomationEffect {
             Some(p) if p.tenant == principal.tenant && p.has_scope(SCOPE) => {}
             _ => return Err(Error::denied("automation:write is required")),
         }
-        if let Action::SetInterval { automation_id, .. } = self.action {
+        if let Arguments::SetInterval(a) = &self.args {
             let visible = tx.query(
                 "SELECT 1 FROM automations WHERE id = ?1 AND tenant = ?2",
-                &[automation_id.into(), principal.tenant.as_str().into()],
+                &[a.automation_id.into(), principal.tenant.as_str().into()],
             )?;
             if visible.is_empty() {
                 return Err(Error::not_found());
@@ -481,8 +430,9 @@ impl InlineEffect for AutomationEffect {
     }
 
     fn apply(&self, tx: &mut dyn EffectTx, principal: &Principal) -> Result<Value, Error> {
-        let rows = match self.action {
-            Action::Create { interval } => {
+        let rows = match &self.args {
+            Arguments::Create(a) => {
+                let interval = a.interval_minutes;
                 let id = tx
                     .insert_id(
                         "INSERT INTO automations(tenant, interval_minutes, version)
@@ -492,19 +442,15 @@ impl InlineEffect for AutomationEffect {
                     .ok_or_else(|| Error::unavailable("automation row is missing"))?;
                 return result_of(&[id.into(), interval.into(), 1.into()]);
             }
-            Action::SetInterval {
-                automation_id,
-                expected_version,
-                interval,
-            } => tx.query(
+            Arguments::SetInterval(a) => tx.query(
                 "UPDATE automations SET interval_minutes = ?1, version = version + 1
                  WHERE id = ?2 AND tenant = ?3 AND version = ?4
                  RETURNING id, interval_minutes, version",
                 &[
-                    interval.into(),
-                    automation_id.into(),
+                    a.interval_minutes.into(),
+                    a.automation_id.into(),
                     principal.tenant.as_str().into(),
-                    expected_version.into(),
+                    a.expected_version.into(),
                 ],
             )?,
         };
@@ -522,11 +468,17 @@ impl InlineEffect for AutomationEffect {
 mod tests {
     use super::*;
 
+    fn parse(tool: &str, args: &Value) -> Result<Arguments, Error> {
+        let args = Arguments::parse(tool, args)?;
+        args.check()?;
+        Ok(args)
+    }
+
     #[test]
     fn validation_follows_the_automation_rules() {
         let ok = json!({"request_id": "edit-42", "automation_id": 1, "expected_version": 1,
                         "interval_minutes": 30});
-        let r = Request::parse(SET_INTERVAL, &ok).unwrap();
+        let r = parse(SET_INTERVAL, &ok).unwrap();
         assert_eq!(
             r.payload(),
             json!({"automation_id": 1, "expected_version": 1, "interval_minutes": 30})
@@ -534,7 +486,7 @@ mod tests {
         let bad = |k: &str, v: Value| {
             let mut a = ok.clone();
             a[k] = v;
-            Request::parse(SET_INTERVAL, &a).err().map(|e| e.code)
+            parse(SET_INTERVAL, &a).err().map(|e| e.code)
         };
         let invalid = Some(ErrorCode::InvalidArguments);
         assert_eq!(bad("automation_id", json!(true)), invalid);
@@ -554,9 +506,9 @@ mod tests {
         assert_eq!(bad("request_id", json!("unsafe key")), invalid);
         assert_eq!(bad("request_id", json!("é")), invalid);
         assert_eq!(bad("extra", json!(1)), invalid);
-        assert!(Request::parse(SET_INTERVAL, &json!([])).is_err());
-        assert!(Request::parse(CREATE_AUTOMATION, &ok).is_err());
-        assert!(Request::parse(
+        assert!(parse(SET_INTERVAL, &json!([])).is_err());
+        assert!(parse(CREATE_AUTOMATION, &ok).is_err());
+        assert!(parse(
             CREATE_AUTOMATION,
             &json!({"request_id": "c", "interval_minutes": 9})
         )
@@ -600,7 +552,7 @@ mod tests {
                 && int(&target).is_some_and(|i| i >= 1 && safe(i))
                 && int(&version).is_some_and(|i| i >= 1 && safe(i))
                 && int(&minutes).is_some_and(|i| (5..=1440).contains(&i));
-            match Request::parse(SET_INTERVAL, &args) {
+            match parse(SET_INTERVAL, &args) {
                 Ok(_) => proptest::prop_assert!(expected, "accepted {}", args),
                 Err(e) => {
                     proptest::prop_assert!(!expected, "refused {}: {}", args, e);

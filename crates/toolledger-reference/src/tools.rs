@@ -332,33 +332,24 @@ impl ReferenceTools {
             return self.status().call(call).await;
         }
         let args = &call.arguments;
-        let answer = match tool {
-            _ if !self.offered(tool) => Err(Error::invalid("unknown tool")),
-            issues::TOOL => match domain::arguments(args) {
-                Ok(a) => self.issue.call(&call, a).await,
-                Err(e) => Err(e),
-            },
-            drafts::TOOL => match domain::arguments(args) {
-                Ok(a) => self.draft(&call, a).await,
-                Err(e) => Err(e),
-            },
-            refunds::TOOL => match domain::arguments(args) {
-                Ok(a) => self.refund(&call, a).await,
-                Err(e) => Err(e),
-            },
-            automations::CREATE_AUTOMATION => match domain::arguments(args) {
-                Ok(a) => self.automation(&call.caller, Arguments::Create(a)).await,
-                Err(e) => Err(e),
-            },
-            automations::SET_INTERVAL => match domain::arguments(args) {
-                Ok(a) => {
-                    self.automation(&call.caller, Arguments::SetInterval(a))
-                        .await
+        let answer = async {
+            match tool {
+                _ if !self.offered(tool) => Err(Error::invalid("unknown tool")),
+                issues::TOOL => self.issue.call(&call, domain::arguments(args)?).await,
+                drafts::TOOL => self.draft(&call, domain::arguments(args)?).await,
+                refunds::TOOL => self.refund(&call, domain::arguments(args)?).await,
+                automations::CREATE_AUTOMATION => {
+                    let args = Arguments::Create(domain::arguments(args)?);
+                    self.automation(&call.caller, args).await
                 }
-                Err(e) => Err(e),
-            },
-            _ => Err(Error::invalid("unknown tool")),
-        };
+                automations::SET_INTERVAL => {
+                    let args = Arguments::SetInterval(domain::arguments(args)?);
+                    self.automation(&call.caller, args).await
+                }
+                _ => Err(Error::invalid("unknown tool")),
+            }
+        }
+        .await;
         rmcp::handler::server::tool::IntoCallToolResult::into_call_tool_result(
             answer.map_err(Refusal),
         )
