@@ -16,12 +16,11 @@ use toolledger::authz::PrincipalStore;
 use toolledger::clock::{SharedClock, SystemClock};
 use toolledger::digest::sha256_hex;
 use toolledger::downstream::{scope_digest, BoxFuture, Downstream, DownstreamError};
-use toolledger::effect::EffectTx;
 use toolledger::model::Scope;
 use toolledger::runtime::{
     DeferredCall, DeferredTool, Processed, ProviderContext, ProviderProfile, Registry, Runtime,
 };
-use toolledger::{Error, Principal, ToolContract};
+use toolledger::{Error, ToolContract};
 
 use super::report::Report;
 use super::run::drive;
@@ -42,18 +41,6 @@ impl DeferredTool for BenchDeferred {
             Some(n) if arguments.as_object().is_some_and(|o| o.len() == 1) => Ok(json!({"n": n})),
             _ => Err(Error::invalid("arguments are exactly {n: integer}")),
         }
-    }
-
-    fn check_access(&self, _: &mut dyn EffectTx, _: &Principal, _: &Value) -> Result<(), Error> {
-        Ok(())
-    }
-
-    fn check(&self, _: &mut dyn EffectTx, _: &Principal, _: &Value) -> Result<(), Error> {
-        Ok(())
-    }
-
-    fn requires_approval(&self) -> bool {
-        false
     }
 
     fn accept_receipt(&self, arguments: &Value, receipt: &Value) -> Result<Value, Error> {

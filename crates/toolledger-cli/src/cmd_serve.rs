@@ -156,11 +156,15 @@ async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
     let served = match (args.http, stdio_caller) {
         (Some(addr), _) => {
             let console = console.map(|c| c.router(front.hosts.clone()));
-            let server = tools.server(CallerSource::BearerToken);
+            let server = tools
+                .server(CallerSource::BearerToken)
+                .map_err(|e| Failure::explained("CONFIG_ERROR", e.message))?;
             serve_http(addr, server, principals, front, clock, console).await
         }
         (None, Some(caller)) => {
-            let server = tools.server(CallerSource::Configured(caller));
+            let server = tools
+                .server(CallerSource::Configured(caller))
+                .map_err(|e| Failure::explained("CONFIG_ERROR", e.message))?;
             server.serve_stdio(front.max_in_flight).await;
             Ok(())
         }

@@ -287,25 +287,35 @@ pub trait DeferredTool: Send + Sync + 'static {
 
     /// Current resource authorization: may `principal` see the resource the arguments name?
     /// Refuse with `not_found` (same shape as an absent resource). Used at replay and status.
+    /// The default allows every caller the runtime authorized: for tools whose arguments name
+    /// no resource of their own.
     fn check_access(
         &self,
         tx: &mut dyn EffectTx,
         principal: &Principal,
         arguments: &Value,
-    ) -> Result<(), Error>;
+    ) -> Result<(), Error> {
+        let _ = (tx, principal, arguments);
+        Ok(())
+    }
 
     /// Access plus the current business state (e.g. the order is still refundable), used at
     /// reservation and before the worker's downstream effect. `business_state_changed` when
-    /// the state no longer allows the effect.
+    /// the state no longer allows the effect. The default is [`DeferredTool::check_access`]
+    /// alone: no business state to check.
     fn check(
         &self,
         tx: &mut dyn EffectTx,
         principal: &Principal,
         arguments: &Value,
-    ) -> Result<(), Error>;
+    ) -> Result<(), Error> {
+        self.check_access(tx, principal, arguments)
+    }
 
-    /// Whether a new intent needs an approval.
-    fn requires_approval(&self) -> bool;
+    /// Whether a new intent needs an approval. The default is `false`.
+    fn requires_approval(&self) -> bool {
+        false
+    }
 
     /// Checks a downstream receipt against the per-tool output contract and the accepted
     /// arguments, and returns the tool result. Generic bindings (status ref, scope, request

@@ -72,7 +72,7 @@ pub mod wire;
 pub use caller::bearer_auth;
 pub use caller::{AuthenticatedName, Caller, CallerSource};
 pub use deferred::{DeferredAdapter, DeferredArguments, DeferredOutcome, DeferredReply};
-pub use guard::{Guard, GuardConfig, Resumed};
+pub use guard::{Guard, GuardConfig, GuardedRequest, Resumed};
 pub use guarded::{
     call_route, rounds, status_router, Answered, CallerRead, Guarded, Receipt, Refusal, Rounds,
 };

@@ -184,19 +184,6 @@ impl DeferredTool for ProxiedTool {
         self.scopes(principal)
     }
 
-    fn check(
-        &self,
-        _tx: &mut dyn EffectTx,
-        principal: &Principal,
-        _arguments: &Value,
-    ) -> Result<(), Error> {
-        self.scopes(principal)
-    }
-
-    fn requires_approval(&self) -> bool {
-        false
-    }
-
     fn accept_receipt(&self, _arguments: &Value, receipt: &Value) -> Result<Value, Error> {
         let result = receipt
             .get("result")

@@ -100,18 +100,10 @@ impl DeferredTool for OfflineTool {
         Ok(arguments.clone())
     }
 
-    fn check_access(&self, _: &mut dyn EffectTx, _: &Principal, _: &Value) -> Result<(), Error> {
-        Ok(())
-    }
-
     fn check(&self, _: &mut dyn EffectTx, _: &Principal, _: &Value) -> Result<(), Error> {
         Err(Error::invalid(
             "a proxied tool is forwarded by `toolledger proxy` only",
         ))
-    }
-
-    fn requires_approval(&self) -> bool {
-        false
     }
 
     fn accept_receipt(&self, _: &Value, _: &Value) -> Result<Value, Error> {

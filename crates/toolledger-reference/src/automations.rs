@@ -21,6 +21,8 @@
 
 use std::sync::Arc;
 
+use rmcp::schemars::{self, JsonSchema};
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use toolledger::authz::{resolve_in, PrincipalStore};
 use toolledger::effect::{EffectTx, RowExt, SqlValue};
@@ -98,35 +100,42 @@ pub fn contract(tool: &str) -> Option<ToolContract> {
     is_tool(tool).then(|| ToolContract::uniform(tool, CONTRACT_REV))
 }
 
-/// The JSON Schema of `tool`'s arguments, if it belongs to this domain.
-pub fn input_schema(tool: &str) -> Option<Value> {
-    // The operation id: a key carried in `_meta`, `params.idempotencyKey` or the
-    // `Idempotency-Key` header is read as this argument.
-    let request_id = json!({"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$",
-                            toolledger_mcp::carriers::KEY_KEYWORD: true});
-    let positive =
-        json!({"type": "integer", "minimum": 1, "maximum": toolledger::json::MAX_SAFE_INTEGER});
-    let interval = json!({"type": "integer", "minimum": MIN_INTERVAL, "maximum": MAX_INTERVAL});
-    match tool {
-        CREATE_AUTOMATION => Some(json!({
-            "type": "object",
-            "properties": {"request_id": request_id, "interval_minutes": interval},
-            "required": ["request_id", "interval_minutes"],
-            "additionalProperties": false,
-        })),
-        SET_INTERVAL => Some(json!({
-            "type": "object",
-            "properties": {
-                "request_id": request_id,
-                "automation_id": positive,
-                "expected_version": positive,
-                "interval_minutes": interval,
-            },
-            "required": ["request_id", "automation_id", "expected_version", "interval_minutes"],
-            "additionalProperties": false,
-        })),
-        _ => None,
-    }
+/// The arguments of `create_automation`. Their schema is the tool's input schema; the same
+/// rules are checked for arguments read without it.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateAutomation {
+    /// The request id: the receipt's key, also read from `_meta` or the `Idempotency-Key`.
+    #[schemars(
+        regex(pattern = "^[A-Za-z0-9_-]{1,64}$"),
+        extend("x-toolledger-key" = true)
+    )]
+    pub request_id: String,
+    /// The interval in minutes.
+    #[schemars(range(min = MIN_INTERVAL, max = MAX_INTERVAL))]
+    pub interval_minutes: i64,
+}
+
+/// The arguments of `set_interval`. Their schema is the tool's input schema; the same rules
+/// are checked for arguments read without it.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetInterval {
+    /// The request id: the receipt's key, also read from `_meta` or the `Idempotency-Key`.
+    #[schemars(
+        regex(pattern = "^[A-Za-z0-9_-]{1,64}$"),
+        extend("x-toolledger-key" = true)
+    )]
+    pub request_id: String,
+    /// The automation to change.
+    #[schemars(range(min = 1, max = toolledger::json::MAX_SAFE_INTEGER))]
+    pub automation_id: i64,
+    /// The version the change is based on.
+    #[schemars(range(min = 1, max = toolledger::json::MAX_SAFE_INTEGER))]
+    pub expected_version: i64,
+    /// The new interval in minutes.
+    #[schemars(range(min = MIN_INTERVAL, max = MAX_INTERVAL))]
+    pub interval_minutes: i64,
 }
 
 /// The JSON Schema of both tools' results (`replayed` is added to the caller-visible reply).
@@ -219,17 +228,33 @@ pub async fn run_as(
     args: Value,
     options: &ToolOptions,
 ) -> Result<Outcome, Error> {
-    let contract = contract(tool).ok_or_else(|| Error::invalid("unknown tool"))?;
+    contract(tool).ok_or_else(|| Error::invalid("unknown tool"))?;
     if !principal.has_scope(SCOPE) {
         return Err(Error::denied("automation:write is required"));
     }
-    let request = Request::parse(tool, &args)?;
+    let args = Arguments::parse(tool, &args)?;
+    run_typed(engine, principal, principal_name, args, options).await
+}
+
+/// [`run_as`] with the arguments already typed (an MCP server's `Parameters`).
+pub async fn run_typed(
+    engine: &Engine,
+    principal: Principal,
+    principal_name: &str,
+    args: Arguments,
+    options: &ToolOptions,
+) -> Result<Outcome, Error> {
+    if !principal.has_scope(SCOPE) {
+        return Err(Error::denied("automation:write is required"));
+    }
+    args.check()?;
+    let contract = ToolContract::uniform(args.tool(), CONTRACT_REV);
     let now = engine.clock().now();
     let call = InlineCall {
         principal,
         contract,
-        key: request.request_id.clone(),
-        arguments: request.payload(),
+        key: args.request_id().to_string(),
+        arguments: args.payload(),
         fingerprint: None,
         authority_deadline: options.authority_ttl.map(|t| now.saturating_add(t)),
         retention_deadline: options.retention_ttl.map(|t| now.saturating_add(t)),
@@ -237,9 +262,83 @@ pub async fn run_as(
     };
     let effect: Arc<dyn InlineEffect> = Arc::new(AutomationEffect {
         principal_name: principal_name.to_string(),
-        action: request.action,
+        args,
     });
     engine.execute_inline(call, effect).await
+}
+
+/// The typed arguments of either tool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Arguments {
+    /// `create_automation`'s.
+    Create(CreateAutomation),
+    /// `set_interval`'s.
+    SetInterval(SetInterval),
+}
+
+impl Arguments {
+    /// The arguments of `tool` (`set_interval`, else `create_automation`) from JSON.
+    fn parse(tool: &str, args: &Value) -> Result<Self, Error> {
+        let obj = args
+            .as_object()
+            .ok_or_else(|| Error::invalid("arguments must be a JSON object"))?;
+        Ok(if tool == SET_INTERVAL {
+            Arguments::SetInterval(crate::domain::arguments(obj)?)
+        } else {
+            Arguments::Create(crate::domain::arguments(obj)?)
+        })
+    }
+
+    /// The tool they are for.
+    pub fn tool(&self) -> &'static str {
+        match self {
+            Arguments::Create(_) => CREATE_AUTOMATION,
+            Arguments::SetInterval(_) => SET_INTERVAL,
+        }
+    }
+
+    fn request_id(&self) -> &str {
+        match self {
+            Arguments::Create(a) => &a.request_id,
+            Arguments::SetInterval(a) => &a.request_id,
+        }
+    }
+
+    /// The rules the input schema states, for arguments read without it.
+    fn check(&self) -> Result<(), Error> {
+        if !is_request_id(self.request_id()) {
+            return Err(Error::invalid(
+                "request_id must be 1-64 letters, digits, _ or -",
+            ));
+        }
+        let interval = match self {
+            Arguments::Create(a) => a.interval_minutes,
+            Arguments::SetInterval(a) => {
+                positive(a.automation_id, "automation_id")?;
+                positive(a.expected_version, "expected_version")?;
+                a.interval_minutes
+            }
+        };
+        if !(MIN_INTERVAL..=MAX_INTERVAL).contains(&interval) {
+            return Err(Error::invalid(format!(
+                "interval_minutes must be an integer from {MIN_INTERVAL} to {MAX_INTERVAL}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The validated payload the receipt is bound to (the request id is the key, not part of
+    /// the intent).
+    fn payload(&self) -> Value {
+        match self {
+            Arguments::Create(a) => json!({ "interval_minutes": a.interval_minutes }),
+            Arguments::SetInterval(a) => json!({
+                "automation_id": a.automation_id,
+                "expected_version": a.expected_version,
+                "interval_minutes": a.interval_minutes,
+            }),
+        }
+    }
 }
 
 /// Inserts an automation row directly (fixtures for tests and demos). `id` `None` lets the
@@ -282,112 +381,22 @@ pub async fn seed_automation<S: Clone + Into<Store>>(
         .await
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Action {
-    Create {
-        interval: i64,
-    },
-    SetInterval {
-        automation_id: i64,
-        expected_version: i64,
-        interval: i64,
-    },
-}
-
-struct Request {
-    request_id: String,
-    action: Action,
-}
-
 fn is_request_id(s: &str) -> bool {
     (1..=64).contains(&s.len())
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-fn integer(v: &Value) -> Option<i64> {
-    // Only JSON integers: booleans, strings and fractional numbers are not.
-    match v {
-        Value::Number(n) => n
-            .as_i64()
-            .filter(|i| i.unsigned_abs() <= toolledger::json::MAX_SAFE_INTEGER as u64),
-        _ => None,
+fn positive(value: i64, name: &str) -> Result<(), Error> {
+    if value >= 1 && value.unsigned_abs() <= toolledger::json::MAX_SAFE_INTEGER as u64 {
+        return Ok(());
     }
-}
-
-impl Request {
-    fn parse(tool: &str, args: &Value) -> Result<Self, Error> {
-        let obj = args
-            .as_object()
-            .ok_or_else(|| Error::invalid("arguments must be a JSON object"))?;
-        let allowed: &[&str] = if tool == SET_INTERVAL {
-            &[
-                "request_id",
-                "automation_id",
-                "expected_version",
-                "interval_minutes",
-            ]
-        } else {
-            &["request_id", "interval_minutes"]
-        };
-        if let Some(unknown) = obj.keys().find(|k| !allowed.contains(&k.as_str())) {
-            let shown: String = unknown.chars().take(32).collect();
-            return Err(Error::invalid(format!("unknown field {shown:?}")));
-        }
-        let field = |name: &str| {
-            obj.get(name)
-                .ok_or_else(|| Error::invalid(format!("{name} is required")))
-        };
-        let request_id = field("request_id")?
-            .as_str()
-            .filter(|s| is_request_id(s))
-            .ok_or_else(|| Error::invalid("request_id must be 1-64 letters, digits, _ or -"))?
-            .to_string();
-        let interval = integer(field("interval_minutes")?)
-            .filter(|i| (MIN_INTERVAL..=MAX_INTERVAL).contains(i))
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "interval_minutes must be an integer from {MIN_INTERVAL} to {MAX_INTERVAL}"
-                ))
-            })?;
-        let action = if tool == SET_INTERVAL {
-            let positive = |name: &str| -> Result<i64, Error> {
-                integer(field(name)?)
-                    .filter(|i| *i >= 1)
-                    .ok_or_else(|| Error::invalid(format!("{name} must be a positive integer")))
-            };
-            Action::SetInterval {
-                automation_id: positive("automation_id")?,
-                expected_version: positive("expected_version")?,
-                interval,
-            }
-        } else {
-            Action::Create { interval }
-        };
-        Ok(Request { request_id, action })
-    }
-
-    /// The validated payload the receipt is bound to (the request id is the key, not part of
-    /// the intent).
-    fn payload(&self) -> Value {
-        match self.action {
-            Action::Create { interval } => json!({ "interval_minutes": interval }),
-            Action::SetInterval {
-                automation_id,
-                expected_version,
-                interval,
-            } => json!({
-                "automation_id": automation_id,
-                "expected_version": expected_version,
-                "interval_minutes": interval,
-            }),
-        }
-    }
+    Err(Error::invalid(format!("{name} must be a positive integer")))
 }
 
 struct AutomationEffect {
     principal_name: String,
-    action: Action,
+    args: Arguments,
 }
 
 fn result_of(row: &[SqlValue]) -> Result<Value, Error> {
@@ -408,10 +417,10 @@ impl InlineEffect for AutomationEffect {
             Some(p) if p.tenant == principal.tenant && p.has_scope(SCOPE) => {}
             _ => return Err(Error::denied("automation:write is required")),
         }
-        if let Action::SetInterval { automation_id, .. } = self.action {
+        if let Arguments::SetInterval(a) = &self.args {
             let visible = tx.query(
                 "SELECT 1 FROM automations WHERE id = ?1 AND tenant = ?2",
-                &[automation_id.into(), principal.tenant.as_str().into()],
+                &[a.automation_id.into(), principal.tenant.as_str().into()],
             )?;
             if visible.is_empty() {
                 return Err(Error::not_found());
@@ -421,8 +430,9 @@ impl InlineEffect for AutomationEffect {
     }
 
     fn apply(&self, tx: &mut dyn EffectTx, principal: &Principal) -> Result<Value, Error> {
-        let rows = match self.action {
-            Action::Create { interval } => {
+        let rows = match &self.args {
+            Arguments::Create(a) => {
+                let interval = a.interval_minutes;
                 let id = tx
                     .insert_id(
                         "INSERT INTO automations(tenant, interval_minutes, version)
@@ -432,19 +442,15 @@ impl InlineEffect for AutomationEffect {
                     .ok_or_else(|| Error::unavailable("automation row is missing"))?;
                 return result_of(&[id.into(), interval.into(), 1.into()]);
             }
-            Action::SetInterval {
-                automation_id,
-                expected_version,
-                interval,
-            } => tx.query(
+            Arguments::SetInterval(a) => tx.query(
                 "UPDATE automations SET interval_minutes = ?1, version = version + 1
                  WHERE id = ?2 AND tenant = ?3 AND version = ?4
                  RETURNING id, interval_minutes, version",
                 &[
-                    interval.into(),
-                    automation_id.into(),
+                    a.interval_minutes.into(),
+                    a.automation_id.into(),
                     principal.tenant.as_str().into(),
-                    expected_version.into(),
+                    a.expected_version.into(),
                 ],
             )?,
         };
@@ -462,11 +468,17 @@ impl InlineEffect for AutomationEffect {
 mod tests {
     use super::*;
 
+    fn parse(tool: &str, args: &Value) -> Result<Arguments, Error> {
+        let args = Arguments::parse(tool, args)?;
+        args.check()?;
+        Ok(args)
+    }
+
     #[test]
     fn validation_follows_the_automation_rules() {
         let ok = json!({"request_id": "edit-42", "automation_id": 1, "expected_version": 1,
                         "interval_minutes": 30});
-        let r = Request::parse(SET_INTERVAL, &ok).unwrap();
+        let r = parse(SET_INTERVAL, &ok).unwrap();
         assert_eq!(
             r.payload(),
             json!({"automation_id": 1, "expected_version": 1, "interval_minutes": 30})
@@ -474,7 +486,7 @@ mod tests {
         let bad = |k: &str, v: Value| {
             let mut a = ok.clone();
             a[k] = v;
-            Request::parse(SET_INTERVAL, &a).err().map(|e| e.code)
+            parse(SET_INTERVAL, &a).err().map(|e| e.code)
         };
         let invalid = Some(ErrorCode::InvalidArguments);
         assert_eq!(bad("automation_id", json!(true)), invalid);
@@ -494,9 +506,9 @@ mod tests {
         assert_eq!(bad("request_id", json!("unsafe key")), invalid);
         assert_eq!(bad("request_id", json!("é")), invalid);
         assert_eq!(bad("extra", json!(1)), invalid);
-        assert!(Request::parse(SET_INTERVAL, &json!([])).is_err());
-        assert!(Request::parse(CREATE_AUTOMATION, &ok).is_err());
-        assert!(Request::parse(
+        assert!(parse(SET_INTERVAL, &json!([])).is_err());
+        assert!(parse(CREATE_AUTOMATION, &ok).is_err());
+        assert!(parse(
             CREATE_AUTOMATION,
             &json!({"request_id": "c", "interval_minutes": 9})
         )
@@ -540,7 +552,7 @@ mod tests {
                 && int(&target).is_some_and(|i| i >= 1 && safe(i))
                 && int(&version).is_some_and(|i| i >= 1 && safe(i))
                 && int(&minutes).is_some_and(|i| (5..=1440).contains(&i));
-            match Request::parse(SET_INTERVAL, &args) {
+            match parse(SET_INTERVAL, &args) {
                 Ok(_) => proptest::prop_assert!(expected, "accepted {}", args),
                 Err(e) => {
                     proptest::prop_assert!(!expected, "refused {}: {}", args, e);
@@ -551,11 +563,10 @@ mod tests {
     }
 
     #[test]
-    fn schemas_exist_for_every_tool() {
+    fn contracts_exist_for_every_tool() {
         for t in TOOLS {
-            assert!(input_schema(t).is_some());
             assert_eq!(contract(t).unwrap().name, *t);
         }
-        assert!(input_schema("nope").is_none());
+        assert!(contract("nope").is_none());
     }
 }

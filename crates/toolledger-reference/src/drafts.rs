@@ -16,22 +16,21 @@
 
 use std::sync::Arc;
 
-use rmcp::model::{CallToolResponse, ErrorData};
+use rmcp::schemars::{self, JsonSchema};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use toolledger::approval::{self, ApprovalTarget};
 use toolledger::authz;
 use toolledger::digest::sha256_hex;
-use toolledger::effect::RowExt;
 use toolledger::effect::{EffectTx, SqlValue};
 use toolledger::engine::{InlineEffect, OperationRecord};
 use toolledger::model::{Error, ErrorCode, Principal, ToolContract};
 use toolledger::store::Migration;
 use toolledger::store::Store;
-use toolledger_mcp::internal::tool_result;
-use toolledger_mcp::internal::{operation_id_from, GuardedRequest};
-use toolledger_mcp::status::{EffectObserver, Observation};
-use toolledger_mcp::Guard;
-use toolledger_mcp::{internal::BoxFuture, ToolCall};
+use toolledger_mcp::status::Observation;
+use toolledger_mcp::{Guard, ToolCall};
+
+use crate::domain::{self, RowObserver};
 
 /// The drafts table.
 pub const MIGRATIONS: &[Migration] = &[Migration {
@@ -90,24 +89,91 @@ pub fn contract() -> ToolContract {
     ToolContract::uniform(TOOL, "1")
 }
 
-/// Validated arguments.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The arguments of `create_draft`. Their schema is the tool's input schema; [`DraftArgs::check`]
+/// holds the same rules for callers that do not come through the router.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct DraftArgs {
-    /// Operation id (idempotency key).
+    /// Stable id of this intent; reuse it on every retry
+    #[schemars(length(min = 1, max = 256), extend("x-toolledger-key" = true))]
     pub operation: String,
     /// The draft's name in the library.
+    #[schemars(regex(pattern = "^[a-z0-9-]{1,64}$"))]
     pub slug: String,
     /// Title.
+    #[schemars(length(min = 1, max = 200))]
     pub title: String,
     /// Full text.
+    #[schemars(length(min = 1, max = 20000))]
     pub text: String,
-    /// `article`, `note` or `page`.
-    pub kind: String,
-    /// Approval id from `toolledger approve`.
+    /// What the draft is.
+    #[schemars(schema_with = "kind_schema")]
+    pub kind: DraftKind,
+    /// Approval id issued by `toolledger approve --tool create_draft`
+    #[schemars(length(min = 1, max = 128))]
     pub approval: Option<String>,
 }
 
+/// What a draft is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DraftKind {
+    /// `article`.
+    Article,
+    /// `note`.
+    Note,
+    /// `page`.
+    Page,
+}
+
+/// `kind` as the input schema lists it: one of the names.
+fn kind_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "string", "enum": ["article", "note", "page"]})
+}
+
+impl DraftKind {
+    /// The kind as the wire and the table spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DraftKind::Article => "article",
+            DraftKind::Note => "note",
+            DraftKind::Page => "page",
+        }
+    }
+}
+
+fn text_rule(value: &str, name: &str, max: usize) -> Result<(), Error> {
+    let n = value.chars().count();
+    if n == 0 || n > max {
+        return Err(Error::invalid(format!(
+            "{name} must be 1 to {max} characters"
+        )));
+    }
+    Ok(())
+}
+
 impl DraftArgs {
+    /// The rules the input schema states, for arguments read without it.
+    pub fn check(&self) -> Result<(), Error> {
+        text_rule(&self.operation, "operation", 256)?;
+        text_rule(&self.slug, "slug", 64)?;
+        if !self
+            .slug
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        {
+            return Err(Error::invalid("slug may contain only a-z, 0-9 and -"));
+        }
+        text_rule(&self.title, "title", 200)?;
+        text_rule(&self.text, "text", 20_000)?;
+        match &self.approval {
+            Some(a) if a.is_empty() || a.len() > 128 => {
+                Err(Error::invalid("approval must be 1 to 128 characters"))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The payload the operation and the approval are bound to.
     pub fn payload(&self) -> Value {
         json!({"slug": self.slug, "title": self.title, "text": self.text, "kind": self.kind})
@@ -119,53 +185,6 @@ impl DraftArgs {
             .map_err(|e| Error::invalid(e.message))?;
         Ok(sha256_hex(text.as_bytes()))
     }
-}
-
-fn text_field(args: &Map<String, Value>, name: &str, max: usize) -> Result<String, Error> {
-    match args.get(name) {
-        Some(Value::String(s)) if !s.is_empty() && s.chars().count() <= max => Ok(s.clone()),
-        Some(Value::String(_)) => Err(Error::invalid(format!(
-            "{name} must be 1 to {max} characters"
-        ))),
-        Some(_) => Err(Error::invalid(format!("{name} must be a string"))),
-        None => Err(Error::invalid(format!("{name} is required"))),
-    }
-}
-
-/// Validates `create_draft`'s arguments (the approval is optional here; the effect asks for
-/// it when a new draft would be written).
-pub fn parse_args(args: &Map<String, Value>) -> Result<DraftArgs, Error> {
-    const KNOWN: [&str; 6] = ["operation", "slug", "title", "text", "kind", "approval"];
-    if let Some(k) = args.keys().find(|k| !KNOWN.contains(&k.as_str())) {
-        return Err(Error::invalid(format!("unknown argument {k}")));
-    }
-    let operation = operation_id_from(args, "operation")?.to_string();
-    let slug = text_field(args, "slug", 64)?;
-    if !slug
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-    {
-        return Err(Error::invalid("slug may contain only a-z, 0-9 and -"));
-    }
-    let title = text_field(args, "title", 200)?;
-    let text = text_field(args, "text", 20_000)?;
-    let kind = text_field(args, "kind", 16)?;
-    if !matches!(kind.as_str(), "article" | "note" | "page") {
-        return Err(Error::invalid("kind must be article, note or page"));
-    }
-    let approval = match args.get("approval") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) if !s.is_empty() && s.len() <= 128 => Some(s.clone()),
-        Some(_) => return Err(Error::invalid("approval must be a string")),
-    };
-    Ok(DraftArgs {
-        operation,
-        slug,
-        title,
-        text,
-        kind,
-        approval,
-    })
 }
 
 /// What an approval for `create_draft` binds: the requester's scope for `operation` and the
@@ -181,7 +200,8 @@ pub fn approval_target_for(
     };
     map.remove("approval");
     map.insert("operation".into(), json!(operation));
-    let args = parse_args(&map)?;
+    let args: DraftArgs = domain::arguments(&map)?;
+    args.check()?;
     target(requester, &args)
 }
 
@@ -237,7 +257,7 @@ impl InlineEffect for InsertDraft {
                 self.args.slug.clone().into(),
                 self.args.title.clone().into(),
                 self.args.text.clone().into(),
-                self.args.kind.clone().into(),
+                self.args.kind.as_str().into(),
                 self.args.payload_digest()?.into(),
                 SqlValue::Text(approval.approval_id),
                 self.now.into(),
@@ -258,28 +278,20 @@ impl CreateDraft {
         CreateDraft { guard }
     }
 
-    async fn handle(&self, call: ToolCall) -> Result<Value, Error> {
+    /// Answers one call with `args` (its wire arguments, typed):
+    /// `{slug, draft: true, replayed}`.
+    pub async fn call(&self, call: &ToolCall, args: DraftArgs) -> Result<Value, Error> {
         if !call.caller.principal.has_role(EDITOR_ROLE) {
             return Err(Error::denied("create_draft needs the role editor"));
         }
-        if call.request_state.is_some() || call.input_responses.is_some() {
-            return Err(Error::new(
-                ErrorCode::ContinuationUnsupported,
-                "create_draft has a single round",
-            ));
-        }
-        let args = parse_args(&call.arguments)?;
+        domain::single_round(call, "create_draft has a single round")?;
+        args.check()?;
         // The approval is consumed by the first write; it is not part of the intent, so an
         // exact retry replays even after its approval was used or has expired.
         let mut fingerprinted = call.arguments.clone();
         fingerprinted.remove("approval");
         let contract = contract();
-        let request = GuardedRequest {
-            caller: &call.caller,
-            contract: &contract,
-            operation_id: &args.operation,
-            arguments: &fingerprinted,
-        };
+        let request = domain::request(call, &contract, &args.operation, &fingerprinted);
         let effect = Arc::new(InsertDraft {
             args: args.clone(),
             now: self.guard.clock().now(),
@@ -307,85 +319,25 @@ pub fn output_schema() -> Arc<Map<String, Value>> {
     }))
 }
 
-/// The tool's input schema.
-pub fn input_schema() -> Arc<Map<String, Value>> {
-    crate::object(json!({
-        "type": "object",
-        "properties": {
-            "operation": {"type": "string", "minLength": 1, "maxLength": 256,
-                "description": "Stable id of this intent; reuse it on every retry",
-                toolledger_mcp::carriers::KEY_KEYWORD: true},
-            "slug": {"type": "string", "pattern": "^[a-z0-9-]{1,64}$"},
-            "title": {"type": "string", "minLength": 1, "maxLength": 200},
-            "text": {"type": "string", "minLength": 1, "maxLength": 20000},
-            "kind": {"type": "string", "enum": ["article", "note", "page"]},
-            "approval": {"type": "string",
-                "description": "Approval id issued by `toolledger approve --tool create_draft`"},
-        },
-        "required": ["operation", "slug", "title", "text", "kind"],
-        "additionalProperties": false,
-    }))
-}
-
-impl CreateDraft {
-    /// Answers one call; refusals in-band.
-    pub async fn call(&self, call: ToolCall) -> Result<CallToolResponse, ErrorData> {
-        Ok(CallToolResponse::Complete(tool_result(
-            self.handle(call).await,
-        )))
-    }
-}
-
 /// Reads the draft an operation wrote, for `get_operation_status` (never shows the text).
-pub struct DraftObserver {
-    store: Store,
+pub fn observer(store: Store) -> RowObserver {
+    RowObserver::new(
+        store,
+        "SELECT id, slug FROM drafts WHERE tenant = ?1 AND subject = ?2
+           AND operation = ?3 ORDER BY id",
+        judge,
+    )
 }
 
-impl DraftObserver {
-    /// An observer over `store`.
-    pub fn new(store: Store) -> Self {
-        DraftObserver { store }
-    }
-}
-
-impl EffectObserver for DraftObserver {
-    fn observe<'a>(
-        &'a self,
-        record: &'a OperationRecord,
-    ) -> BoxFuture<'a, Result<Observation, Error>> {
-        Box::pin(async move {
-            let args = [
-                record.tenant.clone(),
-                record.subject.clone(),
-                record.key.clone(),
-            ];
-            let rows: Vec<(i64, String)> = self
-                .store
-                .read(
-                    move |tx: &mut dyn EffectTx| -> Result<Vec<(i64, String)>, Error> {
-                        let params: Vec<_> = args.iter().map(|a| a.as_str().into()).collect();
-                        tx.query(
-                            "SELECT id, slug FROM drafts WHERE tenant = ?1 AND subject = ?2
-                           AND operation = ?3 ORDER BY id",
-                            &params,
-                        )?
-                        .iter()
-                        .map(|row| Ok((row.int(0)?, row.text(1)?)))
-                        .collect()
-                    },
-                )
-                .await?;
-            let stored_slug = record
-                .result
-                .as_ref()
-                .and_then(|r| r.get("slug"))
-                .and_then(Value::as_str);
-            let consistent = rows.len() == 1 && stored_slug == Some(rows[0].1.as_str());
-            Ok(Observation {
-                matching_ids: rows.iter().map(|r| r.0).collect(),
-                consistent,
-                stored_result: record.result.clone().unwrap_or(Value::Null),
-            })
-        })
+fn judge(record: &OperationRecord, rows: &[(i64, String)]) -> Observation {
+    let stored_slug = record
+        .result
+        .as_ref()
+        .and_then(|r| r.get("slug"))
+        .and_then(Value::as_str);
+    Observation {
+        matching_ids: rows.iter().map(|r| r.0).collect(),
+        consistent: rows.len() == 1 && stored_slug == Some(rows[0].1.as_str()),
+        stored_result: record.result.clone().unwrap_or(Value::Null),
     }
 }

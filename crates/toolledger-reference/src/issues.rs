@@ -9,22 +9,21 @@
 
 use std::sync::Arc;
 
-use rmcp::model::{CallToolResponse, ElicitRequest, ElicitRequestParams, ErrorData, InputRequest};
-
+use rmcp::model::{
+    CallToolResponse, CallToolResult, ElicitRequest, ElicitRequestParams, InputRequest,
+};
+use rmcp::schemars::{self, JsonSchema};
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use toolledger::effect::EffectTx;
-use toolledger::effect::RowExt;
+use toolledger::effect::{EffectTx, RowExt};
 use toolledger::engine::{Begun, InlineEffect, OperationRecord, Outcome};
 use toolledger::model::{Error, ErrorCode, OperationState, Principal, ToolContract};
 use toolledger::store::Migration;
 use toolledger::store::Store;
-use toolledger_mcp::internal::tool_ok;
-use toolledger_mcp::internal::{operation_id_from, outcome_json, GuardedRequest};
+use toolledger_mcp::status::Observation;
+use toolledger_mcp::{rounds, Answered, Guard, Rounds, ToolCall};
 
-use toolledger_mcp::status::{EffectObserver, Observation};
-use toolledger_mcp::{internal::BoxFuture, ToolCall};
-use toolledger_mcp::{rounds, Answered, Guard, Rounds};
-
+use crate::domain::{self, RowObserver};
 use crate::tools::{crash, Faults};
 
 /// The issue tables.
@@ -99,56 +98,42 @@ pub fn contract() -> ToolContract {
     ToolContract::uniform(TOOL, "1.0")
 }
 
-/// Validated first-round arguments.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The first-round arguments of `create_issue`. Their schema is the tool's input schema;
+/// [`IssueArgs::check`] holds the same rules for callers that do not come through the router.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct IssueArgs {
-    /// Operation id (idempotency key).
+    /// Stable id of this logical operation; reuse it on every retry
+    #[schemars(length(min = 1, max = 256))]
     pub operation_id: String,
     /// Issue title.
+    #[schemars(length(min = 1, max = 200))]
     pub title: String,
     /// Optional watcher to add as a second step.
+    #[schemars(length(min = 1, max = 128))]
     pub watcher: Option<String>,
 }
 
-fn string_field(
-    args: &Map<String, Value>,
-    name: &str,
-    max: usize,
-    required: bool,
-) -> Result<Option<String>, Error> {
-    match args.get(name) {
-        None if !required => Ok(None),
-        None => Err(Error::invalid(format!("{name} is required"))),
-        Some(Value::String(s)) => {
-            let n = s.chars().count();
-            if n == 0 || n > max {
-                Err(Error::invalid(format!(
-                    "{name} must be 1 to {max} characters"
-                )))
-            } else {
-                Ok(Some(s.clone()))
-            }
-        }
-        Some(_) => Err(Error::invalid(format!("{name} must be a string"))),
+fn text_rule(value: &str, name: &str, max: usize) -> Result<(), Error> {
+    let n = value.chars().count();
+    if n == 0 || n > max {
+        return Err(Error::invalid(format!(
+            "{name} must be 1 to {max} characters"
+        )));
     }
+    Ok(())
 }
 
-/// Validates `create_issue`'s arguments (unknown fields refused).
-pub fn parse_args(args: &Map<String, Value>) -> Result<IssueArgs, Error> {
-    if let Some(k) = args
-        .keys()
-        .find(|k| !matches!(k.as_str(), "operation_id" | "title" | "watcher"))
-    {
-        return Err(Error::invalid(format!("unknown argument {k}")));
+impl IssueArgs {
+    /// The rules the input schema states, for arguments read without it.
+    pub fn check(&self) -> Result<(), Error> {
+        text_rule(&self.operation_id, "operation_id", 256)?;
+        text_rule(&self.title, "title", 200)?;
+        match &self.watcher {
+            Some(w) => text_rule(w, "watcher", 128),
+            None => Ok(()),
+        }
     }
-    let operation_id = operation_id_from(args, "operation_id")?.to_string();
-    let title = string_field(args, "title", 200, true)?.unwrap_or_default();
-    let watcher = string_field(args, "watcher", 128, false)?;
-    Ok(IssueArgs {
-        operation_id,
-        title,
-        watcher,
-    })
 }
 
 /// The body from `inputResponses.body = {action: "accept", content: {body}}`.
@@ -277,22 +262,20 @@ impl CreateIssue {
         self.guard.engine().store()
     }
 
-    async fn handle(&self, call: ToolCall) -> Result<CallToolResponse, Error> {
-        let args = parse_args(&call.arguments)?;
+    /// Answers one round of a call with `args` (its wire arguments, typed): `input_required`
+    /// asking for the body, or the receipt `{operationId, effectId, result, replayed, state}`.
+    /// An invalid `requestState` is `request_state_invalid` (a protocol error on the wire).
+    pub async fn call(&self, call: &ToolCall, args: IssueArgs) -> Result<CallToolResponse, Error> {
+        args.check()?;
         let contract = contract();
-        let request = GuardedRequest {
-            caller: &call.caller,
-            contract: &contract,
-            operation_id: &args.operation_id,
-            arguments: &call.arguments,
-        };
+        let request = domain::request(call, &contract, &args.operation_id, &call.arguments);
         let asks = vec![("body".to_string(), body_request()?)];
         let known = first_round_intent(&args);
         let guard = &self.guard;
         let Answered {
             resumed,
             answers: responses,
-        } = match rounds(guard, &request, &call, &known, "awaiting-body", asks).await {
+        } = match rounds(guard, &request, call, &known, "awaiting-body", asks).await {
             Ok(Rounds::Answered(answered)) => answered,
             Ok(Rounds::Respond(response)) => return Ok(response),
             Err(e)
@@ -307,7 +290,7 @@ impl CreateIssue {
         let body = parse_body(&responses)?;
         let now = self.guard.clock().now();
         if self.unguarded {
-            return self.unguarded_effect(&call, &args, &body, now).await;
+            return self.unguarded_effect(call, &args, &body, now).await;
         }
         let mut intent = first_round_intent(&args);
         intent.insert("body".into(), json!(body));
@@ -345,10 +328,7 @@ impl CreateIssue {
                 }
             }
         };
-        Ok(CallToolResponse::Complete(tool_ok(outcome_json(
-            &args.operation_id,
-            &outcome,
-        ))))
+        Ok(domain::receipt(&args.operation_id, &outcome))
     }
 
     /// The second step (add the watcher) and, if it fails, the compensation; then the
@@ -473,7 +453,7 @@ impl CreateIssue {
         out["operationId"] = json!(args.operation_id);
         out["replayed"] = json!(false);
         out["state"] = json!("applied");
-        Ok(CallToolResponse::Complete(tool_ok(out)))
+        Ok(CallToolResponse::Complete(CallToolResult::structured(out)))
     }
 }
 
@@ -492,83 +472,32 @@ pub fn output_schema() -> Arc<Map<String, Value>> {
     }))
 }
 
-/// The tool's input schema.
-pub fn input_schema() -> Arc<Map<String, Value>> {
-    crate::object(json!({
-        "type": "object",
-        "properties": {
-            "operation_id": {"type": "string", "minLength": 1, "maxLength": 256,
-                "description": "Stable id of this logical operation; reuse it on every retry"},
-            "title": {"type": "string", "minLength": 1, "maxLength": 200},
-            "watcher": {"type": "string", "minLength": 1, "maxLength": 128},
-        },
-        "required": ["operation_id", "title"],
-        "additionalProperties": false,
-    }))
-}
-
-impl CreateIssue {
-    /// Answers one call: protocol errors (an invalid `requestState`) as JSON-RPC errors,
-    /// refusals in-band.
-    pub async fn call(&self, call: ToolCall) -> Result<CallToolResponse, ErrorData> {
-        toolledger_mcp::internal::respond(self.handle(call).await)
-    }
-}
-
 /// Reads the issue rows an operation wrote, for `get_operation_status`.
-pub struct IssueObserver {
-    store: Store,
+pub fn observer(store: Store) -> RowObserver {
+    RowObserver::new(
+        store,
+        "SELECT id, operation_key FROM issues WHERE tenant = ?1 AND subject = ?2
+           AND operation_key = ?3 ORDER BY id",
+        judge,
+    )
 }
 
-impl IssueObserver {
-    /// An observer over `store`.
-    pub fn new(store: Store) -> Self {
-        IssueObserver { store }
-    }
-}
-
-impl EffectObserver for IssueObserver {
-    fn observe<'a>(
-        &'a self,
-        record: &'a OperationRecord,
-    ) -> BoxFuture<'a, Result<Observation, Error>> {
-        Box::pin(async move {
-            let args = [
-                record.tenant.clone(),
-                record.subject.clone(),
-                record.key.clone(),
-            ];
-            let ids: Vec<i64> = self
-                .store
-                .read(move |tx: &mut dyn EffectTx| -> Result<Vec<i64>, Error> {
-                    let params: Vec<_> = args.iter().map(|a| a.as_str().into()).collect();
-                    tx.query(
-                        "SELECT id FROM issues WHERE tenant = ?1 AND subject = ?2
-                           AND operation_key = ?3 ORDER BY id",
-                        &params,
-                    )?
-                    .iter()
-                    .map(|row| row.int(0))
-                    .collect()
-                })
-                .await?;
-            let stored_id = record
-                .result
-                .as_ref()
-                .and_then(|r| r.get("effectId"))
-                .and_then(Value::as_i64);
-            let consistent = stored_id.is_some_and(|id| ids == [id]);
-            let stored_result = record
-                .result
-                .as_ref()
-                .and_then(|r| r.get("result"))
-                .cloned()
-                .unwrap_or(Value::Null);
-            Ok(Observation {
-                matching_ids: ids,
-                consistent,
-                stored_result,
-            })
-        })
+fn judge(record: &OperationRecord, rows: &[(i64, String)]) -> Observation {
+    let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
+    let stored_id = record
+        .result
+        .as_ref()
+        .and_then(|r| r.get("effectId"))
+        .and_then(Value::as_i64);
+    let stored_result = record
+        .result
+        .as_ref()
+        .and_then(|r| r.get("result"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    Observation {
+        consistent: stored_id.is_some_and(|id| ids == [id]),
+        matching_ids: ids,
+        stored_result,
     }
 }

@@ -7,6 +7,8 @@
 //!
 //! - [`automations`]: `create_automation` and `set_interval`, request-id receipts on the
 //!   inline engine.
+//! - [`domain`]: what every domain is built from (typed arguments, the single-round refusal,
+//!   the guarded request and its receipt, the observer over a domain's effect rows).
 //! - [`downstream`]: the payments service stand-in `refund_order` delivers to (receipts in a
 //!   SQLite file of its own, committed apart from the ledger), which `toolledger dispatch` and
 //!   `toolledger worker` drive.
@@ -15,16 +17,17 @@
 //!   initialize lifecycle) with a compensated second step.
 //! - [`drafts`]: `create_draft`, an inline effect that needs a human approval.
 //! - [`refunds`]: `refund_order`, a deferred effect delivered through the outbox to a payments
-//!   service, served over MCP by the deferred-tool adapter of `toolledger-mcp`
-//!   ([`toolledger_mcp::DeferredAdapter`], see [`tools::ReferenceTools`]).
+//!   service through the deferred runtime of `toolledger`.
 //! - [`tools`]: the tools a reference server offers, as `#[tool_router]` methods taking a
-//!   [`toolledger_mcp::Guarded`] call, and the fault points (a testing aid) they honour.
+//!   [`toolledger_mcp::Guarded`] call and typed `Parameters`, and the fault points (a testing
+//!   aid) they honour.
 
 #![warn(missing_docs)]
 
 use toolledger::store::Migration;
 
 pub mod automations;
+pub mod domain;
 pub mod downstream;
 pub mod drafts;
 pub mod issues;

@@ -19,7 +19,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::downstream::SqliteDownstream;
+use rmcp::schemars::{self, JsonSchema};
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use toolledger::approval::ApprovalTarget;
 use toolledger::clock::SharedClock;
@@ -32,7 +33,11 @@ use toolledger::runtime::{
 use toolledger::store::Migration;
 use toolledger::store::Store;
 use toolledger::{Error, ErrorCode, Principal, Scope, ToolContract};
-use toolledger_mcp::DeferredArguments;
+use toolledger_mcp::deferred::DeferredOutcome;
+use toolledger_mcp::{DeferredArguments, DeferredReply, ToolCall};
+
+use crate::domain;
+use crate::downstream::SqliteDownstream;
 
 /// Migration namespace of this domain.
 pub const NAMESPACE: &str = "reference.refunds";
@@ -125,42 +130,52 @@ fn business(order_id: &Value, amount: &Value) -> Result<Value, Error> {
     Ok(json!({"amount_cents": amount, "order_id": order_id}))
 }
 
+/// The wire arguments of `refund_order`. Their schema is the tool's input schema;
+/// [`parse_tool_arguments`] holds the same rules for callers that do not come through the
+/// router.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RefundArgs {
+    /// The idempotency key.
+    #[schemars(
+        regex(pattern = "^[A-Za-z0-9_.:-]{1,128}$"),
+        extend("x-toolledger-key" = true)
+    )]
+    pub idempotency_key: String,
+    /// The order to refund.
+    #[schemars(length(min = 1, max = 64))]
+    pub order_id: String,
+    /// The amount to refund, in cents.
+    #[schemars(range(min = 1, max = 100_000_000))]
+    pub amount_cents: i64,
+    /// The approval id from `toolledger approve --tool refund_order`.
+    pub approval: Option<String>,
+}
+
+impl RefundArgs {
+    /// The arguments split into their roles, checked by the tool's rules.
+    pub fn split(self) -> Result<RefundArguments, Error> {
+        if !is_id(&self.idempotency_key, 128) {
+            return Err(Error::invalid(
+                "idempotency_key must be 1 to 128 characters from [A-Za-z0-9_.:-]",
+            ));
+        }
+        let business = business(&json!(self.order_id), &json!(self.amount_cents))?;
+        Ok(RefundArguments {
+            key: self.idempotency_key,
+            approval: self.approval,
+            business,
+        })
+    }
+}
+
 /// Validates the full tool arguments `{idempotency_key, order_id, amount_cents, approval?}`:
 /// no unknown or missing fields, typed values.
 pub fn parse_tool_arguments(arguments: &Value) -> Result<RefundArguments, Error> {
     let obj = arguments
         .as_object()
         .ok_or_else(|| Error::invalid("arguments must be an object"))?;
-    for k in obj.keys() {
-        if !matches!(
-            k.as_str(),
-            "idempotency_key" | "order_id" | "amount_cents" | "approval"
-        ) {
-            return Err(Error::invalid(format!("unknown argument `{k}`")));
-        }
-    }
-    let key = obj
-        .get("idempotency_key")
-        .and_then(Value::as_str)
-        .filter(|s| is_id(s, 128))
-        .ok_or_else(|| {
-            Error::invalid("idempotency_key must be 1 to 128 characters from [A-Za-z0-9_.:-]")
-        })?;
-    let approval = match obj.get("approval") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(_) => return Err(Error::invalid("approval must be a string")),
-    };
-    let missing = Value::Null;
-    let business = business(
-        obj.get("order_id").unwrap_or(&missing),
-        obj.get("amount_cents").unwrap_or(&missing),
-    )?;
-    Ok(RefundArguments {
-        key: key.to_string(),
-        approval,
-        business,
-    })
+    domain::arguments::<RefundArgs>(obj)?.split()
 }
 
 /// `refund_order` as a [`DeferredTool`].
@@ -371,11 +386,34 @@ pub fn answer_json(answer: &Answer) -> Value {
     toolledger_mcp::deferred::answer_json(answer)
 }
 
-/// The wire arguments of one `refund_order` call split for the deferred-tool adapter: the
+/// The wire arguments of one `refund_order` call split for the deferred runtime: the
 /// idempotency key, the business arguments `{order_id, amount_cents}` and the approval.
 pub fn deferred_arguments(arguments: &Map<String, Value>) -> Result<DeferredArguments, Error> {
-    let parsed = parse_tool_arguments(&Value::Object(arguments.clone()))?;
-    Ok(DeferredArguments::new(parsed.key, parsed.business).with_approval(parsed.approval))
+    Ok(deferred(
+        domain::arguments::<RefundArgs>(arguments)?.split()?,
+    ))
+}
+
+fn deferred(parsed: RefundArguments) -> DeferredArguments {
+    DeferredArguments::new(parsed.key, parsed.business).with_approval(parsed.approval)
+}
+
+/// Answers one call of `refund_order` with `args` (its wire arguments, typed): a single round,
+/// dispatched to `runtime` for the caller the server resolved; a finished refund replays, an
+/// unfinished one is `OUTCOME_UNKNOWN` with its `status_ref`.
+pub async fn call(
+    runtime: &Runtime,
+    call: &ToolCall,
+    args: RefundArgs,
+) -> Result<DeferredOutcome, Error> {
+    domain::single_round(
+        call,
+        "this tool has a single round; it takes no requestState or inputResponses",
+    )?;
+    let new_intent = toolledger_mcp::carriers::new_intent(call.meta.as_ref());
+    let arguments = deferred(args.split()?).with_new_intent(new_intent);
+    let answer = toolledger_mcp::deferred::dispatch(runtime, &call.caller, TOOL, arguments).await?;
+    Ok(DeferredOutcome(DeferredReply::from(&answer)))
 }
 
 /// Inserts an order unless one with the same tenant and id exists (fixtures and demos).

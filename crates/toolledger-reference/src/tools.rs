@@ -3,25 +3,25 @@
 
 use std::sync::Arc;
 
-use rmcp::handler::server::tool::{IntoCallToolResult, ToolRouter};
-use rmcp::model::{CallToolResponse, ErrorData, Tool};
+use rmcp::handler::server::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{CallToolResponse, CallToolResult, ErrorData};
 use rmcp::{tool, tool_router};
-use serde_json::Value;
 use toolledger::authz::PrincipalStore;
 use toolledger::engine::{FaultHook, FaultPoint};
 use toolledger::model::Error;
 use toolledger::runtime::Runtime;
-use toolledger_mcp::deferred::DeferredAdapter;
-use toolledger_mcp::internal::{tool_error, tool_result};
 use toolledger_mcp::status::{EffectObserver, LedgerResultObserver};
 use toolledger_mcp::{
-    status_router, CallerSource, Guard, Guarded, GuardedServer, LedgerGuard, StatusTool, ToolCall,
+    status_router, Caller, CallerSource, Guard, Guarded, GuardedServer, LedgerGuard, Refusal,
+    StatusTool, ToolCall,
 };
 
-use crate::automations;
-use crate::drafts::{CreateDraft, DraftObserver};
-use crate::issues::{CreateIssue, IssueObserver};
-use crate::refunds;
+use crate::automations::{self, Arguments, CreateAutomation, SetInterval};
+use crate::domain;
+use crate::drafts::{self, CreateDraft, DraftArgs};
+use crate::issues::{self, CreateIssue, IssueArgs};
+use crate::refunds::{self, RefundArgs};
 
 /// A named crash point accepted by `--fault`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,25 +115,25 @@ pub struct ToolEnv {
 }
 
 /// The tools `toolledger serve` offers, as ordinary rmcp `#[tool]` methods taking a
-/// [`Guarded`] call, in `tools/list` order: `create_issue`, `get_operation_status`,
-/// `create_automation`, `set_interval`, `create_draft`, `refund_order`. Each method hands the
-/// call to its domain ([`issues`](crate::issues), [`automations`], [`drafts`](crate::drafts),
-/// [`refunds`]), which validates its own arguments with the domain's error codes.
+/// [`Guarded`] call and their typed arguments, in `tools/list` order: `create_issue`,
+/// `get_operation_status`, `create_automation`, `set_interval`, `create_draft`,
+/// `refund_order`. The router checks every call's arguments against the tool's input schema
+/// (derived from the arguments' type) before a method runs; each method hands the call to its
+/// domain ([`issues`], [`automations`], [`drafts`], [`refunds`]).
 #[derive(Clone)]
 pub struct ReferenceTools {
     env: ToolEnv,
     issue: Arc<CreateIssue>,
     draft: Arc<CreateDraft>,
-    refund: Option<Arc<DeferredAdapter>>,
 }
 
 /// The listing order of the reference tools.
 const ORDER: &[&str] = &[
-    crate::issues::TOOL,
+    issues::TOOL,
     StatusTool::NAME,
     automations::CREATE_AUTOMATION,
     automations::SET_INTERVAL,
-    crate::drafts::TOOL,
+    drafts::TOOL,
     refunds::TOOL,
 ];
 
@@ -144,8 +144,7 @@ impl ReferenceTools {
         description = "Create an issue. Asks for the body in a second round (input_required). \
             Retrying with the same operation_id and continuation replays the stored result; \
             after a lost reply call get_operation_status.",
-        input_schema = crate::issues::input_schema(),
-        output_schema = crate::issues::output_schema(),
+        output_schema = issues::output_schema(),
         annotations(
             read_only_hint = false,
             destructive_hint = false,
@@ -153,15 +152,19 @@ impl ReferenceTools {
             open_world_hint = false
         )
     )]
-    async fn create_issue(&self, g: Guarded) -> Result<CallToolResponse, ErrorData> {
-        self.answer(crate::issues::TOOL, g).await
+    async fn create_issue(
+        &self,
+        g: Guarded,
+        Parameters(args): Parameters<IssueArgs>,
+    ) -> Result<CallToolResponse, Refusal> {
+        let call = g.call().await?;
+        Ok(self.issue.call(&call, args).await?)
     }
 
     #[tool(
         name = "create_automation",
         description = "Create an automation with an interval (5-1440 minutes); needs \
             automation:write. Retrying with the same request_id replays the recorded result.",
-        input_schema = automation_schema(automations::CREATE_AUTOMATION),
         output_schema = crate::object(automations::output_schema()),
         annotations(
             read_only_hint = false,
@@ -170,8 +173,13 @@ impl ReferenceTools {
             open_world_hint = false
         )
     )]
-    async fn create_automation(&self, g: Guarded) -> Result<CallToolResponse, ErrorData> {
-        self.answer(automations::CREATE_AUTOMATION, g).await
+    async fn create_automation(
+        &self,
+        g: Guarded,
+        Parameters(args): Parameters<CreateAutomation>,
+    ) -> Result<CallToolResponse, Refusal> {
+        let caller = g.caller().await?;
+        Ok(self.automation(&caller, Arguments::Create(args)).await?)
     }
 
     #[tool(
@@ -179,7 +187,6 @@ impl ReferenceTools {
         description = "Set an automation's interval (5-1440 minutes) if its version is still \
             expected_version; needs automation:write. Retrying with the same request_id \
             replays the recorded result.",
-        input_schema = automation_schema(automations::SET_INTERVAL),
         output_schema = crate::object(automations::output_schema()),
         annotations(
             read_only_hint = false,
@@ -188,16 +195,22 @@ impl ReferenceTools {
             open_world_hint = false
         )
     )]
-    async fn set_interval(&self, g: Guarded) -> Result<CallToolResponse, ErrorData> {
-        self.answer(automations::SET_INTERVAL, g).await
+    async fn set_interval(
+        &self,
+        g: Guarded,
+        Parameters(args): Parameters<SetInterval>,
+    ) -> Result<CallToolResponse, Refusal> {
+        let caller = g.caller().await?;
+        Ok(self
+            .automation(&caller, Arguments::SetInterval(args))
+            .await?)
     }
 
     #[tool(
         name = "create_draft",
         description = "Create an editorial draft (role editor, approval required). The same \
             operation with the same payload replays {slug, draft, replayed}; never the text.",
-        input_schema = crate::drafts::input_schema(),
-        output_schema = crate::drafts::output_schema(),
+        output_schema = drafts::output_schema(),
         annotations(
             read_only_hint = false,
             destructive_hint = false,
@@ -205,8 +218,13 @@ impl ReferenceTools {
             open_world_hint = false
         )
     )]
-    async fn create_draft(&self, g: Guarded) -> Result<CallToolResponse, ErrorData> {
-        self.answer(crate::drafts::TOOL, g).await
+    async fn create_draft(
+        &self,
+        g: Guarded,
+        Parameters(args): Parameters<DraftArgs>,
+    ) -> Result<CallToolResponse, Refusal> {
+        let call = g.call().await?;
+        Ok(self.draft(&call, args).await?)
     }
 
     #[tool(
@@ -215,7 +233,6 @@ impl ReferenceTools {
             approve --tool refund_order`. Delivered through the outbox to the payments \
             service. Retrying with the same idempotency_key never refunds twice; an \
             unfinished refund answers OUTCOME_UNKNOWN with its status_ref.",
-        input_schema = refund_schema(),
         output_schema = toolledger_mcp::deferred::output_schema(),
         annotations(
             read_only_hint = false,
@@ -224,29 +241,14 @@ impl ReferenceTools {
             open_world_hint = true
         )
     )]
-    async fn refund_order(&self, g: Guarded) -> Result<CallToolResponse, ErrorData> {
-        self.answer(refunds::TOOL, g).await
+    async fn refund_order(
+        &self,
+        g: Guarded,
+        Parameters(args): Parameters<RefundArgs>,
+    ) -> Result<CallToolResponse, Refusal> {
+        let call = g.call().await?;
+        Ok(self.refund(&call, args).await?)
     }
-}
-
-fn automation_schema(tool: &str) -> Arc<serde_json::Map<String, Value>> {
-    crate::object(automations::input_schema(tool).unwrap_or(Value::Null))
-}
-
-fn refund_schema() -> Arc<serde_json::Map<String, Value>> {
-    crate::object(serde_json::json!({
-        "type": "object",
-        "properties": {
-            "idempotency_key": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,128}$",
-                                toolledger_mcp::carriers::KEY_KEYWORD: true},
-            "order_id": {"type": "string", "minLength": 1, "maxLength": 64},
-            "amount_cents": {"type": "integer", "minimum": 1,
-                             "maximum": refunds::MAX_AMOUNT_CENTS},
-            "approval": {"type": "string"},
-        },
-        "required": ["idempotency_key", "order_id", "amount_cents"],
-        "additionalProperties": false,
-    }))
 }
 
 impl ReferenceTools {
@@ -259,18 +261,6 @@ impl ReferenceTools {
                 env.unguarded,
             )),
             draft: Arc::new(CreateDraft::new(env.guard.clone())),
-            refund: env.runtime.clone().map(|runtime| {
-                let tools = Self::routes();
-                let definition = tools.get(refunds::TOOL).cloned();
-                let definition = definition.unwrap_or_else(|| {
-                    Tool::new(refunds::TOOL, "", Arc::new(serde_json::Map::new()))
-                });
-                Arc::new(DeferredAdapter::new(
-                    runtime,
-                    definition,
-                    refunds::deferred_arguments,
-                ))
-            }),
             env,
         }
     }
@@ -279,7 +269,7 @@ impl ReferenceTools {
     /// ledger) and `get_operation_status`; `refund_order` only with a runtime.
     fn offered(&self, name: &str) -> bool {
         match name {
-            crate::issues::TOOL | StatusTool::NAME => true,
+            issues::TOOL | StatusTool::NAME => true,
             refunds::TOOL => !self.env.unguarded && self.env.runtime.is_some(),
             _ => !self.env.unguarded,
         }
@@ -292,7 +282,7 @@ impl ReferenceTools {
         }
         if self.env.unguarded {
             // The control keeps no ledger, so a retry repeats the effect.
-            if let Some(route) = routes.map.get_mut(crate::issues::TOOL) {
+            if let Some(route) = routes.map.get_mut(issues::TOOL) {
                 route.attr.annotations = route.attr.annotations.take().map(|a| a.idempotent(false));
             }
         }
@@ -300,28 +290,18 @@ impl ReferenceTools {
 
     /// The server `toolledger serve` runs: these tools and `get_operation_status` (with the
     /// issue and draft rows as evidence for their tools, the stored result for the others),
-    /// through the ledger's guard with callers from `caller`.
-    pub fn server(self, caller: CallerSource) -> GuardedServer<ReferenceTools> {
+    /// through the ledger's guard with callers from `caller`. Fails only if an input schema
+    /// is not a valid JSON Schema.
+    pub fn server(self, caller: CallerSource) -> Result<GuardedServer<ReferenceTools>, Error> {
         let store = self.env.guard.engine().store().clone();
         let ledger =
             LedgerGuard::from_parts(self.env.guard.clone(), self.env.principals.clone(), caller)
-                .with_observer(
-                    crate::issues::TOOL,
-                    Arc::new(IssueObserver::new(store.clone())),
-                )
-                .with_observer(crate::drafts::TOOL, Arc::new(DraftObserver::new(store)));
+                .with_observer(issues::TOOL, Arc::new(issues::observer(store.clone())))
+                .with_observer(drafts::TOOL, Arc::new(drafts::observer(store)));
         let mut routes = Self::routes() + status_router();
         self.restrict(&mut routes);
-        // Each domain checks its own arguments and answers with its own codes.
-        let routes = ledger.router_unchecked(routes);
-        GuardedServer::new("toolledger", self, routes).with_order(ORDER)
-    }
-
-    async fn answer(&self, tool: &str, g: Guarded) -> Result<CallToolResponse, ErrorData> {
-        match g.call().await {
-            Ok(call) => self.call(tool, call).await,
-            Err(refusal) => refusal.into_call_tool_result(),
-        }
+        let routes = ledger.router(routes)?;
+        Ok(GuardedServer::new("toolledger", self, routes).with_order(ORDER))
     }
 
     /// `get_operation_status` over the offered tools, as the server's: the issue and draft
@@ -333,8 +313,8 @@ impl ReferenceTools {
             .filter(|n| **n != StatusTool::NAME && self.offered(n))
             .map(|n| {
                 let observer: Arc<dyn EffectObserver> = match *n {
-                    crate::issues::TOOL => Arc::new(IssueObserver::new(store.clone())),
-                    crate::drafts::TOOL => Arc::new(DraftObserver::new(store.clone())),
+                    issues::TOOL => Arc::new(issues::observer(store.clone())),
+                    drafts::TOOL => Arc::new(drafts::observer(store.clone())),
                     _ => Arc::new(LedgerResultObserver),
                 };
                 (n.to_string(), observer)
@@ -343,56 +323,157 @@ impl ReferenceTools {
         StatusTool::new(self.env.guard.clone(), observed)
     }
 
-    /// Runs one call of `tool` (as `toolledger call` does, without a transport); a tool this
-    /// server does not offer is `invalid_arguments`.
+    /// Runs one call of `tool` without a transport, as `toolledger call` does: the call's
+    /// wire arguments are read as the tool's typed arguments (the rules of its input schema
+    /// are checked by the domain), then answered as the server's `#[tool]` method answers. A
+    /// tool this server does not offer is `invalid_arguments`.
     pub async fn call(&self, tool: &str, call: ToolCall) -> Result<CallToolResponse, ErrorData> {
-        if !self.offered(tool) {
-            return Ok(CallToolResponse::Complete(tool_error(&Error::invalid(
-                "unknown tool",
-            ))));
+        if tool == StatusTool::NAME {
+            return self.status().call(call).await;
         }
-        match tool {
-            StatusTool::NAME => self.status().call(call).await,
-            crate::issues::TOOL => self.issue.call(call).await,
-            crate::drafts::TOOL => self.draft.call(call).await,
-            refunds::TOOL => self.refund(call).await,
-            automations::CREATE_AUTOMATION | automations::SET_INTERVAL => Ok(
-                CallToolResponse::Complete(tool_result(self.automation(tool, call).await)),
-            ),
-            _ => Ok(CallToolResponse::Complete(tool_error(&Error::invalid(
-                "unknown tool",
-            )))),
+        let args = &call.arguments;
+        let answer = async {
+            match tool {
+                _ if !self.offered(tool) => Err(Error::invalid("unknown tool")),
+                issues::TOOL => self.issue.call(&call, domain::arguments(args)?).await,
+                drafts::TOOL => self.draft(&call, domain::arguments(args)?).await,
+                refunds::TOOL => self.refund(&call, domain::arguments(args)?).await,
+                automations::CREATE_AUTOMATION => {
+                    let args = Arguments::Create(domain::arguments(args)?);
+                    self.automation(&call.caller, args).await
+                }
+                automations::SET_INTERVAL => {
+                    let args = Arguments::SetInterval(domain::arguments(args)?);
+                    self.automation(&call.caller, args).await
+                }
+                _ => Err(Error::invalid("unknown tool")),
+            }
         }
+        .await;
+        rmcp::handler::server::tool::IntoCallToolResult::into_call_tool_result(
+            answer.map_err(Refusal),
+        )
     }
 
-    async fn automation(&self, tool: &str, call: ToolCall) -> Result<Value, Error> {
+    /// `create_automation` and `set_interval` for `caller` (read from the principal store
+    /// when the call was extracted), with the guard's deadlines for new receipts.
+    async fn automation(
+        &self,
+        caller: &Caller,
+        args: Arguments,
+    ) -> Result<CallToolResponse, Error> {
         let c = self.env.guard.config();
         let options = automations::ToolOptions {
             authority_ttl: Some(c.authority_ttl),
             retention_ttl: Some(c.retention_ttl),
         };
-        // The caller was read from the principal store when the call was extracted.
-        automations::run_as(
+        let outcome = automations::run_typed(
             self.env.guard.engine(),
-            call.caller.principal,
-            &call.caller.name,
-            tool,
-            Value::Object(call.arguments),
+            caller.principal.clone(),
+            &caller.name,
+            args,
             &options,
         )
-        .await
-        .map(|outcome| automations::reply(&outcome))
+        .await?;
+        Ok(complete(automations::reply(&outcome)))
     }
 
-    /// `refund_order`: a deferred effect through the outbox to the payments service, by the
-    /// deferred-tool adapter of `toolledger-mcp` (the runtime owns the rules; the adapter
-    /// carries the call with the caller the server resolved).
-    async fn refund(&self, call: ToolCall) -> Result<CallToolResponse, ErrorData> {
-        match &self.refund {
-            Some(refund) => refund.call(call).await,
-            None => Ok(CallToolResponse::Complete(tool_error(&Error::invalid(
-                "unknown tool",
-            )))),
+    async fn draft(&self, call: &ToolCall, args: DraftArgs) -> Result<CallToolResponse, Error> {
+        Ok(complete(self.draft.call(call, args).await?))
+    }
+
+    /// `refund_order`: a deferred effect through the outbox to the payments service (the
+    /// runtime owns the rules); not offered without a runtime.
+    async fn refund(&self, call: &ToolCall, args: RefundArgs) -> Result<CallToolResponse, Error> {
+        let Some(runtime) = &self.env.runtime else {
+            return Err(Error::invalid("unknown tool"));
+        };
+        let outcome = refunds::call(runtime, call, args).await?;
+        Ok(CallToolResponse::Complete(outcome.0.into_tool_result()))
+    }
+}
+
+/// A complete result carrying `value` as structured content and as text.
+fn complete(value: serde_json::Value) -> CallToolResponse {
+    CallToolResponse::Complete(CallToolResult::structured(value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    /// The listed input schemas keep their arguments, required members and key marks.
+    #[test]
+    fn input_schemas_list_the_arguments_the_tools_take() {
+        let key = toolledger_mcp::carriers::KEY_KEYWORD;
+        let expected = [
+            (
+                issues::TOOL,
+                vec!["operation_id", "title", "watcher"],
+                vec!["operation_id", "title"],
+                None,
+            ),
+            (
+                drafts::TOOL,
+                vec!["approval", "kind", "operation", "slug", "text", "title"],
+                vec!["operation", "slug", "title", "text", "kind"],
+                Some("operation"),
+            ),
+            (
+                automations::CREATE_AUTOMATION,
+                vec!["interval_minutes", "request_id"],
+                vec!["request_id", "interval_minutes"],
+                Some("request_id"),
+            ),
+            (
+                automations::SET_INTERVAL,
+                vec![
+                    "automation_id",
+                    "expected_version",
+                    "interval_minutes",
+                    "request_id",
+                ],
+                vec![
+                    "request_id",
+                    "automation_id",
+                    "expected_version",
+                    "interval_minutes",
+                ],
+                Some("request_id"),
+            ),
+            (
+                refunds::TOOL,
+                vec!["amount_cents", "approval", "idempotency_key", "order_id"],
+                vec!["idempotency_key", "order_id", "amount_cents"],
+                Some("idempotency_key"),
+            ),
+        ];
+        let routes = ReferenceTools::routes();
+        for (tool, properties, required, marked) in expected {
+            let schema = Value::Object(routes.get(tool).unwrap().input_schema.as_ref().clone());
+            let listed: Vec<&str> = schema["properties"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(String::as_str)
+                .collect();
+            assert_eq!(listed, properties, "{tool}");
+            assert_eq!(schema["required"], json!(required), "{tool}");
+            assert_eq!(schema["additionalProperties"], false, "{tool}");
+            let keyed: Vec<&String> = schema["properties"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .filter(|(_, p)| p[key] == true)
+                .map(|(name, _)| name)
+                .collect();
+            assert_eq!(keyed.first().map(|k| k.as_str()), marked, "{tool}");
         }
+        let draft = routes.get(drafts::TOOL).unwrap().input_schema.clone();
+        assert_eq!(
+            draft["properties"]["kind"]["enum"],
+            json!(["article", "note", "page"])
+        );
     }
 }

@@ -2,8 +2,7 @@
 //! rules: [`ShipAnyParcel`], a deferred tool over no business state.
 
 use serde_json::{json, Value};
-use toolledger::effect::EffectTx;
-use toolledger::model::{Error, Principal, ToolContract};
+use toolledger::model::{Error, ToolContract};
 use toolledger::runtime::DeferredTool;
 
 /// `ship_parcel {parcel}` (contract revision `1`) over no business state: anyone may ship any
@@ -46,18 +45,6 @@ impl DeferredTool for ShipAnyParcel {
             }
             _ => Err(Error::invalid("parcel must be a non-empty string")),
         }
-    }
-
-    fn check_access(&self, _: &mut dyn EffectTx, _: &Principal, _: &Value) -> Result<(), Error> {
-        Ok(())
-    }
-
-    fn check(&self, _: &mut dyn EffectTx, _: &Principal, _: &Value) -> Result<(), Error> {
-        Ok(())
-    }
-
-    fn requires_approval(&self) -> bool {
-        false
     }
 
     fn accept_receipt(&self, arguments: &Value, receipt: &Value) -> Result<Value, Error> {

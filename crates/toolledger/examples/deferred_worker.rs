@@ -19,11 +19,10 @@ use toolledger::authz::PrincipalStore;
 use toolledger::clock::SystemClock;
 use toolledger::digest::sha256_hex;
 use toolledger::downstream::{scope_digest, BoxFuture, Downstream, DownstreamError};
-use toolledger::effect::EffectTx;
 use toolledger::runtime::{
     DeferredCall, DeferredTool, ProviderContext, ProviderProfile, Registry, Runtime, Worker,
 };
-use toolledger::{Error, Principal, Scope, ToolContract};
+use toolledger::{Error, Scope, ToolContract};
 
 /// The tool: send invoice `invoice` to `to`. No approval; any active principal may send.
 struct SendInvoice;
@@ -41,18 +40,6 @@ impl DeferredTool for SendInvoice {
             }
             _ => Err(Error::invalid("arguments are exactly {invoice, to}")),
         }
-    }
-
-    fn check_access(&self, _: &mut dyn EffectTx, _: &Principal, _: &Value) -> Result<(), Error> {
-        Ok(())
-    }
-
-    fn check(&self, _: &mut dyn EffectTx, _: &Principal, _: &Value) -> Result<(), Error> {
-        Ok(())
-    }
-
-    fn requires_approval(&self) -> bool {
-        false
     }
 
     fn accept_receipt(&self, arguments: &Value, receipt: &Value) -> Result<Value, Error> {

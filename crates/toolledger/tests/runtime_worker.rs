@@ -50,10 +50,6 @@ impl DeferredTool for ShipParcel {
         }
     }
 
-    fn check_access(&self, _: &mut dyn EffectTx, _: &Principal, _: &Value) -> Result<(), Error> {
-        Ok(())
-    }
-
     fn check(&self, _: &mut dyn EffectTx, _: &Principal, _: &Value) -> Result<(), Error> {
         if self.closed.load(Ordering::SeqCst) {
             return Err(Error::new(
@@ -62,10 +58,6 @@ impl DeferredTool for ShipParcel {
             ));
         }
         Ok(())
-    }
-
-    fn requires_approval(&self) -> bool {
-        false
     }
 
     fn accept_receipt(&self, arguments: &Value, receipt: &Value) -> Result<Value, Error> {

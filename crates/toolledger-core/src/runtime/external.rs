@@ -201,18 +201,6 @@ impl DeferredTool for ExternalTool {
         Ok(arguments.clone())
     }
 
-    fn check_access(&self, _: &mut dyn EffectTx, _: &Principal, _: &Value) -> Result<(), Error> {
-        Ok(())
-    }
-
-    fn check(&self, _: &mut dyn EffectTx, _: &Principal, _: &Value) -> Result<(), Error> {
-        Ok(())
-    }
-
-    fn requires_approval(&self) -> bool {
-        false
-    }
-
     fn accept_receipt(&self, _arguments: &Value, receipt: &Value) -> Result<Value, Error> {
         Ok(receipt["result"].clone())
     }

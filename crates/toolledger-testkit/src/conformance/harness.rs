@@ -306,10 +306,6 @@ impl DeferredTool for ShipParcel {
         }
     }
 
-    fn requires_approval(&self) -> bool {
-        false
-    }
-
     fn accept_receipt(&self, arguments: &Value, receipt: &Value) -> Result<Value, Error> {
         Ok(json!({"parcel": arguments["parcel"], "receipt_id": receipt["receipt_id"]}))
     }
