@@ -7,7 +7,7 @@ pub mod common;
 pub mod exit;
 /// The runtime fixture format (`toolledger.fixture/v1`) of `dispatch`, `status` and `approve`.
 pub use toolledger_demo::fixture;
-pub mod log_line;
-pub mod log_sink;
+/// The buffered stderr of the log lines, and the secrets no line may show.
+pub use toolledger_mcp::telemetry::log_sink;
 pub mod prune;
 pub mod telemetry;
