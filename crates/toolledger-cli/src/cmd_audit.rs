@@ -16,15 +16,13 @@
 //! disabled, `fsync` is on and `synchronous_commit` is not `off`, and — when the `amcheck`
 //! extension is installed — `bt_index_check` passes on every B-tree index of the schema.
 
-use std::path::Path;
-
-use rusqlite::{Connection, OpenFlags};
 use serde_json::{json, Value};
 use toolledger::audit;
 use toolledger::effect::EffectTx;
 use toolledger::store::{Store, StoreError};
 use toolledger_cli::common::{self, RuntimeStoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
+use toolledger_reference::downstream::SqliteDownstream;
 
 use crate::cmd_dispatch::block_on;
 
@@ -55,47 +53,6 @@ fn snapshot(tx: &mut dyn EffectTx, store: &Store) -> Result<Value, StoreError> {
     }))
 }
 
-/// Receipt count of the payments stand-in, read-only, when its file exists. Like the ledger's
-/// read-only open it creates no file: without a write-ahead log beside it the file is read as
-/// immutable (a connection to a WAL file would otherwise create its shared-memory index).
-fn downstream_counts(path: &Path) -> Option<Value> {
-    if !path.is_file() {
-        return None;
-    }
-    let mut wal = path.as_os_str().to_os_string();
-    wal.push("-wal");
-    let mut uri = url_path(path);
-    uri.push_str(if Path::new(&wal).exists() {
-        "?mode=ro"
-    } else {
-        "?mode=ro&immutable=1"
-    });
-    let conn = Connection::open_with_flags(
-        uri,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI,
-    )
-    .ok()?;
-    let n: i64 = conn
-        .query_row("SELECT count(*) FROM downstream_receipts", [], |r| r.get(0))
-        .ok()?;
-    Some(json!({"receipts": n}))
-}
-
-/// `path` as a `file:` URI without its query (bytes outside the unreserved set
-/// percent-encoded).
-fn url_path(path: &Path) -> String {
-    use std::os::unix::ffi::OsStrExt;
-    let mut out = String::from("file:");
-    for &b in path.as_os_str().as_bytes() {
-        if b.is_ascii_alphanumeric() || b"/-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 /// Runs `audit` on the ledger `store` resolves to (opened read-only: it creates, migrates and
 /// writes nothing, and refuses a file that holds no ledger with `NOT_A_LEDGER`).
 pub fn run(store: StoreConfig) -> Result<Outcome, Failure> {
@@ -103,8 +60,9 @@ pub fn run(store: StoreConfig) -> Result<Outcome, Failure> {
         let ledger = store.open()?;
         let handle = ledger.clone();
         let mut report = ledger.read(move |tx| snapshot(tx, &handle)).await?;
-        if let Some(d) = downstream_counts(&store.downstream) {
-            report["downstream"] = d;
+        // Read separately, not part of the snapshot; creates no file.
+        if let Some(n) = SqliteDownstream::receipt_count_read_only(&store.downstream) {
+            report["downstream"] = json!({"receipts": n});
         }
         let pass = report["gate"] == "PASS";
         common::print_json(&report);

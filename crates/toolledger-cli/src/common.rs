@@ -393,14 +393,6 @@ pub fn open_store(
     open_sqlite(db, backend_id, migrate, Synchronous::Full)
 }
 
-/// `bytes` random bytes from the operating system, in hex (names of test schemas and runs,
-/// throwaway keys); `None` when no randomness could be read.
-pub fn random_hex(bytes: usize) -> Option<String> {
-    let mut b = vec![0u8; bytes];
-    getrandom::fill(&mut b).ok()?;
-    Some(hex::encode(b))
-}
-
 /// The value parser of a JSON-valued flag (`call --args`, `approve --arguments`, `resolve
 /// --evidence`, …): the strict parser the ledger reads arguments with. A value that is not
 /// JSON is refused by the command-line parser, so it is a usage error like any other

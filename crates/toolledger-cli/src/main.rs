@@ -17,7 +17,6 @@ mod cmd_resolve;
 mod cmd_serve;
 mod cmd_status;
 mod cmd_worker;
-mod demo;
 mod diagnose;
 
 use toolledger_cli::common::{self, StoreConfig};
@@ -108,7 +107,7 @@ enum Command {
     /// reference); `find_charge {reference}` and `count_charges` are read-only. The proxy's
     /// demo and benchmark run it as their upstream. Not a supported interface.
     #[command(hide = true)]
-    UpstreamExample(demo::upstream::UpstreamExampleArgs),
+    UpstreamExample(toolledger_demo::upstream::UpstreamExampleArgs),
     /// Print a shell completion script on stdout (`toolledger completions bash >
     /// ~/.local/share/bash-completion/completions/toolledger`).
     Completions {
@@ -242,7 +241,7 @@ fn run_command(cli: Cli, opened: &mut Option<StoreConfig>) -> Result<Outcome, Fa
             let store = remember(opened, args.store.resolve(Access::OpenOrCreate)?);
             cmd_proxy::run(args, store)
         }
-        Command::UpstreamExample(args) => demo::upstream::run(args),
+        Command::UpstreamExample(args) => cmd_demo::upstream_example(args),
         Command::Completions { shell } => {
             use clap::CommandFactory;
             let mut command = Cli::command();

@@ -95,7 +95,7 @@ fn prune_compacts_answers_and_forgets(db: Db) {
     let clock: SharedClock = Arc::new(ManualClock::new(T0 + 100));
     let metrics = tokio::runtime::Runtime::new()
         .unwrap()
-        .block_on(toolledger_cli::telemetry::render(&db.store(), &clock))
+        .block_on(toolledger_mcp::telemetry::render(&db.store(), &clock))
         .unwrap();
     for line in [
         "toolledger_operation_rows{kind=\"live\"} 1",

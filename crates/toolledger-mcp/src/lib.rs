@@ -65,6 +65,7 @@ mod reply;
 pub mod server;
 mod state;
 pub mod status;
+pub mod telemetry;
 pub mod trace;
 pub mod wire;
 

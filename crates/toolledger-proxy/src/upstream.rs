@@ -405,57 +405,7 @@ impl UpstreamError {
 
 /// `text` with the user information and query values of every `http://` or `https://` URL in
 /// it replaced by `[redacted]` (a token in `?key=…` must not reach a log).
-pub fn redact_urls(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = ["http://", "https://"]
-        .iter()
-        .filter_map(|scheme| rest.find(scheme))
-        .min()
-    {
-        out.push_str(&rest[..at]);
-        let url_len = rest[at..]
-            .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | ')' | '>' | '<' | ','))
-            .unwrap_or(rest.len() - at);
-        out.push_str(&redact_url(&rest[at..at + url_len]));
-        rest = &rest[at + url_len..];
-    }
-    out.push_str(rest);
-    out
-}
-
-fn redact_url(url: &str) -> String {
-    let (scheme, after) = url.split_at(url.find("://").map_or(0, |i| i + 3));
-    let authority_end = after.find(['/', '?', '#']).unwrap_or(after.len());
-    let (authority, path) = after.split_at(authority_end);
-    let authority = match authority.rfind('@') {
-        Some(i) => format!("[redacted]@{}", &authority[i + 1..]),
-        None => authority.to_string(),
-    };
-    let (path, fragment) = match path.find('#') {
-        Some(i) => path.split_at(i),
-        None => (path, ""),
-    };
-    let path = match path.split_once('?') {
-        Some((p, query)) => {
-            let pairs: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((k, _)) => format!("{k}=[redacted]"),
-                    None => pair.to_string(),
-                })
-                .collect();
-            format!("{p}?{}", pairs.join("&"))
-        }
-        None => path.to_string(),
-    };
-    let fragment = if fragment.is_empty() {
-        ""
-    } else {
-        "#[redacted]"
-    };
-    format!("{scheme}{authority}{path}{fragment}")
-}
+pub use toolledger_mcp::telemetry::redact_urls;
 
 /// Why a connection's MCP handshake failed, in the proxy's words: no internal type name, no
 /// URL credential or query value (rmcp's own messages carry both).

@@ -325,6 +325,38 @@ impl SqliteDownstream {
         })
     }
 
+    /// The number of receipts the stand-in's file at `path` holds, read without creating or
+    /// changing any file (for an audit beside a read-only ledger): `None` when there is no
+    /// such file or it holds no receipts table. Without a write-ahead log beside the file it
+    /// is read as immutable (a connection to a WAL file would otherwise create its
+    /// shared-memory index).
+    pub fn receipt_count_read_only(path: &Path) -> Option<i64> {
+        if !path.is_file() {
+            return None;
+        }
+        let mut wal = path.as_os_str().to_os_string();
+        wal.push("-wal");
+        // A `file:` URI: bytes outside the unreserved set percent-encoded.
+        let mut uri = String::from("file:");
+        for &b in path.as_os_str().as_encoded_bytes() {
+            if b.is_ascii_alphanumeric() || b"/-_.~".contains(&b) {
+                uri.push(b as char);
+            } else {
+                uri.push_str(&format!("%{b:02X}"));
+            }
+        }
+        uri.push_str(if Path::new(&wal).exists() {
+            "?mode=ro"
+        } else {
+            "?mode=ro&immutable=1"
+        });
+        let flags =
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_URI;
+        let conn = Connection::open_with_flags(uri, flags).ok()?;
+        conn.query_row("SELECT count(*) FROM downstream_receipts", [], |r| r.get(0))
+            .ok()
+    }
+
     /// Every `status_ref` the stand-in holds a receipt for.
     pub fn status_refs(&self) -> Result<Vec<String>, DownstreamError> {
         self.with_conn(|conn| {

@@ -24,9 +24,8 @@ use toolledger::effect::{EffectTx, RowExt};
 use toolledger::store::postgres::{PgOptions, PgStore};
 use toolledger::store::Store;
 
-use crate::cmd_demo::DemoReport;
-use crate::common;
-use crate::demo::session::Session;
+use crate::session::Session;
+use crate::{block_on, open_ledger, random_hex, DemoReport};
 
 const BACKEND: &str = "sqlite:demo";
 const PG_BACKEND: &str = "postgres:demo";
@@ -44,13 +43,9 @@ enum Target {
     },
 }
 
-fn random_hex() -> Result<String, &'static str> {
-    crate::common::random_hex(32).ok_or("DEMO_IO_ERROR")
-}
-
 impl Target {
     fn postgres(url: &str) -> Result<Target, &'static str> {
-        let schema = format!("tl_demo_{}", &random_hex()?[..16]);
+        let schema = format!("tl_demo_{}", &random_hex(32)?[..16]);
         let store = PgStore::open(
             url,
             PgOptions::new(PG_BACKEND)
@@ -62,7 +57,7 @@ impl Target {
         let key = |var: &'static str| -> Result<(&'static str, String), &'static str> {
             match std::env::var(var) {
                 Ok(v) => Ok((var, v)),
-                Err(_) => Ok((var, random_hex()?)),
+                Err(_) => Ok((var, random_hex(32)?)),
             }
         };
         Ok(Target::Postgres {
@@ -94,9 +89,7 @@ impl Target {
 
     fn store(&self) -> Result<Store, &'static str> {
         match self {
-            Target::Sqlite(db) => common::open_store(db, Some(BACKEND.to_string()), false)
-                .map(Store::from)
-                .map_err(|e| e.cli_code()),
+            Target::Sqlite(db) => open_ledger(db, Some(BACKEND)).map(Store::from),
             Target::Postgres { store, .. } => Ok(Store::from(store.clone())),
         }
     }
@@ -131,7 +124,7 @@ fn start(exe: &Path, target: &Target, extra: &[&str]) -> Result<Session, &'stati
 fn count(target: &Target, table: &str) -> Result<i64, &'static str> {
     let store = target.store()?;
     let sql = format!("SELECT count(*) FROM {table}");
-    block(async move {
+    block_on(async move {
         store
             .read(move |tx: &mut dyn EffectTx| {
                 tx.query_opt(&sql, &[])?
@@ -143,19 +136,9 @@ fn count(target: &Target, table: &str) -> Result<i64, &'static str> {
     })
 }
 
-fn block<T>(
-    fut: impl std::future::Future<Output = Result<T, &'static str>>,
-) -> Result<T, &'static str> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|_| "RUNTIME_ERROR")?
-        .block_on(fut)
-}
-
 fn prepare(target: &Target) -> Result<(), &'static str> {
     let store = target.store()?;
-    block(async move {
+    block_on(async move {
         PrincipalStore::new(store)
             .add("alice", "demo", &["editor".to_string()], &[], false)
             .await
@@ -230,14 +213,9 @@ fn story(exe: &Path, db: &Target, unguarded: bool) -> Result<Value, &'static str
     }))
 }
 
-/// Runs the demo on fresh temporary SQLite files with the current executable as the server.
-pub fn run() -> Result<DemoReport, &'static str> {
-    run_on(None)
-}
-
 /// Runs the demo on temporary SQLite files, or with `database_url` on fresh schemas of that
-/// PostgreSQL database.
-pub fn run_on(database_url: Option<&str>) -> Result<DemoReport, &'static str> {
+/// PostgreSQL database, with the current executable as the server.
+pub(crate) fn run(database_url: Option<&str>) -> Result<DemoReport, &'static str> {
     let exe: PathBuf = std::env::current_exe().map_err(|_| "DEMO_SPAWN_ERROR")?;
     let dir = tempfile::tempdir().map_err(|_| "DEMO_IO_ERROR")?;
     let target = |name: &str| -> Result<Target, &'static str> {
@@ -269,9 +247,6 @@ pub fn run_on(database_url: Option<&str>) -> Result<DemoReport, &'static str> {
             && control["retry"]["replayed"] == false
             && control["retry"]["issue_id"] == 2,
     });
-    let ok = checks
-        .as_object()
-        .is_some_and(|m| m.values().all(|v| v == &Value::Bool(true)));
     let database = if database_url.is_some() {
         "postgres"
     } else {
@@ -285,10 +260,8 @@ pub fn run_on(database_url: Option<&str>) -> Result<DemoReport, &'static str> {
         "sent": {"tool": "create_issue", "title": TITLE, "body": BODY},
         "guarded": guarded,
         "unguarded": control,
-        "checks": checks,
-        "ok": ok,
     });
-    Ok(DemoReport { ok, summary, lines })
+    Ok(DemoReport::checked(checks, summary, lines))
 }
 
 /// The story in a few plain lines, for a terminal.

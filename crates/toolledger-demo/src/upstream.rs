@@ -31,8 +31,7 @@ use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Json, wrapper::Pa
 use rmcp::model::RequestMetaObject;
 use rmcp::{schemars, tool, tool_handler, tool_router, ServerHandler, ServiceExt};
 use serde::{Deserialize, Serialize};
-use toolledger_cli::common::SyncMode;
-use toolledger_cli::exit::{Failure, Outcome};
+use toolledger_reference::ledger::SyncMode;
 
 /// The `_meta` key the charge's reference is read from.
 const OPERATION_ID_META: &str = "io.toolledger/operation_id";
@@ -260,13 +259,21 @@ impl ChargeServer {
 #[tool_handler(router = self.tool_router, name = "toolledger-upstream-example")]
 impl ServerHandler for ChargeServer {}
 
+/// Why the example upstream could not serve: a stable code, and for some codes the words
+/// to say with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// `DATABASE_UNAVAILABLE` or `RUNTIME_ERROR`.
+    pub code: &'static str,
+    /// What to change, when the code does not say it.
+    pub message: Option<&'static str>,
+}
+
 /// Serves the example upstream on stdio until its input closes.
-pub fn run(args: UpstreamExampleArgs) -> Result<Outcome, Failure> {
-    let conn = open(&args.db, args.sqlite_synchronous).map_err(|_| {
-        Failure::explained(
-            "DATABASE_UNAVAILABLE",
-            "the --db file cannot be opened or created as a SQLite database",
-        )
+pub fn run(args: UpstreamExampleArgs) -> Result<(), Failure> {
+    let conn = open(&args.db, args.sqlite_synchronous).map_err(|_| Failure {
+        code: "DATABASE_UNAVAILABLE",
+        message: Some("the --db file cannot be opened or created as a SQLite database"),
     })?;
     let server = ChargeServer {
         conn: Arc::new(Mutex::new(conn)),
@@ -277,12 +284,15 @@ pub fn run(args: UpstreamExampleArgs) -> Result<Outcome, Failure> {
         .worker_threads(2)
         .enable_all()
         .build()
-        .map_err(|_| Failure::code("RUNTIME_ERROR"))?;
+        .map_err(|_| Failure {
+            code: "RUNTIME_ERROR",
+            message: None,
+        })?;
     runtime.block_on(async move {
         if let Ok(running) = server.serve(rmcp::transport::stdio_pipes()).await {
             let _ = running.waiting().await;
         }
     });
     runtime.shutdown_background();
-    Ok(Outcome::Pass)
+    Ok(())
 }

@@ -170,7 +170,7 @@ pub fn scrub(line: &mut Vec<u8>) {
         }
     }
     if has_url {
-        text = toolledger_proxy::upstream::redact_urls(&text);
+        text = super::redact_urls(&text);
     }
     *line = text.into_bytes();
 }

@@ -24,9 +24,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::cmd_demo::DemoReport;
-use crate::demo::proxy::{charges, error_of, upstream, wait_for_charges};
-use crate::demo::session::Session;
+use crate::proxy::{charges, error_of, upstream, wait_for_charges};
+use crate::session::Session;
+use crate::DemoReport;
 
 /// How long any one step may take.
 const STEP: Duration = Duration::from_secs(30);
@@ -218,7 +218,7 @@ fn replan(exe: &Path, dir: &Path, ledger: bool) -> Result<Value, &'static str> {
 
 /// Runs the demo on a fresh temporary directory with the current executable as the proxy
 /// and the upstream.
-pub fn run() -> Result<DemoReport, &'static str> {
+pub(crate) fn run() -> Result<DemoReport, &'static str> {
     let exe = std::env::current_exe().map_err(|_| "DEMO_SPAWN_ERROR")?;
     let dir = tempfile::tempdir().map_err(|_| "DEMO_IO_ERROR")?;
     // The proxy gives up waiting after a second: the re-plan story's reply is lost.
@@ -242,9 +242,6 @@ pub fn run() -> Result<DemoReport, &'static str> {
             && replan_with["charges"] == 1,
         "without_the_ledger_the_replan_charges_twice": replan_without["charges"] == 2,
     });
-    let ok = checks
-        .as_object()
-        .is_some_and(|m| m.values().all(|v| v == &Value::Bool(true)));
     let lines = vec![
         "An agent that loses replies, with the ledger and without:".to_string(),
         format!(
@@ -270,8 +267,6 @@ pub fn run() -> Result<DemoReport, &'static str> {
         "demo": "agent",
         "crash": {"with_ledger": crash_with, "without_ledger": crash_without},
         "replan": {"with_ledger": replan_with, "without_ledger": replan_without},
-        "checks": checks,
-        "ok": ok,
     });
-    Ok(DemoReport { ok, summary, lines })
+    Ok(DemoReport::checked(checks, summary, lines))
 }
