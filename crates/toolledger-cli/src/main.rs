@@ -19,6 +19,7 @@ mod cmd_status;
 mod cmd_worker;
 mod demo;
 mod diagnose;
+mod serving;
 
 use toolledger_cli::common::{self, StoreConfig};
 use toolledger_cli::exit::{self, Failure, Outcome};

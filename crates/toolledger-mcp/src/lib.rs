@@ -37,6 +37,11 @@
 //!   beside the database; a server with other keys than the database was written with refuses
 //!   to start ([`KeyError`]).
 //! - [`error_of`]: the ledger's error object of an in-band tool result, for a client.
+//! - For tools that shape their own answers (routes of [`call_route`], like the proxy's
+//!   forwards): [`reply`] (in-band results and errors, [`reply::respond`]),
+//!   [`guard::GuardedRequest`], [`guard::arguments_digest`] and [`guard::outcome_json`],
+//!   [`StateSealer`] (the sealed `requestState` of [`Guard::sealer`]),
+//!   [`guarded::check_arguments`] and [`caller::revoked`].
 //! - [`wire`]: the strict wire entry of a server: every incoming message checked with the
 //!   ledger's strict JSON rules before rmcp reads it, every refused one answered with a
 //!   JSON-RPC error — [`wire::StdioTransport`] for stdio (serve a guarded server with
@@ -56,12 +61,12 @@ pub mod carriers;
 pub mod deferred;
 #[cfg(feature = "http")]
 pub mod front;
-mod guard;
+pub mod guard;
 pub mod guarded;
 mod keys;
 pub mod ledger;
 mod observe;
-mod reply;
+pub mod reply;
 pub mod server;
 mod state;
 pub mod status;
@@ -80,7 +85,7 @@ pub use keys::{KeyError, KeyMaterial};
 pub use ledger::{LedgerGuard, LedgerGuardBuilder, OpenError};
 pub use reply::error_of;
 pub use server::{ClientEvents, GuardedServer, ToolCall};
-pub use state::StateBinding;
+pub use state::{StateBinding, StateSealer};
 pub use status::{EffectObserver, LedgerResultObserver, Observation, StatusTool};
 
 /// What a guarded tool and its server are written with, in one import:
@@ -93,17 +98,11 @@ pub mod prelude {
     pub use toolledger::store::Migration;
 }
 
-/// Pieces the workspace's own crates (the proxy, the reference tools, the command-line binary)
-/// share with this one: the guard's request shape, in-band reply builders, sealed continuation
-/// state, the binding of keys to a database. They are not part of the API a guarded server is
-/// written against, and may change in any release.
+/// Former paths of items now public elsewhere ([`reply`], [`guard`], [`server::BoxFuture`]),
+/// kept only for the reference tools until they name the public paths.
 #[doc(hidden)]
 pub mod internal {
-    pub use crate::caller::revoked;
-    pub use crate::guard::{arguments_digest, operation_id_from, outcome_json, GuardedRequest};
-    pub use crate::guarded::check_arguments;
-    pub use crate::keys::{bind, key_file_path, Binding};
-    pub use crate::reply::{respond, tool_error, tool_ok, tool_result, META_LEDGER};
+    pub use crate::guard::{operation_id_from, outcome_json, GuardedRequest};
+    pub use crate::reply::{respond, tool_error, tool_ok, tool_result};
     pub use crate::server::BoxFuture;
-    pub use crate::state::StateSealer;
 }
