@@ -419,3 +419,37 @@ impl LedgerGuard {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(byte: u8) -> KeyMaterial {
+        KeyMaterial {
+            state_keys: vec![vec![byte; 32]],
+            fingerprint_key: vec![byte; 32],
+        }
+    }
+
+    #[test]
+    fn a_store_the_application_opened_is_bound_to_the_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("ledger.sqlite");
+        let store: Store = Ledger::open_with(db.to_str().unwrap(), LedgerOptions::default())
+            .unwrap()
+            .into();
+        let builder = || LedgerGuard::builder().store(store.clone());
+        let ledger = builder().keys(keys(1)).open().unwrap();
+        assert!(ledger.runtime().is_none());
+        // The same keys again are the ledger's; others refuse to open.
+        builder().keys(keys(1)).open().unwrap();
+        let refused = builder().keys(keys(2)).open().unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                OpenError::Keys(KeyError::FingerprintMismatch { .. })
+            ),
+            "{refused}"
+        );
+    }
+}

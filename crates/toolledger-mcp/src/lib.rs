@@ -8,9 +8,10 @@
 //! - [`LedgerGuardBuilder::from_env`] and [`LedgerGuard::serve_stdio`]: a whole stdio server,
 //!   configured as the `toolledger` binary is (`examples/guarded_tool.rs`: 30 lines of code).
 //! - [`LedgerGuard`] (built by [`LedgerGuard::builder`]): opens the ledger — a SQLite file, or
-//!   PostgreSQL for a `postgres://` URL (feature `postgres`) — with the application's own portable migrations,
-//!   loads the keys and fixes where callers come from (a configured principal on stdio,
-//!   bearer tokens over HTTP).
+//!   PostgreSQL for a `postgres://` URL (feature `postgres`) — with the application's own
+//!   portable migrations, or takes a store the application opened
+//!   ([`LedgerGuardBuilder::store`]); loads the keys and binds them to the ledger, and fixes
+//!   where callers come from (a configured principal on stdio, bearer tokens over HTTP).
 //! - [`Guarded`]: an rmcp extractor. A guarded tool is a plain `#[tool]` method taking typed
 //!   `Parameters<T>` and `g: Guarded`; `g.run(operation_id, intent, effect)` runs the effect
 //!   under the ledger and answers a [`Receipt`] (output schema from its result type) or a
