@@ -23,8 +23,8 @@ use toolledger::clock::{ManualClock, SharedClock, SystemClock};
 use toolledger::engine::Engine;
 use toolledger::store::Store;
 use toolledger::Error;
-use toolledger_mcp::KeyError;
-use toolledger_mcp::{Caller, Guard, GuardConfig, KeyMaterial, ToolCall};
+use toolledger_mcp::{Caller, GuardConfig, LedgerGuard, ToolCall};
+use toolledger_reference::downstream::SqliteDownstream;
 use toolledger_reference::tools::{Faults, ReferenceTools, ToolEnv};
 
 use crate::common::{self, RuntimeStoreArgs, StoreConfig};
@@ -148,35 +148,26 @@ async fn call_registered(
     arguments: serde_json::Map<String, Value>,
     input_responses: Option<BTreeMap<String, Value>>,
 ) -> Result<Outcome, Failure> {
-    let keys = KeyMaterial::load(config.sqlite_path())
-        .map_err(|e| Failure::explained("KEY_ERROR", e.to_string()))?;
-    toolledger_mcp::internal::bind(&store, &keys, clock.now())
-        .await
-        .map_err(|e| match e {
-            KeyError::Store => Failure::code("DATABASE_IO_ERROR"),
-            other => Failure::explained("KEY_MISMATCH", other.to_string()),
-        })?;
     let defaults = GuardConfig::default();
     let guard_config = GuardConfig {
         authority_ttl: args.authority_ttl.unwrap_or(defaults.authority_ttl),
         retention_ttl: args.replay_ttl.unwrap_or(defaults.retention_ttl),
         ..defaults
     };
-    let engine = Engine::new(store.clone(), clock.clone());
-    let guard = Guard::new(engine, &keys, guard_config).map_err(|_| Failure::code("KEY_ERROR"))?;
-    let runtime = toolledger_reference::refunds::runtime(&store, &config.downstream, clock.clone())
-        .map_err(|_| Failure::code("DOWNSTREAM_IO_ERROR"))?
-        .with_deadlines(toolledger::runtime::Deadlines {
-            authority_ttl: Some(guard_config.authority_ttl),
-            retention_ttl: Some(guard_config.retention_ttl),
-        });
-    let principals = PrincipalStore::new(store).with_clock(clock);
+    let payments = SqliteDownstream::open(&config.downstream, clock.clone())
+        .map_err(|_| Failure::code("DOWNSTREAM_IO_ERROR"))?;
+    let builder = LedgerGuard::builder()
+        .clock(clock)
+        .config(guard_config)
+        .deferred(toolledger_reference::refunds::registry(Arc::new(payments)));
+    let ledger = crate::serving::open_ledger(config, store, builder)?;
+    let principals = ledger.principals().clone();
     let env = ToolEnv {
-        guard,
+        guard: ledger.guard().clone(),
         faults: Faults::default(),
         unguarded: false,
         principals: principals.clone(),
-        runtime: Some(runtime),
+        runtime: ledger.runtime().cloned(),
     };
     let tools = ReferenceTools::new(env);
     let principal = match principals.resolve(&args.principal).await {

@@ -13,14 +13,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use toolledger::authz::PrincipalStore;
-use toolledger::clock::{ManualClock, SharedClock, SystemClock};
+use toolledger::clock::SharedClock;
 use toolledger::runtime::{Resolution, Runtime};
 use toolledger_cli::common::{StoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
 use toolledger_cli::telemetry::{init_logs, LogFormat};
 use toolledger_console::{ConfirmedResult, Console, Evidence, Held, Resolver};
+use toolledger_mcp::front::{health_routes, HttpFront};
 
-use crate::cmd_serve::{health_routes, listen, AllowedHostArgs};
+use crate::serving::{listen, AllowedHostArgs, ClockArgs, ListenerArgs};
 
 /// Options of `toolledger console`.
 #[derive(clap::Args, Debug, Clone)]
@@ -33,14 +34,13 @@ pub struct ConsoleArgs {
     #[command(flatten)]
     pub hosts: AllowedHostArgs,
     #[command(flatten)]
-    pub listener: crate::cmd_serve::ListenerArgs,
+    pub listener: ListenerArgs,
     /// Mark the console's cookies `Secure` (sent back over HTTPS only): for a console behind a
     /// TLS-terminating proxy. A request carrying `X-Forwarded-Proto: https` gets them anyway.
     #[arg(long, env = "TOOLLEDGER_SECURE_COOKIES")]
     pub secure_cookies: bool,
-    /// Pin the clock to this Unix second (testing aid; production uses wall time).
-    #[arg(long, value_name = "SECS")]
-    pub clock_epoch: Option<i64>,
+    #[command(flatten)]
+    pub clock: ClockArgs,
     /// Log line format on stderr (the level comes from RUST_LOG, default info).
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -118,22 +118,24 @@ pub fn run(args: ConsoleArgs, config: StoreConfig) -> Result<Outcome, Failure> {
 
 async fn serve(args: ConsoleArgs, config: StoreConfig) -> Result<(), Failure> {
     init_logs(args.log_format);
-    let hosts = args.hosts.resolve()?;
-    let store = config.open()?;
-    let clock: SharedClock = match args.clock_epoch {
-        Some(epoch) => Arc::new(ManualClock::new(epoch)),
-        None => Arc::new(SystemClock),
+    // The library's front with the console's hosts and listener limits (it serves no `/mcp`).
+    let front = HttpFront {
+        hosts: args.hosts.resolve()?,
+        limits: args.listener.limits(),
+        ..HttpFront::default()
     };
+    let store = config.open()?;
+    let clock = args.clock.clock();
     let rt = crate::cmd_dispatch::runtime(&config, &store, clock.clone())?;
     let principals = PrincipalStore::new(store.clone()).with_clock(clock.clone());
     let app = console(&principals, clock, rt.clone())
         .with_evidence(evidence(rt))
         .with_secure_cookies(args.secure_cookies)
-        .router(hosts)
+        .router(front.hosts.clone())
         .route(
             "/",
             axum::routing::get(|| async { axum::response::Redirect::to("/console") }),
         )
         .merge(health_routes(store));
-    listen(args.http, "/console", app, args.listener.limits()).await
+    listen(args.http, "/console", app, &front).await
 }

@@ -14,22 +14,18 @@
 //! tokens, exactly as `toolledger serve`. What is guarded and how: see `toolledger_proxy`,
 //! docs/proxy.md and docs/clients.md.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
-use toolledger::authz::PrincipalStore;
-use toolledger::clock::{ManualClock, SharedClock, SystemClock};
-use toolledger::engine::Engine;
 use toolledger::store::sqlite::CommitWait;
 use toolledger_cli::common::{StoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
 use toolledger_cli::telemetry::{init_logs, start_metrics, TelemetryArgs};
-use toolledger_mcp::{CallerSource, Guard, GuardConfig, LedgerGuard};
+use toolledger_mcp::{CallerSource, LedgerGuard};
 use toolledger_proxy::{
     BuildError, ChildEnv, Lifecycle, Proxy, ProxyConfig, Upstream, UpstreamSpec,
 };
 
-use crate::cmd_serve::{bound_keys, serve_http, stdio_principal, HttpFrontArgs};
+use crate::serving::{open_ledger, serve_http, stdio_principal, ClockArgs, ServerArgs};
 
 /// `--upstream-lifecycle` values.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -52,18 +48,8 @@ pub struct ProxyArgs {
     /// Default: the principal `local` (tenant `local`), created on first use.
     #[arg(long)]
     pub principal: Option<String>,
-    /// Serve streamable HTTP at `http://ADDR/mcp` with bearer tokens instead of stdio.
-    #[arg(long, value_name = "ADDR")]
-    pub http: Option<SocketAddr>,
     #[command(flatten)]
-    pub front: HttpFrontArgs,
-    /// With --http: also serve the operator console at `http://ADDR/console`.
-    #[arg(long, requires = "http")]
-    pub console: bool,
-    /// Mark the console's cookies `Secure` (sent back over HTTPS only): for a console behind a
-    /// TLS-terminating proxy. A request carrying `X-Forwarded-Proto: https` gets them anyway.
-    #[arg(long, requires = "console", env = "TOOLLEDGER_SECURE_COOKIES")]
-    pub secure_cookies: bool,
+    pub server: ServerArgs,
     /// The proxy's configuration (TOML): which tools are guarded and how.
     #[arg(long, value_name = "FILE")]
     pub config: Option<std::path::PathBuf>,
@@ -97,9 +83,8 @@ pub struct ProxyArgs {
     /// Remove a variable from a stdio upstream's environment (repeatable).
     #[arg(long, value_name = "NAME", conflicts_with = "upstream_url")]
     pub upstream_env_remove: Vec<String>,
-    /// Pin the clock to this Unix second (testing aid; production uses wall time).
-    #[arg(long, value_name = "SECS")]
-    pub clock_epoch: Option<i64>,
+    #[command(flatten)]
+    pub clock: ClockArgs,
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
     #[command(flatten)]
@@ -297,26 +282,20 @@ fn ledger_config(mut config: StoreConfig) -> StoreConfig {
 
 async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
     init_logs(args.telemetry.log_format);
-    let front = args.front.resolve()?;
+    let front = args.server.front.resolve()?;
     let proxy_config = proxy_config(&args)?;
     let spec = upstream_spec(&args, &proxy_config)?;
     let config = ledger_config(config);
     let store = config.open()?;
-    let clock: SharedClock = match args.clock_epoch {
-        Some(epoch) => Arc::new(ManualClock::new(epoch)),
-        None => Arc::new(SystemClock),
-    };
-    let keys = bound_keys(&config, &store, &clock).await?;
-    let guard = Guard::new(
-        Engine::new(store.clone(), clock.clone()),
-        &keys,
-        GuardConfig::default(),
-    )
-    .map_err(|_| Failure::code("KEY_ERROR"))?;
-    let principals = PrincipalStore::new(store.clone()).with_clock(clock.clone());
+    let clock = args.clock.clock();
+    let ledger = open_ledger(&config, store, LedgerGuard::builder().clock(clock.clone()))?;
     // Who the stdio client acts for is settled before the upstream is started.
-    let stdio_caller = match args.http {
-        None => Some(stdio_principal("proxy", args.principal.as_deref(), true, &principals).await?),
+    let http = args.server.http;
+    let stdio_caller = match http {
+        None => {
+            let principals = ledger.principals();
+            Some(stdio_principal("proxy", args.principal.as_deref(), true, principals).await?)
+        }
         Some(_) => None,
     };
     let lifecycle = match args.upstream_lifecycle {
@@ -328,22 +307,15 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
     let upstream = Upstream::new(spec, lifecycle);
     // A stdio proxy's one client is the upstream's client: its roots, and its answers to the
     // upstream's sampling and elicitation requests, are relayed.
-    let relay = upstream.client_relay(args.http.is_none());
+    let relay = upstream.client_relay(http.is_none());
     let start_timeout = std::time::Duration::from_secs(args.upstream_start_timeout);
     upstream.set_start_timeout(start_timeout);
     let stopping = upstream.clone();
     let hook = crate::cmd_dispatch::hold_hook();
-    let build = Proxy::build(
-        &store,
-        clock.clone(),
-        guard.clone(),
-        upstream,
-        &proxy_config,
-        hook,
-    );
+    let build = Proxy::build(&ledger, upstream, &proxy_config, hook);
     // A stdio client that goes away while the upstream starts (its end of stdin closed) is
     // not waited for: the proxy stops its upstream and exits.
-    let mut watch = stdin_watch(args.http.is_none());
+    let mut watch = stdin_watch(http.is_none());
     let built = tokio::select! {
         biased;
         built = tokio::time::timeout(start_timeout, build) => built,
@@ -385,17 +357,14 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
     };
     tracing::info!(target: "toolledger::proxy", guarded = ?built.guarded,
         passed_through = ?built.passed_through, "proxying the upstream's tools");
-    start_metrics(args.telemetry.metrics, &store, &clock, front.limits)
+    start_metrics(args.telemetry.metrics, ledger.store(), &clock, front.limits)
         .await
         .map_err(Failure::code)?;
-    let principals_for_console = principals.clone();
-    let pruner = args.prune.spawn(&store, &clock);
-    let served = match (args.http, stdio_caller) {
+    let pruner = args.prune.spawn(ledger.store(), &clock);
+    let served = match (http, stdio_caller) {
         (None, Some(caller)) => {
-            let ledger =
-                LedgerGuard::from_parts(guard, principals, CallerSource::Configured(caller));
             built
-                .server(&ledger)
+                .server(&ledger.with_caller(CallerSource::Configured(caller)))
                 .with_client_events(relay)
                 .serve_stdio(front.max_in_flight)
                 .await;
@@ -403,29 +372,21 @@ async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
         }
         (None, None) => unreachable!("a stdio session's caller is resolved above"),
         (Some(addr), _) => {
-            let ledger =
-                LedgerGuard::from_parts(guard, principals.clone(), CallerSource::BearerToken);
-            serve_http(
-                addr,
-                built.server(&ledger),
-                principals,
-                front.clone(),
-                clock.clone(),
-                args.console.then(|| {
-                    // The proxy's operations are settled offline, as `toolledger resolve`
-                    // settles them: the runtime starts with no tool of its own.
-                    let rt = toolledger::runtime::Runtime::new(
-                        store.clone(),
-                        clock.clone(),
-                        toolledger::runtime::Registry::new(),
-                    );
-                    crate::cmd_console::console(&principals_for_console, clock, rt.clone())
-                        .with_evidence(crate::cmd_console::evidence(rt))
-                        .with_secure_cookies(args.secure_cookies)
-                        .router(front.hosts)
-                }),
-            )
-            .await
+            let ledger = ledger.with_caller(CallerSource::BearerToken);
+            let console = args.server.console.then(|| {
+                // The proxy's operations are settled offline, as `toolledger resolve`
+                // settles them: the runtime starts with no tool of its own.
+                let rt = toolledger::runtime::Runtime::new(
+                    ledger.store().clone(),
+                    clock.clone(),
+                    toolledger::runtime::Registry::new(),
+                );
+                crate::cmd_console::console(ledger.principals(), clock.clone(), rt.clone())
+                    .with_evidence(crate::cmd_console::evidence(rt))
+                    .with_secure_cookies(args.server.secure_cookies)
+                    .router(front.hosts.clone())
+            });
+            serve_http(addr, built.server(&ledger), &ledger, &front, console).await
         }
     };
     // The upstream is stopped as a client ends a session: a child's stdin closes and it

@@ -87,7 +87,7 @@ pub fn database_file(db: &Path) -> Option<&'static str> {
 
 /// Why the key file beside the SQLite ledger `db` cannot be used, as a path-free sentence.
 pub fn key_file(db: &Path) -> Option<&'static str> {
-    let keys = toolledger_mcp::internal::key_file_path(db);
+    let keys = toolledger_mcp::KeyMaterial::file_path(db);
     if keys.exists() {
         if keys.is_dir() || !may(&keys, libc::R_OK) {
             return Some("the key file beside the database is not readable by this user");
@@ -154,7 +154,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("ledger.sqlite");
         assert_eq!(key_file(&db), None);
-        std::fs::write(toolledger_mcp::internal::key_file_path(&db), b"not json").unwrap();
+        std::fs::write(toolledger_mcp::KeyMaterial::file_path(&db), b"not json").unwrap();
         let why = key_file(&db).unwrap();
         assert!(why.contains("could not be parsed"), "{why}");
         assert!(!why.contains(dir.path().to_str().unwrap()));

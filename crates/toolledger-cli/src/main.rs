@@ -18,6 +18,7 @@ mod cmd_serve;
 mod cmd_status;
 mod cmd_worker;
 mod diagnose;
+mod serving;
 
 use toolledger_cli::common::{self, StoreConfig};
 use toolledger_cli::exit::{self, Failure, Outcome};

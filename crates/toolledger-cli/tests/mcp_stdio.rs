@@ -772,7 +772,7 @@ fn a_server_with_another_fingerprint_key_than_the_database_refuses_to_start(db: 
     if let Db::Sqlite(file) = &db {
         // A SQLite database restored without its key file: new keys would be made, and
         // are refused (the new key file stays, the database is unchanged).
-        let keys = toolledger_mcp::internal::key_file_path(file.path());
+        let keys = toolledger_mcp::KeyMaterial::file_path(file.path());
         let saved = std::fs::read(&keys).unwrap();
         std::fs::remove_file(&keys).unwrap();
         refused_start(&db, &[]);

@@ -20,7 +20,7 @@ use toolledger::effect::EffectTx;
 use toolledger::engine::{Engine, InlineEffect};
 use toolledger::{Error, Principal};
 use toolledger_mcp::error_of;
-use toolledger_mcp::internal::tool_result;
+use toolledger_mcp::reply::tool_result;
 use toolledger_testkit::calls::{inline_call, principal};
 use toolledger_testkit::history::{count_effects_store, Checker, LedgerCli, Recorder};
 

@@ -7,7 +7,7 @@
 //! key file beside the database (`<db>.keys`, mode 0600), which is created once with fresh random
 //! keys and reused afterwards, so continuations survive restarts.
 //!
-//! Keys are bound to the database ([`bind`]): the first server records the ids of its keys
+//! Keys are bound to the database when a [`crate::LedgerGuard`] is opened: the first server records the ids of its keys
 //! ([`key_id`]: a hash prefix that names a key without revealing it) in the ledger's `key_ids`
 //! table, and every later start checks them. A server whose fingerprint key is not the
 //! database's refuses to start (`KEY_MISMATCH`) — its fingerprints would never match the
@@ -92,28 +92,18 @@ fn unset_message(state: bool, fingerprint: bool) -> String {
     )
 }
 
-/// What [`bind`] found in the database.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Binding {
-    /// The database had no keys recorded: these keys are now its keys.
-    Recorded,
-    /// The keys are the database's (a rotated-in state key may have been recorded).
-    Matched,
-}
-
-/// The check-and-record of [`bind`] as a transaction body (retried as a whole on a transient
+/// The check-and-record of [`bind_blocking`] as a transaction body (retried as a whole on a transient
 /// error; it checks everything before writing anything).
 fn bind_job(
     keys: &KeyMaterial,
     now: i64,
-) -> impl FnMut(&mut dyn EffectTx) -> Result<Result<Binding, KeyError>, Error> + Send + 'static {
+) -> impl FnMut(&mut dyn EffectTx) -> Result<Result<(), KeyError>, Error> + Send + 'static {
     let fingerprint = key_id(&keys.fingerprint_key);
     let state: Vec<String> = keys.state_keys.iter().map(|k| key_id(k)).collect();
     move |tx| {
         Ok(
             match toolledger::key_ids::check_and_record(tx, &fingerprint, &state, now)? {
-                KeyCheck::Recorded => Ok(Binding::Recorded),
-                KeyCheck::Matched => Ok(Binding::Matched),
+                KeyCheck::Recorded | KeyCheck::Matched => Ok(()),
                 KeyCheck::FingerprintMismatch { expected } => {
                     Err(KeyError::FingerprintMismatch { expected })
                 }
@@ -124,21 +114,10 @@ fn bind_job(
 }
 
 /// Binds `keys` to the database of `store` at time `now`: records their ids when the database
-/// has none, else checks them (see the module docs). Nothing is written on a mismatch.
-pub async fn bind(store: &Store, keys: &KeyMaterial, now: i64) -> Result<Binding, KeyError> {
-    store
-        .write(bind_job(keys, now))
-        .await
-        .map_err(|_: Error| KeyError::Store)?
-}
-
-/// Blocking form of [`bind`]. It waits on a thread of its own, so it may also be called from
-/// a thread that drives an async runtime (e.g. while a server is being built).
-pub(crate) fn bind_blocking(
-    store: &Store,
-    keys: &KeyMaterial,
-    now: i64,
-) -> Result<Binding, KeyError> {
+/// has none, else checks them (see the module docs). Nothing is written on a mismatch. It
+/// waits on a thread of its own, so it may also be called from a thread that drives an async
+/// runtime (e.g. while a server is being built).
+pub(crate) fn bind_blocking(store: &Store, keys: &KeyMaterial, now: i64) -> Result<(), KeyError> {
     let job = bind_job(keys, now);
     std::thread::scope(|s| {
         s.spawn(|| store.write_blocking(job))
@@ -186,7 +165,7 @@ pub(crate) fn key_id(key: &[u8]) -> String {
 }
 
 /// The key file that belongs to database `db`.
-pub fn key_file_path(db: &Path) -> PathBuf {
+pub(crate) fn key_file_path(db: &Path) -> PathBuf {
     let mut name = db.file_name().map(|n| n.to_os_string()).unwrap_or_default();
     name.push(".keys");
     db.with_file_name(name)
@@ -251,6 +230,12 @@ pub(crate) fn load_or_create_key_file(db: &Path) -> Result<(Vec<u8>, Vec<u8>), K
 }
 
 impl KeyMaterial {
+    /// The key file [`KeyMaterial::load`] reads (and creates on first use) beside the SQLite
+    /// database `db`: `db`'s file name with `.keys` appended, in the same directory.
+    pub fn file_path(db: &Path) -> PathBuf {
+        key_file_path(db)
+    }
+
     /// Keys from the environment, falling back to the key file beside `db` for any that is
     /// unset. With `db = None` both variables are required ([`KeyError::Unset`] names the
     /// missing ones).

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use toolledger::authz::PrincipalStore;
 use toolledger::clock::{SharedClock, SystemClock};
-use toolledger::engine::Engine;
+use toolledger::engine::{Engine, FaultHook};
 use toolledger::is_postgres_url;
 use toolledger::model::Error;
 use toolledger::runtime::{Deadlines, Registry, Runtime};
@@ -71,6 +71,8 @@ impl std::fmt::Debug for OpenError {
 #[derive(Default)]
 pub struct LedgerGuardBuilder {
     database: Option<String>,
+    store: Option<Store>,
+    fault_hook: Option<FaultHook>,
     backend_id: Option<String>,
     migrations: Vec<Migration>,
     migrate: bool,
@@ -133,6 +135,17 @@ impl LedgerGuardBuilder {
         self
     }
 
+    /// A ledger the application opened itself (its own store options, a shared store), used
+    /// instead of opening [`LedgerGuardBuilder::database`]: it must be open and migrated
+    /// already, so [`LedgerGuardBuilder::backend_id`], [`LedgerGuardBuilder::migrations`] and
+    /// [`LedgerGuardBuilder::allow_migrate`] do not apply. The keys are still bound to it.
+    /// Without [`LedgerGuardBuilder::keys`] they come from the environment, or from the key
+    /// file beside [`LedgerGuardBuilder::database`] when it names the store's SQLite file.
+    pub fn store(mut self, store: impl Into<Store>) -> Self {
+        self.store = Some(store.into());
+        self
+    }
+
     /// The backend id the database must be bound to (default: adopt the existing binding; a
     /// new database is bound to `sqlite:default` or `postgres:default`).
     pub fn backend_id(mut self, id: impl Into<String>) -> Self {
@@ -181,6 +194,14 @@ impl LedgerGuardBuilder {
         self
     }
 
+    /// A hook the engine calls at its crash points of a fresh call (after the ledger row, after
+    /// the effect, after the commit; never on a replay): a testing aid for crash-recovery
+    /// tests, which end the process there. Default: none.
+    pub fn fault_hook(mut self, hook: FaultHook) -> Self {
+        self.fault_hook = Some(hook);
+        self
+    }
+
     /// Deadlines and namespace rules (default: [`GuardConfig::default`]).
     pub fn config(mut self, config: GuardConfig) -> Self {
         self.config = config;
@@ -223,13 +244,17 @@ impl LedgerGuardBuilder {
         self
     }
 
-    /// Opens the database (creating and migrating a new one), loads the keys and builds the
-    /// guard. Blocking: call it before serving (or from `spawn_blocking`).
+    /// Opens the database (creating and migrating a new one) unless a
+    /// [`LedgerGuardBuilder::store`] was given, loads the keys, binds them to the ledger (keys
+    /// other than the ones it was written with are [`OpenError::Keys`]) and builds the guard. Blocking: call it before serving (or from `spawn_blocking`).
     pub fn open(self) -> Result<LedgerGuard, OpenError> {
-        let database = self.database.ok_or(OpenError::NoDatabase)?;
-        let postgres = is_postgres_url(&database);
+        let database = self.database;
+        if self.store.is_none() && database.is_none() {
+            return Err(OpenError::NoDatabase);
+        }
+        let postgres = database.as_deref().is_some_and(is_postgres_url);
         // Keys first: a configuration that cannot run must not create or migrate anything.
-        let key_file = (!postgres).then(|| Path::new(&database));
+        let key_file = database.as_deref().filter(|_| !postgres).map(Path::new);
         let keys = match self.keys {
             Some(keys) => keys,
             None => match KeyMaterial::load(key_file) {
@@ -237,17 +262,26 @@ impl LedgerGuardBuilder {
                 other => other?,
             },
         };
-        let opts = LedgerOptions {
-            backend_id: self.backend_id,
-            sqlite_migrations: self.migrations.clone(),
-            postgres_migrations: self.migrations,
-            migrate: self.migrate,
-            schema: None,
+        let store = match (self.store, database) {
+            (Some(store), _) => store,
+            (None, Some(database)) => {
+                let opts = LedgerOptions {
+                    backend_id: self.backend_id,
+                    sqlite_migrations: self.migrations.clone(),
+                    postgres_migrations: self.migrations,
+                    migrate: self.migrate,
+                    schema: None,
+                };
+                Ledger::open_with(&database, opts)?.into()
+            }
+            (None, None) => unreachable!("no database is refused above"),
         };
-        let store: Store = Ledger::open_with(&database, opts)?.into();
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock));
         crate::keys::bind_blocking(&store, &keys, clock.now())?;
-        let engine = Engine::new(store.clone(), clock.clone());
+        let mut engine = Engine::new(store.clone(), clock.clone());
+        if let Some(hook) = self.fault_hook {
+            engine = engine.with_fault_hook(hook);
+        }
         let deadlines = Deadlines {
             authority_ttl: Some(self.config.authority_ttl),
             retention_ttl: Some(self.config.retention_ttl),
@@ -383,5 +417,39 @@ impl LedgerGuard {
             Some(o) => o.clone(),
             None => Arc::new(LedgerResultObserver),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(byte: u8) -> KeyMaterial {
+        KeyMaterial {
+            state_keys: vec![vec![byte; 32]],
+            fingerprint_key: vec![byte; 32],
+        }
+    }
+
+    #[test]
+    fn a_store_the_application_opened_is_bound_to_the_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("ledger.sqlite");
+        let store: Store = Ledger::open_with(db.to_str().unwrap(), LedgerOptions::default())
+            .unwrap()
+            .into();
+        let builder = || LedgerGuard::builder().store(store.clone());
+        let ledger = builder().keys(keys(1)).open().unwrap();
+        assert!(ledger.runtime().is_none());
+        // The same keys again are the ledger's; others refuse to open.
+        builder().keys(keys(1)).open().unwrap();
+        let refused = builder().keys(keys(2)).open().unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                OpenError::Keys(KeyError::FingerprintMismatch { .. })
+            ),
+            "{refused}"
+        );
     }
 }

@@ -8,9 +8,10 @@
 //! - [`LedgerGuardBuilder::from_env`] and [`LedgerGuard::serve_stdio`]: a whole stdio server,
 //!   configured as the `toolledger` binary is (`examples/guarded_tool.rs`: 30 lines of code).
 //! - [`LedgerGuard`] (built by [`LedgerGuard::builder`]): opens the ledger — a SQLite file, or
-//!   PostgreSQL for a `postgres://` URL (feature `postgres`) — with the application's own portable migrations,
-//!   loads the keys and fixes where callers come from (a configured principal on stdio,
-//!   bearer tokens over HTTP).
+//!   PostgreSQL for a `postgres://` URL (feature `postgres`) — with the application's own
+//!   portable migrations, or takes a store the application opened
+//!   ([`LedgerGuardBuilder::store`]); loads the keys and binds them to the ledger, and fixes
+//!   where callers come from (a configured principal on stdio, bearer tokens over HTTP).
 //! - [`Guarded`]: an rmcp extractor. A guarded tool is a plain `#[tool]` method taking typed
 //!   `Parameters<T>` and `g: Guarded`; `g.run(operation_id, intent, effect)` runs the effect
 //!   under the ledger and answers a [`Receipt`] (output schema from its result type) or a
@@ -37,6 +38,11 @@
 //!   beside the database; a server with other keys than the database was written with refuses
 //!   to start ([`KeyError`]).
 //! - [`error_of`]: the ledger's error object of an in-band tool result, for a client.
+//! - For tools that shape their own answers (routes of [`call_route`], like the proxy's
+//!   forwards): [`reply`] (in-band results and errors, [`reply::respond`]),
+//!   [`guard::GuardedRequest`], [`guard::arguments_digest`] and [`guard::outcome_json`],
+//!   [`StateSealer`] (the sealed `requestState` of [`Guard::sealer`]),
+//!   [`guarded::check_arguments`] and [`caller::revoked`].
 //! - [`wire`]: the strict wire entry of a server: every incoming message checked with the
 //!   ledger's strict JSON rules before rmcp reads it, every refused one answered with a
 //!   JSON-RPC error — [`wire::StdioTransport`] for stdio (serve a guarded server with
@@ -56,12 +62,12 @@ pub mod carriers;
 pub mod deferred;
 #[cfg(feature = "http")]
 pub mod front;
-mod guard;
+pub mod guard;
 pub mod guarded;
 mod keys;
 pub mod ledger;
 mod observe;
-mod reply;
+pub mod reply;
 pub mod server;
 mod state;
 pub mod status;
@@ -81,7 +87,7 @@ pub use keys::{KeyError, KeyMaterial};
 pub use ledger::{LedgerGuard, LedgerGuardBuilder, OpenError};
 pub use reply::error_of;
 pub use server::{ClientEvents, GuardedServer, ToolCall};
-pub use state::StateBinding;
+pub use state::{StateBinding, StateSealer};
 pub use status::{EffectObserver, LedgerResultObserver, Observation, StatusTool};
 
 /// What a guarded tool and its server are written with, in one import:
@@ -92,19 +98,4 @@ pub mod prelude {
     pub use toolledger::engine::InlineEffect;
     pub use toolledger::model::Principal;
     pub use toolledger::store::Migration;
-}
-
-/// Pieces the workspace's own crates (the proxy, the reference tools, the command-line binary)
-/// share with this one: the guard's request shape, in-band reply builders, sealed continuation
-/// state, the binding of keys to a database. They are not part of the API a guarded server is
-/// written against, and may change in any release.
-#[doc(hidden)]
-pub mod internal {
-    pub use crate::caller::revoked;
-    pub use crate::guard::{arguments_digest, operation_id_from, outcome_json, GuardedRequest};
-    pub use crate::guarded::check_arguments;
-    pub use crate::keys::{bind, key_file_path, Binding};
-    pub use crate::reply::{respond, tool_error, tool_ok, tool_result, META_LEDGER};
-    pub use crate::server::BoxFuture;
-    pub use crate::state::StateSealer;
 }

@@ -10,7 +10,7 @@ use toolledger::effect::EffectTx;
 use toolledger::engine::{Engine, InlineEffect};
 use toolledger::model::{Error, ErrorCode, Principal, ToolContract};
 use toolledger::store::sqlite::{OpenOptions, SqliteStore};
-use toolledger_mcp::internal::{outcome_json, GuardedRequest};
+use toolledger_mcp::guard::{outcome_json, GuardedRequest};
 use toolledger_mcp::{Caller, Guard, GuardConfig, KeyMaterial};
 
 fn caller(name: &str) -> Caller {

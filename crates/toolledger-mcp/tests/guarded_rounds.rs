@@ -29,7 +29,7 @@ use toolledger::engine::InlineEffect;
 use toolledger::model::OperationState;
 use toolledger::model::{Error, Principal};
 use toolledger::store::Migration;
-use toolledger_mcp::internal::outcome_json;
+use toolledger_mcp::guard::outcome_json;
 use toolledger_mcp::{status_router, GuardConfig, Guarded, LedgerGuard, Receipt, Refusal, Rounds};
 use toolledger_testkit::replies::body_of;
 

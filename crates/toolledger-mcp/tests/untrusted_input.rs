@@ -7,9 +7,9 @@ use proptest::prelude::*;
 use rmcp::model::{ClientRequest, JsonRpcMessage};
 use serde_json::{json, Value};
 use toolledger::model::ErrorCode;
-use toolledger_mcp::internal::StateSealer;
 use toolledger_mcp::wire::{check_message, INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR};
 use toolledger_mcp::StateBinding;
+use toolledger_mcp::StateSealer;
 use toolledger_testkit::mutate::{edits, Edit};
 
 const TTL: i64 = 600;

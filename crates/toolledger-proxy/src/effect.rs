@@ -170,7 +170,7 @@ impl DeferredTool for ProxiedTool {
             return Err(Error::invalid(format!("arguments {}", e.message)));
         }
         if let Some(v) = &self.validator {
-            toolledger_mcp::internal::check_arguments(v, map)?;
+            toolledger_mcp::guarded::check_arguments(v, map)?;
         }
         Ok(arguments.clone())
     }

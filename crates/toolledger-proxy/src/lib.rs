@@ -52,14 +52,10 @@ use std::time::Duration;
 
 use rmcp::handler::server::tool::ToolRouter;
 use rmcp::model::{CallToolResponse, ErrorData, Tool};
-use toolledger::clock::SharedClock;
 use toolledger::runtime::{
     Deadlines, DeferredTool, PointHook, ProviderProfile, Registry, Runtime, RuntimeConfig,
 };
-use toolledger::store::Store;
-use toolledger_mcp::{
-    call_route, CallerRead, Guard, GuardedServer, LedgerGuard, StatusTool, ToolCall,
-};
+use toolledger_mcp::{call_route, CallerRead, GuardedServer, LedgerGuard, StatusTool, ToolCall};
 
 pub use config::{ConfigError, ProxyConfig, ToolPolicy};
 pub use upstream::{
@@ -150,20 +146,20 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Lists the upstream's tools and builds the proxy's over the ledger `store`: guarded ones
-    /// (as the configuration and the upstream's read-only hints say) run through the ledger's
-    /// runtime, the others are forwarded as they are. `guard` reads the ledger for status
-    /// queries; `hook`, when given, is awaited at each of the runtime's crash points (tests
-    /// hold the process there to kill it). The configuration is checked against the listed
-    /// tools first.
+    /// Lists the upstream's tools and builds the proxy's over `ledger` (opened with
+    /// [`toolledger_mcp::LedgerGuardBuilder`]): guarded ones (as the configuration and the
+    /// upstream's read-only hints say) run through a runtime on the ledger's store and clock,
+    /// the others are forwarded as they are; status queries read the ledger through its guard.
+    /// `hook`, when given, is awaited at each of the runtime's crash points (tests hold the
+    /// process there to kill it). The configuration is checked against the listed tools
+    /// first.
     pub async fn build(
-        store: &Store,
-        clock: SharedClock,
-        guard: Guard,
+        ledger: &LedgerGuard,
         upstream: Arc<Upstream>,
         config: &ProxyConfig,
         hook: Option<PointHook>,
     ) -> Result<Proxy, BuildError> {
+        let guard = ledger.guard().clone();
         let (listed, task_required) = upstream.list_tools().await?;
         check_against(&listed, config)?;
         let mut registry = Registry::new().allow_profile(ProviderProfile::mcp());
@@ -213,7 +209,7 @@ impl Proxy {
         let mut entries = Vec::new();
         // One registry for every guarded tool's runtime (a runtime's clone shares it): a copy
         // per tool would make the proxy's memory grow with the square of the upstream's tools.
-        let base = Runtime::new(store.clone(), clock.clone(), registry);
+        let base = Runtime::new(ledger.store().clone(), guard.clock().clone(), registry);
         for (tool, guarded) in plan {
             match guarded {
                 Some((proxied, effect)) => {

@@ -15,12 +15,11 @@ use toolledger::outbox::{ClaimOutcome, EventState};
 use toolledger::runtime::{
     Answer, DeferredCall, Delivery, Processed, ProviderContext, Runtime, StatusQuery,
 };
-use toolledger_mcp::internal::arguments_digest;
-use toolledger_mcp::internal::StateSealer;
-use toolledger_mcp::internal::{tool_error, META_LEDGER};
-use toolledger_mcp::StateBinding;
-use toolledger_mcp::{internal::BoxFuture, ToolCall};
+use toolledger_mcp::guard::arguments_digest;
+use toolledger_mcp::reply::{respond, tool_error, META_LEDGER};
+use toolledger_mcp::server::BoxFuture;
 use toolledger_mcp::{Caller, EffectObserver, Guard, Observation, StatusTool};
+use toolledger_mcp::{StateBinding, StateSealer, ToolCall};
 
 use crate::config::META_OPERATION_ID;
 use crate::effect::{
@@ -412,7 +411,7 @@ impl GuardedForward {
         PrincipalStore::new(self.runtime.store().clone())
             .resolve(&call.caller.name)
             .await?
-            .ok_or_else(toolledger_mcp::internal::revoked)
+            .ok_or_else(toolledger_mcp::caller::revoked)
     }
 
     /// Handles one call in a task of its own, so that the forward and its record run to their
@@ -471,7 +470,7 @@ impl GuardedForward {
         match outcome {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(rpc)) => Err(rpc),
-            Err(e) => toolledger_mcp::internal::respond(Err(e)),
+            Err(e) => respond(Err(e)),
         }
     }
 
@@ -661,7 +660,7 @@ impl Passthrough {
             .iter()
             .any(|s| !call.caller.principal.has_scope(s))
         {
-            return toolledger_mcp::internal::respond(Err(Error::not_found()));
+            return respond(Err(Error::not_found()));
         }
         {
             let route = route(&call);
