@@ -8,8 +8,7 @@ use std::sync::OnceLock;
 use libfuzzer_sys::arbitrary::{Arbitrary, Result as ArbitraryResult, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use toolledger::model::ErrorCode;
-use toolledger_mcp::internal::StateSealer;
-use toolledger_mcp::StateBinding;
+use toolledger_mcp::{StateBinding, StateSealer};
 
 const TTL: i64 = 600;
 

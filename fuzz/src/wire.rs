@@ -11,11 +11,10 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use toolledger::authz::PrincipalStore;
 use toolledger::clock::{ManualClock, SharedClock};
 use toolledger::effect::{EffectTx, RowExt};
-use toolledger::engine::Engine;
 use toolledger::model::Error;
 use toolledger::store::Store;
 use toolledger_mcp::wire::StdioTransport;
-use toolledger_mcp::{CallerSource, Guard, GuardConfig, GuardedServer, KeyMaterial};
+use toolledger_mcp::{CallerSource, GuardConfig, GuardedServer, KeyMaterial, LedgerGuard};
 use toolledger_reference::tools::{Faults, ReferenceTools, ToolEnv};
 
 /// A reply to a request the server accepted is awaited at most this long (a hang is a bug
@@ -57,11 +56,14 @@ impl Harness {
         let clock: SharedClock = Arc::new(ManualClock::new(1_767_225_600));
         let keys = KeyMaterial::from_values(Some("07".repeat(32)), Some("09".repeat(32)), None)
             .expect("keys");
-        toolledger_mcp::internal::bind(&store, &keys, clock.now())
-            .await
+        let ledger = LedgerGuard::builder()
+            .store(store.clone())
+            .keys(keys)
+            .clock(clock.clone())
+            .config(GuardConfig::default())
+            .open()
             .expect("keys bound");
-        let engine = Engine::new(store.clone(), clock.clone());
-        let guard = Guard::new(engine, &keys, GuardConfig::default()).expect("a guard");
+        let guard = ledger.guard().clone();
         let principals = PrincipalStore::new(store.clone()).with_clock(clock.clone());
         principals
             .add(
@@ -80,7 +82,9 @@ impl Harness {
             principals: principals.clone(),
             runtime: None,
         };
-        let server = ReferenceTools::new(env).server(CallerSource::Configured("alice".into()));
+        let server = ReferenceTools::new(env)
+            .server(CallerSource::Configured("alice".into()))
+            .expect("the reference tools");
         Harness {
             server,
             store,

@@ -1329,6 +1329,67 @@ fn the_console_confirms_a_success_with_a_result_that_fits_the_schema(db: Db) {
     assert_eq!(replay["_meta"]["io.toolledger/confirmed"]["by"], "operator");
 }
 
+/// Over the proxy's stdio the key travels in the argument, in `_meta` or as
+/// `params.idempotencyKey`: each names the operation alone (one charge; the same operation under
+/// the argument replays it), and two that disagree are `invalid_arguments` naming both, with
+/// nothing charged. (Over HTTP, with the `Idempotency-Key` header too: `proxy_carriers.rs`.)
+fn every_carrier_names_the_operation_over_stdio(db: Db) {
+    let Some(w) = World::new(db) else { return };
+    let mut p = w.start(&[], 0);
+    let mut id = 1000;
+    let mut call = |p: &mut Server, params: Value| {
+        id += 1;
+        p.send(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}));
+        let reply = p.recv();
+        assert_eq!(reply["id"], id, "{reply}");
+        reply["result"].clone()
+    };
+    let charge = |customer: &str| {
+        json!({"name": "charge", "arguments": {"customer": customer, "amount_cents": 250},
+               "_meta": support::wire::meta()})
+    };
+    let mut by_argument = charge("c-a");
+    by_argument["arguments"]["operation_id"] = json!("op-a");
+    let mut by_meta = charge("c-b");
+    by_meta["_meta"]["io.toolledger/operation_id"] = json!("op-b");
+    let mut by_params = charge("c-c");
+    by_params["idempotencyKey"] = json!("op-c");
+    for (i, (carrier, params, op)) in [
+        ("argument", by_argument, "op-a"),
+        ("_meta", by_meta, "op-b"),
+        ("params.idempotencyKey", by_params, "op-c"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let first = call(&mut p, params.clone());
+        assert_eq!(first["isError"], false, "{carrier}: {first}");
+        assert_eq!(ledger_meta(&first)["replayed"], false, "{carrier}: {first}");
+        assert_eq!(w.charges(), i as i64 + 1, "{carrier}: one charge");
+        let mut again = params.clone();
+        again["arguments"]["operation_id"] = json!(op);
+        let replay = call(&mut p, again);
+        assert_eq!(
+            ledger_meta(&replay)["replayed"],
+            true,
+            "{carrier}: {replay}"
+        );
+        assert_eq!(w.charges(), i as i64 + 1, "{carrier}: replayed");
+    }
+    let mut disagree = charge("c-x");
+    disagree["arguments"]["operation_id"] = json!("op-x1");
+    disagree["idempotencyKey"] = json!("op-x2");
+    let refused = call(&mut p, disagree);
+    let e = error_of(&refused);
+    assert_eq!(e["code"], "invalid_arguments", "{refused}");
+    let message = e["message"].as_str().unwrap();
+    assert!(
+        message.contains("operation_id") && message.contains("params.idempotencyKey"),
+        "{message}"
+    );
+    assert_eq!(w.charges(), 3, "a refused call reaches nothing");
+}
+
 /// A charge server on streamable HTTP at `port`, sharing the world's charge file.
 fn http_upstream(w: &World, port: u16) -> std::process::Child {
     let child = Command::new(&w.python)
@@ -1435,6 +1496,7 @@ on_both_backends!(
     an_operator_confirms_a_success_with_evidence,
     an_operator_confirms_a_success_with_a_result_that_fits_the_schema,
     the_console_confirms_a_success_with_a_result_that_fits_the_schema,
+    every_carrier_names_the_operation_over_stdio,
     an_unreachable_upstream_is_not_sent_and_the_retry_forwards,
     an_upstream_round_asking_for_input_passes_through_bound_to_the_operation,
     progress_and_cancellation_pass_through,

@@ -177,3 +177,52 @@ async fn the_tool_advertises_schemas_derived_from_its_types() {
     assert_eq!(annotations.destructive_hint, Some(false));
     assert_eq!(annotations.idempotent_hint, Some(true));
 }
+
+/// `create_note` with `arguments` and, when given, `_meta["io.toolledger/operation_id"]`.
+async fn call_with_meta(s: &Session, arguments: Value, key: Option<&str>) -> (bool, Value) {
+    let mut p = CallToolRequestParams::new("create_note")
+        .with_arguments(arguments.as_object().cloned().unwrap());
+    if let Some(key) = key {
+        let mut meta = serde_json::Map::new();
+        meta.insert("io.toolledger/operation_id".into(), json!(key));
+        p.meta = Some(rmcp::model::RequestMetaObject(meta.into()));
+    }
+    body_of(&s.client.call_tool(p).await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_takes_the_key_from_meta_or_the_argument_and_refuses_two_that_disagree() {
+    let s = session().await;
+    // The key in `_meta` alone names the operation.
+    let (err, first) = call_with_meta(&s, json!({"text": "from meta"}), Some("note-m")).await;
+    assert!(!err, "{first}");
+    assert_eq!(first["operationId"], "note-m");
+    assert_eq!(first["replayed"], false);
+    // The same operation named by the argument replays it, and so does `_meta` again.
+    let (_, by_argument) = s
+        .call(
+            "create_note",
+            json!({"operation_id": "note-m", "text": "from meta"}),
+        )
+        .await;
+    assert_eq!(by_argument["replayed"], true, "{by_argument}");
+    assert_eq!(by_argument["effectId"], first["effectId"]);
+    let (_, again) = call_with_meta(&s, json!({"text": "from meta"}), Some("note-m")).await;
+    assert_eq!(again["replayed"], true, "{again}");
+    // Two carriers that disagree: refused, naming both; nothing written.
+    let (err, refused) = call_with_meta(
+        &s,
+        json!({"operation_id": "note-x", "text": "hi"}),
+        Some("note-y"),
+    )
+    .await;
+    assert!(err, "{refused}");
+    assert_eq!(refused["error"]["code"], "invalid_arguments", "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("operation_id") && message.contains("_meta"),
+        "{message}"
+    );
+    assert_eq!(s.count("notes").await, 1);
+    assert_eq!(s.count("operations").await, 1);
+}
