@@ -54,12 +54,11 @@ fn refusal(result: &Value) -> Value {
         .clone()
 }
 
-/// Runs the carriers through `call` (params and headers in, the JSON-RPC answer out).
-fn check_carriers(
-    db: &Db,
-    carriers: &[&str],
-    call: &mut dyn FnMut(&Value, &[(&str, &str)]) -> Value,
-) {
+/// One `tools/call`: its params and headers in, the JSON-RPC answer out.
+type Call<'a> = dyn FnMut(&Value, &[(&str, &str)]) -> Value + 'a;
+
+/// Runs the carriers through `call`.
+fn check_carriers(db: &Db, carriers: &[&str], call: &mut Call<'_>) {
     const OPS: [&str; 4] = ["op-a", "op-b", "op-c", "op-d"];
     let mut ids = vec![];
     for (i, carrier) in carriers.iter().enumerate() {
