@@ -56,7 +56,15 @@ export TOOLLEDGER_BIN="$bin" CHARGE_SERVER="$PWD/tests/proxy/charge_server.py"
 (cd clients/python && timeout 300 "$root/venv/bin/python" -m pytest -p no:cacheprovider -q -ra)
 
 # The package declares Python >= 3.10: its core suite (no framework adapters) runs on 3.10 too.
-py310=$(command -v python3.10 || ls /root/.pyenv/versions/3.10.*/bin/python 2>/dev/null | tail -n1 || true)
+# The first candidate that really runs 3.10 (pyenv's shim may exist without that version set).
+py310=""
+for candidate in $(command -v python3.10 || true) /root/.pyenv/versions/3.10.*/bin/python; do
+  if [ -x "$candidate" ] &&
+    "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 10))' 2>/dev/null; then
+    py310=$candidate
+    break
+  fi
+done
 if [ -z "$py310" ]; then
   if [ -n "${TOOLLEDGER_CI:-}" ]; then
     echo "client-python: no Python 3.10 on this machine (python3.10 or pyenv's 3.10)" >&2
