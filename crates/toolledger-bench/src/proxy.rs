@@ -283,33 +283,28 @@ pub async fn run(
 
     let unguarded_files = Files::beside(&db.with_extension("unguarded.sqlite"));
     prepare_with(&unguarded_files, &unguarded_config()).await?;
-    let client = McpClient::over_stdio(proxied(&exe, &unguarded_files, synchronous))?;
-    let unguarded = measure(
-        &client,
-        "proxy-fresh-unguarded",
-        concurrency,
-        ops,
-        "charge",
-        charge_with_id,
-        Expect::Fresh,
-    )
-    .await
-    .compared_with(&direct_fresh);
-    finish(client).await;
-
-    let client = McpClient::over_stdio(proxied(&exe, &files, synchronous))?;
-    let fresh = measure(
-        &client,
-        "proxy-fresh",
-        concurrency,
-        ops,
-        "charge",
-        charge_with_id,
-        Expect::Fresh,
-    )
-    .await
-    .compared_with(&direct_fresh);
-    finish(client).await;
+    let mut fresh_lines = Vec::with_capacity(2);
+    for (label, files) in [
+        ("proxy-fresh-unguarded", &unguarded_files),
+        ("proxy-fresh", &files),
+    ] {
+        let client = McpClient::over_stdio(proxied(&exe, files, synchronous))?;
+        let line = measure(
+            &client,
+            label,
+            concurrency,
+            ops,
+            "charge",
+            charge_with_id,
+            Expect::Fresh,
+        )
+        .await
+        .compared_with(&direct_fresh);
+        finish(client).await;
+        fresh_lines.push(line);
+    }
+    let fresh = fresh_lines.pop().expect("the guarded line");
+    let unguarded = fresh_lines.pop().expect("the unguarded line");
 
     // Retries and lookups cycle through the first operations the fresh line completed.
     let distinct = ops.clamp(1, 1000);
