@@ -14,6 +14,7 @@ use toolledger::store::postgres::{PgOptions, PgStore};
 use super::pg::BENCH_PG_MIGRATIONS;
 use super::{bench_engine, fresh_op, key_of, Tuning};
 use crate::Failure;
+use toolledger::store::StoreOptions;
 
 /// Runs `ops` fresh operations with `concurrency` callers against the SQLite file `path`,
 /// under the keys `ack-<run>-00000000`, … with `<run>` random per process, so every run on

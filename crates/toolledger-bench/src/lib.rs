@@ -93,6 +93,7 @@ use toolledger_reference::ledger::SyncMode;
 
 pub use report::Report;
 use run::{drive, Measured};
+use toolledger::store::StoreOptions;
 
 /// The table the benchmark's inline effect writes to (namespace `bench`).
 pub const BENCH_MIGRATIONS: &[Migration] = &[Migration {
@@ -417,7 +418,7 @@ impl Failure {
 
 impl From<toolledger::store::StoreError> for Failure {
     fn from(e: toolledger::store::StoreError) -> Self {
-        Failure::code(e.cli_code())
+        Failure::code(e.code())
     }
 }
 
@@ -750,7 +751,7 @@ pub fn open_bench_store(
     if let Some(n) = tuning.readers {
         opts.readers = n;
     }
-    SqliteStore::open(path, opts).map_err(|e| e.cli_code())
+    SqliteStore::open(path, opts).map_err(|e| e.code())
 }
 
 /// An engine over a benchmark database.
@@ -808,7 +809,7 @@ async fn ceiling_loop(
     let progress = run::progress("ceiling", 1, ops);
     let bar = progress.clone();
     let measured = tokio::task::spawn_blocking(move || -> Result<Measured, &'static str> {
-        let conn = toolledger::store::sqlite::raw::connect(&db).map_err(|e| e.cli_code())?;
+        let conn = toolledger::store::sqlite::raw::connect(&db).map_err(|e| e.code())?;
         if synchronous == Synchronous::Normal {
             conn.execute_batch("PRAGMA synchronous=NORMAL;")
                 .map_err(|_| "SQLITE_ERROR")?;

@@ -482,7 +482,7 @@ pub(super) async fn prepare_db(db: &Path, token: bool) -> Result<Option<String>,
         false,
         Synchronous::Full,
     )
-    .map_err(|e| e.cli_code())?;
+    .map_err(|e| e.code())?;
     add_principal(store.into(), token).await
 }
 

@@ -497,7 +497,7 @@ impl HttpServer {
                     false,
                     toolledger::store::sqlite::Synchronous::Full,
                 )
-                .map_err(|e| e.cli_code())?
+                .map_err(|e| e.code())?
                 .into();
                 let server_db = super::mcp::ServerDb::Sqlite {
                     path: db.to_path_buf(),

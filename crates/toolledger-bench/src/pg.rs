@@ -12,6 +12,7 @@ use toolledger::Error;
 
 use super::report::Report;
 use super::run::drive;
+use toolledger::store::StoreOptions;
 
 /// [`super::BENCH_MIGRATIONS`] in PostgreSQL dialect, plus the ceiling's table.
 pub const BENCH_PG_MIGRATIONS: &[Migration] = &[Migration {
@@ -54,7 +55,7 @@ impl BenchSchema {
             .with_migrations(migrations)
             .in_schema(format!("tl_bench_{suffix}"));
         opts.max_connections = 64;
-        let store = PgStore::open(url, opts).map_err(|e| e.cli_code())?;
+        let store = PgStore::open(url, opts).map_err(|e| e.code())?;
         let clock: SharedClock = Arc::new(SystemClock);
         let engine = Engine::new(store.clone(), clock);
         Ok(BenchSchema { store, engine })

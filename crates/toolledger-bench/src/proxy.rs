@@ -131,7 +131,7 @@ async fn prepare_with(files: &Files, config: &str) -> Result<(), &'static str> {
         false,
         Synchronous::Full,
     )
-    .map_err(|e| e.cli_code())?;
+    .map_err(|e| e.code())?;
     toolledger::authz::PrincipalStore::new(store)
         .add(PRINCIPAL, "bench", &[], &[], false)
         .await

@@ -2,7 +2,7 @@
 //! integrity.
 //!
 //! Inside one read transaction: the driver's physical checks
-//! ([`toolledger::store::Driver::physical_checks`]: on SQLite `PRAGMA integrity_check`,
+//! ([`toolledger::driver::Driver::physical_checks`]: on SQLite `PRAGMA integrity_check`,
 //! `PRAGMA foreign_key_check`, the journal mode and synchronous level), the ledger's semantic
 //! rules and content checks ([`toolledger::audit`]), and row counts. PASS (exit 0) needs `integrity_check = ok`, no foreign-key violation, WAL,
 //! `synchronous = FULL` and no semantic violation; otherwise BLOCK (exit 1). Violations name

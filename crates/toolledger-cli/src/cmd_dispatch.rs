@@ -155,7 +155,7 @@ pub async fn apply_setup(
                     .map_err(|_| Failure::code("FIXTURE_CONTRACT_ERROR"))?;
             }
             Err(_) => {
-                let code = toolledger::store::database_error_code(store.dialect());
+                let code = toolledger::driver::database_error_code(store.dialect());
                 return Err(Failure::code(code));
             }
         }

@@ -85,7 +85,7 @@ pub fn run(args: PruneArgs, store: StoreConfig) -> Result<Outcome, Failure> {
                 let read = |tx: &mut dyn EffectTx| {
                     Ok::<_, toolledger::Error>((prune::row_counts(tx)?, prune::totals_in(tx)?))
                 };
-                read(tx).map_err(|e| toolledger::outbox::store_error(tx, e))
+                read(tx).map_err(|e| tx.store_error(e))
             })
             .await?;
         common::print_json(&json!({

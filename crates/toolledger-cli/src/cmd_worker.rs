@@ -90,9 +90,9 @@ fn report(owner: &str, event_id: Option<i64>, e: &RuntimeError) {
     let (code, message) = match e {
         RuntimeError::Refused(err) => (err.code.as_str().to_string(), err.message.clone()),
         RuntimeError::Store(s) => (
-            s.cli_code().to_string(),
+            s.code().to_string(),
             exit::store_message(s)
-                .or_else(|| exit::hint(s.cli_code()).map(str::to_string))
+                .or_else(|| exit::hint(s.code()).map(str::to_string))
                 .unwrap_or_else(|| s.caller_error().message),
         ),
         RuntimeError::Fenced(f) => ("fenced".to_string(), f.to_string()),

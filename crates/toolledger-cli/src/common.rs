@@ -21,6 +21,7 @@ use toolledger::store::{Store, StoreError};
 use toolledger_reference::ledger::{open_sqlite, sqlite_options};
 
 use crate::exit::Failure;
+use toolledger::store::StoreOptions;
 
 /// The ledger flags of every command that opens the ledger.
 #[derive(clap::Args, Debug, Clone)]

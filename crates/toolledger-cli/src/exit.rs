@@ -71,8 +71,8 @@ impl Failure {
 impl From<StoreError> for Failure {
     fn from(e: StoreError) -> Failure {
         match store_message(&e) {
-            Some(message) => Failure::explained(e.cli_code(), message),
-            None => Failure::code(e.cli_code()),
+            Some(message) => Failure::explained(e.code(), message),
+            None => Failure::code(e.code()),
         }
     }
 }

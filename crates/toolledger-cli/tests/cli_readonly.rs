@@ -270,6 +270,7 @@ fn pg_schema_tables(schema: &PgSchema) -> (bool, i64) {
     )
     .unwrap();
     let name = schema.schema().to_string();
+    let store = toolledger::store::Store::from(store);
     std::thread::spawn(move || {
         store
             .read_blocking(move |tx: &mut dyn EffectTx| {
@@ -328,6 +329,7 @@ fn postgres_read_only_commands_create_no_schema_and_no_table() {
         "CREATE SCHEMA {s}; CREATE TABLE {s}.notes(body TEXT)",
         s = schema.schema()
     );
+    let admin = toolledger::store::Store::from(admin);
     std::thread::spawn(move || {
         admin
             .write_blocking(move |tx: &mut dyn EffectTx| tx.execute_batch(&ddl))

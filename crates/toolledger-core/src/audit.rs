@@ -50,7 +50,7 @@ fn opaque(reference: String) -> String {
 }
 
 fn failed(tx: &mut dyn EffectTx, e: crate::Error) -> StoreError {
-    crate::outbox::store_error(tx, e)
+    tx.store_error(e)
 }
 
 fn contract(e: crate::Error) -> StoreError {

@@ -140,6 +140,15 @@ pub trait EffectTx {
         None
     }
 
+    /// The storage error behind `e`, a failed statement's error: the backend's, when it kept
+    /// one ([`EffectTx::take_store_error`]); otherwise a storage-contract error (e.g. a column
+    /// of the wrong type). What a `Store::write`/`read` closure returns for a statement that
+    /// failed.
+    fn store_error(&mut self, e: Error) -> StoreError {
+        self.take_store_error()
+            .unwrap_or(StoreError::Contract(e.message))
+    }
+
     /// Runs one single-row `INSERT` (written without `RETURNING`) into a table whose key is
     /// an integer column `id`, and returns that row's `id`, or `None` when no row was inserted
     /// (`ON CONFLICT … DO NOTHING`). PostgreSQL runs it with `RETURNING id` appended; SQLite

@@ -736,9 +736,7 @@ fn summary_rows(
     sql: &str,
     params: &[SqlValue],
 ) -> Result<Vec<SummaryRow>, StoreError> {
-    let rows = tx
-        .query(sql, params)
-        .map_err(|e| crate::outbox::store_error(tx, e))?;
+    let rows = tx.query(sql, params).map_err(|e| tx.store_error(e))?;
     rows.iter()
         .map(|row| {
             Ok(SummaryRow {
@@ -852,9 +850,7 @@ pub(crate) fn unsure_counts(
         "SELECT state, count(*), min(created_at) FROM operations WHERE {filter} \
          GROUP BY state ORDER BY state"
     );
-    let rows = tx
-        .query(&sql, &params)
-        .map_err(|e| crate::outbox::store_error(tx, e))?;
+    let rows = tx.query(&sql, &params).map_err(|e| tx.store_error(e))?;
     rows.iter()
         .map(|row| {
             Ok((
@@ -889,9 +885,7 @@ fn decode_all(
     sql: &str,
     params: &[SqlValue],
 ) -> Result<Vec<LedgerRow>, StoreError> {
-    let rows = tx
-        .query(sql, params)
-        .map_err(|e| crate::outbox::store_error(tx, e))?;
+    let rows = tx.query(sql, params).map_err(|e| tx.store_error(e))?;
     rows.into_iter()
         .map(|r| decode(OperationRow::from_values(r)?))
         .collect()
@@ -943,9 +937,7 @@ pub(crate) fn row_with_intent(
         RowBy::Id(id) => ("o.id = ?1", vec![id.into()]),
     };
     let sql = format!("{SELECT_DEFERRED} WHERE {clause}");
-    let row = tx
-        .query_opt(&sql, &args)
-        .map_err(|e| crate::outbox::store_error(tx, e))?;
+    let row = tx.query_opt(&sql, &args).map_err(|e| tx.store_error(e))?;
     let Some(row) = row else {
         return Ok(None);
     };
@@ -1013,8 +1005,7 @@ pub const RULES: &[(&str, &str)] = &[
 
 /// Every row of a parameterless audit query, its failure the store's.
 fn audit_rows(tx: &mut dyn EffectTx, sql: &str) -> Result<Vec<Vec<SqlValue>>, StoreError> {
-    tx.query(sql, &[])
-        .map_err(|e| crate::outbox::store_error(tx, e))
+    tx.query(sql, &[]).map_err(|e| tx.store_error(e))
 }
 
 /// A column of an audit query that has an unexpected type.

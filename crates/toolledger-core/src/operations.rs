@@ -461,7 +461,7 @@ pub fn timeline(tx: &mut dyn EffectTx, selector: &Selector, now: i64) -> Result<
 }
 
 fn stored(tx: &mut dyn EffectTx, e: crate::Error) -> StoreError {
-    outbox::store_error(tx, e)
+    tx.store_error(e)
 }
 
 fn build(tx: &mut dyn EffectTx, row: &LedgerRow, now: i64) -> Result<Value, StoreError> {

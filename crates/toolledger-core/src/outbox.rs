@@ -28,13 +28,6 @@ use crate::effect::{EffectTx, RowExt, SqlValue};
 use crate::model::{Error, OperationState};
 use crate::store::StoreError;
 
-/// The storage error behind a failed statement (the backend's, when it kept one; otherwise a
-/// storage-contract error, e.g. a column of the wrong type).
-pub fn store_error(tx: &mut dyn EffectTx, e: Error) -> StoreError {
-    tx.take_store_error()
-        .unwrap_or(StoreError::Contract(e.message))
-}
-
 /// Default lease length in seconds.
 pub const DEFAULT_LEASE_SECONDS: i64 = 30;
 
@@ -203,7 +196,7 @@ fn query_event(
     sql: &str,
     params: &[SqlValue],
 ) -> Result<Option<OutboxEvent>, StoreError> {
-    let row = tx.query_opt(sql, params).map_err(|e| store_error(tx, e))?;
+    let row = tx.query_opt(sql, params).map_err(|e| tx.store_error(e))?;
     match row {
         None => Ok(None),
         Some(row) => event_from_row(&row)
@@ -213,7 +206,7 @@ fn query_event(
 }
 
 fn exec(tx: &mut dyn EffectTx, sql: &str, params: &[SqlValue]) -> Result<usize, StoreError> {
-    tx.execute(sql, params).map_err(|e| store_error(tx, e))
+    tx.execute(sql, params).map_err(|e| tx.store_error(e))
 }
 
 /// Moves the event's unfinished operation to `state` (through the ledger).
@@ -223,7 +216,7 @@ fn mark_operation(
     state: OperationState,
     now: i64,
 ) -> Result<(), StoreError> {
-    crate::ledger::mark_deferred(tx, operation_id, state, now).map_err(|e| store_error(tx, e))
+    crate::ledger::mark_deferred(tx, operation_id, state, now).map_err(|e| tx.store_error(e))
 }
 
 /// Writes the pending event of a newly accepted operation. Runs in transaction A.
@@ -239,7 +232,7 @@ pub(crate) fn enqueue(
          VALUES (?1, 'pending', 0, 0, ?2, ?3, ?3)",
         &[operation_id.into(), max_attempts.into(), now.into()],
     )
-    .map_err(|e| store_error(tx, e))?
+    .map_err(|e| tx.store_error(e))?
     .ok_or_else(|| StoreError::Contract("outbox insert returned no id".into()))
 }
 
@@ -277,7 +270,7 @@ pub(crate) fn ready(tx: &mut dyn EffectTx, now: i64, limit: i64) -> Result<Vec<i
              ORDER BY id LIMIT ?2",
             &[now.into(), limit.into()],
         )
-        .map_err(|e| store_error(tx, e))?;
+        .map_err(|e| tx.store_error(e))?;
     rows.iter()
         .map(|r| r.int(0).map_err(|e| StoreError::Contract(e.message)))
         .collect()
@@ -291,7 +284,7 @@ pub(crate) fn held(tx: &mut dyn EffectTx, now: i64) -> Result<i64, StoreError> {
             "SELECT count(*) FROM outbox WHERE state = 'processing' AND lease_until > ?1",
             &[now.into()],
         )
-        .map_err(|e| store_error(tx, e))?;
+        .map_err(|e| tx.store_error(e))?;
     match row {
         Some(row) => row.int(0).map_err(|e| StoreError::Contract(e.message)),
         None => Ok(0),
@@ -338,7 +331,7 @@ pub(crate) fn claim(
     let until = lease_until(now, lease_seconds)?;
     let locked = tx
         .query_opt_locked(&format!("{SELECT_EVENT} WHERE id = ?1"), &[event_id.into()])
-        .map_err(|e| store_error(tx, e))?
+        .map_err(|e| tx.store_error(e))?
         .map(|row| event_from_row(&row).map_err(|e| StoreError::Contract(e.message)))
         .transpose()?;
     let Some(ev) = locked else {
@@ -405,7 +398,7 @@ pub(crate) fn claim(
                 max_attempts.into(),
             ],
         )
-        .map_err(|e| store_error(tx, e))?;
+        .map_err(|e| tx.store_error(e))?;
     let Some(row) = claimed else {
         return Ok(ClaimOutcome::Leased { until });
     };

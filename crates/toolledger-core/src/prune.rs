@@ -31,7 +31,6 @@ use crate::clock::SharedClock;
 use crate::effect::{EffectTx, RowExt};
 use crate::ledger;
 use crate::model::Error;
-use crate::outbox::store_error;
 #[cfg(doc)]
 use crate::store::Driver;
 use crate::store::{BackgroundRefused, BackgroundWork, Store, StoreError};
@@ -219,7 +218,7 @@ pub async fn prune(
         report.reclaimed_pages = reclaim(store, opts.pace, opts.keep_free_percent).await?;
     }
     let (kept, oldest) = store
-        .read(move |tx: &mut dyn EffectTx| kept(tx, now).map_err(|e| store_error(tx, e)))
+        .read(move |tx: &mut dyn EffectTx| kept(tx, now).map_err(|e| tx.store_error(e)))
         .await?;
     report.kept_unsettled = kept.max(0) as u64;
     report.oldest_unsettled_age_seconds = oldest.map(|c| now.saturating_sub(c).max(0));
@@ -240,7 +239,7 @@ async fn in_batches(
         let started = std::time::Instant::now();
         let Some(done) = store
             .write(move |tx: &mut dyn EffectTx| {
-                compact_batch(tx, compactable, now, n).map_err(|e| store_error(tx, e))
+                compact_batch(tx, compactable, now, n).map_err(|e| tx.store_error(e))
             })
             .await?
         else {
@@ -263,7 +262,7 @@ async fn in_batches(
         let started = std::time::Instant::now();
         let Some(done) = store
             .write(move |tx: &mut dyn EffectTx| {
-                delete_batch(tx, now, horizon, n).map_err(|e| store_error(tx, e))
+                delete_batch(tx, now, horizon, n).map_err(|e| tx.store_error(e))
             })
             .await?
         else {
@@ -380,7 +379,7 @@ impl BackgroundWork for Beside {
             (_, Some(horizon)) => delete_batch(tx, self.now, horizon, n as i64),
             (_, None) => Ok(Some(0)),
         }
-        .map_err(|e| store_error(tx, e))?;
+        .map_err(|e| tx.store_error(e))?;
         let Some(done) = done else {
             self.done.busy = true;
             self.phase = Phase::Done;
@@ -486,7 +485,7 @@ fn record(res: &Result<PruneReport, StoreError>) {
             metrics::counter!("toolledger_prune_passes_total", "outcome" => "failed").increment(1);
             tracing::warn!(
                 target: "toolledger::prune",
-                code = e.cli_code(),
+                code = e.code(),
                 error = %e.caller_error().message,
                 "prune pass failed"
             );
@@ -540,7 +539,7 @@ async fn dry_run(
     let compactable = store.driver().compactable_operations();
     let (compacted, deleted) = store
         .read(move |tx: &mut dyn EffectTx| {
-            dry_counts(tx, compactable, now, ttl, cap).map_err(|e| store_error(tx, e))
+            dry_counts(tx, compactable, now, ttl, cap).map_err(|e| tx.store_error(e))
         })
         .await?;
     report.compacted = compacted.max(0) as u64;
@@ -642,7 +641,7 @@ fn delete_batch(
 /// The pruner's running totals (read-only).
 pub async fn totals(store: &Store) -> Result<PruneTotals, StoreError> {
     store
-        .read(|tx: &mut dyn EffectTx| totals_in(tx).map_err(|e| store_error(tx, e)))
+        .read(|tx: &mut dyn EffectTx| totals_in(tx).map_err(|e| tx.store_error(e)))
         .await
 }
 

@@ -168,7 +168,7 @@ fn contract_violation(what: &str) -> RuntimeError {
 
 /// A failed ledger statement: the backend's storage error (or a storage-contract error).
 fn stored(tx: &mut dyn EffectTx, e: Error) -> RuntimeError {
-    RuntimeError::Store(outbox::store_error(tx, e))
+    RuntimeError::Store(tx.store_error(e))
 }
 
 /// The provider call a deferred intent came from. Replays and status queries must come from

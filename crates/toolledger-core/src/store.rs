@@ -153,6 +153,70 @@ pub trait Driver: Send + Sync + std::fmt::Debug + 'static {
     fn as_any(&self) -> &dyn Any;
 }
 
+/// What every driver's open options share: the binding, the migrations, read-only, the queue
+/// bounds. A driver's options type holds one (and dereferences to it, so
+/// `opts.backend_id` reads and writes it) and implements [`StoreOptions`] for the setters.
+#[derive(Clone, Debug, Default)]
+pub struct SharedOptions {
+    /// The backend id the database must be bound to. `None` adopts the existing binding and
+    /// binds a new database to the driver's default id.
+    pub backend_id: Option<String>,
+    /// Application migrations (in the driver's dialect), applied after the core ones.
+    pub migrations: Vec<Migration>,
+    /// Apply pending migrations to an existing database (`toolledger migrate`). A new
+    /// database is always built to the current schema; an existing older one is refused
+    /// unless this is set.
+    pub migrate: bool,
+    /// Open an existing ledger read-only: nothing is created or migrated and every
+    /// transaction is read-only; a database that holds no ledger is
+    /// [`StoreError::NotALedger`].
+    pub read_only: bool,
+    /// The bounds of the store's queues: a job that finds its queue full, or waits in it too
+    /// long, is answered [`StoreError::Unavailable`] without running (see [`QueueLimits`]).
+    pub queue: QueueLimits,
+}
+
+impl SharedOptions {
+    /// Options bound to `backend_id` (`None`: adopt the existing binding).
+    pub fn new(backend_id: Option<String>) -> Self {
+        SharedOptions {
+            backend_id,
+            ..SharedOptions::default()
+        }
+    }
+}
+
+/// The setters every driver's open options have, over its [`SharedOptions`]. Bring it into
+/// scope to chain them: `OpenOptions::new("id").with_migrations(APP).allow_migrate(true)`.
+pub trait StoreOptions: Sized {
+    /// The shared part of these options.
+    fn shared_mut(&mut self) -> &mut SharedOptions;
+
+    /// Opens the ledger read-only ([`SharedOptions::read_only`]).
+    fn with_read_only(mut self, read_only: bool) -> Self {
+        self.shared_mut().read_only = read_only;
+        self
+    }
+
+    /// Adds application migrations (in the driver's dialect).
+    fn with_migrations(mut self, migrations: &[Migration]) -> Self {
+        self.shared_mut().migrations.extend_from_slice(migrations);
+        self
+    }
+
+    /// Allows forward migration of an existing database.
+    fn allow_migrate(mut self, migrate: bool) -> Self {
+        self.shared_mut().migrate = migrate;
+        self
+    }
+
+    /// Sets the bounds of the store's queues.
+    fn with_queue(mut self, queue: QueueLimits) -> Self {
+        self.shared_mut().queue = queue;
+        self
+    }
+}
+
 /// How many jobs may wait in one of a store's queues (a writer's, the readers', the
 /// connection threads', the inline batch queue) and for how long.
 ///
@@ -579,7 +643,7 @@ impl StoreErrorKind {
 }
 
 /// The CLI code of a database failure of `backend` that has no code of its own:
-/// `SQLITE_ERROR` or `POSTGRES_ERROR` (what [`StoreError::cli_code`] gives a refused write or
+/// `SQLITE_ERROR` or `POSTGRES_ERROR` (what [`StoreError::code`] gives a refused write or
 /// any other failure of that backend's database).
 pub fn database_error_code(backend: Dialect) -> &'static str {
     match backend {
@@ -722,10 +786,10 @@ impl StoreError {
         }
     }
 
-    /// A stable upper-case code for CLI exit-2 output. A refused write and any other
-    /// database failure name their backend: `SQLITE_ERROR` or `POSTGRES_ERROR`; a failure
-    /// tied to no backend is `STORE_ERROR`.
-    pub fn cli_code(&self) -> &'static str {
+    /// A stable upper-case code naming the failure (the code `toolledger` prints when it exits
+    /// with status 2). A refused write and any other database failure name their backend:
+    /// `SQLITE_ERROR` or `POSTGRES_ERROR`; a failure tied to no backend is `STORE_ERROR`.
+    pub fn code(&self) -> &'static str {
         match self {
             StoreError::Unavailable(_) | StoreError::TimedOut => "STORE_UNAVAILABLE",
             StoreError::BackendMismatch => "BACKEND_MISMATCH",
@@ -788,12 +852,12 @@ mod error_tests {
             backend,
             reason: "x".into(),
         };
-        assert_eq!(refused(Dialect::Sqlite).cli_code(), "SQLITE_ERROR");
-        assert_eq!(failed(Dialect::Sqlite).cli_code(), "SQLITE_ERROR");
-        assert_eq!(refused(Dialect::Postgres).cli_code(), "POSTGRES_ERROR");
-        assert_eq!(failed(Dialect::Postgres).cli_code(), "POSTGRES_ERROR");
-        assert_eq!(StoreError::Database("x".into()).cli_code(), "STORE_ERROR");
-        assert_eq!(StoreError::TimedOut.cli_code(), "STORE_UNAVAILABLE");
+        assert_eq!(refused(Dialect::Sqlite).code(), "SQLITE_ERROR");
+        assert_eq!(failed(Dialect::Sqlite).code(), "SQLITE_ERROR");
+        assert_eq!(refused(Dialect::Postgres).code(), "POSTGRES_ERROR");
+        assert_eq!(failed(Dialect::Postgres).code(), "POSTGRES_ERROR");
+        assert_eq!(StoreError::Database("x".into()).code(), "STORE_ERROR");
+        assert_eq!(StoreError::TimedOut.code(), "STORE_UNAVAILABLE");
         assert_eq!(
             refused(Dialect::Postgres).backend(),
             Some(Dialect::Postgres)

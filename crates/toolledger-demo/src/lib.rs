@@ -174,7 +174,7 @@ fn open_ledger(db: &Path, backend_id: Option<&str>) -> Result<SqliteStore, &'sta
         false,
         Synchronous::Full,
     )
-    .map_err(|e| e.cli_code())
+    .map_err(|e| e.code())
 }
 
 /// `bytes` random bytes from the operating system, in hex.

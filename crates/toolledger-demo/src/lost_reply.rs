@@ -26,6 +26,7 @@ use toolledger::store::Store;
 
 use crate::session::Session;
 use crate::{block_on, open_ledger, random_hex, DemoReport};
+use toolledger::store::StoreOptions;
 
 const BACKEND: &str = "sqlite:demo";
 const PG_BACKEND: &str = "postgres:demo";
@@ -52,7 +53,7 @@ impl Target {
                 .with_migrations(toolledger_reference::PG_MIGRATIONS)
                 .in_schema(schema.clone()),
         )
-        .map_err(|e| e.cli_code())?;
+        .map_err(|e| e.code())?;
         let sep = if url.contains('?') { '&' } else { '?' };
         let key = |var: &'static str| -> Result<(&'static str, String), &'static str> {
             match std::env::var(var) {

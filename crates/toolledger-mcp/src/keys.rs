@@ -23,9 +23,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use toolledger::effect::EffectTx;
-use toolledger::key_ids::KeyCheck;
 use toolledger::model::Error;
 use toolledger::store::Store;
+use toolledger_core::key_ids::KeyCheck;
 
 /// Environment variable holding the state-sealing key(s).
 pub(crate) const STATE_KEY_ENV: &str = "TOOLLEDGER_STATE_KEY_HEX";
@@ -102,7 +102,7 @@ fn bind_job(
     let state: Vec<String> = keys.state_keys.iter().map(|k| key_id(k)).collect();
     move |tx| {
         Ok(
-            match toolledger::key_ids::check_and_record(tx, &fingerprint, &state, now)? {
+            match toolledger_core::key_ids::check_and_record(tx, &fingerprint, &state, now)? {
                 KeyCheck::Recorded | KeyCheck::Matched => Ok(()),
                 KeyCheck::FingerprintMismatch { expected } => {
                     Err(KeyError::FingerprintMismatch { expected })

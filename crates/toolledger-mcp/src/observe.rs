@@ -19,7 +19,7 @@ use std::time::Duration;
 use metrics::{Counter, Histogram};
 use rmcp::model::{CallToolResponse, ErrorData};
 use serde_json::Value;
-use toolledger::metric::{Registered, RegisteredByLabel};
+use toolledger_core::metric::{Registered, RegisteredByLabel};
 
 /// The outcome label and the operation id of a tool's answer.
 fn classify(

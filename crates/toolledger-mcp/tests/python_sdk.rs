@@ -155,7 +155,7 @@ fn python_sdk_drives_the_example_on_postgres() {
     let admin =
         PgStore::open_unchecked(&url, PgOptions::any_backend().in_schema(schema.clone())).unwrap();
     let create = format!("CREATE SCHEMA {schema}");
-    admin
+    toolledger::store::Store::from(admin.clone())
         .write_blocking(move |tx: &mut dyn EffectTx| tx.execute_batch(&create))
         .unwrap();
     let scoped =

@@ -72,7 +72,6 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::runtime::Runtime;
-use tokio::sync::oneshot;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{IsNull, ToSql, Type};
 use tokio_postgres::{Client, NoTls, Statement};
@@ -87,7 +86,7 @@ use toolledger_core::store::{
     Driver, Migration, OperationRow, ReadJob, ScopeKey, Store, StoreError, WriteJob,
 };
 
-pub use toolledger_core::store::QueueLimits;
+pub use toolledger_core::store::{QueueLimits, SharedOptions, StoreOptions};
 
 /// The migrations of the library's own tables in PostgreSQL dialect (namespace `toolledger`):
 /// versions 1–6 are those of the SQLite driver's `CORE_MIGRATIONS`; version 7 (the scope's
@@ -143,16 +142,15 @@ pub const DEFAULT_BACKEND_ID: &str = "postgres:default";
 /// lost insert race.
 pub const MAX_WRITE_ATTEMPTS: u32 = 5;
 
-/// How to open a [`PgStore`].
+/// How to open a [`PgStore`]: the options every driver shares ([`SharedOptions`], set with
+/// [`StoreOptions`]) and PostgreSQL's own.
 #[derive(Clone, Debug)]
 pub struct PgOptions {
-    /// The backend id the database must be bound to. `None` adopts the existing binding and
-    /// binds a new database to [`DEFAULT_BACKEND_ID`].
-    pub backend_id: Option<String>,
-    /// Application migrations in PostgreSQL dialect, applied after the core ones.
-    pub migrations: Vec<Migration>,
-    /// Apply pending migrations to an existing database (`toolledger migrate`).
-    pub migrate: bool,
+    /// The binding, migrations, read-only and queue bounds. A read-only open makes every
+    /// transaction read-only (`default_transaction_read_only`); the queues are the
+    /// connection threads' and the batch writers'. A new database without a backend id is
+    /// bound to [`DEFAULT_BACKEND_ID`].
+    pub shared: SharedOptions,
     /// Connection threads (each holds one connection).
     pub max_connections: usize,
     /// The schema the ledger lives in (created if missing); `None` uses the server default.
@@ -162,11 +160,6 @@ pub struct PgOptions {
     /// How long a connection attempt may take (the TCP connect and the start-up exchange)
     /// before the job that needed it is answered `unavailable`.
     pub connect_timeout: Duration,
-    /// The bounds of the queue of jobs waiting for a connection thread and of the queue of
-    /// inline calls waiting for a batch writer: a job that finds its queue full, or is not
-    /// started within the wait, is answered [`StoreError::Unavailable`] without running (see
-    /// [`QueueLimits`]).
-    pub queue: QueueLimits,
     /// The longest a connection is used: an older one is closed and replaced before the next
     /// transaction on it (so connections move to a restarted or failed-over server, and no
     /// server-side session state grows without end).
@@ -177,60 +170,48 @@ pub struct PgOptions {
     /// addition to `max_connections`, so a store holds at most `max_connections +
     /// batch_writers` connections (each made on first use).
     pub batch_writers: usize,
-    /// Open an existing ledger read-only: every transaction is read-only
-    /// (`default_transaction_read_only`), no schema is created and nothing is migrated; a
-    /// schema that holds no ledger is [`StoreError::NotALedger`].
-    pub read_only: bool,
+}
+
+impl std::ops::Deref for PgOptions {
+    type Target = SharedOptions;
+    fn deref(&self) -> &SharedOptions {
+        &self.shared
+    }
+}
+
+impl std::ops::DerefMut for PgOptions {
+    fn deref_mut(&mut self) -> &mut SharedOptions {
+        &mut self.shared
+    }
+}
+
+impl StoreOptions for PgOptions {
+    fn shared_mut(&mut self) -> &mut SharedOptions {
+        &mut self.shared
+    }
 }
 
 impl PgOptions {
     /// Options for `backend_id` with the core migrations only.
     pub fn new(backend_id: impl Into<String>) -> Self {
-        PgOptions {
-            backend_id: Some(backend_id.into()),
-            ..PgOptions::any_backend()
-        }
+        Self::bound(Some(backend_id.into()))
     }
 
     /// Options that adopt whatever backend id the database is bound to.
     pub fn any_backend() -> Self {
+        Self::bound(None)
+    }
+
+    fn bound(backend_id: Option<String>) -> Self {
         PgOptions {
-            backend_id: None,
-            migrations: Vec::new(),
-            migrate: false,
+            shared: SharedOptions::new(backend_id),
             max_connections: 16,
             schema: None,
             statement_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
-            queue: QueueLimits::default(),
             max_lifetime: Duration::from_secs(30 * 60),
             batch_writers: 2,
-            read_only: false,
         }
-    }
-
-    /// Opens the ledger read-only ([`PgOptions::read_only`]).
-    pub fn with_read_only(mut self, read_only: bool) -> Self {
-        self.read_only = read_only;
-        self
-    }
-
-    /// Adds application migrations (PostgreSQL dialect).
-    pub fn with_migrations(mut self, migrations: &[Migration]) -> Self {
-        self.migrations.extend_from_slice(migrations);
-        self
-    }
-
-    /// Allows forward migration of an existing database.
-    pub fn allow_migrate(mut self, migrate: bool) -> Self {
-        self.migrate = migrate;
-        self
-    }
-
-    /// Sets the bounds of the connection threads' and the batch writers' queues.
-    pub fn with_queue(mut self, queue: QueueLimits) -> Self {
-        self.queue = queue;
-        self
     }
 
     /// Sets the longest a connection is used before it is replaced.
@@ -1182,36 +1163,6 @@ impl PgStore {
             .unwrap_or_else(|_| Err(StoreError::Unavailable("database thread stopped".into())))
     }
 
-    fn write_job<T, E, F>(mut f: F, reply: oneshot::Sender<Result<T, E>>) -> Job
-    where
-        F: FnMut(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
-        T: Send + 'static,
-        E: From<StoreError> + Send + 'static,
-    {
-        Box::new(move |slot: Result<&mut Slot, StoreError>| {
-            let out = match slot {
-                Ok(slot) => write_on(slot, &mut |tx: &mut PgTx<'_>| f(tx)),
-                Err(e) => Err(E::from(e)),
-            };
-            let _ = reply.send(out);
-        })
-    }
-
-    fn read_job<T, E, F>(f: F, reply: oneshot::Sender<Result<T, E>>) -> Job
-    where
-        F: FnOnce(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
-        T: Send + 'static,
-        E: From<StoreError> + Send + 'static,
-    {
-        Box::new(move |slot: Result<&mut Slot, StoreError>| {
-            let out = match slot {
-                Ok(slot) => read_on(slot, f),
-                Err(e) => Err(E::from(e)),
-            };
-            let _ = reply.send(out);
-        })
-    }
-
     /// Runs `job` on the thread of batch writer `writer` (below [`PgStore::batch_writers`])
     /// without waiting for it. The job may run any number of write transactions through its
     /// [`PgWriter`]; it must answer its own callers.
@@ -1230,71 +1181,6 @@ impl PgStore {
         sender
             .send(Box::new(move |slot: &mut Slot| job(&mut PgWriter { slot })))
             .map_err(|_| closed())
-    }
-
-    /// Blocking form of [`PgStore::write`] (never call it from async code).
-    pub fn write_blocking<T, E, F>(&self, f: F) -> Result<T, E>
-    where
-        F: FnMut(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
-        T: Send + 'static,
-        E: From<StoreError> + Send + 'static,
-    {
-        let (tx, rx) = oneshot::channel();
-        self.submit(Self::write_job(f, tx)).map_err(E::from)?;
-        rx.blocking_recv().unwrap_or_else(|_| {
-            Err(E::from(StoreError::Unavailable(
-                "database thread stopped".into(),
-            )))
-        })
-    }
-
-    /// Runs `f` in one `READ COMMITTED` write transaction and commits it; `Err` rolls it back.
-    /// Deadlocks, serialization failures and lost insert races run `f` again (bounded).
-    pub async fn write<T, E, F>(&self, f: F) -> Result<T, E>
-    where
-        F: FnMut(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
-        T: Send + 'static,
-        E: From<StoreError> + Send + 'static,
-    {
-        let (tx, rx) = oneshot::channel();
-        self.submit(Self::write_job(f, tx)).map_err(E::from)?;
-        rx.await.unwrap_or_else(|_| {
-            Err(E::from(StoreError::Unavailable(
-                "database thread stopped".into(),
-            )))
-        })
-    }
-
-    /// Blocking form of [`PgStore::read`] (never call it from async code).
-    pub fn read_blocking<T, E, F>(&self, f: F) -> Result<T, E>
-    where
-        F: FnOnce(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
-        T: Send + 'static,
-        E: From<StoreError> + Send + 'static,
-    {
-        let (tx, rx) = oneshot::channel();
-        self.submit(Self::read_job(f, tx)).map_err(E::from)?;
-        rx.blocking_recv().unwrap_or_else(|_| {
-            Err(E::from(StoreError::Unavailable(
-                "database thread stopped".into(),
-            )))
-        })
-    }
-
-    /// Runs `f` in one `REPEATABLE READ READ ONLY` transaction: every read sees one snapshot.
-    pub async fn read<T, E, F>(&self, f: F) -> Result<T, E>
-    where
-        F: FnOnce(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
-        T: Send + 'static,
-        E: From<StoreError> + Send + 'static,
-    {
-        let (tx, rx) = oneshot::channel();
-        self.submit(Self::read_job(f, tx)).map_err(E::from)?;
-        rx.await.unwrap_or_else(|_| {
-            Err(E::from(StoreError::Unavailable(
-                "database thread stopped".into(),
-            )))
-        })
     }
 
     /// Drops the schema this store lives in (with everything in it). For tests that create a
@@ -1317,7 +1203,7 @@ pub(crate) struct PgWriter<'a> {
 }
 
 impl PgWriter<'_> {
-    /// Runs `f` in one `READ COMMITTED` write transaction, like [`PgStore::write`], with the
+    /// Runs `f` in one `READ COMMITTED` write transaction, like [`toolledger_core::store::Store::write`], with the
     /// transaction's savepoint controls available.
     pub(crate) fn write<T, F>(&mut self, mut f: F) -> Result<T, Error>
     where

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use toolledger::store::sqlite::{OpenOptions, SqliteStore, Synchronous};
 use toolledger::store::StoreError;
+use toolledger::store::StoreOptions;
 
 /// SQLite's `synchronous` mode for a ledger file, as a command-line value
 /// (`--sqlite-synchronous full|normal`).

@@ -444,7 +444,7 @@ pub async fn ensure_order<S: Clone + Into<Store>>(
                     i64::from(refundable).into(),
                 ],
             )
-            .map_err(|e| toolledger::outbox::store_error(tx, e))?;
+            .map_err(|e| tx.store_error(e))?;
             Ok(())
         })
         .await

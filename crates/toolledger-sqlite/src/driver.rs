@@ -19,8 +19,8 @@ impl Driver for SqliteStore {
     }
 
     fn submit_read(&self, job: Box<dyn ReadJob>) {
-        if let Err((err, work)) = self.submit_read_job(ReadWork::Snapshot(job)) {
-            work.refuse(err);
+        if let Err((err, job)) = self.submit_read_job(job) {
+            job.run(Err(err));
         }
     }
 
@@ -75,7 +75,7 @@ impl Driver for SqliteStore {
         }
         // Stepped to the end (a query, not a batch): each step gives back one page.
         tx.query(&format!("PRAGMA incremental_vacuum({pages})"), &[])
-            .map_err(|e| toolledger_core::outbox::store_error(tx, e))?;
+            .map_err(|e| tx.store_error(e))?;
         Ok(before - scalar(tx, "PRAGMA freelist_count")?)
     }
 

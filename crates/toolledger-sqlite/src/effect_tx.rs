@@ -186,7 +186,7 @@ mod tests {
         let err = tx.execute("SELEC nonsense", &[]).unwrap_err();
         assert!(!err.message.contains("SELEC"), "{}", err.message);
         let kept = tx.take_store_error().unwrap();
-        assert_eq!(kept.cli_code(), "SQLITE_ERROR");
+        assert_eq!(kept.code(), "SQLITE_ERROR");
         assert!(!kept.to_string().contains("SELEC"), "{kept}");
         assert!(tx.execute("  commit", &[]).is_err());
         assert!(tx.query("SELECT 1.5", &[]).is_err());

@@ -26,7 +26,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
-use tokio::sync::oneshot;
 
 use toolledger_core::effect::{Dialect, EffectTx};
 use toolledger_core::metric::{BatchSize, QueueDepth};
@@ -36,7 +35,7 @@ use toolledger_core::store::{
     Store, StoreError, WriteJob,
 };
 
-pub use toolledger_core::store::QueueLimits;
+pub use toolledger_core::store::{QueueLimits, SharedOptions, StoreOptions};
 
 mod driver;
 mod effect_tx;
@@ -46,8 +45,8 @@ pub use read_only::ReadMode;
 
 /// Direct access to a SQLite file, for driver-specific tools only.
 ///
-/// Everything the ledger does goes through [`Store`] (or [`SqliteStore::write`] and
-/// [`SqliteStore::read`]) over an [`EffectTx`], the same on every backend. A few tools measure
+/// Everything the ledger does goes through [`Store`] over an [`EffectTx`], the same on every
+/// backend. A few tools measure
 /// or inspect SQLite itself and need a connection of their own: the benchmark that measures
 /// the raw commit ceiling of the file, with the ledger's pragmas and without the ledger. This
 /// module is that escape hatch; it is the only place a `rusqlite` type crosses the driver's
@@ -207,85 +206,60 @@ impl RecentPeak {
     }
 }
 
-/// How to open a [`SqliteStore`].
+/// How to open a [`SqliteStore`]: the options every driver shares ([`SharedOptions`], set with
+/// [`StoreOptions`]) and SQLite's own.
 #[derive(Clone, Debug)]
 pub struct OpenOptions {
-    /// The backend id the file must be bound to. `None` adopts the id of an existing file and
-    /// binds a new file to [`DEFAULT_BACKEND_ID`].
-    pub backend_id: Option<String>,
-    /// Extra migrations (application/reference tables) applied after the core ones.
-    pub migrations: Vec<Migration>,
-    /// Apply pending migrations to an existing database. A new database is always built to
-    /// the current schema; an existing older one is refused unless this is set.
-    pub migrate: bool,
+    /// The binding, migrations, read-only and queue bounds. A read-only open has no write
+    /// connection and creates no file (see [`ReadMode`]); the queues are the writer's and the
+    /// readers'. A new file without a backend id is bound to [`DEFAULT_BACKEND_ID`].
+    pub shared: SharedOptions,
     /// Number of read connections kept in the pool.
     pub readers: usize,
     /// The write connection's `synchronous` mode ([`Synchronous::Full`] unless opted out).
     pub synchronous: Synchronous,
-    /// Open an existing ledger read-only: no write connection, no file created, no
-    /// migration; a file that is not a ledger is [`StoreError::NotALedger`] (see
-    /// [`ReadMode`]).
-    pub read_only: bool,
-    /// The bounds of the writer's queue and of the readers' queue: a job that finds its
-    /// queue full, or waits in it too long, is answered [`StoreError::Unavailable`] without
-    /// running (see [`QueueLimits`]).
-    pub queue: QueueLimits,
     /// Whether the writer may hold a small batch for more jobs ([`CommitWait`]); `None`, the
     /// default, commits at once.
     pub commit_wait: Option<CommitWait>,
 }
 
+impl std::ops::Deref for OpenOptions {
+    type Target = SharedOptions;
+    fn deref(&self) -> &SharedOptions {
+        &self.shared
+    }
+}
+
+impl std::ops::DerefMut for OpenOptions {
+    fn deref_mut(&mut self) -> &mut SharedOptions {
+        &mut self.shared
+    }
+}
+
+impl StoreOptions for OpenOptions {
+    fn shared_mut(&mut self) -> &mut SharedOptions {
+        &mut self.shared
+    }
+}
+
 impl OpenOptions {
     /// Options for `backend_id` with the core migrations only.
     pub fn new(backend_id: impl Into<String>) -> Self {
-        OpenOptions {
-            backend_id: Some(backend_id.into()),
-            migrations: Vec::new(),
-            migrate: false,
-            readers: 4,
-            synchronous: Synchronous::Full,
-            read_only: false,
-            queue: QueueLimits::default(),
-            commit_wait: None,
-        }
+        Self::bound(Some(backend_id.into()))
     }
 
     /// Options that adopt whatever backend id an existing file is bound to.
     pub fn any_backend() -> Self {
+        Self::bound(None)
+    }
+
+    fn bound(backend_id: Option<String>) -> Self {
         OpenOptions {
-            backend_id: None,
-            migrations: Vec::new(),
-            migrate: false,
+            shared: SharedOptions::new(backend_id),
             readers: 4,
             synchronous: Synchronous::Full,
-            read_only: false,
-            queue: QueueLimits::default(),
             commit_wait: None,
         }
-    }
-
-    /// Opens the ledger read-only ([`OpenOptions::read_only`]).
-    pub fn with_read_only(mut self, read_only: bool) -> Self {
-        self.read_only = read_only;
-        self
-    }
-
-    /// Adds application migrations.
-    pub fn with_migrations(mut self, migrations: &[Migration]) -> Self {
-        self.migrations.extend_from_slice(migrations);
-        self
-    }
-
-    /// Allows forward migration of an existing database.
-    pub fn allow_migrate(mut self, migrate: bool) -> Self {
-        self.migrate = migrate;
-        self
-    }
-
-    /// Sets the bounds of the writer's and the readers' queues.
-    pub fn with_queue(mut self, queue: QueueLimits) -> Self {
-        self.queue = queue;
-        self
     }
 
     /// Sets the write connection's `synchronous` mode.
@@ -308,13 +282,15 @@ struct Pending {
     deliver: Box<dyn FnOnce(Option<StoreError>) + Send>,
 }
 
-/// A write of the driver's own: run once, on the writer's connection (or refused, `None`).
+/// A job of the crate's tests, run once on the writer's connection (or refused, `None`).
+#[cfg(test)]
 type OnceJob = Box<dyn FnOnce(Option<&Connection>) -> Pending + Send>;
 
 /// Work for the writer thread.
 enum Job {
-    /// Runs once (the driver's own writes: migrations, maintenance), always in a savepoint of
+    /// A job of the crate's tests, given the writer's connection itself, in a savepoint of
     /// its own.
+    #[cfg(test)]
     Once(OnceJob),
     /// The ledger's jobs ([`WriteJob`]): they may run again after a rollback, and answer
     /// with their last run.
@@ -327,6 +303,7 @@ impl Job {
     /// Runs the job on `conn` (or, with `None`, only prepares its refusal).
     fn start(self, conn: Option<&Connection>) -> Pending {
         match self {
+            #[cfg(test)]
             Job::Once(job) => job(conn),
             Job::Background(work) => Pending {
                 keep: false,
@@ -362,35 +339,17 @@ impl Job {
     }
 }
 
-/// A read job for a reader thread: the thread's connection, or why it has none.
-type ReadJobFn = Box<dyn FnOnce(Result<&Connection, StoreError>) + Send>;
-
-/// Work queued for the reader threads.
-enum ReadWork {
-    /// A job given the thread's connection as it is; it opens its own transaction, if any.
-    Conn(ReadJobFn),
-    /// A job run in a read snapshot. Snapshot jobs that wait in the queue together may share
-    /// one snapshot (see [`reader_loop`]).
-    Snapshot(Box<dyn ReadJob>),
-}
-
-impl ReadWork {
-    /// Answers the job with `err` without running it.
-    fn refuse(self, err: StoreError) {
-        match self {
-            ReadWork::Conn(job) => job(Err(err)),
-            ReadWork::Snapshot(job) => job.run(Err(err)),
-        }
-    }
-}
-
 /// The most snapshot jobs one reader runs in one read transaction.
 const MAX_SHARED_SNAPSHOT: usize = 8;
+
+/// Work queued for the reader threads: a job run in a read snapshot. Jobs that wait in the
+/// queue together may share one snapshot (see [`reader_loop`]).
+type ReadWork = Box<dyn ReadJob>;
 
 /// A job in a queue, with when it was queued (see [`QueueLimits::wait`]).
 type Queued<J> = (Instant, J);
 
-/// The reader threads behind [`SqliteStore::read`], started on the first async read.
+/// The reader threads behind the store's reads, started on the first read.
 #[derive(Default)]
 struct ReaderThreads {
     sender: Option<crossbeam_channel::Sender<Queued<ReadWork>>>,
@@ -423,7 +382,6 @@ struct Inner {
     backend_id: String,
     sender: Mutex<Option<crossbeam_channel::Sender<Queued<Job>>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
-    readers: Mutex<Vec<Connection>>,
     max_readers: usize,
     stats: Arc<StatCounters>,
     reader_threads: Mutex<ReaderThreads>,
@@ -813,7 +771,6 @@ impl SqliteStore {
                 backend_id,
                 sender: Mutex::new(Some(sender)),
                 writer: Mutex::new(Some(writer)),
-                readers: Mutex::new(Vec::new()),
                 max_readers: opts.readers.max(1),
                 stats,
                 reader_threads: Mutex::new(ReaderThreads::default()),
@@ -852,10 +809,6 @@ impl SqliteStore {
         }
     }
 
-    fn submit(&self, job: Job) -> Result<(), StoreError> {
-        self.submit_job(job).map_err(|(e, _)| e)
-    }
-
     /// Sends `job` to the writer; on failure hands it back with the reason.
     fn submit_job(&self, job: Job) -> Result<(), (StoreError, Job)> {
         if self.inner.read_only.is_some() {
@@ -877,93 +830,6 @@ impl SqliteStore {
             }
             None => Err((StoreError::Unavailable("store closed".into()), job)),
         }
-    }
-
-    fn make_job<T, E, F>(f: F, reply: oneshot::Sender<Result<T, E>>) -> Job
-    where
-        F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
-        T: Send + 'static,
-        E: From<StoreError> + Send + 'static,
-    {
-        Job::Once(Box::new(move |conn: Option<&Connection>| {
-            let Some(conn) = conn else {
-                return Pending {
-                    keep: false,
-                    deliver: Box::new(move |err| {
-                        let err =
-                            err.unwrap_or_else(|| StoreError::Unavailable("batch failed".into()));
-                        let _ = reply.send(Err(E::from(err)));
-                    }),
-                };
-            };
-            let outcome = catch_unwind(AssertUnwindSafe(|| f(conn)))
-                .unwrap_or_else(|_| Err(E::from(panicked("write job panicked"))));
-            let keep = outcome.is_ok();
-            Pending {
-                keep,
-                deliver: Box::new(move |batch_err| {
-                    let result = match (outcome, batch_err) {
-                        (Ok(_), Some(err)) => Err(E::from(err)),
-                        (outcome, _) => outcome,
-                    };
-                    let _ = reply.send(result);
-                }),
-            }
-        }))
-    }
-
-    /// Runs `f` on the writer's connection inside its `BEGIN IMMEDIATE` transaction (in its own
-    /// savepoint) and returns its result once the transaction has committed. If `f` returns
-    /// `Err`, everything it wrote is rolled back and nothing else in the batch is affected.
-    pub(crate) async fn write_conn<T, E, F>(&self, f: F) -> Result<T, E>
-    where
-        F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
-        T: Send + 'static,
-        E: From<StoreError> + Send + 'static,
-    {
-        let (tx, rx) = oneshot::channel();
-        self.submit(Self::make_job(f, tx)).map_err(E::from)?;
-        rx.await
-            .unwrap_or_else(|_| Err(E::from(StoreError::Unavailable("writer stopped".into()))))
-    }
-
-    /// Blocking form of [`SqliteStore::write_conn`] (never call it from an async task).
-    pub(crate) fn write_conn_blocking<T, E, F>(&self, f: F) -> Result<T, E>
-    where
-        F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
-        T: Send + 'static,
-        E: From<StoreError> + Send + 'static,
-    {
-        let (tx, rx) = oneshot::channel();
-        self.submit(Self::make_job(f, tx)).map_err(E::from)?;
-        rx.blocking_recv()
-            .unwrap_or_else(|_| Err(E::from(StoreError::Unavailable("writer stopped".into()))))
-    }
-
-    fn take_reader(&self) -> Result<Connection, StoreError> {
-        if let Some(c) = self
-            .inner
-            .readers
-            .lock()
-            .map_err(|_| StoreError::Unavailable("reader pool poisoned".into()))?
-            .pop()
-        {
-            return Ok(c);
-        }
-        connect_reader(&self.inner.path, self.inner.read_only)
-    }
-
-    fn return_reader(&self, conn: Connection) {
-        if let Ok(mut pool) = self.inner.readers.lock() {
-            if pool.len() < self.inner.max_readers {
-                pool.push(conn);
-            }
-        }
-    }
-
-    fn submit_read(&self, job: ReadJobFn) -> Result<(), StoreError> {
-        self.submit_read_job(ReadWork::Conn(job))
-            .map_err(|(e, _)| e)
     }
 
     /// Sends `job` to the reader threads (started on first use); on failure hands it back
@@ -1008,107 +874,83 @@ impl SqliteStore {
             None => Err((StoreError::Unavailable("store closed".into()), job)),
         }
     }
+}
 
-    /// Runs `f` on a read-only connection owned by one of the store's reader threads (never
-    /// on the async runtime). At most [`OpenOptions::readers`] reads run at once; more wait
-    /// in a queue bounded by [`OpenOptions::queue`], so a burst of callers never opens extra
-    /// connections. Wrap several reads in
-    /// `BEGIN`…`COMMIT` for one snapshot; a transaction left open is rolled back.
-    pub(crate) async fn read_conn<T, E, F>(&self, f: F) -> Result<T, E>
+/// The crate's tests' way to the connections themselves (their pragmas, their handles).
+#[cfg(test)]
+impl SqliteStore {
+    fn submit(&self, job: Job) -> Result<(), StoreError> {
+        self.submit_job(job).map_err(|(e, _)| e)
+    }
+
+    fn make_job<T, E, F>(f: F, reply: tokio::sync::oneshot::Sender<Result<T, E>>) -> Job
     where
         F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
         T: Send + 'static,
         E: From<StoreError> + Send + 'static,
     {
-        let (tx, rx) = oneshot::channel();
-        let job: ReadJobFn = Box::new(move |conn| {
-            let out = match conn {
-                Ok(conn) => catch_unwind(AssertUnwindSafe(|| f(conn)))
-                    .unwrap_or_else(|_| Err(E::from(panicked("read job panicked")))),
-                Err(e) => Err(E::from(e)),
+        Job::Once(Box::new(move |conn: Option<&Connection>| {
+            let Some(conn) = conn else {
+                return Pending {
+                    keep: false,
+                    deliver: Box::new(move |err| {
+                        let err =
+                            err.unwrap_or_else(|| StoreError::Unavailable("batch failed".into()));
+                        let _ = reply.send(Err(E::from(err)));
+                    }),
+                };
             };
-            let _ = tx.send(out);
-        });
-        self.submit_read(job).map_err(E::from)?;
-        rx.await
-            .unwrap_or_else(|_| Err(E::from(StoreError::Unavailable("readers stopped".into()))))
+            let outcome = catch_unwind(AssertUnwindSafe(|| f(conn)))
+                .unwrap_or_else(|_| Err(E::from(panicked("write job panicked"))));
+            let keep = outcome.is_ok();
+            Pending {
+                keep,
+                deliver: Box::new(move |batch_err| {
+                    let result = match (outcome, batch_err) {
+                        (Ok(_), Some(err)) => Err(E::from(err)),
+                        (outcome, _) => outcome,
+                    };
+                    let _ = reply.send(result);
+                }),
+            }
+        }))
     }
 
-    /// Blocking form of [`SqliteStore::read_conn`], on the calling thread with a pooled read
-    /// connection.
-    pub(crate) fn read_conn_blocking<T, E, F>(&self, f: F) -> Result<T, E>
+    /// Runs `f` on the writer's connection in its own savepoint of a batch, once.
+    async fn write_conn<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.submit(Self::make_job(f, tx)).map_err(E::from)?;
+        rx.await
+            .unwrap_or_else(|_| Err(E::from(StoreError::Unavailable("writer stopped".into()))))
+    }
+
+    /// Blocking form of [`SqliteStore::write_conn`].
+    fn write_conn_blocking<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.submit(Self::make_job(f, tx)).map_err(E::from)?;
+        rx.blocking_recv()
+            .unwrap_or_else(|_| Err(E::from(StoreError::Unavailable("writer stopped".into()))))
+    }
+
+    /// Runs `f` on a new read connection opened as the readers' are.
+    fn read_conn_blocking<T, E, F>(&self, f: F) -> Result<T, E>
     where
         F: FnOnce(&Connection) -> Result<T, E>,
         E: From<StoreError>,
     {
-        let conn = self.take_reader().map_err(E::from)?;
-        let out = f(&conn);
-        if conn.is_autocommit() {
-            self.return_reader(conn);
-        }
-        out
+        let conn = connect_reader(&self.inner.path, self.inner.read_only).map_err(E::from)?;
+        f(&conn)
     }
-
-    /// Runs `f` in the writer's `BEGIN IMMEDIATE` transaction (in its own savepoint of a
-    /// group-commit batch) and returns its result once the transaction has committed; `Err`
-    /// rolls back what `f` wrote and nothing else. Like [`Store::write`], but `f` runs exactly
-    /// once (SQLite has one writer: no conflict to run it again for).
-    pub async fn write<T, E, F>(&self, f: F) -> Result<T, E>
-    where
-        F: FnOnce(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
-        T: Send + 'static,
-        E: From<StoreError> + Send + 'static,
-    {
-        self.write_conn(move |c| f(&mut SqliteEffectTx::new(c)))
-            .await
-    }
-
-    /// Blocking form of [`SqliteStore::write`] (never call it from an async task).
-    pub fn write_blocking<T, E, F>(&self, f: F) -> Result<T, E>
-    where
-        F: FnOnce(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
-        T: Send + 'static,
-        E: From<StoreError> + Send + 'static,
-    {
-        self.write_conn_blocking(move |c| f(&mut SqliteEffectTx::new(c)))
-    }
-
-    /// Runs `f` in one read-only snapshot on one of the store's reader threads (never on the
-    /// async runtime), like [`Store::read`].
-    pub async fn read<T, E, F>(&self, f: F) -> Result<T, E>
-    where
-        F: FnOnce(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
-        T: Send + 'static,
-        E: From<StoreError> + Send + 'static,
-    {
-        self.read_conn(move |c| in_snapshot(c, f)).await
-    }
-
-    /// Blocking form of [`SqliteStore::read`], on the calling thread (never call it from an
-    /// async task).
-    pub fn read_blocking<T, E, F>(&self, f: F) -> Result<T, E>
-    where
-        F: FnOnce(&mut dyn EffectTx) -> Result<T, E>,
-        E: From<StoreError>,
-    {
-        self.read_conn_blocking(move |c| in_snapshot(c, f))
-    }
-}
-
-/// Runs `f` inside `BEGIN` … `COMMIT` on a read connection (one snapshot).
-fn in_snapshot<T, E, F>(conn: &Connection, f: F) -> Result<T, E>
-where
-    F: FnOnce(&mut dyn EffectTx) -> Result<T, E>,
-    E: From<StoreError>,
-{
-    conn.execute_batch("BEGIN")
-        .map_err(|e| E::from(map_err(e)))?;
-    let out = f(&mut SqliteEffectTx::new(conn));
-    let _ = conn.execute_batch("COMMIT");
-    if !conn.is_autocommit() {
-        let _ = conn.execute_batch("ROLLBACK");
-    }
-    out
 }
 
 /// Opens a read-only connection with the ledger's pragmas.
@@ -1136,50 +978,32 @@ fn reader_loop(
     readers: usize,
 ) {
     let mut conn: Option<Connection> = None;
-    // A job taken from the queue while gathering snapshot jobs, to run next.
-    let mut next: Option<Queued<ReadWork>> = None;
-    loop {
-        let (queued_at, work) = match next.take() {
-            Some(queued) => queued,
-            None => match receiver.recv() {
-                Ok(queued) => queued,
-                Err(_) => break,
-            },
-        };
+    while let Ok((queued_at, work)) = receiver.recv() {
         READER_QUEUE.set(receiver.len());
         if limits.expired(queued_at, Instant::now()) {
-            work.refuse(queue_wait_expired());
+            work.run(Err(queue_wait_expired()));
             continue;
         }
         let conn_now = reader_connection(&mut conn, path, mode);
-        match work {
-            ReadWork::Conn(job) => job(conn_now),
-            ReadWork::Snapshot(job) => {
-                let mut jobs = vec![job];
-                let share = receiver.len().div_ceil(readers.max(1));
-                while jobs.len() <= share.min(MAX_SHARED_SNAPSHOT - 1) {
-                    match receiver.try_recv() {
-                        Ok((at, ReadWork::Snapshot(job))) => {
-                            if limits.expired(at, Instant::now()) {
-                                job.run(Err(queue_wait_expired()));
-                            } else {
-                                jobs.push(job);
-                            }
-                        }
-                        Ok(other) => {
-                            next = Some(other);
-                            break;
-                        }
-                        Err(_) => break,
+        let mut jobs = vec![work];
+        let share = receiver.len().div_ceil(readers.max(1));
+        while jobs.len() <= share.min(MAX_SHARED_SNAPSHOT - 1) {
+            match receiver.try_recv() {
+                Ok((at, job)) => {
+                    if limits.expired(at, Instant::now()) {
+                        job.run(Err(queue_wait_expired()));
+                    } else {
+                        jobs.push(job);
                     }
                 }
-                match conn_now {
-                    Ok(c) => snapshots(c, jobs),
-                    Err(e) => {
-                        for job in jobs {
-                            job.run(Err(e.clone()));
-                        }
-                    }
+                Err(_) => break,
+            }
+        }
+        match conn_now {
+            Ok(c) => snapshots(c, jobs),
+            Err(e) => {
+                for job in jobs {
+                    job.run(Err(e.clone()));
                 }
             }
         }
@@ -1628,6 +1452,7 @@ fn panicked(what: &str) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::sync::oneshot;
 
     fn temp() -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
@@ -1698,7 +1523,7 @@ mod tests {
         };
         store.write_conn_blocking(create).unwrap();
         let insert = || {
-            store
+            Store::from(store.clone())
                 .write_blocking(|tx: &mut dyn EffectTx| {
                     tx.execute("INSERT INTO t VALUES (2)", &[]).map(|_| ())
                 })
@@ -1708,12 +1533,13 @@ mod tests {
         // The one reader is held by a connection job while three snapshot jobs queue.
         let (hold, held) = mpsc::channel::<()>();
         let (release, released) = mpsc::channel::<()>();
-        store
-            .submit_read(Box::new(move |_| {
+        Driver::submit_read(
+            &store,
+            Box::new(TestRead(move |_: &mut dyn EffectTx| {
                 hold.send(()).unwrap();
                 released.recv().unwrap();
-            }))
-            .unwrap();
+            })),
+        );
         held.recv().unwrap();
         let (seen, counts) = mpsc::channel::<(char, i64)>();
         let (first_read, read_once) = mpsc::channel::<()>();
@@ -1891,7 +1717,7 @@ mod tests {
         }];
         let err =
             SqliteStore::open(&path, OpenOptions::new("m").with_migrations(BROKEN)).unwrap_err();
-        assert_eq!(err.cli_code(), "SQLITE_ERROR", "{err:?}");
+        assert_eq!(err.code(), "SQLITE_ERROR", "{err:?}");
         assert!(!err.to_string().contains("broken"), "{err}");
         assert_eq!(
             tables(&path),
@@ -1962,7 +1788,7 @@ mod tests {
             }
         }
         let rows: Vec<i64> = store
-            .read_conn(|c| {
+            .read_conn_blocking(|c| {
                 let mut st = c.prepare("SELECT x FROM t ORDER BY x").map_err(map_err)?;
                 let v = st
                     .query_map([], |r| r.get(0))
@@ -1971,7 +1797,6 @@ mod tests {
                     .map_err(map_err)?;
                 Ok::<_, StoreError>(v)
             })
-            .await
             .unwrap();
         assert_eq!(ok, rows.len());
         assert!(rows.iter().all(|x| x % 7 != 0));
@@ -2577,7 +2402,7 @@ mod tests {
         ] {
             let err = sqlite(code);
             assert!(matches!(err, StoreError::Io), "{code}: {err:?}");
-            assert_eq!(err.cli_code(), "DATABASE_IO_ERROR");
+            assert_eq!(err.code(), "DATABASE_IO_ERROR");
         }
     }
 

@@ -225,7 +225,6 @@ pub(crate) fn open(path: PathBuf, opts: &OpenOptions) -> Result<SqliteStore, Sto
             backend_id,
             sender: Mutex::new(None),
             writer: Mutex::new(None),
-            readers: Mutex::new(vec![conn]),
             max_readers: opts.readers.max(1),
             stats: Arc::new(StatCounters::default()),
             reader_threads: Mutex::new(ReaderThreads::default()),
@@ -263,6 +262,7 @@ mod tests {
         let store =
             SqliteStore::open(&path, OpenOptions::any_backend().with_read_only(true)).unwrap();
         assert_eq!(store.backend_id(), "ro");
+        let store = toolledger_core::store::Store::from(store);
         let n: i64 = store
             .read_blocking(|tx| {
                 use toolledger_core::effect::RowExt;
@@ -300,7 +300,7 @@ mod tests {
         for p in [&empty, &text, &foreign] {
             let err =
                 SqliteStore::open(p, OpenOptions::any_backend().with_read_only(true)).unwrap_err();
-            assert_eq!(err.cli_code(), "NOT_A_LEDGER", "{p:?}: {err:?}");
+            assert_eq!(err.code(), "NOT_A_LEDGER", "{p:?}: {err:?}");
         }
         let missing = dir.path().join("missing.sqlite");
         let err = SqliteStore::open(&missing, OpenOptions::any_backend().with_read_only(true))

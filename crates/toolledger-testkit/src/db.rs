@@ -15,6 +15,7 @@ use std::time::Duration;
 use toolledger::effect::{EffectTx, RowExt};
 use toolledger::store::postgres::{PgOptions, PgStore};
 use toolledger::store::sqlite::{OpenOptions, SqliteStore};
+use toolledger::store::StoreOptions;
 use toolledger::store::{Migration, Store, StoreError};
 
 /// The environment variable naming the PostgreSQL server tests use.

@@ -1,5 +1,6 @@
 //! [`Ledger::open`]: one string picks the driver.
 
+use crate::store::StoreOptions;
 use crate::store::{Migration, Store, StoreError};
 
 /// How [`Ledger::open_with`] opens a ledger database.

@@ -21,14 +21,18 @@
 #![warn(missing_docs)]
 
 pub use toolledger_core::{
-    approval, audit, authz, clock, digest, downstream, effect, engine, json, key_ids, metric,
-    model, operations, outbox, prune, runtime,
+    approval, audit, authz, clock, digest, downstream, effect, engine, json, model, operations,
+    outbox, prune, runtime,
 };
 pub use toolledger_core::{Error, ErrorCode, OperationState, Principal, Scope, ToolContract};
 
-/// Durable storage: the backend-neutral [`Store`](store::Store) and the drivers.
+/// Durable storage: the backend-neutral [`Store`](store::Store), its errors, migrations of your
+/// own tables, and the drivers. What a driver implements is in [`driver`].
 pub mod store {
-    pub use toolledger_core::store::*;
+    pub use toolledger_core::store::{
+        migrate, Migration, QueueLimits, SharedOptions, Store, StoreError, StoreErrorKind,
+        StoreOptions,
+    };
 
     /// The embedded SQLite driver (feature `sqlite`, on by default).
     #[cfg(feature = "sqlite")]
@@ -37,6 +41,19 @@ pub mod store {
     /// The PostgreSQL driver (feature `postgres`).
     #[cfg(feature = "postgres")]
     pub use toolledger_postgres as postgres;
+}
+
+/// For driver authors: the seam a database driver implements ([`Driver`](driver::Driver), its
+/// jobs and the batch writer's transaction) and the metric handles the drivers share.
+/// Applications do not need it: they open a ledger with [`Ledger::open`] or a driver's own
+/// constructor and hand its [`Store`](store::Store) to the engine.
+pub mod driver {
+    pub use toolledger_core::metric;
+    pub use toolledger_core::store::{
+        database_error_code, queue_full, queue_wait_expired, AppliedRow, BackgroundRefused,
+        BackgroundWork, BatchDriver, BatchJob, BatchTx, BatchWriter, Driver, OperationRow, ReadJob,
+        ScopeKey, WriteJob,
+    };
 }
 
 mod ledger;

@@ -12,7 +12,7 @@ use toolledger::store::StoreError;
 use toolledger_testkit::db::{test_database_url, with_param, ServerLock, CI_ENV};
 
 fn scalar_text(store: &PgStore, sql: &'static str) -> Result<String, StoreError> {
-    store.read_blocking(move |tx: &mut dyn EffectTx| {
+    toolledger::store::Store::from(store.clone()).read_blocking(move |tx: &mut dyn EffectTx| {
         tx.query_opt(sql, &[])
             .map_err(|e| StoreError::Database(e.to_string()))?
             .expect("a row")

@@ -23,6 +23,7 @@ use toolledger::effect::{EffectTx, RowExt};
 use toolledger::engine::{Engine, InlineEffect};
 use toolledger::store::postgres::PgOptions;
 use toolledger::store::sqlite::OpenOptions;
+use toolledger::store::StoreOptions;
 use toolledger::store::{Migration, QueueLimits, Store};
 use toolledger::{Error, ErrorCode, Principal};
 use toolledger_testkit::calls::{inline_call, principal};

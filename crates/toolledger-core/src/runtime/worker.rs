@@ -611,7 +611,7 @@ impl RuntimeError {
     pub fn pass_code(&self) -> String {
         match self {
             RuntimeError::Refused(err) => err.code.as_str().to_string(),
-            RuntimeError::Store(s) => s.cli_code().to_ascii_lowercase(),
+            RuntimeError::Store(s) => s.code().to_ascii_lowercase(),
             RuntimeError::Fenced(_) => "fenced".into(),
         }
     }

@@ -19,6 +19,7 @@ use toolledger::store::{Migration, Store, StoreError};
 use crate::calls::inline_call;
 use crate::db::{PgSchema, ServerLock, SqliteFile};
 use crate::downstream::{CountingDownstream, SqliteDownstream};
+use toolledger::store::StoreOptions;
 
 /// The start of the suite's clock.
 pub const T0: i64 = 1_700_000_000;
