@@ -19,13 +19,13 @@ use std::sync::Arc;
 use toolledger::store::sqlite::CommitWait;
 use toolledger_cli::common::{StoreArgs, StoreConfig};
 use toolledger_cli::exit::{Failure, Outcome};
-use toolledger_cli::telemetry::{init_logs, start_metrics, TelemetryArgs};
+use toolledger_cli::telemetry::{start_metrics, TelemetryArgs};
 use toolledger_mcp::{CallerSource, LedgerGuard};
 use toolledger_proxy::{
     BuildError, ChildEnv, Lifecycle, Proxy, ProxyConfig, Upstream, UpstreamSpec,
 };
 
-use crate::serving::{open_ledger, serve_http, stdio_principal, ClockArgs, ServerArgs};
+use crate::serving::{open_ledger, run_server, serve_http, stdio_principal, ClockArgs, ServerArgs};
 
 /// `--upstream-lifecycle` values.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -97,18 +97,7 @@ pub struct ProxyArgs {
 /// Runs the proxy until its stdin closes (stdio) or it is stopped (SIGTERM, SIGINT), then
 /// stops its upstream.
 pub fn run(args: ProxyArgs, config: StoreConfig) -> Result<Outcome, Failure> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|_| Failure::code("RUNTIME_ERROR"))?;
-    init_logs(args.telemetry.log_format);
-    let traces = toolledger_cli::telemetry::init_traces();
-    let result = runtime.block_on(proxy(args, config));
-    // The spans still queued are sent (within a bound) before the process ends.
-    drop(traces);
-    runtime.shutdown_background();
-    result.map(|()| Outcome::Pass)
+    run_server(args.telemetry.log_format, proxy(args, config))
 }
 
 /// The environment variable holding headers for the HTTP upstream, one `Name: value` per line.
@@ -281,7 +270,6 @@ fn ledger_config(mut config: StoreConfig) -> StoreConfig {
 }
 
 async fn proxy(args: ProxyArgs, config: StoreConfig) -> Result<(), Failure> {
-    init_logs(args.telemetry.log_format);
     let front = args.server.front.resolve()?;
     let proxy_config = proxy_config(&args)?;
     let spec = upstream_spec(&args, &proxy_config)?;

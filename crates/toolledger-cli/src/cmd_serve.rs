@@ -24,8 +24,8 @@ use toolledger_mcp::{CallerSource, GuardConfig, LedgerGuard};
 
 use crate::common::{RuntimeStoreArgs, StoreConfig};
 use crate::exit::{Failure, Outcome};
-use crate::serving::{open_ledger, serve_http, stdio_principal, ClockArgs, ServerArgs};
-use toolledger_cli::telemetry::{init_logs, start_metrics, TelemetryArgs};
+use crate::serving::{open_ledger, run_server, serve_http, stdio_principal, ClockArgs, ServerArgs};
+use toolledger_cli::telemetry::{start_metrics, TelemetryArgs};
 use toolledger_reference::downstream::SqliteDownstream;
 use toolledger_reference::tools::{Fault, Faults, ReferenceTools, ToolEnv};
 
@@ -66,23 +66,10 @@ pub struct ServeArgs {
 /// Runs the server on the ledger `config` resolves to, until stdin closes (stdio) or the
 /// process is stopped (HTTP).
 pub fn run(args: ServeArgs, config: StoreConfig) -> Result<Outcome, Failure> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|_| Failure::code("RUNTIME_ERROR"))?;
-    init_logs(args.telemetry.log_format);
-    let traces = toolledger_cli::telemetry::init_traces();
-    let result = runtime.block_on(serve(args, config));
-    // The spans still queued are sent (within a bound) before the process ends.
-    drop(traces);
-    // A pending stdin read cannot be cancelled; do not wait for it.
-    runtime.shutdown_background();
-    result.map(|()| Outcome::Pass)
+    run_server(args.telemetry.log_format, serve(args, config))
 }
 
 async fn serve(args: ServeArgs, config: StoreConfig) -> Result<(), Failure> {
-    init_logs(args.telemetry.log_format);
     let front = args.server.front.resolve()?;
     let store = config.open()?;
     let clock = args.clock.clock();

@@ -10,8 +10,8 @@ use toolledger::authz::PrincipalStore;
 use toolledger::clock::{ManualClock, SharedClock, SystemClock};
 use toolledger::store::Store;
 use toolledger_cli::common::StoreConfig;
-use toolledger_cli::exit::Failure;
-use toolledger_cli::telemetry::metrics_routes;
+use toolledger_cli::exit::{Failure, Outcome};
+use toolledger_cli::telemetry::{init_logs, metrics_routes, LogFormat};
 use toolledger_mcp::front::{health_routes, HttpFront};
 use toolledger_mcp::wire::http::{
     self as wire_http, AllowedHosts, ConnectionLimits, InFlightLimit,
@@ -19,6 +19,27 @@ use toolledger_mcp::wire::http::{
 use toolledger_mcp::{
     GuardedServer, KeyError, KeyMaterial, LedgerGuard, LedgerGuardBuilder, OpenError,
 };
+
+/// Runs an MCP server (`serve`, `proxy`) to its end on a two-thread runtime: the logs in
+/// `log_format` and, when the `OTEL_*` variables ask for it, the trace exporter are set up
+/// first, and the spans still queued are sent (within a bound) before it returns. A pending
+/// stdin read cannot be cancelled, so the runtime does not wait for it.
+pub fn run_server(
+    log_format: LogFormat,
+    server: impl std::future::Future<Output = Result<(), Failure>>,
+) -> Result<Outcome, Failure> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|_| Failure::code("RUNTIME_ERROR"))?;
+    init_logs(log_format);
+    let traces = toolledger_cli::telemetry::init_traces();
+    let result = runtime.block_on(server);
+    drop(traces);
+    runtime.shutdown_background();
+    result.map(|()| Outcome::Pass)
+}
 
 /// How an MCP server (`serve`, `proxy`) is reached: stdio, or streamable HTTP with its front
 /// and, beside `/mcp`, the operator console.

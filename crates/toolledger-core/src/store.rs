@@ -154,8 +154,8 @@ pub trait Driver: Send + Sync + std::fmt::Debug + 'static {
 }
 
 /// What every driver's open options share: the binding, the migrations, read-only, the queue
-/// bounds. A driver's options type holds one (and dereferences to it, so
-/// `opts.backend_id` reads and writes it) and implements [`StoreOptions`] for the setters.
+/// bounds. A driver's options type holds one in its field `shared` and implements
+/// [`StoreOptions`] for the setters.
 #[derive(Clone, Debug, Default)]
 pub struct SharedOptions {
     /// The backend id the database must be bound to. `None` adopts the existing binding and

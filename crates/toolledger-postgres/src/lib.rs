@@ -172,19 +172,6 @@ pub struct PgOptions {
     pub batch_writers: usize,
 }
 
-impl std::ops::Deref for PgOptions {
-    type Target = SharedOptions;
-    fn deref(&self) -> &SharedOptions {
-        &self.shared
-    }
-}
-
-impl std::ops::DerefMut for PgOptions {
-    fn deref_mut(&mut self) -> &mut SharedOptions {
-        &mut self.shared
-    }
-}
-
 impl StoreOptions for PgOptions {
     fn shared_mut(&mut self) -> &mut SharedOptions {
         &mut self.shared
@@ -985,7 +972,7 @@ fn parse_config(
     if !options.contains("statement_timeout") {
         options.push_str(&format!(" -c statement_timeout={ms}"));
     }
-    if opts.read_only {
+    if opts.shared.read_only {
         options.push_str(" -c default_transaction_read_only=on");
     }
     if let Some(schema) = &opts.schema {
@@ -1039,7 +1026,7 @@ impl PgStore {
     pub fn open(url: &str, opts: PgOptions) -> Result<Self, StoreError> {
         let mut store = Self::open_unchecked(url, opts.clone())?;
         let o = opts.clone();
-        let backend_id = if opts.read_only {
+        let backend_id = if opts.shared.read_only {
             store.run_blocking(move |slot| check_read_only(slot, &o))?
         } else {
             store.run_blocking(move |slot| bootstrap(slot, &o))?
@@ -1057,7 +1044,7 @@ impl PgStore {
     pub fn open_unchecked(url: &str, opts: PgOptions) -> Result<Self, StoreError> {
         let (config, tls) = parse_config(url, &opts)?;
         let config = Arc::new(config);
-        let limits = opts.queue;
+        let limits = opts.shared.queue;
         let (sender, receiver) = crossbeam_channel::bounded::<(Instant, Job)>(limits.depth.max(1));
         let mut threads = Vec::new();
         for i in 0..opts.max_connections.max(1) {
@@ -1430,14 +1417,14 @@ fn bootstrap(slot: &mut Slot, opts: &PgOptions) -> Result<String, StoreError> {
     ))
     .map_err(e)?;
     let mut all: Vec<Migration> = CORE_MIGRATIONS.to_vec();
-    all.extend(opts.migrations.iter().copied());
+    all.extend(opts.shared.migrations.iter().copied());
     let report = migrate::run(
         &mut PgMigrator { rt, tx: &tx },
         &MigrationRequest {
-            backend_id: opts.backend_id.as_deref(),
+            backend_id: opts.shared.backend_id.as_deref(),
             default_backend_id: DEFAULT_BACKEND_ID,
             migrations: &all,
-            allow_migrate: opts.migrate,
+            allow_migrate: opts.shared.migrate,
         },
     )?;
     rt.block_on(tx.commit()).map_err(e)?;
@@ -1455,11 +1442,11 @@ fn check_read_only(slot: &mut Slot, opts: &PgOptions) -> Result<String, StoreErr
         .block_on(client.build_transaction().read_only(true).start())
         .map_err(e)?;
     let mut all: Vec<Migration> = CORE_MIGRATIONS.to_vec();
-    all.extend(opts.migrations.iter().copied());
+    all.extend(opts.shared.migrations.iter().copied());
     let report = migrate::check(
         &mut PgMigrator { rt, tx: &tx },
         &MigrationRequest {
-            backend_id: opts.backend_id.as_deref(),
+            backend_id: opts.shared.backend_id.as_deref(),
             default_backend_id: DEFAULT_BACKEND_ID,
             migrations: &all,
             allow_migrate: false,

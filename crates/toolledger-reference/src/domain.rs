@@ -4,6 +4,7 @@
 //! - [`arguments`]: a call's typed arguments from its wire arguments (`invalid_arguments` when
 //!   they do not deserialize), for the callers that do not come through the rmcp router
 //!   (`toolledger call`, `toolledger approve`);
+//! - [`text_rule`]: a text argument's length rule, for arguments read without the schema;
 //! - [`single_round`]: the refusal of a continuation sent to a single-round tool;
 //! - [`request`] and [`receipt`]: a guarded call's request and its reply;
 //! - [`RowObserver`]: `get_operation_status`'s evidence, read from the domain's effect rows.
@@ -24,6 +25,18 @@ use toolledger_mcp::{GuardedRequest, Receipt, ToolCall};
 pub fn arguments<T: DeserializeOwned>(arguments: &Map<String, Value>) -> Result<T, Error> {
     serde_json::from_value(Value::Object(arguments.clone()))
         .map_err(|e| Error::invalid(format!("arguments: {e}")))
+}
+
+/// The length rule of a text argument the input schema states (1 to `max` characters), for
+/// arguments read without the schema: `invalid_arguments` naming `name` otherwise.
+pub fn text_rule(value: &str, name: &str, max: usize) -> Result<(), Error> {
+    let n = value.chars().count();
+    if n == 0 || n > max {
+        return Err(Error::invalid(format!(
+            "{name} must be 1 to {max} characters"
+        )));
+    }
+    Ok(())
 }
 
 /// Refuses a continuation (`requestState` or `inputResponses`) sent to a single-round tool:

@@ -142,21 +142,11 @@ impl DraftKind {
     }
 }
 
-fn text_rule(value: &str, name: &str, max: usize) -> Result<(), Error> {
-    let n = value.chars().count();
-    if n == 0 || n > max {
-        return Err(Error::invalid(format!(
-            "{name} must be 1 to {max} characters"
-        )));
-    }
-    Ok(())
-}
-
 impl DraftArgs {
     /// The rules the input schema states, for arguments read without it.
     pub fn check(&self) -> Result<(), Error> {
-        text_rule(&self.operation, "operation", 256)?;
-        text_rule(&self.slug, "slug", 64)?;
+        crate::domain::text_rule(&self.operation, "operation", 256)?;
+        crate::domain::text_rule(&self.slug, "slug", 64)?;
         if !self
             .slug
             .bytes()
@@ -164,8 +154,8 @@ impl DraftArgs {
         {
             return Err(Error::invalid("slug may contain only a-z, 0-9 and -"));
         }
-        text_rule(&self.title, "title", 200)?;
-        text_rule(&self.text, "text", 20_000)?;
+        crate::domain::text_rule(&self.title, "title", 200)?;
+        crate::domain::text_rule(&self.text, "text", 20_000)?;
         match &self.approval {
             Some(a) if a.is_empty() || a.len() > 128 => {
                 Err(Error::invalid("approval must be 1 to 128 characters"))

@@ -114,23 +114,13 @@ pub struct IssueArgs {
     pub watcher: Option<String>,
 }
 
-fn text_rule(value: &str, name: &str, max: usize) -> Result<(), Error> {
-    let n = value.chars().count();
-    if n == 0 || n > max {
-        return Err(Error::invalid(format!(
-            "{name} must be 1 to {max} characters"
-        )));
-    }
-    Ok(())
-}
-
 impl IssueArgs {
     /// The rules the input schema states, for arguments read without it.
     pub fn check(&self) -> Result<(), Error> {
-        text_rule(&self.operation_id, "operation_id", 256)?;
-        text_rule(&self.title, "title", 200)?;
+        crate::domain::text_rule(&self.operation_id, "operation_id", 256)?;
+        crate::domain::text_rule(&self.title, "title", 200)?;
         match &self.watcher {
-            Some(w) => text_rule(w, "watcher", 128),
+            Some(w) => crate::domain::text_rule(w, "watcher", 128),
             None => Ok(()),
         }
     }

@@ -223,19 +223,6 @@ pub struct OpenOptions {
     pub commit_wait: Option<CommitWait>,
 }
 
-impl std::ops::Deref for OpenOptions {
-    type Target = SharedOptions;
-    fn deref(&self) -> &SharedOptions {
-        &self.shared
-    }
-}
-
-impl std::ops::DerefMut for OpenOptions {
-    fn deref_mut(&mut self) -> &mut SharedOptions {
-        &mut self.shared
-    }
-}
-
 impl StoreOptions for OpenOptions {
     fn shared_mut(&mut self) -> &mut SharedOptions {
         &mut self.shared
@@ -704,17 +691,17 @@ impl MigrationHooks for SqliteMigrator<'_> {
 /// a new file at once do not race), by the policy of [`migrate::run`].
 fn bootstrap(conn: &mut Connection, opts: &OpenOptions) -> Result<String, StoreError> {
     let mut all: Vec<Migration> = CORE_MIGRATIONS.to_vec();
-    all.extend(opts.migrations.iter().copied());
+    all.extend(opts.shared.migrations.iter().copied());
     let tx = conn
         .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
         .map_err(map_err)?;
     let report = migrate::run(
         &mut SqliteMigrator { tx: &tx },
         &MigrationRequest {
-            backend_id: opts.backend_id.as_deref(),
+            backend_id: opts.shared.backend_id.as_deref(),
             default_backend_id: DEFAULT_BACKEND_ID,
             migrations: &all,
-            allow_migrate: opts.migrate,
+            allow_migrate: opts.shared.migrate,
         },
     )?;
     tx.commit().map_err(map_err)?;
@@ -726,7 +713,7 @@ impl SqliteStore {
     /// `BEGIN IMMEDIATE` transaction, so two processes opening a new file at once do not race.
     pub fn open(path: impl AsRef<Path>, opts: OpenOptions) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
-        if opts.read_only {
+        if opts.shared.read_only {
             return read_only::open(path, &opts);
         }
         if let Some(fs) = detect_network_filesystem(&path) {
@@ -747,7 +734,7 @@ impl SqliteStore {
                 .map_err(map_err)?;
         }
 
-        let limits = opts.queue;
+        let limits = opts.shared.queue;
         let (sender, receiver) = crossbeam_channel::bounded::<Queued<Job>>(limits.depth.max(1));
         let stats = Arc::new(StatCounters::default());
         let writer_stats = stats.clone();

@@ -187,12 +187,12 @@ pub(crate) fn refuse_foreign(path: &Path) -> Result<(), StoreError> {
 /// The reading hooks of [`migrate::check`] over a read-only connection.
 fn check(conn: &Connection, opts: &OpenOptions) -> Result<String, StoreError> {
     let mut all: Vec<Migration> = CORE_MIGRATIONS.to_vec();
-    all.extend(opts.migrations.iter().copied());
+    all.extend(opts.shared.migrations.iter().copied());
     conn.execute_batch("BEGIN").map_err(map_err)?;
     let report = migrate::check(
         &mut SqliteMigrator { tx: conn },
         &MigrationRequest {
-            backend_id: opts.backend_id.as_deref(),
+            backend_id: opts.shared.backend_id.as_deref(),
             default_backend_id: DEFAULT_BACKEND_ID,
             migrations: &all,
             allow_migrate: false,
@@ -229,7 +229,7 @@ pub(crate) fn open(path: PathBuf, opts: &OpenOptions) -> Result<SqliteStore, Sto
             stats: Arc::new(StatCounters::default()),
             reader_threads: Mutex::new(ReaderThreads::default()),
             read_only: Some(mode),
-            limits: opts.queue,
+            limits: opts.shared.queue,
         }),
     })
 }

@@ -67,7 +67,7 @@ fn open_postgres(url: &str, opts: LedgerOptions) -> Result<Ledger, StoreError> {
     let mut o = PgOptions::any_backend()
         .with_migrations(&opts.postgres_migrations)
         .allow_migrate(opts.migrate);
-    o.backend_id = opts.backend_id;
+    o.shared.backend_id = opts.backend_id;
     o.schema = opts.schema;
     Ok(Ledger {
         store: PgStore::open(url, o)?.into(),
@@ -92,7 +92,7 @@ fn open_sqlite(path: &str, opts: LedgerOptions) -> Result<Ledger, StoreError> {
     let mut o = OpenOptions::any_backend()
         .with_migrations(&opts.sqlite_migrations)
         .allow_migrate(opts.migrate);
-    o.backend_id = opts.backend_id;
+    o.shared.backend_id = opts.backend_id;
     Ok(Ledger {
         store: SqliteStore::open(path, o)?.into(),
     })
