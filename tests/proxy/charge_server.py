@@ -26,7 +26,8 @@ Tools:
 Environment: CHARGE_DB (the SQLite file; required), CHARGE_DELAY_MS (optional),
 CHARGE_BEARER (optional, HTTP only: every request must carry `Authorization: Bearer <it>`,
 or it is answered 401), CHARGE_EXIT_MARK (optional, stdio only: a file to which a line is
-appended when the server ends because its stdin closed).
+appended when the server ends because its stdin closed), CHARGE_HEADER_LOG (optional, HTTP only:
+a file to which the `traceparent` header of every POST that has one is appended, a line each).
 Several server processes may share one CHARGE_DB: WAL mode, a busy timeout, and each insert is
 its own short IMMEDIATE transaction.
 
@@ -316,6 +317,20 @@ def require_bearer(app, token: str):
     return guarded
 
 
+def log_traceparent(app, path: str):
+    """The ASGI app `app`, appending the `traceparent` header of each POST that has one to `path`."""
+
+    async def logged(scope, receive, send):
+        if scope["type"] == "http" and scope["method"] == "POST":
+            value = dict(scope["headers"]).get(b"traceparent")
+            if value is not None:
+                with open(path, "a") as f:
+                    f.write(value.decode() + "\n")
+        await app(scope, receive, send)
+
+    return logged
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="A side-effecting MCP server backed by SQLite.")
     parser.add_argument("--http", type=int, metavar="PORT", help="serve streamable HTTP at 127.0.0.1:PORT/mcp")
@@ -327,12 +342,17 @@ def main() -> None:
         os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
         log(f"serving http://127.0.0.1:{args.http}/mcp (db {db_path()})")
         bearer = os.environ.get("CHARGE_BEARER")
-        if bearer is None:
+        header_log = os.environ.get("CHARGE_HEADER_LOG")
+        if bearer is None and header_log is None:
             server.run("streamable-http", host="127.0.0.1", port=args.http, streamable_http_path="/mcp")
         else:
             import uvicorn
 
-            app = require_bearer(server.streamable_http_app(streamable_http_path="/mcp"), bearer)
+            app = server.streamable_http_app(streamable_http_path="/mcp")
+            if bearer is not None:
+                app = require_bearer(app, bearer)
+            if header_log is not None:
+                app = log_traceparent(app, header_log)
             uvicorn.run(app, host="127.0.0.1", port=args.http, log_level="warning")
     else:
         log(f"serving stdio (db {db_path()})")

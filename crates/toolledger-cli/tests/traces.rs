@@ -576,3 +576,66 @@ fn the_proxy_over_http_continues_the_trace_from_the_header() {
         ],
     );
 }
+
+#[test]
+fn the_proxy_sends_an_http_upstream_the_trace_context_in_headers_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(receiver) = Receiver::start(dir.path()) else {
+        return;
+    };
+    let python = python().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let headers = dir.path().join("traceparent.log");
+    let mut upstream = Command::new(&python)
+        .arg(proxy_fixture("charge_server.py"))
+        .args(["--http", &port.to_string()])
+        .env("CHARGE_DB", dir.path().join("charges.sqlite"))
+        .env("CHARGE_HEADER_LOG", &headers)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    support::clients::wait_listening(port, "the HTTP upstream");
+    let db = Db::sqlite();
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let mut p = proxy(
+        &db,
+        dir.path(),
+        &["--upstream-url", &url],
+        &[],
+        &receiver.env(),
+    );
+    let charge =
+        json!({"customer": "cust-zq91", "amount_cents": 4830, "operation_id": "key-proxy-zq92"});
+    let r = traced_call(&mut p, 1, "charge", charge);
+    assert_eq!(r["isError"], false, "{r}");
+    assert_eq!(p.finish(), 0);
+    let _ = upstream.kill();
+    let _ = upstream.wait();
+    let spans = receiver.wait_for_servers(1);
+    let proxied = spans
+        .iter()
+        .find(|s| s["kind"] == "SERVER" && s["parent_span_id"] == PARENT_ID)
+        .unwrap_or_else(|| panic!("no span under the caller's: {spans:#?}"));
+    let forward = children(&spans, proxied);
+    assert_eq!(forward.len(), 1, "{spans:#?}");
+    assert_eq!(forward[0]["kind"], "CLIENT");
+    // The one request that carried a trace context is the forward, under the forward's span:
+    // the caller's trace, the forward as parent.
+    let sent = std::fs::read_to_string(&headers).unwrap_or_default();
+    let expected = format!(
+        "00-{TRACE_ID}-{}-01",
+        forward[0]["span_id"].as_str().unwrap()
+    );
+    assert_eq!(
+        sent.lines().collect::<Vec<_>>(),
+        [expected.as_str()],
+        "{sent}"
+    );
+    assert_exports_none_of(&receiver, &["key-proxy-zq92", "int_value: 4830"]);
+}

@@ -47,6 +47,8 @@ pub mod tasks;
 pub mod tools;
 pub mod upstream;
 
+mod traced_http;
+
 use std::sync::Arc;
 use std::time::Duration;
 

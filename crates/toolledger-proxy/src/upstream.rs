@@ -905,7 +905,9 @@ impl Upstream {
                     custom.insert(n, v);
                 }
                 let config = config.custom_headers(custom);
-                let transport = StreamableHttpClientTransport::from_config(config);
+                let client = crate::traced_http::TracedHttp::new()
+                    .ok_or_else(|| failed(&"the HTTP client could not be built"))?;
+                let transport = StreamableHttpClientTransport::with_client(client, config);
                 let service = self
                     .handler
                     .clone()
