@@ -639,3 +639,25 @@ fn the_proxy_sends_an_http_upstream_the_trace_context_in_headers_too() {
     );
     assert_exports_none_of(&receiver, &["key-proxy-zq92", "int_value: 4830"]);
 }
+
+#[test]
+fn otel_propagators_none_starts_a_trace_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(receiver) = Receiver::start(dir.path()) else {
+        return;
+    };
+    let db = Db::sqlite();
+    let mut c = serve_command(&db, &["--principal".into(), "alice".into()]);
+    with_env(&mut c, &receiver.env());
+    c.env("OTEL_PROPAGATORS", "none");
+    let mut s = Server::spawn(c);
+    let args = json!({"request_id": "key-otel-zq93", "interval_minutes": 1431});
+    let fresh = traced_call(&mut s, 1, "create_automation", args);
+    assert_eq!(fresh["isError"], false, "{fresh}");
+    assert_eq!(s.finish(), 0);
+    let spans = receiver.wait_for_servers(1);
+    let span = server_span(&spans, 1);
+    assert_eq!(attr(span, "toolledger.outcome"), "executed");
+    assert_ne!(span["trace_id"], TRACE_ID, "{span}");
+    assert_eq!(span["parent_span_id"], "", "{span}");
+}

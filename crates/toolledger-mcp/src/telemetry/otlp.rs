@@ -20,6 +20,49 @@ impl Drop for Traces {
     }
 }
 
+/// The propagators `OTEL_PROPAGATORS` names (a comma-separated list; unset or empty:
+/// `tracecontext,baggage`), in order, of the ones this build has: `tracecontext` and `baggage`;
+/// `none` anywhere means none. The others it names (`b3`, `jaeger`, …) are returned apart.
+fn propagator_names(value: Option<&str>) -> (Vec<&'static str>, Vec<String>) {
+    let value = value.map(str::trim).filter(|v| !v.is_empty());
+    let mut kept = Vec::new();
+    let mut unknown = Vec::new();
+    for name in value.unwrap_or("tracecontext,baggage").split(',') {
+        match name.trim() {
+            "" => {}
+            "none" => return (Vec::new(), Vec::new()),
+            "tracecontext" if !kept.contains(&"tracecontext") => kept.push("tracecontext"),
+            "baggage" if !kept.contains(&"baggage") => kept.push("baggage"),
+            "tracecontext" | "baggage" => {}
+            other => unknown.push(other.to_string()),
+        }
+    }
+    (kept, unknown)
+}
+
+/// Installs the process's propagators from `OTEL_PROPAGATORS` ([`propagator_names`]); a
+/// propagator this build does not have is named in a warning and left out.
+fn install_propagators() {
+    use opentelemetry::propagation::{TextMapCompositePropagator, TextMapPropagator};
+    use opentelemetry_sdk::propagation::{BaggagePropagator, TraceContextPropagator};
+    let value = std::env::var("OTEL_PROPAGATORS").ok();
+    let (kept, unknown) = propagator_names(value.as_deref());
+    for name in unknown {
+        tracing::warn!(target: "toolledger::traces", propagator = %name,
+            "OTEL_PROPAGATORS names a propagator this build does not have (it has tracecontext and baggage); left out");
+    }
+    let propagators: Vec<Box<dyn TextMapPropagator + Send + Sync>> = kept
+        .into_iter()
+        .map(|name| -> Box<dyn TextMapPropagator + Send + Sync> {
+            match name {
+                "tracecontext" => Box::new(TraceContextPropagator::new()),
+                _ => Box::new(BaggagePropagator::new()),
+            }
+        })
+        .collect();
+    opentelemetry::global::set_text_map_propagator(TextMapCompositePropagator::new(propagators));
+}
+
 fn env_set(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| !v.trim().is_empty())
 }
@@ -36,16 +79,12 @@ fn env_set(name: &str) -> bool {
 ///
 /// W3C trace context (`traceparent`, `tracestate`, `baggage`) is read from requests and
 /// passed upstream whether or not spans are exported: a caller's trace continues through a
-/// proxy that exports nothing. `version` is the service's `service.version`. Call it after
+/// proxy that exports nothing. `OTEL_PROPAGATORS` chooses among `tracecontext` and `baggage`
+/// (both by default; `none` turns propagation off); another name is warned of and left out. `version` is the service's `service.version`. Call it after
 /// [`init_logs`](super::init_logs), outside the async runtime; keep the answer until the
 /// command ends.
 pub fn init_traces(version: &'static str) -> Option<Traces> {
-    use opentelemetry::propagation::TextMapCompositePropagator;
-    use opentelemetry_sdk::propagation::{BaggagePropagator, TraceContextPropagator};
-    opentelemetry::global::set_text_map_propagator(TextMapCompositePropagator::new(vec![
-        Box::new(TraceContextPropagator::new()),
-        Box::new(BaggagePropagator::new()),
-    ]));
+    install_propagators();
     if !TRACE_ENDPOINT_VARS.iter().any(|v| env_set(v))
         || std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"))
         || std::env::var("OTEL_TRACES_EXPORTER").is_ok_and(|v| v.trim() == "none")
@@ -93,4 +132,28 @@ pub fn init_traces(version: &'static str) -> Option<Traces> {
         .build();
     opentelemetry::global::set_tracer_provider(provider.clone());
     Some(Traces(provider))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::propagator_names;
+
+    #[test]
+    fn otel_propagators_chooses_among_tracecontext_and_baggage() {
+        let both = (vec!["tracecontext", "baggage"], Vec::<String>::new());
+        assert_eq!(propagator_names(None), both);
+        assert_eq!(propagator_names(Some(" ")), both);
+        assert_eq!(
+            propagator_names(Some("baggage")),
+            (vec!["baggage"], Vec::<String>::new())
+        );
+        assert_eq!(
+            propagator_names(Some("tracecontext, b3 ,tracecontext,jaeger")),
+            (vec!["tracecontext"], vec!["b3".to_string(), "jaeger".to_string()])
+        );
+        assert_eq!(
+            propagator_names(Some("tracecontext,none")),
+            (Vec::new(), Vec::new())
+        );
+    }
 }
