@@ -103,6 +103,15 @@ impl Receiver {
         }
     }
 
+    /// The histogram data points received so far (every export: cumulative readings).
+    fn metrics(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.out.with_extension("jsonl.metrics"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
     /// The raw decoded exports, whole.
     fn raw(&self) -> String {
         std::fs::read_to_string(self.out.with_extension("jsonl.raw")).unwrap_or_default()
@@ -660,4 +669,61 @@ fn otel_propagators_none_starts_a_trace_of_its_own() {
     assert_eq!(attr(span, "toolledger.outcome"), "executed");
     assert_ne!(span["trace_id"], TRACE_ID, "{span}");
     assert_eq!(span["parent_span_id"], "", "{span}");
+}
+
+#[test]
+fn serve_exports_the_conventions_operation_duration_with_the_calls_it_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(receiver) = Receiver::start(dir.path()) else {
+        return;
+    };
+    let db = Db::sqlite();
+    let mut c = serve_command(&db, &["--principal".into(), "alice".into()]);
+    with_env(&mut c, &receiver.env());
+    let mut s = Server::spawn(c);
+    let args = json!({"request_id": "key-otel-zq94", "interval_minutes": 1432});
+    let fresh = traced_call(&mut s, 1, "create_automation", args.clone());
+    assert_eq!(fresh["isError"], false, "{fresh}");
+    let again = traced_call(&mut s, 2, "create_automation", args);
+    assert_eq!(again["structuredContent"]["replayed"], true, "{again}");
+    let other = json!({"request_id": "key-otel-zq94", "interval_minutes": 1433});
+    let conflict = traced_call(&mut s, 3, "create_automation", other);
+    assert_eq!(error_code(&conflict), "operation_conflict");
+    // The process's end sends the last reading.
+    assert_eq!(s.finish(), 0);
+    let until = Instant::now() + Duration::from_secs(30);
+    let points = loop {
+        let points: Vec<Value> = receiver
+            .metrics()
+            .into_iter()
+            .filter(|p| p["name"] == "mcp.server.operation.duration")
+            .collect();
+        if !points.is_empty() || Instant::now() > until {
+            break points;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // Readings are cumulative: the last export holds every call.
+    let count = |error: Option<&str>| {
+        points
+            .iter()
+            .filter(|p| p["attributes"]["gen_ai.tool.name"] == "create_automation")
+            .filter(|p| p["attributes"]["error.type"].as_str() == error)
+            .map(|p| p["count"].as_u64().unwrap())
+            .max()
+            .unwrap_or(0)
+    };
+    assert_eq!(count(None), 2, "{points:#?}");
+    assert_eq!(count(Some("tool_error")), 1, "{points:#?}");
+    for p in &points {
+        assert_eq!(p["unit"], "s", "{p}");
+        assert_eq!(p["attributes"]["mcp.method.name"], "tools/call", "{p}");
+        assert_eq!(
+            p["attributes"]["gen_ai.operation.name"], "execute_tool",
+            "{p}"
+        );
+        assert_eq!(p["service"], "toolledger-test", "{p}");
+        assert!(p["sum"].as_f64().unwrap() > 0.0, "{p}");
+    }
+    assert_exports_none_of(&receiver, &["key-otel-zq94", "int_value: 1432"]);
 }

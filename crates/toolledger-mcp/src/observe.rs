@@ -5,7 +5,11 @@
 //! latency — never arguments, tokens or keys. The metrics go to whatever `metrics` recorder the
 //! process installed (the `toolledger` binary exports them as Prometheus text):
 //! `toolledger_tool_calls_total{tool, outcome}` and
-//! `toolledger_tool_call_duration_seconds{tool}`.
+//! `toolledger_tool_call_duration_seconds{tool}`. The same measured duration goes to the MCP
+//! semantic conventions' histogram `mcp.server.operation.duration` (seconds; `mcp.method.name`,
+//! `gen_ai.tool.name`, `gen_ai.operation.name`, `error.type` when the call failed) through the
+//! process's OpenTelemetry meter provider: without one (no OTLP export configured) it is a
+//! no-op.
 //!
 //! Outcomes: `fresh` (an effect ran now), `replayed` (a stored result), `input_required` (a
 //! first round), the error code of an in-band refusal (`operation_conflict`,
@@ -14,6 +18,7 @@
 //! [`crate::reply::error_of`] reads it from a serialized result.
 
 use std::borrow::Cow;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use metrics::{Counter, Histogram};
@@ -83,6 +88,56 @@ pub(crate) struct CallSeries {
     tool: String,
     duration: Registered<Histogram>,
     calls: RegisteredByLabel<Counter>,
+    /// `mcp.server.operation.duration` and the attributes of a call that did not fail, made on
+    /// the first call (after the program installed its meter provider).
+    operation: OnceLock<Operation>,
+}
+
+/// The conventions' duration histogram of one tool.
+struct Operation {
+    histogram: opentelemetry::metrics::Histogram<f64>,
+    attributes: [opentelemetry::KeyValue; 3],
+}
+
+impl Operation {
+    fn new(tool: &str) -> Self {
+        use opentelemetry::KeyValue;
+        let histogram = opentelemetry::global::meter(crate::trace::TRACER)
+            .f64_histogram("mcp.server.operation.duration")
+            .with_unit("s")
+            .with_description("The duration of the MCP requests the server answered")
+            .build();
+        Operation {
+            histogram,
+            attributes: [
+                KeyValue::new("mcp.method.name", "tools/call"),
+                KeyValue::new("gen_ai.tool.name", tool.to_string()),
+                KeyValue::new("gen_ai.operation.name", "execute_tool"),
+            ],
+        }
+    }
+
+    /// Records `seconds` for an answer that failed with `error` (`None`: it did not fail).
+    fn record(&self, seconds: f64, error: Option<Cow<'static, str>>) {
+        match error {
+            None => self.histogram.record(seconds, &self.attributes),
+            Some(error) => {
+                let mut attributes = self.attributes.to_vec();
+                attributes.push(opentelemetry::KeyValue::new("error.type", error));
+                self.histogram.record(seconds, &attributes);
+            }
+        }
+    }
+}
+
+/// The conventions' `error.type` of an answer: the JSON-RPC error's code, `tool_error` for a
+/// result with `isError`, or `None`.
+fn error_type(response: &Result<CallToolResponse, ErrorData>) -> Option<Cow<'static, str>> {
+    match response {
+        Err(e) => Some(e.code.0.to_string().into()),
+        Ok(CallToolResponse::Complete(r)) if r.is_error == Some(true) => Some("tool_error".into()),
+        Ok(_) => None,
+    }
 }
 
 impl CallSeries {
@@ -92,6 +147,7 @@ impl CallSeries {
             tool: tool.to_string(),
             duration: Registered::new(),
             calls: RegisteredByLabel::new(),
+            operation: OnceLock::new(),
         }
     }
 
@@ -134,7 +190,12 @@ pub(crate) fn tool_call(
         tracing::info!(target: "toolledger::call", tool, principal, operation, outcome = %outcome, latency_ms, "tool call");
     }
     series.calls(&outcome).increment(1);
-    series.duration().record(elapsed.as_secs_f64());
+    let seconds = elapsed.as_secs_f64();
+    series.duration().record(seconds);
+    series
+        .operation
+        .get_or_init(|| Operation::new(&series.tool))
+        .record(seconds, error_type(response));
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-"""A small OTLP/HTTP trace receiver for the trace tests: decodes each POST /v1/traces body as
+"""A small OTLP/HTTP receiver for the trace tests: decodes each POST /v1/traces body as
 an ExportTraceServiceRequest with the official protobuf definitions (opentelemetry-proto) and
 appends every span to OUT as one JSON line:
 
@@ -8,6 +8,12 @@ appends every span to OUT as one JSON line:
 
 and the decoded request, whole, in protobuf text form to OUT + ".raw" (what a test greps for
 values that must never be exported). Answers 200 with an empty ExportTraceServiceResponse.
+A POST /v1/metrics body is decoded as an ExportMetricsServiceRequest: each histogram data point
+is a JSON line of OUT + ".metrics",
+
+  {"name", "unit", "count", "sum", "attributes": {key: value}, "service": service.name}
+
+and the request, whole, goes to OUT + ".raw" too.
 
 Usage: otlp_receiver.py OUT     prints "listening PORT" on stdout once it listens on 127.0.0.1
 """
@@ -18,6 +24,7 @@ import sys
 import threading
 
 from google.protobuf import text_format
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
@@ -37,6 +44,9 @@ def value(v):
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if self.path.endswith("/v1/metrics"):
+            self.metrics(body)
+            return
         request = trace_service_pb2.ExportTraceServiceRequest()
         request.ParseFromString(body)
         lines = []
@@ -61,7 +71,35 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 f.writelines(line + "\n" for line in lines)
             with open(OUT + ".raw", "a") as f:
                 f.write(text_format.MessageToString(request))
-        answer = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+        self.answer(trace_service_pb2.ExportTraceServiceResponse().SerializeToString())
+
+    def metrics(self, body):
+        request = metrics_service_pb2.ExportMetricsServiceRequest()
+        request.ParseFromString(body)
+        lines = []
+        for rm in request.resource_metrics:
+            resource = {a.key: value(a.value) for a in rm.resource.attributes}
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    if m.WhichOneof("data") != "histogram":
+                        continue
+                    for p in m.histogram.data_points:
+                        lines.append(json.dumps({
+                            "name": m.name,
+                            "unit": m.unit,
+                            "count": p.count,
+                            "sum": p.sum,
+                            "attributes": {a.key: value(a.value) for a in p.attributes},
+                            "service": resource.get("service.name"),
+                        }))
+        with LOCK:
+            with open(OUT + ".metrics", "a") as f:
+                f.writelines(line + "\n" for line in lines)
+            with open(OUT + ".raw", "a") as f:
+                f.write(text_format.MessageToString(request))
+        self.answer(metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString())
+
+    def answer(self, answer):
         self.send_response(200)
         self.send_header("Content-Type", "application/x-protobuf")
         self.send_header("Content-Length", str(len(answer)))

@@ -31,7 +31,9 @@ pub use metrics::{
     LATENCY_BUCKETS, LEDGER_GAUGES_EVERY, METRICS_MAX_CONNECTIONS, SERIES,
 };
 #[cfg(feature = "telemetry")]
-pub use otlp::{init_traces, Traces, TRACE_ENDPOINT_VARS, TRACE_FLUSH_TIMEOUT};
+pub use otlp::{
+    init_traces, Traces, METRIC_ENDPOINT_VARS, TRACE_ENDPOINT_VARS, TRACE_FLUSH_TIMEOUT,
+};
 
 /// How log lines are written.
 #[cfg(feature = "telemetry")]

@@ -1,5 +1,5 @@
-//! Traces: the OpenTelemetry SDK and its OTLP exporter over HTTP/protobuf, configured by the
-//! standard `OTEL_*` variables ([`init_traces`]).
+//! Traces and the MCP conventions' metrics: the OpenTelemetry SDK and its OTLP exporters over
+//! HTTP/protobuf, configured by the standard `OTEL_*` variables ([`init_traces`]).
 
 /// The variables any one of which turns trace export on.
 pub const TRACE_ENDPOINT_VARS: [&str; 2] = [
@@ -7,16 +7,31 @@ pub const TRACE_ENDPOINT_VARS: [&str; 2] = [
     "OTEL_EXPORTER_OTLP_ENDPOINT",
 ];
 
+/// The variables any one of which turns metric export on (with the traces' switches).
+pub const METRIC_ENDPOINT_VARS: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+];
+
 /// How long the process waits at its end for the spans still queued to be sent.
 pub const TRACE_FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
-/// The process's trace export, shut down (its queue flushed, within [`TRACE_FLUSH_TIMEOUT`])
-/// when dropped.
-pub struct Traces(opentelemetry_sdk::trace::SdkTracerProvider);
+/// The process's OTLP export (traces, and the metrics when they are exported too), shut down
+/// when dropped: the spans still queued and the metrics' last readings are sent, within
+/// [`TRACE_FLUSH_TIMEOUT`] each.
+pub struct Traces {
+    traces: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+    metrics: Option<opentelemetry_sdk::metrics::SdkMeterProvider>,
+}
 
 impl Drop for Traces {
     fn drop(&mut self) {
-        let _ = self.0.shutdown_with_timeout(TRACE_FLUSH_TIMEOUT);
+        if let Some(t) = &self.traces {
+            let _ = t.shutdown_with_timeout(TRACE_FLUSH_TIMEOUT);
+        }
+        if let Some(m) = &self.metrics {
+            let _ = m.shutdown_with_timeout(TRACE_FLUSH_TIMEOUT);
+        }
     }
 }
 
@@ -85,28 +100,52 @@ fn env_set(name: &str) -> bool {
 /// command ends.
 pub fn init_traces(version: &'static str) -> Option<Traces> {
     install_propagators();
-    if !TRACE_ENDPOINT_VARS.iter().any(|v| env_set(v))
-        || std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"))
-        || std::env::var("OTEL_TRACES_EXPORTER").is_ok_and(|v| v.trim() == "none")
-    {
+    let off = |exporter: &str| {
+        std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"))
+            || std::env::var(exporter).is_ok_and(|v| v.trim() == "none")
+    };
+    let traces = TRACE_ENDPOINT_VARS.iter().any(|v| env_set(v)) && !off("OTEL_TRACES_EXPORTER");
+    let metrics = METRIC_ENDPOINT_VARS.iter().any(|v| env_set(v)) && !off("OTEL_METRICS_EXPORTER");
+    if !traces && !metrics {
         return None;
     }
     for var in [
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
         "OTEL_EXPORTER_OTLP_PROTOCOL",
     ] {
         if let Ok(p) = std::env::var(var) {
             if p.trim() != "http/protobuf" {
                 tracing::warn!(target: "toolledger::traces", variable = var, protocol = %p,
-                    "traces are not exported: only the http/protobuf protocol is supported");
+                    "traces and metrics are not exported: only the http/protobuf protocol is supported");
                 return None;
             }
-            break;
         }
     }
     // An https endpoint's TLS: the one provider of the binary (a second install is refused,
     // which is fine: the first was this one).
     let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut resource = opentelemetry_sdk::Resource::builder();
+    let named = env_set("OTEL_SERVICE_NAME")
+        || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|v| v.contains("service.name="));
+    if !named {
+        resource = resource.with_service_name("toolledger");
+    }
+    let resource = resource
+        .with_attribute(opentelemetry::KeyValue::new("service.version", version))
+        .build();
+    let export = Traces {
+        traces: traces.then(|| tracer_provider(resource.clone())).flatten(),
+        metrics: metrics.then(|| meter_provider(resource)).flatten(),
+    };
+    (export.traces.is_some() || export.metrics.is_some()).then_some(export)
+}
+
+/// The tracer provider exporting over OTLP, installed as the process's; `None` (warned of)
+/// when the exporter cannot be built.
+fn tracer_provider(
+    resource: opentelemetry_sdk::Resource,
+) -> Option<opentelemetry_sdk::trace::SdkTracerProvider> {
     let exporter = match opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .build()
@@ -117,21 +156,36 @@ pub fn init_traces(version: &'static str) -> Option<Traces> {
             return None;
         }
     };
-    let mut resource = opentelemetry_sdk::Resource::builder();
-    let named = env_set("OTEL_SERVICE_NAME")
-        || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|v| v.contains("service.name="));
-    if !named {
-        resource = resource.with_service_name("toolledger");
-    }
-    let resource = resource
-        .with_attribute(opentelemetry::KeyValue::new("service.version", version))
-        .build();
     let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
         .with_resource(resource)
         .build();
     opentelemetry::global::set_tracer_provider(provider.clone());
-    Some(Traces(provider))
+    Some(provider)
+}
+
+/// The meter provider exporting over OTLP every `OTEL_METRIC_EXPORT_INTERVAL` (60 s by
+/// default) on a thread of the SDK's own, installed as the process's; `None` (warned of) when
+/// the exporter cannot be built.
+fn meter_provider(
+    resource: opentelemetry_sdk::Resource,
+) -> Option<opentelemetry_sdk::metrics::SdkMeterProvider> {
+    let exporter = match opentelemetry_otlp::MetricExporter::builder()
+        .with_http()
+        .build()
+    {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::warn!(target: "toolledger::traces", error = %e, "metrics are not exported over OTLP");
+            return None;
+        }
+    };
+    let provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder()
+        .with_periodic_exporter(exporter)
+        .with_resource(resource)
+        .build();
+    opentelemetry::global::set_meter_provider(provider.clone());
+    Some(provider)
 }
 
 #[cfg(test)]
@@ -149,7 +203,10 @@ mod tests {
         );
         assert_eq!(
             propagator_names(Some("tracecontext, b3 ,tracecontext,jaeger")),
-            (vec!["tracecontext"], vec!["b3".to_string(), "jaeger".to_string()])
+            (
+                vec!["tracecontext"],
+                vec!["b3".to_string(), "jaeger".to_string()]
+            )
         );
         assert_eq!(
             propagator_names(Some("tracecontext,none")),
