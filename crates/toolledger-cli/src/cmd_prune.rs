@@ -58,6 +58,8 @@ pub struct PruneArgs {
 
 /// Runs `prune` on the ledger `store` resolves to.
 pub fn run(args: PruneArgs, store: StoreConfig) -> Result<Outcome, Failure> {
+    // The pass is a span when the OTEL_* variables name a collector.
+    let _traces = toolledger_cli::telemetry::init_traces();
     block_on(async move {
         let ledger = store.open()?;
         let clock: SharedClock = match args.clock_epoch {

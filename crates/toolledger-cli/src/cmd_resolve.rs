@@ -79,6 +79,8 @@ pub struct ResolveArgs {
 
 /// Runs `resolve` on the ledger `store` resolves to.
 pub fn run(args: ResolveArgs, store: StoreConfig) -> Result<Outcome, Failure> {
+    // The resolution is a span when the OTEL_* variables name a collector.
+    let _traces = toolledger_cli::telemetry::init_traces();
     block_on(async move {
         let ledger = store.open()?;
         let clock: SharedClock = match args.clock_epoch {

@@ -117,6 +117,9 @@ pub fn run(args: WorkerArgs, store: StoreConfig) -> Result<Outcome, Failure> {
         return usage("--batch must be 1 to 10000");
     }
     toolledger_cli::telemetry::init_logs(args.telemetry.log_format);
+    // Each delivery is a span when the OTEL_* variables name a collector; the last are sent
+    // when this ends.
+    let _traces = toolledger_cli::telemetry::init_traces();
     block_on(async move {
         let ledger = store.open()?;
         let clock: SharedClock = match args.clock_epoch {

@@ -727,3 +727,33 @@ fn serve_exports_the_conventions_operation_duration_with_the_calls_it_answered()
     }
     assert_exports_none_of(&receiver, &["key-otel-zq94", "int_value: 1432"]);
 }
+
+#[test]
+fn an_operators_prune_run_is_a_span_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(receiver) = Receiver::start(dir.path()) else {
+        return;
+    };
+    let db = Db::sqlite();
+    let mut c = toolledger();
+    c.arg("prune").args(db.store_args()).envs(db.key_env());
+    with_env(&mut c, &receiver.env());
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let until = Instant::now() + Duration::from_secs(30);
+    let span = loop {
+        if let Some(s) = receiver.spans().into_iter().find(|s| s["name"] == "prune") {
+            break s;
+        }
+        assert!(Instant::now() < until, "no prune span arrived");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(span["kind"], "INTERNAL", "{span}");
+    assert_eq!(span["parent_span_id"], "", "{span}");
+    assert_eq!(span["service"], "toolledger-test", "{span}");
+    assert_eq!(attr(&span, "toolledger.prune.dry_run"), false, "{span}");
+}

@@ -35,5 +35,6 @@ pub mod outbox;
 pub mod prune;
 pub mod runtime;
 pub mod store;
+mod trace;
 
 pub use model::{Error, ErrorCode, OperationState, Principal, Scope, ToolContract};

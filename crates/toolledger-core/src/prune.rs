@@ -197,7 +197,47 @@ pub struct RowCounts {
 ///
 /// A failure is the store's (its kind kept: `unavailable` and the like); batches committed
 /// before it stay committed.
+///
+/// The pass is a span `prune` under the current trace context, with what it did
+/// (`toolledger.prune.compacted`, `…deleted`, `…kept_unsettled`, `…busy`, `…dry_run`) or
+/// `error.type`.
 pub async fn prune(
+    store: &Store,
+    clock: &SharedClock,
+    opts: &PruneOptions,
+) -> Result<PruneReport, StoreError> {
+    use opentelemetry::context::FutureExt as _;
+    use opentelemetry::KeyValue;
+    let cx = crate::trace::start(
+        "prune",
+        opentelemetry::trace::SpanKind::Internal,
+        Vec::new(),
+    );
+    let out = prune_unspanned(store, clock, opts)
+        .with_context(cx.clone())
+        .await;
+    if let Ok(r) = &out {
+        for (key, n) in [
+            ("toolledger.prune.compacted", r.compacted),
+            ("toolledger.prune.deleted", r.deleted),
+            ("toolledger.prune.kept_unsettled", r.kept_unsettled),
+        ] {
+            crate::trace::set_on(
+                &cx,
+                KeyValue::new(key, i64::try_from(n).unwrap_or(i64::MAX)),
+            );
+        }
+        crate::trace::set_on(&cx, KeyValue::new("toolledger.prune.busy", r.busy));
+        crate::trace::set_on(&cx, KeyValue::new("toolledger.prune.dry_run", r.dry_run));
+    }
+    crate::trace::end(
+        &cx,
+        out.as_ref().err().map(|e| e.code().to_ascii_lowercase()),
+    );
+    out
+}
+
+async fn prune_unspanned(
     store: &Store,
     clock: &SharedClock,
     opts: &PruneOptions,

@@ -44,6 +44,11 @@ pub struct ExternalRequest {
     pub tool: String,
     /// The call's canonical arguments (without the operation id).
     pub arguments: Value,
+    /// The W3C trace context of the delivery this call is part of (`traceparent`,
+    /// `tracestate`, `baggage`, as the process's propagators write them): send them as the
+    /// API request's HTTP headers and its spans join the call's trace. Empty when nothing is
+    /// traced. The call also runs with that context current.
+    pub trace_context: std::collections::BTreeMap<String, String>,
 }
 
 impl ExternalRequest {
@@ -52,6 +57,7 @@ impl ExternalRequest {
             idempotency_key: request.status_ref,
             tool: request.tool,
             arguments: request.arguments,
+            trace_context: crate::trace::current_fields(),
         }
     }
 }

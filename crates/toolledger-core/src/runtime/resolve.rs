@@ -45,8 +45,25 @@ impl Runtime {
     /// `applied` or `partial` with the first step's result (its `first_step` event) as the
     /// stored result. A `partial` operation may be resolved as `applied` (an operator completed
     /// the remaining steps); its result stays. An `applied` operation is `invalid_arguments`.
+    ///
+    /// It is a span `resolve` (`toolledger.status_ref`, `toolledger.resolution`, and
+    /// `error.type` when refused) under the current trace context.
     pub async fn resolve(&self, resolution: &Resolution) -> Result<Answer, RuntimeError> {
-        let answer = self.resolve_unlogged(resolution).await;
+        use opentelemetry::context::FutureExt as _;
+        use opentelemetry::KeyValue;
+        let cx = crate::trace::start(
+            "resolve",
+            opentelemetry::trace::SpanKind::Internal,
+            vec![
+                KeyValue::new("toolledger.status_ref", resolution.status_ref.clone()),
+                KeyValue::new("toolledger.resolution", resolution.outcome.as_str()),
+            ],
+        );
+        let answer = self
+            .resolve_unlogged(resolution)
+            .with_context(cx.clone())
+            .await;
+        crate::trace::end(&cx, answer.as_ref().err().map(RuntimeError::pass_code));
         count_fenced("resolve", &answer);
         let r = resolution;
         match &answer {

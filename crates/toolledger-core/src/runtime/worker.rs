@@ -3,6 +3,10 @@
 
 use super::*;
 use crate::ledger;
+use crate::trace;
+use opentelemetry::context::FutureExt as _;
+use opentelemetry::trace::SpanKind;
+use opentelemetry::KeyValue;
 
 impl Runtime {
     /// Claims `event_id` for `owner` now.
@@ -209,6 +213,11 @@ impl Runtime {
             self.renew(lease).await?
         };
         let (tool, downstream) = self.tool(&record.scope.tool)?;
+        trace::set(KeyValue::new("gen_ai.tool.name", record.scope.tool.clone()));
+        trace::set(KeyValue::new(
+            "toolledger.status_ref",
+            record.status_ref.clone(),
+        ));
         let request = downstream_request(&record);
         let submitted = {
             let submit = downstream.submit(&record.scope, &request);
@@ -284,6 +293,37 @@ impl Runtime {
             self.complete_checked(&lease, &record, &receipt, checked)
                 .await?,
         ))
+    }
+
+    /// [`Runtime::execute`] for a worker pass, in a span `deliver` (kind `CONSUMER`: the
+    /// worker takes the event from the outbox) under which the downstream's or external
+    /// API's call runs: its `gen_ai.tool.name`, its `toolledger.status_ref`, and
+    /// `toolledger.outcome` (`executed` when a result was recorded, `unknown` for an outcome
+    /// left unknown; none when the event waits for another attempt) or `error.type`.
+    async fn deliver(&self, lease: &Lease) -> Result<Processed, RuntimeError> {
+        let cx = trace::start(
+            "deliver",
+            SpanKind::Consumer,
+            vec![KeyValue::new("gen_ai.operation.name", "execute_tool")],
+        );
+        let processed = self.execute(lease, None).with_context(cx.clone()).await;
+        let error = match &processed {
+            Ok(Processed::Delivered(_)) => {
+                trace::set_on(&cx, KeyValue::new("toolledger.outcome", "executed"));
+                None
+            }
+            Ok(Processed::Unknown(Answer::Unknown {
+                state: OperationState::OutcomeUnknown,
+                ..
+            })) => {
+                trace::set_on(&cx, KeyValue::new("toolledger.outcome", "unknown"));
+                None
+            }
+            Ok(_) => None,
+            Err(e) => Some(e.pass_code()),
+        };
+        trace::end(&cx, error);
+        processed
     }
 
     /// Claims and runs one event as worker `owner`.
@@ -368,7 +408,7 @@ impl Runtime {
                 Ok(ClaimOutcome::Claimed(lease)) => {
                     // The same crash point as `process` (tests hold the worker there).
                     self.point(CrashPoint::AfterClaim, None).await;
-                    (Some(lease.operation_id), self.execute(&lease, None).await)
+                    (Some(lease.operation_id), self.deliver(&lease).await)
                 }
                 Ok(other) => (None, Ok(Processed::NotClaimed(other))),
                 Err(e) => (None, Err(e)),
