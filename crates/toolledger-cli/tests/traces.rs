@@ -646,6 +646,28 @@ fn the_proxy_sends_an_http_upstream_the_trace_context_in_headers_too() {
         [expected.as_str()],
         "{sent}"
     );
+    // The forward's duration, by the conventions, sent at the proxy's end.
+    let until = Instant::now() + Duration::from_secs(30);
+    let forwarded = loop {
+        let found = receiver.metrics().into_iter().find(|p| {
+            p["name"] == "mcp.client.operation.duration"
+                && p["attributes"]["gen_ai.tool.name"] == "charge"
+        });
+        match found {
+            Some(p) => break p,
+            None if Instant::now() < until => std::thread::sleep(Duration::from_millis(50)),
+            None => panic!(
+                "no mcp.client.operation.duration: {:#?}",
+                receiver.metrics()
+            ),
+        }
+    };
+    assert_eq!(forwarded["count"], 1, "{forwarded}");
+    assert_eq!(forwarded["unit"], "s", "{forwarded}");
+    assert!(
+        forwarded["attributes"]["error.type"].is_null(),
+        "{forwarded}"
+    );
     assert_exports_none_of(&receiver, &["key-proxy-zq92", "int_value: 4830"]);
 }
 

@@ -131,7 +131,10 @@ pub fn event(name: &'static str) {
 /// current span: `tools/call {tool}` with `toolledger.step` = `step` (`forward`: the
 /// guarded call itself; `reconcile`: the reconcile lookup; `pass_through`). Run the request
 /// with the returned context attached ([`in_context`]), so [`inject_meta`] hands this span to
-/// the receiver, and end it with [`end_client`].
+/// the receiver, and end it with [`end_client`], which also records the request's duration in
+/// the conventions' histogram `mcp.client.operation.duration` (seconds; `mcp.method.name`,
+/// `gen_ai.tool.name`, `gen_ai.operation.name`, `error.type` when it failed) through the
+/// process's meter provider (a no-op without one).
 pub fn client_span(step: &'static str, tool: &str) -> Context {
     let parent = Context::current();
     let tracer = global::tracer(TRACER);
@@ -148,12 +151,46 @@ pub fn client_span(step: &'static str, tool: &str) -> Context {
             KeyValue::new("toolledger.step", step),
         ]);
     }
-    parent.with_span(span)
+    parent.with_span(span).with_value(ClientCall {
+        tool: tool.to_string(),
+        started: std::time::Instant::now(),
+    })
+}
+
+/// What [`end_client`] needs to record a [`client_span`]'s duration.
+struct ClientCall {
+    tool: String,
+    started: std::time::Instant,
+}
+
+/// `mcp.client.operation.duration`, made on first use (after the program installed its meter
+/// provider).
+fn client_duration() -> &'static opentelemetry::metrics::Histogram<f64> {
+    static HISTOGRAM: std::sync::OnceLock<opentelemetry::metrics::Histogram<f64>> =
+        std::sync::OnceLock::new();
+    HISTOGRAM.get_or_init(|| {
+        global::meter(TRACER)
+            .f64_histogram("mcp.client.operation.duration")
+            .with_unit("s")
+            .with_description("The duration of the MCP requests the process sent")
+            .build()
+    })
 }
 
 /// Ends a [`client_span`]: `error` names what went wrong (`tool_error` for an `isError`
 /// result, a JSON-RPC error code, `timeout`, `not_sent`, `transport`), `None` for a success.
 pub fn end_client(cx: &Context, error: Option<&str>) {
+    if let Some(call) = cx.get::<ClientCall>() {
+        let mut attributes = vec![
+            KeyValue::new("mcp.method.name", "tools/call"),
+            KeyValue::new("gen_ai.tool.name", call.tool.clone()),
+            KeyValue::new("gen_ai.operation.name", "execute_tool"),
+        ];
+        if let Some(e) = error {
+            attributes.push(KeyValue::new("error.type", e.to_string()));
+        }
+        client_duration().record(call.started.elapsed().as_secs_f64(), &attributes);
+    }
     let span = cx.span();
     if let Some(e) = error.filter(|_| span.is_recording()) {
         span.set_attribute(KeyValue::new("error.type", e.to_string()));
