@@ -449,6 +449,20 @@ async fn write_lines(stdin: ChildStdin, mut rx: mpsc::UnboundedReceiver<String>)
     }
 }
 
+/// Bytes process `pid` caused to be written to storage so far (`write_bytes` of
+/// `/proc/<pid>/io`), when the kernel reports it.
+pub(super) fn process_write_bytes_of(pid: u32) -> Option<u64> {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("write_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// `bytes` over `ops`, to one decimal.
+pub(super) fn per_op(bytes: u64, ops: usize) -> f64 {
+    (bytes as f64 / ops.max(1) as f64 * 10.0).round() / 10.0
+}
+
 /// User + system CPU time of process `pid` so far, from `/proc/<pid>/stat`.
 pub(super) fn process_cpu_of(pid: u32) -> Duration {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -514,6 +528,7 @@ async fn measure(
 ) -> Report {
     client.reset_peak_rss();
     let server_cpu_before = client.cpu();
+    let written_before = process_write_bytes_of(client.pid());
     let c = client.clone();
     let mut m: Measured = drive(label, concurrency, ops, move |i| {
         let c = c.clone();
@@ -525,6 +540,9 @@ async fn measure(
     m.cpu += server_cpu;
     let mut r = Report::new(label, concurrency, ops, m);
     r.server_peak_rss_mb = client.peak_rss_mb();
+    r.server_write_bytes_per_op = written_before
+        .zip(process_write_bytes_of(client.pid()))
+        .map(|(before, after)| per_op(after.saturating_sub(before), ops));
     r.server_cpu_us_per_op =
         Some((server_cpu.as_secs_f64() * 1e6 / ops.max(1) as f64 * 10.0).round() / 10.0);
     r

@@ -24,8 +24,10 @@
 //!
 //! Proxied lines carry `baseline`, `added_p50_us`, `added_p99_us` and `throughput_ratio`;
 //! their `server_peak_rss_mb` and `server_cpu_us_per_op` are the proxy's (peak reset before
-//! the measurement), `upstream_cpu_us_per_op` the upstream's. `cpu_us_per_op` counts this
-//! client and the process it talks to.
+//! the measurement), `upstream_cpu_us_per_op` the upstream's, `server_write_bytes_per_op`
+//! what the proxy wrote to storage per call; the fresh lines' `ledger_bytes_per_op` is how
+//! much the ledger's files grew per call. `cpu_us_per_op` counts this client and the process
+//! it talks to.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -33,7 +35,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 use toolledger::store::sqlite::Synchronous;
 
-use super::mcp::{finish, process_cpu_of, McpClient};
+use super::mcp::{finish, per_op, process_cpu_of, process_write_bytes_of, McpClient};
 use super::report::Report;
 use super::run::{drive, Measured};
 
@@ -188,6 +190,14 @@ fn upstream_pid(client: &McpClient, through_proxy: bool) -> Option<u32> {
     }
 }
 
+/// The bytes of the ledger's database file and its WAL.
+fn ledger_size(ledger: &Path) -> u64 {
+    let size = |p: PathBuf| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    let mut wal = ledger.as_os_str().to_owned();
+    wal.push("-wal");
+    size(ledger.to_path_buf()) + size(PathBuf::from(wal))
+}
+
 fn per_op_us(cpu: std::time::Duration, ops: usize) -> f64 {
     (cpu.as_secs_f64() * 1e6 / ops.max(1) as f64 * 10.0).round() / 10.0
 }
@@ -209,6 +219,7 @@ async fn measure(
     let upstream = upstream_pid(client, through_proxy);
     client.reset_peak_rss();
     let server_before = client.cpu();
+    let written_before = process_write_bytes_of(client.pid());
     let upstream_before = upstream.map(process_cpu_of);
     let c = client.clone();
     let mut m: Measured = drive(label, concurrency, ops, move |i| {
@@ -226,6 +237,9 @@ async fn measure(
     let mut r = Report::new(label, concurrency, ops, m);
     r.server_peak_rss_mb = client.peak_rss_mb();
     r.server_cpu_us_per_op = Some(per_op_us(server_cpu, ops));
+    r.server_write_bytes_per_op = written_before
+        .zip(process_write_bytes_of(client.pid()))
+        .map(|(before, after)| per_op(after.saturating_sub(before), ops));
     if through_proxy {
         if let (Some(pid), Some(before)) = (upstream, upstream_before) {
             r.upstream_cpu_us_per_op =
@@ -288,8 +302,9 @@ pub async fn run(
         ("proxy-fresh-unguarded", &unguarded_files),
         ("proxy-fresh", &files),
     ] {
+        let size_before = ledger_size(&files.ledger);
         let client = McpClient::over_stdio(proxied(&exe, files, synchronous))?;
-        let line = measure(
+        let mut line = measure(
             &client,
             label,
             concurrency,
@@ -301,6 +316,10 @@ pub async fn run(
         .await
         .compared_with(&direct_fresh);
         finish(client).await;
+        line.ledger_bytes_per_op = Some(per_op(
+            ledger_size(&files.ledger).saturating_sub(size_before),
+            ops,
+        ));
         fresh_lines.push(line);
     }
     let fresh = fresh_lines.pop().expect("the guarded line");

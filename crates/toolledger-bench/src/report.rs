@@ -43,6 +43,15 @@ pub struct Report {
     /// own is `server_cpu_us_per_op`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream_cpu_us_per_op: Option<f64>,
+    /// Bytes the server child caused to be written to storage per operation
+    /// (`/proc/<pid>/io` `write_bytes`: pages dirtied for the database, its WAL and its
+    /// checkpoints), for workloads that run one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_write_bytes_per_op: Option<f64>,
+    /// Growth of the ledger's files (database and WAL, after the server closed them) per
+    /// operation: what a settled operation keeps on disk before retention.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ledger_bytes_per_op: Option<f64>,
     /// The line this one is compared with: the same calls made to the upstream directly.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub baseline: Option<String>,
@@ -101,6 +110,8 @@ impl Report {
             server_peak_rss_mb: None,
             server_cpu_us_per_op: None,
             upstream_cpu_us_per_op: None,
+            server_write_bytes_per_op: None,
+            ledger_bytes_per_op: None,
             baseline: None,
             added_p50_us: None,
             added_p99_us: None,

@@ -269,6 +269,20 @@ fn the_proxy_workload_prints_direct_and_proxied_lines_and_what_the_proxy_adds() 
         assert!(l["server_peak_rss_mb"].as_f64().unwrap() > 0.0, "{l}");
         assert!(l["server_cpu_us_per_op"].is_number(), "{l}");
         let workload = l["workload"].as_str().unwrap();
+        // Fresh calls write to storage (the proxy's ledger, the upstream's charges); the
+        // fresh proxied lines say how much the ledger grew per call.
+        if workload.contains("fresh") {
+            assert!(
+                l["server_write_bytes_per_op"].as_f64().unwrap() > 0.0,
+                "{l}"
+            );
+        }
+        match workload {
+            "proxy-fresh" | "proxy-fresh-unguarded" => {
+                assert!(l["ledger_bytes_per_op"].as_f64().unwrap() > 0.0, "{l}")
+            }
+            _ => assert!(l.get("ledger_bytes_per_op").is_none(), "{l}"),
+        }
         let baseline = match workload {
             "proxy-fresh" | "proxy-fresh-unguarded" => Some("proxy-direct-fresh"),
             "proxy-replay" => Some("proxy-direct-lookup"),
