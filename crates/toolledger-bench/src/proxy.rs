@@ -101,8 +101,21 @@ fn direct(exe: &Path, charges: &Path, synchronous: Synchronous) -> tokio::proces
 }
 
 fn proxied(exe: &Path, files: &Files, synchronous: Synchronous) -> tokio::process::Command {
+    proxied_with(exe, files, synchronous, None)
+}
+
+/// [`proxied`], serving its Prometheus metrics at `127.0.0.1:{metrics}` when given.
+fn proxied_with(
+    exe: &Path,
+    files: &Files,
+    synchronous: Synchronous,
+    metrics: Option<u16>,
+) -> tokio::process::Command {
+    let metrics = metrics.map(|port| ["--metrics".to_string(), format!("127.0.0.1:{port}")]);
     let mut c = tokio::process::Command::new(exe);
+    c.env_remove("TOOLLEDGER_METRICS");
     c.arg("proxy")
+        .args(metrics.iter().flatten())
         .arg("--db")
         .arg(&files.ledger)
         .args(["--backend-id", BACKEND_ID])
@@ -188,6 +201,50 @@ fn upstream_pid(client: &McpClient, through_proxy: bool) -> Option<u32> {
     } else {
         Some(client.pid())
     }
+}
+
+/// A free local port (for the proxy's metrics listener).
+fn free_port() -> Option<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
+    listener.local_addr().ok().map(|a| a.port())
+}
+
+/// The SQLite writer's commits and the jobs they carried so far, from the proxy's Prometheus
+/// metrics at `127.0.0.1:{port}` (`toolledger_store_commit_batch_size`: its count and sum;
+/// none yet is 0); `None` when the listener does not answer.
+async fn writer_totals(port: u16) -> Option<(u64, u64)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let request =
+        format!("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.ok()?;
+    let value = |name: &str| {
+        body.lines()
+            .filter(|l| l.starts_with(name) && l.contains("backend=\"sqlite\""))
+            .find_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    if !body.starts_with("HTTP/1.1 200") {
+        return None;
+    }
+    // No series yet: nothing was committed.
+    let count = value("toolledger_store_commit_batch_size_count").unwrap_or(0.0);
+    let sum = value("toolledger_store_commit_batch_size_sum").unwrap_or(0.0);
+    Some((count as u64, sum as u64))
+}
+
+/// Waits until the proxy's metrics listener at `port` answers.
+async fn metrics_up(port: u16) -> bool {
+    for _ in 0..200 {
+        if writer_totals(port).await.is_some() {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    false
 }
 
 /// The bytes of the ledger's database file and its WAL.
@@ -303,7 +360,18 @@ pub async fn run(
         ("proxy-fresh", &files),
     ] {
         let size_before = ledger_size(&files.ledger);
-        let client = McpClient::over_stdio(proxied(&exe, files, synchronous))?;
+        let port = free_port();
+        let client = McpClient::over_stdio(proxied_with(&exe, files, synchronous, port))?;
+        // The writer's commits, around the measurement (the untimed first call included).
+        let _ = client.call("count_charges", json!({})).await;
+        let up = match port {
+            Some(p) => metrics_up(p).await,
+            None => false,
+        };
+        let totals_before = match (port, up) {
+            (Some(p), true) => writer_totals(p).await,
+            _ => None,
+        };
         let mut line = measure(
             &client,
             label,
@@ -315,6 +383,13 @@ pub async fn run(
         )
         .await
         .compared_with(&direct_fresh);
+        let totals_after = match (port, totals_before) {
+            (Some(p), Some(_)) => writer_totals(p).await,
+            _ => None,
+        };
+        if let (Some((c0, j0)), Some((c1, j1))) = (totals_before, totals_after) {
+            line = line.with_commits(c1.saturating_sub(c0), j1.saturating_sub(j0));
+        }
         finish(client).await;
         line.ledger_bytes_per_op = Some(per_op(
             ledger_size(&files.ledger).saturating_sub(size_before),

@@ -71,6 +71,9 @@ pub struct Report {
     /// Jobs per write transaction (group-commit batch size) over the workload.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mean_batch: Option<f64>,
+    /// `commits` per operation: the write transactions (each one durable commit) a call cost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub commits_per_op: Option<f64>,
     /// Operations in the ledger a listing workload read from.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rows: Option<usize>,
@@ -118,25 +121,35 @@ impl Report {
             throughput_ratio: None,
             commits: None,
             mean_batch: None,
+            commits_per_op: None,
             rows: None,
             ratio_to_ceiling: None,
             synchronous: "full",
         }
     }
 
-    /// Adds what the SQLite writer did between `before` and `after`.
-    pub fn with_writer(
-        mut self,
-        before: toolledger::store::sqlite::WriterStats,
-        after: toolledger::store::sqlite::WriterStats,
-    ) -> Report {
-        let commits = after.batches.saturating_sub(before.batches);
-        let jobs = after.jobs.saturating_sub(before.jobs);
+    /// Adds `commits` write transactions carrying `jobs` jobs (a server's SQLite writer, as
+    /// its metrics count them) over this line's operations.
+    pub fn with_commits(mut self, commits: u64, jobs: u64) -> Report {
         self.commits = Some(commits);
+        self.commits_per_op =
+            Some((commits as f64 / self.ops.max(1) as f64 * 100.0).round() / 100.0);
         if commits > 0 {
             self.mean_batch = Some((jobs as f64 / commits as f64 * 10.0).round() / 10.0);
         }
         self
+    }
+
+    /// Adds what the SQLite writer did between `before` and `after`.
+    pub fn with_writer(
+        self,
+        before: toolledger::store::sqlite::WriterStats,
+        after: toolledger::store::sqlite::WriterStats,
+    ) -> Report {
+        self.with_commits(
+            after.batches.saturating_sub(before.batches),
+            after.jobs.saturating_sub(before.jobs),
+        )
     }
 
     /// Compares this line with `base` (the same calls without what this line measures).

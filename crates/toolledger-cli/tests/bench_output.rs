@@ -279,7 +279,10 @@ fn the_proxy_workload_prints_direct_and_proxied_lines_and_what_the_proxy_adds() 
         }
         match workload {
             "proxy-fresh" | "proxy-fresh-unguarded" => {
-                assert!(l["ledger_bytes_per_op"].as_f64().unwrap() > 0.0, "{l}")
+                assert!(l["ledger_bytes_per_op"].as_f64().unwrap() > 0.0, "{l}");
+                // Each fresh call commits at least once (intent before the forward).
+                assert!(l["commits_per_op"].as_f64().unwrap() > 0.0, "{l}");
+                assert!(l["mean_batch"].as_f64().unwrap() >= 1.0, "{l}");
             }
             _ => assert!(l.get("ledger_bytes_per_op").is_none(), "{l}"),
         }
