@@ -455,12 +455,9 @@ pub(crate) fn insert_applied(
 
 /// The states an operation may be in while its effect is unsure or not yet done: a new key
 /// with the same intent may be a re-plan of it (see [`unsettled_twin`]). The partial index
-/// `operations_unsettled_by_digest` covers exactly these states, with this predicate: an OR
-/// chain, which SQLite tests on a write without building a temporary index (as an IN list of
-/// more than two constants makes it), and which a query must repeat for SQLite to use the
-/// index.
-pub(crate) const UNSETTLED_SQL: &str = "(state = 'in_progress' OR state = 'accepted' \
-     OR state = 'processing' OR state = 'outcome_unknown')";
+/// `operations_unsettled_by_digest` covers exactly these states.
+pub(crate) const UNSETTLED_STATES_SQL: &str =
+    "('in_progress', 'accepted', 'processing', 'outcome_unknown')";
 
 /// The newest operation of `scope`'s caller and tool, under another key, with the same
 /// request digest (the same intent), created at `since` or later and still unsettled: what a
@@ -473,7 +470,7 @@ pub(crate) fn unsettled_twin(
 ) -> Result<Option<crate::model::EarlierOperation>, Error> {
     let sql = format!(
         "SELECT idempotency_key, status_ref, state FROM operations
-          WHERE request_digest = ?1 AND {UNSETTLED_SQL}
+          WHERE request_digest = ?1 AND state IN {UNSETTLED_STATES_SQL}
             AND tenant = ?2 AND subject = ?3 AND tool = ?4 AND idempotency_key <> ?5
             AND created_at >= ?6
           ORDER BY id DESC LIMIT 1"
