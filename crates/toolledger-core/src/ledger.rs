@@ -455,7 +455,9 @@ pub(crate) fn insert_applied(
 
 /// The states an operation may be in while its effect is unsure or not yet done: a new key
 /// with the same intent may be a re-plan of it (see [`unsettled_twin`]). The partial index
-/// `operations_unsettled_by_digest` covers exactly these states.
+/// `operations_unsettled_by_digest` holds these states' rows: on PostgreSQL by this list, on
+/// SQLite as the rows without a result (these states and `dead`), so that a claim, which
+/// moves a row between two of them, leaves the index alone.
 pub(crate) const UNSETTLED_STATES_SQL: &str =
     "('in_progress', 'accepted', 'processing', 'outcome_unknown')";
 
@@ -470,7 +472,7 @@ pub(crate) fn unsettled_twin(
 ) -> Result<Option<crate::model::EarlierOperation>, Error> {
     let sql = format!(
         "SELECT idempotency_key, status_ref, state FROM operations
-          WHERE request_digest = ?1 AND state IN {UNSETTLED_STATES_SQL}
+          WHERE request_digest = ?1 AND result IS NULL AND state IN {UNSETTLED_STATES_SQL}
             AND tenant = ?2 AND subject = ?3 AND tool = ?4 AND idempotency_key <> ?5
             AND created_at >= ?6
           ORDER BY id DESC LIMIT 1"

@@ -104,6 +104,11 @@ pub const CORE_MIGRATIONS: &[Migration] = &[
         version: 7,
         sql: include_str!("sql/sqlite_0007_replan_index.sql"),
     },
+    Migration {
+        namespace: "toolledger",
+        version: 8,
+        sql: include_str!("sql/sqlite_0008_replan_index_by_result.sql"),
+    },
 ];
 
 /// The backend id a new file gets when none is requested.
