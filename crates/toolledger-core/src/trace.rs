@@ -26,9 +26,14 @@ pub(crate) fn start(name: &'static str, kind: SpanKind, attributes: Vec<KeyValue
     Context::current_with_span(span)
 }
 
-/// Sets `attribute` on the current span (when one is recorded).
-pub(crate) fn set(attribute: KeyValue) {
-    set_on(&Context::current(), attribute);
+/// Sets the attribute `make` builds on the current span, built only when that span is
+/// recorded (a call that nothing traces allocates nothing here).
+pub(crate) fn set(make: impl FnOnce() -> KeyValue) {
+    let cx = Context::current();
+    let span = cx.span();
+    if span.is_recording() {
+        span.set_attribute(make());
+    }
 }
 
 /// Sets `attribute` on the span of `cx` (when it is recorded).

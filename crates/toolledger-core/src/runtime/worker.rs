@@ -213,11 +213,8 @@ impl Runtime {
             self.renew(lease).await?
         };
         let (tool, downstream) = self.tool(&record.scope.tool)?;
-        trace::set(KeyValue::new("gen_ai.tool.name", record.scope.tool.clone()));
-        trace::set(KeyValue::new(
-            "toolledger.status_ref",
-            record.status_ref.clone(),
-        ));
+        trace::set(|| KeyValue::new("gen_ai.tool.name", record.scope.tool.clone()));
+        trace::set(|| KeyValue::new("toolledger.status_ref", record.status_ref.clone()));
         let request = downstream_request(&record);
         let submitted = {
             let submit = downstream.submit(&record.scope, &request);
