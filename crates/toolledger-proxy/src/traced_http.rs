@@ -96,10 +96,16 @@ impl StreamableHttpClient for TracedHttp {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
-        let headers = with_trace_context(&message, custom_headers);
-        self.0
-            .post_message(uri, message, session_id, auth_header, headers)
-            .await
+        let limits = StreamableHttpResponseLimits::default();
+        self.post_message_with_response_limits(
+            uri,
+            message,
+            session_id,
+            auth_header,
+            custom_headers,
+            limits,
+        )
+        .await
     }
 
     async fn post_message_with_max_sse_event_size(
@@ -111,19 +117,20 @@ impl StreamableHttpClient for TracedHttp {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
-        let headers = with_trace_context(&message, custom_headers);
-        self.0
-            .post_message_with_max_sse_event_size(
-                uri,
-                message,
-                session_id,
-                auth_header,
-                headers,
-                max_sse_event_size,
-            )
-            .await
+        let mut limits = StreamableHttpResponseLimits::default();
+        limits.max_sse_event_size = max_sse_event_size;
+        self.post_message_with_response_limits(
+            uri,
+            message,
+            session_id,
+            auth_header,
+            custom_headers,
+            limits,
+        )
+        .await
     }
 
+    /// Every POST comes here: the request's trace context is added to its headers.
     async fn post_message_with_response_limits(
         &self,
         uri: Arc<str>,
