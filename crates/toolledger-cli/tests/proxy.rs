@@ -1392,17 +1392,7 @@ fn every_carrier_names_the_operation_over_stdio(db: Db) {
 
 /// A charge server on streamable HTTP at `port`, sharing the world's charge file.
 fn http_upstream(w: &World, port: u16) -> std::process::Child {
-    let child = Command::new(&w.python)
-        .arg(proxy_fixture("charge_server.py"))
-        .args(["--http", &port.to_string()])
-        .env("CHARGE_DB", w.charge_db())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    support::clients::wait_listening(port, "the HTTP upstream");
-    child
+    support::clients::charge_server_http(&w.python, port, &w.charge_db(), &[])
 }
 
 /// An upstream that cannot be reached has not been sent anything: the call is `unavailable`
@@ -1411,11 +1401,7 @@ fn http_upstream(w: &World, port: u16) -> std::process::Child {
 /// carries the upstream's URL secrets or an internal type name.
 fn an_unreachable_upstream_is_not_sent_and_the_retry_forwards(db: Db) {
     let Some(w) = World::new(db) else { return };
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = support::clients::free_port();
     let mut upstream = http_upstream(&w, port);
     let url = format!("http://127.0.0.1:{port}/mcp?token=url-secret-123");
     let log = std::fs::OpenOptions::new()

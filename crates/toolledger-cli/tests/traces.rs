@@ -191,6 +191,19 @@ fn assert_exports_none_of(receiver: &Receiver, secrets: &[&str]) {
     }
 }
 
+/// Requests 1 to 3 to `serve`: `create_automation` under `key` every `minutes` (executed), the
+/// same again (replayed), and under `key` every `minutes + 1` (a conflict).
+fn fresh_replay_conflict(s: &mut Server, key: &str, minutes: i64) {
+    let args = json!({"request_id": key, "interval_minutes": minutes});
+    let fresh = traced_call(s, 1, "create_automation", args.clone());
+    assert_eq!(fresh["isError"], false, "{fresh}");
+    let again = traced_call(s, 2, "create_automation", args);
+    assert_eq!(again["structuredContent"]["replayed"], true, "{again}");
+    let other = json!({"request_id": key, "interval_minutes": minutes + 1});
+    let conflict = traced_call(s, 3, "create_automation", other);
+    assert_eq!(error_code(&conflict), "operation_conflict");
+}
+
 #[test]
 fn serve_on_stdio_continues_the_callers_trace_and_says_what_the_ledger_did() {
     let dir = tempfile::tempdir().unwrap();
@@ -201,14 +214,7 @@ fn serve_on_stdio_continues_the_callers_trace_and_says_what_the_ledger_did() {
     let mut c = serve_command(&db, &["--principal".into(), "alice".into()]);
     with_env(&mut c, &receiver.env());
     let mut s = Server::spawn(c);
-    let args = json!({"request_id": "key-otel-zq81", "interval_minutes": 1417});
-    let fresh = traced_call(&mut s, 1, "create_automation", args.clone());
-    assert_eq!(fresh["isError"], false, "{fresh}");
-    let again = traced_call(&mut s, 2, "create_automation", args);
-    assert_eq!(again["structuredContent"]["replayed"], true, "{again}");
-    let other = json!({"request_id": "key-otel-zq81", "interval_minutes": 1418});
-    let conflict = traced_call(&mut s, 3, "create_automation", other);
-    assert_eq!(error_code(&conflict), "operation_conflict");
+    fresh_replay_conflict(&mut s, "key-otel-zq81", 1417);
     let status = traced_call(
         &mut s,
         4,
@@ -593,23 +599,14 @@ fn the_proxy_sends_an_http_upstream_the_trace_context_in_headers_too() {
         return;
     };
     let python = python().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
     let headers = dir.path().join("traceparent.log");
-    let mut upstream = Command::new(&python)
-        .arg(proxy_fixture("charge_server.py"))
-        .args(["--http", &port.to_string()])
-        .env("CHARGE_DB", dir.path().join("charges.sqlite"))
-        .env("CHARGE_HEADER_LOG", &headers)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    support::clients::wait_listening(port, "the HTTP upstream");
+    let port = support::clients::free_port();
+    let mut upstream = support::clients::charge_server_http(
+        &python,
+        port,
+        &dir.path().join("charges.sqlite"),
+        &[("CHARGE_HEADER_LOG", headers.as_os_str())],
+    );
     let db = Db::sqlite();
     let url = format!("http://127.0.0.1:{port}/mcp");
     let mut p = proxy(
@@ -703,14 +700,7 @@ fn serve_exports_the_conventions_operation_duration_with_the_calls_it_answered()
     let mut c = serve_command(&db, &["--principal".into(), "alice".into()]);
     with_env(&mut c, &receiver.env());
     let mut s = Server::spawn(c);
-    let args = json!({"request_id": "key-otel-zq94", "interval_minutes": 1432});
-    let fresh = traced_call(&mut s, 1, "create_automation", args.clone());
-    assert_eq!(fresh["isError"], false, "{fresh}");
-    let again = traced_call(&mut s, 2, "create_automation", args);
-    assert_eq!(again["structuredContent"]["replayed"], true, "{again}");
-    let other = json!({"request_id": "key-otel-zq94", "interval_minutes": 1433});
-    let conflict = traced_call(&mut s, 3, "create_automation", other);
-    assert_eq!(error_code(&conflict), "operation_conflict");
+    fresh_replay_conflict(&mut s, "key-otel-zq94", 1432);
     // The process's end sends the last reading.
     assert_eq!(s.finish(), 0);
     let until = Instant::now() + Duration::from_secs(30);

@@ -90,6 +90,37 @@ pub fn wait_listening(port: u16, what: &str) {
     }
 }
 
+/// A local port nothing listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The test charge server (`tests/proxy/charge_server.py`) over streamable HTTP at `port`,
+/// with `charges` as its database and `env` added, once it listens.
+pub fn charge_server_http(
+    python: &Path,
+    port: u16,
+    charges: &Path,
+    env: &[(&str, &std::ffi::OsStr)],
+) -> std::process::Child {
+    let child = std::process::Command::new(python)
+        .arg(proxy_fixture("charge_server.py"))
+        .args(["--http", &port.to_string()])
+        .env("CHARGE_DB", charges)
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_listening(port, "the HTTP upstream");
+    child
+}
+
 /// `@modelcontextprotocol/server-filesystem`'s entry point (its allowed directories are its
 /// arguments, or the client's roots).
 pub fn server_filesystem() -> PathBuf {
