@@ -906,7 +906,17 @@ impl Runtime {
 
     /// Runs `f` in a write transaction with the runtime's [`TxContext`] and the clock's time,
     /// read inside the transaction (again when it is retried).
-    async fn write_at<T, F>(&self, mut f: F) -> Result<T, RuntimeError>
+    async fn write_at<T, F>(&self, f: F) -> Result<T, RuntimeError>
+    where
+        F: FnMut(&TxContext, &mut dyn EffectTx, i64) -> Result<T, RuntimeError> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.write_flushed_or_not(true, f).await
+    }
+
+    /// [`Runtime::write_at`]; `flush: false` commits without waiting for the disk
+    /// ([`Store::write_unflushed`]), for a write nobody is told of before a flushed one.
+    async fn write_flushed_or_not<T, F>(&self, flush: bool, mut f: F) -> Result<T, RuntimeError>
     where
         F: FnMut(&TxContext, &mut dyn EffectTx, i64) -> Result<T, RuntimeError> + Send + 'static,
         T: Send + 'static,
@@ -917,12 +927,15 @@ impl Runtime {
             config: self.config,
             deadlines: self.deadlines,
         };
-        self.store
-            .write(move |tx: &mut dyn EffectTx| {
-                let now = ctx.clock.now();
-                f(&ctx, tx, now)
-            })
-            .await
+        let job = move |tx: &mut dyn EffectTx| {
+            let now = ctx.clock.now();
+            f(&ctx, tx, now)
+        };
+        if flush {
+            self.store.write(job).await
+        } else {
+            self.store.write_unflushed(job).await
+        }
     }
 
     fn tool(&self, name: &str) -> Result<ToolEntry, Error> {

@@ -32,6 +32,16 @@ pub trait WriteJob: Send {
     /// last run committed (or when the job asked for its own rollback), and the reason when
     /// the job could not run or its transaction did not commit.
     fn finish(self: Box<Self>, failure: Option<StoreError>);
+
+    /// Whether the job's caller may be answered only once its transaction is on the disk
+    /// (the default). `false`: the commit may return once the transaction is in the
+    /// database's log, where it survives the process's crash but not yet the machine's; the
+    /// caller promises that nobody is told of what it wrote before a later write that does
+    /// wait for the disk has committed. Both logs are sequential, so that write's flush
+    /// carries this one. A driver may always wait anyway.
+    fn waits_for_disk(&self) -> bool {
+        true
+    }
 }
 
 /// A unit of read work handed to a [`Driver`]: run once, in one read-only snapshot.
@@ -394,6 +404,8 @@ struct Write<T, E, F> {
     f: F,
     out: Option<Result<T, E>>,
     reply: Option<oneshot::Sender<Result<T, E>>>,
+    /// See [`WriteJob::waits_for_disk`].
+    flush: bool,
 }
 
 impl<T, E, F> WriteJob for Write<T, E, F>
@@ -411,8 +423,12 @@ where
         keep
     }
 
+    fn waits_for_disk(&self) -> bool {
+        self.flush
+    }
+
     fn finish(self: Box<Self>, failure: Option<StoreError>) {
-        let Write { f, out, reply } = *self;
+        let Write { f, out, reply, .. } = *self;
         // What the closure captured (often a handle on this very store) goes before the
         // caller hears back: once answered, the caller may drop its own handle, and the last
         // one must not be dropped on the driver's thread.
@@ -496,7 +512,7 @@ impl Store {
         self.driver.as_any().downcast_ref::<D>()
     }
 
-    fn write_job<T, E, F>(f: F) -> (Box<dyn WriteJob>, oneshot::Receiver<Result<T, E>>)
+    fn write_job<T, E, F>(f: F, flush: bool) -> (Box<dyn WriteJob>, oneshot::Receiver<Result<T, E>>)
     where
         F: FnMut(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
         T: Send + 'static,
@@ -507,6 +523,7 @@ impl Store {
             f,
             out: None,
             reply: Some(reply),
+            flush,
         };
         (Box::new(job), rx)
     }
@@ -529,7 +546,24 @@ impl Store {
         T: Send + 'static,
         E: From<StoreError> + Send + 'static,
     {
-        let (job, rx) = Self::write_job(f);
+        let (job, rx) = Self::write_job(f, true);
+        self.driver.submit_write(job);
+        rx.await.unwrap_or_else(|_| Err(E::from(stopped())))
+    }
+
+    /// [`Store::write`] whose commit need not wait for the disk: it returns once the
+    /// transaction is in the database's log, where the process's crash cannot undo it but the
+    /// machine's could, until the next write that waits for the disk commits and carries it
+    /// (see [`WriteJob::waits_for_disk`]). For a write nobody is told of before such a write
+    /// follows: the intent of a call its own caller forwards next, whose claim is flushed
+    /// before anything is sent.
+    pub async fn write_unflushed<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        F: FnMut(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        let (job, rx) = Self::write_job(f, false);
         self.driver.submit_write(job);
         rx.await.unwrap_or_else(|_| Err(E::from(stopped())))
     }
@@ -541,7 +575,7 @@ impl Store {
         T: Send + 'static,
         E: From<StoreError> + Send + 'static,
     {
-        let (job, rx) = Self::write_job(f);
+        let (job, rx) = Self::write_job(f, true);
         self.driver.submit_write(job);
         rx.blocking_recv()
             .unwrap_or_else(|_| Err(E::from(stopped())))

@@ -164,7 +164,8 @@ impl Driver for PgStore {
                 Ok(slot) => slot,
                 Err(e) => return job.finish(Some(e)),
             };
-            let out = write_on(slot, &mut |tx: &mut PgTx<'_>| {
+            let flush = job.waits_for_disk();
+            let out = write_on(slot, flush, &mut |tx: &mut PgTx<'_>| {
                 if job.run(tx) {
                     Ok(())
                 } else {

@@ -1196,7 +1196,7 @@ impl PgWriter<'_> {
     where
         F: FnMut(&mut PgTx<'_>) -> Result<T, Error>,
     {
-        write_on(self.slot, &mut f)
+        write_on(self.slot, true, &mut f)
     }
 
     /// Closes the connection (the server rolls back whatever is open on it); the next write
@@ -1218,7 +1218,11 @@ fn end(slot: &mut Slot, sql: &str) -> Result<(), tokio_postgres::Error> {
 const BEGIN_WRITE: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 const BEGIN_READ: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
 
-fn write_on<T, E, F>(slot: &mut Slot, f: &mut F) -> Result<T, E>
+/// Runs `f` in a write transaction on `slot`, again after a transient conflict. `flush`:
+/// whether its `COMMIT` waits for the log's flush; `false` commits it with
+/// `synchronous_commit` off for that transaction, which the next commit that waits carries
+/// to the disk (the log is sequential).
+fn write_on<T, E, F>(slot: &mut Slot, flush: bool, f: &mut F) -> Result<T, E>
 where
     F: FnMut(&mut PgTx<'_>) -> Result<T, E>,
     E: From<StoreError>,
@@ -1238,6 +1242,9 @@ where
                 // Savepoint releases still queued go out with the COMMIT.
                 if !commit.is_empty() {
                     commit.push_str("; ");
+                }
+                if !flush {
+                    commit.push_str("SET LOCAL synchronous_commit TO OFF; ");
                 }
                 commit.push_str("COMMIT");
                 &commit

@@ -8,7 +8,9 @@
 //!
 //! Every connection runs with `journal_mode=WAL`, `synchronous=FULL`, `foreign_keys=ON` and
 //! `busy_timeout=5000`; the write connection may be opened with `synchronous=NORMAL` instead
-//! ([`Synchronous::Normal`], an opt-in that gives up durability on power failure). The file is bound to a backend id in `store_metadata`; opening it with
+//! ([`Synchronous::Normal`], an opt-in that gives up durability on power failure). A batch
+//! whose every job need not wait for the disk ([`WriteJob::waits_for_disk`]) commits without
+//! the flush; the next batch that waits carries it. The file is bound to a backend id in `store_metadata`; opening it with
 //! another id, or with a schema newer than this program knows, is refused — the policy is
 //! core's [`migrate::run`], which this driver runs inside one `BEGIN IMMEDIATE` transaction.
 //!
@@ -1113,7 +1115,13 @@ fn writer_loop(
         stats.batches.fetch_add(1, Ordering::Relaxed);
         stats.jobs.fetch_add(n, Ordering::Relaxed);
         stats.largest_batch.fetch_max(n, Ordering::Relaxed);
-        savepoints_only = run_batch(&conn, batch, savepoints_only, &mut background);
+        let flush = synchronous == Synchronous::Full
+            && batch
+                .iter()
+                .any(|j| !matches!(j, Job::Again(w) if !w.waits_for_disk()));
+        savepoints_only = without_flush(&conn, synchronous, !flush, || {
+            run_batch(&conn, batch, savepoints_only, &mut background)
+        });
     }
     background.end(Some(StoreError::Unavailable("the store closed".into())));
 }
@@ -1253,29 +1261,46 @@ impl<'a> Background<'a> {
     /// work is then done again by a later pass. The callers' commits keep the connection's
     /// own mode.
     fn alone(&mut self, conn: &Connection) {
-        let relaxed = self.synchronous == Synchronous::Full;
-        if relaxed && conn.execute_batch("PRAGMA synchronous=NORMAL").is_err() {
-            return;
-        }
-        if conn.execute_batch("BEGIN IMMEDIATE").is_ok() {
-            if self.step(conn, 0) {
-                let failure = commit_or_roll_back(conn);
-                self.settled(failure.as_ref());
-            } else {
-                self.settled(Some(&StoreError::Unavailable(
-                    "background step failed".into(),
-                )));
+        without_flush(conn, self.synchronous, true, || {
+            if conn.execute_batch("BEGIN IMMEDIATE").is_ok() {
+                if self.step(conn, 0) {
+                    let failure = commit_or_roll_back(conn);
+                    self.settled(failure.as_ref());
+                } else {
+                    self.settled(Some(&StoreError::Unavailable(
+                        "background step failed".into(),
+                    )));
+                }
             }
-        }
-        // Else another process holds the file's write lock: the next idle moment tries again.
-        if relaxed {
-            // Setting the flag back touches no file and cannot fail outside a transaction; if
-            // it ever did, a commit acknowledged without its flush would follow, so the writer
-            // stops instead (its callers are then answered `unavailable`).
-            conn.execute_batch("PRAGMA synchronous=FULL")
-                .expect("the write connection's synchronous mode is restored");
-        }
+            // Else another process holds the file's write lock: the next idle moment tries
+            // again.
+        })
     }
+}
+
+/// Runs `f`, whose commits do not wait for the disk (`synchronous=NORMAL`) when `relax` and
+/// the write connection's own mode (`synchronous`) waits; the own mode is set back after.
+/// A commit that does not wait stays atomic (the log's frames are checksummed) and survives
+/// the process's crash; the next commit that waits flushes the log with it.
+fn without_flush<T>(
+    conn: &Connection,
+    synchronous: Synchronous,
+    relax: bool,
+    f: impl FnOnce() -> T,
+) -> T {
+    let relaxed = relax
+        && synchronous == Synchronous::Full
+        // If the mode cannot be set, the commits wait as usual.
+        && exec_cached(conn, "PRAGMA synchronous=NORMAL").is_ok();
+    let out = f();
+    if relaxed {
+        // Setting the mode back touches no file and cannot fail outside a transaction; if it
+        // ever did, a commit acknowledged without its flush would follow, so the writer stops
+        // instead (its callers are then answered `unavailable`).
+        exec_cached(conn, "PRAGMA synchronous=FULL")
+            .expect("the write connection's synchronous mode is restored");
+    }
+    out
 }
 
 /// Runs one statement through the connection's statement cache (transaction control is on
@@ -1893,6 +1918,92 @@ mod tests {
             .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
             .unwrap();
         assert_eq!(n, 0);
+    }
+
+    /// A ledger job that reports the write connection's `synchronous` mode inside its
+    /// transaction (1: `NORMAL`, the commit does not wait for the disk; 2: `FULL`), and says
+    /// whether it waits for the disk.
+    struct SeesSynchronous {
+        flush: bool,
+        mode: Option<i64>,
+        answered: std::sync::mpsc::Sender<(bool, Option<i64>, Option<StoreError>)>,
+    }
+
+    impl WriteJob for SeesSynchronous {
+        fn run(&mut self, tx: &mut dyn EffectTx) -> bool {
+            self.mode = tx
+                .query("PRAGMA synchronous", &[])
+                .ok()
+                .and_then(|rows| toolledger_core::effect::RowExt::int(&rows[0], 0).ok());
+            true
+        }
+
+        fn waits_for_disk(&self) -> bool {
+            self.flush
+        }
+
+        fn finish(self: Box<Self>, failure: Option<StoreError>) {
+            let _ = self.answered.send((self.flush, self.mode, failure));
+        }
+    }
+
+    /// The modes the jobs `flushes` saw, queued together behind a held writer when
+    /// `together` (one batch), else one at a time.
+    fn modes_seen(store: &SqliteStore, flushes: &[bool], together: bool) -> Vec<(bool, i64)> {
+        let (answered, answers) = std::sync::mpsc::channel();
+        let release = together.then(|| hold_the_writer(store));
+        let mut seen = Vec::new();
+        for &flush in flushes {
+            let job = SeesSynchronous {
+                flush,
+                mode: None,
+                answered: answered.clone(),
+            };
+            assert!(store.submit(Job::Again(Box::new(job))).is_ok());
+            if !together {
+                seen.push(answers.recv().unwrap());
+            }
+        }
+        if let Some(release) = release {
+            release.send(()).unwrap();
+            seen.extend((0..flushes.len()).map(|_| answers.recv().unwrap()));
+        }
+        seen.into_iter()
+            .map(|(flush, mode, failure)| {
+                assert!(failure.is_none(), "{failure:?}");
+                (flush, mode.expect("the job read the mode"))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_of_jobs_that_need_not_wait_for_the_disk_commits_without_the_flush_and_only_it() {
+        let (_d, path) = temp();
+        let store = with_table_t(&path);
+        // Alone: the unflushed job's transaction runs with `NORMAL`, and the mode is set back
+        // for the next one.
+        assert_eq!(
+            modes_seen(&store, &[false, true, false, true], false),
+            vec![(false, 1), (true, 2), (false, 1), (true, 2)]
+        );
+        // In one batch with a job that waits, every job's commit waits.
+        let mut mixed = modes_seen(&store, &[false, true, false], true);
+        mixed.sort();
+        assert_eq!(mixed, vec![(false, 2), (false, 2), (true, 2)]);
+        // A batch of unflushed jobs only: one commit without the flush.
+        assert_eq!(
+            modes_seen(&store, &[false, false], true),
+            vec![(false, 1), (false, 1)]
+        );
+        assert_eq!(modes_seen(&store, &[true], false), vec![(true, 2)]);
+        // A connection opened with `NORMAL` keeps it for every job.
+        let (_d, path) = temp();
+        let opts = OpenOptions::new("b").with_synchronous(Synchronous::Normal);
+        let store = SqliteStore::open(&path, opts).unwrap();
+        assert_eq!(
+            modes_seen(&store, &[false, true], false),
+            vec![(false, 1), (true, 1)]
+        );
     }
 
     /// What [`Steps`] reports.

@@ -213,7 +213,8 @@ impl Runtime {
         if let Some(answer) = existing {
             return self.existing_accepted(&prepared, answer).await;
         }
-        self.write_intent(call.principal.clone(), prepared).await
+        self.write_intent(call.principal.clone(), prepared, true)
+            .await
     }
 
     pub(super) async fn existing_accepted(
@@ -239,120 +240,129 @@ impl Runtime {
         })
     }
 
+    /// Transaction A: records the intent of `p` and its outbox event. `flush`: whether the
+    /// commit waits for the disk before answering; `false` only for a caller that claims the
+    /// event next, whose flushed claim carries the intent to the disk before anything is
+    /// sent or anyone is told.
     pub(super) async fn write_intent(
         &self,
         principal_name: String,
         p: Prepared,
+        flush: bool,
     ) -> Result<Accepted, RuntimeError> {
         let status_ref = ledger::new_status_ref()?;
-        self.write_at(move |this, tx, now| -> Result<Accepted, RuntimeError> {
-            check_now(now)?;
-            let (authority_deadline, retention_deadline) = this.deadlines.at(now)?;
-            // A lease taken right after acceptance must end inside the portable range.
-            outbox::lease_until(now, this.config.lease_seconds)
-                .map_err(|_| Error::invalid("a lease would end outside the portable time range"))?;
-            // The same resolver, re-read inside the reservation transaction.
-            let Some(principal) = resolve(tx, &principal_name)? else {
-                return Err(Error::denied("unknown or inactive principal").into());
-            };
-            if principal.tenant != p.scope.tenant || principal.subject != p.scope.subject {
-                return Err(Error::denied("the principal changed during the call").into());
-            }
-            let (tool, _) = this.tool(&p.scope.tool)?;
-            tool.check(tx, &principal, &p.arguments)?;
-            let row = ledger::NewRow {
-                tenant: &p.scope.tenant,
-                subject: &p.scope.subject,
-                key: &p.scope.key,
-                contract: &p.contract,
-                request_digest: &p.request_digest,
-                arguments_text: &p.arguments_text,
-                fingerprint: None,
-                status_ref: &status_ref,
-                authority_deadline,
-                retention_deadline,
-                now,
-            };
-            let inserted = ledger::insert_open(tx, &row, "deferred", OperationState::Accepted)
-                .map_err(|e| stored(tx, e))?;
-            let operation_id = if let Some(operation_id) = inserted {
-                let approval = if tool.requires_approval() {
-                    let target =
-                        approval_target(&p.scope, &p.contract, &p.request_digest, &p.provider);
-                    Some(approval::consume(
-                        tx,
-                        p.approval_id.as_deref(),
-                        &target,
-                        now,
-                        Some(operation_id),
-                        &mut |tx, name| authz::resolve_in(tx, name),
-                    )?)
-                } else {
-                    None
+        self.write_flushed_or_not(
+            flush,
+            move |this, tx, now| -> Result<Accepted, RuntimeError> {
+                check_now(now)?;
+                let (authority_deadline, retention_deadline) = this.deadlines.at(now)?;
+                // A lease taken right after acceptance must end inside the portable range.
+                outbox::lease_until(now, this.config.lease_seconds).map_err(|_| {
+                    Error::invalid("a lease would end outside the portable time range")
+                })?;
+                // The same resolver, re-read inside the reservation transaction.
+                let Some(principal) = resolve(tx, &principal_name)? else {
+                    return Err(Error::denied("unknown or inactive principal").into());
                 };
-                tx.execute(
-                    "INSERT INTO deferred_intents (operation_id, provider, api_family,
+                if principal.tenant != p.scope.tenant || principal.subject != p.scope.subject {
+                    return Err(Error::denied("the principal changed during the call").into());
+                }
+                let (tool, _) = this.tool(&p.scope.tool)?;
+                tool.check(tx, &principal, &p.arguments)?;
+                let row = ledger::NewRow {
+                    tenant: &p.scope.tenant,
+                    subject: &p.scope.subject,
+                    key: &p.scope.key,
+                    contract: &p.contract,
+                    request_digest: &p.request_digest,
+                    arguments_text: &p.arguments_text,
+                    fingerprint: None,
+                    status_ref: &status_ref,
+                    authority_deadline,
+                    retention_deadline,
+                    now,
+                };
+                let inserted = ledger::insert_open(tx, &row, "deferred", OperationState::Accepted)
+                    .map_err(|e| stored(tx, e))?;
+                let operation_id = if let Some(operation_id) = inserted {
+                    let approval = if tool.requires_approval() {
+                        let target =
+                            approval_target(&p.scope, &p.contract, &p.request_digest, &p.provider);
+                        Some(approval::consume(
+                            tx,
+                            p.approval_id.as_deref(),
+                            &target,
+                            now,
+                            Some(operation_id),
+                            &mut |tx, name| authz::resolve_in(tx, name),
+                        )?)
+                    } else {
+                        None
+                    };
+                    tx.execute(
+                        "INSERT INTO deferred_intents (operation_id, provider, api_family,
                              adapter_revision, turn_id, call_id, response_id, downstream_key,
                              approval_id, approver, approval_digest, approved_at,
                              approval_expires_at, created_at)
                          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
-                    &[
-                        operation_id.into(),
-                        p.provider.provider.as_str().into(),
-                        p.provider.api_family.as_str().into(),
-                        p.provider.adapter_revision.as_str().into(),
-                        p.provider.turn_id.as_str().into(),
-                        p.provider.call_id.as_str().into(),
-                        p.provider.response_id.as_str().into(),
-                        scope_digest(&p.scope).into(),
-                        approval.as_ref().map(|a| a.approval_id.clone()).into(),
-                        approval.as_ref().map(|a| a.approver.clone()).into(),
-                        approval.as_ref().map(|a| a.binding_digest.clone()).into(),
-                        approval.as_ref().map(|a| a.approved_at).into(),
-                        approval.as_ref().map(|a| a.expires_at).into(),
-                        now.into(),
-                    ],
-                )
-                .map_err(|e| stored(tx, e))?;
-                Some(operation_id)
-            } else {
-                None
-            };
-            // Read the authoritative row back and compare every bound item, whoever wrote it.
-            let record = match load_scope(tx, &p.scope)? {
-                Loaded::Deferred(r) => *r,
-                Loaded::NotDeferred => {
-                    return Err(Error::conflict(
-                        "the idempotency key was used for a different effect",
+                        &[
+                            operation_id.into(),
+                            p.provider.provider.as_str().into(),
+                            p.provider.api_family.as_str().into(),
+                            p.provider.adapter_revision.as_str().into(),
+                            p.provider.turn_id.as_str().into(),
+                            p.provider.call_id.as_str().into(),
+                            p.provider.response_id.as_str().into(),
+                            scope_digest(&p.scope).into(),
+                            approval.as_ref().map(|a| a.approval_id.clone()).into(),
+                            approval.as_ref().map(|a| a.approver.clone()).into(),
+                            approval.as_ref().map(|a| a.binding_digest.clone()).into(),
+                            approval.as_ref().map(|a| a.approved_at).into(),
+                            approval.as_ref().map(|a| a.expires_at).into(),
+                            now.into(),
+                        ],
                     )
-                    .into())
-                }
-                Loaded::Absent => return Err(contract_violation("reserved row is missing")),
-            };
-            Self::compare(&record, &p)?;
-            match operation_id {
-                Some(id) => {
-                    let event_id = outbox::enqueue(tx, id, now, this.config.max_attempts)?;
-                    insert_event(
-                        tx,
-                        id,
-                        now,
-                        "intent_accepted",
-                        &json!({"event_id": event_id}),
-                    )?;
-                    Ok(Accepted::New {
-                        operation_id: id,
-                        event_id,
+                    .map_err(|e| stored(tx, e))?;
+                    Some(operation_id)
+                } else {
+                    None
+                };
+                // Read the authoritative row back and compare every bound item, whoever wrote it.
+                let record = match load_scope(tx, &p.scope)? {
+                    Loaded::Deferred(r) => *r,
+                    Loaded::NotDeferred => {
+                        return Err(Error::conflict(
+                            "the idempotency key was used for a different effect",
+                        )
+                        .into())
+                    }
+                    Loaded::Absent => return Err(contract_violation("reserved row is missing")),
+                };
+                Self::compare(&record, &p)?;
+                match operation_id {
+                    Some(id) => {
+                        let event_id = outbox::enqueue(tx, id, now, this.config.max_attempts)?;
+                        insert_event(
+                            tx,
+                            id,
+                            now,
+                            "intent_accepted",
+                            &json!({"event_id": event_id}),
+                        )?;
+                        Ok(Accepted::New {
+                            operation_id: id,
+                            event_id,
+                            status_ref: record.status_ref,
+                        })
+                    }
+                    None => Ok(Accepted::Existing {
+                        operation_id: record.id,
                         status_ref: record.status_ref,
-                    })
+                        state: record.state,
+                    }),
                 }
-                None => Ok(Accepted::Existing {
-                    operation_id: record.id,
-                    status_ref: record.status_ref,
-                    state: record.state,
-                }),
-            }
-        })
+            },
+        )
         .await
     }
 
@@ -370,7 +380,14 @@ impl Runtime {
         if let Some(answer) = existing {
             return Ok(answer);
         }
-        match self.write_intent(call.principal.clone(), prepared).await? {
+        // The intent's commit does not wait for the disk: this caller claims its event next,
+        // and the claim's commit, flushed before anything is sent, carries the intent with
+        // it. Until then nobody has been told of it: a crash of the machine that undoes it
+        // undoes a call nothing was sent for and nobody was answered on.
+        match self
+            .write_intent(call.principal.clone(), prepared, false)
+            .await?
+        {
             Accepted::Existing { .. } => {
                 // Someone else accepted the same intent first: observe only.
                 let (_, existing) = self.examine(call).await?;
