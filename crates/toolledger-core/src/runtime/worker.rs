@@ -8,11 +8,34 @@ use opentelemetry::context::FutureExt as _;
 use opentelemetry::trace::SpanKind;
 use opentelemetry::KeyValue;
 
+/// The outcome of the worker's checks before a downstream call: the operation's record, or
+/// why it may not be sent.
+pub(super) type Checked = Result<DeferredRecord, RuntimeError>;
+
 impl Runtime {
     /// Claims `event_id` for `owner` now.
     pub async fn claim(&self, event_id: i64, owner: &str) -> Result<ClaimOutcome, RuntimeError> {
-        let out = self.claim_unlogged(event_id, owner).await;
-        match &out {
+        let out = self.claim_unlogged(event_id, owner, false).await;
+        Self::log_claim(event_id, owner, out.as_ref().map(|(c, _)| c));
+        out.map(|(claimed, _)| claimed)
+    }
+
+    /// [`Runtime::claim`] that, when it claims, also makes the worker's checks before the
+    /// downstream call ([`Runtime::preflight`]) in the claim's own transaction: one hand-off
+    /// to the store instead of two. Their outcome is kept apart: a refusal does not undo the
+    /// claim, it is recorded on it as [`Runtime::execute`] records one.
+    pub(super) async fn claim_checked(
+        &self,
+        event_id: i64,
+        owner: &str,
+    ) -> Result<(ClaimOutcome, Option<Checked>), RuntimeError> {
+        let out = self.claim_unlogged(event_id, owner, true).await;
+        Self::log_claim(event_id, owner, out.as_ref().map(|(c, _)| c));
+        out
+    }
+
+    fn log_claim(event_id: i64, owner: &str, out: Result<&ClaimOutcome, &RuntimeError>) {
+        match out {
             Ok(ClaimOutcome::Claimed(l)) if l.attempt > 1 => tracing::info!(
                 target: "toolledger::delivery", event_id, operation = l.operation_id,
                 attempt = l.attempt, fencing_token = l.token, owner, "claimed again (an earlier lease expired)"),
@@ -27,16 +50,16 @@ impl Runtime {
                 tracing::warn!(target: "toolledger::delivery", event_id, owner, error = %e, "claim failed")
             }
         }
-        out
     }
 
     async fn claim_unlogged(
         &self,
         event_id: i64,
         owner: &str,
-    ) -> Result<ClaimOutcome, RuntimeError> {
+        check: bool,
+    ) -> Result<(ClaimOutcome, Option<Checked>), RuntimeError> {
         let owner = owner.to_string();
-        self.write_at(move |this, tx, now| -> Result<ClaimOutcome, RuntimeError> {
+        self.write_at(move |this, tx, now| -> Result<_, RuntimeError> {
             check_now(now)?;
             let out = outbox::claim(
                 tx,
@@ -69,7 +92,19 @@ impl Runtime {
                 }
                 _ => {}
             }
-            Ok(out)
+            let checked = match &out {
+                ClaimOutcome::Claimed(lease) if check => {
+                    match Self::checks(tx, lease.operation_id, &this.clock, &this.registry) {
+                        // A store failure undoes the claim with the rest: nothing was decided.
+                        Err(RuntimeError::Store(e)) if !matches!(e, StoreError::Contract(_)) => {
+                            return Err(RuntimeError::Store(e))
+                        }
+                        checked => Some(checked),
+                    }
+                }
+                _ => None,
+            };
+            Ok((out, checked))
         })
         .await
     }
@@ -184,7 +219,19 @@ impl Runtime {
         lease: &Lease,
         failure: Option<CrashPoint>,
     ) -> Result<Processed, RuntimeError> {
-        let record = match self.preflight(lease).await {
+        let checked = self.preflight(lease).await;
+        self.execute_checked(lease, checked, failure).await
+    }
+
+    /// [`Runtime::execute`] with the outcome of its checks already known (`checked`, made
+    /// in the claim's transaction or by [`Runtime::preflight`]).
+    async fn execute_checked(
+        &self,
+        lease: &Lease,
+        checked: Checked,
+        failure: Option<CrashPoint>,
+    ) -> Result<Processed, RuntimeError> {
+        let record = match checked {
             Ok(r) => r,
             Err(RuntimeError::Refused(e)) => {
                 self.record_attempt(lease, e.code.as_str(), None).await?;
@@ -297,13 +344,16 @@ impl Runtime {
     /// API's call runs: its `gen_ai.tool.name`, its `toolledger.status_ref`, and
     /// `toolledger.outcome` (`executed` when a result was recorded, `unknown` for an outcome
     /// left unknown; none when the event waits for another attempt) or `error.type`.
-    async fn deliver(&self, lease: &Lease) -> Result<Processed, RuntimeError> {
+    async fn deliver(&self, lease: &Lease, checked: Checked) -> Result<Processed, RuntimeError> {
         let cx = trace::start(
             "deliver",
             SpanKind::Consumer,
             vec![KeyValue::new("gen_ai.operation.name", "execute_tool")],
         );
-        let processed = self.execute(lease, None).with_context(cx.clone()).await;
+        let processed = self
+            .execute_checked(lease, checked, None)
+            .with_context(cx.clone())
+            .await;
         let error = match &processed {
             Ok(Processed::Delivered(_)) => {
                 trace::set_on(&cx, KeyValue::new("toolledger.outcome", "executed"));
@@ -330,9 +380,9 @@ impl Runtime {
         owner: &str,
         failure: Option<CrashPoint>,
     ) -> Result<Processed, RuntimeError> {
-        let lease = match self.claim(event_id, owner).await? {
-            ClaimOutcome::Claimed(lease) => lease,
-            other => return Ok(Processed::NotClaimed(other)),
+        let (lease, checked) = match self.claim_checked(event_id, owner).await? {
+            (ClaimOutcome::Claimed(lease), Some(checked)) => (lease, checked),
+            (other, _) => return Ok(Processed::NotClaimed(other)),
         };
         if self.point(CrashPoint::AfterClaim, failure).await {
             let status_ref = self.status_ref_of(lease.operation_id).await?;
@@ -341,7 +391,7 @@ impl Runtime {
                 state: OperationState::Processing,
             }));
         }
-        self.execute(&lease, failure).await
+        self.execute_checked(&lease, checked, failure).await
     }
 
     pub(super) async fn status_ref_of(&self, operation_id: i64) -> Result<String, RuntimeError> {
@@ -401,13 +451,16 @@ impl Runtime {
             ..PassSummary::default()
         };
         for id in ids {
-            let (operation, processed) = match self.claim(id, owner).await {
-                Ok(ClaimOutcome::Claimed(lease)) => {
+            let (operation, processed) = match self.claim_checked(id, owner).await {
+                Ok((ClaimOutcome::Claimed(lease), Some(checked))) => {
                     // The same crash point as `process` (tests hold the worker there).
                     self.point(CrashPoint::AfterClaim, None).await;
-                    (Some(lease.operation_id), self.deliver(&lease).await)
+                    (
+                        Some(lease.operation_id),
+                        self.deliver(&lease, checked).await,
+                    )
                 }
-                Ok(other) => (None, Ok(Processed::NotClaimed(other))),
+                Ok((other, _)) => (None, Ok(Processed::NotClaimed(other))),
                 Err(e) => (None, Err(e)),
             };
             match processed {
