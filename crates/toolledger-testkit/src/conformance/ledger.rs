@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use serde_json::{json, Value};
-use toolledger::effect::{EffectTx, RowExt, SqlValue};
+use toolledger::effect::{Dialect, EffectTx, RowExt, SqlValue};
 use toolledger::engine::{Engine, InlineEffect};
 use toolledger::model::{Error, ErrorCode, OperationState, Principal};
 
@@ -56,6 +56,58 @@ pub async fn insert_id_returns_the_inserted_rows_id(h: &Harness) {
         found,
         vec![(a, "a".into()), (b, "b".into()), (1_000_000, "d".into())]
     );
+}
+
+/// A write whose commit does not wait for the disk ([`Store::write_unflushed`]) commits like
+/// any other: its rows are read back, by this handle and by a new one, and it leaves the next
+/// write's commit waiting for the disk as the store's own setting says (SQLite's
+/// `synchronous`, PostgreSQL's `synchronous_commit`, read inside that write).
+///
+/// [`Store::write_unflushed`]: toolledger::store::Store::write_unflushed
+pub async fn an_unflushed_write_commits_and_the_next_one_waits_for_the_disk(h: &Harness) {
+    let store = h.open();
+    let setting = match store.dialect() {
+        Dialect::Sqlite => "PRAGMA synchronous",
+        Dialect::Postgres => "SELECT current_setting('synchronous_commit')",
+    };
+    let read_setting = move |tx: &mut dyn EffectTx| -> Result<String, Error> {
+        let rows = tx.query(setting, &[])?;
+        Ok(match rows[0].first() {
+            Some(SqlValue::Integer(i)) => i.to_string(),
+            Some(SqlValue::Text(t)) => t.clone(),
+            other => format!("{other:?}"),
+        })
+    };
+    let before = store.write(read_setting).await.expect("the store's setting");
+    let inside = store
+        .write_unflushed(move |tx: &mut dyn EffectTx| -> Result<String, Error> {
+            tx.execute(
+                "INSERT INTO widgets(tenant, name) VALUES (?1, ?2)",
+                &["t".into(), "unflushed".into()],
+            )?;
+            read_setting(tx)
+        })
+        .await
+        .expect("the unflushed write");
+    if store.dialect() == Dialect::Sqlite {
+        assert_eq!(inside, "1", "the unflushed write commits with synchronous=NORMAL");
+    }
+    let after = store
+        .write(move |tx: &mut dyn EffectTx| -> Result<String, Error> {
+            tx.execute(
+                "INSERT INTO widgets(tenant, name) VALUES (?1, ?2)",
+                &["t".into(), "flushed".into()],
+            )?;
+            read_setting(tx)
+        })
+        .await
+        .expect("the flushed write");
+    assert_eq!(after, before, "the next write waits for the disk as before");
+    assert_ne!(after, "1", "the store's own writes wait for the disk");
+    assert_ne!(after, "off", "the store's own writes wait for the disk");
+    drop(store);
+    let other = h.open();
+    assert_eq!(count(&other, "widgets").await, 2);
 }
 
 /// A fresh call commits the effect row and the ledger row together; the result is stored.

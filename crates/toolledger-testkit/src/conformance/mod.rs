@@ -70,6 +70,7 @@ macro_rules! conformance_suite {
                 non_canonical_stored_json_is_refused,
                 settled_rows_answer_retries_from_memory,
                 retries_the_store_must_answer_read_it,
+                an_unflushed_write_commits_and_the_next_one_waits_for_the_disk,
             }
             inline {
                 multi_step_operations,
