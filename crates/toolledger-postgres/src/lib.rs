@@ -30,6 +30,9 @@
 //! - Reads run in one `REPEATABLE READ READ ONLY` transaction: one snapshot, like SQLite's
 //!   `BEGIN … COMMIT` on a read connection.
 //! - A transaction's `BEGIN` and a pending key lock go out pipelined with its first statement.
+//! - A write job that need not wait for the disk ([`WriteJob::waits_for_disk`]) commits with
+//!   `SET LOCAL synchronous_commit TO OFF`, sent with its `COMMIT`; the log is flushed in
+//!   order, so the next commit that waits carries it.
 //! - Connection loss, a server shutting down or a connect timeout is
 //!   [`StoreError::Unavailable`] (`unavailable` to callers, retryable); a write whose `COMMIT`
 //!   was interrupted may or may not have committed, and a retry replays or redoes it under
