@@ -78,7 +78,10 @@ pub async fn an_unflushed_write_commits_and_the_next_one_waits_for_the_disk(h: &
             other => format!("{other:?}"),
         })
     };
-    let before = store.write(read_setting).await.expect("the store's setting");
+    let before = store
+        .write(read_setting)
+        .await
+        .expect("the store's setting");
     let inside = store
         .write_unflushed(move |tx: &mut dyn EffectTx| -> Result<String, Error> {
             tx.execute(
@@ -90,7 +93,10 @@ pub async fn an_unflushed_write_commits_and_the_next_one_waits_for_the_disk(h: &
         .await
         .expect("the unflushed write");
     if store.dialect() == Dialect::Sqlite {
-        assert_eq!(inside, "1", "the unflushed write commits with synchronous=NORMAL");
+        assert_eq!(
+            inside, "1",
+            "the unflushed write commits with synchronous=NORMAL"
+        );
     }
     let after = store
         .write(move |tx: &mut dyn EffectTx| -> Result<String, Error> {
