@@ -59,8 +59,9 @@
 //! `conflict`, `overload`, `overload-http` and `retention-soak` workloads run against
 //! PostgreSQL, each in a fresh schema of that database (each soak run in its own), dropped
 //! afterwards; `ceiling` is then a raw one-row `INSERT … ON CONFLICT DO NOTHING` +
-//! `COMMIT` loop through the same store (compare it with `pgbench` on the same server). The
-//! `mcp-stdio`, `mcp-http`, `outbox-drain`, `operations-list`, `console-list`, `proxy`,
+//! `COMMIT` loop through the same store (compare it with `pgbench` on the same server), and
+//! `proxy` runs the proxy on ledgers in schemas of their own (its upstream keeps its SQLite
+//! file). The `mcp-stdio`, `mcp-http`, `outbox-drain`, `operations-list`, `console-list`,
 //! `overload-stdio` and `python-sdk` workloads are SQLite-only.
 
 mod ack;
@@ -186,7 +187,6 @@ impl Workload {
                 | Workload::OutboxDrain
                 | Workload::OperationsList
                 | Workload::ConsoleList
-                | Workload::Proxy
                 | Workload::OverloadStdio
                 | Workload::PythonSdk
         )
@@ -312,7 +312,7 @@ fn validate(args: &BenchArgs) -> Result<(), Failure> {
     if postgres && args.workloads.iter().any(|w| w.sqlite_only()) {
         return refuse(
             "WORKLOAD_UNAVAILABLE",
-            "mcp-stdio, mcp-http, outbox-drain, operations-list, console-list, proxy, \
+            "mcp-stdio, mcp-http, outbox-drain, operations-list, console-list, \
              overload-stdio and python-sdk run on SQLite only",
         );
     }
@@ -565,6 +565,16 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
             report::reset_peak_rss();
             let reports: Vec<Report> = match (args.backend, &args.database_url) {
                 (Backend::Postgres, Some(url)) => {
+                    if workload == Workload::Proxy {
+                        let reports = proxy::run(db, c, args.ops, tune.synchronous, Some(url));
+                        for mut r in reports.await? {
+                            r.backend = "postgres";
+                            r.synchronous = "on";
+                            r.ratio_to_ceiling = ceiling.map(|base| round2(r.ops_per_sec / base));
+                            r.print();
+                        }
+                        continue;
+                    }
                     let pg = pg::BenchSchema::open(url)?;
                     let reports = match workload {
                         Workload::Ceiling => vec![pg::ceiling(&pg, args.ops).await?],
@@ -607,7 +617,7 @@ async fn run_all(args: &BenchArgs) -> Result<(), &'static str> {
                     Workload::ConsoleList => {
                         console::run(db, c, args.ops, args.list_rows, tune).await?
                     }
-                    Workload::Proxy => proxy::run(db, c, args.ops, tune.synchronous).await?,
+                    Workload::Proxy => proxy::run(db, c, args.ops, tune.synchronous, None).await?,
                     Workload::PythonSdk => {
                         let wire = mcp::Wire::PythonSdk(args.python.clone());
                         mcp::run(db, c, args.ops, tune.synchronous, wire).await?

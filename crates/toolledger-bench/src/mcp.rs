@@ -35,7 +35,9 @@ use super::run::{drive, Measured};
 pub(super) const BACKEND_ID: &str = "sqlite:bench-mcp";
 pub(super) const PRINCIPAL: &str = "bench";
 
-type Pending = Arc<Mutex<HashMap<i64, oneshot::Sender<Value>>>>;
+/// The waiters of the requests in flight; `None` once the server went away, so a request
+/// made after that is answered at once.
+type Pending = Arc<Mutex<Option<HashMap<i64, oneshot::Sender<Value>>>>>;
 
 /// The per-request metadata of an MCP 2026-07-28 client.
 fn request_meta() -> Value {
@@ -206,7 +208,7 @@ impl McpClient {
         let pid = child.id().ok_or("BENCH_SERVER_UNAVAILABLE")?;
         let stdin = child.stdin.take().ok_or("BENCH_SERVER_UNAVAILABLE")?;
         let stdout = child.stdout.take().ok_or("BENCH_SERVER_UNAVAILABLE")?;
-        let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+        let pending: Pending = Arc::new(Mutex::new(Some(HashMap::new())));
 
         let (tx, rx) = mpsc::unbounded_channel::<String>();
         tokio::spawn(write_lines(stdin, rx));
@@ -220,14 +222,18 @@ impl McpClient {
                 let Some(id) = reply.get("id").and_then(Value::as_i64) else {
                     continue;
                 };
-                let waiter = readers.lock().ok().and_then(|mut p| p.remove(&id));
+                let waiter = readers
+                    .lock()
+                    .ok()
+                    .and_then(|mut p| p.as_mut()?.remove(&id));
                 if let Some(w) = waiter {
                     let _ = w.send(reply);
                 }
             }
-            // The server went away: every waiter learns it by its dropped sender.
+            // The server went away: every waiter learns it by its dropped sender, and a
+            // request made from now on at once.
             if let Ok(mut p) = readers.lock() {
-                p.clear();
+                *p = None;
             }
         });
         Ok(Arc::new(McpClient {
@@ -253,7 +259,7 @@ impl McpClient {
         match &self.transport {
             Transport::Stdio { lines, pending } => {
                 let (tx, rx) = oneshot::channel();
-                pending.lock().ok()?.insert(id, tx);
+                pending.lock().ok()?.as_mut()?.insert(id, tx);
                 lines.as_ref()?.send(request.to_string()).ok()?;
                 rx.await.ok()
             }

@@ -28,6 +28,12 @@
 //! what the proxy wrote to storage per call; the fresh lines' `ledger_bytes_per_op` is how
 //! much the ledger's files grew per call. `cpu_us_per_op` counts this client and the process
 //! it talks to.
+//!
+//! With `--backend postgres` the proxy's ledgers are PostgreSQL schemas of their own
+//! (`tl_bench_<random>`, dropped afterwards; the proxy is started with `--database-url` and
+//! the schema as its `search_path`); the upstream keeps its SQLite file. `commits_per_op`,
+//! `ledger_bytes_per_op` and `server_write_bytes_per_op` are then absent: the proxy's
+//! transactions and bytes are the database server's.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -40,6 +46,7 @@ use super::report::Report;
 use super::run::{drive, Measured};
 
 const BACKEND_ID: &str = "sqlite:bench-proxy";
+const PG_BACKEND_ID: &str = "postgres:bench-proxy";
 const PRINCIPAL: &str = "bench";
 
 /// The proxy's configuration: `charge` guarded, its operation id forwarded in `_meta`, an
@@ -68,6 +75,17 @@ struct Files {
     charges: PathBuf,
     ledger: PathBuf,
     config: PathBuf,
+    /// The proxy's ledger on PostgreSQL instead of the file `ledger`.
+    pg: Option<PgLedger>,
+}
+
+/// A proxy's ledger in a PostgreSQL schema of its own.
+struct PgLedger {
+    schema: super::pg::BenchSchema,
+    /// The URL that makes the schema the proxy's `search_path`.
+    url: String,
+    /// The ledger's state and fingerprint keys (a PostgreSQL ledger keeps no key file).
+    keys: [String; 2],
 }
 
 impl Files {
@@ -78,8 +96,22 @@ impl Files {
             charges: ledger.with_extension("charges.sqlite"),
             ledger: ledger.to_path_buf(),
             config: ledger.with_extension("proxy.toml"),
+            pg: None,
         }
     }
+
+    /// Drops the PostgreSQL schema, if the ledger is one.
+    async fn drop_schema(&mut self) {
+        if let Some(pg) = self.pg.take() {
+            let _ = tokio::task::spawn_blocking(move || pg.schema.drop_schema()).await;
+        }
+    }
+}
+
+/// `url` with `search_path` set to `schema` for every session it opens.
+fn with_search_path(url: &str, schema: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}options=-c%20search_path%3D{schema}")
 }
 
 fn upstream_command(exe: &Path, charges: &Path, synchronous: Synchronous) -> Vec<String> {
@@ -114,13 +146,19 @@ fn proxied_with(
     let metrics = metrics.map(|port| ["--metrics".to_string(), format!("127.0.0.1:{port}")]);
     let mut c = tokio::process::Command::new(exe);
     c.env_remove("TOOLLEDGER_METRICS");
-    c.arg("proxy")
-        .args(metrics.iter().flatten())
-        .arg("--db")
-        .arg(&files.ledger)
-        .args(["--backend-id", BACKEND_ID])
-        .args(["--sqlite-synchronous", synchronous.as_str()])
-        .args(["--principal", PRINCIPAL])
+    c.arg("proxy").args(metrics.iter().flatten());
+    match &files.pg {
+        Some(pg) => c
+            .arg("--database-url")
+            .arg(&pg.url)
+            .args(["--backend-id", PG_BACKEND_ID]),
+        None => c
+            .arg("--db")
+            .arg(&files.ledger)
+            .args(["--backend-id", BACKEND_ID])
+            .args(["--sqlite-synchronous", synchronous.as_str()]),
+    };
+    c.args(["--principal", PRINCIPAL])
         .arg("--config")
         .arg(&files.config)
         .arg("--")
@@ -129,24 +167,51 @@ fn proxied_with(
         .env_remove("TOOLLEDGER_TEST_HOLD_AT")
         .env_remove("TOOLLEDGER_STATE_KEY_HEX")
         .env_remove("TOOLLEDGER_FINGERPRINT_KEY_HEX");
+    if let Some(pg) = &files.pg {
+        c.env("TOOLLEDGER_STATE_KEY_HEX", &pg.keys[0])
+            .env("TOOLLEDGER_FINGERPRINT_KEY_HEX", &pg.keys[1]);
+    }
     c
 }
 
 /// Creates the ledger with the bench principal and writes the proxy's configuration.
-async fn prepare(files: &Files) -> Result<(), &'static str> {
-    prepare_with(files, CONFIG).await
+async fn prepare(files: &mut Files) -> Result<(), &'static str> {
+    prepare_with(files, CONFIG, None).await
 }
 
-/// [`prepare`] with the configuration `config`.
-async fn prepare_with(files: &Files, config: &str) -> Result<(), &'static str> {
+/// [`prepare`] with the configuration `config`; the ledger is a new schema in the PostgreSQL
+/// database at `pg_url` when given (kept in `files`).
+async fn prepare_with(
+    files: &mut Files,
+    config: &str,
+    pg_url: Option<&str>,
+) -> Result<(), &'static str> {
     std::fs::write(&files.config, config).map_err(|_| "BENCH_SETUP_FAILED")?;
-    let store = toolledger_reference::ledger::open_sqlite(
-        &files.ledger,
-        Some(BACKEND_ID.to_string()),
-        false,
-        Synchronous::Full,
-    )
-    .map_err(|e| e.code())?;
+    let store: toolledger::store::Store = match pg_url {
+        Some(url) => {
+            let schema = super::pg::BenchSchema::open_with(
+                url,
+                PG_BACKEND_ID,
+                toolledger_reference::PG_MIGRATIONS,
+            )?;
+            let store = schema.store();
+            let key = || super::random_hex(32).ok_or("BENCH_SETUP_FAILED");
+            files.pg = Some(PgLedger {
+                url: with_search_path(url, schema.name()),
+                keys: [key()?, key()?],
+                schema,
+            });
+            store
+        }
+        None => toolledger_reference::ledger::open_sqlite(
+            &files.ledger,
+            Some(BACKEND_ID.to_string()),
+            false,
+            Synchronous::Full,
+        )
+        .map_err(|e| e.code())?
+        .into(),
+    };
     toolledger::authz::PrincipalStore::new(store)
         .add(PRINCIPAL, "bench", &[], &[], false)
         .await
@@ -161,8 +226,8 @@ pub(super) async fn prepared(
     synchronous: Synchronous,
 ) -> Result<tokio::process::Command, &'static str> {
     let exe = std::env::current_exe().map_err(|_| "BENCH_SERVER_UNAVAILABLE")?;
-    let files = Files::beside(ledger);
-    prepare(&files).await?;
+    let mut files = Files::beside(ledger);
+    prepare(&mut files).await?;
     Ok(proxied(&exe, &files, synchronous))
 }
 
@@ -328,16 +393,41 @@ fn charge_with_id(i: usize) -> Value {
 }
 
 /// Runs the five lines at `concurrency` with `ops` calls each; `db` names this level's
-/// files (the others sit beside it).
+/// files (the others sit beside it). The proxy's ledgers are schemas in the PostgreSQL
+/// database at `pg_url` when given.
 pub async fn run(
     db: PathBuf,
     concurrency: usize,
     ops: usize,
     synchronous: Synchronous,
+    pg_url: Option<&str>,
+) -> Result<Vec<Report>, &'static str> {
+    let mut files = Files::beside(&db);
+    let mut unguarded_files = Files::beside(&db.with_extension("unguarded.sqlite"));
+    let out = lines(
+        &mut files,
+        &mut unguarded_files,
+        concurrency,
+        ops,
+        synchronous,
+        pg_url,
+    )
+    .await;
+    files.drop_schema().await;
+    unguarded_files.drop_schema().await;
+    out
+}
+
+async fn lines(
+    files: &mut Files,
+    unguarded_files: &mut Files,
+    concurrency: usize,
+    ops: usize,
+    synchronous: Synchronous,
+    pg_url: Option<&str>,
 ) -> Result<Vec<Report>, &'static str> {
     let exe = std::env::current_exe().map_err(|_| "BENCH_SERVER_UNAVAILABLE")?;
-    let files = Files::beside(&db);
-    prepare(&files).await?;
+    prepare_with(files, CONFIG, pg_url).await?;
 
     let client = McpClient::over_stdio(direct(&exe, &files.direct_charges, synchronous))?;
     let direct_fresh = measure(
@@ -352,15 +442,17 @@ pub async fn run(
     .await;
     finish(client).await;
 
-    let unguarded_files = Files::beside(&db.with_extension("unguarded.sqlite"));
-    prepare_with(&unguarded_files, &unguarded_config()).await?;
+    prepare_with(unguarded_files, &unguarded_config(), pg_url).await?;
+    let files: &Files = files;
     let mut fresh_lines = Vec::with_capacity(2);
     for (label, files) in [
-        ("proxy-fresh-unguarded", &unguarded_files),
-        ("proxy-fresh", &files),
+        ("proxy-fresh-unguarded", &*unguarded_files),
+        ("proxy-fresh", files),
     ] {
+        let on_pg = files.pg.is_some();
         let size_before = ledger_size(&files.ledger);
-        let port = free_port();
+        // The SQLite writer's commits; PostgreSQL's transactions are the server's.
+        let port = free_port().filter(|_| !on_pg);
         let client = McpClient::over_stdio(proxied_with(&exe, files, synchronous, port))?;
         // The writer's commits, around the measurement (the untimed first call included).
         let _ = client.call("count_charges", json!({})).await;
@@ -391,10 +483,14 @@ pub async fn run(
             line = line.with_commits(c1.saturating_sub(c0), j1.saturating_sub(j0));
         }
         finish(client).await;
-        line.ledger_bytes_per_op = Some(per_op(
-            ledger_size(&files.ledger).saturating_sub(size_before),
-            ops,
-        ));
+        if on_pg {
+            line.server_write_bytes_per_op = None;
+        } else {
+            line.ledger_bytes_per_op = Some(per_op(
+                ledger_size(&files.ledger).saturating_sub(size_before),
+                ops,
+            ));
+        }
         fresh_lines.push(line);
     }
     let fresh = fresh_lines.pop().expect("the guarded line");
@@ -415,7 +511,7 @@ pub async fn run(
     .await;
     finish(client).await;
 
-    let client = McpClient::over_stdio(proxied(&exe, &files, synchronous))?;
+    let client = McpClient::over_stdio(proxied(&exe, files, synchronous))?;
     let replay = measure(
         &client,
         "proxy-replay",
