@@ -512,20 +512,22 @@ impl Store {
         self.driver.as_any().downcast_ref::<D>()
     }
 
-    fn write_job<T, E, F>(f: F, flush: bool) -> (Box<dyn WriteJob>, oneshot::Receiver<Result<T, E>>)
+    /// Hands `f` to the driver as a write job (`flush`: see [`WriteJob::waits_for_disk`]);
+    /// its answer comes on the receiver.
+    fn submit_write_job<T, E, F>(&self, f: F, flush: bool) -> oneshot::Receiver<Result<T, E>>
     where
         F: FnMut(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
         T: Send + 'static,
         E: From<StoreError> + Send + 'static,
     {
         let (reply, rx) = oneshot::channel();
-        let job = Write {
+        self.driver.submit_write(Box::new(Write {
             f,
             out: None,
             reply: Some(reply),
             flush,
-        };
-        (Box::new(job), rx)
+        }));
+        rx
     }
 
     fn read_job<T, E, F>(f: F) -> (Box<dyn ReadJob>, oneshot::Receiver<Result<T, E>>)
@@ -546,9 +548,7 @@ impl Store {
         T: Send + 'static,
         E: From<StoreError> + Send + 'static,
     {
-        let (job, rx) = Self::write_job(f, true);
-        self.driver.submit_write(job);
-        rx.await.unwrap_or_else(|_| Err(E::from(stopped())))
+        self.write_flushed_or_not(f, true).await
     }
 
     /// [`Store::write`] whose commit need not wait for the disk: it returns once the
@@ -563,9 +563,18 @@ impl Store {
         T: Send + 'static,
         E: From<StoreError> + Send + 'static,
     {
-        let (job, rx) = Self::write_job(f, false);
-        self.driver.submit_write(job);
-        rx.await.unwrap_or_else(|_| Err(E::from(stopped())))
+        self.write_flushed_or_not(f, false).await
+    }
+
+    async fn write_flushed_or_not<T, E, F>(&self, f: F, flush: bool) -> Result<T, E>
+    where
+        F: FnMut(&mut dyn EffectTx) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        self.submit_write_job(f, flush)
+            .await
+            .unwrap_or_else(|_| Err(E::from(stopped())))
     }
 
     /// Blocking form of [`Store::write`]; never call it from async code.
@@ -575,9 +584,8 @@ impl Store {
         T: Send + 'static,
         E: From<StoreError> + Send + 'static,
     {
-        let (job, rx) = Self::write_job(f, true);
-        self.driver.submit_write(job);
-        rx.blocking_recv()
+        self.submit_write_job(f, true)
+            .blocking_recv()
             .unwrap_or_else(|_| Err(E::from(stopped())))
     }
 

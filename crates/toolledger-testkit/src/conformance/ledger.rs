@@ -78,18 +78,22 @@ pub async fn an_unflushed_write_commits_and_the_next_one_waits_for_the_disk(h: &
             other => format!("{other:?}"),
         })
     };
+    // A write inserting widget `name`, answering the setting it ran with.
+    let insert = move |name: &'static str| {
+        move |tx: &mut dyn EffectTx| -> Result<String, Error> {
+            tx.execute(
+                "INSERT INTO widgets(tenant, name) VALUES (?1, ?2)",
+                &["t".into(), name.into()],
+            )?;
+            read_setting(tx)
+        }
+    };
     let before = store
         .write(read_setting)
         .await
         .expect("the store's setting");
     let inside = store
-        .write_unflushed(move |tx: &mut dyn EffectTx| -> Result<String, Error> {
-            tx.execute(
-                "INSERT INTO widgets(tenant, name) VALUES (?1, ?2)",
-                &["t".into(), "unflushed".into()],
-            )?;
-            read_setting(tx)
-        })
+        .write_unflushed(insert("unflushed"))
         .await
         .expect("the unflushed write");
     if store.dialect() == Dialect::Sqlite {
@@ -99,13 +103,7 @@ pub async fn an_unflushed_write_commits_and_the_next_one_waits_for_the_disk(h: &
         );
     }
     let after = store
-        .write(move |tx: &mut dyn EffectTx| -> Result<String, Error> {
-            tx.execute(
-                "INSERT INTO widgets(tenant, name) VALUES (?1, ?2)",
-                &["t".into(), "flushed".into()],
-            )?;
-            read_setting(tx)
-        })
+        .write(insert("flushed"))
         .await
         .expect("the flushed write");
     assert_eq!(after, before, "the next write waits for the disk as before");
