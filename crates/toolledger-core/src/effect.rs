@@ -118,6 +118,15 @@ pub trait EffectTx {
     /// Runs one statement and returns the number of rows it changed.
     fn execute(&mut self, sql: &str, params: &[SqlValue]) -> Result<usize, Error>;
 
+    /// Runs one statement whose answer the caller does not need before its next statement
+    /// (an append such as an event row): it must succeed, and its row count is not wanted.
+    /// PostgreSQL may send it together with the next statement or with `COMMIT`, one round
+    /// trip fewer; its failure then fails that later statement (or the commit), and the
+    /// transaction is rolled back either way. By default (SQLite) it runs at once.
+    fn execute_unanswered(&mut self, sql: &str, params: &[SqlValue]) -> Result<(), Error> {
+        self.execute(sql, params).map(|_| ())
+    }
+
     /// Runs one query (including `… RETURNING`) and returns every row.
     fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<Vec<Vec<SqlValue>>, Error>;
 

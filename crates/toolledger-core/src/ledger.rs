@@ -592,7 +592,8 @@ pub(crate) fn exists(tx: &mut dyn EffectTx, id: i64) -> Result<bool, Error> {
         .is_some())
 }
 
-/// Appends one event (`detail` already canonical) to an operation's history.
+/// Appends one event (`detail` already canonical) to an operation's history. Nothing waits
+/// for its answer ([`EffectTx::execute_unanswered`]): a failure fails the transaction.
 pub(crate) fn insert_event(
     tx: &mut dyn EffectTx,
     operation_id: i64,
@@ -600,11 +601,10 @@ pub(crate) fn insert_event(
     kind: &str,
     detail: &str,
 ) -> Result<(), Error> {
-    tx.execute(
+    tx.execute_unanswered(
         "INSERT INTO operation_events(operation_id, at, kind, detail) VALUES (?1, ?2, ?3, ?4)",
         &[operation_id.into(), at.into(), kind.into(), detail.into()],
-    )?;
-    Ok(())
+    )
 }
 
 /// One stored event: id, time, kind and its checked canonical detail.

@@ -511,6 +511,9 @@ impl Slot {
             pending: vec![begin],
             savepoint: Savepoint::None,
             lock: None,
+            queued: None,
+            may_queue: begin == BEGIN_WRITE,
+            aborted: None,
             began: false,
             succeeded: false,
             last_error: None,
@@ -547,6 +550,14 @@ pub(crate) struct PgTx<'a> {
     savepoint: Savepoint,
     /// A key lock not sent yet: it goes out, in order, with the next statement.
     lock: Option<(Statement, SqlValue)>,
+    /// A statement of [`EffectTx::execute_unanswered`] not sent yet: it goes out after the
+    /// key lock and ahead of the next statement (or of `COMMIT`), in the same flight.
+    queued: Option<(Statement, Vec<SqlValue>)>,
+    /// Whether statements may wait in `queued` (a write transaction outside a savepoint).
+    may_queue: bool,
+    /// The failure that aborted the transaction on the server, unless a rollback to the call
+    /// savepoint undid it: such a transaction cannot commit, whatever its closure answers.
+    aborted: Option<StoreError>,
     /// Whether `BEGIN` was sent (so the transaction must be ended).
     began: bool,
     /// Whether any statement succeeded.
@@ -568,6 +579,7 @@ impl PgTx<'_> {
         }
         let mapped = map_pg_error(&e);
         let safe = mapped.caller_error();
+        self.aborted = Some(mapped.clone());
         self.last_error = Some(mapped);
         safe
     }
@@ -580,12 +592,13 @@ impl PgTx<'_> {
         let translated = translate_placeholders(sql);
         // Pending transaction control goes first: after a failed call a `ROLLBACK TO
         // SAVEPOINT` may be queued, and an aborted transaction refuses even to prepare.
-        let (control, lock) = self.preamble();
+        let (control, lock, queued) = self.preamble();
         let client = self.client;
         match self.rt.block_on(pipelined(
             client,
             control,
             lock.as_ref(),
+            queued.as_ref(),
             client.prepare(&translated),
         )) {
             Ok(stmt) => {
@@ -600,13 +613,15 @@ impl PgTx<'_> {
     }
 }
 
-/// Sends pending transaction control (`BEGIN`, savepoints) and a pending key lock ahead of
-/// `main` in one flight: the server runs them in order, so this costs one round trip instead
-/// of three.
+/// Sends pending transaction control (`BEGIN`, savepoints), a pending key lock and a queued
+/// statement ahead of `main` in one flight: the server runs them in order, so this costs one
+/// round trip instead of four. The first failure in that order is the answer (after it the
+/// server refuses the rest of the transaction).
 async fn pipelined<R>(
     client: &Client,
     begin: Option<String>,
     lock: Option<&(Statement, SqlValue)>,
+    queued: Option<&(Statement, Vec<SqlValue>)>,
     main: impl std::future::Future<Output = Result<R, tokio_postgres::Error>>,
 ) -> Result<R, tokio_postgres::Error> {
     let begin = async {
@@ -627,9 +642,21 @@ async fn pipelined<R>(
             None => Ok(()),
         }
     };
-    let (began, locked, out) = tokio::join!(begin, lock, main);
+    let queued = async {
+        match queued {
+            Some((stmt, params)) => {
+                let bound: Vec<Param<'_>> = params.iter().map(Param).collect();
+                let refs: Vec<&(dyn ToSql + Sync)> =
+                    bound.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
+                client.execute(stmt, &refs).await.map(|_| ())
+            }
+            None => Ok(()),
+        }
+    };
+    let (began, locked, queued, out) = tokio::join!(begin, lock, queued, main);
     began?;
     locked?;
+    queued?;
     out
 }
 
@@ -659,7 +686,14 @@ impl Reply {
 
 impl PgTx<'_> {
     /// Takes what must precede the next statement.
-    fn preamble(&mut self) -> (Option<String>, Option<(Statement, SqlValue)>) {
+    #[allow(clippy::type_complexity)]
+    fn preamble(
+        &mut self,
+    ) -> (
+        Option<String>,
+        Option<(Statement, SqlValue)>,
+        Option<(Statement, Vec<SqlValue>)>,
+    ) {
         self.flights += 1;
         let control = if self.pending.is_empty() {
             None
@@ -672,16 +706,39 @@ impl PgTx<'_> {
             self.pending.clear();
             Some(joined)
         };
-        (control, self.lock.take())
+        (control, self.lock.take(), self.queued.take())
+    }
+
+    /// Sends what waits for the next statement (transaction control, a key lock, a queued
+    /// statement) now, by itself.
+    fn flush(&mut self) -> Result<(), Error> {
+        if self.lock.is_none() && self.queued.is_none() {
+            return Ok(());
+        }
+        let (control, lock, queued) = self.preamble();
+        let client = self.client;
+        let out = self.rt.block_on(pipelined(
+            client,
+            control,
+            lock.as_ref(),
+            queued.as_ref(),
+            async { Ok::<(), tokio_postgres::Error>(()) },
+        ));
+        match out {
+            Ok(()) => {
+                self.succeeded = true;
+                Ok(())
+            }
+            Err(e) => Err(self.fail(e)),
+        }
     }
 
     /// Takes the advisory locks of [`EffectTx::lock_key`] for every key of `keys`, in the
     /// order given, in one statement sent with the next one. Writers that lock several keys
     /// must give them in one global order (sorted) so two of them cannot deadlock.
     pub(crate) fn lock_keys(&mut self, keys: &[String]) -> Result<(), Error> {
-        if self.lock.is_some() {
-            self.execute("SELECT 1 WHERE false", &[])?;
-        }
+        // A lock goes out ahead of a queued statement: send what was asked for earlier first.
+        self.flush()?;
         let stmt = self.statement(
             "SELECT count(pg_advisory_xact_lock(hashtextextended(k, 0))) FROM (
                  SELECT 'toolledger.key' || chr(31) || k AS k
@@ -716,20 +773,22 @@ impl PgTx<'_> {
         let bound: Vec<Param<'_>> = params.iter().map(Param).collect();
         let refs: Vec<&(dyn ToSql + Sync)> =
             bound.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-        let (control, lock) = self.preamble();
+        let (control, lock, queued) = self.preamble();
         let client = self.client;
-        let lock = lock.as_ref();
+        let (lock, queued) = (lock.as_ref(), queued.as_ref());
         let out = self.rt.block_on(async {
             match mode {
-                Mode::Execute => pipelined(client, control, lock, client.execute(&stmt, &refs))
-                    .await
-                    .map(Reply::Count),
-                Mode::Query => pipelined(client, control, lock, client.query(&stmt, &refs))
+                Mode::Execute => {
+                    pipelined(client, control, lock, queued, client.execute(&stmt, &refs))
+                        .await
+                        .map(Reply::Count)
+                }
+                Mode::Query => pipelined(client, control, lock, queued, client.query(&stmt, &refs))
                     .await
                     .map(Reply::Rows),
                 Mode::QueryThenCommit => {
                     let (rows, commit) = tokio::join!(
-                        pipelined(client, control, lock, client.query(&stmt, &refs)),
+                        pipelined(client, control, lock, queued, client.query(&stmt, &refs)),
                         client.batch_execute("COMMIT")
                     );
                     let rows = rows?;
@@ -751,6 +810,10 @@ impl PgTx<'_> {
     pub(crate) fn savepoint(&mut self) -> Result<(), Error> {
         if self.savepoint != Savepoint::None {
             return Err(Error::unavailable("a call savepoint is already open"));
+        }
+        // A statement queued before the savepoint belongs before it.
+        if self.queued.is_some() {
+            self.flush()?;
         }
         self.pending.push(SAVEPOINT);
         self.savepoint = Savepoint::Queued;
@@ -798,7 +861,10 @@ impl PgTx<'_> {
             Savepoint::Queued => {
                 self.pending.retain(|s| *s != SAVEPOINT);
             }
-            Savepoint::Open => self.pending.push(ROLLBACK_TO),
+            Savepoint::Open => {
+                self.pending.push(ROLLBACK_TO);
+                self.aborted = None;
+            }
         }
         self.savepoint = Savepoint::None;
         self.lock = None;
@@ -819,6 +885,19 @@ impl EffectTx for PgTx<'_> {
         row_values(&self.send(sql, params, Mode::Query)?.rows())
     }
 
+    fn execute_unanswered(&mut self, sql: &str, params: &[SqlValue]) -> Result<(), Error> {
+        if !self.may_queue || self.savepoint != Savepoint::None {
+            return self.execute(sql, params).map(|_| ());
+        }
+        let stmt = self.statement(sql)?;
+        // One statement waits at a time: an earlier one goes out now.
+        if self.queued.is_some() {
+            self.flush()?;
+        }
+        self.queued = Some((stmt, params.to_vec()));
+        Ok(())
+    }
+
     fn dialect(&self) -> Dialect {
         Dialect::Postgres
     }
@@ -833,12 +912,13 @@ impl EffectTx for PgTx<'_> {
 
     fn execute_batch(&mut self, sql: &str) -> Result<(), Error> {
         refuse_transaction_control(sql)?;
-        let (begin, lock) = self.preamble();
+        let (begin, lock, queued) = self.preamble();
         let client = self.client;
         let out = self.rt.block_on(pipelined(
             client,
             begin,
             lock.as_ref(),
+            queued.as_ref(),
             client.batch_execute(sql),
         ));
         match out {
@@ -851,10 +931,9 @@ impl EffectTx for PgTx<'_> {
     }
 
     fn lock_key(&mut self, key: &str) -> Result<(), Error> {
-        if self.lock.is_some() {
-            // Two locks before any statement: send the first one now.
-            self.execute("SELECT 1 WHERE false", &[])?;
-        }
+        // Two locks before any statement, or a statement queued before this lock: send what
+        // was asked for earlier now (a lock goes out ahead of a queued statement).
+        self.flush()?;
         let stmt = self.statement(
             "SELECT 1 FROM (SELECT pg_advisory_xact_lock(hashtextextended(?1, 0))) AS l",
         )?;
@@ -1234,46 +1313,82 @@ where
     loop {
         attempt += 1;
         slot.connect().map_err(E::from)?;
-        let (out, retry, began, mut commit, committed) = {
+        let (out, retry, began, control, queued, aborted, committed) = {
             let mut tx = slot.tx(BEGIN_WRITE);
             let out = f(&mut tx);
-            (out, tx.retry, tx.began, tx.pending.join("; "), tx.committed)
+            // What waits for the next statement goes out with the `COMMIT`, in order: pending
+            // control (a `BEGIN` not sent yet, savepoint releases), then a queued statement.
+            let control = (!tx.pending.is_empty()).then(|| tx.pending.join("; "));
+            let began = tx.began || (tx.queued.is_some() && control.is_some());
+            (
+                out,
+                tx.retry,
+                began,
+                control,
+                tx.queued.take(),
+                tx.aborted.take(),
+                tx.committed,
+            )
         };
-        match out {
-            Ok(v) if !began || committed => return Ok(v),
-            Ok(v) => match end(slot, {
-                // Savepoint releases still queued go out with the COMMIT.
-                if !commit.is_empty() {
-                    commit.push_str("; ");
+        let (err, retry) = match (out, aborted) {
+            (Ok(v), _) if committed || !began => return Ok(v),
+            (Ok(v), None) => {
+                let commit = if flush {
+                    "COMMIT"
+                } else {
+                    "SET LOCAL synchronous_commit TO OFF; COMMIT"
+                };
+                match end_with(slot, control, queued.as_ref(), commit) {
+                    Ok(()) => return Ok(v),
+                    Err(err) => (
+                        E::from(map_pg_error(&err)),
+                        err.code().is_some_and(is_retryable),
+                    ),
                 }
-                if !flush {
-                    commit.push_str("SET LOCAL synchronous_commit TO OFF; ");
-                }
-                commit.push_str("COMMIT");
-                &commit
-            }) {
-                Ok(()) => return Ok(v),
-                Err(err) => {
-                    if err.code().is_some_and(is_retryable) && attempt < MAX_WRITE_ATTEMPTS {
-                        backoff(attempt);
-                        continue;
-                    }
-                    return Err(E::from(map_pg_error(&err)));
-                }
-            },
-            Err(err) => {
+            }
+            // A statement failed on the server and its closure answered anyway: the server
+            // has aborted the transaction, which cannot commit.
+            (Ok(_), Some(err)) => {
+                let _ = end(slot, "ROLLBACK");
+                slot.check_closed();
+                (E::from(err), retry)
+            }
+            (Err(err), _) => {
                 if began {
                     let _ = end(slot, "ROLLBACK");
                 }
                 slot.check_closed();
-                if retry && attempt < MAX_WRITE_ATTEMPTS {
-                    backoff(attempt);
-                    continue;
-                }
-                return Err(err);
+                (err, retry)
             }
+        };
+        if !retry || attempt >= MAX_WRITE_ATTEMPTS {
+            return Err(err);
         }
+        backoff(attempt);
     }
+}
+
+/// Ends the open transaction with `commit` (`COMMIT`, or what goes with it), sent in one
+/// flight after pending transaction `control` and a `queued` statement; the first failure is
+/// the answer (a `COMMIT` after a failed statement rolls the transaction back).
+fn end_with(
+    slot: &mut Slot,
+    control: Option<String>,
+    queued: Option<&(Statement, Vec<SqlValue>)>,
+    commit: &str,
+) -> Result<(), tokio_postgres::Error> {
+    let client = slot.client.as_ref().expect("connected");
+    let out = slot.rt.block_on(pipelined(
+        client,
+        control,
+        None,
+        queued,
+        client.batch_execute(commit),
+    ));
+    if out.is_err() {
+        slot.check_closed();
+    }
+    out
 }
 
 fn read_on<T, E, F>(slot: &mut Slot, f: F) -> Result<T, E>

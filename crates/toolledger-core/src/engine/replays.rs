@@ -238,6 +238,11 @@ impl EffectTx for Watched<'_> {
         self.inner.execute(sql, params)
     }
 
+    fn execute_unanswered(&mut self, sql: &str, params: &[SqlValue]) -> Result<(), Error> {
+        self.sent = true;
+        self.inner.execute_unanswered(sql, params)
+    }
+
     fn query(&mut self, sql: &str, params: &[SqlValue]) -> Result<Vec<Vec<SqlValue>>, Error> {
         self.sent = true;
         self.inner.query(sql, params)

@@ -284,83 +284,80 @@ impl Runtime {
                 };
                 let inserted = ledger::insert_open(tx, &row, "deferred", OperationState::Accepted)
                     .map_err(|e| stored(tx, e))?;
-                let operation_id = if let Some(operation_id) = inserted {
-                    let approval = if tool.requires_approval() {
-                        let target =
-                            approval_target(&p.scope, &p.contract, &p.request_digest, &p.provider);
-                        Some(approval::consume(
-                            tx,
-                            p.approval_id.as_deref(),
-                            &target,
-                            now,
-                            Some(operation_id),
-                            &mut |tx, name| authz::resolve_in(tx, name),
-                        )?)
-                    } else {
-                        None
+                let Some(operation_id) = inserted else {
+                    // Someone else holds the key: read the authoritative row back and compare
+                    // every bound item.
+                    let record = match load_scope(tx, &p.scope)? {
+                        Loaded::Deferred(r) => *r,
+                        Loaded::NotDeferred => {
+                            return Err(Error::conflict(
+                                "the idempotency key was used for a different effect",
+                            )
+                            .into())
+                        }
+                        Loaded::Absent => {
+                            return Err(contract_violation("reserved row is missing"))
+                        }
                     };
-                    tx.execute(
-                        "INSERT INTO deferred_intents (operation_id, provider, api_family,
-                             adapter_revision, turn_id, call_id, response_id, downstream_key,
-                             approval_id, approver, approval_digest, approved_at,
-                             approval_expires_at, created_at)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
-                        &[
-                            operation_id.into(),
-                            p.provider.provider.as_str().into(),
-                            p.provider.api_family.as_str().into(),
-                            p.provider.adapter_revision.as_str().into(),
-                            p.provider.turn_id.as_str().into(),
-                            p.provider.call_id.as_str().into(),
-                            p.provider.response_id.as_str().into(),
-                            scope_digest(&p.scope).into(),
-                            approval.as_ref().map(|a| a.approval_id.clone()).into(),
-                            approval.as_ref().map(|a| a.approver.clone()).into(),
-                            approval.as_ref().map(|a| a.binding_digest.clone()).into(),
-                            approval.as_ref().map(|a| a.approved_at).into(),
-                            approval.as_ref().map(|a| a.expires_at).into(),
-                            now.into(),
-                        ],
-                    )
-                    .map_err(|e| stored(tx, e))?;
-                    Some(operation_id)
-                } else {
-                    None
-                };
-                // Read the authoritative row back and compare every bound item, whoever wrote it.
-                let record = match load_scope(tx, &p.scope)? {
-                    Loaded::Deferred(r) => *r,
-                    Loaded::NotDeferred => {
-                        return Err(Error::conflict(
-                            "the idempotency key was used for a different effect",
-                        )
-                        .into())
-                    }
-                    Loaded::Absent => return Err(contract_violation("reserved row is missing")),
-                };
-                Self::compare(&record, &p)?;
-                match operation_id {
-                    Some(id) => {
-                        let event_id = outbox::enqueue(tx, id, now, this.config.max_attempts)?;
-                        insert_event(
-                            tx,
-                            id,
-                            now,
-                            "intent_accepted",
-                            &json!({"event_id": event_id}),
-                        )?;
-                        Ok(Accepted::New {
-                            operation_id: id,
-                            event_id,
-                            status_ref: record.status_ref,
-                        })
-                    }
-                    None => Ok(Accepted::Existing {
+                    Self::compare(&record, &p)?;
+                    return Ok(Accepted::Existing {
                         operation_id: record.id,
                         status_ref: record.status_ref,
                         state: record.state,
-                    }),
-                }
+                    });
+                };
+                // The row is the one just inserted from `p`: nothing to read back.
+                let approval = if tool.requires_approval() {
+                    let target =
+                        approval_target(&p.scope, &p.contract, &p.request_digest, &p.provider);
+                    Some(approval::consume(
+                        tx,
+                        p.approval_id.as_deref(),
+                        &target,
+                        now,
+                        Some(operation_id),
+                        &mut |tx, name| authz::resolve_in(tx, name),
+                    )?)
+                } else {
+                    None
+                };
+                tx.execute_unanswered(
+                    "INSERT INTO deferred_intents (operation_id, provider, api_family,
+                         adapter_revision, turn_id, call_id, response_id, downstream_key,
+                         approval_id, approver, approval_digest, approved_at,
+                         approval_expires_at, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                    &[
+                        operation_id.into(),
+                        p.provider.provider.as_str().into(),
+                        p.provider.api_family.as_str().into(),
+                        p.provider.adapter_revision.as_str().into(),
+                        p.provider.turn_id.as_str().into(),
+                        p.provider.call_id.as_str().into(),
+                        p.provider.response_id.as_str().into(),
+                        scope_digest(&p.scope).into(),
+                        approval.as_ref().map(|a| a.approval_id.clone()).into(),
+                        approval.as_ref().map(|a| a.approver.clone()).into(),
+                        approval.as_ref().map(|a| a.binding_digest.clone()).into(),
+                        approval.as_ref().map(|a| a.approved_at).into(),
+                        approval.as_ref().map(|a| a.expires_at).into(),
+                        now.into(),
+                    ],
+                )
+                .map_err(|e| stored(tx, e))?;
+                let event_id = outbox::enqueue(tx, operation_id, now, this.config.max_attempts)?;
+                insert_event(
+                    tx,
+                    operation_id,
+                    now,
+                    "intent_accepted",
+                    &json!({"event_id": event_id}),
+                )?;
+                Ok(Accepted::New {
+                    operation_id,
+                    event_id,
+                    status_ref: status_ref.clone(),
+                })
             },
         )
         .await

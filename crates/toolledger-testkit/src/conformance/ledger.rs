@@ -114,6 +114,105 @@ pub async fn an_unflushed_write_commits_and_the_next_one_waits_for_the_disk(h: &
     assert_eq!(count(&other, "widgets").await, 2);
 }
 
+/// A statement whose answer nobody waits for (`execute_unanswered`) commits with its
+/// transaction, alone or before other statements; one that fails fails its transaction, which
+/// keeps nothing, even when the closure goes on; and a closure that answers after a failed
+/// statement commits nothing the server refused.
+pub async fn an_unanswered_statement_commits_or_fails_with_its_transaction(h: &Harness) {
+    let store = h.open();
+    let insert = "INSERT INTO widgets(tenant, name) VALUES (?1, ?2)";
+    let names = |store: &toolledger::store::Store| {
+        let store = store.clone();
+        async move {
+            store
+                .read(|tx| {
+                    let rows = tx.query("SELECT name FROM widgets ORDER BY id", &[])?;
+                    rows.iter()
+                        .map(|r| r.text(0))
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .await
+                .expect("read the widgets")
+        }
+    };
+    // Alone in its transaction, then before a query that reads it back, then before another.
+    store
+        .write(move |tx| tx.execute_unanswered(insert, &["t".into(), "alone".into()]))
+        .await
+        .expect("an unanswered statement alone");
+    let seen = store
+        .write(move |tx| {
+            tx.execute_unanswered(insert, &["t".into(), "read-back".into()])?;
+            let rows = tx.query(
+                "SELECT count(*) FROM widgets WHERE name = ?1",
+                &["read-back".into()],
+            )?;
+            rows[0].int(0)
+        })
+        .await
+        .expect("an unanswered statement, then a query");
+    assert_eq!(
+        seen, 1,
+        "the next statement sees what the unanswered one wrote"
+    );
+    store
+        .write(move |tx| {
+            tx.execute_unanswered(insert, &["t".into(), "first".into()])?;
+            tx.execute_unanswered(insert, &["t".into(), "second".into()])
+        })
+        .await
+        .expect("two unanswered statements");
+    assert_eq!(
+        names(&store).await,
+        ["alone", "read-back", "first", "second"],
+        "each committed, in order"
+    );
+    // A refused one (the name's CHECK) fails its transaction, whether it was the last
+    // statement or another one followed it; what ran before it is undone.
+    let too_long = "x".repeat(40);
+    for then_query in [false, true] {
+        let too_long = too_long.clone();
+        let out = store
+            .write(move |tx| {
+                tx.execute(insert, &["t".into(), "undone".into()])?;
+                tx.execute_unanswered(insert, &["t".into(), too_long.as_str().into()])?;
+                if then_query {
+                    tx.query("SELECT count(*) FROM widgets", &[])?;
+                }
+                Ok::<_, Error>(())
+            })
+            .await;
+        assert!(
+            out.is_err(),
+            "a refused unanswered statement fails the write ({then_query})"
+        );
+    }
+    // A closure that goes on after a refused statement: SQLite undid that statement alone;
+    // PostgreSQL aborted the transaction, which must not be reported committed.
+    let out = store
+        .write(move |tx| {
+            tx.execute(insert, &["t".into(), "before-refusal".into()])?;
+            let refused = tx.execute(insert, &["t".into(), "y".repeat(40).as_str().into()]);
+            assert!(refused.is_err(), "the name's CHECK refuses it");
+            Ok::<_, Error>(())
+        })
+        .await;
+    let after = names(&store).await;
+    match store.dialect() {
+        Dialect::Sqlite => {
+            out.expect("SQLite keeps the transaction");
+            assert_eq!(after.last().map(String::as_str), Some("before-refusal"));
+        }
+        Dialect::Postgres => {
+            assert!(
+                out.is_err(),
+                "an aborted transaction is not reported committed"
+            );
+            assert_eq!(after.len(), 4, "nothing of it committed: {after:?}");
+        }
+    }
+}
+
 /// A fresh call commits the effect row and the ledger row together; the result is stored.
 pub async fn reservation_commits_effect_and_ledger_together(h: &Harness) {
     let (e, _) = engine(h);

@@ -71,6 +71,7 @@ macro_rules! conformance_suite {
                 settled_rows_answer_retries_from_memory,
                 retries_the_store_must_answer_read_it,
                 an_unflushed_write_commits_and_the_next_one_waits_for_the_disk,
+                an_unanswered_statement_commits_or_fails_with_its_transaction,
             }
             inline {
                 multi_step_operations,
