@@ -566,12 +566,11 @@ pub(crate) fn mark_deferred(
     state: OperationState,
     now: i64,
 ) -> Result<(), Error> {
-    tx.execute(
+    tx.execute_unanswered(
         "UPDATE operations SET state = ?1, updated_at = ?2
          WHERE id = ?3 AND state IN ('accepted', 'processing', 'outcome_unknown')",
         &[state.as_str().into(), now.into(), id.into()],
-    )?;
-    Ok(())
+    )
 }
 
 /// The state and status reference of operation `id`, if it exists.

@@ -511,7 +511,7 @@ impl Slot {
             pending: vec![begin],
             savepoint: Savepoint::None,
             lock: None,
-            queued: None,
+            queued: Vec::new(),
             may_queue: begin == BEGIN_WRITE,
             aborted: None,
             began: false,
@@ -550,9 +550,9 @@ pub(crate) struct PgTx<'a> {
     savepoint: Savepoint,
     /// A key lock not sent yet: it goes out, in order, with the next statement.
     lock: Option<(Statement, SqlValue)>,
-    /// A statement of [`EffectTx::execute_unanswered`] not sent yet: it goes out after the
-    /// key lock and ahead of the next statement (or of `COMMIT`), in the same flight.
-    queued: Option<(Statement, Vec<SqlValue>)>,
+    /// Statements of [`EffectTx::execute_unanswered`] not sent yet: they go out, in order,
+    /// after the key lock and ahead of the next statement (or of `COMMIT`), in one flight.
+    queued: Vec<(Statement, Vec<SqlValue>)>,
     /// Whether statements may wait in `queued` (a write transaction outside a savepoint).
     may_queue: bool,
     /// The failure that aborted the transaction on the server, unless a rollback to the call
@@ -598,7 +598,7 @@ impl PgTx<'_> {
             client,
             control,
             lock.as_ref(),
-            queued.as_ref(),
+            &queued,
             client.prepare(&translated),
         )) {
             Ok(stmt) => {
@@ -621,7 +621,7 @@ async fn pipelined<R>(
     client: &Client,
     begin: Option<String>,
     lock: Option<&(Statement, SqlValue)>,
-    queued: Option<&(Statement, Vec<SqlValue>)>,
+    queued: &[(Statement, Vec<SqlValue>)],
     main: impl std::future::Future<Output = Result<R, tokio_postgres::Error>>,
 ) -> Result<R, tokio_postgres::Error> {
     let begin = async {
@@ -642,22 +642,52 @@ async fn pipelined<R>(
             None => Ok(()),
         }
     };
-    let queued = async {
-        match queued {
-            Some((stmt, params)) => {
-                let bound: Vec<Param<'_>> = params.iter().map(Param).collect();
-                let refs: Vec<&(dyn ToSql + Sync)> =
-                    bound.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-                client.execute(stmt, &refs).await.map(|_| ())
-            }
-            None => Ok(()),
-        }
-    };
+    let queued = in_order(queued.iter().map(|(stmt, params)| async move {
+        let bound: Vec<Param<'_>> = params.iter().map(Param).collect();
+        let refs: Vec<&(dyn ToSql + Sync)> =
+            bound.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
+        client.execute(stmt, &refs).await.map(|_| ())
+    }));
     let (began, locked, queued, out) = tokio::join!(begin, lock, queued, main);
     began?;
     locked?;
     queued?;
     out
+}
+
+/// The most statements [`EffectTx::execute_unanswered`] keeps waiting for the next flight.
+const MAX_QUEUED: usize = 16;
+
+/// Runs `futures` together, polling them in order (so requests go out in that order), and
+/// answers the first failure in that order.
+async fn in_order<F>(futures: impl Iterator<Item = F>) -> Result<(), tokio_postgres::Error>
+where
+    F: std::future::Future<Output = Result<(), tokio_postgres::Error>>,
+{
+    let mut futures: Vec<_> = futures.map(|f| Some(Box::pin(f))).collect();
+    let mut outcomes: Vec<Option<Result<(), tokio_postgres::Error>>> =
+        futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (slot, outcome) in futures.iter_mut().zip(outcomes.iter_mut()) {
+            if let Some(f) = slot {
+                match std::future::Future::poll(f.as_mut(), cx) {
+                    std::task::Poll::Ready(out) => {
+                        *outcome = Some(out);
+                        *slot = None;
+                    }
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outcomes.into_iter().flatten().collect()
 }
 
 /// How [`PgTx::send`] runs its statement.
@@ -692,7 +722,7 @@ impl PgTx<'_> {
     ) -> (
         Option<String>,
         Option<(Statement, SqlValue)>,
-        Option<(Statement, Vec<SqlValue>)>,
+        Vec<(Statement, Vec<SqlValue>)>,
     ) {
         self.flights += 1;
         let control = if self.pending.is_empty() {
@@ -706,24 +736,22 @@ impl PgTx<'_> {
             self.pending.clear();
             Some(joined)
         };
-        (control, self.lock.take(), self.queued.take())
+        (control, self.lock.take(), std::mem::take(&mut self.queued))
     }
 
     /// Sends what waits for the next statement (transaction control, a key lock, a queued
     /// statement) now, by itself.
     fn flush(&mut self) -> Result<(), Error> {
-        if self.lock.is_none() && self.queued.is_none() {
+        if self.lock.is_none() && self.queued.is_empty() {
             return Ok(());
         }
         let (control, lock, queued) = self.preamble();
         let client = self.client;
-        let out = self.rt.block_on(pipelined(
-            client,
-            control,
-            lock.as_ref(),
-            queued.as_ref(),
-            async { Ok::<(), tokio_postgres::Error>(()) },
-        ));
+        let out = self
+            .rt
+            .block_on(pipelined(client, control, lock.as_ref(), &queued, async {
+                Ok::<(), tokio_postgres::Error>(())
+            }));
         match out {
             Ok(()) => {
                 self.succeeded = true;
@@ -775,7 +803,7 @@ impl PgTx<'_> {
             bound.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
         let (control, lock, queued) = self.preamble();
         let client = self.client;
-        let (lock, queued) = (lock.as_ref(), queued.as_ref());
+        let (lock, queued) = (lock.as_ref(), &queued[..]);
         let out = self.rt.block_on(async {
             match mode {
                 Mode::Execute => {
@@ -811,8 +839,8 @@ impl PgTx<'_> {
         if self.savepoint != Savepoint::None {
             return Err(Error::unavailable("a call savepoint is already open"));
         }
-        // A statement queued before the savepoint belongs before it.
-        if self.queued.is_some() {
+        // Statements queued before the savepoint belong before it.
+        if !self.queued.is_empty() {
             self.flush()?;
         }
         self.pending.push(SAVEPOINT);
@@ -890,11 +918,10 @@ impl EffectTx for PgTx<'_> {
             return self.execute(sql, params).map(|_| ());
         }
         let stmt = self.statement(sql)?;
-        // One statement waits at a time: an earlier one goes out now.
-        if self.queued.is_some() {
+        if self.queued.len() >= MAX_QUEUED {
             self.flush()?;
         }
-        self.queued = Some((stmt, params.to_vec()));
+        self.queued.push((stmt, params.to_vec()));
         Ok(())
     }
 
@@ -918,7 +945,7 @@ impl EffectTx for PgTx<'_> {
             client,
             begin,
             lock.as_ref(),
-            queued.as_ref(),
+            &queued,
             client.batch_execute(sql),
         ));
         match out {
@@ -1319,13 +1346,13 @@ where
             // What waits for the next statement goes out with the `COMMIT`, in order: pending
             // control (a `BEGIN` not sent yet, savepoint releases), then a queued statement.
             let control = (!tx.pending.is_empty()).then(|| tx.pending.join("; "));
-            let began = tx.began || (tx.queued.is_some() && control.is_some());
+            let began = tx.began || (!tx.queued.is_empty() && control.is_some());
             (
                 out,
                 tx.retry,
                 began,
                 control,
-                tx.queued.take(),
+                std::mem::take(&mut tx.queued),
                 tx.aborted.take(),
                 tx.committed,
             )
@@ -1338,7 +1365,7 @@ where
                 } else {
                     "SET LOCAL synchronous_commit TO OFF; COMMIT"
                 };
-                match end_with(slot, control, queued.as_ref(), commit) {
+                match end_with(slot, control, &queued, commit) {
                     Ok(()) => return Ok(v),
                     Err(err) => (
                         E::from(map_pg_error(&err)),
@@ -1374,7 +1401,7 @@ where
 fn end_with(
     slot: &mut Slot,
     control: Option<String>,
-    queued: Option<&(Statement, Vec<SqlValue>)>,
+    queued: &[(Statement, Vec<SqlValue>)],
     commit: &str,
 ) -> Result<(), tokio_postgres::Error> {
     let client = slot.client.as_ref().expect("connected");

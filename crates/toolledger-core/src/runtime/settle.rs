@@ -123,7 +123,7 @@ impl Runtime {
         via: (&str, Option<i64>, Option<&str>),
         now: i64,
     ) -> Result<(), RuntimeError> {
-        tx.execute(
+        tx.execute_unanswered(
             "INSERT INTO local_receipts (operation_id, receipt_id, receipt, receipt_digest,
                  call_binding_digest, reconciled_via, fencing_token, query_identity, reconciled_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
