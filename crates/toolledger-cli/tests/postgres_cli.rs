@@ -161,6 +161,87 @@ fn pg_text(
     .unwrap()
 }
 
+/// Schema version 9 undone: the columns of the tables every call writes back to plain text and
+/// integers, with their single-column CHECK constraints as versions 1 and 2 named them.
+const BEFORE_DOMAINS: &str = "
+ALTER TABLE operations
+    ALTER COLUMN tenant TYPE TEXT, ALTER COLUMN subject TYPE TEXT, ALTER COLUMN tool TYPE TEXT,
+    ALTER COLUMN idempotency_key TYPE TEXT, ALTER COLUMN request_digest TYPE TEXT,
+    ALTER COLUMN arguments TYPE TEXT, ALTER COLUMN fingerprint TYPE TEXT,
+    ALTER COLUMN effect_kind TYPE TEXT, ALTER COLUMN state TYPE TEXT,
+    ALTER COLUMN result TYPE TEXT, ALTER COLUMN result_digest TYPE TEXT,
+    ALTER COLUMN status_ref TYPE TEXT,
+    ADD CONSTRAINT operations_tenant_check CHECK (length(tenant) BETWEEN 1 AND 128),
+    ADD CONSTRAINT operations_subject_check CHECK (length(subject) BETWEEN 1 AND 128),
+    ADD CONSTRAINT operations_tool_check CHECK (length(tool) BETWEEN 1 AND 128),
+    ADD CONSTRAINT operations_idempotency_key_check
+        CHECK (length(idempotency_key) BETWEEN 1 AND 256),
+    ADD CONSTRAINT operations_request_digest_check CHECK (length(request_digest) = 64),
+    ADD CONSTRAINT operations_arguments_check CHECK (arguments::jsonb IS NOT NULL),
+    ADD CONSTRAINT operations_fingerprint_check
+        CHECK (fingerprint IS NULL OR length(fingerprint) = 64),
+    ADD CONSTRAINT operations_effect_kind_check CHECK (effect_kind IN ('inline', 'deferred')),
+    ADD CONSTRAINT operations_state_check CHECK (state IN ('in_progress', 'applied', 'partial',
+        'accepted', 'processing', 'succeeded', 'outcome_unknown', 'failed', 'dead')),
+    ADD CONSTRAINT operations_result_check CHECK (result IS NULL OR result::jsonb IS NOT NULL),
+    ADD CONSTRAINT operations_result_digest_check
+        CHECK (result_digest IS NULL OR length(result_digest) = 64),
+    ADD CONSTRAINT operations_status_ref_check CHECK (length(status_ref) BETWEEN 8 AND 128);
+ALTER TABLE operation_events
+    ALTER COLUMN kind TYPE TEXT, ALTER COLUMN detail TYPE TEXT,
+    ADD CONSTRAINT operation_events_kind_check CHECK (length(kind) BETWEEN 1 AND 64),
+    ADD CONSTRAINT operation_events_detail_check CHECK (detail::jsonb IS NOT NULL);
+ALTER TABLE deferred_intents
+    ALTER COLUMN provider TYPE TEXT, ALTER COLUMN api_family TYPE TEXT,
+    ALTER COLUMN adapter_revision TYPE TEXT, ALTER COLUMN turn_id TYPE TEXT,
+    ALTER COLUMN call_id TYPE TEXT, ALTER COLUMN response_id TYPE TEXT,
+    ALTER COLUMN downstream_key TYPE TEXT, ALTER COLUMN approval_digest TYPE TEXT,
+    ADD CONSTRAINT deferred_intents_provider_check CHECK (length(provider) BETWEEN 1 AND 64),
+    ADD CONSTRAINT deferred_intents_api_family_check CHECK (length(api_family) BETWEEN 1 AND 64),
+    ADD CONSTRAINT deferred_intents_adapter_revision_check
+        CHECK (length(adapter_revision) BETWEEN 1 AND 64),
+    ADD CONSTRAINT deferred_intents_turn_id_check CHECK (length(turn_id) BETWEEN 1 AND 128),
+    ADD CONSTRAINT deferred_intents_call_id_check CHECK (length(call_id) BETWEEN 1 AND 128),
+    ADD CONSTRAINT deferred_intents_response_id_check
+        CHECK (length(response_id) BETWEEN 1 AND 128),
+    ADD CONSTRAINT deferred_intents_downstream_key_check CHECK (length(downstream_key) = 64),
+    ADD CONSTRAINT deferred_intents_approval_digest_check
+        CHECK (approval_digest IS NULL OR length(approval_digest) = 64);
+ALTER TABLE outbox
+    ALTER COLUMN state TYPE TEXT, ALTER COLUMN fencing_token TYPE BIGINT,
+    ALTER COLUMN lease_owner TYPE TEXT, ALTER COLUMN attempt_count TYPE BIGINT,
+    ALTER COLUMN max_attempts TYPE BIGINT, ALTER COLUMN last_error TYPE TEXT,
+    ADD CONSTRAINT outbox_state_check
+        CHECK (state IN ('pending', 'processing', 'delivered', 'dead')),
+    ADD CONSTRAINT outbox_fencing_token_check CHECK (fencing_token >= 0),
+    ADD CONSTRAINT outbox_lease_owner_check
+        CHECK (lease_owner IS NULL OR length(lease_owner) BETWEEN 1 AND 128),
+    ADD CONSTRAINT outbox_attempt_count_check CHECK (attempt_count >= 0),
+    ADD CONSTRAINT outbox_max_attempts_check CHECK (max_attempts BETWEEN 1 AND 1000),
+    ADD CONSTRAINT outbox_last_error_check
+        CHECK (last_error IS NULL OR length(last_error) BETWEEN 1 AND 64);
+ALTER TABLE local_receipts
+    ALTER COLUMN receipt_id TYPE TEXT, ALTER COLUMN receipt TYPE TEXT,
+    ALTER COLUMN receipt_digest TYPE TEXT, ALTER COLUMN call_binding_digest TYPE TEXT,
+    ALTER COLUMN reconciled_via TYPE TEXT, ALTER COLUMN fencing_token TYPE BIGINT,
+    ALTER COLUMN query_identity TYPE TEXT,
+    ADD CONSTRAINT local_receipts_receipt_id_check CHECK (length(receipt_id) BETWEEN 1 AND 128),
+    ADD CONSTRAINT local_receipts_receipt_check
+        CHECK (jsonb_typeof(receipt::jsonb) = 'object'),
+    ADD CONSTRAINT local_receipts_receipt_digest_check CHECK (length(receipt_digest) = 64),
+    ADD CONSTRAINT local_receipts_call_binding_digest_check
+        CHECK (length(call_binding_digest) = 64),
+    ADD CONSTRAINT local_receipts_reconciled_via_check
+        CHECK (reconciled_via IN ('worker', 'status_query')),
+    ADD CONSTRAINT local_receipts_fencing_token_check
+        CHECK (fencing_token IS NULL OR fencing_token > 0),
+    ADD CONSTRAINT local_receipts_query_identity_check
+        CHECK (query_identity IS NULL OR length(query_identity) BETWEEN 1 AND 128);
+DROP DOMAIN tl_text_1_64, tl_text_1_128, tl_text_1_256, tl_status_ref, tl_sha256_hex, tl_json,
+    tl_json_object, tl_effect_kind, tl_operation_state, tl_outbox_state, tl_reconciled_via,
+    tl_count, tl_attempt_limit, tl_fencing_token;
+";
+
 #[test]
 fn migrating_a_version_6_ledger_on_postgres_keeps_its_operations_under_one_scope_index() {
     let Some(r) = refunds() else { return };
@@ -182,7 +263,7 @@ fn migrating_a_version_6_ledger_on_postgres_keeps_its_operations_under_one_scope
     );
     assert!(!migrated.contains("operations_by_tool_key"), "{migrated}");
     // Turn the database into a schema-v6 ledger: the scope unique in its old column order and
-    // the `(tool, idempotency_key)` index of its own, versions 7 and 8 not applied.
+    // the `(tool, idempotency_key)` index of its own, versions 7 to 9 not applied.
     rt.block_on(r.store.write(|tx: &mut dyn EffectTx| {
         tx.execute(
             "ALTER TABLE operations ADD CONSTRAINT operations_tenant_subject_tool_idempotency_key_key
@@ -194,8 +275,9 @@ fn migrating_a_version_6_ledger_on_postgres_keeps_its_operations_under_one_scope
             "CREATE INDEX operations_by_tool_key ON operations(tool, idempotency_key)",
             &[],
         )?;
-        // Version 8 (the re-plan guard's index) came after it.
+        // Version 8 (the re-plan guard's index) and 9 (the domains) came after it.
         tx.execute("DROP INDEX operations_unsettled_by_digest", &[])?;
+        tx.execute_batch(BEFORE_DOMAINS)?;
         tx.execute(
             "DELETE FROM schema_migrations WHERE namespace = 'toolledger' AND version >= 7",
             &[],
@@ -217,6 +299,24 @@ fn migrating_a_version_6_ledger_on_postgres_keeps_its_operations_under_one_scope
     assert_eq!(pg_text(&rt, &r.store, rows), before);
     let audit = run(&r.url, &["audit", "--downstream-db", &r.ds]);
     assert_eq!(audit.json["gate"], "PASS", "{}", audit.json);
+    // Version 9 made the single-column rules domains, and they still refuse what they refused.
+    let domains = "SELECT count(*)::text FROM information_schema.columns
+                   WHERE table_schema = current_schema() AND domain_name LIKE 'tl\\_%'";
+    assert_eq!(pg_text(&rt, &r.store, domains), "35");
+    for bad in [
+        "UPDATE operations SET state = 'settled'",
+        "UPDATE operations SET arguments = '{not json'",
+        "UPDATE outbox SET max_attempts = 0",
+        "UPDATE operation_events SET kind = ''",
+        "UPDATE local_receipts SET receipt = '[]'",
+    ] {
+        let refused = rt.block_on(
+            r.store
+                .write(move |tx: &mut dyn EffectTx| tx.execute(bad, &[]).map(|_| ())),
+        );
+        assert!(refused.is_err(), "{bad} is refused");
+    }
+    assert_eq!(pg_text(&rt, &r.store, rows), before);
     // The migrated operation replays under its key.
     let replay = r.refund(&["dispatch"]);
     assert_eq!(replay.code, 0, "{}", replay.stderr);

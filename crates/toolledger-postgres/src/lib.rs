@@ -76,7 +76,7 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use tokio::runtime::Runtime;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::{IsNull, ToSql, Type};
+use tokio_postgres::types::{IsNull, Kind, ToSql, Type};
 use tokio_postgres::{Client, NoTls, Statement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 use toolledger_core::metric::QueueDepth;
@@ -94,7 +94,9 @@ pub use toolledger_core::store::{QueueLimits, SharedOptions, StoreOptions};
 /// The migrations of the library's own tables in PostgreSQL dialect (namespace `toolledger`):
 /// versions 1–6 are those of the SQLite driver's `CORE_MIGRATIONS`; version 7 (the scope's
 /// unique index reordered to serve the `(tool, idempotency_key)` lookups too) is PostgreSQL's
-/// alone.
+/// alone; version 8 is the re-plan guard's index; version 9 turns the single-column rules of
+/// the tables every call writes into domains (the same rules, checked only where a value is
+/// assigned, and not rebuilt from text for every statement).
 pub const CORE_MIGRATIONS: &[Migration] = &[
     Migration {
         namespace: "toolledger",
@@ -135,6 +137,11 @@ pub const CORE_MIGRATIONS: &[Migration] = &[
         namespace: "toolledger",
         version: 8,
         sql: include_str!("sql/pg_0008_replan_index.sql"),
+    },
+    Migration {
+        namespace: "toolledger",
+        version: 9,
+        sql: include_str!("sql/pg_0009_domains.sql"),
     },
 ];
 
@@ -333,6 +340,12 @@ impl ToSql for Param<'_> {
         ty: &Type,
         out: &mut BytesMut,
     ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        // A column of a domain (the schema's checked text and integer types) takes a value of
+        // the domain's base type.
+        let ty = match ty.kind() {
+            Kind::Domain(base) => base,
+            _ => ty,
+        };
         match self.0 {
             SqlValue::Null => Ok(IsNull::Yes),
             SqlValue::Integer(i) => match *ty {
