@@ -29,7 +29,11 @@
 //!   and must not keep side effects outside the transaction.
 //! - Reads run in one `REPEATABLE READ READ ONLY` transaction: one snapshot, like SQLite's
 //!   `BEGIN … COMMIT` on a read connection.
-//! - A transaction's `BEGIN` and a pending key lock go out pipelined with its first statement.
+//! - A transaction's `BEGIN` and a pending key lock go out pipelined with its first statement;
+//!   statements of [`EffectTx::execute_unanswered`] (an event, a state mark, a receipt) wait,
+//!   in order, and go out with the next statement or with `COMMIT`. A write transaction in
+//!   which a statement failed on the server never commits, whatever its closure answers: the
+//!   server aborted it.
 //! - A write job that need not wait for the disk ([`WriteJob::waits_for_disk`]) commits with
 //!   `SET LOCAL synchronous_commit TO OFF`, sent with its `COMMIT`; the log is flushed in
 //!   order, so the next commit that waits carries it.
