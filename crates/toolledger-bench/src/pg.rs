@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use toolledger::clock::{SharedClock, SystemClock};
-use toolledger::effect::EffectTx;
+use toolledger::effect::{EffectTx, RowExt};
 use toolledger::engine::Engine;
 use toolledger::store::postgres::{PgOptions, PgStore};
 use toolledger::store::{Migration, Store};
@@ -74,6 +74,24 @@ impl BenchSchema {
     /// The schema's name.
     pub fn name(&self) -> &str {
         self.store.schema().unwrap_or_default()
+    }
+
+    /// The bytes the schema's tables take on disk, their indexes and TOAST included
+    /// (`pg_total_relation_size`), or `None` when the database does not answer.
+    pub async fn size(&self) -> Option<u64> {
+        self.store()
+            .read(|tx| -> Result<i64, Error> {
+                let rows = tx.query(
+                    "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint
+                     FROM pg_class c
+                     WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r'",
+                    &[],
+                )?;
+                rows.first().map_or(Ok(0), |r| r.int(0))
+            })
+            .await
+            .ok()
+            .and_then(|n| u64::try_from(n).ok())
     }
 
     /// Drops the schema (blocking).

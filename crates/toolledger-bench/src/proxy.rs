@@ -31,9 +31,10 @@
 //!
 //! With `--backend postgres` the proxy's ledgers are PostgreSQL schemas of their own
 //! (`tl_bench_<random>`, dropped afterwards; the proxy is started with `--database-url` and
-//! the schema as its `search_path`); the upstream keeps its SQLite file. `commits_per_op`,
-//! `ledger_bytes_per_op` and `server_write_bytes_per_op` are then absent: the proxy's
-//! transactions and bytes are the database server's.
+//! the schema as its `search_path`); the upstream keeps its SQLite file. `commits_per_op` and
+//! `server_write_bytes_per_op` are then absent (the proxy's transactions and writes are the
+//! database server's), and `ledger_bytes_per_op` is how much the schema's tables grew, with
+//! their indexes and TOAST.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -450,7 +451,10 @@ async fn lines(
         ("proxy-fresh", files),
     ] {
         let on_pg = files.pg.is_some();
-        let size_before = ledger_size(&files.ledger);
+        let size_before = match &files.pg {
+            Some(pg) => pg.schema.size().await,
+            None => Some(ledger_size(&files.ledger)),
+        };
         // The SQLite writer's commits; PostgreSQL's transactions are the server's.
         let port = free_port().filter(|_| !on_pg);
         let client = McpClient::over_stdio(proxied_with(&exe, files, synchronous, port))?;
@@ -483,13 +487,15 @@ async fn lines(
             line = line.with_commits(c1.saturating_sub(c0), j1.saturating_sub(j0));
         }
         finish(client).await;
-        if on_pg {
-            line.server_write_bytes_per_op = None;
-        } else {
-            line.ledger_bytes_per_op = Some(per_op(
-                ledger_size(&files.ledger).saturating_sub(size_before),
-                ops,
-            ));
+        let size_after = match &files.pg {
+            Some(pg) => {
+                line.server_write_bytes_per_op = None;
+                pg.schema.size().await
+            }
+            None => Some(ledger_size(&files.ledger)),
+        };
+        if let (Some(before), Some(after)) = (size_before, size_after) {
+            line.ledger_bytes_per_op = Some(per_op(after.saturating_sub(before), ops));
         }
         fresh_lines.push(line);
     }
