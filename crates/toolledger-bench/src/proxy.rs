@@ -488,12 +488,13 @@ async fn lines(
         }
         finish(client).await;
         let size_after = match &files.pg {
-            Some(pg) => {
-                line.server_write_bytes_per_op = None;
-                pg.schema.size().await
-            }
+            Some(pg) => pg.schema.size().await,
             None => Some(ledger_size(&files.ledger)),
         };
+        if on_pg {
+            // What the proxy process wrote is not the ledger's: the server writes that.
+            line.server_write_bytes_per_op = None;
+        }
         if let (Some(before), Some(after)) = (size_before, size_after) {
             line.ledger_bytes_per_op = Some(per_op(after.saturating_sub(before), ops));
         }

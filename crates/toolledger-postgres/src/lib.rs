@@ -630,9 +630,9 @@ impl PgTx<'_> {
     }
 }
 
-/// Sends pending transaction control (`BEGIN`, savepoints), a pending key lock and a queued
-/// statement ahead of `main` in one flight: the server runs them in order, so this costs one
-/// round trip instead of four. The first failure in that order is the answer (after it the
+/// Sends pending transaction control (`BEGIN`, savepoints), a pending key lock and queued
+/// statements ahead of `main` in one flight: the server runs them in order, in one round trip
+/// instead of one each. The first failure in that order is the answer (after it the
 /// server refuses the rest of the transaction).
 async fn pipelined<R>(
     client: &Client,
@@ -756,8 +756,8 @@ impl PgTx<'_> {
         (control, self.lock.take(), std::mem::take(&mut self.queued))
     }
 
-    /// Sends what waits for the next statement (transaction control, a key lock, a queued
-    /// statement) now, by itself.
+    /// Sends what waits for the next statement (transaction control, a key lock, queued
+    /// statements) now, by itself.
     fn flush(&mut self) -> Result<(), Error> {
         if self.lock.is_none() && self.queued.is_empty() {
             return Ok(());
@@ -1361,7 +1361,7 @@ where
             let mut tx = slot.tx(BEGIN_WRITE);
             let out = f(&mut tx);
             // What waits for the next statement goes out with the `COMMIT`, in order: pending
-            // control (a `BEGIN` not sent yet, savepoint releases), then a queued statement.
+            // control (a `BEGIN` not sent yet, savepoint releases), then queued statements.
             let control = (!tx.pending.is_empty()).then(|| tx.pending.join("; "));
             let began = tx.began || (!tx.queued.is_empty() && control.is_some());
             (
