@@ -197,6 +197,10 @@ pub struct SoakReport {
     pub replay_p50_us: u64,
     /// 99th-percentile latency of a replay (µs).
     pub replay_p99_us: u64,
+    /// The first call that did not end as expected: its error's code and message, or the
+    /// replay flag it got; absent when every call did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_failure: Option<String>,
     /// PostgreSQL only: write-ahead log the server inserted from the first call to the end of
     /// the run (the advance of `pg_current_wal_insert_lsn()`: the whole server's log, so
     /// another database's writes meanwhile count too), in bytes per call.
@@ -339,6 +343,9 @@ async fn run_once(
         sampler_stopped,
     ));
 
+    // The first call that did not end as expected, and why (a failure tells its cause).
+    let first_failure: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+    let failures = first_failure.clone();
     let [fresh, replay] = drive_classes(
         "retention-soak",
         shape.concurrency,
@@ -349,6 +356,7 @@ async fn run_once(
             let engine = engine.clone();
             let clock = clock.clone();
             let started = started.clone();
+            let first_failure = failures.clone();
             async move {
                 started.fetch_add(1, Ordering::SeqCst);
                 let (n, replay) = match shape.replays(i) {
@@ -358,7 +366,18 @@ async fn run_once(
                 let mut call = bench_call(key_of("soak", n), n as i64, false);
                 call.retention_deadline = Some(clock.now() + period);
                 let effect: Arc<dyn InlineEffect> = Arc::new(Answer(n as i64));
-                matches!(engine.execute_inline(call, effect).await, Ok(o) if o.replayed == replay)
+                let out = engine.execute_inline(call, effect).await;
+                let ok = matches!(&out, Ok(o) if o.replayed == replay);
+                if !ok {
+                    let what = match out {
+                        Ok(o) => format!("replayed is {}, not {replay}", o.replayed),
+                        Err(e) => format!("{}: {}", e.code, e.message),
+                    };
+                    if let Ok(mut first) = first_failure.lock() {
+                        first.get_or_insert(what);
+                    }
+                }
+                ok
             }
         },
     )
@@ -429,6 +448,7 @@ async fn run_once(
         replay_p50_us: replay.p50_us,
         replay_p99_us: replay.p99_us,
         wal_bytes_per_call,
+        first_failure: first_failure.lock().ok().and_then(|f| f.clone()),
         fresh_p99_vs_off: None,
         replay_p99_vs_off: None,
         prune_passes: tally.passes,
